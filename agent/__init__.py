@@ -1,0 +1,1 @@
+"""The Assay agent daemon (`assay-agent`): devices, the master connection, harness launches."""

@@ -1,0 +1,71 @@
+"""Assay: train PyTorch models on your own machines, one Trial class at a time.
+
+    from assay import Trial, TrialContext
+
+Torch-dependent names are imported on first use, so `import assay` (and the CLI) stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from assay.errors import (
+    AssayError,
+    HyperparameterError,
+    InvalidConfigError,
+    InvalidHP,
+    TrainingError,
+    TrialLoadError,
+)
+
+if TYPE_CHECKING:
+    from assay._context import StepMode, TrialContext
+    from assay._distributed import DistributedContext
+    from assay._local import LocalResult, run_local
+    from assay._trial import MetricReducer, Reducer, Trial
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Trial": "assay._trial",
+    "Reducer": "assay._trial",
+    "MetricReducer": "assay._trial",
+    "TrialContext": "assay._context",
+    "StepMode": "assay._context",
+    "DistributedContext": "assay._distributed",
+    "run_local": "assay._local",
+    "LocalResult": "assay._local",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'assay' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "AssayError",
+    "DistributedContext",
+    "HyperparameterError",
+    "InvalidConfigError",
+    "InvalidHP",
+    "LocalResult",
+    "MetricReducer",
+    "Reducer",
+    "StepMode",
+    "Trial",
+    "TrialContext",
+    "TrainingError",
+    "TrialLoadError",
+    "__version__",
+    "run_local",
+]

@@ -1,0 +1,195 @@
+"""Checkpoint files: written atomically with a manifest, verified when read.
+
+A checkpoint is a directory named by its uuid holding `models.pt`, `optimizers.pt`,
+`lr_schedulers.pt`, `precision.pt`, `rng.pt` (one entry per rank), `trial_state.pt`
+(counters and data position), `user_state.pt` when the Trial has any, and
+`metadata.json`, the manifest: format version, counters, hyperparameters, and every
+file's size and sha256. It is written into a hidden temporary directory beside its final
+place and renamed into place only when complete, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from assay.errors import AssayError
+
+FORMAT_VERSION = 1
+MANIFEST = "metadata.json"
+
+
+class CheckpointError(AssayError):
+    """A checkpoint is missing, incomplete or corrupted."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str
+
+
+@dataclass
+class CheckpointMetadata:
+    uuid: str
+    total_batches: int
+    epoch: int
+    batch_in_epoch: int
+    world_size: int
+    trial_id: int
+    hparams: dict[str, Any]
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    user_metadata: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    created_at: float = 0.0
+    torch_version: str = torch.__version__
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> CheckpointMetadata:
+        data = json.loads(text)
+        data["files"] = {k: FileEntry(**v) for k, v in data.get("files", {}).items()}
+        return cls(**data)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This process's RNG states in a form `torch.load(weights_only=True)` accepts."""
+    np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": (
+            str(np_state[0]),
+            torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ),
+        "python": _python_state_to_plain(random.getstate()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+def _python_state_to_plain(state: tuple[Any, ...]) -> tuple[int, list[int], float | None]:
+    version, internal, gauss_next = state
+    return int(version), [int(x) for x in internal], gauss_next
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(root: Path, payload: dict[str, Any], metadata: CheckpointMetadata) -> Path:
+    """Write `payload` (file stem -> object for torch.save) as checkpoint `metadata.uuid`."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / metadata.uuid
+    tmp = root / f".tmp-{metadata.uuid}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for stem, obj in payload.items():
+            path = tmp / f"{stem}.pt"
+            with path.open("wb") as f:
+                torch.save(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+            metadata.files[path.name] = FileEntry(path.stat().st_size, _sha256(path))
+        metadata.created_at = time.time()
+        manifest = tmp / MANIFEST
+        with manifest.open("w") as f:
+            f.write(metadata.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def new_uuid() -> str:
+    return str(uuid.uuid4())
+
+
+def read_metadata(path: Path) -> CheckpointMetadata:
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(f"{path} is not a checkpoint: it has no {MANIFEST}")
+    try:
+        metadata = CheckpointMetadata.from_json(manifest.read_text())
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{manifest} is unreadable: {e}") from None
+    if metadata.format_version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format {metadata.format_version}; this Assay reads up "
+            f"to {FORMAT_VERSION}: upgrade Assay to restore it"
+        )
+    return metadata
+
+
+def verify_checkpoint(path: Path) -> CheckpointMetadata:
+    """Check every file against the manifest; raise `CheckpointError` naming the first bad one."""
+    metadata = read_metadata(path)
+    for name, entry in sorted(metadata.files.items()):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
+        size = file.stat().st_size
+        if size != entry.size:
+            raise CheckpointError(
+                f"checkpoint {path} is corrupted: {name} has {size} bytes, manifest says "
+                f"{entry.size}"
+            )
+        if _sha256(file) != entry.sha256:
+            raise CheckpointError(f"checkpoint {path} is corrupted: {name} fails its sha256")
+    return metadata
+
+
+def load_file(path: Path, stem: str, *, trusted_pickle: bool = False) -> Any:
+    """Load `stem`.pt; tensors and plain containers only unless `trusted_pickle`."""
+    return torch.load(path / f"{stem}.pt", map_location="cpu", weights_only=not trusted_pickle)

@@ -1,0 +1,350 @@
+"""The training loop every slot runs: batches, validation, checkpoints, reports.
+
+Lengths and periods count global batches (one dataloader batch on every rank), as in
+Determined. Only rank 0 talks to the session; its answers are broadcast, so every rank
+takes the same decisions at the same batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from assay._checkpoint import (
+    CheckpointMetadata,
+    capture_rng_state,
+    load_file,
+    new_uuid,
+    restore_rng_state,
+    verify_checkpoint,
+    write_checkpoint,
+)
+from assay._context import TrialContext
+from assay._data import ShardedLoader
+from assay._session import CheckpointReport, MetricsReport, Session
+from assay._trial import BuiltinReducer, MetricReducer, Reducer, Trial
+from assay.errors import TrainingError
+
+
+@dataclass
+class TrainState:
+    """Counters that a checkpoint carries, so a restored trial continues exactly."""
+
+    total_batches: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    last_validation: int = 0
+    last_checkpoint: int = 0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    total_batches: int
+    validation_metrics: dict[str, float]
+    checkpoint: Path | None
+
+
+class TrialController:
+    """Runs one Trial on this slot until the session has no more targets."""
+
+    def __init__(
+        self,
+        trial: Trial,
+        context: TrialContext,
+        session: Session | None,
+        checkpoint_root: Path,
+        *,
+        seed: int,
+    ) -> None:
+        self.trial = trial
+        self.context = context
+        self.dist = context.distributed
+        if self.dist.is_chief and session is None:
+            raise ValueError("rank 0 needs a session")
+        self.session = session
+        self.config = context._config
+        self.checkpoint_root = checkpoint_root
+        rank, size = self.dist.rank, self.dist.size
+        self.train_data = ShardedLoader(
+            trial.build_training_data_loader(), rank=rank, size=size, seed=seed, training=True
+        )
+        self.val_data = ShardedLoader(
+            trial.build_validation_data_loader(), rank=rank, size=size, seed=seed, training=False
+        )
+        self.batches_per_epoch = self.train_data.batches_per_epoch()
+        self.val_period = _period(self.config.min_validation_period, self.batches_per_epoch)
+        self.ckpt_period = _period(self.config.min_checkpoint_period, self.batches_per_epoch)
+        self.state = TrainState()
+        self.reducers = _reducers(trial.evaluation_reducer())
+        self.last_validation: dict[str, float] = {}
+        self.last_checkpoint: Path | None = None
+        self._window: dict[str, torch.Tensor] = {}
+        self._window_counts: dict[str, int] = {}
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        batches: Iterator[Any] | None = None
+        while True:
+            ask = self.session.next_target(self.state.total_batches) if self.session else None
+            target = self.dist.broadcast(ask)
+            if target is None:
+                break
+            while self.state.total_batches < target:
+                if batches is None:
+                    batches = self.train_data.epoch(self.state.epoch, self.state.batch_in_epoch)
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    if self.state.batch_in_epoch == 0:
+                        raise TrainingError(
+                            "the training data loader yielded no batches for this slot; "
+                            "check its dataset size against the per-slot batch size"
+                        ) from None
+                    self._end_epoch()
+                    batches = None
+                    continue
+                self._train_batch(batch)
+                if self.state.batch_in_epoch == self.batches_per_epoch:
+                    self._end_epoch()
+                    batches = None
+                self._after_batch()
+            self._flush_training_metrics()
+            if self.state.last_validation != self.state.total_batches or not self.last_validation:
+                self._validate()
+            if self.state.last_checkpoint != self.state.total_batches or not self.last_checkpoint:
+                self._checkpoint()
+            if self.session is not None:
+                metric = self.last_validation[self.config.searcher.metric]
+                self.session.complete_target(self.state.total_batches, metric)
+        return RunResult(self.state.total_batches, dict(self.last_validation), self.last_checkpoint)
+
+    def _train_batch(self, batch: Any) -> None:
+        state, context = self.state, self.context
+        batch = context.to_device(batch)
+        with context._begin_batch(state.epoch, state.total_batches), context._precision.autocast():
+            out = self.trial.train_batch(batch, state.epoch, state.total_batches)
+        context._end_batch()
+        state.total_batches += 1
+        state.batch_in_epoch += 1
+        self._accumulate(out)
+
+    def _end_epoch(self) -> None:
+        self.context._end_epoch()
+        self.state.epoch += 1
+        self.state.batch_in_epoch = 0
+
+    def _after_batch(self) -> None:
+        state = self.state
+        if state.total_batches % self.config.scheduling_unit == 0:
+            self._flush_training_metrics()
+        if self.val_period and state.total_batches - state.last_validation >= self.val_period:
+            self._validate()
+        on_boundary = state.total_batches % self.config.optimizations.aggregation_frequency == 0
+        due = self.ckpt_period and state.total_batches - state.last_checkpoint >= self.ckpt_period
+        if due and on_boundary:
+            self._checkpoint()
+
+    # --- training metrics ---------------------------------------------------------------
+
+    def _accumulate(self, out: Mapping[str, Any] | torch.Tensor) -> None:
+        if isinstance(out, torch.Tensor):
+            out = {"loss": out}
+        elif not isinstance(out, Mapping):
+            raise TrainingError(
+                f"train_batch must return a dict of metrics or a loss tensor, got "
+                f"{type(out).__name__}"
+            )
+        for name, value in out.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise TrainingError(
+                        f"train_batch returned metric {name!r} as a tensor of shape "
+                        f"{tuple(value.shape)}; return scalars"
+                    )
+                value = value.detach().reshape(()).float()
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                value = torch.tensor(float(value))
+            else:
+                raise TrainingError(
+                    f"train_batch returned metric {name!r} as {type(value).__name__}; "
+                    "return numbers or scalar tensors"
+                )
+            previous = self._window.get(name)
+            self._window[name] = value if previous is None else previous + value
+            self._window_counts[name] = self._window_counts.get(name, 0) + 1
+
+    def _flush_training_metrics(self) -> None:
+        local = {k: (float(v.cpu()), self._window_counts[k]) for k, v in self._window.items()}
+        self._window.clear()
+        self._window_counts.clear()
+        everyone = self.dist.allgather(local)
+        totals: dict[str, list[float]] = {}
+        for per_rank in everyone:
+            for name, (total, count) in per_rank.items():
+                acc = totals.setdefault(name, [0.0, 0.0])
+                acc[0] += total
+                acc[1] += count
+        if not totals or self.session is None:
+            return
+        metrics = {name: acc[0] / acc[1] for name, acc in totals.items()}
+        self.session.report_training_metrics(
+            MetricsReport(self.state.total_batches, self.state.epoch, metrics)
+        )
+
+    # --- validation ---------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        context = self.context
+        was_training = [m.training for m in context.models]
+        for model in context.models:
+            model.eval()
+            if hasattr(model, "require_forward_param_sync"):
+                # Shards may be uneven: no rank may wait on a buffer broadcast in eval.
+                setattr(model, "require_forward_param_sync", False)  # noqa: B010
+        reducers: dict[str, MetricReducer] = {}
+        try:
+            with torch.no_grad():
+                for batch in self.val_data.epoch(0):
+                    batch = context.to_device(batch)
+                    with context._precision.autocast():
+                        out = self.trial.evaluate_batch(batch)
+                    if not isinstance(out, Mapping):
+                        raise TrainingError(
+                            "evaluate_batch must return a dict of metrics, got "
+                            f"{type(out).__name__}"
+                        )
+                    for name, value in out.items():
+                        reducer = reducers.get(name)
+                        if reducer is None:
+                            reducer = reducers[name] = self.reducers(name)
+                            reducer.reset()
+                        try:
+                            reducer.update(value)
+                        except ValueError as e:
+                            raise TrainingError(
+                                f"evaluate_batch returned metric {name!r}: {e}"
+                            ) from None
+        finally:
+            for model, mode in zip(context.models, was_training, strict=True):
+                model.train(mode)
+        per_slot = {name: r.per_slot_reduce() for name, r in reducers.items()}
+        everyone = self.dist.allgather(per_slot)
+        names = sorted({name for per_rank in everyone for name in per_rank})
+        metrics: dict[str, float] = {}
+        for name in names:
+            reducer = reducers.get(name) or self.reducers(name)
+            value = reducer.cross_slot_reduce([r[name] for r in everyone if name in r])
+            metrics[name] = float(value.item() if isinstance(value, torch.Tensor) else value)
+        if not metrics:
+            raise TrainingError("the validation data loader yielded no batches on any slot")
+        searcher_metric = self.config.searcher.metric
+        if searcher_metric not in metrics:
+            raise TrainingError(
+                f"searcher.metric {searcher_metric!r} is not among the validation metrics "
+                f"that evaluate_batch returned ({', '.join(names)})"
+            )
+        self.state.last_validation = self.state.total_batches
+        self.last_validation = metrics
+        if self.session is not None:
+            self.session.report_validation_metrics(
+                MetricsReport(self.state.total_batches, self.state.epoch, metrics)
+            )
+
+    # --- checkpoints --------------------------------------------------------------------
+
+    def _checkpoint(self) -> None:
+        context = self.context
+        self.state.last_checkpoint = self.state.total_batches
+        rng = self.dist.allgather(capture_rng_state())
+        if not self.dist.is_chief:
+            return
+        payload: dict[str, Any] = {
+            "models": [m.state_dict() for m in context._unwrapped_models()],
+            "optimizers": [o.state_dict() for o in context.optimizers],
+            "lr_schedulers": [s.state_dict() for s in context._lr_schedulers],
+            "precision": context._precision.state_dict(),
+            "rng": rng,
+            "trial_state": asdict(self.state),
+        }
+        user_state = self.trial.state_dict()
+        if user_state:
+            payload["user_state"] = user_state
+        metadata = CheckpointMetadata(
+            uuid=new_uuid(),
+            total_batches=self.state.total_batches,
+            epoch=self.state.epoch,
+            batch_in_epoch=self.state.batch_in_epoch,
+            world_size=self.dist.size,
+            trial_id=context.get_trial_id(),
+            hparams=context.get_hparams(),
+        )
+        path = write_checkpoint(self.checkpoint_root, payload, metadata)
+        self.last_checkpoint = path
+        assert self.session is not None
+        self.session.report_checkpoint(CheckpointReport(path, metadata))
+
+    def restore(self, path: Path) -> None:
+        """Load a checkpoint written by `_checkpoint` (any world size) into this slot."""
+        metadata = verify_checkpoint(path)
+        context = self.context
+        models = load_file(path, "models")
+        optimizers = load_file(path, "optimizers")
+        schedulers = load_file(path, "lr_schedulers")
+        _match("models", len(models), len(context.models))
+        _match("optimizers", len(optimizers), len(context.optimizers))
+        _match("LR schedulers", len(schedulers), len(context._lr_schedulers))
+        for model, sd in zip(context._unwrapped_models(), models, strict=True):
+            model.load_state_dict(sd)
+        for optimizer, sd in zip(context.optimizers, optimizers, strict=True):
+            optimizer.load_state_dict(sd)
+        for scheduler, sd in zip(context._lr_schedulers, schedulers, strict=True):
+            scheduler.load_state_dict(sd)
+        context._precision.load_state_dict(load_file(path, "precision"))
+        if "user_state.pt" in metadata.files:
+            self.trial.load_state_dict(load_file(path, "user_state", trusted_pickle=True))
+        self.state = TrainState(**load_file(path, "trial_state"))
+        rng = load_file(path, "rng")
+        if self.dist.rank < len(rng):
+            restore_rng_state(rng[self.dist.rank])
+        self.last_checkpoint = path
+
+
+def _match(what: str, saved: int, now: int) -> None:
+    if saved != now:
+        raise TrainingError(
+            f"the checkpoint holds {saved} {what} but the Trial wrapped {now}; restore it "
+            "with the same model definition"
+        )
+
+
+def _period(length: Any, batches_per_epoch: int | None) -> int:
+    return 0 if length is None else int(length.to_batches(batches_per_epoch))
+
+
+class _ReducerFactory:
+    def __init__(self, spec: Reducer | Mapping[str, Reducer | MetricReducer]) -> None:
+        self.spec = spec
+
+    def __call__(self, name: str) -> MetricReducer:
+        if isinstance(self.spec, Reducer):
+            return BuiltinReducer(self.spec)
+        choice = self.spec.get(name, Reducer.AVG)
+        return BuiltinReducer(choice) if isinstance(choice, Reducer) else choice
+
+
+def _reducers(spec: Any) -> _ReducerFactory:
+    if isinstance(spec, Reducer):
+        return _ReducerFactory(spec)
+    if isinstance(spec, Mapping) and all(
+        isinstance(v, Reducer | MetricReducer) for v in spec.values()
+    ):
+        return _ReducerFactory(spec)
+    raise TrainingError(
+        "evaluation_reducer() must return an assay.Reducer or a dict of metric name to "
+        f"Reducer or MetricReducer, got {spec!r}"
+    )

@@ -1,0 +1,179 @@
+"""Re-sharding of plain `torch.utils.data.DataLoader`s across ranks, resumable mid-epoch.
+
+The user builds an ordinary DataLoader whose batch size is the per-slot batch size. Per
+epoch, its batch sampler yields index batches in one order shared by every rank (random
+samplers are re-seeded from the trial seed and the epoch, so no rank and no restart
+draws from the global RNG). Consecutive groups of `size` index batches form one global
+batch, and rank r takes member r of each group: 2 ranks x batch B see exactly the samples
+of 1 rank x batch 2B. Training pads the last group from the epoch's start so every rank
+runs the same number of steps; validation does not pad (ranks may get uneven shards,
+and metrics are reduced weighted by batch count).
+
+A position is (epoch, batch in epoch); resuming skips index batches without loading data.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+)
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return (seed * 1_000_003 + epoch * 7919 + 17) % (2**63 - 1)
+
+
+class _SeededRandomSampler(Sampler[int]):
+    """RandomSampler's permutation, drawn from a generator seeded per epoch."""
+
+    def __init__(self, source: RandomSampler, seed: int) -> None:
+        self.source = source
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.source.data_source)
+        g = torch.Generator()
+        g.manual_seed(_epoch_seed(self.seed, self.epoch))
+        if self.source.replacement:
+            draws = torch.randint(n, (self.source.num_samples,), dtype=torch.int64, generator=g)
+            yield from draws.tolist()
+            return
+        full, rest = divmod(self.source.num_samples, n)
+        for _ in range(full):
+            yield from torch.randperm(n, generator=g).tolist()
+        if rest:
+            yield from torch.randperm(n, generator=g)[:rest].tolist()
+
+
+class _ShardBatchSampler(Sampler[list[int]]):
+    """This rank's index batches of one epoch, from a start position."""
+
+    def __init__(
+        self, source: Iterable[list[int]], n_batches: int, rank: int, size: int, pad: bool
+    ) -> None:
+        self.source = source
+        self.n_batches = n_batches
+        self.rank = rank
+        self.size = size
+        self.pad = pad
+        self.epoch = 0
+        self.start = 0
+
+    def steps_per_epoch(self) -> int:
+        """Batches this rank runs in a full epoch (every rank the same when padded)."""
+        if self.pad:
+            return -(-self.n_batches // self.size)
+        return len(range(self.rank, self.n_batches, self.size))
+
+    def __len__(self) -> int:
+        return max(0, self.steps_per_epoch() - self.start)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        inner = getattr(self.source, "sampler", None)
+        if isinstance(inner, _SeededRandomSampler):
+            inner.epoch = self.epoch
+        batches = list(self.source)
+        if self.pad and batches:
+            total = self.steps_per_epoch() * self.size
+            batches.extend(itertools.islice(itertools.cycle(batches), total - len(batches)))
+        mine = batches[self.rank :: self.size]
+        yield from mine[self.start :]
+
+
+class ShardedLoader:
+    """Iterates a user's DataLoader as this rank's shard, epoch by epoch, resumably."""
+
+    def __init__(
+        self, loader: DataLoader[Any], *, rank: int, size: int, seed: int, training: bool
+    ) -> None:
+        if not isinstance(loader, DataLoader):
+            raise TypeError(
+                "build_*_data_loader() must return a torch.utils.data.DataLoader, got "
+                f"{type(loader).__name__}"
+            )
+        self.user_loader = loader
+        self.rank, self.size, self.training = rank, size, training
+        self.seed = seed
+        self.iterable = isinstance(loader.dataset, IterableDataset)
+        self._shard: _ShardBatchSampler | None = None
+        self._loader: DataLoader[Any] | None = None
+        if not self.iterable:
+            self._build()
+
+    def _build(self) -> None:
+        user = self.user_loader
+        batch_sampler = user.batch_sampler
+        if batch_sampler is None:
+            raise TypeError(
+                "the DataLoader must batch its samples (batch_size=... or batch_sampler=...); "
+                "batch_size=None is not supported"
+            )
+        if isinstance(batch_sampler, BatchSampler) and type(batch_sampler) is BatchSampler:
+            sampler: Sampler[int] | Iterable[int] = batch_sampler.sampler
+            # RandomSampler is re-seeded per epoch; any other sampler's order is its own.
+            if isinstance(sampler, RandomSampler):
+                sampler = _SeededRandomSampler(sampler, self.seed)
+            source: Iterable[list[int]] = BatchSampler(
+                sampler,
+                batch_sampler.batch_size,
+                batch_sampler.drop_last,
+            )
+        else:
+            source = batch_sampler
+        n_batches = len(source)  # type: ignore[arg-type]
+        self._shard = _ShardBatchSampler(source, n_batches, self.rank, self.size, self.training)
+        generator = torch.Generator()
+        self._loader = DataLoader(
+            user.dataset,
+            batch_sampler=self._shard,
+            num_workers=user.num_workers,
+            collate_fn=user.collate_fn,
+            pin_memory=user.pin_memory,
+            timeout=user.timeout,
+            worker_init_fn=user.worker_init_fn,
+            multiprocessing_context=user.multiprocessing_context,
+            generator=generator,
+            prefetch_factor=user.prefetch_factor if user.num_workers > 0 else None,
+            persistent_workers=False,
+            pin_memory_device=user.pin_memory_device,
+        )
+        self._generator = generator
+
+    def batches_per_epoch(self) -> int | None:
+        """Global batches (steps of every rank) in one epoch; None when unknown."""
+        if self._shard is not None:
+            return self._shard.steps_per_epoch() if self.training else self._shard.n_batches
+        try:
+            n = len(self.user_loader)
+        except TypeError:
+            return None
+        return -(-n // self.size) if self.training else n
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Any]:
+        """This rank's batches of `epoch`, skipping the first `start` of them."""
+        if self._loader is None or self._shard is None:
+            return self._iterable_epoch(start)
+        self._shard.epoch = epoch
+        self._shard.start = start
+        self._generator.manual_seed(_epoch_seed(self.seed, epoch) ^ 0x5DEECE66D)
+        return iter(self._loader)
+
+    def _iterable_epoch(self, start: int) -> Iterator[Any]:
+        # An iterable dataset cannot be indexed: every rank reads the stream and keeps
+        # every size-th batch.
+        it = iter(self.user_loader)
+        mine = itertools.islice(it, self.rank, None, self.size)
+        return itertools.islice(mine, start, None)

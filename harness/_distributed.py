@@ -1,0 +1,94 @@
+"""Who this process is in the trial's process group, read from the standard torch env vars."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    """Rank and size of this process among all slots of the trial (one process per slot).
+
+    `rank`/`size` span every slot; `local_rank`/`local_size` the slots on this machine;
+    `cross_rank`/`cross_size` the machines.
+    """
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    cross_rank: int = 0
+    cross_size: int = 1
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> DistributedContext:
+        """Read `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` (torchrun's names)."""
+        env = os.environ if env is None else env
+        size = int(env.get("WORLD_SIZE", "1"))
+        rank = int(env.get("RANK", "0"))
+        local_rank = int(env.get("LOCAL_RANK", str(rank)))
+        local_size = int(env.get("LOCAL_WORLD_SIZE", str(size)))
+        cross_size = int(env.get("GROUP_WORLD_SIZE", str(max(1, size // max(1, local_size)))))
+        cross_rank = int(env.get("GROUP_RANK", str(rank // max(1, local_size))))
+        if not 0 <= rank < size:
+            raise ValueError(f"RANK={rank} is outside WORLD_SIZE={size}")
+        return cls(rank, size, local_rank, local_size, cross_rank, cross_size)
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.size > 1
+
+    def init_process_group(self, device: torch.device, timeout_s: float = 1800.0) -> None:
+        """Join the trial's process group (NCCL on CUDA, Gloo on CPU) if there is one."""
+        if not self.is_distributed or dist.is_initialized():
+            return
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=self.rank,
+            world_size=self.size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+
+    def allgather(self, obj: T) -> list[T]:
+        """Every rank's `obj`, in rank order (a picklable object; one collective)."""
+        if not self.is_distributed:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank."""
+        if not self.is_distributed:
+            return obj
+        box: list[Any] = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]  # type: ignore[no-any-return]
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            dist.barrier()
+
+
+def default_device(distributed: DistributedContext) -> torch.device:
+    """The slot's device: `cuda:LOCAL_RANK` when CUDA is present, else the CPU."""
+    if torch.cuda.is_available():
+        index = distributed.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")

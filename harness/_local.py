@@ -1,0 +1,250 @@
+"""`run_local`: train one trial on this machine exactly as a cluster slot would.
+
+One slot runs in this process (breakpoints work); several slots are launched as one
+process each with the torch.distributed environment, the way an agent launches them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from assay._trial import Trial
+from assay.config import ExperimentConfig, load_config, parse_config
+from assay.errors import InvalidConfigError, TrainingError
+
+log = logging.getLogger("assay")
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """What `run_local` returns (and `assay trial run-local --json` prints)."""
+
+    total_batches: int
+    validation_metrics: dict[str, float]
+    checkpoint: str | None
+    hparams: dict[str, Any] = field(default_factory=dict)
+    training_history: list[dict[str, Any]] = field(default_factory=list)
+    validation_history: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total_batches": self.total_batches,
+            "validation_metrics": self.validation_metrics,
+            "checkpoint": self.checkpoint,
+            "hparams": self.hparams,
+            "training_history": self.training_history,
+            "validation_history": self.validation_history,
+        }
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one slot's process needs; serialised as JSON for launched workers."""
+
+    config: dict[str, Any]
+    model_dir: str | None
+    checkpoint_dir: str
+    resume_from: str | None = None
+    result_path: str | None = None
+    trial_id: int = 0
+
+
+def _with_slots(raw: Mapping[str, Any], slots: int | None) -> dict[str, Any]:
+    data = dict(raw)
+    if slots is not None:
+        resources = dict(data.get("resources") or {})
+        resources["slots_per_trial"] = slots
+        data["resources"] = resources
+    return data
+
+
+def _coerce_config(config: ExperimentConfig | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    if isinstance(config, ExperimentConfig):
+        return dict(config.raw)
+    if isinstance(config, str | Path):
+        return dict(load_config(config).raw)
+    return dict(config)
+
+
+def run_local(
+    trial: type[Trial] | None = None,
+    config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None,
+    *,
+    model_dir: str | Path | None = None,
+    slots: int | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume_from: str | Path | None = None,
+) -> LocalResult:
+    """Train one trial locally (searcher `single`) and return its final metrics.
+
+    `trial` is a Trial class, or None to load `config`'s `entrypoint` from `model_dir`.
+    `slots` overrides `resources.slots_per_trial`; with more than one slot, one process per
+    slot is launched (gloo on CPU, NCCL on GPUs). `resume_from` is a checkpoint directory to
+    continue from (counters, data position and RNG included).
+    """
+    if config is None:
+        raise InvalidConfigError(["<config>: run_local needs an experiment config"])
+    raw = _with_slots(_coerce_config(config), slots)
+    parsed = parse_config(raw)
+    if trial is not None and model_dir is None and parsed.resources.slots_per_trial > 1:
+        model_dir, entry = _entrypoint_of(trial)
+        raw["entrypoint"] = entry
+        trial = None
+    if trial is None and model_dir is None:
+        raise InvalidConfigError(["<config>: give run_local a Trial class or a model_dir"])
+    storage = parsed.checkpoint_storage.host_path or parsed.checkpoint_storage.storage_path
+    ckpt_dir = Path(checkpoint_dir or storage or "checkpoints").resolve()
+    spec = WorkerSpec(
+        config=raw,
+        model_dir=str(Path(model_dir).resolve()) if model_dir is not None else None,
+        checkpoint_dir=str(ckpt_dir),
+        resume_from=str(Path(resume_from).resolve()) if resume_from is not None else None,
+    )
+    if parsed.resources.slots_per_trial == 1:
+        from assay._worker import run_worker
+
+        result = run_worker(spec, trial_class=trial, env={})
+        assert result is not None
+        return result
+    return _launch(spec, parsed.resources.slots_per_trial)
+
+
+def _entrypoint_of(trial: type[Trial]) -> tuple[Path, str]:
+    """The model directory and `module:Class` that re-import `trial` in a new process."""
+    module = sys.modules.get(trial.__module__)
+    file = getattr(module, "__file__", None)
+    if file is None or "<locals>" in trial.__qualname__:
+        raise TrainingError(
+            f"{trial.__qualname__} must be defined at the top level of a Python file to run "
+            "on several slots; or pass model_dir= and an entrypoint in the config"
+        )
+    path = Path(file).resolve()
+    if trial.__module__ == "__main__":
+        return path.parent, f"{path.stem}:{trial.__qualname__}"
+    root = path.parent
+    for _ in range(trial.__module__.count(".")):
+        root = root.parent
+    return root, f"{trial.__module__}:{trial.__qualname__}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pump(stream: IO[bytes], prefix: str, sink: IO[str], tail: list[str]) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        tail.append(line)
+        del tail[:-40]
+        sink.write(f"{prefix}{line}\n")
+        sink.flush()
+
+
+def _launch(spec: WorkerSpec, slots: int) -> LocalResult:
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="assay-local-") as tmp:
+        result_path = Path(tmp) / "result.json"
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps({**spec.__dict__, "result_path": str(result_path)}))
+        threads_per_slot = max(1, (os.cpu_count() or 1) // slots)
+        procs: list[subprocess.Popen[bytes]] = []
+        tails: list[list[str]] = []
+        pumps: list[threading.Thread] = []
+        for rank in range(slots):
+            env = dict(os.environ)
+            env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(slots),
+                LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(slots),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                PYTHONUNBUFFERED="1",
+            )
+            env.setdefault("OMP_NUM_THREADS", str(threads_per_slot))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "assay._worker", str(spec_path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            procs.append(proc)
+            tail: list[str] = []
+            tails.append(tail)
+            assert proc.stdout is not None
+            pump = threading.Thread(
+                target=_pump, args=(proc.stdout, f"[rank {rank}] ", sys.stderr, tail), daemon=True
+            )
+            pump.start()
+            pumps.append(pump)
+        failed = _wait_all(procs)
+        for pump in pumps:
+            pump.join(timeout=5)
+        if failed is not None:
+            rank, code = failed
+            raise TrainingError(_failure_message(Path(tmp), rank, code, tails[rank]))
+        if not result_path.exists():
+            raise TrainingError("rank 0 exited without writing its result")
+        data = json.loads(result_path.read_text())
+        return LocalResult(**data)
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]]) -> tuple[int, int] | None:
+    """Wait for every process; on the first failure stop the others and return it."""
+    while True:
+        codes = [p.poll() for p in procs]
+        for rank, code in enumerate(codes):
+            if code not in (None, 0):
+                _stop(procs)
+                return rank, code
+        if all(code == 0 for code in codes):
+            return None
+        time.sleep(0.05)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 10
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _failure_message(tmp: Path, rank: int, code: int, tail: list[str]) -> str:
+    error_file = tmp / f"error-{rank}.txt"
+    if error_file.exists():
+        return error_file.read_text().strip()
+    last = "\n".join(f"  {line}" for line in tail[-15:])
+    return f"rank {rank} exited with code {code}; its last output:\n{last}"
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+__all__ = ["LocalResult", "WorkerSpec", "free_port", "run_local", "seed_everything"]

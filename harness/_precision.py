@@ -1,0 +1,107 @@
+"""Mixed precision as small plugins chosen by `optimizations.mixed_precision`.
+
+Each plugin owns its autocast context, how a loss is backpropagated and how an optimizer
+steps; the context only delegates. fp16 needs a `GradScaler` (loss scaling, `unscale_`
+before clipping, steps skipped on inf/NaN); bf16 has fp32's range and needs none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from assay.config import Precision
+
+
+class PrecisionPlugin:
+    """Full precision (fp32): no autocast, plain backward and step."""
+
+    name: Precision = "off"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        yield
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        loss.backward(**kwargs)  # type: ignore[no-untyped-call]
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients to their true scale (before clipping); a no-op without scaling."""
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Step `optimizer` (a scaling plugin skips the step on inf/NaN gradients)."""
+        optimizer.step()
+
+    def update(self) -> None:
+        """Called once per effective batch, after every optimizer stepped."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class _AutocastPrecision(PrecisionPlugin):
+    dtype: torch.dtype
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        with torch.autocast(device_type=self.device.type, dtype=self.dtype):
+            yield
+
+
+class BF16Precision(_AutocastPrecision):
+    """bfloat16 autocast; gradients are fp32 and need no scaling."""
+
+    name: Precision = "bf16"
+    dtype = torch.bfloat16
+
+
+class FP16Precision(_AutocastPrecision):
+    """float16 autocast with dynamic loss scaling (`torch.amp.GradScaler`)."""
+
+    name: Precision = "fp16"
+    dtype = torch.float16
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.scaler = torch.amp.GradScaler(device.type)
+        self._unscaled: set[int] = set()
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        self.scaler.scale(loss).backward(**kwargs)  # type: ignore[no-untyped-call]
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) not in self._unscaled:
+            self.scaler.unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler.step(optimizer)
+
+    def update(self) -> None:
+        self.scaler.update()
+        self._unscaled.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+
+def make_precision(name: Precision, device: torch.device) -> PrecisionPlugin:
+    plugins: dict[str, type[PrecisionPlugin]] = {
+        "off": PrecisionPlugin,
+        "bf16": BF16Precision,
+        "fp16": FP16Precision,
+    }
+    return plugins[name](device)

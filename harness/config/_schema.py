@@ -1,0 +1,318 @@
+"""The experiment config schema (Determined's keys where they exist) and its parser."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from assay.config._hparams import Const, HParam, parse_hparams
+from assay.config._reader import REQUIRED, Section, type_name
+from assay.errors import InvalidConfigError
+
+
+class LengthUnit(StrEnum):
+    BATCHES = "batches"
+    EPOCHS = "epochs"
+
+
+@dataclass(frozen=True)
+class Length:
+    """A training length, in dataloader batches (global batches) or epochs."""
+
+    unit: LengthUnit
+    value: int
+
+    @classmethod
+    def batches(cls, n: int) -> Length:
+        return cls(LengthUnit.BATCHES, n)
+
+    @classmethod
+    def epochs(cls, n: int) -> Length:
+        return cls(LengthUnit.EPOCHS, n)
+
+    def to_batches(self, batches_per_epoch: int | None) -> int:
+        if self.unit is LengthUnit.BATCHES:
+            return self.value
+        if batches_per_epoch is None:
+            raise InvalidConfigError(
+                [
+                    "a length in epochs needs a training data loader with a known length; "
+                    "give lengths in batches (e.g. {batches: 1000}) for iterable datasets"
+                ]
+            )
+        return self.value * batches_per_epoch
+
+    def to_dict(self) -> dict[str, int]:
+        return {self.unit.value: self.value}
+
+
+Precision = Literal["off", "fp16", "bf16"]
+SEARCHER_NAMES = ("single", "grid", "random", "asha", "adaptive_asha", "bayesian")
+# Keys each searcher accepts besides the common ones; their semantics belong to the searchers.
+_SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
+    "single": (),
+    "grid": ("max_concurrent_trials",),
+    "random": ("max_trials", "max_concurrent_trials", "sampler"),
+    "asha": (
+        "max_trials",
+        "max_concurrent_trials",
+        "divisor",
+        "num_rungs",
+        "max_rungs",
+        "sampler",
+    ),
+    "adaptive_asha": (
+        "max_trials",
+        "max_concurrent_trials",
+        "divisor",
+        "max_rungs",
+        "mode",
+        "bracket_rungs",
+        "sampler",
+    ),
+    "bayesian": ("max_trials", "max_concurrent_trials", "sampler"),
+}
+
+
+@dataclass(frozen=True)
+class SearcherConfig:
+    name: str
+    metric: str
+    max_length: Length
+    smaller_is_better: bool = True
+    max_trials: int | None = None
+    max_concurrent_trials: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    slots_per_trial: int = 1
+    priority: int = 42
+
+
+@dataclass(frozen=True)
+class OptimizationsConfig:
+    aggregation_frequency: int = 1
+    mixed_precision: Precision = "off"
+
+
+@dataclass(frozen=True)
+class CheckpointStorageConfig:
+    type: Literal["shared_fs", "s3"] = "shared_fs"
+    host_path: str | None = None
+    storage_path: str | None = None
+    bucket: str | None = None
+    prefix: str | None = None
+    endpoint_url: str | None = None
+    save_trial_best: int = 1
+    save_trial_latest: int = 1
+    save_experiment_best: int = 0
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A validated experiment config. `raw` keeps the mapping it was parsed from."""
+
+    entrypoint: str
+    hyperparameters: Mapping[str, HParam]
+    searcher: SearcherConfig
+    name: str = "experiment"
+    description: str = ""
+    labels: tuple[str, ...] = ()
+    resources: ResourcesConfig = ResourcesConfig()
+    optimizations: OptimizationsConfig = OptimizationsConfig()
+    min_validation_period: Length | None = None
+    min_checkpoint_period: Length | None = None
+    checkpoint_storage: CheckpointStorageConfig = CheckpointStorageConfig()
+    max_restarts: int = 5
+    experiment_seed: int = 0
+    scheduling_unit: int = 100
+    data: Mapping[str, Any] = field(default_factory=dict)
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def global_batch_size(self) -> int:
+        hp = self.hyperparameters["global_batch_size"]
+        assert isinstance(hp, Const)  # guaranteed by parse_config
+        return int(hp.val)
+
+
+_ENTRYPOINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate a YAML experiment config file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InvalidConfigError([f"cannot read config file {path}: {e.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise InvalidConfigError([f"{path} is not valid YAML: {e}"]) from None
+    return parse_config(data)
+
+
+def parse_config(data: Any) -> ExperimentConfig:
+    """Validate a config mapping; raise `InvalidConfigError` listing every problem."""
+    if not isinstance(data, Mapping):
+        raise InvalidConfigError([f"<config>: expected a mapping, got {type_name(data)}"])
+    problems: list[str] = []
+    top = Section(data, "", problems)
+
+    entrypoint = top.get_str("entrypoint", REQUIRED)
+    if entrypoint is not None and not _ENTRYPOINT.match(entrypoint):
+        top.error(
+            "entrypoint",
+            f"expected 'module:ClassName' (e.g. model_def:MyTrial), got {entrypoint!r}",
+        )
+    hparams = parse_hparams(top.section("hyperparameters", required=True))
+    searcher = _parse_searcher(top.section("searcher", required=True))
+    resources = _parse_resources(top.section("resources"))
+    _check_global_batch_size(top, hparams, resources.slots_per_trial)
+    optimizations = _parse_optimizations(top.section("optimizations"))
+    min_val = _parse_length(top, "min_validation_period", required=False)
+    min_ckpt = _parse_length(top, "min_checkpoint_period", required=False)
+    storage = _parse_storage(top.section("checkpoint_storage"))
+    repro = top.section("reproducibility")
+    seed = repro.get_int("experiment_seed", 0, minimum=0, maximum=2**31 - 1)
+    repro.finish()
+    config = ExperimentConfig(
+        entrypoint=entrypoint or "",
+        hyperparameters=hparams,
+        searcher=searcher,
+        name=top.get_str("name", "experiment") or "experiment",
+        description=top.get_str("description", "") or "",
+        labels=tuple(top.get_str_list("labels")),
+        resources=resources,
+        optimizations=optimizations,
+        min_validation_period=min_val,
+        min_checkpoint_period=min_ckpt,
+        checkpoint_storage=storage,
+        max_restarts=top.get_int("max_restarts", 5, minimum=0) or 0,
+        experiment_seed=seed or 0,
+        scheduling_unit=top.get_int("scheduling_unit", 100, minimum=1) or 100,
+        data=dict(top.get_mapping("data") or {}),
+        raw=data,
+    )
+    top.finish()
+    if problems:
+        raise InvalidConfigError(problems)
+    return config
+
+
+def _check_global_batch_size(top: Section, hparams: Mapping[str, HParam], slots: int) -> None:
+    path = "hyperparameters.global_batch_size"
+    if "hyperparameters" not in top.data or not isinstance(top.data["hyperparameters"], Mapping):
+        return
+    hp = hparams.get("global_batch_size")
+    if hp is None:
+        if "global_batch_size" not in top.data["hyperparameters"]:
+            top.problems.append(f"{path}: is required (a positive integer, e.g. 64)")
+        return
+    if not isinstance(hp, Const):
+        top.problems.append(f"{path}: must be a constant integer, not a searched range")
+        return
+    value = hp.val
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        top.problems.append(f"{path}: expected a positive integer, got {value!r}")
+    elif slots >= 1 and value % slots:
+        top.problems.append(
+            f"{path}: {value} is not divisible by resources.slots_per_trial ({slots}); "
+            f"use a multiple of {slots}"
+        )
+
+
+def _parse_length(parent: Section, key: str, *, required: bool) -> Length | None:
+    value = parent.raw(key)
+    if value is None:
+        if required:
+            parent.error(key, "is required, e.g. {batches: 1000} or {epochs: 5}")
+        return None
+    expected = "expected {batches: int} or {epochs: int}"
+    if not isinstance(value, Mapping) or len(value) != 1:
+        parent.error(key, f"{expected}, got {value!r}")
+        return None
+    ((unit, n),) = value.items()
+    if unit not in ("batches", "epochs"):
+        parent.error(key, f"{expected}, got unit {unit!r}")
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        parent.error(key, f"{expected} with a positive integer, got {unit}: {n!r}")
+        return None
+    return Length(LengthUnit(unit), n)
+
+
+def _parse_searcher(s: Section) -> SearcherConfig:
+    name = s.get_choice("name", SEARCHER_NAMES, REQUIRED)
+    metric = s.get_str("metric", REQUIRED)
+    max_length = _parse_length(s, "max_length", required=True)
+    smaller = s.get_bool("smaller_is_better", True)
+    max_trials = s.get_int("max_trials", None, minimum=1)
+    concurrent = s.get_int("max_concurrent_trials", 0, minimum=0) or 0
+    options: dict[str, Any] = {}
+    allowed = _SEARCHER_KEYS.get(name, ())
+    for key in ("divisor", "num_rungs", "max_rungs", "bracket_rungs", "mode", "sampler"):
+        if key in s.data:
+            options[key] = s.raw(key)
+            if key not in allowed:
+                s.error(key, f"is not a setting of the {name} searcher")
+    for key in ("max_trials", "max_concurrent_trials"):
+        if key in s.data and key not in allowed:
+            s.error(key, f"is not a setting of the {name} searcher")
+    s.finish()
+    return SearcherConfig(
+        name=name,
+        metric=metric or "",
+        max_length=max_length or Length.batches(1),
+        smaller_is_better=smaller,
+        max_trials=max_trials,
+        max_concurrent_trials=concurrent,
+        options=options,
+    )
+
+
+def _parse_resources(s: Section) -> ResourcesConfig:
+    slots = s.get_int("slots_per_trial", 1, minimum=1) or 1
+    priority = s.get_int("priority", 42, minimum=1, maximum=99) or 42
+    s.finish()
+    return ResourcesConfig(slots_per_trial=slots, priority=priority)
+
+
+def _parse_optimizations(s: Section) -> OptimizationsConfig:
+    freq = s.get_int("aggregation_frequency", 1, minimum=1) or 1
+    precision = s.get_choice("mixed_precision", ("off", "fp16", "bf16"), "off")
+    s.finish()
+    return OptimizationsConfig(aggregation_frequency=freq, mixed_precision=precision)  # type: ignore[arg-type]
+
+
+def _parse_storage(s: Section) -> CheckpointStorageConfig:
+    kind = s.get_choice("type", ("shared_fs", "s3"), "shared_fs")
+    host_path = s.get_str("host_path", None)
+    storage_path = s.get_str("storage_path", None)
+    bucket = s.get_str("bucket", REQUIRED if kind == "s3" else None)
+    prefix = s.get_str("prefix", None)
+    endpoint = s.get_str("endpoint_url", None)
+    best = s.get_int("save_trial_best", 1, minimum=0)
+    latest = s.get_int("save_trial_latest", 1, minimum=0)
+    exp_best = s.get_int("save_experiment_best", 0, minimum=0)
+    s.finish(("access_key", "secret_key"))
+    return CheckpointStorageConfig(
+        type=kind,  # type: ignore[arg-type]
+        host_path=host_path,
+        storage_path=storage_path,
+        bucket=bucket,
+        prefix=prefix,
+        endpoint_url=endpoint,
+        save_trial_best=1 if best is None else best,
+        save_trial_latest=1 if latest is None else latest,
+        save_experiment_best=0 if exp_best is None else exp_best,
+    )

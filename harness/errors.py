@@ -1,0 +1,41 @@
+"""Errors that Assay raises for users to read.
+
+Each carries a message that says what is wrong and what to do about it; the CLI prints
+the message alone (no traceback) and exits non-zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class AssayError(Exception):
+    """Base class of every error Assay reports to a user."""
+
+
+class InvalidConfigError(AssayError):
+    """The experiment config is invalid; `problems` lists each as `key.path: what to fix`."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid experiment config:\n{lines}")
+
+
+class TrialLoadError(AssayError):
+    """The model directory or entrypoint could not be turned into a Trial class."""
+
+
+class HyperparameterError(AssayError, KeyError):
+    """A trial asked for a hyperparameter the experiment does not define."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidHP(AssayError):  # noqa: N818 - Determined's name, kept for portability
+    """Raised by a Trial to say its hyperparameters are unusable (not a failure)."""
+
+
+class TrainingError(AssayError):
+    """Training could not run: a worker failed, or the Trial broke a contract."""

@@ -1,0 +1,1 @@
+"""The Assay master daemon (`assay-master`): API servers, state machines, searchers, store."""

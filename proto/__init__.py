@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf code for every Assay RPC and message."""

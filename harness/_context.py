@@ -65,12 +65,12 @@ class TrialContext:
         self._aggregation = config.optimizations.aggregation_frequency
         self._global_batch_size = int(self._hparams["global_batch_size"])
         self.models: list[nn.Module] = []
+        self._ddp_models: list[Any] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self._schedulers: list[_Scheduler] = []
         self._epoch = 0
         self._batch = 0
         self._boundary = True
-        self._stepped: set[int] = set()
 
     # --- configuration -------------------------------------------------------------------
 
@@ -116,6 +116,8 @@ class TrialContext:
 
     def to_device(self, data: T) -> T:
         """Move every tensor inside `data` (nested lists, tuples, dicts) to this slot's device."""
+        if self.device.type == "cpu":
+            return data  # loaders yield CPU tensors: walking the batch would cost per step
         moved: T = _to_device(data, self.device)
         return moved
 
@@ -127,6 +129,7 @@ class TrialContext:
 
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=ids)
+            self._ddp_models.append(model)
         self.models.append(model)
         return model
 
@@ -189,24 +192,21 @@ class TrialContext:
         self._precision.step(optimizer)
         if auto_zero_grads:
             optimizer.zero_grad(set_to_none=True)
-        self._stepped.add(id(optimizer))
         for entry in self._schedulers:
             if entry.mode is StepMode.STEP_EVERY_OPTIMIZER_STEP and entry.optimizer is optimizer:
                 entry.scheduler.step()
 
     # --- used by the harness ------------------------------------------------------------
 
-    def _begin_batch(self, epoch: int, batch: int) -> contextlib.ExitStack:
+    def _begin_batch(self, epoch: int, batch: int) -> contextlib.AbstractContextManager[Any]:
         """Enter the batch: set counters, and suspend DDP sync off accumulation boundaries."""
         self._epoch, self._batch = epoch, batch
         self._boundary = (batch + 1) % self._aggregation == 0
-        self._stepped.clear()
+        if self._boundary or not self._ddp_models:
+            return _NO_CONTEXT
         stack = contextlib.ExitStack()
-        if not self._boundary:
-            for model in self.models:
-                no_sync = getattr(model, "no_sync", None)
-                if no_sync is not None:
-                    stack.enter_context(no_sync())
+        for model in self._ddp_models:
+            stack.enter_context(model.no_sync())
         return stack
 
     def _end_batch(self) -> None:
@@ -235,6 +235,9 @@ class TrialContext:
 
     def _unwrapped_models(self) -> list[nn.Module]:
         return [getattr(m, "module", m) for m in self.models]
+
+
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 def _to_device(data: Any, device: torch.device) -> Any:

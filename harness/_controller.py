@@ -81,9 +81,10 @@ class TrialController:
         self.state = TrainState()
         self.reducers = _reducers(trial.evaluation_reducer())
         self.last_validation: dict[str, float] = {}
-        self.last_checkpoint: Path | None = None
-        self._window: dict[str, torch.Tensor] = {}
-        self._window_counts: dict[str, int] = {}
+        self.last_checkpoint: Path | None = None  # rank 0 only: the others write none
+        self._checkpointed = False  # the same on every rank, unlike last_checkpoint
+        self._window: dict[str, list[torch.Tensor]] = {}
+        self._checked_metrics: set[str] = set()
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -116,7 +117,7 @@ class TrialController:
             self._flush_training_metrics()
             if self.state.last_validation != self.state.total_batches or not self.last_validation:
                 self._validate()
-            if self.state.last_checkpoint != self.state.total_batches or not self.last_checkpoint:
+            if self.state.last_checkpoint != self.state.total_batches or not self._checkpointed:
                 self._checkpoint()
             if self.session is not None:
                 metric = self.last_validation[self.config.searcher.metric]
@@ -159,14 +160,12 @@ class TrialController:
                 f"train_batch must return a dict of metrics or a loss tensor, got "
                 f"{type(out).__name__}"
             )
+        window = self._window
         for name, value in out.items():
             if isinstance(value, torch.Tensor):
-                if value.numel() != 1:
-                    raise TrainingError(
-                        f"train_batch returned metric {name!r} as a tensor of shape "
-                        f"{tuple(value.shape)}; return scalars"
-                    )
-                value = value.detach().reshape(()).float()
+                if name not in self._checked_metrics:
+                    self._check_metric(name, value)
+                value = value.detach()  # no copy, no device sync: reduced at the flush
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 value = torch.tensor(float(value))
             else:
@@ -174,14 +173,26 @@ class TrialController:
                     f"train_batch returned metric {name!r} as {type(value).__name__}; "
                     "return numbers or scalar tensors"
                 )
-            previous = self._window.get(name)
-            self._window[name] = value if previous is None else previous + value
-            self._window_counts[name] = self._window_counts.get(name, 0) + 1
+            values = window.get(name)
+            if values is None:
+                window[name] = [value]
+            else:
+                values.append(value)
+
+    def _check_metric(self, name: str, value: torch.Tensor) -> None:
+        if value.numel() != 1:
+            raise TrainingError(
+                f"train_batch returned metric {name!r} as a tensor of shape "
+                f"{tuple(value.shape)}; return scalars"
+            )
+        self._checked_metrics.add(name)
 
     def _flush_training_metrics(self) -> None:
-        local = {k: (float(v.cpu()), self._window_counts[k]) for k, v in self._window.items()}
+        local = {
+            name: (float(torch.stack([v.reshape(()).double() for v in values]).sum()), len(values))
+            for name, values in self._window.items()
+        }
         self._window.clear()
-        self._window_counts.clear()
         everyone = self.dist.allgather(local)
         totals: dict[str, list[float]] = {}
         for per_rank in everyone:
@@ -260,6 +271,7 @@ class TrialController:
     def _checkpoint(self) -> None:
         context = self.context
         self.state.last_checkpoint = self.state.total_batches
+        self._checkpointed = True
         rng = self.dist.allgather(capture_rng_state())
         if not self.dist.is_chief:
             return
@@ -312,6 +324,7 @@ class TrialController:
         if self.dist.rank < len(rng):
             restore_rng_state(rng[self.dist.rank])
         self.last_checkpoint = path
+        self._checkpointed = True
 
 
 def _match(what: str, saved: int, now: int) -> None:

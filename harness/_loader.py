@@ -21,8 +21,10 @@ def load_trial_class(model_dir: str | Path, entrypoint: str) -> type[Trial]:
         raise TrialLoadError(
             f"entrypoint {entrypoint!r} must look like 'module:ClassName' (e.g. model_def:MyTrial)"
         )
-    if str(model_dir) not in sys.path:
-        sys.path.insert(0, str(model_dir))
+    if str(model_dir) in sys.path:
+        sys.path.remove(str(model_dir))
+    sys.path.insert(0, str(model_dir))
+    _forget_foreign_module(module_name.split(".")[0], model_dir)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
@@ -59,6 +61,20 @@ def load_trial_class(model_dir: str | Path, entrypoint: str) -> type[Trial]:
     return obj
 
 
+def _forget_foreign_module(top: str, model_dir: Path) -> None:
+    """Drop a cached module of the same name imported from another directory.
+
+    Two model directories often both hold `model_def.py`; in one process, the second
+    must not silently get the first one's classes.
+    """
+    cached = sys.modules.get(top)
+    file = getattr(cached, "__file__", None)
+    if cached is None or (file is not None and Path(file).resolve().is_relative_to(model_dir)):
+        return
+    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+        del sys.modules[name]
+
+
 def _where(error: BaseException) -> str:
     """`Type: message (file.py, line N)` for the innermost frame of the user's code."""
     frames = traceback.extract_tb(error.__traceback__)
@@ -69,4 +85,5 @@ def _where(error: BaseException) -> str:
     elif user:
         last = user[-1]
         location = f" ({Path(last.filename).name}, line {last.lineno})"
-    return f"{type(error).__name__}: {error}{location}"
+    message = error.msg if isinstance(error, SyntaxError) else str(error)
+    return f"{type(error).__name__}: {message}{location}"

@@ -8,12 +8,13 @@ before clipping, steps skipped on inf/NaN); bf16 has fp32's range and needs none
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from assay.config import Precision
+
+_NO_AUTOCAST = contextlib.nullcontext()
 
 
 class PrecisionPlugin:
@@ -24,9 +25,8 @@ class PrecisionPlugin:
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
-    @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
-        yield
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return _NO_AUTOCAST
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         loss.backward(**kwargs)  # type: ignore[no-untyped-call]
@@ -51,10 +51,8 @@ class PrecisionPlugin:
 class _AutocastPrecision(PrecisionPlugin):
     dtype: torch.dtype
 
-    @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
-        with torch.autocast(device_type=self.device.type, dtype=self.dtype):
-            yield
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
 
 class BF16Precision(_AutocastPrecision):

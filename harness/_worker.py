@@ -109,7 +109,13 @@ def main(argv: list[str]) -> int:
     import torch.distributed as dist
 
     if dist.is_initialized():
-        dist.destroy_process_group()
+        # Leave together, then skip interpreter teardown: gloo's worker threads can abort
+        # a process (SIGABRT, "terminate called") while Python finalises, after all the
+        # work is done and saved.
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -73,7 +73,9 @@ def _parse_one(value: Any, path: str, problems: list[str]) -> HParam | None:
         nested = Section(value, path, problems)
         return parse_hparams(nested)
     s = Section(value, path, problems)
-    kind = s.get_choice("type", HPARAM_TYPES, REQUIRED)
+    kind = s.get_required_choice("type", HPARAM_TYPES)
+    if kind is None:
+        return None  # the other keys mean nothing without a valid type
     parsed: HParam | None = None
     if kind == "const":
         s.raw("val")

@@ -118,16 +118,24 @@ class Section:
             return None
         return value
 
-    def get_choice(self, key: str, choices: Sequence[str], default: str | _Missing) -> str:
+    def get_choice(self, key: str, choices: Sequence[str], default: str) -> str:
+        """An optional choice: the default when absent or invalid (invalid is reported)."""
+        return self._choice(key, choices, default) or default
+
+    def get_required_choice(self, key: str, choices: Sequence[str]) -> str | None:
+        """A required choice; None when absent or invalid (and reported)."""
+        return self._choice(key, choices, REQUIRED)
+
+    def _choice(self, key: str, choices: Sequence[str], default: str | _Missing) -> str | None:
         present, value = self._fetch(key, default)
         if not present:
-            return value if isinstance(value, str) else choices[0]
+            return value if isinstance(value, str) else None
         if isinstance(value, bool) and "off" in choices and value is False:
             return "off"  # YAML 1.1 reads a bare `off` as false
         if not isinstance(value, str) or value not in choices:
             allowed = " | ".join(choices)
             self.error(key, f"expected one of {allowed}, got {value!r}")
-            return default if isinstance(default, str) else choices[0]
+            return None
         return value
 
     def get_str_list(self, key: str) -> list[str]:

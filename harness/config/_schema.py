@@ -252,14 +252,16 @@ def _parse_length(parent: Section, key: str, *, required: bool) -> Length | None
 
 
 def _parse_searcher(s: Section) -> SearcherConfig:
-    name = s.get_choice("name", SEARCHER_NAMES, REQUIRED)
+    name = s.get_required_choice("name", SEARCHER_NAMES)
     metric = s.get_str("metric", REQUIRED)
     max_length = _parse_length(s, "max_length", required=True)
     smaller = s.get_bool("smaller_is_better", True)
     max_trials = s.get_int("max_trials", None, minimum=1)
     concurrent = s.get_int("max_concurrent_trials", 0, minimum=0) or 0
     options: dict[str, Any] = {}
-    allowed = _SEARCHER_KEYS.get(name, ())
+    # Which keys a searcher takes is only known once its name is valid.
+    every_key = {key for keys in _SEARCHER_KEYS.values() for key in keys}
+    allowed = _SEARCHER_KEYS.get(name, ()) if name else tuple(every_key)
     for key in ("divisor", "num_rungs", "max_rungs", "bracket_rungs", "mode", "sampler"):
         if key in s.data:
             options[key] = s.raw(key)
@@ -270,7 +272,7 @@ def _parse_searcher(s: Section) -> SearcherConfig:
             s.error(key, f"is not a setting of the {name} searcher")
     s.finish()
     return SearcherConfig(
-        name=name,
+        name=name or "single",
         metric=metric or "",
         max_length=max_length or Length.batches(1),
         smaller_is_better=smaller,

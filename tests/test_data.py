@@ -1,0 +1,112 @@
+"""Re-sharding of plain DataLoaders: ranks see exactly the samples of one big batch."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from assay._data import ShardedLoader
+
+
+def _dataset(n: int) -> TensorDataset:
+    return TensorDataset(torch.arange(n))
+
+
+def _ids(batches: object) -> list[list[int]]:
+    return [batch[0].tolist() for batch in batches]  # type: ignore[attr-defined]
+
+
+def _sharded(
+    n: int,
+    per_slot: int,
+    rank: int,
+    size: int,
+    *,
+    shuffle: bool,
+    training: bool = True,
+    drop_last: bool = False,
+    seed: int = 5,
+) -> ShardedLoader:
+    loader = DataLoader(_dataset(n), batch_size=per_slot, shuffle=shuffle, drop_last=drop_last)
+    return ShardedLoader(loader, rank=rank, size=size, seed=seed, training=training)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_two_ranks_split_each_global_batch_of_one_rank(shuffle: bool) -> None:
+    # Prepare: 1 rank x batch 8 vs 2 ranks x batch 4 over 48 samples.
+    one = _sharded(48, 8, 0, 1, shuffle=shuffle)
+    r0 = _sharded(48, 4, 0, 2, shuffle=shuffle)
+    r1 = _sharded(48, 4, 1, 2, shuffle=shuffle)
+    for epoch in range(3):
+        # Execute
+        big = _ids(one.epoch(epoch))
+        halves = zip(_ids(r0.epoch(epoch)), _ids(r1.epoch(epoch)), strict=True)
+        # Assert: rank 0 holds the first half of each big batch, rank 1 the second.
+        assert [a + b for a, b in halves] == big
+    assert one.batches_per_epoch() == r0.batches_per_epoch() == 6
+
+
+def test_shuffle_is_seeded_per_epoch_and_leaves_global_rng_alone() -> None:
+    loader = _sharded(40, 4, 0, 1, shuffle=True)
+    before = torch.get_rng_state()
+    first, second = _ids(loader.epoch(0)), _ids(loader.epoch(1))
+    assert torch.equal(before, torch.get_rng_state())
+    assert first != second
+    assert sorted(itertools.chain(*first)) == list(range(40))
+    assert _ids(_sharded(40, 4, 0, 1, shuffle=True).epoch(0)) == first
+    assert _ids(_sharded(40, 4, 0, 1, shuffle=True, seed=6).epoch(0)) != first
+
+
+def test_resume_mid_epoch_skips_to_the_same_batches() -> None:
+    loader = _sharded(64, 4, 1, 2, shuffle=True)
+    full = _ids(loader.epoch(2))
+    assert _ids(loader.epoch(2, start=3)) == full[3:]
+
+
+def test_training_pads_the_last_global_batch_so_ranks_step_together() -> None:
+    # 5 per-slot batches over 2 ranks: each rank runs 3, the last borrowed from the start.
+    r0 = _sharded(20, 4, 0, 2, shuffle=False)
+    r1 = _sharded(20, 4, 1, 2, shuffle=False)
+    b0, b1 = _ids(r0.epoch(0)), _ids(r1.epoch(0))
+    assert len(b0) == len(b1) == 3 == r0.batches_per_epoch()
+    assert b0[2] == [16, 17, 18, 19]
+    assert b1[2] == [0, 1, 2, 3]
+
+
+def test_validation_is_not_padded_and_shards_are_uneven() -> None:
+    r0 = _sharded(70, 10, 0, 2, shuffle=False, training=False)
+    r1 = _sharded(70, 10, 1, 2, shuffle=False, training=False)
+    b0, b1 = _ids(r0.epoch(0)), _ids(r1.epoch(0))
+    assert len(b0) == 4
+    assert len(b1) == 3
+    assert sorted(itertools.chain(*b0, *b1)) == list(range(70))
+
+
+def test_drop_last_is_kept() -> None:
+    loader = _sharded(22, 4, 0, 1, shuffle=False, drop_last=True)
+    assert _ids(loader.epoch(0))[-1] == [16, 17, 18, 19]
+    assert loader.batches_per_epoch() == 5
+
+
+class _Stream(IterableDataset[torch.Tensor]):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield from torch.arange(12)
+
+
+def test_iterable_datasets_are_split_by_batch() -> None:
+    loaders = [
+        ShardedLoader(DataLoader(_Stream(), batch_size=2), rank=r, size=2, seed=0, training=True)
+        for r in range(2)
+    ]
+    b0 = [b.tolist() for b in loaders[0].epoch(0)]
+    b1 = [b.tolist() for b in loaders[1].epoch(0, start=1)]
+    assert b0 == [[0, 1], [4, 5], [8, 9]]
+    assert b1 == [[6, 7], [10, 11]]
+
+
+def test_a_loader_that_is_not_a_dataloader_is_refused() -> None:
+    with pytest.raises(TypeError, match="must return a torch.utils.data.DataLoader"):
+        ShardedLoader([1, 2, 3], rank=0, size=1, seed=0, training=True)  # type: ignore[arg-type]

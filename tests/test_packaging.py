@@ -1,0 +1,148 @@
+"""The built wheel holds every module of the tree, and the `assay` command starts light.
+
+An editable install finds subpackages that pyproject does not list; a built wheel silently
+drops them. So the wheel is built for real and compared with the folders on disk.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def package_dirs() -> dict[str, str]:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    mapping: dict[str, str] = pyproject["tool"]["setuptools"]["package-dir"]
+    return mapping
+
+
+def expected_wheel_paths() -> dict[str, Path]:
+    """Wheel path -> source file, for every .py under every mapped folder (recursively)."""
+    expected: dict[str, Path] = {}
+    for package, folder in package_dirs().items():
+        root = ROOT / folder
+        assert root.is_dir(), f"package-dir maps {package!r} to missing folder {folder!r}"
+        for source in root.rglob("*.py"):
+            relative = source.relative_to(root)
+            if "__pycache__" in relative.parts:
+                continue
+            target = PurePosixPath(*package.split("."), *relative.parts)
+            expected[str(target)] = source
+    return expected
+
+
+def assay_command() -> list[str]:
+    """The installed `assay` script next to this interpreter, else the module."""
+    script = Path(sys.executable).parent / "assay"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("assay")
+    return [found] if found else [sys.executable, "-m", "assay.cli.main"]
+
+
+def test_package_dir_covers_every_listed_package() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(pyproject["tool"]["setuptools"]["packages"])
+
+    assert set(package_dirs()) <= listed | {"assay"}
+    for package, folder in package_dirs().items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            sub = init.parent.relative_to(ROOT / folder).parts
+            name = ".".join((*package.split("."), *sub))
+            assert name in listed, f"{name} ({init.parent}) is not in [tool.setuptools] packages"
+
+
+@pytest.mark.slow
+def test_wheel_contains_every_module(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"pip wheel failed:\n{done.stdout}\n{done.stderr}"
+    wheels = list(tmp_path.glob("assay-*.whl"))
+    assert len(wheels) == 1, wheels
+
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        names = set(wheel.namelist())
+        entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+        scripts = wheel.read(entry_points).decode()
+
+    expected = expected_wheel_paths()
+    assert "assay/__init__.py" in expected
+    missing = sorted(
+        f"{path} (from {source.relative_to(ROOT)})"
+        for path, source in expected.items()
+        if path not in names
+    )
+    assert not missing, "modules left out of the wheel:\n" + "\n".join(missing)
+    assert "assay/py.typed" in names
+    assert "assay = assay.cli.main:main" in scripts
+
+
+def test_cli_does_not_import_torch_at_start() -> None:
+    code = "import assay.cli.main; import sys; assert 'torch' not in sys.modules"
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert done.returncode == 0, done.stderr
+
+
+def test_help_does_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "from assay.cli.main import cli\n"
+        "try:\n"
+        "    cli(['trial', 'run-local', '--help'], prog_name='assay')\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules, 'torch imported by --help'\n"
+    )
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--help"], "trial"),
+        (["trial", "--help"], "run-local"),
+        (["trial", "run-local", "--help"], "--checkpoint-dir"),
+        (["--version"], "0.1.0"),
+    ],
+)
+def test_help_exits_zero(args: list[str], expected: str) -> None:
+    done = subprocess.run(
+        [*assay_command(), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout
+    assert "Traceback" not in done.stderr

@@ -71,9 +71,12 @@ def run_local_command(
 
     CONFIG is the experiment YAML; MODEL_DIR holds the code its `entrypoint` names.
     """
-    from assay.config import load_config
+    from assay.config import load_config, parse_config
 
     parsed = load_config(config)  # validate everything before importing torch
+    if slots is not None:
+        resources = dict(parsed.raw.get("resources") or {}, slots_per_trial=slots)
+        parsed = parse_config({**parsed.raw, "resources": resources})
     if not model_dir.is_dir():
         raise AssayError(f"model directory {model_dir} does not exist")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

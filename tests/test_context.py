@@ -1,0 +1,214 @@
+"""TrialContext and Trial hooks: schedulers, reducers, lengths in epochs, iterable data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+import assay
+from assay import MetricReducer, Reducer
+from tests.conftest import REGRESSION_DIR, regression_config
+
+
+def _run(tmp_path: Path, **kwargs: Any) -> assay.LocalResult:
+    return assay.run_local(
+        config=regression_config(**kwargs), model_dir=REGRESSION_DIR, checkpoint_dir=tmp_path
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected_steps"),
+    [("batch", 8), ("optimizer_step", 4), ("epoch", 2), ("manual", 0)],
+)
+def test_lr_scheduler_step_modes(tmp_path: Path, mode: str, expected_steps: int) -> None:
+    # 64 samples / 16 per batch = 4 batches an epoch; 8 batches = 2 epochs; k=2.
+    result = _run(tmp_path, batches=8, aggregation=2, scheduler=mode, n_train=64, scheduling_unit=8)
+    sd = torch.load(Path(str(result.checkpoint)) / "lr_schedulers.pt", weights_only=True)
+    assert sd[0]["last_epoch"] == expected_steps
+
+
+def test_max_length_in_epochs_uses_the_loader_length(tmp_path: Path) -> None:
+    config = regression_config(batches=1, n_train=64)
+    config["searcher"]["max_length"] = {"epochs": 3}
+    config["min_validation_period"] = {"epochs": 1}
+    result = assay.run_local(config=config, model_dir=REGRESSION_DIR, checkpoint_dir=tmp_path)
+    assert result.total_batches == 12
+    assert [v["total_batches"] for v in result.validation_history] == [4, 8, 12]
+    assert [v["epoch"] for v in result.validation_history] == [1, 2, 3]
+
+
+class _Concat(MetricReducer):
+    """A custom reducer that needs every value: the median of all batch values."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def reset(self) -> None:
+        self.values = []
+
+    def update(self, value: Any) -> None:
+        self.values.append(float(value))
+
+    def per_slot_reduce(self) -> list[float]:
+        return self.values
+
+    def cross_slot_reduce(self, per_slot: Sequence[Any]) -> float:
+        merged = sorted(v for values in per_slot for v in values)
+        return merged[len(merged) // 2]
+
+
+class ReducerTrial(assay.Trial):
+    """Validation batches carry known values 0..9 so every reduction is checkable."""
+
+    def __init__(self, context: assay.TrialContext) -> None:
+        self.context = context
+        self.model = context.wrap_model(nn.Linear(1, 1))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.0))
+
+    def build_training_data_loader(self) -> DataLoader[Any]:
+        return DataLoader(TensorDataset(torch.zeros(8, 1)), batch_size=2)
+
+    def build_validation_data_loader(self) -> DataLoader[Any]:
+        return DataLoader(TensorDataset(torch.arange(10.0)), batch_size=1)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+        loss = self.model(batch[0]).sum()
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        return loss
+
+    def evaluate_batch(self, batch: Any) -> dict[str, Any]:
+        v = batch[0][0]
+        return {"avg": v, "sum": v, "min": v, "max": v, "median": v}
+
+    def evaluation_reducer(self) -> dict[str, Reducer | MetricReducer]:
+        return {
+            "sum": Reducer.SUM,
+            "min": Reducer.MIN,
+            "max": Reducer.MAX,
+            "median": _Concat(),
+        }
+
+
+def test_evaluation_reducers(tmp_path: Path) -> None:
+    config = regression_config(batches=2, global_batch_size=2)
+    config["searcher"]["metric"] = "avg"
+    result = assay.run_local(ReducerTrial, config, checkpoint_dir=tmp_path)
+    assert result.validation_metrics == {
+        "avg": 4.5,
+        "sum": 45.0,
+        "min": 0.0,
+        "max": 9.0,
+        "median": 5.0,
+    }
+
+
+class _Stream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        g = torch.Generator().manual_seed(0)
+        for _ in range(40):
+            x = torch.randn(8, generator=g)
+            yield x, x.sum(0, keepdim=True)
+
+
+class StreamTrial(ReducerTrial):
+    def __init__(self, context: assay.TrialContext) -> None:
+        self.context = context
+        self.model = context.wrap_model(nn.Linear(8, 1))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.05))
+
+    def build_training_data_loader(self) -> DataLoader[Any]:
+        return DataLoader(_Stream(), batch_size=self.context.get_per_slot_batch_size())
+
+    def build_validation_data_loader(self) -> DataLoader[Any]:
+        return DataLoader(_Stream(), batch_size=10)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        return loss
+
+    def evaluate_batch(self, batch: Any) -> dict[str, Any]:
+        x, y = batch
+        return {"val_loss": nn.functional.mse_loss(self.model(x), y)}
+
+    def evaluation_reducer(self) -> Reducer:
+        return Reducer.AVG
+
+
+def test_iterable_datasets_train_across_epochs(tmp_path: Path) -> None:
+    # 40 samples / 4 per batch = 10 batches an epoch; 25 batches cross two epochs.
+    config = regression_config(batches=25, global_batch_size=4)
+    result = assay.run_local(StreamTrial, config, checkpoint_dir=tmp_path)
+    assert result.total_batches == 25
+    first, last = result.training_history[0], result.training_history[-1]
+    assert last["metrics"]["loss"] < first["metrics"]["loss"]
+    assert last["epoch"] == 2
+
+
+def test_epoch_lengths_need_a_sized_loader(tmp_path: Path) -> None:
+    config = regression_config(batches=1, global_batch_size=4)
+    config["searcher"]["max_length"] = {"epochs": 1}
+    with pytest.raises(assay.InvalidConfigError, match="known length"):
+        assay.run_local(StreamTrial, config, checkpoint_dir=tmp_path)
+
+
+def _context(**hparams: Any) -> assay.TrialContext:
+    from assay._precision import PrecisionPlugin
+    from assay.config import parse_config
+
+    config = parse_config(regression_config(batches=4, global_batch_size=8, slots=2))
+    return assay.TrialContext(
+        config=config,
+        hparams={"global_batch_size": 8, "lr": 0.1, **hparams},
+        distributed=assay.DistributedContext(rank=1, size=2, local_rank=1, local_size=2),
+        device=torch.device("cpu"),
+        precision=PrecisionPlugin(torch.device("cpu")),
+    )
+
+
+def test_context_accessors_and_errors() -> None:
+    ctx = _context(nested={"a": 1})
+    assert ctx.get_per_slot_batch_size() == 4
+    assert ctx.get_global_batch_size() == 8
+    assert ctx.get_hparam("nested") == {"a": 1}
+    with pytest.raises(
+        assay.HyperparameterError, match="'lrr' is not defined.*global_batch_size, lr"
+    ):
+        ctx.get_hparam("lrr")
+    with pytest.raises(RuntimeError, match="wrap_model before wrap_optimizer"):
+        ctx.wrap_optimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1))
+    with pytest.raises(ValueError, match="step_mode must be one of"):
+        ctx.wrap_lr_scheduler(object(), step_mode="sometimes")
+    assert ctx.get_experiment_config()["name"] == "regression"
+    assert ctx.distributed.rank == 1
+
+
+def test_distributed_context_reads_torchrun_variables() -> None:
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    d = assay.DistributedContext.from_env(env)
+    assert (d.rank, d.size, d.local_rank, d.local_size) == (5, 8, 1, 4)
+    assert (d.cross_rank, d.cross_size) == (1, 2)
+    assert not d.is_chief
+    with pytest.raises(ValueError, match="outside WORLD_SIZE"):
+        assay.DistributedContext.from_env({"RANK": "2", "WORLD_SIZE": "2"})
+
+
+def test_train_batch_must_return_scalars(tmp_path: Path) -> None:
+    class Bad(StreamTrial):
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+            super().train_batch(batch, epoch_idx, batch_idx)
+            return torch.zeros(3)
+
+    with pytest.raises(assay.TrainingError, match="tensor of shape \\(3,\\); return scalars"):
+        assay.run_local(
+            Bad, regression_config(batches=2, global_batch_size=4), checkpoint_dir=tmp_path
+        )

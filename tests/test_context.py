@@ -59,7 +59,7 @@ class _Concat(MetricReducer):
         return self.values
 
     def cross_slot_reduce(self, per_slot: Sequence[Any]) -> float:
-        merged = sorted(v for values in per_slot for v in values)
+        merged: list[float] = sorted(v for values in per_slot for v in values)
         return merged[len(merged) // 2]
 
 
@@ -78,7 +78,7 @@ class ReducerTrial(assay.Trial):
         return DataLoader(TensorDataset(torch.arange(10.0)), batch_size=1)
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
-        loss = self.model(batch[0]).sum()
+        loss: torch.Tensor = self.model(batch[0]).sum()
         self.context.backward(loss)
         self.context.step_optimizer(self.opt)
         return loss
@@ -87,7 +87,7 @@ class ReducerTrial(assay.Trial):
         v = batch[0][0]
         return {"avg": v, "sum": v, "min": v, "max": v, "median": v}
 
-    def evaluation_reducer(self) -> dict[str, Reducer | MetricReducer]:
+    def evaluation_reducer(self) -> Reducer | dict[str, Reducer | MetricReducer]:
         return {
             "sum": Reducer.SUM,
             "min": Reducer.MIN,
@@ -140,7 +140,7 @@ class StreamTrial(ReducerTrial):
         x, y = batch
         return {"val_loss": nn.functional.mse_loss(self.model(x), y)}
 
-    def evaluation_reducer(self) -> Reducer:
+    def evaluation_reducer(self) -> Reducer | dict[str, Reducer | MetricReducer]:
         return Reducer.AVG
 
 

@@ -17,7 +17,7 @@ import random
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +59,11 @@ class CheckpointMetadata:
         return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)
 
     @classmethod
-    def from_json(cls, text: str) -> CheckpointMetadata:
-        data = json.loads(text)
-        data["files"] = {k: FileEntry(**v) for k, v in data.get("files", {}).items()}
-        return cls(**data)
+    def from_dict(cls, data: dict[str, Any]) -> CheckpointMetadata:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}  # newer fields are ignored
+        values["files"] = {k: FileEntry(**v) for k, v in data.get("files", {}).items()}
+        return cls(**values)
 
     @property
     def size_bytes(self) -> int:
@@ -84,8 +85,10 @@ def capture_rng_state() -> dict[str, Any]:
         ),
         "python": _python_state_to_plain(random.getstate()),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # This slot's own device only: reading every device would create a CUDA context
+        # on each of them in every rank.
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -96,9 +99,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     if "cuda" in state and torch.cuda.is_available():
-        cuda_states = state["cuda"]
-        if len(cuda_states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda_states)
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _python_state_to_plain(state: tuple[Any, ...]) -> tuple[int, list[int], float | None]:
@@ -161,15 +162,19 @@ def read_metadata(path: Path) -> CheckpointMetadata:
     if not manifest.is_file():
         raise CheckpointError(f"{path} is not a checkpoint: it has no {MANIFEST}")
     try:
-        metadata = CheckpointMetadata.from_json(manifest.read_text())
+        data = json.loads(manifest.read_text())
+        version = int(data.get("format_version", 0))
+    except (ValueError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{manifest} is unreadable: {e}") from None
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format {version}; this Assay reads up to "
+            f"{FORMAT_VERSION}: upgrade Assay to restore it"
+        )
+    try:
+        return CheckpointMetadata.from_dict(data)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{manifest} is unreadable: {e}") from None
-    if metadata.format_version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has checkpoint format {metadata.format_version}; this Assay reads up "
-            f"to {FORMAT_VERSION}: upgrade Assay to restore it"
-        )
-    return metadata
 
 
 def verify_checkpoint(path: Path) -> CheckpointMetadata:

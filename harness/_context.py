@@ -14,7 +14,7 @@ from torch import nn
 from assay._distributed import DistributedContext
 from assay._precision import PrecisionPlugin
 from assay.config import ExperimentConfig
-from assay.errors import HyperparameterError
+from assay.errors import HyperparameterError, TrainingError
 
 T = TypeVar("T")
 ClipGrads = Callable[[Iterator[nn.Parameter]], Any]
@@ -71,6 +71,7 @@ class TrialContext:
         self._epoch = 0
         self._batch = 0
         self._boundary = True
+        self._stepped = False
 
     # --- configuration -------------------------------------------------------------------
 
@@ -135,7 +136,7 @@ class TrialContext:
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if not self.models:
-            raise RuntimeError("call wrap_model before wrap_optimizer")
+            raise TrainingError("call context.wrap_model before context.wrap_optimizer")
         self.optimizers.append(optimizer)
         return optimizer
 
@@ -151,7 +152,7 @@ class TrialContext:
             mode = step_mode if isinstance(step_mode, StepMode) else StepMode(step_mode)
         except ValueError:
             allowed = ", ".join(m.value for m in StepMode)
-            raise ValueError(f"step_mode must be one of {allowed}; got {step_mode!r}") from None
+            raise TrainingError(f"step_mode must be one of {allowed}; got {step_mode!r}") from None
         optimizer = getattr(scheduler, "optimizer", None)
         self._schedulers.append(_Scheduler(scheduler, mode, optimizer))
         return scheduler
@@ -190,6 +191,7 @@ class TrialContext:
             else:
                 torch.nn.utils.clip_grad_norm_(list(params), float(clip_grads))
         self._precision.step(optimizer)
+        self._stepped = True
         if auto_zero_grads:
             optimizer.zero_grad(set_to_none=True)
         for entry in self._schedulers:
@@ -202,6 +204,7 @@ class TrialContext:
         """Enter the batch: set counters, and suspend DDP sync off accumulation boundaries."""
         self._epoch, self._batch = epoch, batch
         self._boundary = (batch + 1) % self._aggregation == 0
+        self._stepped = False
         if self._boundary or not self._ddp_models:
             return _NO_CONTEXT
         stack = contextlib.ExitStack()
@@ -210,7 +213,7 @@ class TrialContext:
         return stack
 
     def _end_batch(self) -> None:
-        if self._boundary:
+        if self._boundary and self._stepped:
             self._precision.update()
         for entry in self._schedulers:
             if entry.mode is StepMode.STEP_EVERY_BATCH or (

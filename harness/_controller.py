@@ -8,7 +8,7 @@ takes the same decisions at the same batch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ class TrainState:
     batch_in_epoch: int = 0
     last_validation: int = 0
     last_checkpoint: int = 0
+    validation_metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,11 @@ class TrialController:
             trial.build_validation_data_loader(), rank=rank, size=size, seed=seed, training=False
         )
         self.batches_per_epoch = self.train_data.batches_per_epoch()
+        if self.batches_per_epoch == 0:
+            raise TrainingError(
+                "the training data loader has no batches; check its dataset size against "
+                "the per-slot batch size and drop_last"
+            )
         self.val_period = _period(self.config.min_validation_period, self.batches_per_epoch)
         self.ckpt_period = _period(self.config.min_checkpoint_period, self.batches_per_epoch)
         self.state = TrainState()
@@ -83,8 +89,9 @@ class TrialController:
         self.last_validation: dict[str, float] = {}
         self.last_checkpoint: Path | None = None  # rank 0 only: the others write none
         self._checkpointed = False  # the same on every rank, unlike last_checkpoint
-        self._window: dict[str, list[torch.Tensor]] = {}
-        self._checked_metrics: set[str] = set()
+        # Training metric values since the last report, in batch order: tensors stay on
+        # their device until the report; floats are numbers or values from a checkpoint.
+        self._window: dict[str, list[torch.Tensor | float]] = {}
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -163,11 +170,14 @@ class TrialController:
         window = self._window
         for name, value in out.items():
             if isinstance(value, torch.Tensor):
-                if name not in self._checked_metrics:
-                    self._check_metric(name, value)
-                value = value.detach()  # no copy, no device sync: reduced at the flush
+                if value.numel() != 1:
+                    raise TrainingError(
+                        f"train_batch returned metric {name!r} as a tensor of shape "
+                        f"{tuple(value.shape)}; return scalars"
+                    )
+                value = value.detach()  # no copy, no device sync: reduced at the report
             elif isinstance(value, int | float) and not isinstance(value, bool):
-                value = torch.tensor(float(value))
+                value = float(value)
             else:
                 raise TrainingError(
                     f"train_batch returned metric {name!r} as {type(value).__name__}; "
@@ -179,19 +189,19 @@ class TrialController:
             else:
                 values.append(value)
 
-    def _check_metric(self, name: str, value: torch.Tensor) -> None:
-        if value.numel() != 1:
-            raise TrainingError(
-                f"train_batch returned metric {name!r} as a tensor of shape "
-                f"{tuple(value.shape)}; return scalars"
-            )
-        self._checked_metrics.add(name)
+    def _window_values(self) -> dict[str, list[float]]:
+        """This rank's pending training metric values as floats (one sync per device)."""
+        return {name: _floats(values) for name, values in self._window.items()}
 
     def _flush_training_metrics(self) -> None:
-        local = {
-            name: (float(torch.stack([v.reshape(()).double() for v in values]).sum()), len(values))
-            for name, values in self._window.items()
-        }
+        # Summed left to right in float64, so a window carried through a checkpoint adds
+        # up to exactly what it would have without the restore.
+        local: dict[str, tuple[float, int]] = {}
+        for name, values in self._window_values().items():
+            total = 0.0
+            for value in values:
+                total += value
+            local[name] = (total, len(values))
         self._window.clear()
         everyone = self.dist.allgather(local)
         totals: dict[str, list[float]] = {}
@@ -260,6 +270,7 @@ class TrialController:
                 f"that evaluate_batch returned ({', '.join(names)})"
             )
         self.state.last_validation = self.state.total_batches
+        self.state.validation_metrics = metrics
         self.last_validation = metrics
         if self.session is not None:
             self.session.report_validation_metrics(
@@ -272,7 +283,16 @@ class TrialController:
         context = self.context
         self.state.last_checkpoint = self.state.total_batches
         self._checkpointed = True
-        rng = self.dist.allgather(capture_rng_state())
+        mid_accumulation = (
+            self.state.total_batches % self.config.optimizations.aggregation_frequency != 0
+        )
+        mine = {
+            "rng": capture_rng_state(),
+            "window": self._window_values(),
+            # Mid-accumulation, each rank's partial gradients are part of the state.
+            "gradients": self._local_gradients() if mid_accumulation else None,
+        }
+        everyone = self.dist.allgather(mine)
         if not self.dist.is_chief:
             return
         payload: dict[str, Any] = {
@@ -280,9 +300,14 @@ class TrialController:
             "optimizers": [o.state_dict() for o in context.optimizers],
             "lr_schedulers": [s.state_dict() for s in context._lr_schedulers],
             "precision": context._precision.state_dict(),
-            "rng": rng,
-            "trial_state": asdict(self.state),
+            "rng": [e["rng"] for e in everyone],
+            "trial_state": {
+                **asdict(self.state),
+                "metric_windows": [e["window"] for e in everyone],
+            },
         }
+        if mid_accumulation:
+            payload["gradients"] = [e["gradients"] for e in everyone]
         user_state = self.trial.state_dict()
         if user_state:
             payload["user_state"] = user_state
@@ -300,6 +325,12 @@ class TrialController:
         assert self.session is not None
         self.session.report_checkpoint(CheckpointReport(path, metadata))
 
+    def _local_gradients(self) -> list[list[torch.Tensor | None]]:
+        return [
+            [None if p.grad is None else p.grad.detach().cpu() for p in model.parameters()]
+            for model in self.context._unwrapped_models()
+        ]
+
     def restore(self, path: Path) -> None:
         """Load a checkpoint written by `_checkpoint` (any world size) into this slot."""
         metadata = verify_checkpoint(path)
@@ -310,21 +341,62 @@ class TrialController:
         _match("models", len(models), len(context.models))
         _match("optimizers", len(optimizers), len(context.optimizers))
         _match("LR schedulers", len(schedulers), len(context._lr_schedulers))
-        for model, sd in zip(context._unwrapped_models(), models, strict=True):
-            model.load_state_dict(sd)
-        for optimizer, sd in zip(context.optimizers, optimizers, strict=True):
-            optimizer.load_state_dict(sd)
-        for scheduler, sd in zip(context._lr_schedulers, schedulers, strict=True):
-            scheduler.load_state_dict(sd)
-        context._precision.load_state_dict(load_file(path, "precision"))
+        try:
+            for model, sd in zip(context._unwrapped_models(), models, strict=True):
+                model.load_state_dict(sd)
+            for optimizer, sd in zip(context.optimizers, optimizers, strict=True):
+                optimizer.load_state_dict(sd)
+            for scheduler, sd in zip(context._lr_schedulers, schedulers, strict=True):
+                scheduler.load_state_dict(sd)
+            context._precision.load_state_dict(load_file(path, "precision"))
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise TrainingError(
+                f"checkpoint {path} does not fit this Trial's models and optimizers: {e}"
+            ) from None
         if "user_state.pt" in metadata.files:
             self.trial.load_state_dict(load_file(path, "user_state", trusted_pickle=True))
-        self.state = TrainState(**load_file(path, "trial_state"))
+        state = dict(load_file(path, "trial_state"))
+        windows = state.pop("metric_windows", [])
+        self.state = TrainState(**state)
+        self.last_validation = dict(self.state.validation_metrics)
+        rank = self.dist.rank
+        if rank < len(windows) and len(windows) == self.dist.size:
+            self._window = {name: list(values) for name, values in windows[rank].items()}
+        elif rank == 0 and windows:
+            merged: dict[str, list[torch.Tensor | float]] = {}
+            for window in windows:
+                for name, values in window.items():
+                    merged.setdefault(name, []).extend(values)
+            self._window = merged
+        if "gradients.pt" in metadata.files:
+            self._restore_gradients(path, metadata.world_size)
         rng = load_file(path, "rng")
-        if self.dist.rank < len(rng):
-            restore_rng_state(rng[self.dist.rank])
+        if rank < len(rng):
+            restore_rng_state(rng[rank])
         self.last_checkpoint = path
         self._checkpointed = True
+
+    def _restore_gradients(self, path: Path, saved_world_size: int) -> None:
+        if saved_world_size != self.dist.size:
+            raise TrainingError(
+                f"checkpoint {path} was taken in the middle of a gradient accumulation on "
+                f"{saved_world_size} slots; restore it on {saved_world_size} slots"
+            )
+        gradients = load_file(path, "gradients")[self.dist.rank]
+        for model, grads in zip(self.context._unwrapped_models(), gradients, strict=True):
+            for param, grad in zip(model.parameters(), grads, strict=True):
+                param.grad = None if grad is None else grad.to(param.device)
+
+
+def _floats(values: list[torch.Tensor | float]) -> list[float]:
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return [float(v) for v in values]
+    if len({t.device for t in tensors}) == 1:
+        converted = iter(torch.stack([t.reshape(()).double() for t in tensors]).tolist())
+    else:
+        converted = iter([float(t) for t in tensors])
+    return [next(converted) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
 
 def _match(what: str, saved: int, now: int) -> None:

@@ -14,6 +14,7 @@ A position is (epoch, batch in epoch); resuming skips index batches without load
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -23,39 +24,29 @@ from torch.utils.data import (
     BatchSampler,
     DataLoader,
     IterableDataset,
-    RandomSampler,
     Sampler,
 )
+
+from assay.errors import TrainingError
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7919 + 17) % (2**63 - 1)
 
 
-class _SeededRandomSampler(Sampler[int]):
-    """RandomSampler's permutation, drawn from a generator seeded per epoch."""
+def _seeded_copy(sampler: Any, seed: int) -> Any:
+    """A copy of a shuffling sampler whose generator the shard re-seeds every epoch.
 
-    def __init__(self, source: RandomSampler, seed: int) -> None:
-        self.source = source
-        self.seed = seed
-        self.epoch = 0
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __iter__(self) -> Iterator[int]:
-        n = len(self.source.data_source)
-        g = torch.Generator()
-        g.manual_seed(_epoch_seed(self.seed, self.epoch))
-        if self.source.replacement:
-            draws = torch.randint(n, (self.source.num_samples,), dtype=torch.int64, generator=g)
-            yield from draws.tolist()
-            return
-        full, rest = divmod(self.source.num_samples, n)
-        for _ in range(full):
-            yield from torch.randperm(n, generator=g).tolist()
-        if rest:
-            yield from torch.randperm(n, generator=g)[:rest].tolist()
+    RandomSampler, SubsetRandomSampler and WeightedRandomSampler draw from `.generator`
+    (the global RNG when it is None): a generator seeded from (trial seed, epoch) gives
+    every rank the same order, and a restored trial the order it had.
+    """
+    if not hasattr(sampler, "generator"):
+        return sampler
+    seeded = copy.copy(sampler)
+    seeded.generator = torch.Generator()
+    seeded.assay_seed = seed
+    return seeded
 
 
 class _ShardBatchSampler(Sampler[list[int]]):
@@ -83,8 +74,9 @@ class _ShardBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         inner = getattr(self.source, "sampler", None)
-        if isinstance(inner, _SeededRandomSampler):
-            inner.epoch = self.epoch
+        seed = getattr(inner, "assay_seed", None)
+        if seed is not None:
+            inner.generator.manual_seed(_epoch_seed(seed, self.epoch))  # type: ignore[union-attr]
         batches = list(self.source)
         if self.pad and batches:
             total = self.steps_per_epoch() * self.size
@@ -100,7 +92,7 @@ class ShardedLoader:
         self, loader: DataLoader[Any], *, rank: int, size: int, seed: int, training: bool
     ) -> None:
         if not isinstance(loader, DataLoader):
-            raise TypeError(
+            raise TrainingError(
                 "build_*_data_loader() must return a torch.utils.data.DataLoader, got "
                 f"{type(loader).__name__}"
             )
@@ -117,15 +109,14 @@ class ShardedLoader:
         user = self.user_loader
         batch_sampler = user.batch_sampler
         if batch_sampler is None:
-            raise TypeError(
+            raise TrainingError(
                 "the DataLoader must batch its samples (batch_size=... or batch_sampler=...); "
                 "batch_size=None is not supported"
             )
         if isinstance(batch_sampler, BatchSampler) and type(batch_sampler) is BatchSampler:
             sampler: Sampler[int] | Iterable[int] = batch_sampler.sampler
-            # RandomSampler is re-seeded per epoch; any other sampler's order is its own.
-            if isinstance(sampler, RandomSampler):
-                sampler = _SeededRandomSampler(sampler, self.seed)
+            # Shuffling samplers are re-seeded per epoch; any other order is the sampler's own.
+            sampler = _seeded_copy(sampler, self.seed)
             source: Iterable[list[int]] = BatchSampler(
                 sampler,
                 batch_sampler.batch_size,
@@ -172,8 +163,23 @@ class ShardedLoader:
         return iter(self._loader)
 
     def _iterable_epoch(self, start: int) -> Iterator[Any]:
-        # An iterable dataset cannot be indexed: every rank reads the stream and keeps
-        # every size-th batch.
-        it = iter(self.user_loader)
-        mine = itertools.islice(it, self.rank, None, self.size)
-        return itertools.islice(mine, start, None)
+        return itertools.islice(self._iterable_shard(), start, None)
+
+    def _iterable_shard(self) -> Iterator[Any]:
+        # An iterable dataset cannot be indexed: every rank reads the whole stream, and
+        # takes member `rank` of each group of `size` batches. In training, an incomplete
+        # last group is padded from the epoch's first batches, so ranks step together.
+        first: list[Any] = []
+        group: list[Any] = []
+        for batch in self.user_loader:
+            if self.training and len(first) < self.size:
+                first.append(batch)
+            group.append(batch)
+            if len(group) == self.size:
+                yield group[self.rank]
+                group = []
+        if group:
+            if self.rank < len(group):
+                yield group[self.rank]
+            elif self.training:
+                yield first[(self.rank - len(group)) % len(first)]

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from assay._trial import Trial
 from assay.config import ExperimentConfig, load_config, parse_config
-from assay.errors import InvalidConfigError, TrainingError
+from assay.errors import AssayError, InvalidConfigError, TrainingError
 
 log = logging.getLogger("assay")
 
@@ -105,8 +105,8 @@ def run_local(
         trial = None
     if trial is None and model_dir is None:
         raise InvalidConfigError(["<config>: give run_local a Trial class or a model_dir"])
-    storage = parsed.checkpoint_storage.host_path or parsed.checkpoint_storage.storage_path
-    ckpt_dir = Path(checkpoint_dir or storage or "checkpoints").resolve()
+    ckpt_dir = Path(checkpoint_dir or _storage_dir(parsed) or "checkpoints").resolve()
+    _check_writable(ckpt_dir)
     spec = WorkerSpec(
         config=raw,
         model_dir=str(Path(model_dir).resolve()) if model_dir is not None else None,
@@ -120,6 +120,29 @@ def run_local(
         assert result is not None
         return result
     return _launch(spec, parsed.resources.slots_per_trial)
+
+
+def _storage_dir(config: ExperimentConfig) -> Path | None:
+    storage = config.checkpoint_storage
+    if storage.type != "shared_fs":
+        log.warning("run-local writes checkpoints to a local directory, not to %s", storage.type)
+        return None
+    if storage.host_path is None:
+        return Path(storage.storage_path) if storage.storage_path else None
+    return Path(storage.host_path) / (storage.storage_path or "")
+
+
+def _check_writable(directory: Path) -> None:
+    """Fail before training, not at the first checkpoint, if checkpoints cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".assay-probe-"):
+            pass
+    except OSError as e:
+        raise AssayError(
+            f"cannot write checkpoints to {directory}: {e.strerror or e}; pass a writable "
+            "--checkpoint-dir (or checkpoint_storage.host_path)"
+        ) from None
 
 
 def _entrypoint_of(trial: type[Trial]) -> tuple[Path, str]:
@@ -182,8 +205,11 @@ def _launch(spec: WorkerSpec, slots: int) -> LocalResult:
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
             )
             procs.append(proc)
+        # Readers start once every child exists: no thread runs while a child forks.
+        for rank, proc in enumerate(procs):
             tail: list[str] = []
             tails.append(tail)
             assert proc.stdout is not None
@@ -192,7 +218,10 @@ def _launch(spec: WorkerSpec, slots: int) -> LocalResult:
             )
             pump.start()
             pumps.append(pump)
-        failed = _wait_all(procs)
+        try:
+            failed = _wait_all(procs)
+        finally:
+            _stop(procs)  # on an interrupt too: no worker outlives its launcher
         for pump in pumps:
             pump.join(timeout=5)
         if failed is not None:
@@ -202,6 +231,17 @@ def _launch(spec: WorkerSpec, slots: int) -> LocalResult:
             raise TrainingError("rank 0 exited without writing its result")
         data = json.loads(result_path.read_text())
         return LocalResult(**data)
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGTERM it if the launcher dies (best effort)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _wait_all(procs: list[subprocess.Popen[bytes]]) -> tuple[int, int] | None:

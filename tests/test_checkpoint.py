@@ -80,6 +80,9 @@ def test_a_newer_format_is_refused_with_what_to_do(tmp_path: Path) -> None:
     meta = _metadata()
     meta.format_version = 99
     path = write_checkpoint(tmp_path, {"models": []}, meta)
+    manifest = json.loads((path / "metadata.json").read_text())
+    manifest["shards"] = {"a field": "from the future"}
+    (path / "metadata.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="upgrade Assay"):
         verify_checkpoint(path)
 
@@ -134,8 +137,11 @@ def _weights(checkpoint: str) -> dict[str, torch.Tensor]:
         },
         # two slots: every rank's RNG and the sharded data position survive
         {"shuffle": True, "dropout": 0.2, "slots": 2, "scheduler": "epoch"},
+        # the first run ends in the middle of an accumulation: partial gradients survive
+        {"shuffle": True, "aggregation": 4, "n": 6},
+        {"shuffle": True, "aggregation": 4, "n": 6, "slots": 2},
     ],
-    ids=["fp32", "fp16-accumulation", "two-slots"],
+    ids=["fp32", "fp16-accumulation", "two-slots", "mid-accumulation", "mid-accumulation-ddp"],
 )
 def test_restore_in_a_new_process_continues_exactly(
     tmp_path: Path, options: dict[str, Any]
@@ -180,4 +186,73 @@ def test_restoring_into_a_different_model_says_so(tmp_path: Path) -> None:
             model_dir=REGRESSION_DIR,
             checkpoint_dir=tmp_path,
             resume_from=path,
+        )
+
+
+def _checkpoint_at(root: Path, total_batches: int) -> Path:
+    for path in root.iterdir():
+        if json.loads((path / "metadata.json").read_text())["total_batches"] == total_batches:
+            return path
+    raise AssertionError(f"no checkpoint at batch {total_batches} in {root}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slots", [1, 2])
+def test_a_pending_metrics_window_survives_a_periodic_checkpoint(
+    tmp_path: Path, slots: int
+) -> None:
+    # Reports every 4 batches, checkpoints every 6: the checkpoint at 6 holds batches 5-6.
+    config = regression_config(
+        batches=12, scheduling_unit=4, checkpoint_period=6, shuffle=True, slots=slots
+    )
+    straight = _run_in_new_process(config, tmp_path / "a", None)
+    middle = _checkpoint_at(tmp_path / "a", 6)
+    resumed = _run_in_new_process(config, tmp_path / "b", str(middle))
+    after = [r for r in straight["training_history"] if r["total_batches"] > 6]
+    assert resumed["training_history"] == after
+    assert [r["total_batches"] for r in after] == [8, 12]
+
+
+def test_resuming_a_finished_trial_reports_its_last_metrics(tmp_path: Path) -> None:
+    import assay
+
+    first = assay.run_local(
+        config=regression_config(batches=4), model_dir=REGRESSION_DIR, checkpoint_dir=tmp_path
+    )
+    again = assay.run_local(
+        config=regression_config(batches=4),
+        model_dir=REGRESSION_DIR,
+        checkpoint_dir=tmp_path,
+        resume_from=first.checkpoint,
+    )
+    assert again.total_batches == 4
+    assert again.validation_metrics == first.validation_metrics
+
+
+def test_restoring_another_architecture_is_one_clear_error(tmp_path: Path) -> None:
+    import assay
+    from tests.test_context import StreamTrial
+
+    first = assay.run_local(
+        config=regression_config(batches=4), model_dir=REGRESSION_DIR, checkpoint_dir=tmp_path
+    )
+    with pytest.raises(assay.TrainingError, match="does not fit this Trial's models"):
+        assay.run_local(
+            StreamTrial,
+            regression_config(batches=8, global_batch_size=4),
+            checkpoint_dir=tmp_path,
+            resume_from=first.checkpoint,
+        )
+
+
+def test_an_unwritable_checkpoint_dir_fails_before_training(tmp_path: Path) -> None:
+    import assay
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(assay.AssayError, match="cannot write checkpoints to"):
+        assay.run_local(
+            config=regression_config(batches=4),
+            model_dir=REGRESSION_DIR,
+            checkpoint_dir=blocker / "sub",
         )

@@ -184,9 +184,9 @@ def test_context_accessors_and_errors() -> None:
         assay.HyperparameterError, match="'lrr' is not defined.*global_batch_size, lr"
     ):
         ctx.get_hparam("lrr")
-    with pytest.raises(RuntimeError, match="wrap_model before wrap_optimizer"):
+    with pytest.raises(assay.TrainingError, match="wrap_model before context.wrap_optimizer"):
         ctx.wrap_optimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1))
-    with pytest.raises(ValueError, match="step_mode must be one of"):
+    with pytest.raises(assay.TrainingError, match="step_mode must be one of"):
         ctx.wrap_lr_scheduler(object(), step_mode="sometimes")
     assert ctx.get_experiment_config()["name"] == "regression"
     assert ctx.distributed.rank == 1
@@ -212,3 +212,16 @@ def test_train_batch_must_return_scalars(tmp_path: Path) -> None:
         assay.run_local(
             Bad, regression_config(batches=2, global_batch_size=4), checkpoint_dir=tmp_path
         )
+
+
+def test_an_empty_training_loader_is_an_error_even_with_epoch_lengths(tmp_path: Path) -> None:
+    config = regression_config(batches=1, global_batch_size=16, n_train=8)
+    config["searcher"]["max_length"] = {"epochs": 2}
+
+    class DropAll(StreamTrial):
+        def build_training_data_loader(self) -> DataLoader[Any]:
+            data = TensorDataset(torch.zeros(8, 8), torch.zeros(8, 1))
+            return DataLoader(data, batch_size=16, drop_last=True)
+
+    with pytest.raises(assay.TrainingError, match="training data loader has no batches"):
+        assay.run_local(DropAll, config, checkpoint_dir=tmp_path)

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from assay._data import ShardedLoader
+from assay.errors import TrainingError
 
 
 def _dataset(n: int) -> TensorDataset:
@@ -108,5 +109,47 @@ def test_iterable_datasets_are_split_by_batch() -> None:
 
 
 def test_a_loader_that_is_not_a_dataloader_is_refused() -> None:
-    with pytest.raises(TypeError, match="must return a torch.utils.data.DataLoader"):
+    with pytest.raises(TrainingError, match="must return a torch.utils.data.DataLoader"):
         ShardedLoader([1, 2, 3], rank=0, size=1, seed=0, training=True)  # type: ignore[arg-type]
+
+
+def test_iterable_training_gives_each_rank_one_batch_of_each_group() -> None:
+    # 4 batches of 3 over 2 ranks: groups of 2 consecutive batches.
+    loaders = [
+        ShardedLoader(DataLoader(_Stream(), batch_size=3), rank=r, size=2, seed=0, training=True)
+        for r in range(2)
+    ]
+    b0 = [b.tolist() for b in loaders[0].epoch(0)]
+    b1 = [b.tolist() for b in loaders[1].epoch(0)]
+    assert b0 == [[0, 1, 2], [6, 7, 8]]
+    assert b1 == [[3, 4, 5], [9, 10, 11]]
+
+
+def test_iterable_training_with_an_odd_batch_count_keeps_ranks_in_step() -> None:
+    loaders = [
+        ShardedLoader(DataLoader(_Stream(), batch_size=4), rank=r, size=2, seed=0, training=True)
+        for r in range(2)
+    ]
+    b0 = [b.tolist() for b in loaders[0].epoch(0)]
+    b1 = [b.tolist() for b in loaders[1].epoch(0)]
+    assert b0 == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    assert b1 == [[4, 5, 6, 7], [0, 1, 2, 3]]  # padded from the epoch's start
+    validation = ShardedLoader(
+        DataLoader(_Stream(), batch_size=4), rank=1, size=2, seed=0, training=False
+    )
+    assert [b.tolist() for b in validation.epoch(0)] == [[4, 5, 6, 7]]
+
+
+def test_other_shuffling_samplers_are_seeded_per_epoch_too() -> None:
+    from torch.utils.data import SubsetRandomSampler
+
+    def make() -> ShardedLoader:
+        sampler = SubsetRandomSampler(list(range(0, 40, 2)))
+        loader = DataLoader(_dataset(40), batch_size=4, sampler=sampler)
+        return ShardedLoader(loader, rank=0, size=1, seed=5, training=True)
+
+    full = _ids(make().epoch(1))
+    torch.manual_seed(1234)  # the global RNG must not matter
+    assert _ids(make().epoch(1, start=2)) == full[2:]
+    assert _ids(make().epoch(2)) != full
+    assert sorted(itertools.chain(*full)) == list(range(0, 40, 2))

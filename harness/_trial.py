@@ -32,8 +32,8 @@ class MetricReducer(abc.ABC):
     """A custom reduction of one validation metric (e.g. an AUC over all predictions).
 
     `update` sees the metric's value from every `evaluate_batch` call on this rank;
-    `per_slot_reduce` returns a picklable summary of this rank's values; rank 0 combines the
-    summaries of every rank with `cross_slot_reduce`, which returns the metric.
+    `per_slot_reduce` returns a picklable summary of this rank's values; the summaries of
+    all ranks are gathered, and `cross_slot_reduce` combines them into the metric.
     """
 
     @abc.abstractmethod

@@ -28,10 +28,14 @@ def build_tree() -> dict[str, str]:
     prefixes: dict[str, str] = {}
     for package, folder in sorted(package_dir.items()):
         target = TREE.joinpath(*package.split("."))
-        target.mkdir(parents=True, exist_ok=True)
-        for source in (ROOT / folder).iterdir():
+        origin = ROOT / folder
+        for source in origin.rglob("*"):
             if source.is_file() and source.suffix in {".py", ".pyi", ".typed"}:
-                shutil.copy2(source, target / source.name)
+                if "__pycache__" in source.parts:
+                    continue
+                copy = target / source.relative_to(origin)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, copy)
         prefixes[str(target.relative_to(ROOT)) + os.sep] = folder.rstrip("/") + os.sep
     return prefixes
 

@@ -1,0 +1,51 @@
+"""The experiment store: SQLAlchemy models, Alembic migrations, and the `Store` API.
+
+SQLite (WAL) is the zero-setup default and PostgreSQL the production store; both pass
+the same contract tests (tests/store/).
+"""
+
+from assay.master.store._migrate import current_revision, head_revision, migrate
+from assay.master.store._records import (
+    AgentRecord,
+    AllocationRecord,
+    CheckpointRecord,
+    ExperimentRecord,
+    LogLine,
+    MetricReport,
+    Page,
+    TrialRecord,
+    UserRecord,
+)
+from assay.master.store._store import MAX_PAGE, SORT_COLUMNS, Store
+from assay.master.store.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    SchemaError,
+    StaleRunError,
+    StoreError,
+)
+
+__all__ = [
+    "MAX_PAGE",
+    "SORT_COLUMNS",
+    "AgentRecord",
+    "AllocationRecord",
+    "CheckpointRecord",
+    "ConflictError",
+    "ExperimentRecord",
+    "InvalidArgumentError",
+    "LogLine",
+    "MetricReport",
+    "NotFoundError",
+    "Page",
+    "SchemaError",
+    "StaleRunError",
+    "Store",
+    "StoreError",
+    "TrialRecord",
+    "UserRecord",
+    "current_revision",
+    "head_revision",
+    "migrate",
+]

@@ -1,0 +1,55 @@
+"""Engines and transactions: SQLite (WAL, BEGIN IMMEDIATE) and PostgreSQL behave alike.
+
+SQLite lets one writer in at a time. A deferred transaction that reads and then writes
+can fail with "database is locked" whatever the busy timeout; one that starts with
+`BEGIN IMMEDIATE` takes the write lock first and waits its turn (up to the busy
+timeout). So every write transaction begins IMMEDIATE, and read transactions begin
+deferred and never block behind writers (WAL).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection
+
+BUSY_TIMEOUT_MS = 60_000
+WRITE = "assay_write"
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for `url` (sqlite:///path or postgresql+psycopg://...)."""
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url,
+            connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+            **kwargs,
+        )
+        _configure_sqlite(engine)
+        return engine
+    return create_engine(url, pool_pre_ping=True, **kwargs)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Autocommit at the driver: transactions are begun explicitly below.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        if engine.url.database not in (None, "", ":memory:"):
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        write = connection.get_execution_options().get(WRITE, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def writer(engine: Engine) -> Engine:
+    """The same engine, whose transactions take the write lock up front on SQLite."""
+    return engine.execution_options(**{WRITE: True})

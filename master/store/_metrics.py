@@ -1,0 +1,342 @@
+"""Metric reports (idempotent, fenced by run id, superseded on restore) and curve reads.
+
+Every write also merges its values into `metric_rollups`: per metric and per level, a
+bucket of 2**LEVELS[level] batches keeps its count and its first, last, min and max
+points. A curve with many rows is then drawn from a few thousand rollup rows (M4
+points, thinned by LTTB) instead of a scan of every raw row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import and_, case, delete, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from assay.master.store._downsample import Bucket, downsample, downsample_buckets
+from assay.master.store._models import Metric, MetricRollup, Trial
+from assay.master.store._records import MetricReport
+from assay.master.store.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    StaleRunError,
+)
+
+# log2 of the bucket width, in batches, of each rollup level (1-based).
+LEVELS = (8, 12, 16, 20, 24)
+RAW_READ_LIMIT = 20_000  # a curve with at most this many rows is read raw
+MAX_GROUP_LEN = 64
+MAX_NAME_LEN = 255
+
+Row = tuple[int, str, float | None]  # (total_batches, name, value)
+
+
+def flatten_reports(reports: Sequence[MetricReport]) -> list[Row]:
+    """Check a batch of reports and flatten it to rows; NaN becomes None."""
+    rows: dict[tuple[int, str], float | None] = {}
+    for report in reports:
+        batches = report.total_batches
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise InvalidArgumentError(f"total_batches must be a non-negative integer: {batches!r}")
+        for name, raw in report.values.items():
+            if not isinstance(name, str) or not name or len(name) > MAX_NAME_LEN:
+                raise InvalidArgumentError(
+                    f"metric names must be 1-{MAX_NAME_LEN} characters: {name!r}"
+                )
+            value = _value(name, raw)
+            key = (batches, name)
+            if key in rows and not _same(rows[key], value):
+                raise ConflictError(
+                    f"metric {name!r} at batch {batches} is reported twice with different "
+                    "values in one request"
+                )
+            rows[key] = value
+    return [(b, n, v) for (b, n), v in rows.items()]
+
+
+def _value(name: str, raw: Any) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise InvalidArgumentError(f"metric {name!r} must be a number, got {raw!r}")
+    value = float(raw)
+    return None if math.isnan(value) else value
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    return a == b or (a is None and b is None)
+
+
+def check_run(session: Session, trial_id: int, run_id: int) -> None:
+    """Fence: only the trial's current run may write."""
+    current = session.execute(select(Trial.run_id).where(Trial.id == trial_id)).scalar()
+    if current is None:
+        raise NotFoundError(f"trial {trial_id} does not exist")
+    if run_id < current:
+        raise StaleRunError(
+            f"trial {trial_id} is on run {current}; a report from run {run_id} comes from a "
+            "process that was replaced and is refused"
+        )
+    if run_id > current:
+        raise ConflictError(f"trial {trial_id} has no run {run_id} (current run: {current})")
+
+
+def insert_metrics(
+    session: Session, trial_id: int, run_id: int, group: str, rows: Sequence[Row]
+) -> int:
+    """Insert the rows not already stored; identical re-sends are no-ops. Returns the count."""
+    if not group or len(group) > MAX_GROUP_LEN:
+        raise InvalidArgumentError(f"metric group must be 1-{MAX_GROUP_LEN} characters: {group!r}")
+    if not rows:
+        return 0
+    check_run(session, trial_id, run_id)
+    stored = _stored(session, trial_id, run_id, group, rows)
+    new: list[Row] = []
+    for batches, name, value in rows:
+        key = (batches, name)
+        if key not in stored:
+            new.append((batches, name, value))
+        elif not _same(stored[key], value):
+            raise ConflictError(
+                f"trial {trial_id} run {run_id} already reported {group} metric {name!r} at "
+                f"batch {batches} as {stored[key]!r}; a different value ({value!r}) is refused"
+            )
+    if not new:
+        return 0
+    session.execute(
+        insert(Metric),
+        [
+            {
+                "trial_id": trial_id,
+                "run_id": run_id,
+                "group": group,
+                "name": name,
+                "total_batches": batches,
+                "value": value,
+                "superseded": False,
+            }
+            for batches, name, value in new
+        ],
+    )
+    merge_rollups(session, trial_id, group, new)
+    return len(new)
+
+
+def _stored(
+    session: Session, trial_id: int, run_id: int, group: str, rows: Sequence[Row]
+) -> dict[tuple[int, str], float | None]:
+    names = sorted({name for _, name, _ in rows})
+    lo = min(b for b, _, _ in rows)
+    hi = max(b for b, _, _ in rows)
+    found = session.execute(
+        select(Metric.total_batches, Metric.name, Metric.value).where(
+            Metric.trial_id == trial_id,
+            Metric.group == group,
+            Metric.name.in_(names),
+            Metric.total_batches.between(lo, hi),
+            Metric.run_id == run_id,
+        )
+    )
+    return {(b, n): v for b, n, v in found}
+
+
+def _summaries(rows: Iterable[Row]) -> dict[tuple[str, int, int], Bucket]:
+    """(name, level, bucket) -> summary of the rows' non-null values."""
+    out: dict[tuple[str, int, int], Bucket] = {}
+    by_name: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for batches, name, value in rows:
+        if value is not None:
+            by_name[name].append((batches, value))
+    for name, points in by_name.items():
+        points.sort()
+        for level, shift in enumerate(LEVELS, start=1):
+            current: int | None = None
+            start = 0
+            for i, (batches, _) in enumerate(points):
+                bucket = batches >> shift
+                if bucket != current:
+                    if current is not None:
+                        out[(name, level, current)] = _summary(points[start:i])
+                    current, start = bucket, i
+            if current is not None:
+                out[(name, level, current)] = _summary(points[start:])
+    return out
+
+
+def _summary(points: Sequence[tuple[int, float]]) -> Bucket:
+    lo = min(points, key=lambda p: (p[1], p[0]))
+    hi = max(points, key=lambda p: (p[1], -p[0]))
+    return Bucket(len(points), points[0], points[-1], lo, hi)
+
+
+def merge_rollups(session: Session, trial_id: int, group: str, rows: Iterable[Row]) -> None:
+    write_summaries(session, trial_id, group, _summaries(rows))
+
+
+def write_summaries(
+    session: Session, trial_id: int, group: str, summaries: dict[tuple[str, int, int], Bucket]
+) -> None:
+    """Merge bucket summaries into the stored rollups (insert, or combine with a row)."""
+    if not summaries:
+        return
+    values = [
+        {
+            "trial_id": trial_id,
+            "group": group,
+            "name": name,
+            "level": level,
+            "bucket": bucket,
+            "count": s.count,
+            "first_batches": int(s.first[0]),
+            "first_value": s.first[1],
+            "last_batches": int(s.last[0]),
+            "last_value": s.last[1],
+            "min_batches": int(s.min[0]),
+            "min_value": s.min[1],
+            "max_batches": int(s.max[0]),
+            "max_value": s.max[1],
+        }
+        for (name, level, bucket), s in summaries.items()
+    ]
+    session.execute(_merge_statement(session), values)
+
+
+def _merge_statement(session: Session) -> Any:
+    dialect = session.get_bind().dialect.name
+    upsert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = upsert(MetricRollup)
+    new, old = stmt.excluded, MetricRollup.__table__.c
+    earlier = new.first_batches < old.first_batches
+    later = new.last_batches > old.last_batches
+    lower = (new.min_value < old.min_value) | and_(
+        new.min_value == old.min_value, new.min_batches < old.min_batches
+    )
+    higher = (new.max_value > old.max_value) | and_(
+        new.max_value == old.max_value, new.max_batches < old.max_batches
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=["trial_id", "group", "name", "level", "bucket"],
+        set_={
+            "count": old.count + new.count,
+            "first_batches": case((earlier, new.first_batches), else_=old.first_batches),
+            "first_value": case((earlier, new.first_value), else_=old.first_value),
+            "last_batches": case((later, new.last_batches), else_=old.last_batches),
+            "last_value": case((later, new.last_value), else_=old.last_value),
+            "min_batches": case((lower, new.min_batches), else_=old.min_batches),
+            "min_value": case((lower, new.min_value), else_=old.min_value),
+            "max_batches": case((higher, new.max_batches), else_=old.max_batches),
+            "max_value": case((higher, new.max_value), else_=old.max_value),
+        },
+    )
+
+
+def supersede(session: Session, trial_id: int, after_batches: int) -> int:
+    """Mark live rows past `after_batches` superseded and rebuild the rollups they touched."""
+    result = session.execute(
+        update(Metric)
+        .where(
+            Metric.trial_id == trial_id,
+            Metric.total_batches > after_batches,
+            Metric.superseded.is_(False),
+        )
+        .values(superseded=True)
+    )
+    changed = int(result.rowcount or 0)  # type: ignore[attr-defined]
+    if not changed:
+        return 0
+    # Buckets wholly past the cut go; the bucket holding the cut is rebuilt from live rows.
+    for level, shift in enumerate(LEVELS, start=1):
+        session.execute(
+            delete(MetricRollup).where(
+                MetricRollup.trial_id == trial_id,
+                MetricRollup.level == level,
+                MetricRollup.bucket >= (after_batches >> shift),
+            )
+        )
+    widest = LEVELS[-1]
+    live = session.execute(
+        select(Metric.group, Metric.total_batches, Metric.name, Metric.value).where(
+            Metric.trial_id == trial_id,
+            Metric.superseded.is_(False),
+            Metric.total_batches.between((after_batches >> widest) << widest, after_batches),
+        )
+    )
+    by_group: dict[str, list[Row]] = defaultdict(list)
+    for group, batches, name, value in live:
+        by_group[group].append((batches, name, value))
+    for group, rows in by_group.items():
+        summaries = _summaries(rows)
+        cut = {lvl: after_batches >> shift for lvl, shift in enumerate(LEVELS, start=1)}
+        partial = [(n, lvl, b) for (n, lvl, b) in summaries if b == cut[lvl]]
+        write_summaries(session, trial_id, group, {k: summaries[k] for k in partial})
+    return changed
+
+
+def read_curve(
+    session: Session, trial_id: int, group: str, name: str, max_points: int
+) -> list[tuple[int, float]]:
+    """The live curve of one metric, at most `max_points` points, extremes kept."""
+    top = len(LEVELS)
+    count, first, last = session.execute(
+        select(
+            func.sum(MetricRollup.count),
+            func.min(MetricRollup.first_batches),
+            func.max(MetricRollup.last_batches),
+        ).where(
+            MetricRollup.trial_id == trial_id,
+            MetricRollup.group == group,
+            MetricRollup.name == name,
+            MetricRollup.level == top,
+        )
+    ).one()
+    if not count:
+        return []
+    if count <= max(RAW_READ_LIMIT, max_points):
+        raw = session.execute(
+            select(Metric.total_batches, Metric.value)
+            .where(
+                Metric.trial_id == trial_id,
+                Metric.group == group,
+                Metric.name == name,
+                Metric.superseded.is_(False),
+                Metric.value.is_not(None),
+            )
+            .order_by(Metric.total_batches)
+        ).all()
+        points = [(float(b), float(v)) for b, v in raw if v is not None]
+        return [(int(x), y) for x, y in downsample(points, max_points)]
+    level = _level_for(int(count), int(last) - int(first), max_points)
+    rows = session.execute(
+        select(MetricRollup)
+        .where(
+            MetricRollup.trial_id == trial_id,
+            MetricRollup.group == group,
+            MetricRollup.name == name,
+            MetricRollup.level == level,
+        )
+        .order_by(MetricRollup.bucket)
+    ).scalars()
+    buckets = [
+        Bucket(
+            r.count,
+            (float(r.first_batches), r.first_value),
+            (float(r.last_batches), r.last_value),
+            (float(r.min_batches), r.min_value),
+            (float(r.max_batches), r.max_value),
+        )
+        for r in rows
+    ]
+    return [(int(x), y) for x, y in downsample_buckets(buckets, max_points)]
+
+
+def _level_for(count: int, span: int, max_points: int) -> int:
+    """The finest level whose bucket count stays within a few times `max_points`."""
+    for level, shift in enumerate(LEVELS, start=1):
+        if min(count, (span >> shift) + 1) <= 4 * max_points:
+            return level
+    return len(LEVELS)

@@ -1,0 +1,88 @@
+"""Schema migrations with Alembic, shipped in the package.
+
+`migrate(engine)` creates the schema in an empty database and upgrades an older one. On
+PostgreSQL it holds an advisory lock for the whole upgrade, so masters starting together
+migrate once; on SQLite the write transaction serialises them. A database migrated by
+a newer Assay than this one is refused, naming the release that migrated it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, delete, insert, inspect, select
+
+from assay import __version__
+from assay.master.store._engine import writer
+from assay.master.store._models import SchemaInfo
+from assay.master.store.errors import SchemaError
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+# Any constant works; two masters must use the same one.
+ADVISORY_LOCK_KEY = 0x41535341  # "ASSA"
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def migrate(engine: Engine) -> str:
+    """Bring the schema to this release's head; return the revision it is at."""
+    with writer(engine).begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})")
+        config = alembic_config(connection)
+        script = ScriptDirectory.from_config(config)
+        current = MigrationContext.configure(connection).get_current_revision()
+        if current is not None and _unknown(script, current):
+            raise SchemaError(_too_new_message(connection, current, script))
+        command.upgrade(config, "head")
+        _record_release(connection)
+        head = script.get_current_head()
+    assert head is not None
+    return head
+
+
+def _unknown(script: ScriptDirectory, revision: str) -> bool:
+    try:
+        return script.get_revision(revision) is None
+    except Exception:  # alembic raises for ids it has never seen
+        return True
+
+
+def _too_new_message(connection: Connection, revision: str, script: ScriptDirectory) -> str:
+    release = None
+    if inspect(connection).has_table(SchemaInfo.__tablename__):
+        release = connection.execute(
+            select(SchemaInfo.value).where(SchemaInfo.key == "assay_version")
+        ).scalar()
+    by = f"Assay {release}" if release else "a newer Assay"
+    return (
+        f"the database schema is at revision {revision}, written by {by}; this is Assay "
+        f"{__version__}, which knows schema revisions up to {script.get_current_head()}. "
+        f"Run {by} or newer against this database, or point this master at another one."
+    )
+
+
+def _record_release(connection: Connection) -> None:
+    connection.execute(delete(SchemaInfo).where(SchemaInfo.key == "assay_version"))
+    connection.execute(insert(SchemaInfo).values(key="assay_version", value=__version__))

@@ -1,0 +1,225 @@
+"""SQLAlchemy models of the experiment store: the one schema both engines share.
+
+The tables are shaped for the queries the CLI and web UI make: the experiment list
+filters on indexed columns (state, owner, name, labels through `experiment_labels`);
+curves read `metric_rollups` (a min/max/first/last summary per bucket of batches, kept on
+every write) instead of scanning raw rows; logs are read by (trial, id) ranges.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Named constraints, so migrations and autogenerate agree on both engines.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias).
+Id64 = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class SchemaInfo(Base):
+    """Which Assay release last migrated this database (named in "too new" errors)."""
+
+    __tablename__ = "schema_info"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255))
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    username: Mapped[str] = mapped_column(String(128), unique=True)
+    password_hash: Mapped[str | None] = mapped_column(String(255))
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), index=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    model_definition: Mapped[bytes] = mapped_column(LargeBinary)
+    priority: Mapped[int] = mapped_column(SmallInteger, default=42)
+    progress: Mapped[float] = mapped_column(Double, default=0.0)
+    searcher_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), default=_now, index=True
+    )
+    start_time: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    end_time: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), default=_now, onupdate=_now
+    )
+
+
+class ExperimentLabel(Base):
+    __tablename__ = "experiment_labels"
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True
+    )
+    label: Mapped[str] = mapped_column(String(255), primary_key=True, index=True)
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("experiment_id", "request_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    request_id: Mapped[str] = mapped_column(String(64))
+    hparams: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    run_id: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    total_batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    best_validation: Mapped[float | None] = mapped_column(Double)
+    latest_checkpoint: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    start_time: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    end_time: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Metric(Base):
+    """One value of one metric in one report: (trial, run, group, batches, name) is unique."""
+
+    __tablename__ = "metrics"
+    __table_args__ = (UniqueConstraint("trial_id", "group", "name", "total_batches", "run_id"),)
+    id: Mapped[int] = mapped_column(Id64, primary_key=True, autoincrement=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    run_id: Mapped[int] = mapped_column(Integer)
+    group: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(255))
+    total_batches: Mapped[int] = mapped_column(BigInteger)
+    value: Mapped[float | None] = mapped_column(Double)  # NaN is stored as NULL
+    superseded: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class MetricRollup(Base):
+    """Summary of one bucket of `2**width_log2(level)` batches of one metric's live rows."""
+
+    __tablename__ = "metric_rollups"
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    group: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    count: Mapped[int] = mapped_column(BigInteger)
+    first_batches: Mapped[int] = mapped_column(BigInteger)
+    first_value: Mapped[float] = mapped_column(Double)
+    last_batches: Mapped[int] = mapped_column(BigInteger)
+    last_value: Mapped[float] = mapped_column(Double)
+    min_batches: Mapped[int] = mapped_column(BigInteger)
+    min_value: Mapped[float] = mapped_column(Double)
+    max_batches: Mapped[int] = mapped_column(BigInteger)
+    max_value: Mapped[float] = mapped_column(Double)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    uuid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(Integer)
+    total_batches: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(32))
+    location: Mapped[str] = mapped_column(Text)
+    files: Mapped[dict[str, Any]] = mapped_column(JSON)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Agent(Base):
+    __tablename__ = "agents"
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    address: Mapped[str] = mapped_column(String(255), default="")
+    slot_type: Mapped[str] = mapped_column(String(16))
+    slots: Mapped[int] = mapped_column(Integer)
+    devices: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    state: Mapped[str] = mapped_column(String(32))
+    registered_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    last_heartbeat: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Allocation(Base):
+    __tablename__ = "allocations"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    # [{"agent_id": str, "slots": [int, ...]}, ...]
+    placement: Mapped[list[Any]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class TaskLog(Base):
+    __tablename__ = "task_logs"
+    __table_args__ = (Index("ix_task_logs_trial_id_id", "trial_id", "id"),)
+    id: Mapped[int] = mapped_column(Id64, primary_key=True, autoincrement=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    run_id: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    stream: Mapped[str] = mapped_column(String(8), default="stdout")
+    level: Mapped[str | None] = mapped_column(String(16))
+    timestamp: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    message: Mapped[str] = mapped_column(Text)
+
+
+__all__ = [
+    "Agent",
+    "Allocation",
+    "Base",
+    "Checkpoint",
+    "Experiment",
+    "ExperimentLabel",
+    "Metric",
+    "MetricRollup",
+    "SchemaInfo",
+    "TaskLog",
+    "Trial",
+    "User",
+]

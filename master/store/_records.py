@@ -1,0 +1,116 @@
+"""Plain, frozen records the store returns (no ORM objects escape a transaction)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class UserRecord:
+    id: int
+    username: str
+    admin: bool
+    active: bool
+
+
+@dataclass(frozen=True)
+class ExperimentRecord:
+    id: int
+    name: str
+    description: str
+    owner: str
+    state: str
+    labels: tuple[str, ...]
+    priority: int
+    progress: float
+    archived: bool
+    config: Mapping[str, Any]
+    searcher_state: Mapping[str, Any] | None
+    created_at: dt.datetime
+    start_time: dt.datetime | None
+    end_time: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    id: int
+    experiment_id: int
+    request_id: str
+    hparams: Mapping[str, Any]
+    seed: int
+    state: str
+    run_id: int
+    restarts: int
+    total_batches: int
+    best_validation: float | None
+    latest_checkpoint: str | None
+    start_time: dt.datetime | None
+    end_time: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class MetricReport:
+    """One report: the values of several metrics at one batch count."""
+
+    total_batches: int
+    values: Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    uuid: str
+    trial_id: int
+    run_id: int
+    total_batches: int
+    state: str
+    location: str
+    files: Mapping[str, int]
+    user_metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self.files.values())
+
+
+@dataclass(frozen=True)
+class AgentRecord:
+    id: str
+    address: str
+    slot_type: str
+    slots: int
+    devices: list[Any]
+    state: str
+    last_heartbeat: dt.datetime
+
+
+@dataclass(frozen=True)
+class AllocationRecord:
+    id: str
+    trial_id: int
+    run_id: int
+    state: str
+    placement: list[Any]
+
+
+@dataclass(frozen=True)
+class LogLine:
+    message: str
+    rank: int = 0
+    stream: str = "stdout"
+    level: str | None = None
+    timestamp: dt.datetime | None = None
+    id: int = 0
+    run_id: int = 0
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    items: list[T]
+    total: int
+    offset: int
+    limit: int

@@ -1,0 +1,664 @@
+"""`Store`: every read and write of the master's state, one transaction per call.
+
+Each write method says how it behaves when retried: the master retries through
+outages, so writes are idempotent where a retry is possible.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, exists, func, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from assay.master.store import _metrics
+from assay.master.store._engine import make_engine, writer
+from assay.master.store._migrate import migrate
+from assay.master.store._models import (
+    Agent,
+    Allocation,
+    Checkpoint,
+    Experiment,
+    ExperimentLabel,
+    TaskLog,
+    Trial,
+    User,
+)
+from assay.master.store._records import (
+    AgentRecord,
+    AllocationRecord,
+    CheckpointRecord,
+    ExperimentRecord,
+    LogLine,
+    MetricReport,
+    Page,
+    TrialRecord,
+    UserRecord,
+)
+from assay.master.store.errors import ConflictError, InvalidArgumentError, NotFoundError
+
+# Columns the experiment list may be sorted by (user input never names a column).
+SORT_COLUMNS: dict[str, Any] = {
+    "id": Experiment.id,
+    "name": Experiment.name,
+    "state": Experiment.state,
+    "owner": User.username,
+    "priority": Experiment.priority,
+    "progress": Experiment.progress,
+    "created_at": Experiment.created_at,
+    "start_time": Experiment.start_time,
+    "end_time": Experiment.end_time,
+}
+MAX_PAGE = 1000
+_TRIAL_FIELDS = {
+    "state",
+    "restarts",
+    "total_batches",
+    "best_validation",
+    "latest_checkpoint",
+    "start_time",
+    "end_time",
+}
+_EXPERIMENT_FIELDS = {
+    "state",
+    "progress",
+    "searcher_state",
+    "archived",
+    "priority",
+    "description",
+    "start_time",
+    "end_time",
+}
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Store:
+    """The experiment store on one database (SQLite or PostgreSQL)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._writer = writer(engine)
+
+    @classmethod
+    def open(cls, url: str, *, migrate_schema: bool = True) -> Store:
+        """Connect to `url`, creating or upgrading the schema unless told not to."""
+        engine = make_engine(url)
+        if migrate_schema:
+            migrate(engine)
+        return cls(engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """One write transaction: committed on success, rolled back on any error."""
+        with Session(self._writer, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    # --- users ----------------------------------------------------------------------------
+
+    def create_user(
+        self, username: str, *, password_hash: str | None = None, admin: bool = False
+    ) -> UserRecord:
+        """Create a user; creating an existing one is refused."""
+        try:
+            with self.write() as s:
+                user = User(username=username, password_hash=password_hash, admin=admin)
+                s.add(user)
+                s.flush()
+                return _user(user)
+        except IntegrityError:
+            raise ConflictError(f"user {username!r} already exists") from None
+
+    def get_user(self, username: str) -> UserRecord:
+        with self.read() as s:
+            user = s.execute(select(User).where(User.username == username)).scalar()
+            if user is None:
+                raise NotFoundError(f"user {username!r} does not exist")
+            return _user(user)
+
+    def ensure_user(self, username: str) -> UserRecord:
+        """The user named `username`, created if missing (idempotent)."""
+        try:
+            return self.get_user(username)
+        except NotFoundError:
+            try:
+                return self.create_user(username)
+            except ConflictError:
+                return self.get_user(username)
+
+    # --- experiments ----------------------------------------------------------------------
+
+    def create_experiment(
+        self,
+        *,
+        name: str,
+        owner: str,
+        config: Mapping[str, Any],
+        model_definition: bytes,
+        state: str = "ACTIVE",
+        description: str = "",
+        labels: Sequence[str] = (),
+        priority: int = 42,
+    ) -> int:
+        """Store a new experiment (not idempotent: each call creates one)."""
+        owner_id = self.ensure_user(owner).id
+        with self.write() as s:
+            experiment = Experiment(
+                name=name,
+                description=description,
+                owner_id=owner_id,
+                state=state,
+                config=dict(config),
+                model_definition=model_definition,
+                priority=priority,
+                progress=0.0,
+                archived=False,
+                start_time=_now(),
+            )
+            s.add(experiment)
+            s.flush()
+            for label in sorted(set(labels)):
+                s.add(ExperimentLabel(experiment_id=experiment.id, label=label))
+            return experiment.id
+
+    def get_experiment(self, experiment_id: int) -> ExperimentRecord:
+        with self.read() as s:
+            row = s.execute(_experiment_query().where(Experiment.id == experiment_id)).first()
+            if row is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            return _experiment(s, row[0], row[1])
+
+    def get_model_definition(self, experiment_id: int) -> bytes:
+        with self.read() as s:
+            data = s.execute(
+                select(Experiment.model_definition).where(Experiment.id == experiment_id)
+            ).scalar()
+            if data is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            return bytes(data)
+
+    def update_experiment(self, experiment_id: int, **fields: Any) -> None:
+        """Set the named fields (idempotent)."""
+        unknown = set(fields) - _EXPERIMENT_FIELDS
+        if unknown:
+            raise InvalidArgumentError(f"cannot update experiment fields {sorted(unknown)}")
+        with self.write() as s:
+            experiment = s.get(Experiment, experiment_id)
+            if experiment is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            for key, value in fields.items():
+                setattr(experiment, key, value)
+
+    def set_labels(self, experiment_id: int, labels: Sequence[str]) -> None:
+        with self.write() as s:
+            if s.get(Experiment, experiment_id) is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            s.query(ExperimentLabel).filter_by(experiment_id=experiment_id).delete()
+            for label in sorted(set(labels)):
+                s.add(ExperimentLabel(experiment_id=experiment_id, label=label))
+
+    def list_experiments(
+        self,
+        *,
+        states: Sequence[str] = (),
+        name: str | None = None,
+        label: str | None = None,
+        owner: str | None = None,
+        archived: bool | None = None,
+        sort: str = "id",
+        descending: bool = True,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> Page[ExperimentRecord]:
+        """Filter, sort (a whitelisted column) and paginate; values are bound, never spliced."""
+        if sort not in SORT_COLUMNS:
+            allowed = ", ".join(sorted(SORT_COLUMNS))
+            raise InvalidArgumentError(f"cannot sort by {sort!r}; sort by one of: {allowed}")
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidArgumentError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+        if offset < 0:
+            raise InvalidArgumentError(f"offset must not be negative, got {offset}")
+        query = _experiment_query()
+        if states:
+            query = query.where(Experiment.state.in_(list(states)))
+        if name:
+            query = query.where(func.lower(Experiment.name).contains(name.lower(), autoescape=True))
+        if label:
+            query = query.where(
+                exists().where(
+                    ExperimentLabel.experiment_id == Experiment.id, ExperimentLabel.label == label
+                )
+            )
+        if owner:
+            query = query.where(User.username == owner)
+        if archived is not None:
+            query = query.where(Experiment.archived.is_(archived))
+        column = SORT_COLUMNS[sort]
+        order = [column.desc(), Experiment.id.desc()] if descending else [column, Experiment.id]
+        with self.read() as s:
+            total = s.execute(select(func.count()).select_from(query.subquery())).scalar_one()
+            rows = s.execute(query.order_by(*order).limit(limit).offset(offset)).all()
+            items = [_experiment(s, row[0], row[1]) for row in rows]
+        return Page(items=items, total=total, offset=offset, limit=limit)
+
+    # --- trials ---------------------------------------------------------------------------
+
+    def create_trial(
+        self,
+        experiment_id: int,
+        *,
+        request_id: str,
+        hparams: Mapping[str, Any],
+        seed: int,
+        state: str = "ACTIVE",
+    ) -> int:
+        """Create the trial for a searcher request; a retry returns the same trial's id."""
+        try:
+            with self.write() as s:
+                if s.get(Experiment, experiment_id) is None:
+                    raise NotFoundError(f"experiment {experiment_id} does not exist")
+                trial = Trial(
+                    experiment_id=experiment_id,
+                    request_id=request_id,
+                    hparams=dict(hparams),
+                    seed=seed,
+                    state=state,
+                    run_id=0,
+                    restarts=0,
+                    total_batches=0,
+                )
+                s.add(trial)
+                s.flush()
+                return trial.id
+        except IntegrityError:
+            with self.read() as s:
+                found = s.execute(
+                    select(Trial.id).where(
+                        Trial.experiment_id == experiment_id, Trial.request_id == request_id
+                    )
+                ).scalar()
+            if found is None:
+                raise
+            return int(found)
+
+    def get_trial(self, trial_id: int) -> TrialRecord:
+        with self.read() as s:
+            trial = s.get(Trial, trial_id)
+            if trial is None:
+                raise NotFoundError(f"trial {trial_id} does not exist")
+            return _trial(trial)
+
+    def list_trials(self, experiment_id: int) -> list[TrialRecord]:
+        with self.read() as s:
+            trials = s.execute(
+                select(Trial).where(Trial.experiment_id == experiment_id).order_by(Trial.id)
+            ).scalars()
+            return [_trial(t) for t in trials]
+
+    def start_run(self, trial_id: int, *, restored_batches: int | None = None) -> int:
+        """Begin a new run of the trial and return its id; older runs are fenced off.
+
+        With `restored_batches`, the run resumes from a checkpoint at that batch count:
+        metrics reported past it are superseded. Not idempotent: each call is a new run.
+        """
+        with self.write() as s:
+            trial = s.get(Trial, trial_id)
+            if trial is None:
+                raise NotFoundError(f"trial {trial_id} does not exist")
+            trial.run_id += 1
+            if restored_batches is not None:
+                _metrics.supersede(s, trial_id, restored_batches)
+                trial.total_batches = restored_batches
+            return trial.run_id
+
+    def update_trial(self, trial_id: int, **fields: Any) -> None:
+        """Set the named fields (idempotent)."""
+        unknown = set(fields) - _TRIAL_FIELDS
+        if unknown:
+            raise InvalidArgumentError(f"cannot update trial fields {sorted(unknown)}")
+        with self.write() as s:
+            trial = s.get(Trial, trial_id)
+            if trial is None:
+                raise NotFoundError(f"trial {trial_id} does not exist")
+            for key, value in fields.items():
+                setattr(trial, key, value)
+
+    # --- metrics --------------------------------------------------------------------------
+
+    def report_metrics(
+        self, trial_id: int, run_id: int, group: str, reports: Sequence[MetricReport]
+    ) -> int:
+        """Store a batch of reports in one transaction; return how many values were new.
+
+        Idempotent: values already stored identically are skipped; a different value for
+        a stored (trial, run, group, batch, metric) is refused with `ConflictError`. A
+        report from an older run than the trial's current one raises `StaleRunError`.
+        """
+        rows = _metrics.flatten_reports(reports)
+        for attempt in range(3):
+            try:
+                with self.write() as s:
+                    return _metrics.insert_metrics(s, trial_id, run_id, group, rows)
+            except IntegrityError:
+                # A concurrent identical report won the race; the retry sees its rows.
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def supersede_metrics(self, trial_id: int, after_batches: int) -> int:
+        """Hide metrics past `after_batches` from curves (kept, marked). Idempotent."""
+        with self.write() as s:
+            return _metrics.supersede(s, trial_id, after_batches)
+
+    def trial_curve(
+        self, trial_id: int, name: str, *, group: str = "validation", max_points: int = 1000
+    ) -> list[tuple[int, float]]:
+        """One metric's live curve, downsampled to at most `max_points` (extremes kept)."""
+        if not 2 <= max_points <= 100_000:
+            raise InvalidArgumentError(f"max_points must be 2-100000, got {max_points}")
+        with self.read() as s:
+            if s.get(Trial, trial_id) is None:
+                raise NotFoundError(f"trial {trial_id} does not exist")
+            return _metrics.read_curve(s, trial_id, group, name, max_points)
+
+    def experiment_curves(
+        self, experiment_id: int, name: str, *, group: str = "validation", max_points: int = 1000
+    ) -> dict[int, list[tuple[int, float]]]:
+        """Every trial's curve of one metric, each downsampled to at most `max_points`."""
+        if not 2 <= max_points <= 100_000:
+            raise InvalidArgumentError(f"max_points must be 2-100000, got {max_points}")
+        with self.read() as s:
+            if s.get(Experiment, experiment_id) is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            ids = s.execute(
+                select(Trial.id).where(Trial.experiment_id == experiment_id).order_by(Trial.id)
+            ).scalars()
+            return {t: _metrics.read_curve(s, t, group, name, max_points) for t in ids}
+
+    def metric_names(self, trial_id: int) -> dict[str, list[str]]:
+        """Group -> metric names that the trial has reported."""
+        from assay.master.store._models import MetricRollup
+
+        with self.read() as s:
+            rows = s.execute(
+                select(MetricRollup.group, MetricRollup.name)
+                .where(MetricRollup.trial_id == trial_id, MetricRollup.level == 1)
+                .distinct()
+                .order_by(MetricRollup.group, MetricRollup.name)
+            )
+            out: dict[str, list[str]] = {}
+            for group, name in rows:
+                out.setdefault(group, []).append(name)
+            return out
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def add_checkpoint(self, record: CheckpointRecord) -> None:
+        """Record a checkpoint; a retry with the same content is a no-op, other content fails."""
+        try:
+            with self.write() as s:
+                _metrics.check_run(s, record.trial_id, record.run_id)
+                existing = s.get(Checkpoint, record.uuid)
+                if existing is not None:
+                    if (existing.trial_id, existing.total_batches, existing.location) != (
+                        record.trial_id,
+                        record.total_batches,
+                        record.location,
+                    ):
+                        raise ConflictError(
+                            f"checkpoint {record.uuid} is already recorded with other content"
+                        )
+                    return
+                s.add(
+                    Checkpoint(
+                        uuid=record.uuid,
+                        trial_id=record.trial_id,
+                        run_id=record.run_id,
+                        total_batches=record.total_batches,
+                        state=record.state,
+                        location=record.location,
+                        files=dict(record.files),
+                        size_bytes=record.size_bytes,
+                        user_metadata=dict(record.user_metadata),
+                    )
+                )
+                trial = s.get(Trial, record.trial_id)
+                assert trial is not None
+                if record.total_batches >= trial.total_batches:
+                    trial.latest_checkpoint = record.uuid
+                    trial.total_batches = record.total_batches
+        except IntegrityError:
+            self.add_checkpoint(record)  # a concurrent retry inserted it: compare again
+
+    def get_checkpoint(self, uuid: str) -> CheckpointRecord:
+        with self.read() as s:
+            c = s.get(Checkpoint, uuid)
+            if c is None:
+                raise NotFoundError(f"checkpoint {uuid} does not exist")
+            return _checkpoint(c)
+
+    def list_checkpoints(self, trial_id: int) -> list[CheckpointRecord]:
+        with self.read() as s:
+            rows = s.execute(
+                select(Checkpoint)
+                .where(Checkpoint.trial_id == trial_id)
+                .order_by(Checkpoint.total_batches, Checkpoint.created_at)
+            ).scalars()
+            return [_checkpoint(c) for c in rows]
+
+    def set_checkpoint_state(self, uuid: str, state: str) -> None:
+        with self.write() as s:
+            c = s.get(Checkpoint, uuid)
+            if c is None:
+                raise NotFoundError(f"checkpoint {uuid} does not exist")
+            c.state = state
+
+    # --- agents and allocations -----------------------------------------------------------
+
+    def register_agent(
+        self, agent_id: str, *, slot_type: str, slots: int, devices: list[Any], address: str = ""
+    ) -> None:
+        """Insert or refresh an agent (idempotent: a reconnect re-registers)."""
+        with self.write() as s:
+            agent = s.get(Agent, agent_id)
+            if agent is None:
+                agent = Agent(id=agent_id)
+                s.add(agent)
+            agent.slot_type, agent.slots, agent.devices = slot_type, slots, list(devices)
+            agent.address, agent.state, agent.last_heartbeat = address, "ACTIVE", _now()
+
+    def heartbeat(self, agent_id: str) -> None:
+        with self.write() as s:
+            agent = s.get(Agent, agent_id)
+            if agent is None:
+                raise NotFoundError(f"agent {agent_id!r} is not registered")
+            agent.last_heartbeat = _now()
+
+    def set_agent_state(self, agent_id: str, state: str) -> None:
+        with self.write() as s:
+            agent = s.get(Agent, agent_id)
+            if agent is None:
+                raise NotFoundError(f"agent {agent_id!r} is not registered")
+            agent.state = state
+
+    def list_agents(self) -> list[AgentRecord]:
+        with self.read() as s:
+            return [
+                AgentRecord(
+                    a.id,
+                    a.address,
+                    a.slot_type,
+                    a.slots,
+                    list(a.devices),
+                    a.state,
+                    a.last_heartbeat,
+                )
+                for a in s.execute(select(Agent).order_by(Agent.id)).scalars()
+            ]
+
+    def create_allocation(
+        self, allocation_id: str, *, trial_id: int, run_id: int, placement: list[Any]
+    ) -> None:
+        """Record slots given to a trial's run (a retry with the same id is a no-op)."""
+        with self.write() as s:
+            if s.get(Allocation, allocation_id) is not None:
+                return
+            s.add(
+                Allocation(
+                    id=allocation_id,
+                    trial_id=trial_id,
+                    run_id=run_id,
+                    state="ASSIGNED",
+                    placement=placement,
+                )
+            )
+
+    def set_allocation_state(self, allocation_id: str, state: str, *, ended: bool = False) -> None:
+        with self.write() as s:
+            allocation = s.get(Allocation, allocation_id)
+            if allocation is None:
+                raise NotFoundError(f"allocation {allocation_id} does not exist")
+            allocation.state = state
+            if ended and allocation.ended_at is None:
+                allocation.ended_at = _now()
+
+    def active_allocations(self) -> list[AllocationRecord]:
+        with self.read() as s:
+            rows = s.execute(
+                select(Allocation).where(Allocation.ended_at.is_(None)).order_by(Allocation.id)
+            ).scalars()
+            return [
+                AllocationRecord(a.id, a.trial_id, a.run_id, a.state, list(a.placement))
+                for a in rows
+            ]
+
+    # --- logs -----------------------------------------------------------------------------
+
+    def append_logs(self, trial_id: int, run_id: int, lines: Sequence[LogLine]) -> int:
+        """Append lines in one transaction; return the id of the last one (0 if none)."""
+        if not lines:
+            return 0
+        with self.write() as s:
+            if s.get(Trial, trial_id) is None:
+                raise NotFoundError(f"trial {trial_id} does not exist")
+            s.execute(
+                insert(TaskLog),
+                [
+                    {
+                        "trial_id": trial_id,
+                        "run_id": run_id,
+                        "rank": line.rank,
+                        "stream": line.stream,
+                        "level": line.level,
+                        "timestamp": line.timestamp or _now(),
+                        "message": line.message,
+                    }
+                    for line in lines
+                ],
+            )
+            last = s.execute(select(func.max(TaskLog.id)).where(TaskLog.trial_id == trial_id))
+            return int(last.scalar() or 0)
+
+    def tail_logs(
+        self, trial_id: int, *, after_id: int = 0, limit: int = 1000, level: str | None = None
+    ) -> list[LogLine]:
+        """Lines with id > `after_id`, oldest first (follow by passing the last id seen)."""
+        if not 1 <= limit <= 100_000:
+            raise InvalidArgumentError(f"limit must be 1-100000, got {limit}")
+        query = select(TaskLog).where(TaskLog.trial_id == trial_id, TaskLog.id > after_id)
+        if level is not None:
+            query = query.where(TaskLog.level == level)
+        with self.read() as s:
+            rows = s.execute(query.order_by(TaskLog.id).limit(limit)).scalars()
+            return [
+                LogLine(
+                    message=r.message,
+                    rank=r.rank,
+                    stream=r.stream,
+                    level=r.level,
+                    timestamp=r.timestamp,
+                    id=r.id,
+                    run_id=r.run_id,
+                )
+                for r in rows
+            ]
+
+
+def _experiment_query() -> Any:  # Select[Experiment, str]; its spelling differs in 2.0/2.1
+    return select(Experiment, User.username).join(User, User.id == Experiment.owner_id)
+
+
+def _experiment(s: Session, e: Experiment, owner: str) -> ExperimentRecord:
+    labels = s.execute(
+        select(ExperimentLabel.label)
+        .where(ExperimentLabel.experiment_id == e.id)
+        .order_by(ExperimentLabel.label)
+    ).scalars()
+    return ExperimentRecord(
+        id=e.id,
+        name=e.name,
+        description=e.description,
+        owner=owner,
+        state=e.state,
+        labels=tuple(labels),
+        priority=e.priority,
+        progress=e.progress,
+        archived=e.archived,
+        config=e.config,
+        searcher_state=e.searcher_state,
+        created_at=e.created_at,
+        start_time=e.start_time,
+        end_time=e.end_time,
+    )
+
+
+def _trial(t: Trial) -> TrialRecord:
+    return TrialRecord(
+        id=t.id,
+        experiment_id=t.experiment_id,
+        request_id=t.request_id,
+        hparams=t.hparams,
+        seed=t.seed,
+        state=t.state,
+        run_id=t.run_id,
+        restarts=t.restarts,
+        total_batches=t.total_batches,
+        best_validation=t.best_validation,
+        latest_checkpoint=t.latest_checkpoint,
+        start_time=t.start_time,
+        end_time=t.end_time,
+    )
+
+
+def _checkpoint(c: Checkpoint) -> CheckpointRecord:
+    return CheckpointRecord(
+        uuid=c.uuid,
+        trial_id=c.trial_id,
+        run_id=c.run_id,
+        total_batches=c.total_batches,
+        state=c.state,
+        location=c.location,
+        files={k: int(v) for k, v in c.files.items()},
+        user_metadata=c.user_metadata,
+    )
+
+
+def _user(u: User) -> UserRecord:
+    return UserRecord(id=u.id, username=u.username, admin=u.admin, active=u.active)
+
+
+__all__ = ["MAX_PAGE", "SORT_COLUMNS", "Store"]

@@ -76,10 +76,11 @@ def _too_new_message(connection: Connection, revision: str, script: ScriptDirect
             select(SchemaInfo.value).where(SchemaInfo.key == "assay_version")
         ).scalar()
     by = f"Assay {release}" if release else "a newer Assay"
+    run = f"Assay {release} or newer" if release else "a newer Assay"
     return (
         f"the database schema is at revision {revision}, written by {by}; this is Assay "
         f"{__version__}, which knows schema revisions up to {script.get_current_head()}. "
-        f"Run {by} or newer against this database, or point this master at another one."
+        f"Run {run} against this database, or point this master at another one."
     )
 
 

@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from assay.master.store import Store
-from assay.master.store._models import Base
 
 SERVER = os.environ.get("ASSAY_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
 
@@ -44,12 +43,11 @@ def postgres_url() -> Iterator[str]:
 
 
 def _empty_postgres(url: str) -> None:
+    """Give the next test an empty database, as a fresh SQLite file is."""
     engine = create_engine(url)
     with engine.begin() as c:
-        tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-        exists = c.execute(text("SELECT to_regclass('public.alembic_version')")).scalar()
-        if exists:
-            c.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+        c.execute(text("DROP SCHEMA public CASCADE"))
+        c.execute(text("CREATE SCHEMA public"))
     engine.dispose()
 
 

@@ -1,0 +1,385 @@
+"""The store's contract, run on SQLite and PostgreSQL alike (see conftest.py)."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+from sqlalchemy import func, select
+
+from assay.master.store import (
+    CheckpointRecord,
+    ConflictError,
+    InvalidArgumentError,
+    LogLine,
+    MetricReport,
+    NotFoundError,
+    StaleRunError,
+    Store,
+)
+from assay.master.store._metrics import RAW_READ_LIMIT
+from assay.master.store._models import Metric
+
+
+def _trial(store: Store, name: str = "exp") -> tuple[int, int, int]:
+    eid = store.create_experiment(name=name, owner="alice", config={}, model_definition=b"")
+    tid = store.create_trial(eid, request_id=f"{name}-r1", hparams={"lr": 0.1}, seed=7)
+    return eid, tid, store.start_run(tid)
+
+
+def _reports(batches: range, **values: float) -> list[MetricReport]:
+    return [MetricReport(b, {k: v + b for k, v in values.items()}) for b in batches]
+
+
+def _metric_rows(store: Store, trial_id: int) -> int:
+    with store.read() as s:
+        return int(s.execute(select(func.count()).where(Metric.trial_id == trial_id)).scalar_one())
+
+
+# --- experiments ----------------------------------------------------------------------------
+
+
+def test_experiment_round_trip(store: Store) -> None:
+    eid = store.create_experiment(
+        name="mnist",
+        owner="alice",
+        config={"searcher": {"name": "single"}},
+        model_definition=b"\x1f\x8b archive",
+        labels=["b", "a", "a"],
+        priority=7,
+        description="d",
+    )
+    e = store.get_experiment(eid)
+    assert (e.name, e.owner, e.state, e.labels, e.priority) == (
+        "mnist",
+        "alice",
+        "ACTIVE",
+        ("a", "b"),
+        7,
+    )
+    assert e.config == {"searcher": {"name": "single"}}
+    assert store.get_model_definition(eid) == b"\x1f\x8b archive"
+    store.update_experiment(eid, state="PAUSED", progress=0.5, searcher_state={"k": [1, 2]})
+    e = store.get_experiment(eid)
+    assert (e.state, e.progress, e.searcher_state) == ("PAUSED", 0.5, {"k": [1, 2]})
+    with pytest.raises(InvalidArgumentError, match="cannot update experiment fields"):
+        store.update_experiment(eid, owner_id=3)
+    with pytest.raises(NotFoundError, match="experiment 999 does not exist"):
+        store.get_experiment(999)
+
+
+def test_experiment_list_filters_sorts_and_pages(store: Store) -> None:
+    ids = []
+    for i, (name, owner, state) in enumerate(
+        [
+            ("mnist-asha", "alice", "ACTIVE"),
+            ("mnist_grid", "bob", "COMPLETED"),
+            ("cifar 100%", "alice", "PAUSED"),
+            ("Robert'); DROP TABLE experiments;--", "carol", "ACTIVE"),
+        ]
+    ):
+        eid = store.create_experiment(
+            name=name,
+            owner=owner,
+            config={},
+            model_definition=b"",
+            state=state,
+            labels=["vision"] if i < 3 else ["nlp"],
+            priority=10 + i,
+        )
+        ids.append(eid)
+    assert store.list_experiments().total == 4
+    assert [e.id for e in store.list_experiments(states=["ACTIVE"]).items] == [ids[3], ids[0]]
+    assert [
+        e.name for e in store.list_experiments(name="MNIST", sort="name", descending=False).items
+    ] == [
+        "mnist-asha",
+        "mnist_grid",
+    ]
+    # LIKE metacharacters are literal text, not patterns.
+    assert [e.id for e in store.list_experiments(name="_").items] == [ids[1]]
+    assert [e.id for e in store.list_experiments(name="100%").items] == [ids[2]]
+    assert [e.id for e in store.list_experiments(name="DROP TABLE").items] == [ids[3]]
+    assert {e.id for e in store.list_experiments(label="vision").items} == set(ids[:3])
+    assert [e.id for e in store.list_experiments(owner="bob").items] == [ids[1]]
+    page = store.list_experiments(sort="priority", descending=False, limit=2, offset=1)
+    assert [e.priority for e in page.items] == [11, 12]
+    assert page.total == 4
+    by_owner = store.list_experiments(sort="owner", descending=False)
+    assert [e.owner for e in by_owner.items] == ["alice", "alice", "bob", "carol"]
+    with pytest.raises(InvalidArgumentError, match="cannot sort by 'name; --'"):
+        store.list_experiments(sort="name; --")
+    with pytest.raises(InvalidArgumentError, match="limit must be between 1 and 1000"):
+        store.list_experiments(limit=0)
+    assert store.list_experiments().total == 4  # nothing was dropped
+
+
+# --- trials ---------------------------------------------------------------------------------
+
+
+def test_trials_are_idempotent_per_request_and_runs_count_up(store: Store) -> None:
+    eid, tid, run = _trial(store)
+    assert store.create_trial(eid, request_id="exp-r1", hparams={}, seed=0) == tid
+    assert run == 1
+    assert store.start_run(tid) == 2
+    store.update_trial(tid, state="COMPLETED", restarts=1, best_validation=0.25)
+    t = store.get_trial(tid)
+    assert (t.run_id, t.state, t.restarts, t.best_validation, t.hparams) == (
+        2,
+        "COMPLETED",
+        1,
+        0.25,
+        {"lr": 0.1},
+    )
+    assert [x.id for x in store.list_trials(eid)] == [tid]
+    with pytest.raises(InvalidArgumentError):
+        store.update_trial(tid, run_id=9)
+
+
+# --- metrics: idempotent, fenced, superseded ------------------------------------------------
+
+
+def test_a_resent_identical_report_is_a_noop(store: Store) -> None:
+    _, tid, run = _trial(store)
+    reports = _reports(range(10), loss=1.0, acc=0.0)
+    assert store.report_metrics(tid, run, "training", reports) == 20
+    assert store.report_metrics(tid, run, "training", reports) == 0
+    assert (
+        store.report_metrics(
+            tid, run, "training", reports[3:5] + _reports(range(10, 12), loss=1.0, acc=0.0)
+        )
+        == 4
+    )
+    assert _metric_rows(store, tid) == 24
+
+
+def test_a_resent_different_report_is_refused_and_changes_nothing(store: Store) -> None:
+    _, tid, run = _trial(store)
+    store.report_metrics(tid, run, "validation", [MetricReport(100, {"loss": 0.5})])
+    batch = [MetricReport(200, {"loss": 0.4}), MetricReport(100, {"loss": 0.6})]
+    with pytest.raises(
+        ConflictError, match="already reported validation metric 'loss' at batch 100"
+    ):
+        store.report_metrics(tid, run, "validation", batch)
+    # The whole batch is one transaction: batch 200 was not written either.
+    assert store.trial_curve(tid, "loss") == [(100, 0.5)]
+
+
+def test_conflicting_values_inside_one_request_are_refused(store: Store) -> None:
+    _, tid, run = _trial(store)
+    with pytest.raises(ConflictError, match="twice with different values"):
+        store.report_metrics(
+            tid, run, "training", [MetricReport(1, {"x": 1.0}), MetricReport(1, {"x": 2.0})]
+        )
+
+
+def test_reports_from_a_replaced_run_are_fenced_off(store: Store) -> None:
+    _, tid, old = _trial(store)
+    new = store.start_run(tid)
+    with pytest.raises(StaleRunError, match=f"on run {new}; a report from run {old}"):
+        store.report_metrics(tid, old, "training", [MetricReport(1, {"loss": 1.0})])
+    with pytest.raises(ConflictError, match=f"has no run {new + 1}"):
+        store.report_metrics(tid, new + 1, "training", [MetricReport(1, {"loss": 1.0})])
+    with pytest.raises(NotFoundError):
+        store.report_metrics(12345, 1, "training", [MetricReport(1, {"loss": 1.0})])
+    assert _metric_rows(store, tid) == 0
+
+
+def test_bad_metric_values_are_refused(store: Store) -> None:
+    _, tid, run = _trial(store)
+    for bad in ("high", True, [1.0]):
+        with pytest.raises(InvalidArgumentError, match="must be a number"):
+            store.report_metrics(tid, run, "training", [MetricReport(1, {"loss": bad})])  # type: ignore[dict-item]
+    with pytest.raises(InvalidArgumentError, match="non-negative"):
+        store.report_metrics(tid, run, "training", [MetricReport(-1, {"loss": 1.0})])
+    with pytest.raises(InvalidArgumentError, match="group"):
+        store.report_metrics(tid, run, "", [MetricReport(1, {"loss": 1.0})])
+
+
+def test_nan_is_stored_as_a_gap(store: Store) -> None:
+    _, tid, run = _trial(store)
+    store.report_metrics(
+        tid,
+        run,
+        "training",
+        [
+            MetricReport(1, {"loss": 1.0}),
+            MetricReport(2, {"loss": math.nan}),
+            MetricReport(3, {"loss": math.inf}),
+        ],
+    )
+    assert store.trial_curve(tid, "loss", group="training") == [(1, 1.0), (3, math.inf)]
+    # a re-sent NaN is the same report
+    assert store.report_metrics(tid, run, "training", [MetricReport(2, {"loss": math.nan})]) == 0
+
+
+def test_restore_supersedes_metrics_past_the_checkpoint(store: Store) -> None:
+    _, tid, run1 = _trial(store)
+    store.report_metrics(tid, run1, "training", _reports(range(1, 11), loss=0.0))
+    run2 = store.start_run(tid, restored_batches=6)
+    assert store.get_trial(tid).total_batches == 6
+    assert [b for b, _ in store.trial_curve(tid, "loss", group="training")] == [1, 2, 3, 4, 5, 6]
+    store.report_metrics(tid, run2, "training", _reports(range(7, 11), loss=100.0))
+    curve = store.trial_curve(tid, "loss", group="training")
+    assert curve == [(b, float(b)) for b in range(1, 7)] + [(b, 100.0 + b) for b in range(7, 11)]
+    assert _metric_rows(store, tid) == 14  # superseded rows are kept, not deleted
+    assert store.supersede_metrics(tid, 100) == 0  # idempotent: nothing past 100
+
+
+def test_a_report_of_thousands_of_rows_is_one_transaction(store: Store) -> None:
+    _, tid, run = _trial(store)
+    store.report_metrics(tid, run, "training", [MetricReport(2999, {"m": 0.0})])
+    batch = _reports(range(3000), m=1.0)  # batch 2999 conflicts with the stored value
+    with pytest.raises(ConflictError):
+        store.report_metrics(tid, run, "training", batch)
+    assert _metric_rows(store, tid) == 1
+    assert store.report_metrics(tid, run, "training", batch[:2999]) == 2999
+
+
+# --- curves ---------------------------------------------------------------------------------
+
+
+def _sawtooth(n: int) -> list[MetricReport]:
+    values = [math.sin(b / 500.0) for b in range(n)]
+    values[n // 3] = 50.0  # a spike
+    values[2 * n // 3] = -50.0  # a dip
+    return [MetricReport(b, {"loss": v}) for b, v in enumerate(values)]
+
+
+@pytest.mark.parametrize("rows", [500, RAW_READ_LIMIT + 5_000])
+def test_curves_are_downsampled_keeping_extremes(store: Store, rows: int) -> None:
+    _, tid, run = _trial(store)
+    reports = _sawtooth(rows)
+    for start in range(0, rows, 5000):
+        store.report_metrics(tid, run, "training", reports[start : start + 5000])
+    curve = store.trial_curve(tid, "loss", group="training", max_points=200)
+    assert 100 <= len(curve) <= 200
+    xs = [x for x, _ in curve]
+    assert xs == sorted(xs)
+    assert (rows // 3, 50.0) in curve
+    assert (2 * rows // 3, -50.0) in curve
+    assert xs[0] == 0
+    assert xs[-1] == rows - 1
+
+
+def test_rollups_follow_a_restore_on_long_curves(store: Store) -> None:
+    _, tid, run = _trial(store)
+    rows = RAW_READ_LIMIT + 10_000
+    reports = _sawtooth(rows)
+    for start in range(0, rows, 10_000):
+        store.report_metrics(tid, run, "training", reports[start : start + 10_000])
+    cut = rows // 2  # past the spike at rows/3, before the dip at 2*rows/3
+    run2 = store.start_run(tid, restored_batches=cut)
+    curve = store.trial_curve(tid, "loss", group="training", max_points=300)
+    assert max(x for x, _ in curve) == cut
+    assert min(y for _, y in curve) > -2  # the dip was superseded
+    assert (rows // 3, 50.0) in curve
+    store.report_metrics(
+        tid, run2, "training", [MetricReport(b, {"loss": 7.0}) for b in range(cut + 1, rows)]
+    )
+    curve = store.trial_curve(tid, "loss", group="training", max_points=300)
+    assert curve[-1] == (rows - 1, 7.0)
+    assert (rows // 3, 50.0) in curve
+
+
+def test_experiment_curves_cover_every_trial(store: Store) -> None:
+    eid, t1, r1 = _trial(store)
+    t2 = store.create_trial(eid, request_id="r2", hparams={}, seed=1)
+    r2 = store.start_run(t2)
+    store.report_metrics(t1, r1, "validation", _reports(range(3), acc=0.0))
+    store.report_metrics(t2, r2, "validation", _reports(range(5), acc=1.0))
+    curves = store.experiment_curves(eid, "acc", max_points=10)
+    assert curves == {t1: [(0, 0.0), (1, 1.0), (2, 2.0)], t2: [(b, 1.0 + b) for b in range(5)]}
+    assert store.metric_names(t1) == {"validation": ["acc"]}
+    with pytest.raises(InvalidArgumentError):
+        store.trial_curve(t1, "acc", max_points=1)
+
+
+# --- checkpoints, agents, allocations, logs ---------------------------------------------------
+
+
+def test_checkpoints_are_idempotent_and_fenced(store: Store) -> None:
+    _, tid, run = _trial(store)
+    record = CheckpointRecord(
+        uuid="c1",
+        trial_id=tid,
+        run_id=run,
+        total_batches=100,
+        state="COMPLETED",
+        location="/ckpt/c1",
+        files={"models.pt": 10, "metadata.json": 2},
+        user_metadata={"a": 1},
+    )
+    store.add_checkpoint(record)
+    store.add_checkpoint(record)
+    assert store.get_checkpoint("c1") == record
+    assert store.get_trial(tid).latest_checkpoint == "c1"
+    with pytest.raises(ConflictError, match="already recorded"):
+        store.add_checkpoint(CheckpointRecord("c1", tid, run, 200, "COMPLETED", "/other", {}))
+    store.start_run(tid)
+    with pytest.raises(StaleRunError):
+        store.add_checkpoint(CheckpointRecord("c2", tid, run, 300, "COMPLETED", "/c2", {}))
+    store.set_checkpoint_state("c1", "DELETED")
+    assert [c.state for c in store.list_checkpoints(tid)] == ["DELETED"]
+    assert record.size_bytes == 12
+
+
+def test_agents_and_allocations(store: Store) -> None:
+    _, tid, run = _trial(store)
+    store.register_agent("gpu-1", slot_type="cuda", slots=8, devices=[{"uuid": "G0"}])
+    store.register_agent("gpu-1", slot_type="cuda", slots=8, devices=[{"uuid": "G0"}])
+    store.heartbeat("gpu-1")
+    store.set_agent_state("gpu-1", "DISABLED")
+    [agent] = store.list_agents()
+    assert (agent.id, agent.slots, agent.state) == ("gpu-1", 8, "DISABLED")
+    with pytest.raises(NotFoundError):
+        store.heartbeat("nope")
+    placement = [{"agent_id": "gpu-1", "slots": [0, 1]}]
+    store.create_allocation("a1", trial_id=tid, run_id=run, placement=placement)
+    store.create_allocation("a1", trial_id=tid, run_id=run, placement=placement)
+    assert [a.id for a in store.active_allocations()] == ["a1"]
+    store.set_allocation_state("a1", "TERMINATED", ended=True)
+    assert store.active_allocations() == []
+
+
+def test_logs_tail_and_follow(store: Store) -> None:
+    _, tid, run = _trial(store)
+    last = store.append_logs(tid, run, [LogLine(f"line {i}", rank=i % 2) for i in range(5)])
+    lines = store.tail_logs(tid)
+    assert [line.message for line in lines] == [f"line {i}" for i in range(5)]
+    assert lines[-1].id == last
+    store.append_logs(tid, run, [LogLine("ERROR boom", level="ERROR")])
+    assert [line.message for line in store.tail_logs(tid, after_id=last)] == ["ERROR boom"]
+    assert [line.message for line in store.tail_logs(tid, level="ERROR")] == ["ERROR boom"]
+    assert store.append_logs(tid, run, []) == 0
+
+
+# --- concurrency ----------------------------------------------------------------------------
+
+
+def test_concurrent_writers_never_see_a_locked_database(store: Store) -> None:
+    eid, tid, run = _trial(store)
+    others = [store.create_trial(eid, request_id=f"t{i}", hparams={}, seed=i) for i in range(3)]
+    runs = {t: store.start_run(t) for t in others}
+    errors: list[BaseException] = []
+
+    def writer(trial_id: int, run_id: int, offset: int) -> None:
+        try:
+            for i in range(20):
+                reports = _reports(range(offset + i * 50, offset + (i + 1) * 50), loss=0.0)
+                store.report_metrics(trial_id, run_id, "training", reports)
+                store.append_logs(trial_id, run_id, [LogLine(f"{offset} {i}")])
+        except BaseException as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t, runs[t], 0)) for t in others]
+    # Two threads send the SAME reports to one trial: idempotence under a race.
+    threads += [threading.Thread(target=writer, args=(tid, run, 0)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for t in [*others, tid]:
+        assert _metric_rows(store, t) == 1000

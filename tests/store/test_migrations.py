@@ -1,0 +1,129 @@
+"""Migrations: create, upgrade, refuse a newer schema, migrate once under concurrency."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
+
+from assay.master.store import SchemaError, Store, current_revision, head_revision, migrate
+from assay.master.store._engine import make_engine
+from assay.master.store._models import Base
+
+
+def test_an_empty_database_gets_the_schema_at_head(db_url: str) -> None:
+    engine = make_engine(db_url)
+    assert migrate(engine) == head_revision()
+    assert current_revision(engine) == head_revision()
+    assert migrate(engine) == head_revision()  # a second run is a no-op
+    engine.dispose()
+
+
+def test_the_migrated_schema_equals_the_models(db_url: str) -> None:
+    engine = make_engine(db_url)
+    migrate(engine)
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        diff = compare_metadata(context, Base.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_a_newer_schema_is_refused_and_left_alone(db_url: str) -> None:
+    store = Store.open(db_url)
+    eid = store.create_experiment(name="keep", owner="a", config={}, model_definition=b"")
+    with store.write() as s:
+        s.execute(text("UPDATE alembic_version SET version_num = 'f00d'"))
+        s.execute(text("UPDATE schema_info SET value = '9.9.9' WHERE key = 'assay_version'"))
+    with pytest.raises(
+        SchemaError, match=r"revision f00d, written by Assay 9\.9\.9.*Run Assay 9\.9\.9"
+    ):
+        Store.open(db_url)
+    assert current_revision(store.engine) == "f00d"
+    assert store.get_experiment(eid).name == "keep"
+    store.close()
+
+
+def test_concurrent_masters_migrate_once(db_url: str) -> None:
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            engine = make_engine(db_url)
+            results.append(migrate(engine))
+            engine.dispose()
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert results == [head_revision()] * 4
+    engine = make_engine(db_url)
+    with engine.connect() as c:
+        assert c.execute(text("SELECT count(*) FROM alembic_version")).scalar() == 1
+    engine.dispose()
+
+
+def _write_many(url: str, trial_id: int, run_id: int, start: int) -> None:
+    from assay.master.store import MetricReport
+
+    store = Store.open(url, migrate_schema=False)
+    for i in range(10):
+        base = start + i * 100
+        store.report_metrics(
+            trial_id,
+            run_id,
+            "training",
+            [MetricReport(b, {"loss": 1.0}) for b in range(base, base + 100)],
+        )
+    store.close()
+
+
+def test_processes_writing_one_sqlite_file_at_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    store = Store.open(url)
+    eid = store.create_experiment(name="e", owner="a", config={}, model_definition=b"")
+    tid = store.create_trial(eid, request_id="r", hparams={}, seed=0)
+    run = store.start_run(tid)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_write_many, args=(url, tid, run, k * 1000)) for k in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    curve = store.trial_curve(tid, "loss", group="training", max_points=100_000)
+    assert len(curve) == 4000
+    store.close()
+
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("snapshot", sorted(p.name for p in DATA.glob("schema-*.sqlite")))
+def test_databases_of_past_schema_versions_upgrade_with_their_data(
+    tmp_path: Path, snapshot: str
+) -> None:
+    # Each checked-in file was written by the release that introduced its revision.
+    copy = tmp_path / snapshot
+    copy.write_bytes((DATA / snapshot).read_bytes())
+    store = Store.open(f"sqlite:///{copy}")
+    assert current_revision(store.engine) == head_revision()
+    [experiment] = store.list_experiments(label="old").items
+    [trial] = store.list_trials(experiment.id)
+    curve = store.trial_curve(trial.id, "loss")
+    assert len(curve) == 50
+    assert curve[0] == (1, 1.0)
+    assert store.get_checkpoint("c-0001").files == {"models.pt": 123}
+    assert [line.message for line in store.tail_logs(trial.id)] == ["hello from 0001"]
+    store.close()

@@ -83,8 +83,12 @@ class Settings:
     curve_calls: int  # timed trial_curve calls (after one untimed warm-up call)
 
 
-FULL = Settings(rounds=10, batches_per_round=5, warmup_batches=3, curve_rows=1_000_000, curve_calls=9)
-QUICK = Settings(rounds=5, batches_per_round=2, warmup_batches=2, curve_rows=200_000, curve_calls=5)
+FULL = Settings(
+    rounds=15, batches_per_round=5, warmup_batches=5, curve_rows=1_000_000, curve_calls=9
+)
+QUICK = Settings(
+    rounds=9, batches_per_round=3, warmup_batches=3, curve_rows=200_000, curve_calls=5
+)
 
 
 @dataclass

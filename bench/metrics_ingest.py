@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import os
@@ -86,9 +87,7 @@ class Settings:
 FULL = Settings(
     rounds=15, batches_per_round=5, warmup_batches=5, curve_rows=1_000_000, curve_calls=9
 )
-QUICK = Settings(
-    rounds=9, batches_per_round=3, warmup_batches=3, curve_rows=200_000, curve_calls=5
-)
+QUICK = Settings(rounds=9, batches_per_round=3, warmup_batches=3, curve_rows=200_000, curve_calls=5)
 
 
 @dataclass
@@ -192,7 +191,7 @@ def bench_ingest(store: Store, experiment_id: int, s: Settings, result: EngineRe
     batches = s.warmup_batches + s.rounds * s.batches_per_round
     store_batches = [ingest_reports(1 + i * step, rng) for i in range(batches)]
     raw_batches = [raw_rows(raw_trial, raw_run, b) for b in store_batches]
-    metrics = Metric.__table__
+    metrics = Metric.metadata.tables[Metric.__tablename__]  # the Core Table behind Metric
     raw_writer = writer(store.engine)  # same transaction mode (BEGIN IMMEDIATE on SQLite)
 
     def store_side(chunk: list[list[MetricReport]]) -> float:
@@ -265,7 +264,7 @@ def bench_curve(store: Store, experiment_id: int, s: Settings, result: EngineRes
     xs = [x for x, _ in curve]
     result.curve_points = len(curve)
     result.curve_within_max_points = 0 < len(curve) <= MAX_POINTS
-    result.curve_sorted = all(a < b for a, b in zip(xs, xs[1:], strict=False))
+    result.curve_sorted = all(a < b for a, b in itertools.pairwise(xs))
     result.extremes_kept = (spike_at, spike) in curve and (dip_at, dip) in curve
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, case, delete, func, insert, select, update
+from sqlalchemy import Table, and_, case, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from assay.master.store._downsample import Bucket, downsample, downsample_buckets
+from assay.master.store._downsample import Bucket, downsample, downsample_buckets, merge
 from assay.master.store._models import Metric, MetricRollup, Trial
 from assay.master.store._records import MetricReport
 from assay.master.store.errors import (
@@ -26,6 +27,9 @@ from assay.master.store.errors import (
     NotFoundError,
     StaleRunError,
 )
+
+METRICS = cast(Table, Metric.__table__)
+ROLLUPS = cast(Table, MetricRollup.__table__)
 
 # log2 of the bucket width, in batches, of each rollup level (1-based).
 LEVELS = (8, 12, 16, 20, 24)
@@ -39,16 +43,22 @@ Row = tuple[int, str, float | None]  # (total_batches, name, value)
 def flatten_reports(reports: Sequence[MetricReport]) -> list[Row]:
     """Check a batch of reports and flatten it to rows; NaN becomes None."""
     rows: dict[tuple[int, str], float | None] = {}
+    checked: set[str] = set()
     for report in reports:
         batches = report.total_batches
         if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
             raise InvalidArgumentError(f"total_batches must be a non-negative integer: {batches!r}")
         for name, raw in report.values.items():
-            if not isinstance(name, str) or not name or len(name) > MAX_NAME_LEN:
-                raise InvalidArgumentError(
-                    f"metric names must be 1-{MAX_NAME_LEN} characters: {name!r}"
-                )
-            value = _value(name, raw)
+            if name not in checked:
+                if not isinstance(name, str) or not name or len(name) > MAX_NAME_LEN:
+                    raise InvalidArgumentError(
+                        f"metric names must be 1-{MAX_NAME_LEN} characters: {name!r}"
+                    )
+                checked.add(name)
+            if type(raw) is float:
+                value: float | None = None if raw != raw else raw  # NaN != NaN
+            else:
+                value = _value(name, raw)
             key = (batches, name)
             if key in rows and not _same(rows[key], value):
                 raise ConflictError(
@@ -95,6 +105,16 @@ def insert_metrics(
     if not rows:
         return 0
     check_run(session, trial_id, run_id)
+    # Most reports are new: insert them all under a savepoint, and compare with what is
+    # stored only when the unique key says part of the report is already there.
+    try:
+        with session.begin_nested():
+            _insert(session, trial_id, run_id, group, rows)
+    except IntegrityError:
+        pass
+    else:
+        merge_rollups(session, trial_id, group, rows)
+        return len(rows)
     stored = _stored(session, trial_id, run_id, group, rows)
     new: list[Row] = []
     for batches, name, value in rows:
@@ -108,23 +128,24 @@ def insert_metrics(
             )
     if not new:
         return 0
-    session.execute(
-        insert(Metric),
-        [
-            {
-                "trial_id": trial_id,
-                "run_id": run_id,
-                "group": group,
-                "name": name,
-                "total_batches": batches,
-                "value": value,
-                "superseded": False,
-            }
-            for batches, name, value in new
-        ],
-    )
+    _insert(session, trial_id, run_id, group, new)
     merge_rollups(session, trial_id, group, new)
     return len(new)
+
+
+_INSERT_COLUMNS = '(trial_id, run_id, "group", name, total_batches, value, superseded)'
+
+
+def _insert(session: Session, trial_id: int, run_id: int, group: str, rows: Sequence[Row]) -> None:
+    # Straight to the driver's executemany: per-row parameter processing in SQLAlchemy
+    # costs more than the insert itself for thousands of rows of plain numbers.
+    connection = session.connection()
+    mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+    marks = ", ".join([mark] * 7)
+    connection.exec_driver_sql(
+        f"INSERT INTO metrics {_INSERT_COLUMNS} VALUES ({marks})",
+        [(trial_id, run_id, group, name, batches, value, False) for batches, name, value in rows],
+    )
 
 
 def _stored(
@@ -146,32 +167,49 @@ def _stored(
 
 
 def _summaries(rows: Iterable[Row]) -> dict[tuple[str, int, int], Bucket]:
-    """(name, level, bucket) -> summary of the rows' non-null values."""
+    """(name, level, bucket) -> summary of the rows' non-null values.
+
+    Level 1 is summarised in one pass over the sorted points; the coarser levels merge
+    level-1 summaries, since every bucket width is a multiple of the finer ones.
+    """
     out: dict[tuple[str, int, int], Bucket] = {}
     by_name: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for batches, name, value in rows:
         if value is not None:
             by_name[name].append((batches, value))
+    first_shift = LEVELS[0]
     for name, points in by_name.items():
         points.sort()
-        for level, shift in enumerate(LEVELS, start=1):
-            current: int | None = None
-            start = 0
-            for i, (batches, _) in enumerate(points):
-                bucket = batches >> shift
-                if bucket != current:
-                    if current is not None:
-                        out[(name, level, current)] = _summary(points[start:i])
+        finest: list[tuple[int, Bucket]] = []
+        start = 0
+        current = points[0][0] >> first_shift
+        for i in range(1, len(points) + 1):
+            bucket = points[i][0] >> first_shift if i < len(points) else None
+            if bucket != current:
+                finest.append((current, _summary(points, start, i)))
+                if bucket is not None:
                     current, start = bucket, i
-            if current is not None:
-                out[(name, level, current)] = _summary(points[start:])
+        for b, summary in finest:
+            out[(name, 1, b)] = summary
+        for level, shift in enumerate(LEVELS[1:], start=2):
+            step = shift - first_shift
+            for b, summary in finest:
+                key = (name, level, b >> step)
+                previous = out.get(key)
+                out[key] = summary if previous is None else merge(previous, summary)
     return out
 
 
-def _summary(points: Sequence[tuple[int, float]]) -> Bucket:
-    lo = min(points, key=lambda p: (p[1], p[0]))
-    hi = max(points, key=lambda p: (p[1], -p[0]))
-    return Bucket(len(points), points[0], points[-1], lo, hi)
+def _summary(points: Sequence[tuple[int, float]], start: int, end: int) -> Bucket:
+    """Summary of points[start:end] (sorted by batches): min/max ties go to the earliest."""
+    lo = hi = points[start]
+    for k in range(start + 1, end):
+        p = points[k]
+        if p[1] < lo[1]:
+            lo = p
+        elif p[1] > hi[1]:
+            hi = p
+    return Bucket(end - start, points[start], points[end - 1], lo, hi)
 
 
 def merge_rollups(session: Session, trial_id: int, group: str, rows: Iterable[Row]) -> None:
@@ -203,14 +241,25 @@ def write_summaries(
         }
         for (name, level, bucket), s in summaries.items()
     ]
-    session.execute(_merge_statement(session), values)
+    session.connection().execute(_merge_statement(session), values)
+
+
+_MERGE_STATEMENTS: dict[str, Any] = {}
 
 
 def _merge_statement(session: Session) -> Any:
+    """The rollup upsert for this session's dialect, built once (it is costly to build)."""
     dialect = session.get_bind().dialect.name
+    statement = _MERGE_STATEMENTS.get(dialect)
+    if statement is None:
+        statement = _MERGE_STATEMENTS[dialect] = _build_merge_statement(dialect)
+    return statement
+
+
+def _build_merge_statement(dialect: str) -> Any:
     upsert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = upsert(MetricRollup)
-    new, old = stmt.excluded, MetricRollup.__table__.c
+    stmt = upsert(ROLLUPS)
+    new, old = stmt.excluded, ROLLUPS.c
     earlier = new.first_batches < old.first_batches
     later = new.last_batches > old.last_batches
     lower = (new.min_value < old.min_value) | and_(
@@ -312,7 +361,17 @@ def read_curve(
         return [(int(x), y) for x, y in downsample(points, max_points)]
     level = _level_for(int(count), int(last) - int(first), max_points)
     rows = session.execute(
-        select(MetricRollup)
+        select(
+            MetricRollup.count,
+            MetricRollup.first_batches,
+            MetricRollup.first_value,
+            MetricRollup.last_batches,
+            MetricRollup.last_value,
+            MetricRollup.min_batches,
+            MetricRollup.min_value,
+            MetricRollup.max_batches,
+            MetricRollup.max_value,
+        )
         .where(
             MetricRollup.trial_id == trial_id,
             MetricRollup.group == group,
@@ -320,16 +379,10 @@ def read_curve(
             MetricRollup.level == level,
         )
         .order_by(MetricRollup.bucket)
-    ).scalars()
+    )
     buckets = [
-        Bucket(
-            r.count,
-            (float(r.first_batches), r.first_value),
-            (float(r.last_batches), r.last_value),
-            (float(r.min_batches), r.min_value),
-            (float(r.max_batches), r.max_value),
-        )
-        for r in rows
+        Bucket(n, (fb, fv), (lb, lv), (mnb, mnv), (mxb, mxv))
+        for n, fb, fv, lb, lv, mnb, mnv, mxb, mxv in rows
     ]
     return [(int(x), y) for x, y in downsample_buckets(buckets, max_points)]
 
@@ -337,6 +390,6 @@ def read_curve(
 def _level_for(count: int, span: int, max_points: int) -> int:
     """The finest level whose bucket count stays within a few times `max_points`."""
     for level, shift in enumerate(LEVELS, start=1):
-        if min(count, (span >> shift) + 1) <= 4 * max_points:
+        if min(count, (span >> shift) + 1) <= 2 * max_points:
             return level
     return len(LEVELS)

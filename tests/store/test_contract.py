@@ -376,10 +376,10 @@ def test_concurrent_writers_never_see_a_locked_database(store: Store) -> None:
     threads = [threading.Thread(target=writer, args=(t, runs[t], 0)) for t in others]
     # Two threads send the SAME reports to one trial: idempotence under a race.
     threads += [threading.Thread(target=writer, args=(tid, run, 0)) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     assert errors == []
-    for t in [*others, tid]:
-        assert _metric_rows(store, t) == 1000
+    for trial_id in [*others, tid]:
+        assert _metric_rows(store, trial_id) == 1000

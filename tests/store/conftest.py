@@ -28,7 +28,7 @@ def postgres_url() -> Iterator[str]:
     try:
         with admin.connect() as c:
             c.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as e:  # noqa: BLE001 - any failure to reach the server fails the suite
+    except Exception as e:
         pytest.fail(f"PostgreSQL at {SERVER} is required for the store tests: {e}")
     try:
         yield f"{SERVER}/{name}"

@@ -370,7 +370,7 @@ def test_concurrent_writers_never_see_a_locked_database(store: Store) -> None:
                 reports = _reports(range(offset + i * 50, offset + (i + 1) * 50), loss=0.0)
                 store.report_metrics(trial_id, run_id, "training", reports)
                 store.append_logs(trial_id, run_id, [LogLine(f"{offset} {i}")])
-        except BaseException as e:  # noqa: BLE001 - collected and asserted below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=writer, args=(t, runs[t], 0)) for t in others]

@@ -58,7 +58,7 @@ def test_concurrent_masters_migrate_once(db_url: str) -> None:
             engine = make_engine(db_url)
             results.append(migrate(engine))
             engine.dispose()
-        except BaseException as e:  # noqa: BLE001 - asserted below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=start) for _ in range(4)]

@@ -206,8 +206,19 @@ def m4_points(buckets: Iterable[Bucket]) -> list[Point]:
 
 
 def downsample(points: Sequence[MaybePoint], max_points: int) -> list[Point]:
-    """At most `max_points` points of a raw series: as is if short enough, else LTTB."""
-    return lttb(points, max_points)
+    """At most `max_points` points of a raw series: as is if short enough, else LTTB with
+    the global min and max kept (see `downsample_buckets`)."""
+    present = _present(points)
+    return [present[i] for i in downsample_indices(present, max_points)]
+
+
+def downsample_indices(points: Sequence[Point], max_points: int) -> list[int]:
+    """Indices of the points `downsample` keeps, for callers that hold richer rows."""
+    if max_points <= 0 or len(points) <= max_points:
+        return list(range(len(points)))
+    if max_points < 3:
+        return [0] if max_points == 1 else [0, len(points) - 1]
+    return _keep_extremes(points, _lttb_indices(points, max_points), max_points)
 
 
 def _extreme_indices(points: Sequence[Point]) -> tuple[int, int]:

@@ -18,7 +18,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from assay.master.store._downsample import Bucket, downsample, downsample_buckets, merge
+from assay.master.store._downsample import (
+    Bucket,
+    downsample_buckets,
+    downsample_indices,
+    merge,
+)
 from assay.master.store._models import Metric, MetricRollup, Trial
 from assay.master.store._records import MetricReport
 from assay.master.store.errors import (
@@ -35,6 +40,7 @@ ROLLUPS = cast(Table, MetricRollup.__table__)
 LEVELS = (8, 12, 16, 20, 24)
 RAW_READ_LIMIT = 20_000  # a curve with at most this many rows is read raw
 MAX_GROUP_LEN = 64
+MAX_BATCHES = 2**63 - 1
 MAX_NAME_LEN = 255
 
 Row = tuple[int, str, float | None]  # (total_batches, name, value)
@@ -46,8 +52,14 @@ def flatten_reports(reports: Sequence[MetricReport]) -> list[Row]:
     checked: set[str] = set()
     for report in reports:
         batches = report.total_batches
-        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-            raise InvalidArgumentError(f"total_batches must be a non-negative integer: {batches!r}")
+        if (
+            isinstance(batches, bool)
+            or not isinstance(batches, int)
+            or not 0 <= batches <= MAX_BATCHES
+        ):
+            raise InvalidArgumentError(
+                f"total_batches must be an integer from 0 to {MAX_BATCHES}: {batches!r}"
+            )
         for name, raw in report.values.items():
             if name not in checked:
                 if not isinstance(name, str) or not name or len(name) > MAX_NAME_LEN:
@@ -74,7 +86,10 @@ def _value(name: str, raw: Any) -> float | None:
         return None
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise InvalidArgumentError(f"metric {name!r} must be a number, got {raw!r}")
-    value = float(raw)
+    try:
+        value = float(raw)
+    except OverflowError:
+        raise InvalidArgumentError(f"metric {name!r} is too large for a float: {raw!r}") from None
     return None if math.isnan(value) else value
 
 
@@ -84,7 +99,11 @@ def _same(a: float | None, b: float | None) -> bool:
 
 def check_run(session: Session, trial_id: int, run_id: int) -> None:
     """Fence: only the trial's current run may write."""
-    current = session.execute(select(Trial.run_id).where(Trial.id == trial_id)).scalar()
+    # FOR SHARE (PostgreSQL): a restart that moves the trial to a new run waits for this
+    # transaction, so a report that passed the fence is superseded, never left live.
+    current = session.execute(
+        select(Trial.run_id).where(Trial.id == trial_id).with_for_update(read=True)
+    ).scalar()
     if current is None:
         raise NotFoundError(f"trial {trial_id} does not exist")
     if run_id < current:
@@ -239,8 +258,9 @@ def write_summaries(
             "max_batches": int(s.max[0]),
             "max_value": s.max[1],
         }
-        for (name, level, bucket), s in summaries.items()
+        for (name, level, bucket), s in sorted(summaries.items())
     ]
+    # Sorted keys: concurrent writers lock rollup rows in one order (no deadlock).
     session.connection().execute(_merge_statement(session), values)
 
 
@@ -357,8 +377,10 @@ def read_curve(
             )
             .order_by(Metric.total_batches)
         ).all()
-        points = [(float(b), float(v)) for b, v in raw if v is not None]
-        return [(int(x), y) for x, y in downsample(points, max_points)]
+        live = [(int(b), float(v)) for b, v in raw if v is not None]
+        # Batch counts stay exact integers: floats would round those above 2**53.
+        points = [(float(b), v) for b, v in live]
+        return [live[i] for i in downsample_indices(points, max_points)]
     level = _level_for(int(count), int(last) - int(first), max_points)
     rows = session.execute(
         select(

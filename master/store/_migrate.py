@@ -26,16 +26,16 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 ADVISORY_LOCK_KEY = 0x41535341  # "ASSA"
 
 
-def alembic_config(connection: Connection | None = None) -> Config:
+def alembic_config(connection: Connection | None = None, location: Path = MIGRATIONS) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("script_location", str(location))
     if connection is not None:
         config.attributes["connection"] = connection
     return config
 
 
-def head_revision() -> str:
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+def head_revision(location: Path = MIGRATIONS) -> str:
+    head = ScriptDirectory.from_config(alembic_config(location=location)).get_current_head()
     assert head is not None
     return head
 
@@ -45,19 +45,42 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
-def migrate(engine: Engine) -> str:
+def migrate(engine: Engine, location: Path = MIGRATIONS) -> str:
     """Bring the schema to this release's head; return the revision it is at."""
-    with writer(engine).begin() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})")
-        config = alembic_config(connection)
-        script = ScriptDirectory.from_config(config)
-        current = MigrationContext.configure(connection).get_current_revision()
-        if current is not None and _unknown(script, current):
-            raise SchemaError(_too_new_message(connection, current, script))
-        command.upgrade(config, "head")
-        _record_release(connection)
-        head = script.get_current_head()
+    with writer(engine).connect() as connection:
+        if connection.dialect.name != "sqlite":
+            with connection.begin():
+                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})")
+                return _upgrade(connection, location)
+        # SQLite alters a table by copying it, dropping the old one and renaming the copy;
+        # with foreign keys on, the DROP would cascade into every child table. The pragma
+        # only changes outside a transaction, so it is set on the driver before BEGIN.
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        driver.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with connection.begin():
+                revision = _upgrade(connection, location)
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise SchemaError(
+                        f"the upgrade would leave rows without their parents: {broken[:5]}; "
+                        "nothing was changed"
+                    )
+                return revision
+        finally:
+            driver.execute("PRAGMA foreign_keys=ON")
+
+
+def _upgrade(connection: Connection, location: Path) -> str:
+    config = alembic_config(connection, location)
+    script = ScriptDirectory.from_config(config)
+    current = MigrationContext.configure(connection).get_current_revision()
+    if current is not None and _unknown(script, current):
+        raise SchemaError(_too_new_message(connection, current, script))
+    command.upgrade(config, "head")
+    _record_release(connection)
+    head = script.get_current_head()
     assert head is not None
     return head
 

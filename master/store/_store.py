@@ -39,7 +39,12 @@ from assay.master.store._records import (
     TrialRecord,
     UserRecord,
 )
-from assay.master.store.errors import ConflictError, InvalidArgumentError, NotFoundError
+from assay.master.store.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    StaleRunError,
+)
 
 # Columns the experiment list may be sorted by (user input never names a column).
 SORT_COLUMNS: dict[str, Any] = {
@@ -91,7 +96,11 @@ class Store:
         """Connect to `url`, creating or upgrading the schema unless told not to."""
         engine = make_engine(url)
         if migrate_schema:
-            migrate(engine)
+            try:
+                migrate(engine)
+            except BaseException:
+                engine.dispose()
+                raise
         return cls(engine)
 
     def close(self) -> None:
@@ -248,7 +257,11 @@ class Store:
         if archived is not None:
             query = query.where(Experiment.archived.is_(archived))
         column = SORT_COLUMNS[sort]
-        order = [column.desc(), Experiment.id.desc()] if descending else [column, Experiment.id]
+        # Explicit NULL placement: SQLite and PostgreSQL disagree by default.
+        if descending:
+            order = [column.desc().nulls_last(), Experiment.id.desc()]
+        else:
+            order = [column.asc().nulls_last(), Experiment.id]
         with self.read() as s:
             total = s.execute(select(func.count()).select_from(query.subquery())).scalar_one()
             rows = s.execute(query.order_by(*order).limit(limit).offset(offset)).all()
@@ -316,7 +329,7 @@ class Store:
         metrics reported past it are superseded. Not idempotent: each call is a new run.
         """
         with self.write() as s:
-            trial = s.get(Trial, trial_id)
+            trial = s.get(Trial, trial_id, with_for_update=True)
             if trial is None:
                 raise NotFoundError(f"trial {trial_id} does not exist")
             trial.run_id += 1
@@ -408,41 +421,53 @@ class Store:
     # --- checkpoints ----------------------------------------------------------------------
 
     def add_checkpoint(self, record: CheckpointRecord) -> None:
-        """Record a checkpoint; a retry with the same content is a no-op, other content fails."""
-        try:
-            with self.write() as s:
-                _metrics.check_run(s, record.trial_id, record.run_id)
-                existing = s.get(Checkpoint, record.uuid)
-                if existing is not None:
-                    if (existing.trial_id, existing.total_batches, existing.location) != (
-                        record.trial_id,
-                        record.total_batches,
-                        record.location,
-                    ):
-                        raise ConflictError(
-                            f"checkpoint {record.uuid} is already recorded with other content"
-                        )
+        """Record a checkpoint of the trial's current run.
+
+        Idempotent: a retry with the same content is a no-op, even after the trial moved
+        on to a newer run; other content under the same uuid raises `ConflictError`.
+        """
+        for attempt in range(2):
+            try:
+                with self.write() as s:
+                    self._add_checkpoint(s, record)
                     return
-                s.add(
-                    Checkpoint(
-                        uuid=record.uuid,
-                        trial_id=record.trial_id,
-                        run_id=record.run_id,
-                        total_batches=record.total_batches,
-                        state=record.state,
-                        location=record.location,
-                        files=dict(record.files),
-                        size_bytes=record.size_bytes,
-                        user_metadata=dict(record.user_metadata),
-                    )
+            except IntegrityError:
+                if attempt == 1:
+                    raise  # not a concurrent duplicate: let the database's error speak
+
+    def _add_checkpoint(self, s: Session, record: CheckpointRecord) -> None:
+        # Lock the trial first: a concurrent restart or checkpoint waits for us.
+        trial = s.get(Trial, record.trial_id, with_for_update=True)
+        if trial is None:
+            raise NotFoundError(f"trial {record.trial_id} does not exist")
+        existing = s.get(Checkpoint, record.uuid)
+        if existing is not None:
+            if _checkpoint(existing) != record:
+                raise ConflictError(
+                    f"checkpoint {record.uuid} is already recorded with other content"
                 )
-                trial = s.get(Trial, record.trial_id)
-                assert trial is not None
-                if record.total_batches >= trial.total_batches:
-                    trial.latest_checkpoint = record.uuid
-                    trial.total_batches = record.total_batches
-        except IntegrityError:
-            self.add_checkpoint(record)  # a concurrent retry inserted it: compare again
+            return
+        if record.run_id != trial.run_id:
+            raise StaleRunError(
+                f"trial {record.trial_id} is on run {trial.run_id}; a checkpoint from run "
+                f"{record.run_id} comes from a process that was replaced and is refused"
+            )
+        s.add(
+            Checkpoint(
+                uuid=record.uuid,
+                trial_id=record.trial_id,
+                run_id=record.run_id,
+                total_batches=record.total_batches,
+                state=record.state,
+                location=record.location,
+                files=dict(record.files),
+                size_bytes=record.size_bytes,
+                user_metadata=dict(record.user_metadata),
+            )
+        )
+        if record.total_batches >= trial.total_batches:
+            trial.latest_checkpoint = record.uuid
+            trial.total_batches = record.total_batches
 
     def get_checkpoint(self, uuid: str) -> CheckpointRecord:
         with self.read() as s:
@@ -473,13 +498,20 @@ class Store:
         self, agent_id: str, *, slot_type: str, slots: int, devices: list[Any], address: str = ""
     ) -> None:
         """Insert or refresh an agent (idempotent: a reconnect re-registers)."""
-        with self.write() as s:
-            agent = s.get(Agent, agent_id)
-            if agent is None:
-                agent = Agent(id=agent_id)
-                s.add(agent)
-            agent.slot_type, agent.slots, agent.devices = slot_type, slots, list(devices)
-            agent.address, agent.state, agent.last_heartbeat = address, "ACTIVE", _now()
+        for attempt in range(2):
+            try:
+                with self.write() as s:
+                    agent = s.get(Agent, agent_id)
+                    if agent is None:
+                        agent = Agent(id=agent_id)
+                        s.add(agent)
+                    agent.slot_type, agent.slots = slot_type, slots
+                    agent.devices, agent.address = list(devices), address
+                    agent.state, agent.last_heartbeat = "ACTIVE", _now()
+                return
+            except IntegrityError:
+                if attempt == 1:
+                    raise  # a concurrent first registration won: the retry updates it
 
     def heartbeat(self, agent_id: str) -> None:
         with self.write() as s:
@@ -514,18 +546,23 @@ class Store:
         self, allocation_id: str, *, trial_id: int, run_id: int, placement: list[Any]
     ) -> None:
         """Record slots given to a trial's run (a retry with the same id is a no-op)."""
-        with self.write() as s:
-            if s.get(Allocation, allocation_id) is not None:
-                return
-            s.add(
-                Allocation(
-                    id=allocation_id,
-                    trial_id=trial_id,
-                    run_id=run_id,
-                    state="ASSIGNED",
-                    placement=placement,
+        try:
+            with self.write() as s:
+                if s.get(Allocation, allocation_id) is not None:
+                    return
+                s.add(
+                    Allocation(
+                        id=allocation_id,
+                        trial_id=trial_id,
+                        run_id=run_id,
+                        state="ASSIGNED",
+                        placement=placement,
+                    )
                 )
-            )
+        except IntegrityError:
+            with self.read() as s:
+                if s.get(Allocation, allocation_id) is None:
+                    raise
 
     def set_allocation_state(self, allocation_id: str, state: str, *, ended: bool = False) -> None:
         with self.write() as s:
@@ -553,7 +590,9 @@ class Store:
         if not lines:
             return 0
         with self.write() as s:
-            if s.get(Trial, trial_id) is None:
+            # Appends of one trial are serialised, so ids become visible in order and a
+            # follower reading "after id N" never skips a line committed late.
+            if s.get(Trial, trial_id, with_for_update=True) is None:
                 raise NotFoundError(f"trial {trial_id} does not exist")
             s.execute(
                 insert(TaskLog),

@@ -191,8 +191,11 @@ def test_bad_metric_values_are_refused(store: Store) -> None:
     for bad in ("high", True, [1.0]):
         with pytest.raises(InvalidArgumentError, match="must be a number"):
             store.report_metrics(tid, run, "training", [MetricReport(1, {"loss": bad})])  # type: ignore[dict-item]
-    with pytest.raises(InvalidArgumentError, match="non-negative"):
-        store.report_metrics(tid, run, "training", [MetricReport(-1, {"loss": 1.0})])
+    for batches in (-1, 2**63):
+        with pytest.raises(InvalidArgumentError, match="integer from 0 to"):
+            store.report_metrics(tid, run, "training", [MetricReport(batches, {"loss": 1.0})])
+    with pytest.raises(InvalidArgumentError, match="too large for a float"):
+        store.report_metrics(tid, run, "training", [MetricReport(1, {"loss": 10**400})])
     with pytest.raises(InvalidArgumentError, match="group"):
         store.report_metrics(tid, run, "", [MetricReport(1, {"loss": 1.0})])
 
@@ -383,3 +386,71 @@ def test_concurrent_writers_never_see_a_locked_database(store: Store) -> None:
     assert errors == []
     for trial_id in [*others, tid]:
         assert _metric_rows(store, trial_id) == 1000
+
+
+# --- edge cases found in review -----------------------------------------------------------
+
+
+def test_concurrent_restarts_get_distinct_run_ids(store: Store) -> None:
+    _, tid, first = _trial(store)
+    runs: list[int] = []
+    lock = threading.Lock()
+
+    def restart() -> None:
+        run = store.start_run(tid)
+        with lock:
+            runs.append(run)
+
+    threads = [threading.Thread(target=restart) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(runs) == list(range(first + 1, first + 9))
+    assert store.get_trial(tid).run_id == first + 8
+
+
+def test_short_curves_keep_their_extremes_too(store: Store) -> None:
+    import random
+
+    _, tid, run = _trial(store)
+    rng = random.Random(4)
+    values = [rng.gauss(0, 1) for _ in range(300)]
+    store.report_metrics(
+        tid, run, "training", [MetricReport(b, {"x": v}) for b, v in enumerate(values)]
+    )
+    curve = store.trial_curve(tid, "x", group="training", max_points=20)
+    assert len(curve) == 20
+    ys = [y for _, y in curve]
+    assert min(values) in ys
+    assert max(values) in ys
+
+
+def test_huge_batch_counts_come_back_exactly(store: Store) -> None:
+    _, tid, run = _trial(store)
+    top = 2**63 - 1
+    store.report_metrics(
+        tid, run, "training", [MetricReport(2**53 + 1, {"x": 1.0}), MetricReport(top, {"x": 2.0})]
+    )
+    assert store.trial_curve(tid, "x", group="training") == [(2**53 + 1, 1.0), (top, 2.0)]
+
+
+def test_checkpoint_retries_after_a_restart_are_still_noops(store: Store) -> None:
+    _, tid, run = _trial(store)
+    record = CheckpointRecord("c1", tid, run, 10, "COMPLETED", "/c1", {"m.pt": 1})
+    store.add_checkpoint(record)
+    store.start_run(tid)
+    store.add_checkpoint(record)  # the same content: fine, though run 1 is over
+    with pytest.raises(ConflictError, match="other content"):
+        store.add_checkpoint(CheckpointRecord("c1", tid, run, 10, "COMPLETED", "/c1", {"m.pt": 2}))
+
+
+def test_sorting_places_missing_values_last_on_every_engine(store: Store) -> None:
+    done = store.create_experiment(name="done", owner="a", config={}, model_definition=b"")
+    running = store.create_experiment(name="running", owner="a", config={}, model_definition=b"")
+    import datetime as dt
+
+    store.update_experiment(done, end_time=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    for descending in (True, False):
+        page = store.list_experiments(sort="end_time", descending=descending)
+        assert [e.id for e in page.items] == [done, running]

@@ -127,3 +127,37 @@ def test_databases_of_past_schema_versions_upgrade_with_their_data(
     assert store.get_checkpoint("c-0001").files == {"models.pt": 123}
     assert [line.message for line in store.tail_logs(trial.id)] == ["hello from 0001"]
     store.close()
+
+
+def test_a_table_rebuilding_upgrade_keeps_child_rows(tmp_path: Path, db_url: str) -> None:
+    # SQLite rebuilds a table to alter it; a cascade on the DROP would empty its children.
+    import shutil
+
+    from assay.master.store import MetricReport
+    from assay.master.store._migrate import MIGRATIONS
+
+    location = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS, location)
+    (location / "versions" / "0002_widen_request_id.py").write_text(
+        '"""widen trials.request_id"""\n'
+        "import sqlalchemy as sa\n"
+        "from alembic import op\n\n"
+        'revision = "0002"\n'
+        'down_revision = "0001"\n'
+        "branch_labels = None\n"
+        "depends_on = None\n\n\n"
+        "def upgrade() -> None:\n"
+        '    with op.batch_alter_table("trials") as batch:\n'
+        '        batch.alter_column("request_id", type_=sa.String(128))\n\n\n'
+        "def downgrade() -> None:\n"
+        "    pass\n"
+    )
+    store = Store.open(db_url)
+    eid = store.create_experiment(name="e", owner="a", config={}, model_definition=b"")
+    tid = store.create_trial(eid, request_id="r", hparams={}, seed=0)
+    run = store.start_run(tid)
+    store.report_metrics(tid, run, "training", [MetricReport(b, {"loss": 1.0}) for b in range(5)])
+    assert migrate(store.engine, location) == "0002"
+    assert len(store.trial_curve(tid, "loss", group="training")) == 5
+    assert store.get_trial(tid).request_id == "r"
+    store.close()

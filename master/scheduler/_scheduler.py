@@ -1,0 +1,210 @@
+"""The `Scheduler`: agents and their slot allocations, and the greedy placement of requests."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from assay.master.scheduler import _snapshot
+from assay.master.scheduler._placement import choose_agents, largest_placement
+from assay.master.scheduler._types import (
+    SLOT_TYPES,
+    Agent,
+    Assignment,
+    Decision,
+    Placement,
+    Request,
+)
+
+
+class Scheduler:
+    """Which request holds which slot of which agent; decides where pending requests go.
+
+    Pure: no I/O, clocks, threads or randomness. The caller owns the pending queue and
+    the durable record; this object holds only agents and allocations, which `to_json`
+    snapshots and `from_json` restores exactly.
+
+    `schedule` is plain greedy backfill in (priority, order) order: a request that does
+    not fit is skipped and later, lower-priority requests may still take the free slots.
+    A large request can therefore starve behind a stream of small ones; preemption will
+    address that later.
+    """
+
+    def __init__(self) -> None:
+        self._agents: dict[str, Agent] = {}
+        self._owners: dict[str, dict[int, str]] = {}  # agent id -> slot -> request id
+        self._allocations: dict[str, Placement] = {}
+
+    # -- agents --------------------------------------------------------------------------
+
+    @property
+    def agents(self) -> tuple[Agent, ...]:
+        return tuple(self._agents.values())
+
+    def add_agent(self, agent: Agent) -> None:
+        if agent.id in self._agents:
+            raise ValueError(f"duplicate agent id {agent.id!r}: remove the old agent first")
+        self._agents[agent.id] = agent
+        self._owners[agent.id] = {}
+
+    def remove_agent(self, agent_id: str) -> list[str]:
+        """Forget an agent; returns the ids of requests that held slots on it, sorted.
+
+        Those requests lose their slots on every agent, so the caller can requeue them.
+        """
+        evicted = self._holders(agent_id)
+        for request_id in evicted:
+            self.release(request_id)
+        del self._agents[agent_id], self._owners[agent_id]
+        return evicted
+
+    def set_agent_enabled(self, agent_id: str, enabled: bool, *, drain: bool = True) -> list[str]:
+        """Enable or disable placement on an agent; returns the ids of evicted requests.
+
+        Disabling with `drain=True` (the default) lets running allocations finish and
+        returns []; with `drain=False` their slots are freed everywhere, as for
+        `remove_agent`, and their ids are returned for the caller to requeue.
+        """
+        evicted = [] if enabled or drain else self._holders(agent_id)
+        self._agents[agent_id] = dataclasses.replace(self._agent(agent_id), enabled=enabled)
+        for request_id in evicted:
+            self.release(request_id)
+        return evicted
+
+    def free_slots(self, agent_id: str) -> tuple[int, ...]:
+        """The agent's unallocated slot indices, ascending (also when it is disabled)."""
+        agent, owners = self._agent(agent_id), self._owners[agent_id]
+        return tuple(s for s in range(agent.slots) if s not in owners)
+
+    # -- allocations ---------------------------------------------------------------------
+
+    @property
+    def allocations(self) -> dict[str, Placement]:
+        return dict(self._allocations)
+
+    def allocation_of(self, request_id: str) -> Placement | None:
+        return self._allocations.get(request_id)
+
+    def release(self, request_id: str) -> bool:
+        """Free a request's slots; False if it held none (so a retried release is harmless)."""
+        placement = self._allocations.pop(request_id, None)
+        if placement is None:
+            return False
+        for agent_id, slots in placement:
+            owners = self._owners[agent_id]
+            for slot in slots:
+                del owners[slot]
+        return True
+
+    def schedule(self, pending: Sequence[Request]) -> Decision:
+        """Place what fits of `pending`, record it as allocated, and return the decision.
+
+        Requests are considered by (priority, order, id). Each goes to one agent if any
+        has room (best fit), else is split equally over the fewest agents that allow it
+        (see `choose_agents`). Requests that could not run even on an idle cluster are
+        listed in `unschedulable` with the reason (too large, or not splittable equally
+        over the enabled agents); they stay the caller's to keep, since agents may join.
+        """
+        self._check_pending(pending)
+        enabled = [a for a in self._agents.values() if a.enabled]
+        free = {a.id: a.slots - len(self._owners[a.id]) for a in enabled}
+        by_kind = {kind: [a for a in enabled if a.slot_type == kind] for kind in SLOT_TYPES}
+        largest = {kind: largest_placement(a.slots for a in by_kind[kind]) for kind in SLOT_TYPES}
+        decision = Decision()
+        for request in sorted(pending, key=lambda r: r.rank):
+            kind = request.slot_type
+            idle = ((a.id, a.slots) for a in by_kind[kind])
+            if request.slots > largest[kind] or choose_agents(request.slots, idle) is None:
+                decision.unschedulable.append((request.id, _why(request, largest[kind])))
+                continue
+            chosen = choose_agents(request.slots, ((a.id, free[a.id]) for a in by_kind[kind]))
+            if chosen is None:
+                continue
+            placement = tuple((agent_id, self._lowest_free(agent_id, n)) for agent_id, n in chosen)
+            self._hold(request.id, placement)
+            for agent_id, n in chosen:
+                free[agent_id] -= n
+            decision.assignments.append(Assignment(request.id, placement))
+        return decision
+
+    # -- snapshots -----------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole state as JSON-native values; `from_json` restores it exactly."""
+        return _snapshot.dump(self._agents, self._allocations)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Scheduler:
+        agents, allocations = _snapshot.load(data)
+        scheduler = cls()
+        for agent in agents:
+            scheduler.add_agent(agent)
+        for request_id, placement in allocations:
+            scheduler._hold(request_id, placement)
+        return scheduler
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _agent(self, agent_id: str) -> Agent:
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            raise ValueError(f"unknown agent {agent_id!r}")
+        return agent
+
+    def _holders(self, agent_id: str) -> list[str]:
+        self._agent(agent_id)
+        return sorted(set(self._owners[agent_id].values()))
+
+    def _lowest_free(self, agent_id: str, count: int) -> tuple[int, ...]:
+        owners = self._owners[agent_id]
+        candidates = (s for s in range(self._agents[agent_id].slots) if s not in owners)
+        return tuple(itertools.islice(candidates, count))
+
+    def _hold(self, request_id: str, placement: Placement) -> None:
+        """Record an allocation, refusing one that would double-book or name no slot."""
+        if request_id in self._allocations:
+            raise ValueError(f"request {request_id!r} already holds an allocation")
+        for agent_id, slots in placement:
+            agent, owners = self._agent(agent_id), self._owners[agent_id]
+            for slot in slots:
+                if not 0 <= slot < agent.slots:
+                    raise ValueError(
+                        f"slot {slot} of agent {agent_id!r} is outside 0..{agent.slots - 1}"
+                    )
+                if slot in owners:
+                    raise ValueError(
+                        f"slot {slot} of agent {agent_id!r} is already held by {owners[slot]!r}"
+                    )
+        if len({a for a, _ in placement}) != len(placement) or any(
+            len(set(slots)) != len(slots) for _, slots in placement
+        ):
+            raise ValueError(f"allocation {request_id!r} names an agent or slot twice")
+        for agent_id, slots in placement:
+            self._owners[agent_id].update(dict.fromkeys(slots, request_id))
+        self._allocations[request_id] = placement
+
+    def _check_pending(self, pending: Sequence[Request]) -> None:
+        seen: set[str] = set()
+        for request in pending:
+            if request.id in seen:
+                raise ValueError(f"request {request.id!r} is pending twice")
+            if request.id in self._allocations:
+                raise ValueError(
+                    f"request {request.id!r} is pending but already holds an allocation; "
+                    "release it first"
+                )
+            seen.add(request.id)
+
+
+def _why(request: Request, largest: int) -> str:
+    need = f"needs {request.slots} {request.slot_type} slots"
+    if largest == 0:
+        return f"{need}; the cluster has no enabled {request.slot_type} agents"
+    if request.slots > largest:
+        return f"{need}; the largest placement the cluster allows is {largest}"
+    return (
+        f"{need}; they cannot be split equally over the enabled {request.slot_type} agents "
+        f"(the largest placement the cluster allows is {largest})"
+    )

@@ -1,0 +1,113 @@
+"""The plain values the scheduler takes and returns; each checks its own fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+SlotType = Literal["cpu", "cuda"]
+SLOT_TYPES: tuple[SlotType, ...] = ("cpu", "cuda")
+
+MIN_PRIORITY = 1
+MAX_PRIORITY = 99
+DEFAULT_PRIORITY = 42
+
+# ((agent_id, (slot, ...)), ...), sorted by agent id; slots ascending.
+Placement = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def _check_id(kind: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{kind} id must be a non-empty string, got {value!r}")
+
+
+def _check_slot_type(kind: str, value: object) -> None:
+    if value not in SLOT_TYPES:
+        raise ValueError(f"{kind} slot_type must be one of {SLOT_TYPES}, got {value!r}")
+
+
+def _check_int(what: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A machine offering `slots` slots of one type, indexed 0..slots-1.
+
+    A disabled agent keeps its running allocations but receives no new ones.
+    """
+
+    id: str
+    slots: int
+    slot_type: SlotType
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        _check_id("agent", self.id)
+        _check_int(f"agent {self.id!r} slots", self.slots, 1)
+        _check_slot_type(f"agent {self.id!r}", self.slot_type)
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"agent {self.id!r} enabled must be a bool, got {self.enabled!r}")
+
+
+@dataclass(frozen=True)
+class Request:
+    """A gang request: `slots` slots of `slot_type`, all at once or not at all.
+
+    Pending requests run by `priority` (1..99, lower first), then by `order`, the
+    submission sequence number. `group` (the experiment) is kept for fair share later.
+    """
+
+    id: str
+    slots: int
+    slot_type: SlotType
+    priority: int = DEFAULT_PRIORITY
+    order: int = 0
+    group: str = ""
+
+    def __post_init__(self) -> None:
+        _check_id("request", self.id)
+        _check_int(f"request {self.id!r} slots", self.slots, 1)
+        _check_slot_type(f"request {self.id!r}", self.slot_type)
+        if (
+            isinstance(self.priority, bool)
+            or not isinstance(self.priority, int)
+            or not MIN_PRIORITY <= self.priority <= MAX_PRIORITY
+        ):
+            raise ValueError(
+                f"request {self.id!r} priority must be an integer in "
+                f"{MIN_PRIORITY}..{MAX_PRIORITY}, got {self.priority!r}"
+            )
+        _check_int(f"request {self.id!r} order", self.order, 0)
+        if not isinstance(self.group, str):
+            raise ValueError(f"request {self.id!r} group must be a string, got {self.group!r}")
+
+    @property
+    def rank(self) -> tuple[int, int, str]:
+        """The key pending requests are considered by; the id only breaks exact ties."""
+        return (self.priority, self.order, self.id)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Slots given to one request: `placement` is ((agent_id, (slot, ...)), ...)."""
+
+    request_id: str
+    placement: Placement
+
+    @property
+    def slots(self) -> int:
+        return sum(len(slots) for _, slots in self.placement)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one `Scheduler.schedule` call decided.
+
+    `unschedulable` pairs a request id with why it can never run on the agents there are
+    now (it stays pending: a larger agent may join).
+    """
+
+    assignments: list[Assignment] = field(default_factory=list)
+    unschedulable: list[tuple[str, str]] = field(default_factory=list)

@@ -273,6 +273,9 @@ class StartAllocation(_message.Message):
     CHECKPOINT_LOCATION_FIELD_NUMBER: _builtins.int
     TRIAL_API_FIELD_NUMBER: _builtins.int
     TOKEN_FIELD_NUMBER: _builtins.int
+    HPARAMS_JSON_FIELD_NUMBER: _builtins.int
+    TRIAL_SEED_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ROOT_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     trial_id: _builtins.int
     run_id: _builtins.int
@@ -291,6 +294,11 @@ class StartAllocation(_message.Message):
     """host:port of the master's TrialService for the harness"""
     token: _builtins.str
     """authenticates the harness's calls for this allocation"""
+    hparams_json: _builtins.str
+    """the trial's hyperparameters, chosen by the searcher"""
+    trial_seed: _builtins.int
+    checkpoint_root: _builtins.str
+    """where the harness writes new checkpoints (shared_fs)"""
     @_builtins.property
     def slots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Slot indices of this agent to use, one process each."""
@@ -317,10 +325,13 @@ class StartAllocation(_message.Message):
         checkpoint_location: _builtins.str = ...,
         trial_api: _builtins.str = ...,
         token: _builtins.str = ...,
+        hparams_json: _builtins.str = ...,
+        trial_seed: _builtins.int = ...,
+        checkpoint_root: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "checkpoint_location", b"checkpoint_location", "checkpoint_uuid", b"checkpoint_uuid", "config_json", b"config_json", "experiment_id", b"experiment_id", "master_addr", b"master_addr", "master_port", b"master_port", "model_definition", b"model_definition", "ranks", b"ranks", "run_id", b"run_id", "slots", b"slots", "token", b"token", "trial_api", b"trial_api", "trial_id", b"trial_id", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "checkpoint_location", b"checkpoint_location", "checkpoint_root", b"checkpoint_root", "checkpoint_uuid", b"checkpoint_uuid", "config_json", b"config_json", "experiment_id", b"experiment_id", "hparams_json", b"hparams_json", "master_addr", b"master_addr", "master_port", b"master_port", "model_definition", b"model_definition", "ranks", b"ranks", "run_id", b"run_id", "slots", b"slots", "token", b"token", "trial_api", b"trial_api", "trial_id", b"trial_id", "trial_seed", b"trial_seed", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

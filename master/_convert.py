@@ -1,0 +1,107 @@
+"""Store records -> proto messages (the one API definition, also behind the JSON API)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from assay.master.store import CheckpointRecord, ExperimentRecord, LogLine, TrialRecord
+from assay.proto import common_pb2
+
+
+def timestamp(value: dt.datetime | None) -> Timestamp | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    out = Timestamp()
+    out.FromDatetime(value)
+    return out
+
+
+def experiment(
+    record: ExperimentRecord, *, num_trials: int = 0, best: float | None = None
+) -> common_pb2.Experiment:
+    message = common_pb2.Experiment(
+        id=record.id,
+        name=record.name,
+        description=record.description,
+        owner=record.owner,
+        state=common_pb2.ExperimentState.Value(f"EXPERIMENT_STATE_{record.state}"),
+        labels=list(record.labels),
+        priority=record.priority,
+        progress=record.progress,
+        archived=record.archived,
+        searcher=str(record.config.get("searcher", {}).get("name", "")),
+        num_trials=num_trials,
+        start_time=timestamp(record.start_time),
+        end_time=timestamp(record.end_time),
+    )
+    message.config.update(_jsonable(record.config))
+    if best is not None:
+        message.best_validation = best
+    return message
+
+
+def trial(record: TrialRecord) -> common_pb2.Trial:
+    message = common_pb2.Trial(
+        id=record.id,
+        experiment_id=record.experiment_id,
+        state=common_pb2.TrialState.Value(f"TRIAL_STATE_{record.state}"),
+        seed=record.seed,
+        run_id=record.run_id,
+        restarts=record.restarts,
+        total_batches=record.total_batches,
+        latest_checkpoint=record.latest_checkpoint or "",
+        start_time=timestamp(record.start_time),
+        end_time=timestamp(record.end_time),
+    )
+    message.hparams.update(_jsonable(record.hparams))
+    if record.best_validation is not None:
+        message.best_validation = record.best_validation
+    return message
+
+
+def checkpoint(record: CheckpointRecord, experiment_id: int) -> common_pb2.Checkpoint:
+    sha = dict(record.user_metadata.get("sha256", {}))
+    message = common_pb2.Checkpoint(
+        uuid=record.uuid,
+        trial_id=record.trial_id,
+        experiment_id=experiment_id,
+        run_id=record.run_id,
+        total_batches=record.total_batches,
+        state=common_pb2.CheckpointState.Value(f"CHECKPOINT_STATE_{record.state}"),
+        location=record.location,
+        files=[
+            common_pb2.CheckpointFile(name=n, size_bytes=s, sha256=str(sha.get(n, "")))
+            for n, s in sorted(record.files.items())
+        ],
+        validation_metrics={
+            k: float(v) for k, v in dict(record.user_metadata.get("validation_metrics", {})).items()
+        },
+    )
+    return message
+
+
+def log_line(line: LogLine, trial_id: int) -> common_pb2.LogLine:
+    return common_pb2.LogLine(
+        id=line.id,
+        trial_id=trial_id,
+        run_id=line.run_id,
+        rank=line.rank,
+        stream=line.stream,
+        level=line.level or "",
+        timestamp=timestamp(line.timestamp),
+        message=line.message,
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    """Struct holds JSON: tuples become lists, other scalars stay as they are."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value

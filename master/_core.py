@@ -1,0 +1,610 @@
+"""The master's brain: experiments -> trials -> gang requests -> allocations on agents.
+
+All state transitions happen under one lock and are written to the store before the
+master acts on them (DESIGN.md: "The database is the truth"). Placement decisions come
+from the pure `Scheduler`; this module turns them into messages for agents. Metric
+reports bypass the lock: the store fences and deduplicates them by itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import logging
+import queue
+import random
+import secrets
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from assay.config import ExperimentConfig, LengthUnit, parse_config, sample_hparams
+from assay.errors import InvalidConfigError
+from assay.master._config import MasterConfig
+from assay.master._errors import PermissionDeniedError
+from assay.master.scheduler import Agent, Request, Scheduler, SlotType
+from assay.master.store import CheckpointRecord, MetricReport, Store
+from assay.master.store.errors import ConflictError, InvalidArgumentError, NotFoundError
+from assay.proto import agent_pb2, common_pb2
+
+log = logging.getLogger("assay.master")
+
+MAX_MODEL_DEF_BYTES = 96 * 2**20
+TERMINAL_EXPERIMENT = {"COMPLETED", "CANCELED", "ERROR"}
+TERMINAL_TRIAL = {"COMPLETED", "CANCELED", "ERROR"}
+SEARCHERS_AVAILABLE = ("single",)
+
+
+@dataclass
+class AgentHandle:
+    id: str
+    slot_type: str
+    slots: int
+    address: str
+    devices: list[common_pb2.Device]
+    memory_bytes: int
+    outbox: queue.Queue[agent_pb2.MasterMessage | None] = field(default_factory=queue.Queue)
+    connected: bool = True
+    enabled: bool = True
+    last_heartbeat: float = field(default_factory=time.time)
+    cpu_utilization: float = 0.0
+    memory_used_fraction: float = 0.0
+
+
+@dataclass
+class Run:
+    """One allocation: a trial's run on its slots."""
+
+    allocation_id: str
+    trial_id: int
+    run_id: int
+    experiment_id: int
+    placement: tuple[tuple[str, tuple[int, ...]], ...]
+    token: str
+    exit_codes: dict[str, list[int]] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+    stopping: str | None = None  # pause | cancel | kill
+    completed: bool = False
+    lost: bool = False  # an agent vanished: not the user's fault
+
+
+class Master:
+    """Owns the scheduler, the agent connections and the runs; persists to `store`."""
+
+    def __init__(self, config: MasterConfig, store: Store) -> None:
+        self.config = config
+        self.store = store
+        self.cluster_id = str(uuid.uuid4())
+        self.lock = threading.RLock()
+        self.scheduler = Scheduler()
+        self.agents: dict[str, AgentHandle] = {}
+        self.runs: dict[str, Run] = {}  # by allocation id
+        self.run_of_trial: dict[int, str] = {}
+        self.tokens: dict[str, str] = {}  # token -> allocation id
+        self.queued: dict[int, Request] = {}  # trial id -> request
+        self.configs: dict[int, ExperimentConfig] = {}
+        self._order = 0
+        self.changed = threading.Condition(self.lock)
+        self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
+        self._recover()
+
+    # --- start-up -------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Requeue the unfinished trials of every active experiment (after a restart)."""
+        for experiment in self.store.list_experiments(limit=1000).items:
+            if experiment.state in TERMINAL_EXPERIMENT:
+                continue
+            config = parse_config(experiment.config)
+            self.configs[experiment.id] = config
+            for trial in self.store.list_trials(experiment.id):
+                if trial.state in ("RUNNING", "QUEUED", "STOPPING"):
+                    if experiment.state == "ACTIVE":
+                        self.store.update_trial(trial.id, state="QUEUED")
+                        self._enqueue(trial.id, config, experiment.priority)
+                    else:
+                        self.store.update_trial(trial.id, state="PAUSED")
+
+    # --- experiments ----------------------------------------------------------------------
+
+    def create_experiment(
+        self, config_yaml: str, model_definition: bytes, *, activate: bool, owner: str = "admin"
+    ) -> int:
+        try:
+            raw = yaml.safe_load(config_yaml)
+        except yaml.YAMLError as e:
+            raise InvalidArgumentError(f"the config is not valid YAML: {e}") from None
+        try:
+            config = parse_config(raw)
+        except InvalidConfigError as e:
+            raise InvalidArgumentError(str(e)) from None
+        _check_cluster_config(config)
+        _check_model_definition(model_definition)
+        with self.lock:
+            state = "ACTIVE" if activate else "PAUSED"
+            experiment_id = self.store.create_experiment(
+                name=config.name,
+                owner=owner,
+                config=dict(config.raw),
+                model_definition=model_definition,
+                state=state,
+                description=config.description,
+                labels=config.labels,
+                priority=config.resources.priority,
+            )
+            self.configs[experiment_id] = config
+            seed = config.experiment_seed
+            hparams = sample_hparams(config.hyperparameters, random.Random(seed))
+            trial_id = self.store.create_trial(
+                experiment_id,
+                request_id="single-0",
+                hparams=hparams,
+                seed=seed,
+                state="QUEUED" if activate else "PAUSED",
+            )
+            if activate:
+                self._enqueue(trial_id, config, config.resources.priority)
+                self._schedule()
+            self.changed.notify_all()
+            return experiment_id
+
+    def experiment_action(self, experiment_id: int, action: str) -> None:
+        with self.lock:
+            experiment = self.store.get_experiment(experiment_id)
+            state = experiment.state
+            allowed = _ALLOWED_ACTIONS[action]
+            if state not in allowed:
+                raise ConflictError(
+                    f"cannot {action} experiment {experiment_id}: it is {state}; {action} "
+                    f"applies to {', '.join(sorted(allowed))} experiments"
+                )
+            getattr(self, f"_{action}")(experiment_id)
+            self.changed.notify_all()
+
+    def _pause(self, experiment_id: int) -> None:
+        self.store.update_experiment(experiment_id, state="PAUSED")
+        self._stop_trials(experiment_id, "pause", queued_state="PAUSED")
+
+    def _activate(self, experiment_id: int) -> None:
+        self.store.update_experiment(experiment_id, state="ACTIVE")
+        config = self.configs[experiment_id]
+        for trial in self.store.list_trials(experiment_id):
+            if trial.state == "PAUSED":
+                self.store.update_trial(trial.id, state="QUEUED")
+                self._enqueue(trial.id, config, config.resources.priority)
+        self._schedule()
+
+    def _cancel(self, experiment_id: int) -> None:
+        self.store.update_experiment(experiment_id, state="STOPPING_CANCELED")
+        self._stop_trials(experiment_id, "cancel", queued_state="CANCELED")
+        self._settle_experiment(experiment_id)
+
+    def _kill(self, experiment_id: int) -> None:
+        self.store.update_experiment(experiment_id, state="STOPPING_KILLED")
+        self._stop_trials(experiment_id, "kill", queued_state="CANCELED")
+        self._settle_experiment(experiment_id)
+
+    def _archive(self, experiment_id: int) -> None:
+        self.store.update_experiment(experiment_id, archived=True)
+
+    def _unarchive(self, experiment_id: int) -> None:
+        self.store.update_experiment(experiment_id, archived=False)
+
+    def _stop_trials(self, experiment_id: int, how: str, *, queued_state: str) -> None:
+        for trial in self.store.list_trials(experiment_id):
+            if trial.state in TERMINAL_TRIAL:
+                continue
+            run_id = self.run_of_trial.get(trial.id)
+            if run_id is not None:
+                run = self.runs[run_id]
+                run.stopping = how
+                self.store.update_trial(trial.id, state="STOPPING")
+                self._send_kill(run, graceful=how != "kill")
+            else:
+                self.queued.pop(trial.id, None)
+                self.store.update_trial(trial.id, state=queued_state)
+
+    # --- scheduling -----------------------------------------------------------------------
+
+    def _enqueue(self, trial_id: int, config: ExperimentConfig, priority: int) -> None:
+        self._order += 1
+        self.queued[trial_id] = Request(
+            id=str(trial_id),
+            slots=config.resources.slots_per_trial,
+            slot_type="cpu" if self._cluster_slot_type() == "cpu" else "cuda",
+            priority=priority,
+            order=self._order,
+        )
+
+    def _cluster_slot_type(self) -> SlotType:
+        types = {a.slot_type for a in self.agents.values() if a.connected}
+        return "cuda" if types == {"cuda"} else "cpu"
+
+    def _schedule(self) -> None:
+        if not self.queued:
+            return
+        pending = [_with_type(r, self._cluster_slot_type()) for r in self.queued.values()]
+        decision = self.scheduler.schedule(pending)
+        for assignment in decision.assignments:
+            trial_id = int(assignment.request_id)
+            self.queued.pop(trial_id, None)
+            try:
+                self._start(trial_id, assignment.placement)
+            except Exception:
+                log.exception("could not start trial %d", trial_id)
+                self.scheduler.release(assignment.request_id)
+                self.store.update_trial(trial_id, state="ERROR", end_time=_now())
+
+    def _start(self, trial_id: int, placement: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
+        trial = self.store.get_trial(trial_id)
+        config = self.configs[trial.experiment_id]
+        restore: CheckpointRecord | None = None
+        if trial.latest_checkpoint:
+            restore = self.store.get_checkpoint(trial.latest_checkpoint)
+        run_id = self.store.start_run(
+            trial_id, restored_batches=restore.total_batches if restore else None
+        )
+        allocation_id = f"{trial_id}.{run_id}.{uuid.uuid4().hex[:8]}"
+        token = secrets.token_urlsafe(24)
+        self.store.create_allocation(
+            allocation_id,
+            trial_id=trial_id,
+            run_id=run_id,
+            placement=[{"agent_id": a, "slots": list(s)} for a, s in placement],
+        )
+        self.store.update_trial(trial_id, state="RUNNING", start_time=trial.start_time or _now())
+        run = Run(allocation_id, trial_id, run_id, trial.experiment_id, placement, token)
+        self.runs[allocation_id] = run
+        self.run_of_trial[trial_id] = allocation_id
+        self.tokens[token] = allocation_id
+        model = self.store.get_model_definition(trial.experiment_id)
+        world = sum(len(slots) for _, slots in placement)
+        chief = self.agents[placement[0][0]]
+        port = 20000 + random.randrange(20000)
+        rank = 0
+        for agent_id, slots in placement:
+            ranks = list(range(rank, rank + len(slots)))
+            rank += len(slots)
+            message = agent_pb2.StartAllocation(
+                allocation_id=allocation_id,
+                trial_id=trial_id,
+                run_id=run_id,
+                experiment_id=trial.experiment_id,
+                slots=list(slots),
+                ranks=ranks,
+                world_size=world,
+                master_addr=chief.address or "127.0.0.1",
+                master_port=port,
+                model_definition=model,
+                config_json=json.dumps(dict(config.raw)),
+                checkpoint_uuid=restore.uuid if restore else "",
+                checkpoint_location=restore.location if restore else "",
+                trial_api=self.trial_api,
+                token=token,
+                hparams_json=json.dumps(dict(trial.hparams)),
+                trial_seed=trial.seed,
+                checkpoint_root=str(self._checkpoint_root(config)),
+            )
+            self.agents[agent_id].outbox.put(agent_pb2.MasterMessage(start=message))
+        log.info("trial %d run %d started on %s", trial_id, run_id, placement)
+
+    def _checkpoint_root(self, config: ExperimentConfig) -> str:
+        storage = config.checkpoint_storage
+        if storage.host_path:
+            return str(storage.host_path) + (
+                f"/{storage.storage_path}" if storage.storage_path else ""
+            )
+        return str(self.config.checkpoint_root)
+
+    def _send_kill(self, run: Run, *, graceful: bool) -> None:
+        kill = agent_pb2.KillAllocation(
+            allocation_id=run.allocation_id,
+            graceful=graceful,
+            grace_seconds=int(self.config.kill_grace_s),
+        )
+        for agent_id, _ in run.placement:
+            handle = self.agents.get(agent_id)
+            if handle is not None and handle.connected:
+                handle.outbox.put(agent_pb2.MasterMessage(kill=kill))
+
+    # --- agents ---------------------------------------------------------------------------
+
+    def register_agent(self, register: agent_pb2.Register, peer_host: str) -> AgentHandle:
+        slot_type = "cuda" if register.slot_type == common_pb2.SLOT_TYPE_CUDA else "cpu"
+        slots = len(register.devices)
+        if slots < 1:
+            raise InvalidArgumentError(f"agent {register.agent_id!r} offers no slots")
+        with self.lock:
+            old = self.agents.get(register.agent_id)
+            if old is not None and old.connected:
+                raise ConflictError(f"an agent named {register.agent_id!r} is already connected")
+            if old is not None:
+                self._drop_agent(old.id)
+            handle = AgentHandle(
+                id=register.agent_id,
+                slot_type=slot_type,
+                slots=slots,
+                address=register.address or peer_host,
+                devices=list(register.devices),
+                memory_bytes=register.memory_bytes,
+            )
+            self.agents[handle.id] = handle
+            self.scheduler.add_agent(Agent(handle.id, slots, slot_type))  # type: ignore[arg-type]
+            self.store.register_agent(
+                handle.id,
+                slot_type=slot_type,
+                slots=slots,
+                devices=[{"name": d.name, "uuid": d.uuid} for d in register.devices],
+                address=handle.address,
+            )
+            for allocation_id in register.running_allocations:
+                if allocation_id not in self.runs:
+                    kill = agent_pb2.KillAllocation(allocation_id=allocation_id, graceful=False)
+                    handle.outbox.put(agent_pb2.MasterMessage(kill=kill))
+            log.info("agent %s connected with %d %s slots", handle.id, slots, slot_type)
+            self._schedule()
+            self.changed.notify_all()
+            return handle
+
+    def heartbeat(self, agent_id: str, beat: agent_pb2.Heartbeat) -> None:
+        with self.lock:
+            handle = self.agents.get(agent_id)
+            if handle is None:
+                return
+            handle.last_heartbeat = time.time()
+            handle.cpu_utilization = beat.cpu_utilization
+            handle.memory_used_fraction = beat.memory_used_fraction
+            if beat.devices:
+                handle.devices = list(beat.devices)
+
+    def agent_disconnected(self, agent_id: str) -> None:
+        with self.lock:
+            handle = self.agents.get(agent_id)
+            if handle is None or not handle.connected:
+                return
+            log.warning("agent %s disconnected", agent_id)
+            handle.connected = False
+            handle.outbox.put(None)
+            self._drop_agent(agent_id)
+            self.changed.notify_all()
+
+    def _drop_agent(self, agent_id: str) -> None:
+        affected = self.scheduler.remove_agent(agent_id)
+        self.store.set_agent_state(agent_id, "DISCONNECTED")
+        for request_id in affected:
+            allocation_id = self.run_of_trial.get(int(request_id))
+            if allocation_id is None:
+                continue
+            run = self.runs[allocation_id]
+            run.lost = True
+            self._send_kill(run, graceful=False)
+            self._finish_run(run)
+        self.agents.pop(agent_id, None)
+        self._schedule()
+
+    def set_agent_enabled(self, agent_id: str, enabled: bool) -> None:
+        with self.lock:
+            handle = self.agents.get(agent_id)
+            if handle is None:
+                raise NotFoundError(f"agent {agent_id!r} is not connected")
+            handle.enabled = enabled
+            self.scheduler.set_agent_enabled(agent_id, enabled)
+            self.store.set_agent_state(agent_id, "ACTIVE" if enabled else "DISABLED")
+            if enabled:
+                self._schedule()
+
+    def allocation_state(self, agent_id: str, change: agent_pb2.AllocationStateChange) -> None:
+        with self.lock:
+            run = self.runs.get(change.allocation_id)
+            if run is None:
+                return
+            if change.state == agent_pb2.ALLOCATION_STATE_RUNNING:
+                self.store.set_allocation_state(run.allocation_id, "RUNNING")
+                return
+            if change.state != agent_pb2.ALLOCATION_STATE_EXITED:
+                return
+            run.exit_codes[agent_id] = list(change.exit_codes)
+            if change.message:
+                run.messages.append(f"{agent_id}: {change.message}")
+            if all(a in run.exit_codes for a, _ in run.placement):
+                self._finish_run(run)
+                self._schedule()
+            self.changed.notify_all()
+
+    def ship_logs(self, batch: agent_pb2.LogBatch) -> None:
+        from assay.master.store import LogLine
+
+        run = self.runs.get(batch.allocation_id)
+        if run is None:
+            return
+        lines = [
+            LogLine(
+                message=line.message,
+                rank=line.rank,
+                stream=line.stream or "stdout",
+                level=line.level or None,
+                timestamp=line.timestamp.ToDatetime(dt.UTC) if line.HasField("timestamp") else None,
+            )
+            for line in batch.lines
+        ]
+        self.store.append_logs(run.trial_id, run.run_id, lines)
+
+    # --- the end of a run -----------------------------------------------------------------
+
+    def _finish_run(self, run: Run) -> None:
+        if run.allocation_id not in self.runs:
+            return
+        del self.runs[run.allocation_id]
+        self.tokens.pop(run.token, None)
+        self.run_of_trial.pop(run.trial_id, None)
+        self.scheduler.release(str(run.trial_id))
+        self.store.set_allocation_state(run.allocation_id, "TERMINATED", ended=True)
+        codes = [c for codes in run.exit_codes.values() for c in codes]
+        trial = self.store.get_trial(run.trial_id)
+        config = self.configs[run.experiment_id]
+        if run.stopping in ("cancel", "kill"):
+            self.store.update_trial(run.trial_id, state="CANCELED", end_time=_now())
+        elif run.stopping == "pause":
+            self.store.update_trial(run.trial_id, state="PAUSED")
+        elif run.completed and codes and all(c == 0 for c in codes):
+            self.store.update_trial(run.trial_id, state="COMPLETED", end_time=_now())
+        elif run.lost:
+            self.store.update_trial(run.trial_id, state="QUEUED")
+            self._enqueue(run.trial_id, config, config.resources.priority)
+        else:
+            restarts = trial.restarts + 1
+            why = "; ".join(run.messages) or f"exit codes {codes}"
+            if restarts <= config.max_restarts:
+                log.warning("trial %d failed (%s); restart %d", run.trial_id, why, restarts)
+                self.store.update_trial(run.trial_id, state="QUEUED", restarts=restarts)
+                self._enqueue(run.trial_id, config, config.resources.priority)
+            else:
+                log.warning("trial %d failed (%s); no restarts left", run.trial_id, why)
+                self.store.update_trial(
+                    run.trial_id, state="ERROR", restarts=trial.restarts, end_time=_now()
+                )
+        self._settle_experiment(run.experiment_id)
+
+    def _settle_experiment(self, experiment_id: int) -> None:
+        trials = self.store.list_trials(experiment_id)
+        experiment = self.store.get_experiment(experiment_id)
+        if not trials or any(t.state not in TERMINAL_TRIAL | {"PAUSED"} for t in trials):
+            return
+        states = {t.state for t in trials}
+        if experiment.state == "PAUSED" or "PAUSED" in states:
+            return
+        if "ERROR" in states:
+            final = "ERROR"
+        elif "CANCELED" in states:
+            final = "CANCELED"
+        else:
+            final = "COMPLETED"
+        progress = 1.0 if final == "COMPLETED" else experiment.progress
+        self.store.update_experiment(experiment_id, state=final, end_time=_now(), progress=progress)
+
+    # --- the harness's calls --------------------------------------------------------------
+
+    def run_for_token(self, token: str, trial_id: int, run_id: int) -> Run:
+        with self.lock:
+            allocation_id = self.tokens.get(token)
+            run = self.runs.get(allocation_id) if allocation_id else None
+        if run is None or run.trial_id != trial_id:
+            raise PermissionDeniedError(
+                f"this call for trial {trial_id} does not carry the token of a running "
+                "allocation of that trial"
+            )
+        return run
+
+    def next_operation(self, run: Run, total_batches: int) -> int | None:
+        if run.stopping is not None:
+            return None
+        config = self.configs[run.experiment_id]
+        target = config.searcher.max_length.value
+        return target if total_batches < target else None
+
+    def complete_operation(self, run: Run, total_batches: int, metric: float) -> None:
+        config = self.configs[run.experiment_id]
+        if total_batches >= config.searcher.max_length.value:
+            run.completed = True
+
+    def report_metrics(self, run: Run, group: str, reports: Sequence[MetricReport]) -> int:
+        stored = self.store.report_metrics(run.trial_id, run.run_id, group, reports)
+        config = self.configs[run.experiment_id]
+        latest = max((r.total_batches for r in reports), default=0)
+        fields: dict[str, Any] = {"total_batches": latest}
+        if group == "validation":
+            metric = config.searcher.metric
+            values = [v for r in reports if (v := r.values.get(metric)) is not None]
+            if values:
+                trial = self.store.get_trial(run.trial_id)
+                best = min(values) if config.searcher.smaller_is_better else max(values)
+                old = trial.best_validation
+                better = old is None or (
+                    best < old if config.searcher.smaller_is_better else best > old
+                )
+                if better:
+                    fields["best_validation"] = best
+        self.store.update_trial(run.trial_id, **fields)
+        progress = min(1.0, latest / max(1, config.searcher.max_length.value))
+        self.store.update_experiment(run.experiment_id, progress=progress)
+        return stored
+
+    def report_checkpoint(self, run: Run, checkpoint: common_pb2.Checkpoint) -> None:
+        self.store.add_checkpoint(
+            CheckpointRecord(
+                uuid=checkpoint.uuid,
+                trial_id=run.trial_id,
+                run_id=run.run_id,
+                total_batches=checkpoint.total_batches,
+                state="COMPLETED",
+                location=checkpoint.location,
+                files={f.name: f.size_bytes for f in checkpoint.files},
+                user_metadata={
+                    "sha256": {f.name: f.sha256 for f in checkpoint.files},
+                    "validation_metrics": dict(checkpoint.validation_metrics),
+                },
+            )
+        )
+
+
+_ALLOWED_ACTIONS: dict[str, set[str]] = {
+    "pause": {"ACTIVE"},
+    "activate": {"PAUSED"},
+    "cancel": {"ACTIVE", "PAUSED"},
+    "kill": {"ACTIVE", "PAUSED", "STOPPING_CANCELED"},
+    "archive": TERMINAL_EXPERIMENT,
+    "unarchive": TERMINAL_EXPERIMENT,
+}
+
+
+def _with_type(request: Request, slot_type: SlotType) -> Request:
+    if request.slot_type == slot_type:
+        return request
+    return Request(
+        request.id, request.slots, slot_type, request.priority, request.order, request.group
+    )
+
+
+def _check_cluster_config(config: ExperimentConfig) -> None:
+    if config.searcher.name not in SEARCHERS_AVAILABLE:
+        raise InvalidArgumentError(
+            f"searcher.name: {config.searcher.name!r} is not available on this master yet; "
+            f"use one of: {', '.join(SEARCHERS_AVAILABLE)}"
+        )
+    if config.searcher.max_length.unit is not LengthUnit.BATCHES:
+        raise InvalidArgumentError(
+            "searcher.max_length: a cluster experiment needs a length in batches, e.g. "
+            "{batches: 1000}"
+        )
+
+
+def _check_model_definition(data: bytes) -> None:
+    if len(data) > MAX_MODEL_DEF_BYTES:
+        raise InvalidArgumentError(
+            f"the model directory archive is {len(data)} bytes; the limit is "
+            f"{MAX_MODEL_DEF_BYTES} bytes (96 MiB): exclude data and checkpoints with "
+            ".assayignore"
+        )
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            for member in archive.getmembers():
+                name = member.name
+                if name.startswith("/") or ".." in name.split("/"):
+                    raise InvalidArgumentError(
+                        f"the model directory archive has an entry outside its root: {name!r}"
+                    )
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise InvalidArgumentError(
+            f"the model definition is not a gzip-compressed tar archive: {e}"
+        ) from None
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)

@@ -1,0 +1,54 @@
+"""Domain errors -> gRPC status, in one place, so servicers stay thin."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import grpc
+
+from assay.errors import AssayError
+from assay.master.store.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    SchemaError,
+    StaleRunError,
+)
+
+log = logging.getLogger("assay.master")
+
+
+class PermissionDeniedError(AssayError):
+    """A call without the credentials its target needs (e.g. an allocation's token)."""
+
+
+_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (StaleRunError, grpc.StatusCode.FAILED_PRECONDITION),
+    (ConflictError, grpc.StatusCode.FAILED_PRECONDITION),
+    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (SchemaError, grpc.StatusCode.FAILED_PRECONDITION),
+    (AssayError, grpc.StatusCode.INVALID_ARGUMENT),
+]
+
+
+def status_of(error: BaseException) -> grpc.StatusCode:
+    for kind, code in _CODES:
+        if isinstance(error, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+@contextmanager
+def rpc_errors(context: grpc.ServicerContext) -> Iterator[None]:
+    """Turn a domain error into its status and public message; log anything else."""
+    try:
+        yield
+    except AssayError as e:
+        context.abort(status_of(e), str(e))
+    except Exception:
+        log.exception("internal error")
+        context.abort(grpc.StatusCode.INTERNAL, "internal error; the master's log has details")

@@ -1,0 +1,71 @@
+"""The master process: store, core and gRPC servers wired together."""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+
+import grpc
+
+from assay.master._config import MasterConfig
+from assay.master._core import MAX_MODEL_DEF_BYTES, Master
+from assay.master._servicers import AgentServicer, ApiServicer, TrialServicer
+from assay.master.store import Store
+from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
+
+log = logging.getLogger("assay.master")
+# The model-definition upload plus room for the rest of the message: gRPC refuses a
+# bigger message from its length prefix, before buffering it.
+MAX_MESSAGE_BYTES = MAX_MODEL_DEF_BYTES + 2**20
+
+
+class MasterServer:
+    """A running master: `start()`, then `port`, then `stop()`."""
+
+    def __init__(self, config: MasterConfig) -> None:
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.store = Store.open(config.database_url)
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="rpc"),
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        self.port = self.server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+        if self.port == 0:
+            raise OSError(f"cannot listen on {config.host}:{config.grpc_port}")
+        if config.grpc_port == 0:
+            config = _with_port(config, self.port)
+            self.config = config
+        self.master = Master(config, self.store)
+        api_pb2_grpc.add_ApiServicer_to_server(ApiServicer(self.master), self.server)
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.master), self.server)
+        trial_pb2_grpc.add_TrialServiceServicer_to_server(TrialServicer(self.master), self.server)
+
+    def start(self) -> None:
+        self.server.start()
+        log.info(
+            "assay-master listening on %s:%d (store: %s)",
+            self.config.host,
+            self.port,
+            self.store.engine.url.render_as_string(hide_password=True),
+        )
+
+    def stop(self, grace: float = 2.0) -> None:
+        with self.master.lock:
+            for handle in self.master.agents.values():
+                handle.outbox.put(None)
+        self.server.stop(grace).wait()
+        self.store.close()
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+
+def _with_port(config: MasterConfig, port: int) -> MasterConfig:
+    from dataclasses import replace
+
+    return replace(config, grpc_port=port)

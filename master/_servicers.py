@@ -1,0 +1,411 @@
+"""gRPC servicers: parse, call the master, reply. Errors map to status in `_errors`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from assay import __version__
+from assay.master import _convert
+from assay.master._core import TERMINAL_TRIAL, AgentHandle, Master, Run
+from assay.master._errors import rpc_errors
+from assay.master.store import MetricReport
+from assay.master.store.errors import InvalidArgumentError
+from assay.proto import (
+    agent_pb2,
+    agent_pb2_grpc,
+    api_pb2,
+    api_pb2_grpc,
+    common_pb2,
+    trial_pb2,
+    trial_pb2_grpc,
+)
+
+log = logging.getLogger("assay.master")
+TOKEN_HEADER = "x-assay-token"
+_ACTIONS = {
+    api_pb2.EXPERIMENT_ACTION_PAUSE: "pause",
+    api_pb2.EXPERIMENT_ACTION_ACTIVATE: "activate",
+    api_pb2.EXPERIMENT_ACTION_CANCEL: "cancel",
+    api_pb2.EXPERIMENT_ACTION_KILL: "kill",
+    api_pb2.EXPERIMENT_ACTION_ARCHIVE: "archive",
+    api_pb2.EXPERIMENT_ACTION_UNARCHIVE: "unarchive",
+}
+
+
+class ApiServicer(api_pb2_grpc.ApiServicer):
+    def __init__(self, master: Master) -> None:
+        self.master = master
+        self.store = master.store
+
+    def GetMasterInfo(  # noqa: N802 - gRPC method names
+        self, request: api_pb2.GetMasterInfoRequest, context: grpc.ServicerContext
+    ) -> api_pb2.MasterInfo:
+        with rpc_errors(context), self.master.lock:
+            agents = [a for a in self.master.agents.values() if a.connected]
+            slots = sum(a.slots for a in agents)
+            free = sum(len(self.master.scheduler.free_slots(a.id)) for a in agents)
+            return api_pb2.MasterInfo(
+                version=__version__,
+                cluster_id=self.master.cluster_id,
+                store=self.store.engine.dialect.name,
+                agents=len(agents),
+                slots=slots,
+                free_slots=free,
+                queued_trials=len(self.master.queued),
+            )
+        raise AssertionError("unreachable")
+
+    def CreateExperiment(  # noqa: N802
+        self, request: api_pb2.CreateExperimentRequest, context: grpc.ServicerContext
+    ) -> api_pb2.CreateExperimentResponse:
+        with rpc_errors(context):
+            eid = self.master.create_experiment(
+                request.config_yaml, request.model_definition, activate=request.activate
+            )
+            return api_pb2.CreateExperimentResponse(experiment=self._experiment(eid))
+        raise AssertionError("unreachable")
+
+    def _experiment(self, experiment_id: int) -> common_pb2.Experiment:
+        record = self.store.get_experiment(experiment_id)
+        trials = self.store.list_trials(experiment_id)
+        bests = [t.best_validation for t in trials if t.best_validation is not None]
+        smaller = bool(record.config.get("searcher", {}).get("smaller_is_better", True))
+        best = (min(bests) if smaller else max(bests)) if bests else None
+        return _convert.experiment(record, num_trials=len(trials), best=best)
+
+    def GetExperiment(  # noqa: N802
+        self, request: api_pb2.GetExperimentRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetExperimentResponse:
+        with rpc_errors(context):
+            trials = [_convert.trial(t) for t in self.store.list_trials(request.id)]
+            return api_pb2.GetExperimentResponse(
+                experiment=self._experiment(request.id), trials=trials
+            )
+        raise AssertionError("unreachable")
+
+    def ListExperiments(  # noqa: N802
+        self, request: api_pb2.ListExperimentsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListExperimentsResponse:
+        with rpc_errors(context):
+            states = [
+                common_pb2.ExperimentState.Name(s).removeprefix("EXPERIMENT_STATE_")
+                for s in request.states
+            ]
+            page = self.store.list_experiments(
+                states=states,
+                name=request.name or None,
+                label=request.label or None,
+                owner=request.owner or None,
+                archived=request.archived if request.HasField("archived") else None,
+                sort=request.sort_by or "id",
+                descending=not request.ascending,
+                limit=request.limit or 50,
+                offset=request.offset,
+            )
+            return api_pb2.ListExperimentsResponse(
+                experiments=[self._experiment(e.id) for e in page.items], total=page.total
+            )
+        raise AssertionError("unreachable")
+
+    def ExperimentAction(  # noqa: N802
+        self, request: api_pb2.ExperimentActionRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Experiment:
+        with rpc_errors(context):
+            action = _ACTIONS.get(request.action)
+            if action is None:
+                raise InvalidArgumentError(
+                    "unknown experiment action; give one of pause, "
+                    "activate, cancel, kill, archive, unarchive"
+                )
+            self.master.experiment_action(request.id, action)
+            return self._experiment(request.id)
+        raise AssertionError("unreachable")
+
+    def GetExperimentMetrics(  # noqa: N802
+        self, request: api_pb2.GetExperimentMetricsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetExperimentMetricsResponse:
+        with rpc_errors(context):
+            curves = self.store.experiment_curves(
+                request.id,
+                request.name,
+                group=request.group or "validation",
+                max_points=request.max_points or 1000,
+            )
+            return api_pb2.GetExperimentMetricsResponse(
+                curves=[
+                    api_pb2.Curve(
+                        trial_id=t, total_batches=[b for b, _ in c], values=[v for _, v in c]
+                    )
+                    for t, c in curves.items()
+                ]
+            )
+        raise AssertionError("unreachable")
+
+    def GetTrial(  # noqa: N802
+        self, request: api_pb2.GetTrialRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Trial:
+        with rpc_errors(context):
+            return _convert.trial(self.store.get_trial(request.id))
+        raise AssertionError("unreachable")
+
+    def GetTrialMetrics(  # noqa: N802
+        self, request: api_pb2.GetTrialMetricsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetTrialMetricsResponse:
+        with rpc_errors(context):
+            self.store.get_trial(request.id)
+            group = request.group or "validation"
+            names = self.store.metric_names(request.id).get(group, [])
+            by_batch: dict[int, dict[str, float]] = {}
+            for name in names:
+                curve = self.store.trial_curve(
+                    request.id, name, group=group, max_points=request.max_points or 100_000
+                )
+                for batches, value in curve:
+                    by_batch.setdefault(batches, {})[name] = value
+            return api_pb2.GetTrialMetricsResponse(
+                reports=[
+                    common_pb2.MetricsReport(total_batches=b, metrics=m)
+                    for b, m in sorted(by_batch.items())
+                ]
+            )
+        raise AssertionError("unreachable")
+
+    def StreamTrialLogs(  # noqa: N802
+        self, request: api_pb2.StreamTrialLogsRequest, context: grpc.ServicerContext
+    ) -> Iterator[common_pb2.LogLine]:
+        with rpc_errors(context):
+            self.store.get_trial(request.trial_id)
+            after = request.after_id
+            if request.tail > 0:
+                lines = self.store.tail_logs(request.trial_id, after_id=after, limit=100_000)
+                lines = lines[-request.tail :]
+                after = lines[0].id - 1 if lines else after
+            while context.is_active():
+                lines = self.store.tail_logs(request.trial_id, after_id=after, limit=1000)
+                for line in lines:
+                    yield _convert.log_line(line, request.trial_id)
+                    after = line.id
+                if len(lines) == 1000:
+                    continue
+                if not request.follow:
+                    return
+                if self.store.get_trial(request.trial_id).state in TERMINAL_TRIAL:
+                    final = self.store.tail_logs(request.trial_id, after_id=after, limit=100_000)
+                    for line in final:
+                        yield _convert.log_line(line, request.trial_id)
+                    return
+                time.sleep(0.25)
+
+    def ListCheckpoints(  # noqa: N802
+        self, request: api_pb2.ListCheckpointsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListCheckpointsResponse:
+        with rpc_errors(context):
+            if request.trial_id:
+                trials = [self.store.get_trial(request.trial_id)]
+            else:
+                self.store.get_experiment(request.experiment_id)
+                trials = self.store.list_trials(request.experiment_id)
+            return api_pb2.ListCheckpointsResponse(
+                checkpoints=[
+                    _convert.checkpoint(c, t.experiment_id)
+                    for t in trials
+                    for c in self.store.list_checkpoints(t.id)
+                ]
+            )
+        raise AssertionError("unreachable")
+
+    def GetCheckpoint(  # noqa: N802
+        self, request: api_pb2.GetCheckpointRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Checkpoint:
+        with rpc_errors(context):
+            record = self.store.get_checkpoint(request.uuid)
+            trial = self.store.get_trial(record.trial_id)
+            return _convert.checkpoint(record, trial.experiment_id)
+        raise AssertionError("unreachable")
+
+    def ListAgents(  # noqa: N802
+        self, request: api_pb2.ListAgentsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListAgentsResponse:
+        with rpc_errors(context), self.master.lock:
+            return api_pb2.ListAgentsResponse(
+                agents=[
+                    self._agent(a) for a in sorted(self.master.agents.values(), key=lambda a: a.id)
+                ]
+            )
+        raise AssertionError("unreachable")
+
+    def _agent(self, handle: AgentHandle) -> common_pb2.Agent:
+        owner: dict[int, str] = {}
+        for request_id, placement in self.master.scheduler.allocations.items():
+            for agent_id, slots in placement:
+                if agent_id == handle.id:
+                    for slot in slots:
+                        owner[slot] = request_id
+        slot_type = (
+            common_pb2.SLOT_TYPE_CUDA if handle.slot_type == "cuda" else common_pb2.SLOT_TYPE_CPU
+        )
+        slot_messages = []
+        for index in range(handle.slots):
+            trial_id = int(owner[index]) if index in owner else 0
+            slot_messages.append(
+                common_pb2.Slot(
+                    agent_id=handle.id,
+                    index=index,
+                    type=slot_type,
+                    enabled=handle.enabled,
+                    allocation_id=self.master.run_of_trial.get(trial_id, "") if trial_id else "",
+                    trial_id=trial_id,
+                )
+            )
+        return common_pb2.Agent(
+            id=handle.id,
+            address=handle.address,
+            slot_type=slot_type,
+            devices=handle.devices,
+            slots=slot_messages,
+            connected=handle.connected,
+            enabled=handle.enabled,
+            last_heartbeat=_convert.timestamp(_utc(handle.last_heartbeat)),
+            memory_bytes=handle.memory_bytes,
+            memory_used_fraction=handle.memory_used_fraction,
+            cpu_utilization=handle.cpu_utilization,
+        )
+
+    def SetAgentEnabled(  # noqa: N802
+        self, request: api_pb2.SetAgentEnabledRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Agent:
+        with rpc_errors(context):
+            self.master.set_agent_enabled(request.id, request.enabled)
+            with self.master.lock:
+                return self._agent(self.master.agents[request.id])
+        raise AssertionError("unreachable")
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, master: Master) -> None:
+        self.master = master
+
+    def Connect(  # noqa: N802
+        self, request_iterator: Iterator[agent_pb2.AgentMessage], context: grpc.ServicerContext
+    ) -> Iterator[agent_pb2.MasterMessage]:
+        try:
+            first = next(request_iterator)
+        except StopIteration:
+            return
+        if first.WhichOneof("message") != "register":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an agent must register first")
+        with rpc_errors(context):
+            handle = self.master.register_agent(first.register, _peer_host(context.peer()))
+        agent_id = handle.id
+        context.add_callback(lambda: self.master.agent_disconnected(agent_id))
+        reader = threading.Thread(
+            target=self._read,
+            args=(agent_id, request_iterator),
+            daemon=True,
+            name=f"agent-{agent_id}",
+        )
+        reader.start()
+        interval = int(self.master.config.heartbeat_interval_s * 1000)
+        yield agent_pb2.MasterMessage(
+            registered=agent_pb2.Registered(
+                cluster_id=self.master.cluster_id, heartbeat_interval_ms=interval
+            )
+        )
+        while True:
+            message = handle.outbox.get()
+            if message is None:
+                return
+            yield message
+
+    def _read(self, agent_id: str, messages: Iterator[agent_pb2.AgentMessage]) -> None:
+        try:
+            for message in messages:
+                kind = message.WhichOneof("message")
+                try:
+                    if kind == "heartbeat":
+                        self.master.heartbeat(agent_id, message.heartbeat)
+                    elif kind == "allocation_state":
+                        self.master.allocation_state(agent_id, message.allocation_state)
+                    elif kind == "logs":
+                        self.master.ship_logs(message.logs)
+                except Exception:
+                    log.exception("agent %s: handling %s failed", agent_id, kind)
+        except grpc.RpcError:
+            pass
+        finally:
+            self.master.agent_disconnected(agent_id)
+
+
+class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
+    def __init__(self, master: Master) -> None:
+        self.master = master
+
+    def _run(self, context: grpc.ServicerContext, trial_id: int, run_id: int) -> Run:
+        token = dict(context.invocation_metadata()).get(TOKEN_HEADER, "")
+        run = self.master.run_for_token(str(token), trial_id, run_id)
+        return run
+
+    def NextOperation(  # noqa: N802
+        self, request: trial_pb2.NextOperationRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.Operation:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            target = self.master.next_operation(run, request.total_batches)
+            if target is None:
+                return trial_pb2.Operation(stop=True)
+            return trial_pb2.Operation(total_batches=target)
+        raise AssertionError("unreachable")
+
+    def CompleteOperation(  # noqa: N802
+        self, request: trial_pb2.CompleteOperationRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.CompleteOperationResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            self.master.complete_operation(run, request.total_batches, request.searcher_metric)
+            return trial_pb2.CompleteOperationResponse()
+        raise AssertionError("unreachable")
+
+    def ReportMetrics(  # noqa: N802
+        self, request: trial_pb2.ReportMetricsRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.ReportMetricsResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            reports = [MetricReport(r.total_batches, dict(r.metrics)) for r in request.reports]
+            stored = self.master.report_metrics(run, request.group, reports)
+            return trial_pb2.ReportMetricsResponse(stored=stored)
+        raise AssertionError("unreachable")
+
+    def ReportCheckpoint(  # noqa: N802
+        self, request: trial_pb2.ReportCheckpointRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.ReportCheckpointResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            self.master.report_checkpoint(run, request.checkpoint)
+            return trial_pb2.ReportCheckpointResponse()
+        raise AssertionError("unreachable")
+
+    def ShouldPreempt(  # noqa: N802
+        self, request: trial_pb2.ShouldPreemptRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.ShouldPreemptResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            return trial_pb2.ShouldPreemptResponse(preempt=run.stopping is not None)
+        raise AssertionError("unreachable")
+
+
+def _peer_host(peer: str) -> str:
+    # "ipv4:127.0.0.1:5432" | "ipv6:[::1]:5432"
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6":
+        return rest.rsplit(":", 1)[0].strip("[]")
+    return rest.rsplit(":", 1)[0] if rest else ""
+
+
+def _utc(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)

@@ -1,0 +1,136 @@
+"""A real master on loopback, and a scripted agent that speaks the real agent protocol."""
+
+from __future__ import annotations
+
+import io
+import queue
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from assay.master._config import MasterConfig
+from assay.master._server import MasterServer
+from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2_grpc, common_pb2
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[MasterServer]:
+    config = MasterConfig(
+        grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "master", heartbeat_interval_s=0.5
+    )
+    server = MasterServer(config)
+    server.start()
+    yield server
+    server.stop(grace=0.5)
+
+
+@pytest.fixture
+def api(master: MasterServer) -> Iterator[api_pb2_grpc.ApiStub]:
+    channel = grpc.insecure_channel(f"127.0.0.1:{master.port}")
+    yield api_pb2_grpc.ApiStub(channel)
+    channel.close()
+
+
+class ScriptedAgent:
+    """Registers with N CPU slots and records what the master tells it."""
+
+    def __init__(self, port: int, agent_id: str, slots: int) -> None:
+        self.id = agent_id
+        self.outgoing: queue.Queue[agent_pb2.AgentMessage | None] = queue.Queue()
+        self.incoming: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        devices = [
+            common_pb2.Device(index=i, type=common_pb2.SLOT_TYPE_CPU, name="cpu")
+            for i in range(slots)
+        ]
+        self.send(
+            agent_pb2.AgentMessage(
+                register=agent_pb2.Register(
+                    agent_id=agent_id,
+                    slot_type=common_pb2.SLOT_TYPE_CPU,
+                    devices=devices,
+                    address="127.0.0.1",
+                )
+            )
+        )
+        self.stream = stub.Connect(self._requests())
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        registered = self.next("registered")
+        assert registered.registered.heartbeat_interval_ms > 0
+
+    def _requests(self) -> Iterator[agent_pb2.AgentMessage]:
+        while True:
+            message = self.outgoing.get()
+            if message is None:
+                return
+            yield message
+
+    def _read(self) -> None:
+        try:
+            for message in self.stream:
+                self.incoming.put(message)
+        except grpc.RpcError:
+            pass
+
+    def send(self, message: agent_pb2.AgentMessage) -> None:
+        self.outgoing.put(message)
+
+    def next(self, kind: str, timeout: float = 10.0) -> agent_pb2.MasterMessage:
+        message = self.incoming.get(timeout=timeout)
+        assert message.WhichOneof("message") == kind, message
+        return message
+
+    def nothing(self, wait: float = 0.5) -> None:
+        try:
+            message = self.incoming.get(timeout=wait)
+        except queue.Empty:
+            return
+        raise AssertionError(f"unexpected message: {message}")
+
+    def exited(self, allocation_id: str, codes: list[int], message: str = "") -> None:
+        self.send(
+            agent_pb2.AgentMessage(
+                allocation_state=agent_pb2.AllocationStateChange(
+                    allocation_id=allocation_id,
+                    state=agent_pb2.ALLOCATION_STATE_EXITED,
+                    exit_codes=codes,
+                    message=message,
+                )
+            )
+        )
+
+    def close(self) -> None:
+        self.outgoing.put(None)
+        self.channel.close()
+
+
+def model_archive(files: dict[str, str] | None = None) -> bytes:
+    files = files or {"model_def.py": "# the Trial lives here\n"}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def experiment_yaml(**overrides: Any) -> str:
+    config: dict[str, Any] = {
+        "name": "test",
+        "entrypoint": "model_def:T",
+        "hyperparameters": {"global_batch_size": 8, "lr": 0.1},
+        "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 100}},
+        "max_restarts": 1,
+    }
+    config.update(overrides)
+    return yaml.safe_dump(config)

@@ -1,0 +1,229 @@
+"""The master over real gRPC: experiments, gang scheduling onto agents, runs and restarts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from assay.master._server import MasterServer
+from assay.proto import api_pb2, api_pb2_grpc, common_pb2, trial_pb2, trial_pb2_grpc
+from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
+
+
+def _create(api: api_pb2_grpc.ApiStub, *, activate: bool = True, **overrides: object) -> int:
+    response = api.CreateExperiment(
+        api_pb2.CreateExperimentRequest(
+            config_yaml=experiment_yaml(**overrides),
+            model_definition=model_archive(),
+            activate=activate,
+        )
+    )
+    return response.experiment.id
+
+
+def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def _experiment(api: api_pb2_grpc.ApiStub, eid: int) -> api_pb2.GetExperimentResponse:
+    return api.GetExperiment(api_pb2.GetExperimentRequest(id=eid))
+
+
+def test_bad_experiments_are_refused_with_what_to_fix(api: api_pb2_grpc.ApiStub) -> None:
+    cases = [
+        (
+            experiment_yaml(searcher={"name": "single"}),
+            model_archive(),
+            "searcher.metric: is required",
+        ),
+        (experiment_yaml(), b"not a tarball", "not a gzip-compressed tar archive"),
+        (
+            experiment_yaml(
+                searcher={"name": "single", "metric": "loss", "max_length": {"epochs": 2}}
+            ),
+            model_archive(),
+            "needs a length in batches",
+        ),
+        ("{unclosed", model_archive(), "not valid YAML"),
+    ]
+    for text, archive, expected in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            api.CreateExperiment(
+                api_pb2.CreateExperimentRequest(config_yaml=text, model_definition=archive)
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert expected in (info.value.details() or "")
+    escaping = model_archive({"../evil.py": "x"})
+    with pytest.raises(grpc.RpcError, match="outside its root"):
+        api.CreateExperiment(
+            api_pb2.CreateExperimentRequest(
+                config_yaml=experiment_yaml(), model_definition=escaping
+            )
+        )
+    assert api.ListExperiments(api_pb2.ListExperimentsRequest()).total == 0
+
+
+def test_a_trial_is_gang_scheduled_and_completes(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    agent = ScriptedAgent(master.port, "a1", slots=2)
+    eid = _create(api, resources={"slots_per_trial": 2})
+    start = agent.next("start").start
+    assert list(start.slots) == [0, 1]
+    assert list(start.ranks) == [0, 1]
+    assert start.world_size == 2
+    assert start.master_addr == "127.0.0.1"
+    assert start.hparams_json
+    assert start.token
+    assert start.trial_api
+    [trial] = _experiment(api, eid).trials
+    assert trial.state == common_pb2.TRIAL_STATE_RUNNING
+
+    # The harness's side, with the allocation's token.
+    channel = grpc.insecure_channel(start.trial_api)
+    trials = trial_pb2_grpc.TrialServiceStub(channel)
+    meta = (("x-assay-token", start.token),)
+    op = trials.NextOperation(
+        trial_pb2.NextOperationRequest(trial_id=trial.id, run_id=start.run_id), metadata=meta
+    )
+    assert op.total_batches == 100
+    stored = trials.ReportMetrics(
+        trial_pb2.ReportMetricsRequest(
+            trial_id=trial.id,
+            run_id=start.run_id,
+            group="validation",
+            reports=[common_pb2.MetricsReport(total_batches=100, metrics={"loss": 0.5})],
+        ),
+        metadata=meta,
+    )
+    assert stored.stored == 1
+    with pytest.raises(grpc.RpcError) as info:
+        trials.NextOperation(
+            trial_pb2.NextOperationRequest(trial_id=trial.id, run_id=start.run_id),
+            metadata=(("x-assay-token", "forged"),),
+        )
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    trials.CompleteOperation(
+        trial_pb2.CompleteOperationRequest(
+            trial_id=trial.id, run_id=start.run_id, total_batches=100, searcher_metric=0.5
+        ),
+        metadata=meta,
+    )
+    stop = trials.NextOperation(
+        trial_pb2.NextOperationRequest(trial_id=trial.id, run_id=start.run_id, total_batches=100),
+        metadata=meta,
+    )
+    assert stop.stop
+    agent.exited(start.allocation_id, [0, 0])
+    _eventually(
+        lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_COMPLETED
+    )
+    done = _experiment(api, eid)
+    assert done.trials[0].state == common_pb2.TRIAL_STATE_COMPLETED
+    assert done.trials[0].best_validation == 0.5
+    assert done.experiment.progress == 1.0
+    info_ = api.GetMasterInfo(api_pb2.GetMasterInfoRequest())
+    assert (info_.agents, info_.slots, info_.free_slots) == (1, 2, 2)
+    channel.close()
+    agent.close()
+
+
+def test_what_does_not_fit_waits_for_free_slots(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    agent = ScriptedAgent(master.port, "a1", slots=2)
+    first = _create(api, resources={"slots_per_trial": 2})
+    start = agent.next("start").start
+    second = _create(api, resources={"slots_per_trial": 1})
+    agent.nothing()
+    assert api.GetMasterInfo(api_pb2.GetMasterInfoRequest()).queued_trials == 1
+    agent.exited(start.allocation_id, [0, 0])  # exits without completing: a failure
+    # The failed trial is retried (max_restarts 1) but the waiting one goes first.
+    nxt = agent.next("start").start
+    assert nxt.experiment_id == second
+    assert list(nxt.slots) == [0]
+    del first
+    agent.close()
+
+
+def test_trials_span_agents_with_equal_slots(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    a1 = ScriptedAgent(master.port, "a1", slots=2)
+    a2 = ScriptedAgent(master.port, "a2", slots=2)
+    _create(api, resources={"slots_per_trial": 4})
+    s1, s2 = a1.next("start").start, a2.next("start").start
+    assert (list(s1.ranks), list(s2.ranks)) == ([0, 1], [2, 3])
+    assert s1.world_size == s2.world_size == 4
+    assert s1.master_port == s2.master_port
+    assert s1.allocation_id == s2.allocation_id
+    agents = api.ListAgents(api_pb2.ListAgentsRequest()).agents
+    assert [sum(1 for s in a.slots if s.trial_id) for a in agents] == [2, 2]
+    a1.close()
+    a2.close()
+
+
+def test_failures_restart_up_to_max_restarts_then_error(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    agent = ScriptedAgent(master.port, "a1", slots=1)
+    eid = _create(api, max_restarts=1)
+    first = agent.next("start").start
+    agent.exited(first.allocation_id, [1], "Traceback ... ValueError: boom")
+    second = agent.next("start").start
+    assert second.run_id == first.run_id + 1
+    agent.exited(second.allocation_id, [1])
+    _eventually(lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_ERROR)
+    [trial] = _experiment(api, eid).trials
+    assert (trial.state, trial.restarts) == (common_pb2.TRIAL_STATE_ERROR, 1)
+    agent.close()
+
+
+def test_actions_follow_the_state_table(master: MasterServer, api: api_pb2_grpc.ApiStub) -> None:
+    agent = ScriptedAgent(master.port, "a1", slots=1)
+    eid = _create(api)
+    start = agent.next("start").start
+
+    def act(kind: int) -> common_pb2.Experiment:
+        return api.ExperimentAction(api_pb2.ExperimentActionRequest(id=eid, action=kind))
+
+    with pytest.raises(grpc.RpcError, match="cannot activate experiment .*: it is ACTIVE"):
+        act(api_pb2.EXPERIMENT_ACTION_ACTIVATE)
+    assert act(api_pb2.EXPERIMENT_ACTION_PAUSE).state == common_pb2.EXPERIMENT_STATE_PAUSED
+    kill = agent.next("kill").kill
+    assert (kill.allocation_id, kill.graceful) == (start.allocation_id, True)
+    agent.exited(start.allocation_id, [-15])
+    _eventually(lambda: _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_PAUSED)
+    act(api_pb2.EXPERIMENT_ACTION_ACTIVATE)
+    again = agent.next("start").start
+    assert again.run_id == start.run_id + 1
+    act(api_pb2.EXPERIMENT_ACTION_KILL)
+    assert agent.next("kill").kill.graceful is False
+    agent.exited(again.allocation_id, [-9])
+    _eventually(
+        lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_CANCELED
+    )
+    act(api_pb2.EXPERIMENT_ACTION_ARCHIVE)
+    assert _experiment(api, eid).experiment.archived
+    agent.close()
+
+
+def test_losing_an_agent_requeues_its_trial_without_a_restart(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    a1 = ScriptedAgent(master.port, "a1", slots=1)
+    eid = _create(api)
+    a1.next("start")
+    a1.close()
+    _eventually(lambda: _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_QUEUED)
+    a2 = ScriptedAgent(master.port, "a2", slots=1)
+    a2.next("start")
+    assert _experiment(api, eid).trials[0].restarts == 0
+    a2.close()

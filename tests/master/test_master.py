@@ -14,14 +14,14 @@ from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
 
 
 def _create(api: api_pb2_grpc.ApiStub, *, activate: bool = True, **overrides: object) -> int:
-    response = api.CreateExperiment(
+    response: api_pb2.CreateExperimentResponse = api.CreateExperiment(
         api_pb2.CreateExperimentRequest(
             config_yaml=experiment_yaml(**overrides),
             model_definition=model_archive(),
             activate=activate,
         )
     )
-    return response.experiment.id
+    return int(response.experiment.id)
 
 
 def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -33,7 +33,10 @@ def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def _experiment(api: api_pb2_grpc.ApiStub, eid: int) -> api_pb2.GetExperimentResponse:
-    return api.GetExperiment(api_pb2.GetExperimentRequest(id=eid))
+    response: api_pb2.GetExperimentResponse = api.GetExperiment(
+        api_pb2.GetExperimentRequest(id=eid)
+    )
+    return response
 
 
 def test_bad_experiments_are_refused_with_what_to_fix(api: api_pb2_grpc.ApiStub) -> None:
@@ -191,8 +194,11 @@ def test_actions_follow_the_state_table(master: MasterServer, api: api_pb2_grpc.
     eid = _create(api)
     start = agent.next("start").start
 
-    def act(kind: int) -> common_pb2.Experiment:
-        return api.ExperimentAction(api_pb2.ExperimentActionRequest(id=eid, action=kind))
+    def act(kind: api_pb2.ExperimentActionKind.ValueType) -> common_pb2.Experiment:
+        result: common_pb2.Experiment = api.ExperimentAction(
+            api_pb2.ExperimentActionRequest(id=eid, action=kind)
+        )
+        return result
 
     with pytest.raises(grpc.RpcError, match="cannot activate experiment .*: it is ACTIVE"):
         act(api_pb2.EXPERIMENT_ACTION_ACTIVATE)

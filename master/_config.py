@@ -24,6 +24,8 @@ class MasterConfig:
     advertised_address: str | None = None
     heartbeat_interval_s: float = 5.0
     kill_grace_s: float = 30.0
+    # Each connected agent holds one; the rest serve the CLI, the UI and the harness.
+    max_rpc_threads: int = 2048
 
     @property
     def database_url(self) -> str:
@@ -43,6 +45,7 @@ _ENV = {
     "advertised_address": "ASSAY_ADVERTISED_ADDRESS",
     "heartbeat_interval_s": "ASSAY_HEARTBEAT_INTERVAL_S",
     "kill_grace_s": "ASSAY_KILL_GRACE_S",
+    "max_rpc_threads": "ASSAY_MAX_RPC_THREADS",
 }
 
 
@@ -72,7 +75,11 @@ def _checked(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
         if key not in known:
             raise AssayError(f"{where}: unknown master setting {key!r}; known: {', '.join(known)}")
         try:
-            if key in ("grpc_port", "http_port"):
+            if key == "max_rpc_threads":
+                out[key] = int(value)
+                if out[key] < 8:
+                    raise ValueError("at least 8")
+            elif key in ("grpc_port", "http_port"):
                 out[key] = int(value)
                 if not 0 <= out[key] <= 65535:
                     raise ValueError("a port is 0-65535")

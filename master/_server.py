@@ -27,7 +27,11 @@ class MasterServer:
         self.config = config
         self.store = Store.open(config.database_url)
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="rpc"),
+            # A sync gRPC server holds a thread for each open stream, and every agent keeps
+            # one open: the pool must exceed the agents (threads start only on demand).
+            futures.ThreadPoolExecutor(
+                max_workers=config.max_rpc_threads, thread_name_prefix="rpc"
+            ),
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -1,0 +1,132 @@
+"""A real local cluster: `assay-master` and `assay-agent` processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from assay._local import free_port
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+@dataclass
+class Cluster:
+    address: str
+    state_dir: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "assay.cli.main", "-m", self.address, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            check=False,
+        )
+
+    def json(self, *args: str) -> Any:
+        done = self.cli(*args, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def dump_logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in self.logs if p.exists())
+
+
+def _start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+def _wait_for_agents(cluster: Cluster, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done = cluster.cli("agent", "list", "--json")
+        if done.returncode == 0:
+            agents = json.loads(done.stdout.strip().splitlines()[-1])
+            if len(agents) >= count:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"agents did not register:\n{cluster.dump_logs()}")
+
+
+def start_cluster(tmp: Path, db_url: str | None, agents: int, slots: int) -> Cluster:
+    port = free_port()
+    state = tmp / "master"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cluster = Cluster(address=f"127.0.0.1:{port}", state_dir=state)
+    master_cmd = [
+        sys.executable,
+        "-m",
+        "assay.master.main",
+        "--grpc-port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--state-dir",
+        str(state),
+    ]
+    if db_url:
+        master_cmd += ["--db-url", db_url]
+    log = tmp / "master.log"
+    cluster.logs.append(log)
+    cluster.procs.append(_start(master_cmd, log, env))
+    for i in range(agents):
+        log = tmp / f"agent{i}.log"
+        cluster.logs.append(log)
+        cmd = [
+            sys.executable,
+            "-m",
+            "assay.agent.main",
+            "--master",
+            cluster.address,
+            "--slots",
+            str(slots),
+            "--slot-type",
+            "cpu",
+            "--agent-id",
+            f"agent{i}",
+            "--work-dir",
+            str(tmp / f"agent{i}"),
+        ]
+        cluster.procs.append(_start(cmd, log, env))
+    _wait_for_agents(cluster, agents)
+    return cluster
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    for proc in reversed(cluster.procs):
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in cluster.procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    db_url = None
+    if request.param == "postgresql":
+        from tests.store.conftest import _empty_postgres
+
+        db_url = request.getfixturevalue("postgres_url")
+        _empty_postgres(db_url)
+    c = start_cluster(tmp_path, db_url, agents=2, slots=2)
+    try:
+        yield c
+    finally:
+        stop_cluster(c)

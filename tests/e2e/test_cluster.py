@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.e2e.conftest import Cluster
@@ -9,12 +11,12 @@ from tests.e2e.conftest import Cluster
 EXAMPLE = "examples/digits"
 
 
-def _run(cluster: Cluster, config: str, *extra: str) -> dict[str, object]:
+def _run(cluster: Cluster, config: str, *extra: str) -> dict[str, Any]:
     created = cluster.json("experiment", "create", f"{EXAMPLE}/{config}", EXAMPLE, *extra)
     experiment_id = str(created["id"])
     waited = cluster.cli("experiment", "wait", experiment_id, timeout=600)
     assert waited.returncode == 0, f"{waited.stdout}\n{waited.stderr}\n{cluster.dump_logs()}"
-    described: dict[str, object] = cluster.json("experiment", "describe", experiment_id)
+    described: dict[str, Any] = cluster.json("experiment", "describe", experiment_id)
     return described
 
 
@@ -23,7 +25,7 @@ def test_digits_on_one_slot_two_slots_and_across_agents(cluster: Cluster, tmp_pa
     for config, slots in (("const.yaml", 1), ("distributed.yaml", 2)):
         described = _run(cluster, config)
         assert described["state"] == "COMPLETED"
-        [trial] = described["trials"]  # type: ignore[misc]
+        [trial] = described["trials"]
         assert trial["total_batches"] == 400
         assert trial["best_validation"] >= 0.95
         assert trial["latest_checkpoint"]

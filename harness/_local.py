@@ -60,6 +60,9 @@ class WorkerSpec:
     resume_from: str | None = None
     result_path: str | None = None
     trial_id: int = 0
+    # Given by the master on a cluster; None samples them from `experiment_seed` (run_local).
+    hparams: dict[str, Any] | None = None
+    trial_seed: int | None = None
 
 
 def _with_slots(raw: Mapping[str, Any], slots: int | None) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 Launched as `python -m assay._worker SPEC.json` with RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR and MASTER_PORT set; `run_local` also calls `run_worker` in-process for one slot.
+On a cluster, `python -m assay._cluster` calls `run_worker` with a session factory that
+reports to the master instead of keeping the reports in a `LocalSession`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import random
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from assay._context import TrialContext
@@ -21,18 +23,33 @@ from assay._distributed import DistributedContext, default_device
 from assay._loader import load_trial_class
 from assay._local import LocalResult, WorkerSpec, seed_everything
 from assay._precision import make_precision
-from assay._session import LocalSession
+from assay._session import LocalSession, Session
 from assay._trial import Trial
-from assay.config import parse_config, sample_hparams
+from assay.config import ExperimentConfig, parse_config, sample_hparams
 from assay.errors import AssayError
 
 log = logging.getLogger("assay")
 
 
+SessionFactory = Callable[[ExperimentConfig], Session]
+"""Builds rank 0's session (called on rank 0 only, before the Trial is constructed)."""
+
+
 def run_worker(
-    spec: WorkerSpec, *, trial_class: type[Trial] | None = None, env: Mapping[str, str] | None
+    spec: WorkerSpec,
+    *,
+    trial_class: type[Trial] | None = None,
+    env: Mapping[str, str] | None,
+    session_factory: SessionFactory | None = None,
 ) -> LocalResult | None:
-    """Train this slot; rank 0 returns the result, the other ranks None."""
+    """Train this slot; rank 0 returns the result, the other ranks None.
+
+    Without `session_factory`, rank 0 trains one target of `searcher.max_length` under a
+    `LocalSession` and the result carries its metric history; with one, the session it
+    returns decides the targets and receives the reports (the history is then empty).
+    `spec.hparams` / `spec.trial_seed`, when given, replace the hyperparameters sampled
+    from `reproducibility.experiment_seed` and that seed.
+    """
     config = parse_config(spec.config)
     distributed = DistributedContext.from_env(env)
     if distributed.size != config.resources.slots_per_trial:
@@ -46,8 +63,11 @@ def run_worker(
         trial_class = load_trial_class(spec.model_dir, config.entrypoint)
     device = default_device(distributed)
     distributed.init_process_group(device)
-    seed = config.experiment_seed
-    hparams = sample_hparams(config.hyperparameters, random.Random(seed))
+    seed = config.experiment_seed if spec.trial_seed is None else spec.trial_seed
+    if spec.hparams is None:
+        hparams = sample_hparams(config.hyperparameters, random.Random(config.experiment_seed))
+    else:
+        hparams = dict(spec.hparams)
     seed_everything(seed)
     precision = make_precision(config.optimizations.mixed_precision, device)
     context = TrialContext(
@@ -60,15 +80,22 @@ def run_worker(
         trial_seed=seed,
     )
     trial = trial_class(context)
-    session = LocalSession(max_batches=0) if distributed.is_chief else None
+    session: Session | None = None
+    local: LocalSession | None = None
+    if distributed.is_chief:
+        if session_factory is None:
+            session = local = LocalSession(max_batches=0)
+        else:
+            session = session_factory(config)
     controller = TrialController(trial, context, session, Path(spec.checkpoint_dir), seed=seed)
-    if session is not None:
-        session.max_batches = config.searcher.max_length.to_batches(controller.batches_per_epoch)
+    if local is not None:
+        local.max_batches = config.searcher.max_length.to_batches(controller.batches_per_epoch)
     if spec.resume_from is not None:
         controller.restore(Path(spec.resume_from))
     result = controller.run()
     if session is None:
         return None
+    history = session if isinstance(session, LocalSession) else LocalSession(0, echo=False)
     return LocalResult(
         total_batches=result.total_batches,
         validation_metrics=result.validation_metrics,
@@ -76,11 +103,11 @@ def run_worker(
         hparams=hparams,
         training_history=[
             {"total_batches": r.total_batches, "epoch": r.epoch, "metrics": r.metrics}
-            for r in session.training
+            for r in history.training
         ],
         validation_history=[
             {"total_batches": r.total_batches, "epoch": r.epoch, "metrics": r.metrics}
-            for r in session.validation
+            for r in history.validation
         ],
     )
 
@@ -106,6 +133,15 @@ def main(argv: list[str]) -> int:
         tmp = Path(result_path + ".tmp")
         tmp.write_text(json.dumps(result.to_dict()))
         tmp.rename(result_path)
+    leave_process_group()
+    return 0
+
+
+def leave_process_group() -> None:
+    """After a successful run: wait for every rank, then exit 0 without interpreter teardown.
+
+    Returns (and the caller exits normally) when there is no process group.
+    """
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -116,7 +152,6 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,271 @@
+"""One slot's process on a cluster: `python -m assay._cluster`, launched by an agent.
+
+The agent sets the torch.distributed variables (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and ASSAY_TRIAL_SPEC, the path of a JSON file:
+
+    {"config": {...}, "hparams": {...}, "trial_seed": 7, "trial_id": 12, "run_id": 2,
+     "experiment_id": 3, "allocation_id": "...", "checkpoint_root": "/ckpts",
+     "restore_from": "/ckpts/<uuid>" | null, "trial_api": "master:port", "token": "..."}
+
+and starts it in the extracted model directory. The process builds the Trial with the
+master's hyperparameters and seed, restores `restore_from` if set, and trains under a
+`ClusterSession` (rank 0 only) that takes its targets from the master's TrialService and
+reports metrics and checkpoints to it.
+
+Exit status: 0 once the master says stop and training finished; 2 with one line
+`error: <message>` on stderr for an `AssayError` (a fenced run, a refused token, an
+unreachable master, a bad config); 1 with the traceback for anything else (user code).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from assay._local import WorkerSpec
+from assay._session import CheckpointReport, MetricsReport, _fmt
+from assay._trial_client import TrialClient, retry_budget_from_env
+from assay.config import ExperimentConfig
+from assay.errors import AssayError
+from assay.proto import common_pb2, trial_pb2
+
+log = logging.getLogger("assay")
+
+SPEC_ENV = "ASSAY_TRIAL_SPEC"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The contents of ASSAY_TRIAL_SPEC."""
+
+    config: dict[str, Any]
+    hparams: dict[str, Any]
+    trial_seed: int
+    trial_id: int
+    run_id: int
+    experiment_id: int
+    allocation_id: str
+    checkpoint_root: str
+    restore_from: str | None
+    trial_api: str
+    token: str
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "the trial spec") -> ClusterSpec:
+        if not isinstance(data, Mapping):
+            raise AssayError(f"{source} must be a JSON object")
+        problems: list[str] = []
+
+        def get(key: str, kind: type | tuple[type, ...], *, nullable: bool = False) -> Any:
+            if key not in data:
+                problems.append(f"{key}: missing")
+                return None
+            value = data[key]
+            if value is None and nullable:
+                return None
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+                problems.append(f"{key}: expected {_kind_name(kind)}, got {value!r}")
+            return value
+
+        spec = {
+            "config": get("config", dict),
+            "hparams": get("hparams", dict),
+            "trial_seed": get("trial_seed", int),
+            "trial_id": get("trial_id", int),
+            "run_id": get("run_id", int),
+            "experiment_id": get("experiment_id", int),
+            "allocation_id": get("allocation_id", str),
+            "checkpoint_root": get("checkpoint_root", str),
+            "restore_from": get("restore_from", str, nullable=True),
+            "trial_api": get("trial_api", str),
+            "token": get("token", str),
+        }
+        if problems:
+            raise AssayError(f"{source} is invalid: {'; '.join(problems)}")
+        return cls(**spec)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ClusterSpec:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise AssayError(f"cannot read trial spec {path}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise AssayError(f"trial spec {path} is not valid JSON: {e}") from None
+        return cls.from_dict(data, source=f"trial spec {path}")
+
+    def worker_spec(self, model_dir: str | Path) -> WorkerSpec:
+        return WorkerSpec(
+            config=self.config,
+            model_dir=str(Path(model_dir).resolve()),
+            checkpoint_dir=self.checkpoint_root,
+            resume_from=self.restore_from,
+            trial_id=self.trial_id,
+            hparams=self.hparams,
+            trial_seed=self.trial_seed,
+        )
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {dict: "an object", int: "an integer", str: "a string"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+class ClusterSession:
+    """The `Session` of rank 0 on a cluster: the master's TrialService over gRPC."""
+
+    def __init__(self, client: TrialClient, spec: ClusterSpec) -> None:
+        self.client = client
+        self.trial_id = spec.trial_id
+        self.run_id = spec.run_id
+        self.experiment_id = spec.experiment_id
+        self.last_validation: dict[str, float] = {}
+
+    def next_target(self, total_batches: int) -> int | None:
+        op = self.client.next_operation(
+            trial_pb2.NextOperationRequest(
+                trial_id=self.trial_id, run_id=self.run_id, total_batches=total_batches
+            )
+        )
+        if op.stop:
+            log.info("batch %d: the master says stop", total_batches)
+            return None
+        log.info("batch %d: train to batch %d", total_batches, op.total_batches)
+        return int(op.total_batches)
+
+    def report_training_metrics(self, report: MetricsReport) -> None:
+        self._report("training", report)
+
+    def report_validation_metrics(self, report: MetricsReport) -> None:
+        self._report("validation", report)
+        self.last_validation = dict(report.metrics)
+        log.info("batch %d validation: %s", report.total_batches, _fmt(report.metrics))
+
+    def _report(self, group: str, report: MetricsReport) -> None:
+        self.client.report_metrics(
+            trial_pb2.ReportMetricsRequest(
+                trial_id=self.trial_id,
+                run_id=self.run_id,
+                group=group,
+                reports=[
+                    common_pb2.MetricsReport(
+                        total_batches=report.total_batches,
+                        metrics={k: float(v) for k, v in report.metrics.items()},
+                    )
+                ],
+            )
+        )
+
+    def report_checkpoint(self, report: CheckpointReport) -> None:
+        metadata = report.metadata
+        checkpoint = common_pb2.Checkpoint(
+            uuid=metadata.uuid,
+            trial_id=self.trial_id,
+            experiment_id=self.experiment_id,
+            run_id=self.run_id,
+            total_batches=metadata.total_batches,
+            state=common_pb2.CHECKPOINT_STATE_COMPLETED,
+            location=str(report.path),
+            files=[
+                common_pb2.CheckpointFile(name=name, size_bytes=entry.size, sha256=entry.sha256)
+                for name, entry in sorted(metadata.files.items())
+            ],
+            validation_metrics=self.last_validation,
+        )
+        if metadata.user_metadata:
+            checkpoint.user_metadata.update(metadata.user_metadata)
+        self.client.report_checkpoint(
+            trial_pb2.ReportCheckpointRequest(
+                trial_id=self.trial_id, run_id=self.run_id, checkpoint=checkpoint
+            )
+        )
+        log.info(
+            "batch %d checkpoint: %s (%.1f MB)",
+            metadata.total_batches,
+            report.path,
+            metadata.size_bytes / 1e6,
+        )
+
+    def complete_target(self, total_batches: int, searcher_metric: float) -> None:
+        self.client.complete_operation(
+            trial_pb2.CompleteOperationRequest(
+                trial_id=self.trial_id,
+                run_id=self.run_id,
+                total_batches=total_batches,
+                searcher_metric=searcher_metric,
+            )
+        )
+
+    def preempt_requested(self) -> bool:
+        answer = self.client.should_preempt(
+            trial_pb2.ShouldPreemptRequest(trial_id=self.trial_id, run_id=self.run_id)
+        )
+        return bool(answer.preempt)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def run_cluster_slot(
+    spec: ClusterSpec,
+    *,
+    model_dir: str | Path,
+    env: Mapping[str, str] | None = None,
+    retry_s: float | None = None,
+) -> None:
+    """Train this slot of `spec`'s trial run until the master says stop."""
+    from assay._worker import run_worker
+
+    budget = retry_budget_from_env(env) if retry_s is None else retry_s
+    sessions: list[ClusterSession] = []
+
+    def make_session(config: ExperimentConfig) -> ClusterSession:
+        log.info(
+            "trial %d run %d (experiment %d, allocation %s): master at %s",
+            spec.trial_id,
+            spec.run_id,
+            spec.experiment_id,
+            spec.allocation_id,
+            spec.trial_api,
+        )
+        session = ClusterSession(TrialClient(spec.trial_api, spec.token, retry_s=budget), spec)
+        sessions.append(session)
+        return session
+
+    try:
+        run_worker(spec.worker_spec(model_dir), env=env, session_factory=make_session)
+    finally:
+        for session in sessions:
+            session.close()
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    try:
+        path = argv[0] if argv else os.environ.get(SPEC_ENV)
+        if not path:
+            raise AssayError(f"{SPEC_ENV} is not set: it names the trial spec JSON file")
+        spec = ClusterSpec.load(path)
+        run_cluster_slot(spec, model_dir=Path.cwd())
+    except AssayError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception:
+        traceback.print_exc()
+        return 1
+    from assay._worker import leave_process_group
+
+    leave_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

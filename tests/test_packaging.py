@@ -101,8 +101,15 @@ def test_wheel_contains_every_module(tmp_path: Path) -> None:
     assert "assay = assay.cli.main:main" in scripts
 
 
+HEAVY = ("torch", "grpc", "assay.proto")
+
+
 def test_cli_does_not_import_torch_at_start() -> None:
-    code = "import assay.cli.main; import sys; assert 'torch' not in sys.modules"
+    code = (
+        "import sys, assay.cli.main\n"
+        f"heavy = [m for m in sys.modules if m.split('.')[0] in {HEAVY!r} or m in {HEAVY!r}]\n"
+        "assert not heavy, heavy\n"
+    )
 
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
@@ -130,11 +137,45 @@ def test_help_does_not_import_torch() -> None:
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["experiment", "--help"],
+        ["e", "create", "--help"],
+        ["t", "logs", "--help"],
+        ["a", "--help"],
+        ["s", "list", "--help"],
+        ["c", "download", "--help"],
+        ["master", "info", "--help"],
+    ],
+)
+def test_cluster_command_help_imports_neither_torch_nor_grpc(args: list[str]) -> None:
+    code = (
+        "import sys\n"
+        "from assay.cli.main import cli\n"
+        "try:\n"
+        f"    cli({args!r}, prog_name='assay')\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        f"heavy = [m for m in sys.modules if m.split('.')[0] in {HEAVY!r} or m in {HEAVY!r}]\n"
+        "assert not heavy, heavy\n"
+    )
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
     ("args", "expected"),
     [
         (["--help"], "trial"),
         (["trial", "--help"], "run-local"),
         (["trial", "run-local", "--help"], "--checkpoint-dir"),
+        (["e", "--help"], "list-trials"),
+        (["t", "--help"], "metrics"),
         (["--version"], "0.1.0"),
     ],
 )

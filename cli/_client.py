@@ -1,0 +1,215 @@
+"""The channel to the master, one typed method per RPC, and gRPC errors as one-line messages.
+
+grpc and the generated stubs are imported when the first call is made, never at import
+time, so `assay --help` and `assay trial run-local` do not pay for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from assay.errors import AssayError
+
+from ._common import settings
+
+if TYPE_CHECKING:
+    from assay.proto import api_pb2, common_pb2
+
+UNARY_TIMEOUT_S = 30.0
+CREATE_TIMEOUT_S = 300.0
+MAX_MESSAGE_BYTES = 128 * 2**20  # above the 96 MiB model-definition limit
+
+# The server's own words are the message for these (config problems, unknown ids, ...).
+_USER_CODES = frozenset(
+    {
+        "NOT_FOUND",
+        "INVALID_ARGUMENT",
+        "FAILED_PRECONDITION",
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+        "ALREADY_EXISTS",
+        "RESOURCE_EXHAUSTED",
+        "OUT_OF_RANGE",
+        "ABORTED",
+    }
+)
+
+
+class MasterError(AssayError):
+    """The master refused a request or could not be reached."""
+
+
+class Client:
+    """A lazily opened channel to `address` (HOST:PORT)."""
+
+    def __init__(self, address: str, timeout: float = UNARY_TIMEOUT_S) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel: Any = None
+        self._stub: Any = None
+
+    @property
+    def stub(self) -> Any:
+        if self._stub is None:
+            import grpc
+
+            from assay.proto import api_pb2_grpc
+
+            self._channel = grpc.insecure_channel(
+                self.address,
+                options=[
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ],
+            )
+            self._stub = api_pb2_grpc.ApiStub(self._channel)
+        return self._stub
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = self._stub = None
+
+    @contextmanager
+    def _errors(self, timeout: float | None) -> Iterator[None]:
+        import grpc
+
+        try:
+            yield
+        except grpc.RpcError as e:
+            raise self._translate(e, timeout) from None
+
+    def _translate(self, error: Any, timeout: float | None) -> MasterError:
+        code = error.code()
+        name = getattr(code, "name", str(code))
+        details = (error.details() or "").strip()
+        if name == "UNAVAILABLE":
+            return MasterError(
+                f"cannot reach the master at {self.address} "
+                "(is assay-master running? set --master or ASSAY_MASTER)"
+            )
+        if name == "DEADLINE_EXCEEDED":
+            waited = f" within {timeout:g} s" if timeout else ""
+            return MasterError(f"the master at {self.address} did not answer{waited}")
+        if name in _USER_CODES and details:
+            return MasterError(details)
+        return MasterError(
+            f"the master at {self.address} failed the request ({name})"
+            + (f": {details}" if details else "")
+        )
+
+    def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        timeout = timeout or self.timeout
+        with self._errors(timeout):
+            return getattr(self.stub, method)(request, timeout=timeout)
+
+    # --- one method per RPC ---------------------------------------------------------
+
+    def get_master_info(self) -> api_pb2.MasterInfo:
+        from assay.proto import api_pb2
+
+        info: api_pb2.MasterInfo = self._unary("GetMasterInfo", api_pb2.GetMasterInfoRequest())
+        return info
+
+    def create_experiment(
+        self, config_yaml: str, model_definition: bytes, activate: bool
+    ) -> common_pb2.Experiment:
+        from assay.proto import api_pb2
+
+        request = api_pb2.CreateExperimentRequest(
+            config_yaml=config_yaml, model_definition=model_definition, activate=activate
+        )
+        # Uploads can be up to 96 MiB: allow for a slow link, not just a slow master.
+        response: api_pb2.CreateExperimentResponse = self._unary(
+            "CreateExperiment", request, timeout=CREATE_TIMEOUT_S
+        )
+        return response.experiment
+
+    def get_experiment(self, experiment_id: int) -> api_pb2.GetExperimentResponse:
+        from assay.proto import api_pb2
+
+        request = api_pb2.GetExperimentRequest(id=experiment_id)
+        response: api_pb2.GetExperimentResponse = self._unary("GetExperiment", request)
+        return response
+
+    def list_experiments(
+        self, request: api_pb2.ListExperimentsRequest
+    ) -> api_pb2.ListExperimentsResponse:
+        response: api_pb2.ListExperimentsResponse = self._unary("ListExperiments", request)
+        return response
+
+    def experiment_action(self, experiment_id: int, action: int) -> common_pb2.Experiment:
+        from assay.proto import api_pb2
+
+        request = api_pb2.ExperimentActionRequest(id=experiment_id, action=action)  # type: ignore[arg-type]
+        experiment: common_pb2.Experiment = self._unary("ExperimentAction", request)
+        return experiment
+
+    def get_trial(self, trial_id: int) -> common_pb2.Trial:
+        from assay.proto import api_pb2
+
+        trial: common_pb2.Trial = self._unary("GetTrial", api_pb2.GetTrialRequest(id=trial_id))
+        return trial
+
+    def get_trial_metrics(self, trial_id: int, group: str) -> api_pb2.GetTrialMetricsResponse:
+        from assay.proto import api_pb2
+
+        request = api_pb2.GetTrialMetricsRequest(id=trial_id, group=group, max_points=0)
+        response: api_pb2.GetTrialMetricsResponse = self._unary("GetTrialMetrics", request)
+        return response
+
+    def stream_trial_logs(
+        self, trial_id: int, *, after_id: int = 0, follow: bool = False, tail: int = 0
+    ) -> Iterator[common_pb2.LogLine]:
+        """Log lines in order. Without `follow` the whole call has a deadline (5 min)."""
+        from assay.proto import api_pb2
+
+        request = api_pb2.StreamTrialLogsRequest(
+            trial_id=trial_id, after_id=after_id, follow=follow, tail=tail
+        )
+        timeout = None if follow else 10 * self.timeout
+        with self._errors(timeout):
+            yield from getattr(self.stub, "StreamTrialLogs")(request, timeout=timeout)  # noqa: B009
+
+    def list_checkpoints(
+        self, experiment_id: int, trial_id: int = 0
+    ) -> list[common_pb2.Checkpoint]:
+        from assay.proto import api_pb2
+
+        request = api_pb2.ListCheckpointsRequest(experiment_id=experiment_id, trial_id=trial_id)
+        response: api_pb2.ListCheckpointsResponse = self._unary("ListCheckpoints", request)
+        return list(response.checkpoints)
+
+    def get_checkpoint(self, uuid: str) -> common_pb2.Checkpoint:
+        from assay.proto import api_pb2
+
+        request = api_pb2.GetCheckpointRequest(uuid=uuid)
+        checkpoint: common_pb2.Checkpoint = self._unary("GetCheckpoint", request)
+        return checkpoint
+
+    def list_agents(self) -> list[common_pb2.Agent]:
+        from assay.proto import api_pb2
+
+        response: api_pb2.ListAgentsResponse = self._unary(
+            "ListAgents", api_pb2.ListAgentsRequest()
+        )
+        return list(response.agents)
+
+    def set_agent_enabled(self, agent_id: str, enabled: bool) -> common_pb2.Agent:
+        from assay.proto import api_pb2
+
+        request = api_pb2.SetAgentEnabledRequest(id=agent_id, enabled=enabled)
+        agent: common_pb2.Agent = self._unary("SetAgentEnabled", request)
+        return agent
+
+
+def client() -> Client:
+    """The client for this invocation's `--master`, closed when the command ends."""
+    ctx = click.get_current_context()
+    c = Client(settings().master)
+    ctx.call_on_close(c.close)
+    return c

@@ -1,0 +1,106 @@
+"""What every command shares: the alias-aware group, settings, error printing, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, TypeVar
+
+import click
+
+from assay.errors import AssayError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_MASTER = "localhost:8090"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Options of the root command that every subcommand needs."""
+
+    master: str = DEFAULT_MASTER
+
+
+def settings() -> Settings:
+    ctx = click.get_current_context()
+    found = ctx.find_object(Settings)
+    return found if found is not None else Settings(os.environ.get("ASSAY_MASTER", DEFAULT_MASTER))
+
+
+def poll_seconds() -> float:
+    """How often `--follow` and `wait` poll the master (ASSAY_POLL_SECONDS, default 1)."""
+    try:
+        return max(0.01, float(os.environ.get("ASSAY_POLL_SECONDS", "1")))
+    except ValueError:
+        return 1.0
+
+
+def user_errors(func: F) -> F:
+    """Print an AssayError as `error: ...` (no traceback) and exit 1; Ctrl-C exits 130."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except AssayError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except BrokenPipeError:
+            # `assay trial logs 3 | head`: the reader left; stop quietly, as `cat` does.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(141)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def echo_json(value: Any) -> None:
+    """One JSON document on one line: the last line of stdout for scripts to parse."""
+    click.echo(json.dumps(value))
+
+
+class AliasedGroup(click.Group):
+    """A group whose commands also answer to short aliases (`experiment` = `e`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aliases: dict[str, str] = {}
+
+    def add_aliased(self, cmd: click.Command, *aliases: str) -> None:
+        self.add_command(cmd)
+        assert cmd.name is not None
+        for alias in aliases:
+            self.aliases[alias] = cmd.name
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, self.aliases.get(cmd_name, cmd_name))
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        _, cmd, rest = super().resolve_command(ctx, args)
+        return (cmd.name if cmd is not None else None), cmd, rest
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        shown: dict[str, list[str]] = {}
+        for alias, name in self.aliases.items():
+            shown.setdefault(name, []).append(alias)
+        rows: list[tuple[str, str]] = []
+        width = formatter.width - 6 - max((len(n) for n in self.list_commands(ctx)), default=0)
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            label = f"{name} ({', '.join(shown[name])})" if name in shown else name
+            rows.append((label, cmd.get_short_help_str(limit=max(width, 30))))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)

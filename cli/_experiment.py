@@ -1,0 +1,284 @@
+"""`assay experiment` (`assay e`): create, follow, list, describe, control and await."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from assay.errors import AssayError
+
+from . import _format as fmt
+from ._client import Client, client
+from ._common import AliasedGroup, echo_json, poll_seconds, user_errors
+
+if TYPE_CHECKING:
+    from assay.proto import api_pb2
+
+STATES = [
+    "ACTIVE",
+    "PAUSED",
+    "STOPPING_CANCELED",
+    "STOPPING_KILLED",
+    "COMPLETED",
+    "CANCELED",
+    "ERROR",
+]
+ACTIONS = ["pause", "activate", "cancel", "kill", "archive", "unarchive"]
+
+
+@click.group("experiment", cls=AliasedGroup)
+def experiment() -> None:
+    """Create, watch and control experiments."""
+
+
+@experiment.command("create")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-f", "--follow", is_flag=True, help="Stream trial states and logs until it ends.")
+@click.option("--paused", is_flag=True, help="Create it paused (start with `experiment activate`).")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id": N} as the last line.')
+@user_errors
+def create_command(
+    config: Path, model_dir: Path, follow: bool, paused: bool, as_json: bool
+) -> None:
+    """Upload MODEL_DIR with the experiment CONFIG and start searching.
+
+    The config is validated here first; MODEL_DIR is packed (honouring `.assayignore`)
+    and must stay under 96 MiB compressed. With --follow, exits 0 only if the experiment
+    completes.
+    """
+    from assay._archive import pack_model_dir
+    from assay.config import load_config
+
+    if follow and paused:
+        raise click.UsageError("--follow needs a running experiment; drop --paused")
+    load_config(config)  # every problem, with its key path, before anything is uploaded
+    text = config.read_text()
+    if not model_dir.is_dir():
+        raise AssayError(f"model directory {model_dir} does not exist")
+    archive = pack_model_dir(model_dir)
+    api = client()
+    created = api.create_experiment(text, archive, activate=not paused)
+    if as_json:
+        echo_json({"id": created.id})
+    else:
+        click.echo(f"Created experiment {created.id}" + (" (paused)" if paused else ""))
+    if not follow:
+        return
+    # With --json, stdout stays one JSON document; the progress goes to stderr.
+    try:
+        final = follow_experiment(api, created.id, err=as_json)
+    except KeyboardInterrupt:
+        click.echo(
+            f"stopped following; experiment {created.id} keeps running "
+            f"(assay experiment describe {created.id})",
+            err=True,
+        )
+        sys.exit(130)
+    if final != "COMPLETED":
+        raise AssayError(f"experiment {created.id} ended in state {final}")
+
+
+def follow_experiment(api: Client, experiment_id: int, *, err: bool = False) -> str:
+    """Print trial state changes and new log lines until the experiment ends; its state."""
+
+    def out(line: str) -> None:
+        click.echo(line, err=err)
+
+    trial_states: dict[int, str] = {}
+    last_log: dict[int, int] = {}
+    drained: set[int] = set()
+    state = ""
+    while True:
+        response = api.get_experiment(experiment_id)
+        new_state = fmt.experiment_state(response.experiment.state)
+        if new_state != state:
+            out(f"experiment {experiment_id}: {new_state}")
+            state = new_state
+        finished = state in fmt.TERMINAL_EXPERIMENT_STATES
+        for t in sorted(response.trials, key=lambda t: t.id):
+            t_state = fmt.trial_state(t.state)
+            if trial_states.get(t.id) != t_state:
+                out(f"trial {t.id}: {t_state}")
+                trial_states[t.id] = t_state
+            if t.id in drained:
+                continue
+            for line in api.stream_trial_logs(t.id, after_id=last_log.get(t.id, 0)):
+                out(f"[trial {t.id} rank {line.rank}] {line.message.rstrip(chr(10))}")
+                last_log[t.id] = max(last_log.get(t.id, 0), line.id)
+            if t_state in fmt.TERMINAL_TRIAL_STATES:
+                drained.add(t.id)  # its logs are complete: no need to ask again
+        if finished:
+            return state
+        time.sleep(poll_seconds())
+
+
+def _list_request(
+    show_all: bool, states: tuple[str, ...], name: str | None, label: str | None, limit: int
+) -> api_pb2.ListExperimentsRequest:
+    from assay.proto import api_pb2, common_pb2
+
+    request = api_pb2.ListExperimentsRequest(
+        states=[common_pb2.ExperimentState.Value(f"EXPERIMENT_STATE_{s.upper()}") for s in states],
+        name=name or "",
+        label=label or "",
+        limit=limit,
+        sort_by="id",
+        ascending=True,
+    )
+    if not show_all:
+        request.archived = False
+    return request
+
+
+@experiment.command("list")
+@click.option("--all", "show_all", is_flag=True, help="Include archived experiments.")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(STATES, case_sensitive=False),
+    help="Only these states (repeat for several).",
+)
+@click.option("--name", help="Only names containing this (case-insensitive).")
+@click.option("--label", help="Only experiments with this label.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@user_errors
+def list_command(
+    show_all: bool,
+    states: tuple[str, ...],
+    name: str | None,
+    label: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List experiments (archived ones only with --all)."""
+    request = _list_request(show_all, states, name, label, limit)
+    response = client().list_experiments(request)
+    experiments = [fmt.experiment_summary(e) for e in response.experiments]
+    if as_json:
+        echo_json(experiments)
+        return
+    rows = [
+        [
+            e["id"],
+            e["name"],
+            e["state"] + (" (archived)" if e["archived"] else ""),
+            f"{100 * e['progress']:.0f}%",
+            e["num_trials"],
+            fmt.metric(e["best_validation"]),
+            e["owner"] or None,
+            ",".join(e["labels"]) or None,
+            e["start_time"],
+        ]
+        for e in experiments
+    ]
+    headers = ["ID", "NAME", "STATE", "PROGRESS", "TRIALS", "BEST", "OWNER", "LABELS", "STARTED"]
+    click.echo(fmt.table(headers, rows))
+    if response.total > len(experiments):
+        click.echo(f"({len(experiments)} of {response.total}; use --limit to see more)")
+
+
+@experiment.command("describe")
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def describe_command(experiment_id: int, as_json: bool) -> None:
+    """Show an experiment, its config and its trials."""
+    response = client().get_experiment(experiment_id)
+    if as_json:
+        echo_json(fmt.experiment_detail(response))
+        return
+    e = fmt.experiment_summary(response.experiment)
+    fields = [
+        ("ID", e["id"]),
+        ("Name", e["name"]),
+        ("State", e["state"] + (" (archived)" if e["archived"] else "")),
+        ("Searcher", e["searcher"] or None),
+        ("Progress", f"{100 * e['progress']:.0f}%"),
+        ("Best validation", fmt.metric(e["best_validation"])),
+        ("Owner", e["owner"] or None),
+        ("Labels", ", ".join(e["labels"]) or None),
+        ("Started", e["start_time"]),
+        ("Ended", e["end_time"]),
+    ]
+    for key, value in fields:
+        click.echo(f"{key + ':':17}{'-' if value is None else value}")
+    click.echo("")
+    click.echo(fmt.trial_rows(list(response.trials)))
+
+
+@experiment.command("list-trials")
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@user_errors
+def list_trials_command(experiment_id: int, as_json: bool) -> None:
+    """List the trials of an experiment."""
+    response = client().get_experiment(experiment_id)
+    if as_json:
+        echo_json([fmt.trial_dict(t) for t in response.trials])
+    else:
+        click.echo(fmt.trial_rows(list(response.trials)))
+
+
+def _action_command(action: str) -> click.Command:
+    done = {
+        "pause": "paused",
+        "activate": "activated",
+        "cancel": "canceling",
+        "kill": "killing",
+        "archive": "archived",
+        "unarchive": "unarchived",
+    }[action]
+
+    @click.argument("experiment_id", metavar="ID", type=int)
+    @user_errors
+    def command(experiment_id: int) -> None:
+        from assay.proto import api_pb2
+
+        kind = api_pb2.ExperimentActionKind.Value(f"EXPERIMENT_ACTION_{action.upper()}")
+        result = client().experiment_action(experiment_id, kind)
+        state = fmt.experiment_state(result.state)
+        click.echo(f"experiment {experiment_id} {done} (state {state})")
+
+    helps = {
+        "pause": "Pause an experiment: its trials checkpoint and release their slots.",
+        "activate": "Resume (or start) a paused experiment.",
+        "cancel": "Stop an experiment gracefully: trials checkpoint, then stop.",
+        "kill": "Stop an experiment now, without checkpointing.",
+        "archive": "Hide a finished experiment from `experiment list`.",
+        "unarchive": "Show an archived experiment in `experiment list` again.",
+    }
+    return click.command(action, help=helps[action])(command)
+
+
+for _action in ACTIONS:
+    experiment.add_command(_action_command(_action))
+
+
+@experiment.command("wait")
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.option("--timeout", type=click.FloatRange(min=0), help="Give up after this many seconds.")
+@user_errors
+def wait_command(experiment_id: int, timeout: float | None) -> None:
+    """Wait until an experiment ends; exit 0 only if it COMPLETED."""
+    api = client()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        state = fmt.experiment_state(api.get_experiment(experiment_id).experiment.state)
+        if state in fmt.TERMINAL_EXPERIMENT_STATES:
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            raise AssayError(f"experiment {experiment_id} is still {state} after {timeout:g} s")
+        pause = poll_seconds()
+        if deadline is not None:
+            pause = min(pause, deadline - time.monotonic())
+        time.sleep(max(0.0, pause))
+    if state != "COMPLETED":
+        raise AssayError(f"experiment {experiment_id} ended in state {state}")
+    click.echo(f"experiment {experiment_id} {state}")

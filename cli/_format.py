@@ -1,0 +1,234 @@
+"""Tables for people, plain dicts for `--json`: every message the CLI shows goes through here.
+
+Protobuf is imported inside the functions, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+    from google.protobuf.struct_pb2 import Struct
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from assay.proto import api_pb2, common_pb2
+
+TERMINAL_EXPERIMENT_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR"})
+TERMINAL_TRIAL_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR"})
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Aligned columns, two spaces apart; `None` shows as `-`."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for row in cells:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def _enum(enum_name: str, value: int, prefix: str) -> str:
+    from assay.proto import common_pb2
+
+    try:
+        name: str = getattr(common_pb2, enum_name).Name(value)
+    except ValueError:
+        return str(value)  # a state newer than this CLI
+    return name.removeprefix(prefix)
+
+
+def experiment_state(value: int) -> str:
+    return _enum("ExperimentState", value, "EXPERIMENT_STATE_")
+
+
+def trial_state(value: int) -> str:
+    return _enum("TrialState", value, "TRIAL_STATE_")
+
+
+def slot_type(value: int) -> str:
+    return _enum("SlotType", value, "SLOT_TYPE_")
+
+
+def checkpoint_state(value: int) -> str:
+    return _enum("CheckpointState", value, "CHECKPOINT_STATE_")
+
+
+def _ints(value: Any) -> Any:
+    """Struct stores every number as a double: give whole numbers back as ints."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_ints(v) for v in value]
+    return value
+
+
+def struct(message: Struct) -> dict[str, Any]:
+    from google.protobuf import json_format
+
+    converted: dict[str, Any] = _ints(json_format.MessageToDict(message))
+    return converted
+
+
+def timestamp(message: Message, field: str) -> str | None:
+    if not message.HasField(field):
+        return None
+    ts: Timestamp = getattr(message, field)
+    return ts.ToDatetime().isoformat(timespec="seconds") + "Z"
+
+
+def optional_float(message: Message, field: str) -> float | None:
+    if not message.HasField(field):
+        return None
+    value: float = getattr(message, field)
+    return value
+
+
+def metric(value: float | None) -> str | None:
+    if value is None:
+        return None
+    return f"{value:.6g}" if math.isfinite(value) else str(value)
+
+
+def trial_dict(t: common_pb2.Trial) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "state": trial_state(t.state),
+        "hparams": struct(t.hparams),
+        "total_batches": t.total_batches,
+        "best_validation": optional_float(t, "best_validation"),
+        "latest_checkpoint": t.latest_checkpoint or None,
+        "restarts": t.restarts,
+    }
+
+
+def trial_detail_dict(t: common_pb2.Trial) -> dict[str, Any]:
+    return {
+        **trial_dict(t),
+        "experiment_id": t.experiment_id,
+        "seed": t.seed,
+        "run_id": t.run_id,
+        "start_time": timestamp(t, "start_time"),
+        "end_time": timestamp(t, "end_time"),
+    }
+
+
+def experiment_summary(e: common_pb2.Experiment) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "name": e.name,
+        "state": experiment_state(e.state),
+        "owner": e.owner,
+        "labels": list(e.labels),
+        "searcher": e.searcher,
+        "progress": e.progress,
+        "num_trials": e.num_trials,
+        "best_validation": optional_float(e, "best_validation"),
+        "priority": e.priority,
+        "archived": e.archived,
+        "start_time": timestamp(e, "start_time"),
+        "end_time": timestamp(e, "end_time"),
+    }
+
+
+def experiment_detail(response: api_pb2.GetExperimentResponse) -> dict[str, Any]:
+    e = response.experiment
+    return {
+        "id": e.id,
+        "name": e.name,
+        "state": experiment_state(e.state),
+        "config": struct(e.config),
+        "trials": [trial_dict(t) for t in response.trials],
+    }
+
+
+def hparams_text(hparams: Mapping[str, Any], limit: int = 60) -> str:
+    text = " ".join(f"{k}={v}" for k, v in sorted(hparams.items()))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def trial_rows(trials: Sequence[common_pb2.Trial]) -> str:
+    rows = []
+    for t in trials:
+        d = trial_dict(t)
+        rows.append(
+            [
+                d["id"],
+                d["state"],
+                d["total_batches"],
+                metric(d["best_validation"]),
+                d["restarts"],
+                d["latest_checkpoint"],
+                hparams_text(d["hparams"]),
+            ]
+        )
+    headers = ["ID", "STATE", "BATCHES", "BEST", "RESTARTS", "CHECKPOINT", "HPARAMS"]
+    return table(headers, rows)
+
+
+def checkpoint_dict(c: common_pb2.Checkpoint) -> dict[str, Any]:
+    return {
+        "uuid": c.uuid,
+        "experiment_id": c.experiment_id,
+        "trial_id": c.trial_id,
+        "run_id": c.run_id,
+        "total_batches": c.total_batches,
+        "state": checkpoint_state(c.state),
+        "location": c.location,
+        "size_bytes": sum(f.size_bytes for f in c.files),
+        "files": [
+            {"name": f.name, "size_bytes": f.size_bytes, "sha256": f.sha256} for f in c.files
+        ],
+        "validation_metrics": dict(sorted(c.validation_metrics.items())),
+        "user_metadata": struct(c.user_metadata),
+    }
+
+
+def slot_dict(s: common_pb2.Slot) -> dict[str, Any]:
+    busy = bool(s.allocation_id)
+    return {
+        "agent_id": s.agent_id,
+        "index": s.index,
+        "type": slot_type(s.type),
+        "enabled": s.enabled,
+        "allocation_id": s.allocation_id or None,
+        "trial_id": s.trial_id if busy and s.trial_id else None,
+    }
+
+
+def agent_dict(a: common_pb2.Agent) -> dict[str, Any]:
+    return {
+        "id": a.id,
+        "address": a.address,
+        "slot_type": slot_type(a.slot_type),
+        "connected": a.connected,
+        "enabled": a.enabled,
+        "slots": len(a.slots),
+        "used_slots": sum(1 for s in a.slots if s.allocation_id),
+        "devices": [
+            {
+                "index": d.index,
+                "type": slot_type(d.type),
+                "name": d.name,
+                "uuid": d.uuid,
+                "memory_bytes": d.memory_bytes,
+                "utilization": d.utilization,
+            }
+            for d in a.devices
+        ],
+        "memory_bytes": a.memory_bytes,
+        "memory_used_fraction": a.memory_used_fraction,
+        "cpu_utilization": a.cpu_utilization,
+        "last_heartbeat": timestamp(a, "last_heartbeat"),
+    }
+
+
+def percent(fraction: float) -> str:
+    return f"{100 * fraction:.0f}%"

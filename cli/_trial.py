@@ -1,0 +1,154 @@
+"""`assay trial` (`assay t`): run one trial locally, or inspect a cluster trial."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from assay.errors import AssayError
+
+from . import _format as fmt
+from ._client import client
+from ._common import AliasedGroup, echo_json, user_errors
+
+
+@click.group("trial", cls=AliasedGroup)
+def trial() -> None:
+    """Work with single trials."""
+
+
+@trial.command("run-local")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--slots", type=click.IntRange(min=1), help="Override resources.slots_per_trial.")
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where checkpoints go (default: checkpoint_storage.host_path, else ./checkpoints).",
+)
+@click.option(
+    "--resume-from",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Continue from this checkpoint directory (counters, data position, RNG).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the result last.")
+@user_errors
+def run_local_command(
+    config: Path,
+    model_dir: Path,
+    slots: int | None,
+    checkpoint_dir: Path | None,
+    resume_from: Path | None,
+    as_json: bool,
+) -> None:
+    """Train one trial on this machine exactly as a cluster slot would.
+
+    CONFIG is the experiment YAML; MODEL_DIR holds the code its `entrypoint` names.
+    """
+    from assay.config import load_config, parse_config
+
+    parsed = load_config(config)  # validate everything before importing torch
+    if slots is not None:
+        resources = dict(parsed.raw.get("resources") or {}, slots_per_trial=slots)
+        parsed = parse_config({**parsed.raw, "resources": resources})
+    if not model_dir.is_dir():
+        raise AssayError(f"model directory {model_dir} does not exist")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from assay._local import run_local
+
+    result = run_local(
+        config=parsed,
+        model_dir=model_dir,
+        slots=slots,
+        checkpoint_dir=checkpoint_dir,
+        resume_from=resume_from,
+    )
+    if as_json:
+        summary = {
+            "total_batches": result.total_batches,
+            "validation_metrics": result.validation_metrics,
+            "checkpoint": result.checkpoint,
+        }
+        click.echo(json.dumps(summary))
+    else:
+        metrics = " ".join(f"{k}={v:.6g}" for k, v in sorted(result.validation_metrics.items()))
+        click.echo(f"trained {result.total_batches} batches; validation: {metrics}")
+        click.echo(f"checkpoint: {result.checkpoint}")
+
+
+@trial.command("describe")
+@click.argument("trial_id", metavar="ID", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def describe_command(trial_id: int, as_json: bool) -> None:
+    """Show a trial: state, hyperparameters, progress, latest checkpoint."""
+    t = fmt.trial_detail_dict(client().get_trial(trial_id))
+    if as_json:
+        echo_json(t)
+        return
+    fields = [
+        ("ID", t["id"]),
+        ("Experiment", t["experiment_id"]),
+        ("State", t["state"]),
+        ("Batches", t["total_batches"]),
+        ("Best validation", fmt.metric(t["best_validation"])),
+        ("Checkpoint", t["latest_checkpoint"]),
+        ("Restarts", t["restarts"]),
+        ("Run", t["run_id"]),
+        ("Seed", t["seed"]),
+        ("Started", t["start_time"]),
+        ("Ended", t["end_time"]),
+    ]
+    for key, value in fields:
+        click.echo(f"{key + ':':17}{'-' if value is None else value}")
+    click.echo("Hyperparameters:")
+    for key, value in sorted(t["hparams"].items()):
+        click.echo(f"  {key}: {json.dumps(value)}")
+
+
+@trial.command("logs")
+@click.argument("trial_id", metavar="ID", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the trial ends.")
+@click.option("--tail", type=click.IntRange(min=1), help="Only the last N lines (then follow).")
+@user_errors
+def logs_command(trial_id: int, follow: bool, tail: int | None) -> None:
+    """Print a trial's logs, every rank's, as `[rank R] message`."""
+    for line in client().stream_trial_logs(trial_id, follow=follow, tail=tail or 0):
+        click.echo(f"[rank {line.rank}] {line.message.rstrip(chr(10))}")
+
+
+@trial.command("metrics")
+@click.argument("trial_id", metavar="ID", type=int)
+@click.option(
+    "--group",
+    default="training",
+    show_default=True,
+    metavar="training|validation|NAME",
+    help="Which metrics: training, validation, or a custom group.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, oldest report first.")
+@user_errors
+def metrics_command(trial_id: int, group: str, as_json: bool) -> None:
+    """Print every metrics report of a trial in one group."""
+    reports = sorted(
+        client().get_trial_metrics(trial_id, group).reports, key=lambda r: r.total_batches
+    )
+    rows: list[dict[str, Any]] = [
+        {"total_batches": r.total_batches, "metrics": dict(sorted(r.metrics.items()))}
+        for r in reports
+    ]
+    if as_json:
+        echo_json(rows)
+        return
+    names = sorted({name for r in rows for name in r["metrics"]})
+    click.echo(
+        fmt.table(
+            ["BATCHES", *names],
+            [[r["total_batches"], *(fmt.metric(r["metrics"].get(n)) for n in names)] for r in rows],
+        )
+    )

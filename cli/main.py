@@ -13,6 +13,7 @@ from assay import __version__
 from ._agent import agent, master, slot
 from ._checkpoint import checkpoint
 from ._common import DEFAULT_MASTER, AliasedGroup, Settings
+from ._deploy import deploy
 from ._experiment import experiment
 from ._trial import run_local_command, trial
 
@@ -44,6 +45,7 @@ cli.add_aliased(agent, "a")
 cli.add_aliased(slot, "s")
 cli.add_aliased(checkpoint, "c")
 cli.add_aliased(master)
+cli.add_aliased(deploy)
 
 
 def main() -> None:

@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 
 from assay._local import free_port
+from tests.store.conftest import _empty_postgres, postgres_url
+
+__all__ = ["postgres_url"]  # the session's PostgreSQL database, shared with the store tests
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -121,8 +124,6 @@ def stop_cluster(cluster: Cluster) -> None:
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
     db_url = None
     if request.param == "postgresql":
-        from tests.store.conftest import _empty_postgres
-
         db_url = request.getfixturevalue("postgres_url")
         _empty_postgres(db_url)
     c = start_cluster(tmp_path, db_url, agents=2, slots=2)

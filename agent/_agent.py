@@ -1,0 +1,277 @@
+"""The agent: its slots, its stream to the master, and the allocations it runs.
+
+`Agent.run()` owns the launching thread: every harness process is forked from it, and
+PR_SET_PDEATHSIG ties the processes to that thread, so run it on a thread that lives as
+long as the agent (the main thread, in `assay-agent`). Master messages arrive on the
+connection's thread and are queued for it; allocations report their exit from their
+own watcher threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from google.protobuf.timestamp_pb2 import Timestamp
+
+import assay
+from assay.agent._allocation import (
+    Allocation,
+    AllocationError,
+    LaunchSettings,
+    state_change,
+    validate,
+)
+from assay.agent._connection import Backoff, MasterConnection
+from assay.agent._devices import DeviceMonitor, SlotKind, detect_devices, slot_type_proto
+from assay.proto import agent_pb2
+
+log = logging.getLogger("assay.agent")
+
+HARNESS_COMMAND = (sys.executable, "-m", "assay._cluster")
+DEFAULT_GRACE = 30.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything `assay-agent`'s options set; see `assay-agent --help`."""
+
+    master: str
+    agent_id: str = field(default_factory=socket.gethostname)
+    slot_type: SlotKind | None = None
+    slots: int | None = None
+    work_dir: Path | None = None
+    address: str | None = None
+    heartbeat_timeout: float = 30.0
+    keep_work_dirs: bool = False
+    harness_command: Sequence[str] = HARNESS_COMMAND
+    # SIGTERM-to-SIGKILL grace: for a KillAllocation without one, the other ranks of a
+    # failed rank, and the allocations still running when the agent stops.
+    grace: float = DEFAULT_GRACE
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.master.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"master must be HOST:PORT, got {self.master!r}")
+        if self.slots is not None and self.slots < 1:
+            raise ValueError(f"slots must be at least 1, got {self.slots}")
+        if self.heartbeat_timeout <= 0:
+            raise ValueError(f"heartbeat_timeout must be positive, got {self.heartbeat_timeout}")
+        if not self.harness_command:
+            raise ValueError("harness_command must not be empty")
+
+
+def guess_address(master: str) -> str:
+    """This machine's address on the route to the master (no packet is sent)."""
+    host = master.rpartition(":")[0].strip("[]")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
+
+
+def default_work_dir(agent_id: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", agent_id)
+    return Path(tempfile.gettempdir()) / f"assay-agent-{safe}"
+
+
+class Agent:
+    """One agent daemon. Raises `NoGPUError` at construction for cuda without GPUs."""
+
+    def __init__(
+        self, config: AgentConfig, *, nvml: Any | None = None, backoff: Backoff | None = None
+    ) -> None:
+        self.config = config
+        self.devices: DeviceMonitor = detect_devices(config.slot_type, config.slots, nvml)
+        self.address = config.address or guess_address(config.master)
+        self.work_dir = (config.work_dir or default_work_dir(config.agent_id)).resolve()
+        self.settings = LaunchSettings(
+            work_dir=self.work_dir,
+            harness_command=tuple(config.harness_command),
+            slot_kind=self.devices.kind,
+            slot_count=len(self.devices.devices),
+            address=self.address,
+            keep_work_dirs=config.keep_work_dirs,
+            failure_grace=config.grace,
+        )
+        self._events: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
+        self.connection = MasterConnection(
+            config.master,
+            register=self._register,
+            heartbeat=self._heartbeat,
+            on_message=self._enqueue,
+            timeout=config.heartbeat_timeout,
+            backoff=backoff,
+        )
+        self._lock = threading.Lock()
+        self._allocations: dict[str, Allocation] = {}
+        self._stop_requests = 0  # a plain int: signal handlers only bump it
+
+    @property
+    def running_allocations(self) -> list[str]:
+        with self._lock:
+            return sorted(self._allocations)
+
+    def stop(self) -> None:
+        """Ask `run()` to stop the allocations (SIGTERM, then SIGKILL after the grace) and
+        return; a second call SIGKILLs them at once. Safe to call from a signal handler."""
+        self._stop_requests += 1
+
+    def run(self) -> None:
+        """Serve the master until `stop()`; every allocation has exited when it returns."""
+        self._clean_work_dir()
+        thread = threading.Thread(target=self.connection.run, name="master", daemon=True)
+        thread.start()
+        log.info(
+            "agent %s: %d %s slot(s) (%s), address %s, work dir %s, master %s",
+            self.config.agent_id,
+            len(self.devices.devices),
+            self.devices.kind,
+            self.devices.devices[0].name,
+            self.address,
+            self.work_dir,
+            self.config.master,
+        )
+        stopping = forced = False
+        try:
+            while True:
+                if self._stop_requests and not stopping:
+                    stopping = True
+                    self._stop_all(graceful=True)
+                if self._stop_requests > 1 and not forced:
+                    forced = True
+                    self._stop_all(graceful=False)
+                if stopping and not self.running_allocations:
+                    break
+                with contextlib.suppress(queue.Empty):
+                    self._handle(self._events.get(timeout=0.1), stopping)
+        finally:
+            self.connection.close()
+            thread.join(timeout=5)
+            self.devices.close()
+            log.info("agent %s stopped", self.config.agent_id)
+
+    def _enqueue(self, message: agent_pb2.MasterMessage) -> None:
+        self._events.put(message)
+
+    def _handle(self, message: agent_pb2.MasterMessage, stopping: bool) -> None:
+        if message.HasField("start"):
+            self._start(message.start, stopping)
+        elif message.HasField("kill"):
+            self._kill(message.kill)
+
+    def _start(self, start: agent_pb2.StartAllocation, stopping: bool) -> None:
+        allocation_id = start.allocation_id
+        with self._lock:
+            known = allocation_id in self._allocations
+            busy = {s for a in self._allocations.values() for s in a.slots}
+        if known:  # the master re-sent it (e.g. after its restart): it is running
+            self.connection.send(state_change(allocation_id, agent_pb2.ALLOCATION_STATE_RUNNING))
+            return
+        log.info(
+            "starting allocation %s (trial %d, slots %s)",
+            allocation_id,
+            start.trial_id,
+            list(start.slots),
+        )
+        allocation = Allocation(start, self.settings, self.connection.send, self._done)
+        try:
+            if stopping:
+                raise AllocationError("the agent is shutting down")
+            validate(start, self.settings.slot_count, busy)
+            with self._lock:
+                self._allocations[allocation_id] = allocation
+            allocation.launch()
+        except AllocationError as e:
+            with self._lock:
+                self._allocations.pop(allocation_id, None)
+            log.warning("cannot start allocation %s: %s", allocation_id, e)
+            self.connection.send(
+                state_change(allocation_id, agent_pb2.ALLOCATION_STATE_EXITED, (), str(e))
+            )
+
+    def _kill(self, kill: agent_pb2.KillAllocation) -> None:
+        with self._lock:
+            allocation = self._allocations.get(kill.allocation_id)
+        if allocation is None:
+            self.connection.send(
+                state_change(
+                    kill.allocation_id,
+                    agent_pb2.ALLOCATION_STATE_EXITED,
+                    (),
+                    "not running on this agent",
+                )
+            )
+            return
+        grace = float(kill.grace_seconds) if kill.grace_seconds > 0 else self.config.grace
+        how = f"SIGTERM, then SIGKILL after {grace:g}s" if kill.graceful else "SIGKILL"
+        log.info("killing allocation %s (%s)", kill.allocation_id, how)
+        allocation.kill(kill.graceful, grace, f"killed by the master ({how})")
+
+    def _stop_all(self, graceful: bool) -> None:
+        with self._lock:
+            allocations = list(self._allocations.values())
+        how = f"SIGTERM, then SIGKILL after {self.config.grace:g}s" if graceful else "SIGKILL"
+        if allocations:
+            log.info("stopping %d allocation(s) (%s)", len(allocations), how)
+        for allocation in allocations:
+            allocation.kill(graceful, self.config.grace, f"the agent is shutting down ({how})")
+
+    def _done(self, allocation_id: str) -> None:
+        with self._lock:
+            self._allocations.pop(allocation_id, None)
+
+    def _register(self) -> agent_pb2.Register:
+        return agent_pb2.Register(
+            agent_id=self.config.agent_id,
+            version=assay.__version__,
+            slot_type=slot_type_proto(self.devices.kind),
+            devices=[d.to_proto() for d in self.devices.sample()],
+            address=self.address,
+            running_allocations=self.running_allocations,
+            memory_bytes=psutil.virtual_memory().total,
+        )
+
+    def _heartbeat(self) -> agent_pb2.Heartbeat:
+        now = Timestamp()
+        now.GetCurrentTime()
+        busy = psutil.cpu_percent(interval=None) / 100.0
+        return agent_pb2.Heartbeat(
+            time=now,
+            devices=[d.to_proto() for d in self.devices.sample(cpu_busy=busy)],
+            cpu_utilization=busy,
+            memory_used_fraction=psutil.virtual_memory().percent / 100.0,
+        )
+
+    def _clean_work_dir(self) -> None:
+        """Remove allocation directories left by an earlier run (their processes died
+        with it), unless they are kept for debugging."""
+        leftovers = self.work_dir / "allocations"
+        if leftovers.exists() and not self.config.keep_work_dirs:
+            shutil.rmtree(leftovers, ignore_errors=True)
+        leftovers.mkdir(parents=True, exist_ok=True)
+
+
+__all__ = [
+    "DEFAULT_GRACE",
+    "HARNESS_COMMAND",
+    "Agent",
+    "AgentConfig",
+    "default_work_dir",
+    "guess_address",
+]

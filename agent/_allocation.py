@@ -1,0 +1,264 @@
+"""One allocation on this agent: its directory, trial spec, processes, logs and exit.
+
+Layout: `<work-dir>/allocations/<allocation_id>/` holds `model/` (the extracted model
+definition, the processes' working directory) and `trial.json` (what the harness reads,
+named by `ASSAY_TRIAL_SPEC`). It is deleted once the processes have exited, unless the
+agent keeps work directories for debugging.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from assay._archive import ModelDefinitionError, unpack_model_dir
+from assay.agent._devices import SlotKind
+from assay.agent._logs import LogBatcher
+from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
+from assay.errors import AssayError
+from assay.proto import agent_pb2
+
+log = logging.getLogger("assay.agent")
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+Send = Callable[[agent_pb2.AgentMessage], None]
+
+
+class AllocationError(AssayError):
+    """A StartAllocation this agent cannot carry out; the message goes to the master."""
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What every allocation of this agent shares."""
+
+    work_dir: Path
+    harness_command: Sequence[str]
+    slot_kind: SlotKind
+    slot_count: int
+    address: str  # MASTER_ADDR when the master leaves it empty
+    keep_work_dirs: bool = False
+    failure_grace: float = 30.0
+
+
+def state_change(
+    allocation_id: str,
+    state: agent_pb2.AllocationState.ValueType,
+    codes: Sequence[int] = (),
+    message: str = "",
+) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(
+        allocation_state=agent_pb2.AllocationStateChange(
+            allocation_id=allocation_id, state=state, exit_codes=list(codes), message=message
+        )
+    )
+
+
+def _json_or_empty(text: str, field: str) -> Any:
+    try:
+        return json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        raise AllocationError(f"{field} is not valid JSON: {e}") from None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def validate(start: agent_pb2.StartAllocation, slot_count: int, busy: set[int]) -> None:
+    """Refuse a StartAllocation this agent cannot honour, with a message saying why."""
+    if not _SAFE_ID.match(start.allocation_id):
+        raise AllocationError(f"allocation id {start.allocation_id!r} is not a safe name")
+    slots, ranks = list(start.slots), list(start.ranks)
+    if not slots or len(slots) != len(ranks):
+        raise AllocationError(f"{len(slots)} slots but {len(ranks)} ranks; need one rank a slot")
+    if len(set(slots)) != len(slots):
+        raise AllocationError(f"slots {slots} name a slot twice")
+    bad = [s for s in slots if not 0 <= s < slot_count]
+    if bad:
+        raise AllocationError(f"slots {bad} do not exist on this agent (it has {slot_count})")
+    taken = sorted(busy.intersection(slots))
+    if taken:
+        raise AllocationError(f"slots {taken} are already running another allocation")
+    if start.world_size < len(ranks) or any(not 0 <= r < start.world_size for r in ranks):
+        raise AllocationError(f"ranks {ranks} do not fit world size {start.world_size}")
+
+
+class Allocation:
+    """Started from the agent's launching thread; a watcher thread reports its exit."""
+
+    def __init__(
+        self,
+        start: agent_pb2.StartAllocation,
+        settings: LaunchSettings,
+        send: Send,
+        on_done: Callable[[str], None],
+    ) -> None:
+        self.start_msg = start
+        self.id = start.allocation_id
+        self.slots = list(start.slots)
+        self.settings = settings
+        self.dir = settings.work_dir / "allocations" / self.id
+        self._send = send
+        self._on_done = on_done
+        self._kill_reason: str | None = None
+        self._logs = LogBatcher(
+            self.id,
+            lambda batch: send(agent_pb2.AgentMessage(logs=batch)),
+            trial_id=start.trial_id,
+            run_id=start.run_id,
+        )
+        self.processes: RankProcesses | None = None
+
+    def launch(self) -> None:
+        """Prepare the directory and spawn the ranks; raises AllocationError (cleaned up)."""
+        try:
+            processes = self._prepare()
+            processes.spawn()
+        except (AllocationError, OSError) as e:
+            self._remove_dir()
+            if isinstance(e, AllocationError):
+                raise
+            raise AllocationError(f"cannot start the harness: {e}") from None
+        self.processes = processes
+        log.info(
+            "allocation %s: ranks %s started as pids %s",
+            self.id,
+            list(self.start_msg.ranks),
+            processes.pids,
+        )
+        self._logs.start()
+        self._send(state_change(self.id, agent_pb2.ALLOCATION_STATE_RUNNING))
+        threading.Thread(target=self._watch, name=f"watch-{self.id}", daemon=True).start()
+
+    def kill(self, graceful: bool, grace: float, reason: str) -> None:
+        """SIGTERM now and SIGKILL after `grace` seconds; or SIGKILL now if not graceful."""
+        if self.processes is None:
+            return
+        if self._kill_reason is None:
+            self._kill_reason = reason
+        if graceful:
+            self.processes.terminate(grace)
+        else:
+            self.processes.kill()
+
+    def _prepare(self) -> RankProcesses:
+        start = self.start_msg
+        if self.dir.exists():
+            shutil.rmtree(self.dir)  # left by an earlier run of this agent
+        model_dir = self.dir / "model"
+        self.dir.mkdir(parents=True, mode=0o700)
+        try:
+            if start.model_definition:
+                unpack_model_dir(start.model_definition, model_dir)
+            else:
+                model_dir.mkdir()
+        except ModelDefinitionError as e:
+            raise AllocationError(f"refused the model definition: {e}") from None
+        spec = {
+            "config": _json_or_empty(start.config_json, "config_json"),
+            "hparams": _json_or_empty(start.hparams_json, "hparams_json"),
+            "trial_seed": start.trial_seed,
+            "trial_id": start.trial_id,
+            "run_id": start.run_id,
+            "experiment_id": start.experiment_id,
+            "allocation_id": start.allocation_id,
+            "checkpoint_root": start.checkpoint_root,
+            "restore_from": start.checkpoint_location or None,
+            "trial_api": start.trial_api,
+            "token": start.token,
+        }
+        spec_path = self.dir / "trial.json"
+        # The token authenticates the harness: readable by the agent's user only.
+        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(spec, f, indent=2)
+        port = start.master_port
+        if port == 0 and len(start.slots) == start.world_size:
+            port = _free_port()  # every rank is here: any free port will do
+        specs = [
+            RankSpec(rank, self._env(k, slot, rank, port, spec_path))
+            for k, (slot, rank) in enumerate(zip(start.slots, start.ranks, strict=True))
+        ]
+        return RankProcesses(self.settings.harness_command, model_dir, specs, self._logs.add)
+
+    def _env(
+        self, local_rank: int, slot: int, rank: int, port: int, spec_path: Path
+    ) -> dict[str, str]:
+        """The torch.distributed environment of the `local_rank`-th process.
+
+        On GPUs each process sees only its own GPU (CUDA_VISIBLE_DEVICES, indices in
+        NVML's PCI-bus order), so it trains on `cuda:0`; LOCAL_RANK still counts the
+        processes of this allocation on this agent (0, 1, ...), as torchrun sets it.
+        """
+        start = self.start_msg
+        local_world = len(start.slots)
+        env = dict(os.environ)
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(start.world_size),
+            LOCAL_RANK=str(local_rank),
+            LOCAL_WORLD_SIZE=str(local_world),
+            MASTER_ADDR=start.master_addr or self.settings.address,
+            MASTER_PORT=str(port),
+            ASSAY_TRIAL_SPEC=str(spec_path),
+            ASSAY_ALLOCATION_ID=self.id,
+            ASSAY_SLOT_TYPE=self.settings.slot_kind,
+            PYTHONUNBUFFERED="1",
+        )
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_world)))
+        if self.settings.slot_kind == "cuda":
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["CUDA_VISIBLE_DEVICES"] = str(slot)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU slot never trains on a GPU
+        return env
+
+    def _watch(self) -> None:
+        assert self.processes is not None
+        try:
+            report = self.processes.wait(self.settings.failure_grace)
+            self._logs.close()
+            message = self._exit_message(report)
+            log.info("allocation %s: %s", self.id, message)
+            self._send(
+                state_change(self.id, agent_pb2.ALLOCATION_STATE_EXITED, report.codes, message)
+            )
+        finally:
+            self._remove_dir()
+            self._on_done(self.id)
+
+    def _exit_message(self, report: ExitReport) -> str:
+        assert self.processes is not None
+        ranks = list(self.start_msg.ranks)
+        if self._kill_reason is not None:
+            return self._kill_reason
+        if report.failed is None:
+            return f"all {len(report.codes)} processes exited with code 0"
+        code = report.codes[report.failed]
+        message = f"rank {ranks[report.failed]} {describe_exit(code)}"
+        last = self.processes.last_line(report.failed)
+        if last:
+            message += f"; its last output: {last}"
+        if any(c < 0 for i, c in enumerate(report.codes) if i != report.failed):
+            message += "; the other ranks were stopped"
+        return message
+
+    def _remove_dir(self) -> None:
+        if not self.settings.keep_work_dirs:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+__all__ = ["Allocation", "AllocationError", "LaunchSettings", "state_change", "validate"]

@@ -1,0 +1,205 @@
+"""The processes of one allocation: launched, their output pumped, stopped, reaped.
+
+Each rank runs in its own process group (its DataLoader workers die with it) and asks
+Linux to SIGTERM it when the agent's launching thread dies (PR_SET_PDEATHSIG). That
+signal follows the *thread* that spawned it, so launch from a thread that lives as long
+as the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger("assay.agent")
+
+POLL_INTERVAL = 0.05
+MAX_LINE_BYTES = 64 * 1024
+PUMP_JOIN_TIMEOUT = 2.0
+
+LineSink = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)
+
+
+# Run in place of the command: asks Linux to SIGTERM it when the agent's launching thread
+# dies, checks the agent did not die first, then execs the command (PDEATHSIG survives
+# exec). A `preexec_fn` would do the same without the extra exec, but it forces a real
+# fork() of a process full of gRPC threads, whose fork handlers now and then abort the
+# child; without one, subprocess uses vfork and runs no fork handlers.
+_EXEC_WITH_PDEATHSIG = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+    print(f"cannot run {sys.argv[2]}: {e.strerror}", file=sys.stderr)
+    os._exit(127)
+"""
+
+
+def wrap_command(command: Sequence[str], agent_pid: int) -> list[str]:
+    """`command`, made to die with the agent on Linux (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [sys.executable, "-S", "-c", _EXEC_WITH_PDEATHSIG, str(agent_pid), *command]
+
+
+def describe_exit(code: int) -> str:
+    """ "exited with code 3" or "was killed by SIGKILL" (Popen's negative codes)."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One process to launch: its rank in the trial and its environment."""
+
+    rank: int
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    """Exit codes in launch order (negative: killed by that signal) and the first failure."""
+
+    codes: list[int]
+    failed: int | None  # index of the first process seen failing on its own, if any
+
+
+class RankProcesses:
+    """Launches one process per `RankSpec`; stops them all when one fails."""
+
+    def __init__(
+        self, command: Sequence[str], cwd: Path, specs: Sequence[RankSpec], sink: LineSink
+    ) -> None:
+        self.command = list(command)
+        self.cwd = cwd
+        self.specs = list(specs)
+        self._sink = sink
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._pumps: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._deadline: float | None = None
+        # The last lines of each process, by stream, for the exit message.
+        self._tails = [
+            {"stdout": deque[str](maxlen=20), "stderr": deque[str](maxlen=20)} for _ in self.specs
+        ]
+
+    def spawn(self) -> None:
+        """Start every process; if one cannot start, stop those already started."""
+        command = wrap_command(self.command, os.getpid())
+        try:
+            for spec in self.specs:
+                proc = subprocess.Popen(
+                    command,
+                    cwd=self.cwd,
+                    env=spec.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+                self._procs.append(proc)
+        except BaseException:
+            self.kill()
+            self.wait()
+            raise
+        # Readers start once every child exists: fewer threads running while we fork.
+        for index, proc in enumerate(self._procs):
+            for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                assert pipe is not None
+                pump = threading.Thread(
+                    target=self._pump,
+                    args=(index, stream, pipe),
+                    name=f"pump-{self.specs[index].rank}-{stream}",
+                    daemon=True,
+                )
+                pump.start()
+                self._pumps.append(pump)
+
+    def last_line(self, index: int) -> str:
+        """The last non-blank line the `index`-th process wrote, stderr first."""
+        for stream in ("stderr", "stdout"):
+            line = next((x for x in reversed(self._tails[index][stream]) if x.strip()), "")
+            if line:
+                return line
+        return ""
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def _pump(self, index: int, stream: str, pipe: IO[bytes]) -> None:
+        rank = self.specs[index].rank
+        with pipe:
+            for raw in iter(lambda: pipe.readline(MAX_LINE_BYTES), b""):
+                line = raw.decode(errors="replace").rstrip("\r\n")
+                self._tails[index][stream].append(line)
+                self._sink(rank, stream, line)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+
+    def terminate(self, grace: float) -> None:
+        """SIGTERM every process group; SIGKILL (from `wait`) once `grace` seconds pass."""
+        with self._lock:
+            deadline = time.monotonic() + max(0.0, grace)
+            if self._deadline is None or deadline < self._deadline:
+                self._deadline = deadline
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL every process group now."""
+        with self._lock:
+            self._deadline = time.monotonic()
+        self._signal(signal.SIGKILL)
+
+    def wait(self, failure_grace: float = 30.0) -> ExitReport:
+        """Block until every process has exited; the first failure terminates the rest."""
+        failed: int | None = None
+        while True:
+            codes = [p.poll() for p in self._procs]
+            if failed is None:
+                failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
+                if failed is not None and None in codes and self._deadline is None:
+                    log.info(
+                        "rank %d %s; stopping the other ranks",
+                        self.specs[failed].rank,
+                        describe_exit(codes[failed] or 0),
+                    )
+                    self.terminate(failure_grace)
+            if all(c is not None for c in codes):
+                break
+            with self._lock:
+                overdue = self._deadline is not None and time.monotonic() >= self._deadline
+            if overdue:
+                self._signal(signal.SIGKILL)
+            time.sleep(POLL_INTERVAL)
+        for proc in self._procs:  # strays left in a group by a rank that exited
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for pump in self._pumps:
+            pump.join(PUMP_JOIN_TIMEOUT)
+        return ExitReport([int(c) for c in codes if c is not None], failed)
+
+
+__all__ = ["ExitReport", "RankProcesses", "RankSpec", "describe_exit", "wrap_command"]

@@ -1,0 +1,142 @@
+"""Device detection (with a fake NVML), backoff, outbox, log batching, request checks."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from assay.agent import NoGPUError, detect_devices
+from assay.agent._allocation import AllocationError, validate
+from assay.agent._connection import Backoff, Outbox
+from assay.agent._devices import cpu_devices, cpu_model_name
+from assay.agent._logs import LogBatcher, parse_level
+from assay.proto import agent_pb2, common_pb2
+from tests.agent.conftest import BrokenNVML, FakeNVML
+
+
+def test_fake_nvml_gives_two_cuda_devices() -> None:
+    monitor = detect_devices(nvml=FakeNVML())
+
+    assert monitor.kind == "cuda"
+    assert [d.index for d in monitor.devices] == [0, 1]
+    assert {d.name for d in monitor.devices} == {"NVIDIA H100 80GB HBM3"}
+    assert monitor.devices[1].uuid == "GPU-00000001-aaaa"
+    assert all(d.memory_bytes == 80 * 2**30 for d in monitor.devices)
+    assert [d.utilization for d in monitor.sample()] == [0.25, 0.5]
+    proto = monitor.devices[0].to_proto()
+    assert proto.type == common_pb2.SLOT_TYPE_CUDA
+
+
+def test_slots_caps_the_gpus_and_cpu_type_ignores_them() -> None:
+    assert len(detect_devices(slots=1, nvml=FakeNVML()).devices) == 1
+    monitor = detect_devices("cpu", 3, nvml=FakeNVML())
+    assert monitor.kind == "cpu"
+    assert len(monitor.devices) == 3
+
+
+@pytest.mark.parametrize("nvml", [BrokenNVML(), FakeNVML(count=0)])
+def test_without_gpus_cpu_slots_are_offered(nvml: FakeNVML) -> None:
+    monitor = detect_devices(slots=2, nvml=nvml)
+
+    assert monitor.kind == "cpu"
+    assert [d.name for d in monitor.devices] == [cpu_model_name()] * 2
+    assert monitor.devices[0].memory_bytes > 0
+    assert 0.0 <= monitor.sample()[0].utilization <= 1.0
+
+
+def test_cuda_without_gpus_is_a_clear_error() -> None:
+    with pytest.raises(NoGPUError, match=r"no GPU was found \(NVML failed: Driver Not Loaded\)"):
+        detect_devices("cuda", nvml=BrokenNVML())
+
+
+def test_cpu_slots_default_to_cpu_count_and_must_be_positive() -> None:
+    assert len(cpu_devices()) >= 1
+    with pytest.raises(ValueError, match="at least 1"):
+        cpu_devices(0)
+
+
+def test_backoff_doubles_to_ten_seconds_with_jitter() -> None:
+    no_jitter = Backoff(rng=lambda: 0.0)
+    assert [no_jitter.next() for _ in range(7)] == [0.5, 1, 2, 4, 8, 10, 10]
+    no_jitter.reset()
+    assert no_jitter.next() == 0.5
+    full = Backoff(rng=lambda: 1.0)
+    assert full.next() == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="initial"):
+        Backoff(initial=0)
+
+
+def test_outbox_drops_oldest_logs_but_never_state_changes() -> None:
+    outbox = Outbox(max_log_batches=2)
+    state = agent_pb2.AgentMessage(
+        allocation_state=agent_pb2.AllocationStateChange(allocation_id="a")
+    )
+    outbox.put(state)
+    for name in "xyz":
+        outbox.put(agent_pb2.AgentMessage(logs=agent_pb2.LogBatch(allocation_id=name)))
+
+    got = [outbox.get(0) for _ in range(3)]
+    assert got[0] == state
+    assert [m.logs.allocation_id for m in got[1:] if m is not None] == ["y", "z"]
+    assert outbox.dropped_log_batches == 1
+    assert outbox.get(0.01) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "level"),
+    [
+        ("ERROR: boom", "ERROR"),
+        ("WARNING:root:careful", "WARNING"),
+        ("[INFO] hello", "INFO"),
+        ("  WARN low disk", "WARNING"),
+        ("epoch 3 ERROR rate 0.1", ""),
+        ("INFORMATION", ""),
+    ],
+)
+def test_levels_are_parsed_from_the_start_of_a_line(line: str, level: str) -> None:
+    assert parse_level(line) == level
+
+
+def test_batcher_flushes_on_time_and_size() -> None:
+    batches: list[agent_pb2.LogBatch] = []
+    sent = threading.Event()
+
+    def send(batch: agent_pb2.LogBatch) -> None:
+        batches.append(batch)
+        sent.set()
+
+    batcher = LogBatcher("a1", send, trial_id=4, flush_interval=60, max_lines=3)
+    batcher.start()
+    for i in range(3):
+        batcher.add(1, "stderr", f"ERROR {i}")
+    assert sent.wait(5), "a full batch was not flushed before the interval"
+    batcher.add(0, "stdout", "tail")
+    batcher.close()
+
+    assert [len(b.lines) for b in batches] == [3, 1]
+    first = batches[0].lines[0]
+    assert (first.rank, first.stream, first.level, first.trial_id) == (1, "stderr", "ERROR", 4)
+    assert abs(first.timestamp.ToNanoseconds() / 1e9 - time.time()) < 60
+
+
+@pytest.mark.parametrize(
+    ("fields", "busy", "problem"),
+    [
+        ({"allocation_id": "../x", "slots": [0], "ranks": [0], "world_size": 1}, set(), "safe"),
+        ({"allocation_id": "a", "slots": [0, 1], "ranks": [0], "world_size": 2}, set(), "2 slots"),
+        (
+            {"allocation_id": "a", "slots": [5], "ranks": [0], "world_size": 1},
+            set(),
+            "do not exist",
+        ),
+        ({"allocation_id": "a", "slots": [1], "ranks": [0], "world_size": 1}, {1}, "already"),
+        ({"allocation_id": "a", "slots": [0], "ranks": [3], "world_size": 2}, set(), "world size"),
+    ],
+)
+def test_impossible_allocations_are_refused(
+    fields: dict[str, object], busy: set[int], problem: str
+) -> None:
+    with pytest.raises(AllocationError, match=problem):
+        validate(agent_pb2.StartAllocation(**fields), 2, busy)  # type: ignore[arg-type]

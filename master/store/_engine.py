@@ -9,6 +9,8 @@ deferred and never block behind writers (WAL).
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -37,9 +39,9 @@ def _configure_sqlite(engine: Engine) -> None:
         # Autocommit at the driver: transactions are begun explicitly below.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        if engine.url.database not in (None, "", ":memory:"):
-            cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        if engine.url.database not in (None, "", ":memory:"):
+            _enable_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
@@ -48,6 +50,26 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_begin(connection: Connection) -> None:
         write = connection.get_execution_options().get(WRITE, False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to WAL (persistent: only a new file needs it).
+
+    Changing the journal mode needs the database to itself, and SQLite answers "database
+    is locked" at once instead of calling the busy handler, so the switch is retried while
+    another connection (say, a second master creating the schema) holds it.
+    """
+    if cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+        return
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def writer(engine: Engine) -> Engine:

@@ -37,6 +37,7 @@ from assay.proto import agent_pb2, common_pb2
 log = logging.getLogger("assay.master")
 
 MAX_MODEL_DEF_BYTES = 96 * 2**20
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 TERMINAL_EXPERIMENT = {"COMPLETED", "CANCELED", "ERROR"}
 TERMINAL_TRIAL = {"COMPLETED", "CANCELED", "ERROR"}
 SEARCHERS_AVAILABLE = ("single",)
@@ -91,7 +92,6 @@ class Master:
         self.queued: dict[int, Request] = {}  # trial id -> request
         self.configs: dict[int, ExperimentConfig] = {}
         self._order = 0
-        self.changed = threading.Condition(self.lock)
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
         self._recover()
 
@@ -118,7 +118,7 @@ class Master:
         self, config_yaml: str, model_definition: bytes, *, activate: bool, owner: str = "admin"
     ) -> int:
         try:
-            raw = yaml.safe_load(config_yaml)
+            raw = yaml.load(config_yaml, Loader=_YAML_LOADER)  # a safe loader (C if built)
         except yaml.YAMLError as e:
             raise InvalidArgumentError(f"the config is not valid YAML: {e}") from None
         try:
@@ -152,7 +152,6 @@ class Master:
             if activate:
                 self._enqueue(trial_id, config, config.resources.priority)
                 self._schedule()
-            self.changed.notify_all()
             return experiment_id
 
     def experiment_action(self, experiment_id: int, action: str) -> None:
@@ -166,7 +165,6 @@ class Master:
                     f"applies to {', '.join(sorted(allowed))} experiments"
                 )
             getattr(self, f"_{action}")(experiment_id)
-            self.changed.notify_all()
 
     def _pause(self, experiment_id: int) -> None:
         self.store.update_experiment(experiment_id, state="PAUSED")
@@ -350,7 +348,6 @@ class Master:
                     handle.outbox.put(agent_pb2.MasterMessage(kill=kill))
             log.info("agent %s connected with %d %s slots", handle.id, slots, slot_type)
             self._schedule()
-            self.changed.notify_all()
             return handle
 
     def heartbeat(self, agent_id: str, beat: agent_pb2.Heartbeat) -> None:
@@ -373,7 +370,6 @@ class Master:
             handle.connected = False
             handle.outbox.put(None)
             self._drop_agent(agent_id)
-            self.changed.notify_all()
 
     def _drop_agent(self, agent_id: str) -> None:
         affected = self.scheduler.remove_agent(agent_id)
@@ -416,7 +412,6 @@ class Master:
             if all(a in run.exit_codes for a, _ in run.placement):
                 self._finish_run(run)
                 self._schedule()
-            self.changed.notify_all()
 
     def ship_logs(self, batch: agent_pb2.LogBatch) -> None:
         from assay.master.store import LogLine

@@ -77,7 +77,8 @@ class Experiment(Base):
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
     state: Mapped[str] = mapped_column(String(32), index=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
-    model_definition: Mapped[bytes] = mapped_column(LargeBinary)
+    # Deferred: up to 96 MiB, read only when a trial starts (not with every listing).
+    model_definition: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     priority: Mapped[int] = mapped_column(SmallInteger, default=42)
     progress: Mapped[float] = mapped_column(Double, default=0.0)
     searcher_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)

@@ -1,0 +1,681 @@
+"""Scheduling cost of the master: submit-to-first-batch latency and bookkeeping throughput.
+
+1. Latency. A warm local cluster -- an `assay-master` process and one `assay-agent`
+   process with 1 CPU slot, started once, as tests/e2e/conftest.py starts them -- gets a
+   tiny experiment (a Linear model on a 64-row TensorDataset, 4 batches of 8) through
+   `Api.CreateExperiment`. Its `train_batch` writes a wall-clock timestamp file after the
+   optimizer step of its first batch; the latency is that timestamp minus the time just
+   before the model directory was packed and submitted. Against it, a bare process,
+   `python -c "import torch; <Linear model, one SGD step on random data>; <timestamp>"`,
+   measured the same way from just before `Popen`. One untimed warm-up run of each, then
+   interleaved A/B repetitions (5; 3 with --quick); each side reports the median.
+   ratio = assay / bare, target <= 1.5 (for context: Kubernetes' pod-startup SLO is 5 s
+   at p99). Each Assay repetition waits for its experiment to end before the next, so the
+   slot is free and nothing queues.
+
+2. Bookkeeping throughput. A `MasterServer` runs in this process (SQLite store in a temp
+   dir, its INFO log to a file as `assay-master` logs it). N simulated agents (1,000; 200
+   with --quick), each one `AgentService.Connect` stream over real gRPC with 1 CPU slot,
+   live in a child process (grpc.aio, one channel per 100 agents, so their client-side
+   work does not share the master's GIL). Every `StartAllocation` is answered at once
+   with `AllocationStateChange(EXITED, exit_codes=[0])`. Then M = 2 N one-slot
+   experiments (`max_restarts: 0`, a tiny tar.gz) go in through `Api.CreateExperiment`
+   from 4 client threads as fast as the master takes them. allocations/s = placements
+   (StartAllocation messages the agents received) / (last experiment's end_time - first
+   submit). Target >= 500/s (Slurm claims 500 jobs/s; kube-scheduler's bar is 270
+   pods/s). The trials end in ERROR: a run that exits without having completed its
+   searcher operation counts as failed, and `max_restarts: 0` ends it there -- the
+   bookkeeping is the same as for a completed one (allocation terminated, trial and
+   experiment closed), which is what is measured.
+
+    python bench/scheduling.py [--quick] [--only latency|throughput]
+
+Human-readable lines first; the last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import yaml
+
+from assay._archive import pack_model_dir
+from assay._local import free_port
+from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc, common_pb2
+
+ROOT = Path(__file__).resolve().parent.parent
+LATENCY_TARGET = 1.5
+ALLOCATIONS_TARGET = 500.0
+AGENTS_PER_CHANNEL = 100
+SUBMITTERS = 4
+TERMINAL = {"COMPLETED", "CANCELED", "ERROR"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    reps: int  # timed latency repetitions per side
+    agents: int  # simulated agents, 1 slot each
+    experiments: int  # one-slot experiments submitted for the throughput run
+    deadline_s: float  # give up waiting for the throughput run after this long
+
+
+FULL = Settings(reps=5, agents=1_000, experiments=2_000, deadline_s=300.0)
+QUICK = Settings(reps=3, agents=200, experiments=400, deadline_s=60.0)
+
+
+# --- 1. latency ----------------------------------------------------------------------------
+
+MODEL_DEF = '''
+"""A tiny trial that stamps the wall clock after its first optimizer step."""
+
+import os
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from assay import Trial, TrialContext
+
+
+class Tiny(Trial):
+    def __init__(self, context: TrialContext) -> None:
+        self.context = context
+        self.model = context.wrap_model(torch.nn.Linear(8, 1))
+        self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.01))
+        self.stamped = False
+
+    def _data(self) -> TensorDataset:
+        g = torch.Generator().manual_seed(0)
+        return TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g))
+
+    def build_training_data_loader(self) -> DataLoader[Any]:
+        return DataLoader(self._data(), batch_size=self.context.get_per_slot_batch_size())
+
+    def build_validation_data_loader(self) -> DataLoader[Any]:
+        return DataLoader(self._data(), batch_size=32)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.optimizer)
+        if not self.stamped:
+            self.stamped = True
+            path = self.context.get_hparam("stamp")
+            with open(path + ".tmp", "w") as f:
+                f.write(repr(time.time()))
+            os.replace(path + ".tmp", path)
+            print(f"first batch done, loss {loss.item():.4f}", flush=True)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch: Any) -> dict[str, Any]:
+        x, y = batch
+        return {"loss": torch.nn.functional.mse_loss(self.model(x), y)}
+'''
+
+BARE = """
+import sys, time, os
+import torch
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(8, 8), torch.randn(8, 1)
+loss = torch.nn.functional.mse_loss(model(x), y)
+opt.zero_grad()
+loss.backward()
+opt.step()
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(repr(time.time()))
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+"""
+
+
+@dataclass
+class Cluster:
+    address: str
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def dump_logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.logs if p.exists())
+
+
+def _spawn(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+def _stop_procs(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def local_cluster(tmp: Path) -> Iterator[tuple[Cluster, api_pb2_grpc.ApiStub]]:
+    """`assay-master` + one `assay-agent` (1 CPU slot) as processes; stopped on exit."""
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cluster = Cluster(address=f"127.0.0.1:{port}")
+    master_cmd = [sys.executable, "-m", "assay.master.main", "--grpc-port", str(port)]
+    master_cmd += ["--host", "127.0.0.1", "--state-dir", str(tmp / "master")]
+    agent_cmd = [sys.executable, "-m", "assay.agent.main", "--master", cluster.address]
+    agent_cmd += ["--slots", "1", "--slot-type", "cpu", "--agent-id", "agent0"]
+    agent_cmd += ["--work-dir", str(tmp / "agent0")]
+    channel = grpc.insecure_channel(cluster.address)
+    try:
+        for name, cmd in (("master", master_cmd), ("agent0", agent_cmd)):
+            log = tmp / f"{name}.log"
+            cluster.logs.append(log)
+            cluster.procs.append(_spawn(cmd, log, env))
+        api = api_pb2_grpc.ApiStub(channel)
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(grpc.RpcError):
+                if api.ListAgents(api_pb2.ListAgentsRequest(), timeout=2).agents:
+                    break
+            if time.monotonic() > deadline or any(p.poll() is not None for p in cluster.procs):
+                raise RuntimeError(f"the local cluster did not come up:\n{cluster.dump_logs()}")
+            time.sleep(0.2)
+        yield cluster, api
+    finally:
+        channel.close()
+        _stop_procs(cluster.procs)
+
+
+def _wait_for_file(path: Path, timeout: float, alive: list[subprocess.Popen[bytes]]) -> float:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout:.0f} s")
+        if any(p.poll() is not None for p in alive):
+            raise RuntimeError("a cluster process died")
+        time.sleep(0.002)
+    return float(path.read_text())
+
+
+def _experiment_state(api: api_pb2_grpc.ApiStub, experiment_id: int) -> str:
+    got = api.GetExperiment(api_pb2.GetExperimentRequest(id=experiment_id), timeout=10)
+    return common_pb2.ExperimentState.Name(got.experiment.state).removeprefix("EXPERIMENT_STATE_")
+
+
+def assay_once(cluster: Cluster, api: api_pb2_grpc.ApiStub, tmp: Path, i: int) -> float:
+    model_dir = tmp / f"model{i}"
+    model_dir.mkdir()
+    (model_dir / "model_def.py").write_text(MODEL_DEF)
+    stamp = tmp / f"assay-stamp-{i}"
+    config = {
+        "name": f"latency-{i}",
+        "entrypoint": "model_def:Tiny",
+        "hyperparameters": {"global_batch_size": 8, "stamp": str(stamp)},
+        "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 4}},
+        "max_restarts": 0,
+    }
+    config_yaml = yaml.safe_dump(config)
+    t0 = time.time()
+    archive = pack_model_dir(model_dir)
+    created = api.CreateExperiment(
+        api_pb2.CreateExperimentRequest(
+            config_yaml=config_yaml, model_definition=archive, activate=True
+        ),
+        timeout=30,
+    )
+    stamped = _wait_for_file(stamp, 120, cluster.procs)
+    experiment_id = created.experiment.id
+    deadline = time.monotonic() + 120
+    while (state := _experiment_state(api, experiment_id)) not in TERMINAL:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"experiment {experiment_id} still {state}")
+        time.sleep(0.05)
+    if state != "COMPLETED":
+        raise RuntimeError(f"latency experiment {experiment_id} ended {state}")
+    return stamped - t0
+
+
+def bare_once(tmp: Path, i: int) -> float:
+    stamp = tmp / f"bare-stamp-{i}"
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", BARE, str(stamp)], cwd=tmp)
+    try:
+        if proc.wait(timeout=120) != 0:
+            raise RuntimeError(f"the bare torch process exited with {proc.returncode}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return float(stamp.read_text()) - t0
+
+
+@dataclass
+class LatencyResult:
+    assay: list[float] = field(default_factory=list)
+    bare: list[float] = field(default_factory=list)
+    warmup_assay_s: float = 0.0
+    warmup_bare_s: float = 0.0
+
+    @property
+    def assay_s(self) -> float:
+        return statistics.median(self.assay)
+
+    @property
+    def bare_s(self) -> float:
+        return statistics.median(self.bare)
+
+
+def bench_latency(s: Settings) -> LatencyResult:
+    result = LatencyResult()
+    with (
+        tempfile.TemporaryDirectory(prefix="assay-bench-sched-") as folder,
+        local_cluster(Path(folder)) as (cluster, api),
+    ):
+        tmp = Path(folder)
+        try:
+            result.warmup_bare_s = bare_once(tmp, 0)
+            result.warmup_assay_s = assay_once(cluster, api, tmp, 0)
+            for i in range(1, s.reps + 1):
+                if i % 2:
+                    result.assay.append(assay_once(cluster, api, tmp, i))
+                    result.bare.append(bare_once(tmp, i))
+                else:
+                    result.bare.append(bare_once(tmp, i))
+                    result.assay.append(assay_once(cluster, api, tmp, i))
+        except Exception:
+            print(cluster.dump_logs(), file=sys.stderr)
+            raise
+    return result
+
+
+# --- 2. throughput: the simulated fleet (a child process) -----------------------------------
+
+
+async def _fleet(port: int, agents: int) -> None:
+    """N one-slot agents; answers every StartAllocation with EXITED [0]; STOP on stdin."""
+    channels = [
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        for _ in range((agents + AGENTS_PER_CHANNEL - 1) // AGENTS_PER_CHANNEL)
+    ]
+    starts = 0
+    first: float | None = None
+    last: float | None = None
+    registered = 0
+    all_registered = asyncio.Event()
+    calls: list[Any] = []
+    errors: list[str] = []
+
+    async def agent(i: int) -> None:
+        nonlocal starts, first, last, registered
+        stub = agent_pb2_grpc.AgentServiceStub(channels[i // AGENTS_PER_CHANNEL])
+        call: Any = stub.Connect()
+        calls.append(call)
+        device = common_pb2.Device(index=0, type=common_pb2.SLOT_TYPE_CPU, name="cpu")
+        await call.write(
+            agent_pb2.AgentMessage(
+                register=agent_pb2.Register(
+                    agent_id=f"sim{i:05d}",
+                    slot_type=common_pb2.SLOT_TYPE_CPU,
+                    devices=[device],
+                    address="127.0.0.1",
+                )
+            )
+        )
+        reply = await call.read()
+        if reply is grpc.aio.EOF or reply.WhichOneof("message") != "registered":
+            raise RuntimeError(f"agent {i} was not registered: {reply}")
+        registered += 1
+        if registered == agents:
+            all_registered.set()
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                return
+            if message.WhichOneof("message") != "start":
+                continue
+            now = time.time()
+            starts += 1
+            first = now if first is None else first
+            last = now
+            await call.write(
+                agent_pb2.AgentMessage(
+                    allocation_state=agent_pb2.AllocationStateChange(
+                        allocation_id=message.start.allocation_id,
+                        state=agent_pb2.ALLOCATION_STATE_EXITED,
+                        exit_codes=[0],
+                    )
+                )
+            )
+
+    async def guarded(i: int) -> None:
+        try:
+            await agent(i)
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:
+            errors.append(f"agent {i}: {type(e).__name__}: {e}")
+            if len(errors) == 1:
+                all_registered.set()
+
+    tasks = [asyncio.create_task(guarded(i)) for i in range(agents)]
+    await all_registered.wait()
+    print(json.dumps({"ready": registered, "errors": errors[:5]}), flush=True)
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line or line.strip() == "STOP":
+            break
+    report = {"starts": starts, "first": first, "last": last, "errors": errors[:5]}
+    print(json.dumps(report), flush=True)
+    for call in calls:
+        call.cancel()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for channel in channels:
+        await channel.close()
+
+
+def fleet_main(port: int, agents: int) -> int:
+    asyncio.run(_fleet(port, agents))
+    return 0
+
+
+class Fleet:
+    """The child process running the simulated agents."""
+
+    def __init__(self, port: int, agents: int, log: Path) -> None:
+        self._stderr = log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--fleet-port", str(port), "--agents", str(agents)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            cwd=ROOT,
+        )
+        self.log = log
+
+    def _line(self, timeout: float) -> dict[str, Any]:
+        out: IO[bytes] | None = self.proc.stdout
+        assert out is not None
+        box: list[bytes] = []
+        reader = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not box or not box[0]:
+            raise RuntimeError(f"the fleet did not answer:\n{self.log.read_text()[-3000:]}")
+        parsed: dict[str, Any] = json.loads(box[0])
+        return parsed
+
+    def ready(self, timeout: float) -> int:
+        got = self._line(timeout)
+        if got["errors"]:
+            raise RuntimeError(f"simulated agents failed: {got['errors']}")
+        return int(got["ready"])
+
+    def stop(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"STOP\n")
+        self.proc.stdin.flush()
+        return self._line(30)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._stderr.close()
+
+
+# --- 2. throughput: the master and the submitters -------------------------------------------
+
+
+@dataclass
+class ThroughputResult:
+    agents: int = 0
+    experiments: int = 0
+    placements: int = 0
+    terminal: int = 0
+    states: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    submit_s: float = 0.0
+    first_to_last_start_s: float = 0.0
+    register_s: float = 0.0
+    timed_out: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def allocations_per_s(self) -> float:
+        return self.placements / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def submits_per_s(self) -> float:
+        return self.experiments / self.submit_s if self.submit_s > 0 else 0.0
+
+
+def _tiny_archive(tmp: Path) -> bytes:
+    model_dir = tmp / "sim-model"
+    model_dir.mkdir()
+    (model_dir / "model_def.py").write_text("# never run: the simulated agents exit at once\n")
+    return pack_model_dir(model_dir)
+
+
+def _submit(port: int, count: int, config_yaml: str, archive: bytes) -> list[int]:
+    ids: list[int] = []
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        api = api_pb2_grpc.ApiStub(channel)
+        request = api_pb2.CreateExperimentRequest(
+            config_yaml=config_yaml, model_definition=archive, activate=True
+        )
+        for _ in range(count):
+            ids.append(api.CreateExperiment(request, timeout=120).experiment.id)
+    return ids
+
+
+def _utc(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
+
+
+def bench_throughput(s: Settings) -> ThroughputResult:
+    from assay.master._config import MasterConfig
+    from assay.master._server import MasterServer
+
+    result = ThroughputResult(agents=s.agents, experiments=s.experiments)
+    config_yaml = yaml.safe_dump(
+        {
+            "name": "sched",
+            "entrypoint": "model_def:T",
+            "hyperparameters": {"global_batch_size": 8},
+            "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 10}},
+            "max_restarts": 0,
+        }
+    )
+    master_log = logging.getLogger("assay.master")
+    with tempfile.TemporaryDirectory(prefix="assay-bench-sched-") as folder:
+        tmp = Path(folder)
+        # As `assay-master` does: INFO to a stream (here a file, not this terminal).
+        handler = logging.FileHandler(tmp / "master.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        old_level, old_propagate = master_log.level, master_log.propagate
+        master_log.addHandler(handler)
+        master_log.setLevel(logging.INFO)
+        master_log.propagate = False
+        server = MasterServer(MasterConfig(grpc_port=0, host="127.0.0.1", state_dir=tmp / "master"))
+        fleet: Fleet | None = None
+        try:
+            server.start()
+            archive = _tiny_archive(tmp)
+            t_reg = time.perf_counter()
+            fleet = Fleet(server.port, s.agents, tmp / "fleet.log")
+            fleet.ready(timeout=120)
+            with server.master.lock:
+                connected = sum(1 for a in server.master.agents.values() if a.connected)
+            if connected != s.agents:
+                raise RuntimeError(f"{connected} of {s.agents} agents registered")
+            result.register_s = time.perf_counter() - t_reg
+            per = [s.experiments // SUBMITTERS] * SUBMITTERS
+            per[0] += s.experiments - sum(per)
+            t0 = time.time()
+            with futures.ThreadPoolExecutor(SUBMITTERS) as pool:
+                jobs = [pool.submit(_submit, server.port, n, config_yaml, archive) for n in per]
+                ids = [i for job in jobs for i in job.result()]
+            result.submit_s = time.time() - t0
+            store = server.store
+            deadline = time.monotonic() + s.deadline_s
+            while True:
+                done = store.list_experiments(states=sorted(TERMINAL), limit=1).total
+                if done >= len(ids):
+                    break
+                if time.monotonic() > deadline:
+                    result.timed_out = True
+                    break
+                time.sleep(0.2)
+            t_end = time.time()
+            page = store.list_experiments(limit=1000, offset=0)
+            records = list(page.items)
+            while len(records) < page.total:
+                records += store.list_experiments(limit=1000, offset=len(records)).items
+            states: dict[str, int] = {}
+            ends: list[dt.datetime] = []
+            for record in records:
+                states[record.state] = states.get(record.state, 0) + 1
+                if record.state in TERMINAL and record.end_time is not None:
+                    ends.append(record.end_time)
+            result.states = states
+            result.terminal = len(ends)
+            report = fleet.stop()
+            result.placements = int(report["starts"])
+            result.errors = list(report["errors"])
+            if report["first"] is not None:
+                result.first_to_last_start_s = float(report["last"]) - float(report["first"])
+            if result.timed_out or not ends:
+                result.elapsed_s = t_end - t0
+            else:
+                last = max(e if e.tzinfo else e.replace(tzinfo=dt.UTC) for e in ends)
+                result.elapsed_s = (last - _utc(t0)).total_seconds()
+        finally:
+            if fleet is not None:
+                fleet.close()
+            server.stop(grace=1.0)
+            master_log.removeHandler(handler)
+            handler.close()
+            master_log.setLevel(old_level)
+            master_log.propagate = old_propagate
+    return result
+
+
+# --- driver --------------------------------------------------------------------------------
+
+
+def summary(
+    lat: LatencyResult | None, thr: ThroughputResult | None, quick: bool, wall_s: float
+) -> dict[str, Any]:
+    ratio = lat.assay_s / lat.bare_s if lat else None
+    out: dict[str, Any] = {
+        "benchmark": "scheduling",
+        "quick": quick,
+        "ratio": round(ratio, 3) if ratio is not None else None,
+        "target": LATENCY_TARGET,
+        "latency_assay_s": round(lat.assay_s, 3) if lat else None,
+        "latency_bare_s": round(lat.bare_s, 3) if lat else None,
+        "latency_assay_runs_s": [round(v, 3) for v in lat.assay] if lat else None,
+        "latency_bare_runs_s": [round(v, 3) for v in lat.bare] if lat else None,
+        "allocations_per_s": round(thr.allocations_per_s, 1) if thr else None,
+        "allocations_target": ALLOCATIONS_TARGET,
+        "agents": thr.agents if thr else None,
+        "experiments": thr.experiments if thr else None,
+        "placements": thr.placements if thr else None,
+        "terminal": thr.terminal if thr else None,
+        "experiment_states": thr.states if thr else None,
+        "throughput_elapsed_s": round(thr.elapsed_s, 2) if thr else None,
+        "submits_per_s": round(thr.submits_per_s, 1) if thr else None,
+        "register_s": round(thr.register_s, 2) if thr else None,
+        "timed_out": thr.timed_out if thr else None,
+    }
+    passed = True
+    if ratio is not None:
+        passed = passed and ratio <= LATENCY_TARGET
+    if thr is not None:
+        complete = (
+            not thr.timed_out
+            and not thr.errors
+            and thr.terminal == thr.experiments
+            and thr.placements == thr.experiments
+        )
+        out["throughput_complete"] = complete
+        passed = passed and complete and thr.allocations_per_s >= ALLOCATIONS_TARGET
+    out["wall_s"] = round(wall_s, 1)
+    out["passed"] = passed
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="3 reps, 200 agents (< 1 min)")
+    parser.add_argument("--only", choices=("latency", "throughput"), help="run one part")
+    parser.add_argument("--fleet-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--agents", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.fleet_port is not None:
+        return fleet_main(int(args.fleet_port), int(args.agents))
+    s = QUICK if args.quick else FULL
+    t0 = time.perf_counter()
+    lat: LatencyResult | None = None
+    thr: ThroughputResult | None = None
+    if args.only in (None, "latency"):
+        lat = bench_latency(s)
+        print(
+            f"latency submit -> first trained batch: assay median {lat.assay_s:.3f} s "
+            f"({', '.join(f'{v:.3f}' for v in lat.assay)}; warm-up {lat.warmup_assay_s:.3f}), "
+            f"bare torch process median {lat.bare_s:.3f} s "
+            f"({', '.join(f'{v:.3f}' for v in lat.bare)}; warm-up {lat.warmup_bare_s:.3f}); "
+            f"ratio {lat.assay_s / lat.bare_s:.2f} (target <= {LATENCY_TARGET})",
+            flush=True,
+        )
+    if args.only in (None, "throughput"):
+        thr = bench_throughput(s)
+        print(
+            f"throughput: {thr.agents} agents, {thr.experiments} experiments: "
+            f"{thr.placements} placements, {thr.terminal} terminal in {thr.elapsed_s:.2f} s "
+            f"-> {thr.allocations_per_s:,.1f} allocations/s (target >= {ALLOCATIONS_TARGET:.0f}); "
+            f"submits {thr.submits_per_s:,.1f}/s over {thr.submit_s:.2f} s; "
+            f"starts spread {thr.first_to_last_start_s:.2f} s; states {thr.states}; "
+            f"{thr.agents} agents registered in {thr.register_s:.2f} s"
+            + (" TIMED OUT" if thr.timed_out else "")
+            + (f"; agent errors {thr.errors}" if thr.errors else ""),
+            flush=True,
+        )
+    out = summary(lat, thr, bool(args.quick), time.perf_counter() - t0)
+    print(f"passed={out['passed']}")
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -90,6 +90,7 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._writer = writer(engine)
+        self._user_ids: dict[str, int] = {}  # users are never deleted: ids are stable
 
     @classmethod
     def open(cls, url: str, *, migrate_schema: bool = True) -> Store:
@@ -164,7 +165,9 @@ class Store:
         priority: int = 42,
     ) -> int:
         """Store a new experiment (not idempotent: each call creates one)."""
-        owner_id = self.ensure_user(owner).id
+        owner_id = self._user_ids.get(owner)
+        if owner_id is None:
+            owner_id = self._user_ids[owner] = self.ensure_user(owner).id
         with self.write() as s:
             experiment = Experiment(
                 name=name,

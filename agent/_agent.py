@@ -18,6 +18,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +190,7 @@ class Agent:
             start.trial_id,
             list(start.slots),
         )
+        busy = self._wait_for_slots(set(start.slots), busy)
         allocation = Allocation(start, self.settings, self.connection.send, self._done)
         try:
             if stopping:
@@ -204,6 +206,20 @@ class Agent:
             self.connection.send(
                 state_change(allocation_id, agent_pb2.ALLOCATION_STATE_EXITED, (), str(e))
             )
+
+    def _wait_for_slots(self, wanted: set[int], busy: set[int]) -> set[int]:
+        """Give slots that are still being freed a moment before refusing a start.
+
+        The master frees a slot when it sends a kill and may place the next run there at
+        once (after its own restart, or when a gang loses an agent); the killed processes
+        need up to the grace period to go.
+        """
+        deadline = time.monotonic() + self.config.grace + 5.0
+        while wanted & busy and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with self._lock:
+                busy = {s for a in self._allocations.values() for s in a.slots}
+        return busy
 
     def _kill(self, kill: agent_pb2.KillAllocation) -> None:
         with self._lock:

@@ -104,13 +104,21 @@ class Master:
                 continue
             config = parse_config(experiment.config)
             self.configs[experiment.id] = config
+            stopping = experiment.state.startswith("STOPPING_")
             for trial in self.store.list_trials(experiment.id):
-                if trial.state in ("RUNNING", "QUEUED", "STOPPING"):
-                    if experiment.state == "ACTIVE":
-                        self.store.update_trial(trial.id, state="QUEUED")
-                        self._enqueue(trial.id, config, experiment.priority)
-                    else:
-                        self.store.update_trial(trial.id, state="PAUSED")
+                if trial.state not in ("RUNNING", "QUEUED", "STOPPING", "PAUSED"):
+                    continue
+                if stopping:
+                    # A cancel or kill was under way: finish it rather than resume.
+                    self.store.update_trial(trial.id, state="CANCELED", end_time=_now())
+                elif trial.state == "PAUSED":
+                    continue
+                elif experiment.state == "ACTIVE":
+                    self.store.update_trial(trial.id, state="QUEUED")
+                    self._enqueue(trial.id, config, experiment.priority)
+                else:
+                    self.store.update_trial(trial.id, state="PAUSED")
+            self._settle_experiment(experiment.id)
 
     # --- experiments ----------------------------------------------------------------------
 
@@ -238,7 +246,13 @@ class Master:
             except Exception:
                 log.exception("could not start trial %d", trial_id)
                 self.scheduler.release(assignment.request_id)
+                allocation_id = self.run_of_trial.pop(trial_id, None)
+                run = self.runs.pop(allocation_id, None) if allocation_id else None
+                if run is not None:
+                    self.tokens.pop(run.token, None)
+                    self._send_kill(run, graceful=False)
                 self.store.update_trial(trial_id, state="ERROR", end_time=_now())
+                self._settle_experiment(self.store.get_trial(trial_id).experiment_id)
 
     def _start(self, trial_id: int, placement: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
         trial = self.store.get_trial(trial_id)
@@ -302,12 +316,15 @@ class Master:
         return str(self.config.checkpoint_root)
 
     def _send_kill(self, run: Run, *, graceful: bool) -> None:
+        """Kill the run's processes on every agent that has not reported them gone."""
         kill = agent_pb2.KillAllocation(
             allocation_id=run.allocation_id,
             graceful=graceful,
             grace_seconds=int(self.config.kill_grace_s),
         )
         for agent_id, _ in run.placement:
+            if agent_id in run.exit_codes:
+                continue
             handle = self.agents.get(agent_id)
             if handle is not None and handle.connected:
                 handle.outbox.put(agent_pb2.MasterMessage(kill=kill))
@@ -361,10 +378,14 @@ class Master:
             if beat.devices:
                 handle.devices = list(beat.devices)
 
-    def agent_disconnected(self, agent_id: str) -> None:
+    def agent_disconnected(self, agent_id: str, handle: AgentHandle | None = None) -> None:
+        """The stream of `handle` ended; a newer connection of the same agent is kept."""
         with self.lock:
-            handle = self.agents.get(agent_id)
-            if handle is None or not handle.connected:
+            current = self.agents.get(agent_id)
+            if current is None or (handle is not None and current is not handle):
+                return
+            handle = current
+            if not handle.connected:
                 return
             log.warning("agent %s disconnected", agent_id)
             handle.connected = False
@@ -380,8 +401,13 @@ class Master:
                 continue
             run = self.runs[allocation_id]
             run.lost = True
+            run.exit_codes[agent_id] = []  # gone: nothing more will come from it
+            self.agents.pop(agent_id, None)
             self._send_kill(run, graceful=False)
-            self._finish_run(run)
+            # The other agents' parts keep their slots until those agents report the
+            # processes gone, so no new run is placed onto slots still in use.
+            if all(a in run.exit_codes or a not in self.agents for a, _ in run.placement):
+                self._finish_run(run)
         self.agents.pop(agent_id, None)
         self._schedule()
 
@@ -409,7 +435,11 @@ class Master:
             run.exit_codes[agent_id] = list(change.exit_codes)
             if change.message:
                 run.messages.append(f"{agent_id}: {change.message}")
-            if all(a in run.exit_codes for a, _ in run.placement):
+            failed = not change.exit_codes or any(c != 0 for c in change.exit_codes)
+            if failed and run.stopping is None:
+                # One part of the gang is gone: the other ranks cannot go on without it.
+                self._send_kill(run, graceful=False)
+            if all(a in run.exit_codes or a not in self.agents for a, _ in run.placement):
                 self._finish_run(run)
                 self._schedule()
 
@@ -447,7 +477,12 @@ class Master:
         if run.stopping in ("cancel", "kill"):
             self.store.update_trial(run.trial_id, state="CANCELED", end_time=_now())
         elif run.stopping == "pause":
-            self.store.update_trial(run.trial_id, state="PAUSED")
+            if self.store.get_experiment(run.experiment_id).state == "ACTIVE":
+                # Activated again while the pause was landing: run on.
+                self.store.update_trial(run.trial_id, state="QUEUED")
+                self._enqueue(run.trial_id, config, config.resources.priority)
+            else:
+                self.store.update_trial(run.trial_id, state="PAUSED")
         elif run.completed and codes and all(c == 0 for c in codes):
             self.store.update_trial(run.trial_id, state="COMPLETED", end_time=_now())
         elif run.lost:
@@ -553,7 +588,7 @@ _ALLOWED_ACTIONS: dict[str, set[str]] = {
     "pause": {"ACTIVE"},
     "activate": {"PAUSED"},
     "cancel": {"ACTIVE", "PAUSED"},
-    "kill": {"ACTIVE", "PAUSED", "STOPPING_CANCELED"},
+    "kill": {"ACTIVE", "PAUSED", "STOPPING_CANCELED", "STOPPING_KILLED"},
     "archive": TERMINAL_EXPERIMENT,
     "unarchive": TERMINAL_EXPERIMENT,
 }

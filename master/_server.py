@@ -7,6 +7,7 @@ from concurrent import futures
 
 import grpc
 
+from assay.errors import AssayError
 from assay.master._config import MasterConfig
 from assay.master._core import MAX_MODEL_DEF_BYTES, Master
 from assay.master._servicers import AgentServicer, ApiServicer, TrialServicer
@@ -23,9 +24,12 @@ class MasterServer:
     """A running master: `start()`, then `port`, then `stop()`."""
 
     def __init__(self, config: MasterConfig) -> None:
-        config.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            config.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise AssayError(f"cannot create the state directory {config.state_dir}: {e}") from None
         self.config = config
-        self.store = Store.open(config.database_url)
+        self.store = _open_store(config.database_url)
         self.server = grpc.server(
             # A sync gRPC server holds a thread for each open stream, and every agent keeps
             # one open: the pool must exceed the agents (threads start only on demand).
@@ -38,9 +42,16 @@ class MasterServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        self.port = self.server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {config.host}:{config.grpc_port}")
+            self.store.close()
+            raise AssayError(
+                f"cannot listen on {config.host}:{config.grpc_port}: the port is in use or the "
+                "address is not this machine's; pick another with --grpc-port / --host"
+            )
         if config.grpc_port == 0:
             config = _with_port(config, self.port)
             self.config = config
@@ -67,6 +78,23 @@ class MasterServer:
 
     def wait(self) -> None:
         self.server.wait_for_termination()
+
+
+def _open_store(url: str) -> Store:
+    """Open (and migrate) the store, with one clear error for a bad or unreachable URL."""
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+    shown = url.split("@")[-1] if "@" in url else url
+    try:
+        return Store.open(url)
+    except (ArgumentError, NoSuchModuleError) as e:
+        raise AssayError(
+            f"--db-url {shown!r} is not a database URL Assay can use ({e}); use "
+            "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
+        ) from None
+    except OperationalError as e:
+        reason = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
+        raise AssayError(f"cannot open the store at {shown}: {reason}") from None
 
 
 def _with_port(config: MasterConfig, port: int) -> MasterConfig:

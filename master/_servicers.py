@@ -303,10 +303,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         with rpc_errors(context):
             handle = self.master.register_agent(first.register, _peer_host(context.peer()))
         agent_id = handle.id
-        context.add_callback(lambda: self.master.agent_disconnected(agent_id))
+        context.add_callback(lambda: self.master.agent_disconnected(agent_id, handle))
         reader = threading.Thread(
             target=self._read,
-            args=(agent_id, request_iterator),
+            args=(handle, request_iterator),
             daemon=True,
             name=f"agent-{agent_id}",
         )
@@ -323,7 +323,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 return
             yield message
 
-    def _read(self, agent_id: str, messages: Iterator[agent_pb2.AgentMessage]) -> None:
+    def _read(self, handle: AgentHandle, messages: Iterator[agent_pb2.AgentMessage]) -> None:
+        agent_id = handle.id
         try:
             for message in messages:
                 kind = message.WhichOneof("message")
@@ -339,7 +340,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         except grpc.RpcError:
             pass
         finally:
-            self.master.agent_disconnected(agent_id)
+            self.master.agent_disconnected(agent_id, handle)
 
 
 class TrialServicer(trial_pb2_grpc.TrialServiceServicer):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import pytest
 
+from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
 from assay.proto import api_pb2, api_pb2_grpc, common_pb2, trial_pb2, trial_pb2_grpc
 from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
@@ -233,3 +237,129 @@ def test_losing_an_agent_requeues_its_trial_without_a_restart(
     a2.next("start")
     assert _experiment(api, eid).trials[0].restarts == 0
     a2.close()
+
+
+# --- found in review: races around stops, gangs and restarts --------------------------------
+
+
+def test_activate_while_a_pause_is_landing_runs_the_trial_again(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    agent = ScriptedAgent(master.port, "a1", slots=1)
+    eid = _create(api)
+    first = agent.next("start").start
+    for kind in (api_pb2.EXPERIMENT_ACTION_PAUSE, api_pb2.EXPERIMENT_ACTION_ACTIVATE):
+        api.ExperimentAction(api_pb2.ExperimentActionRequest(id=eid, action=kind))
+    assert agent.next("kill").kill.graceful
+    agent.exited(first.allocation_id, [-15])
+    again = agent.next("start").start  # not stuck PAUSED under an ACTIVE experiment
+    assert again.run_id == first.run_id + 1
+    assert _experiment(api, eid).trials[0].restarts == 0
+    agent.close()
+
+
+def test_one_failed_part_of_a_gang_stops_the_others(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    a1 = ScriptedAgent(master.port, "a1", slots=2)
+    a2 = ScriptedAgent(master.port, "a2", slots=2)
+    _create(api, resources={"slots_per_trial": 4})
+    s1, _ = a1.next("start").start, a2.next("start").start
+    a1.exited(s1.allocation_id, [1, -9])
+    kill = a2.next("kill").kill
+    assert kill.allocation_id == s1.allocation_id
+    a1.nothing()  # a1 already reported its part gone
+    a1.close()
+    a2.close()
+
+
+def test_a_lost_agent_frees_the_gang_only_when_the_rest_is_gone(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    a1 = ScriptedAgent(master.port, "a1", slots=2)
+    a2 = ScriptedAgent(master.port, "a2", slots=2)
+    a3 = ScriptedAgent(master.port, "a3", slots=2)
+    _create(api, resources={"slots_per_trial": 4})
+    starts = {}
+    for agent in (a1, a2, a3):
+        with contextlib.suppress(queue.Empty):  # the agent left out of the gang gets nothing
+            starts[agent.id] = agent.next("start", timeout=2).start
+    assert len(starts) == 2
+    lost, survivor = (a for a in (a1, a2, a3) if a.id in starts)
+    spare = next(a for a in (a1, a2, a3) if a.id not in starts)
+    lost.close()
+    assert survivor.next("kill").kill.allocation_id == starts[survivor.id].allocation_id
+    spare.nothing(1.0)  # no new run while the survivor's processes may still hold slots
+    survivor.exited(starts[survivor.id].allocation_id, [-9, -9])
+    restarted = [survivor.next("start").start, spare.next("start").start]
+    assert {s.run_id for s in restarted} == {starts[survivor.id].run_id + 1}
+    survivor.close()
+    spare.close()
+
+
+def test_a_master_restart_finishes_a_kill_that_was_under_way(tmp_path: Path) -> None:
+    config = MasterConfig(grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "m")
+    first = MasterServer(config)
+    first.start()
+    agent = ScriptedAgent(first.port, "a1", slots=1)
+    channel = grpc.insecure_channel(f"127.0.0.1:{first.port}")
+    api = api_pb2_grpc.ApiStub(channel)
+    eid = _create(api)
+    agent.next("start")
+    api.ExperimentAction(
+        api_pb2.ExperimentActionRequest(id=eid, action=api_pb2.EXPERIMENT_ACTION_KILL)
+    )
+    channel.close()
+    agent.close()
+    first.stop(grace=0.1)  # the kill never landed
+    second = MasterServer(config)
+    second.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{second.port}")
+    api = api_pb2_grpc.ApiStub(channel)
+    done = _experiment(api, eid)
+    assert done.experiment.state == common_pb2.EXPERIMENT_STATE_CANCELED
+    assert done.trials[0].state == common_pb2.TRIAL_STATE_CANCELED
+    channel.close()
+    second.stop(grace=0.1)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--db-url", "bogus://x"], "is not a database URL Assay can use"),
+        (["--db-url", "sqlite:////nonexistent/dir/x.db"], "cannot open the store at"),
+        (["--db-url", "postgresql+psycopg://postgres@127.0.0.1:1/x"], "cannot open the store at"),
+        (["--grpc-port", "PORT_IN_USE"], "cannot listen on"),
+    ],
+)
+def test_bad_start_up_settings_are_one_clear_error(
+    tmp_path: Path, args: list[str], expected: str
+) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        args = [port if a == "PORT_IN_USE" else a for a in args]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "assay.master.main",
+                "--host",
+                "127.0.0.1",
+                "--state-dir",
+                str(tmp_path),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert expected in done.stderr
+    assert "Traceback" not in done.stderr

@@ -84,8 +84,11 @@ def up(
     if db_url:
         master_cmd += ["--db-url", db_url]
     pids["master"] = _spawn(master_cmd, logs / "master.log")
+    pids_file.write_text(json.dumps(pids))  # so that `down` can stop it whatever happens next
     address = f"127.0.0.1:{port}"
-    if not _wait_for_port(port, pids["master"], timeout=30):
+    if not _wait_for_port(port, pids["master"], timeout=60):
+        _stop(pids["master"])
+        pids_file.unlink(missing_ok=True)
         raise AssayError(f"the master did not start; see {logs / 'master.log'}")
     for i in range(agents):
         cmd = [

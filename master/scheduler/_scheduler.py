@@ -113,15 +113,29 @@ class Scheduler:
         by_kind = {kind: [a for a in enabled if a.slot_type == kind] for kind in SLOT_TYPES}
         largest = {kind: largest_placement(a.slots for a in by_kind[kind]) for kind in SLOT_TYPES}
         decision = Decision()
+        # Both shortcuts are exact: whether a size fits an idle cluster depends on the size
+        # alone, and no placement can use more slots than are free. With a long queue on a
+        # full cluster they turn each round from a sort per request into a lookup.
+        possible: dict[tuple[str, int], bool] = {}
+        total_free = {kind: sum(free[a.id] for a in by_kind[kind]) for kind in SLOT_TYPES}
         for request in sorted(pending, key=lambda r: r.rank):
             kind = request.slot_type
-            idle = ((a.id, a.slots) for a in by_kind[kind])
-            if request.slots > largest[kind] or choose_agents(request.slots, idle) is None:
+            key = (kind, request.slots)
+            if key not in possible:
+                idle = ((a.id, a.slots) for a in by_kind[kind])
+                possible[key] = (
+                    request.slots <= largest[kind]
+                    and choose_agents(request.slots, idle) is not None
+                )
+            if not possible[key]:
                 decision.unschedulable.append((request.id, _why(request, largest[kind])))
+                continue
+            if request.slots > total_free[kind]:
                 continue
             chosen = choose_agents(request.slots, ((a.id, free[a.id]) for a in by_kind[kind]))
             if chosen is None:
                 continue
+            total_free[kind] -= request.slots
             placement = tuple((agent_id, self._lowest_free(agent_id, n)) for agent_id, n in chosen)
             self._hold(request.id, placement)
             for agent_id, n in chosen:

@@ -11,6 +11,7 @@ CLI, master and agent all use these two functions, so the rules are the same eve
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import os
@@ -341,12 +342,33 @@ def unpack_model_dir(
     lead outside `dest`, devices and archives that unpack to more than
     `max_unpacked_bytes` (default `4 * max_bytes`) raise `ModelDefinitionError`.
     """
+    target = Path(dest)
+    with _opened(data, max_bytes, max_unpacked_bytes) as (tar, members):
+        target.mkdir(parents=True, exist_ok=True)
+        tar.extractall(target, members=members, filter="data")
+
+
+def check_model_archive(
+    data: bytes,
+    *,
+    max_bytes: int = MAX_MODEL_DEF_BYTES,
+    max_unpacked_bytes: int | None = None,
+) -> None:
+    """Apply every check of `unpack_model_dir` without writing anything."""
+    with _opened(data, max_bytes, max_unpacked_bytes):
+        pass
+
+
+@contextlib.contextmanager
+def _opened(
+    data: bytes, max_bytes: int, max_unpacked_bytes: int | None
+) -> Iterator[tuple[tarfile.TarFile, list[tarfile.TarInfo]]]:
+    """The archive and its members, each checked; `ModelDefinitionError` otherwise."""
     limit = 4 * max_bytes if max_unpacked_bytes is None else max_unpacked_bytes
     if len(data) > max_bytes:
         raise ModelDefinitionError(
             f"model definition is {_sized(len(data))}, over the limit of {_sized(max_bytes)}"
         )
-    target = Path(dest)
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             members: list[tarfile.TarInfo] = []
@@ -360,8 +382,7 @@ def unpack_model_dir(
                         f"limit of {_sized(limit)}"
                     )
                 members.append(member)
-            target.mkdir(parents=True, exist_ok=True)
-            tar.extractall(target, members=members, filter="data")
+            yield tar, members
     except tarfile.FilterError as e:
         raise ModelDefinitionError(f"unsafe model definition archive: {e}") from None
     except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as e:

@@ -9,13 +9,11 @@ reports bypass the lock: the store fences and deduplicates them by itself.
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
 import logging
 import queue
 import random
 import secrets
-import tarfile
 import threading
 import time
 import uuid
@@ -25,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from assay._archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
 from assay.config import ExperimentConfig, LengthUnit, parse_config, sample_hparams
 from assay.errors import InvalidConfigError
 from assay.master._config import MasterConfig
@@ -36,7 +35,6 @@ from assay.proto import agent_pb2, common_pb2
 
 log = logging.getLogger("assay.master")
 
-MAX_MODEL_DEF_BYTES = 96 * 2**20
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 TERMINAL_EXPERIMENT = {"COMPLETED", "CANCELED", "ERROR"}
 TERMINAL_TRIAL = {"COMPLETED", "CANCELED", "ERROR"}
@@ -616,23 +614,14 @@ def _check_cluster_config(config: ExperimentConfig) -> None:
 
 
 def _check_model_definition(data: bytes) -> None:
-    if len(data) > MAX_MODEL_DEF_BYTES:
-        raise InvalidArgumentError(
-            f"the model directory archive is {len(data)} bytes; the limit is "
-            f"{MAX_MODEL_DEF_BYTES} bytes (96 MiB): exclude data and checkpoints with "
-            ".assayignore"
-        )
+    """The archive checks an agent applies before unpacking, done before it is stored."""
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-            for member in archive.getmembers():
-                name = member.name
-                if name.startswith("/") or ".." in name.split("/"):
-                    raise InvalidArgumentError(
-                        f"the model directory archive has an entry outside its root: {name!r}"
-                    )
-    except (tarfile.TarError, OSError, EOFError) as e:
+        check_model_archive(data)
+    except ModelDefinitionError as e:
         raise InvalidArgumentError(
-            f"the model definition is not a gzip-compressed tar archive: {e}"
+            f"{e}; exclude data and checkpoints with .assayignore"
+            if len(data) > MAX_MODEL_DEF_BYTES
+            else str(e)
         ) from None
 
 

@@ -7,9 +7,10 @@ from concurrent import futures
 
 import grpc
 
+from assay._archive import MAX_MODEL_DEF_BYTES
 from assay.errors import AssayError
 from assay.master._config import MasterConfig
-from assay.master._core import MAX_MODEL_DEF_BYTES, Master
+from assay.master._core import Master
 from assay.master._servicers import AgentServicer, ApiServicer, TrialServicer
 from assay.master.store import Store
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc

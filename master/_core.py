@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -29,7 +29,7 @@ from assay.errors import InvalidConfigError
 from assay.master._config import MasterConfig
 from assay.master._errors import PermissionDeniedError
 from assay.master.scheduler import Agent, Request, Scheduler, SlotType
-from assay.master.store import CheckpointRecord, MetricReport, Store
+from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store
 from assay.master.store.errors import ConflictError, InvalidArgumentError, NotFoundError
 from assay.proto import agent_pb2, common_pb2
 
@@ -222,7 +222,7 @@ class Master:
         self.queued[trial_id] = Request(
             id=str(trial_id),
             slots=config.resources.slots_per_trial,
-            slot_type="cpu" if self._cluster_slot_type() == "cpu" else "cuda",
+            slot_type=self._cluster_slot_type(),
             priority=priority,
             order=self._order,
         )
@@ -234,7 +234,12 @@ class Master:
     def _schedule(self) -> None:
         if not self.queued:
             return
-        pending = [_with_type(r, self._cluster_slot_type()) for r in self.queued.values()]
+        # Agents may have joined or left since a request was queued: one pass sets its type.
+        slot_type = self._cluster_slot_type()
+        pending = [
+            r if r.slot_type == slot_type else replace(r, slot_type=slot_type)
+            for r in self.queued.values()
+        ]
         decision = self.scheduler.schedule(pending)
         for assignment in decision.assignments:
             trial_id = int(assignment.request_id)
@@ -392,6 +397,7 @@ class Master:
 
     def _drop_agent(self, agent_id: str) -> None:
         affected = self.scheduler.remove_agent(agent_id)
+        self.agents.pop(agent_id, None)
         self.store.set_agent_state(agent_id, "DISCONNECTED")
         for request_id in affected:
             allocation_id = self.run_of_trial.get(int(request_id))
@@ -400,13 +406,11 @@ class Master:
             run = self.runs[allocation_id]
             run.lost = True
             run.exit_codes[agent_id] = []  # gone: nothing more will come from it
-            self.agents.pop(agent_id, None)
             self._send_kill(run, graceful=False)
             # The other agents' parts keep their slots until those agents report the
             # processes gone, so no new run is placed onto slots still in use.
             if all(a in run.exit_codes or a not in self.agents for a, _ in run.placement):
                 self._finish_run(run)
-        self.agents.pop(agent_id, None)
         self._schedule()
 
     def set_agent_enabled(self, agent_id: str, enabled: bool) -> None:
@@ -442,8 +446,6 @@ class Master:
                 self._schedule()
 
     def ship_logs(self, batch: agent_pb2.LogBatch) -> None:
-        from assay.master.store import LogLine
-
         run = self.runs.get(batch.allocation_id)
         if run is None:
             return
@@ -590,14 +592,6 @@ _ALLOWED_ACTIONS: dict[str, set[str]] = {
     "archive": TERMINAL_EXPERIMENT,
     "unarchive": TERMINAL_EXPERIMENT,
 }
-
-
-def _with_type(request: Request, slot_type: SlotType) -> Request:
-    if request.slot_type == slot_type:
-        return request
-    return Request(
-        request.id, request.slots, slot_type, request.priority, request.order, request.group
-    )
 
 
 def _check_cluster_config(config: ExperimentConfig) -> None:

@@ -130,9 +130,9 @@ def _storage_dir(config: ExperimentConfig) -> Path | None:
     if storage.type != "shared_fs":
         log.warning("run-local writes checkpoints to a local directory, not to %s", storage.type)
         return None
-    if storage.host_path is None:
+    if storage.host_directory is None:
         return Path(storage.storage_path) if storage.storage_path else None
-    return Path(storage.host_path) / (storage.storage_path or "")
+    return storage.host_directory
 
 
 def _check_writable(directory: Path) -> None:

@@ -311,12 +311,7 @@ class Master:
         log.info("trial %d run %d started on %s", trial_id, run_id, placement)
 
     def _checkpoint_root(self, config: ExperimentConfig) -> str:
-        storage = config.checkpoint_storage
-        if storage.host_path:
-            return str(storage.host_path) + (
-                f"/{storage.storage_path}" if storage.storage_path else ""
-            )
-        return str(self.config.checkpoint_root)
+        return str(config.checkpoint_storage.host_directory or self.config.checkpoint_root)
 
     def _send_kill(self, run: Run, *, graceful: bool) -> None:
         """Kill the run's processes on every agent that has not reported them gone."""

@@ -115,6 +115,13 @@ class CheckpointStorageConfig:
     save_trial_latest: int = 1
     save_experiment_best: int = 0
 
+    @property
+    def host_directory(self) -> Path | None:
+        """`host_path/storage_path` of shared_fs storage; None without a host_path."""
+        if self.type != "shared_fs" or self.host_path is None:
+            return None
+        return Path(self.host_path) / (self.storage_path or "")
+
 
 @dataclass(frozen=True)
 class ExperimentConfig:

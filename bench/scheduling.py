@@ -13,20 +13,20 @@
    at p99). Each Assay repetition waits for its experiment to end before the next, so the
    slot is free and nothing queues.
 
-2. Bookkeeping throughput. A `MasterServer` runs in this process (SQLite store in a temp
-   dir, its INFO log to a file as `assay-master` logs it). N simulated agents (1,000; 200
-   with --quick), each one `AgentService.Connect` stream over real gRPC with 1 CPU slot,
-   live in a child process (grpc.aio, one channel per 100 agents, so their client-side
-   work does not share the master's GIL). Every `StartAllocation` is answered at once
-   with `AllocationStateChange(EXITED, exit_codes=[0])`. Then M = 2 N one-slot
-   experiments (`max_restarts: 0`, a tiny tar.gz) go in through `Api.CreateExperiment`
-   from 4 client threads as fast as the master takes them. allocations/s = placements
-   (StartAllocation messages the agents received) / (last experiment's end_time - first
-   submit). Target >= 500/s (Slurm claims 500 jobs/s; kube-scheduler's bar is 270
-   pods/s). The trials end in ERROR: a run that exits without having completed its
-   searcher operation counts as failed, and `max_restarts: 0` ends it there -- the
-   bookkeeping is the same as for a completed one (allocation terminated, trial and
-   experiment closed), which is what is measured.
+2. Bookkeeping throughput. A real `assay-master` process (SQLite store in a temp dir,
+   its INFO log to a file) alone on its side: N simulated agents (1,000; 200 with
+   --quick), each one `AgentService.Connect` stream over real gRPC with 1 CPU slot, live
+   in a child process (grpc.aio, one channel per 100 agents). Every `StartAllocation` is
+   answered at once with `AllocationStateChange(EXITED, exit_codes=[0])`. Then M = 2 N
+   one-slot experiments (`max_restarts: 0`, a tiny tar.gz) go in through
+   `Api.CreateExperiment` from another child process, 16 calls in flight at a time (as
+   many users and CI jobs submit at once), as fast as the master takes them.
+   allocations/s = placements (StartAllocation messages the agents received) / (last
+   experiment's end_time - first submit). Target >= 500/s (Slurm claims 500 jobs/s;
+   kube-scheduler's bar is 270 pods/s). The trials end in ERROR: a run that exits
+   without having completed its searcher operation counts as failed, and
+   `max_restarts: 0` ends it there -- the bookkeeping is the same as for a completed
+   one (allocation terminated, trial and experiment closed), which is what is measured.
 
     python bench/scheduling.py [--quick] [--only latency|throughput]
 
@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-import logging
 import os
 import statistics
 import subprocess
@@ -49,7 +48,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -65,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LATENCY_TARGET = 1.5
 ALLOCATIONS_TARGET = 500.0
 AGENTS_PER_CHANNEL = 100
-SUBMITTERS = 4
+SUBMITTERS = 16
 TERMINAL = {"COMPLETED", "CANCELED", "ERROR"}
 
 
@@ -402,6 +400,30 @@ def fleet_main(port: int, agents: int) -> int:
     return 0
 
 
+async def _submit_all(port: int, count: int, request_file: Path) -> None:
+    """`count` CreateExperiment calls, SUBMITTERS in flight at once; prints ids and times."""
+    request = api_pb2.CreateExperimentRequest.FromString(request_file.read_bytes())
+    ids: list[int] = []
+    queue_left = iter(range(count))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        api = api_pb2_grpc.ApiStub(channel)
+
+        async def client() -> None:
+            for _ in queue_left:
+                reply = await api.CreateExperiment(request, timeout=120)
+                ids.append(reply.experiment.id)
+
+        t0 = time.time()
+        await asyncio.gather(*(client() for _ in range(SUBMITTERS)))
+        t1 = time.time()
+    print(json.dumps({"ids": ids, "t0": t0, "t1": t1}), flush=True)
+
+
+def submit_main(port: int, count: int, request_file: Path) -> int:
+    asyncio.run(_submit_all(port, count, request_file))
+    return 0
+
+
 class Fleet:
     """The child process running the simulated agents."""
 
@@ -486,25 +508,22 @@ def _tiny_archive(tmp: Path) -> bytes:
     return pack_model_dir(model_dir)
 
 
-def _submit(port: int, count: int, config_yaml: str, archive: bytes) -> list[int]:
-    ids: list[int] = []
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        api = api_pb2_grpc.ApiStub(channel)
-        request = api_pb2.CreateExperimentRequest(
-            config_yaml=config_yaml, model_definition=archive, activate=True
-        )
-        for _ in range(count):
-            ids.append(api.CreateExperiment(request, timeout=120).experiment.id)
-    return ids
-
-
 def _utc(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
 
+def _count_terminal(store: Any, expected: int, deadline_s: float) -> bool:
+    """Wait until `expected` experiments have ended; False if the deadline passed first."""
+    deadline = time.monotonic() + deadline_s
+    while store.list_experiments(states=sorted(TERMINAL), limit=1).total < expected:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def bench_throughput(s: Settings) -> ThroughputResult:
-    from assay.master._config import MasterConfig
-    from assay.master._server import MasterServer
+    from assay.master.store import Store
 
     result = ThroughputResult(agents=s.agents, experiments=s.experiments)
     config_yaml = yaml.safe_dump(
@@ -516,58 +535,57 @@ def bench_throughput(s: Settings) -> ThroughputResult:
             "max_restarts": 0,
         }
     )
-    master_log = logging.getLogger("assay.master")
     with tempfile.TemporaryDirectory(prefix="assay-bench-sched-") as folder:
         tmp = Path(folder)
-        # As `assay-master` does: INFO to a stream (here a file, not this terminal).
-        handler = logging.FileHandler(tmp / "master.log")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        old_level, old_propagate = master_log.level, master_log.propagate
-        master_log.addHandler(handler)
-        master_log.setLevel(logging.INFO)
-        master_log.propagate = False
-        server = MasterServer(MasterConfig(grpc_port=0, host="127.0.0.1", state_dir=tmp / "master"))
+        port = free_port()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        master_cmd = [sys.executable, "-m", "assay.master.main", "--grpc-port", str(port)]
+        master_cmd += ["--host", "127.0.0.1", "--state-dir", str(tmp / "master")]
+        master_log = tmp / "master.log"
+        master = _spawn(master_cmd, master_log, env)
         fleet: Fleet | None = None
+        store: Store | None = None
         try:
-            server.start()
-            archive = _tiny_archive(tmp)
+            channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+            api = api_pb2_grpc.ApiStub(channel)
+            grpc.channel_ready_future(channel).result(timeout=60)
+            request = api_pb2.CreateExperimentRequest(
+                config_yaml=config_yaml, model_definition=_tiny_archive(tmp), activate=True
+            )
+            request_file = tmp / "request.bin"
+            request_file.write_bytes(request.SerializeToString())
             t_reg = time.perf_counter()
-            fleet = Fleet(server.port, s.agents, tmp / "fleet.log")
+            fleet = Fleet(port, s.agents, tmp / "fleet.log")
             fleet.ready(timeout=120)
-            with server.master.lock:
-                connected = sum(1 for a in server.master.agents.values() if a.connected)
-            if connected != s.agents:
-                raise RuntimeError(f"{connected} of {s.agents} agents registered")
+            info = api.GetMasterInfo(api_pb2.GetMasterInfoRequest(), timeout=30)
+            if info.agents != s.agents:
+                raise RuntimeError(f"{info.agents} of {s.agents} agents registered")
             result.register_s = time.perf_counter() - t_reg
-            per = [s.experiments // SUBMITTERS] * SUBMITTERS
-            per[0] += s.experiments - sum(per)
-            t0 = time.time()
-            with futures.ThreadPoolExecutor(SUBMITTERS) as pool:
-                jobs = [pool.submit(_submit, server.port, n, config_yaml, archive) for n in per]
-                ids = [i for job in jobs for i in job.result()]
-            result.submit_s = time.time() - t0
-            store = server.store
-            deadline = time.monotonic() + s.deadline_s
-            while True:
-                done = store.list_experiments(states=sorted(TERMINAL), limit=1).total
-                if done >= len(ids):
-                    break
-                if time.monotonic() > deadline:
-                    result.timed_out = True
-                    break
-                time.sleep(0.2)
+            channel.close()
+            submit_cmd = [sys.executable, __file__, "--submit-port", str(port)]
+            submit_cmd += ["--count", str(s.experiments), "--request", str(request_file)]
+            done = subprocess.run(
+                submit_cmd, capture_output=True, cwd=ROOT, timeout=s.deadline_s, check=False
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"the submitters failed:\n{done.stderr.decode()[-3000:]}")
+            submitted = json.loads(done.stdout.decode().strip().splitlines()[-1])
+            t0, ids = float(submitted["t0"]), list(submitted["ids"])
+            result.submit_s = float(submitted["t1"]) - t0
+            store = Store.open(f"sqlite:///{tmp / 'master' / 'assay.db'}", migrate_schema=False)
+            result.timed_out = not _count_terminal(store, len(ids), s.deadline_s)
             t_end = time.time()
-            page = store.list_experiments(limit=1000, offset=0)
-            records = list(page.items)
-            while len(records) < page.total:
-                records += store.list_experiments(limit=1000, offset=len(records)).items
-            states: dict[str, int] = {}
+            records = []
+            while True:
+                page = store.list_experiments(limit=1000, offset=len(records))
+                records += page.items
+                if not page.items or len(records) >= page.total:
+                    break
             ends: list[dt.datetime] = []
             for record in records:
-                states[record.state] = states.get(record.state, 0) + 1
+                result.states[record.state] = result.states.get(record.state, 0) + 1
                 if record.state in TERMINAL and record.end_time is not None:
                     ends.append(record.end_time)
-            result.states = states
             result.terminal = len(ends)
             report = fleet.stop()
             result.placements = int(report["starts"])
@@ -579,14 +597,15 @@ def bench_throughput(s: Settings) -> ThroughputResult:
             else:
                 last = max(e if e.tzinfo else e.replace(tzinfo=dt.UTC) for e in ends)
                 result.elapsed_s = (last - _utc(t0)).total_seconds()
+        except Exception:
+            print(master_log.read_text()[-3000:], file=sys.stderr)
+            raise
         finally:
+            if store is not None:
+                store.close()
             if fleet is not None:
                 fleet.close()
-            server.stop(grace=1.0)
-            master_log.removeHandler(handler)
-            handler.close()
-            master_log.setLevel(old_level)
-            master_log.propagate = old_propagate
+            _stop_procs([master])
     return result
 
 
@@ -641,9 +660,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("latency", "throughput"), help="run one part")
     parser.add_argument("--fleet-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--agents", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--submit-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--request", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.fleet_port is not None:
         return fleet_main(int(args.fleet_port), int(args.agents))
+    if args.submit_port is not None:
+        return submit_main(int(args.submit_port), int(args.count), Path(args.request))
     s = QUICK if args.quick else FULL
     t0 = time.perf_counter()
     lat: LatencyResult | None = None

@@ -1,9 +1,10 @@
 """The master's brain: experiments -> trials -> gang requests -> allocations on agents.
 
-All state transitions happen under one lock and are written to the store before the
-master acts on them (DESIGN.md: "The database is the truth"). Placement decisions come
-from the pure `Scheduler`; this module turns them into messages for agents. Metric
-reports bypass the lock: the store fences and deduplicates them by itself.
+All state transitions happen in memory under one lock and reach the store in group
+commits before the master acts on them (DESIGN.md: "The database is the truth";
+_commit.py). Placement decisions come from the pure `Scheduler`; this module turns them
+into messages for agents. Metric rows bypass the lock: the store fences and
+deduplicates them by itself.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,18 +27,33 @@ import yaml
 from assay._archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
 from assay.config import ExperimentConfig, LengthUnit, parse_config, sample_hparams
 from assay.errors import InvalidConfigError
+from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._errors import PermissionDeniedError
+from assay.master._state import (
+    TERMINAL_EXPERIMENT,
+    TERMINAL_TRIAL,
+    ExperimentState,
+    ModelCache,
+    Restore,
+    TrialState,
+    load_live,
+)
 from assay.master.scheduler import Agent, Request, Scheduler, SlotType
-from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store
+from assay.master.store import (
+    CheckpointRecord,
+    ExperimentRecord,
+    LogLine,
+    MetricReport,
+    Store,
+    WriteBatch,
+)
 from assay.master.store.errors import ConflictError, InvalidArgumentError, NotFoundError
 from assay.proto import agent_pb2, common_pb2
 
 log = logging.getLogger("assay.master")
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-TERMINAL_EXPERIMENT = {"COMPLETED", "CANCELED", "ERROR"}
-TERMINAL_TRIAL = {"COMPLETED", "CANCELED", "ERROR"}
 SEARCHERS_AVAILABLE = ("single",)
 
 
@@ -75,54 +91,107 @@ class Run:
 
 
 class Master:
-    """Owns the scheduler, the agent connections and the runs; persists to `store`."""
+    """Owns the scheduler, the agent connections and the runs; persists to `store`.
 
-    def __init__(self, config: MasterConfig, store: Store) -> None:
+    Public methods change memory under `lock`, record the change in the open write
+    batch, and wait for it to commit before they return; messages to agents are sent
+    only after the commit that records them (see _commit.py).
+    """
+
+    def __init__(
+        self,
+        config: MasterConfig,
+        store: Store,
+        on_fatal: Callable[[BaseException], None] = lambda e: None,
+    ) -> None:
         self.config = config
         self.store = store
         self.cluster_id = str(uuid.uuid4())
         self.lock = threading.RLock()
+        self.commit = GroupCommit(store, self.lock, on_fatal)
         self.scheduler = Scheduler()
         self.agents: dict[str, AgentHandle] = {}
+        self.experiments: dict[int, ExperimentState] = {}  # the live ones
+        self.trials: dict[int, TrialState] = {}  # of live experiments
         self.runs: dict[str, Run] = {}  # by allocation id
         self.run_of_trial: dict[int, str] = {}
         self.tokens: dict[str, str] = {}  # token -> allocation id
         self.queued: dict[int, Request] = {}  # trial id -> request
-        self.configs: dict[int, ExperimentConfig] = {}
+        self.models = ModelCache(store)
+        self._connected_types: dict[str, int] = {}  # slot type -> connected agents
         self._order = 0
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
         self._recover()
 
+    @property
+    def batch(self) -> WriteBatch:
+        return self.commit.batch
+
+    def close(self) -> None:
+        self.commit.close()
+
+    def _commit_and_wait(self) -> None:
+        """Called under the lock at the end of a change: release it, then wait."""
+        ticket = self.commit.ticket()
+        self.lock.release()
+        try:
+            self.commit.wait(ticket)
+        finally:
+            self.lock.acquire()
+
     # --- start-up -------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        """Requeue the unfinished trials of every active experiment (after a restart)."""
-        for experiment in self.store.list_experiments(limit=1000).items:
-            if experiment.state in TERMINAL_EXPERIMENT:
-                continue
-            config = parse_config(experiment.config)
-            self.configs[experiment.id] = config
-            stopping = experiment.state.startswith("STOPPING_")
-            for trial in self.store.list_trials(experiment.id):
-                if trial.state not in ("RUNNING", "QUEUED", "STOPPING", "PAUSED"):
-                    continue
-                if stopping:
-                    # A cancel or kill was under way: finish it rather than resume.
-                    self.store.update_trial(trial.id, state="CANCELED", end_time=_now())
-                elif trial.state == "PAUSED":
-                    continue
-                elif experiment.state == "ACTIVE":
-                    self.store.update_trial(trial.id, state="QUEUED")
-                    self._enqueue(trial.id, config, experiment.priority)
-                else:
-                    self.store.update_trial(trial.id, state="PAUSED")
-            self._settle_experiment(experiment.id)
+        """Reload the live experiments and requeue their unfinished trials (a restart)."""
+        with self.lock:
+            for allocation in self.store.active_allocations():
+                # Their processes are killed when their agent reconnects.
+                self.batch.set_allocation(allocation.id, state="TERMINATED", ended_at=_now())
+            for experiment in load_live(self.store):
+                self._add_experiment(experiment)
+                stopping = experiment.state.startswith("STOPPING_")
+                for trial in experiment.trials.values():
+                    if trial.state not in ("RUNNING", "QUEUED", "STOPPING", "PAUSED"):
+                        continue
+                    if stopping:
+                        # A cancel or kill was under way: finish it rather than resume.
+                        self._set_trial(trial, state="CANCELED", end_time=_now())
+                    elif trial.state == "PAUSED":
+                        continue
+                    elif experiment.state == "ACTIVE":
+                        self._set_trial(trial, state="QUEUED")
+                        self._enqueue(trial)
+                    else:
+                        self._set_trial(trial, state="PAUSED")
+                self._settle_experiment(experiment)
+        self.commit.flush()
+
+    def _add_experiment(self, experiment: ExperimentState) -> None:
+        self.experiments[experiment.id] = experiment
+        self.trials.update(experiment.trials)
+
+    # --- memory and store together --------------------------------------------------------
+
+    def _set_trial(self, trial: TrialState, **fields: Any) -> None:
+        for key, value in fields.items():
+            setattr(trial, key, value)
+        self.batch.set_trial(trial.id, **fields)
+
+    def _set_experiment(self, experiment: ExperimentState, **fields: Any) -> None:
+        for key in ("state", "progress"):
+            if key in fields:
+                setattr(experiment, key, fields[key])
+        self.batch.set_experiment(experiment.id, **fields)
+
+    def _live_experiment(self, experiment_id: int) -> ExperimentState | None:
+        return self.experiments.get(experiment_id)
 
     # --- experiments ----------------------------------------------------------------------
 
     def create_experiment(
         self, config_yaml: str, model_definition: bytes, *, activate: bool, owner: str = "admin"
-    ) -> int:
+    ) -> ExperimentRecord:
+        """Store a new experiment and its first trial; return it as stored."""
         try:
             raw = yaml.load(config_yaml, Loader=_YAML_LOADER)  # a safe loader (C if built)
         except yaml.YAMLError as e:
@@ -133,103 +202,149 @@ class Master:
             raise InvalidArgumentError(str(e)) from None
         _check_cluster_config(config)
         _check_model_definition(model_definition)
+        owner_id = self.store.user_id(owner)
+        experiment_id = self.store.reserve_id("experiments")
+        trial_id = self.store.reserve_id("trials")
+        now = _now()
+        state = "ACTIVE" if activate else "PAUSED"
+        seed = config.experiment_seed
+        hparams = sample_hparams(config.hyperparameters, random.Random(seed))
         with self.lock:
-            state = "ACTIVE" if activate else "PAUSED"
-            experiment_id = self.store.create_experiment(
+            self.batch.add_experiment(
+                experiment_id,
                 name=config.name,
-                owner=owner,
+                owner_id=owner_id,
                 config=dict(config.raw),
                 model_definition=model_definition,
                 state=state,
                 description=config.description,
                 labels=config.labels,
                 priority=config.resources.priority,
+                now=now,
             )
-            self.configs[experiment_id] = config
-            seed = config.experiment_seed
-            hparams = sample_hparams(config.hyperparameters, random.Random(seed))
-            trial_id = self.store.create_trial(
-                experiment_id,
+            trial = TrialState(
+                id=trial_id,
+                experiment_id=experiment_id,
                 request_id="single-0",
                 hparams=hparams,
                 seed=seed,
                 state="QUEUED" if activate else "PAUSED",
             )
+            self.batch.add_trial(
+                trial_id,
+                experiment_id=experiment_id,
+                request_id=trial.request_id,
+                hparams=hparams,
+                seed=seed,
+                state=trial.state,
+                now=now,
+            )
+            experiment = ExperimentState(
+                experiment_id, config, state, config.resources.priority, trials={trial_id: trial}
+            )
+            self._add_experiment(experiment)
+            self.models.put(experiment_id, model_definition)
             if activate:
-                self._enqueue(trial_id, config, config.resources.priority)
+                self._enqueue(trial)
                 self._schedule()
-            return experiment_id
+            self._commit_and_wait()
+        return ExperimentRecord(
+            id=experiment_id,
+            name=config.name,
+            description=config.description,
+            owner=owner,
+            state=state,
+            labels=tuple(sorted(set(config.labels))),
+            priority=config.resources.priority,
+            progress=0.0,
+            archived=False,
+            config=dict(config.raw),
+            searcher_state=None,
+            created_at=now,
+            start_time=now,
+            end_time=None,
+        )
 
     def experiment_action(self, experiment_id: int, action: str) -> None:
+        allowed = _ALLOWED_ACTIONS[action]
         with self.lock:
-            experiment = self.store.get_experiment(experiment_id)
-            state = experiment.state
-            allowed = _ALLOWED_ACTIONS[action]
-            if state not in allowed:
-                raise ConflictError(
-                    f"cannot {action} experiment {experiment_id}: it is {state}; {action} "
-                    f"applies to {', '.join(sorted(allowed))} experiments"
-                )
-            getattr(self, f"_{action}")(experiment_id)
+            experiment = self._live_experiment(experiment_id)
+            if experiment is not None:
+                self._check_action(experiment_id, experiment.state, action, allowed)
+                getattr(self, f"_{action}")(experiment)
+                self._commit_and_wait()
+                return
+        # A finished experiment (or none): only its stored row can change.
+        self.commit.flush()
+        record = self.store.get_experiment(experiment_id)
+        self._check_action(experiment_id, record.state, action, allowed)
+        self.store.update_experiment(experiment_id, archived=action == "archive")
 
-    def _pause(self, experiment_id: int) -> None:
-        self.store.update_experiment(experiment_id, state="PAUSED")
-        self._stop_trials(experiment_id, "pause", queued_state="PAUSED")
+    @staticmethod
+    def _check_action(experiment_id: int, state: str, action: str, allowed: set[str]) -> None:
+        if state not in allowed:
+            raise ConflictError(
+                f"cannot {action} experiment {experiment_id}: it is {state}; {action} "
+                f"applies to {', '.join(sorted(allowed))} experiments"
+            )
 
-    def _activate(self, experiment_id: int) -> None:
-        self.store.update_experiment(experiment_id, state="ACTIVE")
-        config = self.configs[experiment_id]
-        for trial in self.store.list_trials(experiment_id):
+    def _pause(self, experiment: ExperimentState) -> None:
+        self._set_experiment(experiment, state="PAUSED")
+        self._stop_trials(experiment, "pause", queued_state="PAUSED")
+
+    def _activate(self, experiment: ExperimentState) -> None:
+        self._set_experiment(experiment, state="ACTIVE")
+        for trial in experiment.trials.values():
             if trial.state == "PAUSED":
-                self.store.update_trial(trial.id, state="QUEUED")
-                self._enqueue(trial.id, config, config.resources.priority)
+                self._set_trial(trial, state="QUEUED")
+                self._enqueue(trial)
         self._schedule()
 
-    def _cancel(self, experiment_id: int) -> None:
-        self.store.update_experiment(experiment_id, state="STOPPING_CANCELED")
-        self._stop_trials(experiment_id, "cancel", queued_state="CANCELED")
-        self._settle_experiment(experiment_id)
+    def _cancel(self, experiment: ExperimentState) -> None:
+        self._set_experiment(experiment, state="STOPPING_CANCELED")
+        self._stop_trials(experiment, "cancel", queued_state="CANCELED")
+        self._settle_experiment(experiment)
 
-    def _kill(self, experiment_id: int) -> None:
-        self.store.update_experiment(experiment_id, state="STOPPING_KILLED")
-        self._stop_trials(experiment_id, "kill", queued_state="CANCELED")
-        self._settle_experiment(experiment_id)
+    def _kill(self, experiment: ExperimentState) -> None:
+        self._set_experiment(experiment, state="STOPPING_KILLED")
+        self._stop_trials(experiment, "kill", queued_state="CANCELED")
+        self._settle_experiment(experiment)
 
-    def _archive(self, experiment_id: int) -> None:
-        self.store.update_experiment(experiment_id, archived=True)
-
-    def _unarchive(self, experiment_id: int) -> None:
-        self.store.update_experiment(experiment_id, archived=False)
-
-    def _stop_trials(self, experiment_id: int, how: str, *, queued_state: str) -> None:
-        for trial in self.store.list_trials(experiment_id):
+    def _stop_trials(self, experiment: ExperimentState, how: str, *, queued_state: str) -> None:
+        for trial in experiment.trials.values():
             if trial.state in TERMINAL_TRIAL:
                 continue
-            run_id = self.run_of_trial.get(trial.id)
-            if run_id is not None:
-                run = self.runs[run_id]
+            allocation_id = self.run_of_trial.get(trial.id)
+            if allocation_id is not None:
+                run = self.runs[allocation_id]
                 run.stopping = how
-                self.store.update_trial(trial.id, state="STOPPING")
+                self._set_trial(trial, state="STOPPING")
                 self._send_kill(run, graceful=how != "kill")
             else:
                 self.queued.pop(trial.id, None)
-                self.store.update_trial(trial.id, state=queued_state)
+                end = {"end_time": _now()} if queued_state in TERMINAL_TRIAL else {}
+                self._set_trial(trial, state=queued_state, **end)
 
     # --- scheduling -----------------------------------------------------------------------
 
-    def _enqueue(self, trial_id: int, config: ExperimentConfig, priority: int) -> None:
+    def _enqueue(self, trial: TrialState) -> None:
+        config = self.experiments[trial.experiment_id].config
         self._order += 1
-        self.queued[trial_id] = Request(
-            id=str(trial_id),
+        self.queued[trial.id] = Request(
+            id=str(trial.id),
             slots=config.resources.slots_per_trial,
             slot_type=self._cluster_slot_type(),
-            priority=priority,
+            priority=config.resources.priority,
             order=self._order,
         )
 
     def _cluster_slot_type(self) -> SlotType:
-        types = {a.slot_type for a in self.agents.values() if a.connected}
-        return "cuda" if types == {"cuda"} else "cpu"
+        """cuda when every connected agent offers GPUs, else cpu."""
+        cuda = self._connected_types.get("cuda", 0)
+        return "cuda" if cuda and cuda == sum(self._connected_types.values()) else "cpu"
+
+    def _count_agent(self, slot_type: str, delta: int) -> None:
+        self._connected_types[slot_type] = self._connected_types.get(slot_type, 0) + delta
 
     def _schedule(self) -> None:
         if not self.queued:
@@ -242,54 +357,61 @@ class Master:
         ]
         decision = self.scheduler.schedule(pending)
         for assignment in decision.assignments:
-            trial_id = int(assignment.request_id)
-            self.queued.pop(trial_id, None)
+            trial = self.trials[int(assignment.request_id)]
+            self.queued.pop(trial.id, None)
             try:
-                self._start(trial_id, assignment.placement)
+                self._start(trial, assignment.placement)
             except Exception:
-                log.exception("could not start trial %d", trial_id)
+                log.exception("could not start trial %d", trial.id)
                 self.scheduler.release(assignment.request_id)
-                allocation_id = self.run_of_trial.pop(trial_id, None)
+                allocation_id = self.run_of_trial.pop(trial.id, None)
                 run = self.runs.pop(allocation_id, None) if allocation_id else None
                 if run is not None:
                     self.tokens.pop(run.token, None)
                     self._send_kill(run, graceful=False)
-                self.store.update_trial(trial_id, state="ERROR", end_time=_now())
-                self._settle_experiment(self.store.get_trial(trial_id).experiment_id)
+                self._set_trial(trial, state="ERROR", end_time=_now())
+                self._settle_experiment(self.experiments[trial.experiment_id])
 
-    def _start(self, trial_id: int, placement: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
-        trial = self.store.get_trial(trial_id)
-        config = self.configs[trial.experiment_id]
-        restore: CheckpointRecord | None = None
-        if trial.latest_checkpoint:
-            restore = self.store.get_checkpoint(trial.latest_checkpoint)
-        run_id = self.store.start_run(
-            trial_id, restored_batches=restore.total_batches if restore else None
-        )
-        allocation_id = f"{trial_id}.{run_id}.{uuid.uuid4().hex[:8]}"
+    def _start(self, trial: TrialState, placement: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
+        experiment = self.experiments[trial.experiment_id]
+        config = experiment.config
+        restore = trial.checkpoint
+        now = _now()
+        fields: dict[str, Any] = {"run_id": trial.run_id + 1, "state": "RUNNING"}
+        if trial.start_time is None:
+            fields["start_time"] = now
+        if restore is not None:
+            # Metrics the failed run reported past its checkpoint leave the curves.
+            fields["total_batches"] = restore.total_batches
+            self.batch.supersede_metrics(trial.id, restore.total_batches)
+        self._set_trial(trial, **fields)
+        run_id = trial.run_id
+        allocation_id = f"{trial.id}.{run_id}.{uuid.uuid4().hex[:8]}"
         token = secrets.token_urlsafe(24)
-        self.store.create_allocation(
+        self.batch.add_allocation(
             allocation_id,
-            trial_id=trial_id,
+            trial_id=trial.id,
             run_id=run_id,
             placement=[{"agent_id": a, "slots": list(s)} for a, s in placement],
+            now=now,
         )
-        self.store.update_trial(trial_id, state="RUNNING", start_time=trial.start_time or _now())
-        run = Run(allocation_id, trial_id, run_id, trial.experiment_id, placement, token)
+        run = Run(allocation_id, trial.id, run_id, trial.experiment_id, placement, token)
         self.runs[allocation_id] = run
-        self.run_of_trial[trial_id] = allocation_id
+        self.run_of_trial[trial.id] = allocation_id
         self.tokens[token] = allocation_id
-        model = self.store.get_model_definition(trial.experiment_id)
+        model = self.models.get(trial.experiment_id)
         world = sum(len(slots) for _, slots in placement)
         chief = self.agents[placement[0][0]]
         port = 20000 + random.randrange(20000)
+        config_json = json.dumps(dict(config.raw))
+        hparams_json = json.dumps(dict(trial.hparams))
         rank = 0
         for agent_id, slots in placement:
             ranks = list(range(rank, rank + len(slots)))
             rank += len(slots)
             message = agent_pb2.StartAllocation(
                 allocation_id=allocation_id,
-                trial_id=trial_id,
+                trial_id=trial.id,
                 run_id=run_id,
                 experiment_id=trial.experiment_id,
                 slots=list(slots),
@@ -298,17 +420,22 @@ class Master:
                 master_addr=chief.address or "127.0.0.1",
                 master_port=port,
                 model_definition=model,
-                config_json=json.dumps(dict(config.raw)),
+                config_json=config_json,
                 checkpoint_uuid=restore.uuid if restore else "",
                 checkpoint_location=restore.location if restore else "",
                 trial_api=self.trial_api,
                 token=token,
-                hparams_json=json.dumps(dict(trial.hparams)),
+                hparams_json=hparams_json,
                 trial_seed=trial.seed,
-                checkpoint_root=str(self._checkpoint_root(config)),
+                checkpoint_root=self._checkpoint_root(config),
             )
-            self.agents[agent_id].outbox.put(agent_pb2.MasterMessage(start=message))
-        log.info("trial %d run %d started on %s", trial_id, run_id, placement)
+            self._send(self.agents[agent_id], agent_pb2.MasterMessage(start=message))
+        log.info("trial %d run %d started on %s", trial.id, run_id, placement)
+
+    def _send(self, handle: AgentHandle, message: agent_pb2.MasterMessage) -> None:
+        """Queue `message` for the agent once the changes recorded so far are committed."""
+        outbox = handle.outbox
+        self.commit.after(lambda: outbox.put(message))
 
     def _checkpoint_root(self, config: ExperimentConfig) -> str:
         return str(config.checkpoint_storage.host_directory or self.config.checkpoint_root)
@@ -325,7 +452,7 @@ class Master:
                 continue
             handle = self.agents.get(agent_id)
             if handle is not None and handle.connected:
-                handle.outbox.put(agent_pb2.MasterMessage(kill=kill))
+                self._send(handle, agent_pb2.MasterMessage(kill=kill))
 
     # --- agents ---------------------------------------------------------------------------
 
@@ -349,20 +476,23 @@ class Master:
                 memory_bytes=register.memory_bytes,
             )
             self.agents[handle.id] = handle
+            self._count_agent(slot_type, +1)
             self.scheduler.add_agent(Agent(handle.id, slots, slot_type))  # type: ignore[arg-type]
-            self.store.register_agent(
+            self.batch.agent_registered(
                 handle.id,
                 slot_type=slot_type,
                 slots=slots,
                 devices=[{"name": d.name, "uuid": d.uuid} for d in register.devices],
                 address=handle.address,
+                now=_now(),
             )
             for allocation_id in register.running_allocations:
                 if allocation_id not in self.runs:
                     kill = agent_pb2.KillAllocation(allocation_id=allocation_id, graceful=False)
-                    handle.outbox.put(agent_pb2.MasterMessage(kill=kill))
+                    self._send(handle, agent_pb2.MasterMessage(kill=kill))
             log.info("agent %s connected with %d %s slots", handle.id, slots, slot_type)
             self._schedule()
+            self._commit_and_wait()
             return handle
 
     def heartbeat(self, agent_id: str, beat: agent_pb2.Heartbeat) -> None:
@@ -389,11 +519,14 @@ class Master:
             handle.connected = False
             handle.outbox.put(None)
             self._drop_agent(agent_id)
+            self.commit.ticket()
 
     def _drop_agent(self, agent_id: str) -> None:
         affected = self.scheduler.remove_agent(agent_id)
-        self.agents.pop(agent_id, None)
-        self.store.set_agent_state(agent_id, "DISCONNECTED")
+        dropped = self.agents.pop(agent_id, None)
+        if dropped is not None:
+            self._count_agent(dropped.slot_type, -1)
+        self.batch.agent_state(agent_id, "DISCONNECTED")
         for request_id in affected:
             allocation_id = self.run_of_trial.get(int(request_id))
             if allocation_id is None:
@@ -415,17 +548,20 @@ class Master:
                 raise NotFoundError(f"agent {agent_id!r} is not connected")
             handle.enabled = enabled
             self.scheduler.set_agent_enabled(agent_id, enabled)
-            self.store.set_agent_state(agent_id, "ACTIVE" if enabled else "DISABLED")
+            self.batch.agent_state(agent_id, "ACTIVE" if enabled else "DISABLED")
             if enabled:
                 self._schedule()
+            self._commit_and_wait()
 
     def allocation_state(self, agent_id: str, change: agent_pb2.AllocationStateChange) -> None:
+        """An agent's report on an allocation (not waited for: the agent needs no answer)."""
         with self.lock:
             run = self.runs.get(change.allocation_id)
             if run is None:
                 return
             if change.state == agent_pb2.ALLOCATION_STATE_RUNNING:
-                self.store.set_allocation_state(run.allocation_id, "RUNNING")
+                self.batch.set_allocation(run.allocation_id, state="RUNNING")
+                self.commit.ticket()
                 return
             if change.state != agent_pb2.ALLOCATION_STATE_EXITED:
                 return
@@ -439,6 +575,7 @@ class Master:
             if all(a in run.exit_codes or a not in self.agents for a, _ in run.placement):
                 self._finish_run(run)
                 self._schedule()
+            self.commit.ticket()
 
     def ship_logs(self, batch: agent_pb2.LogBatch) -> None:
         run = self.runs.get(batch.allocation_id)
@@ -465,41 +602,39 @@ class Master:
         self.tokens.pop(run.token, None)
         self.run_of_trial.pop(run.trial_id, None)
         self.scheduler.release(str(run.trial_id))
-        self.store.set_allocation_state(run.allocation_id, "TERMINATED", ended=True)
+        self.batch.set_allocation(run.allocation_id, state="TERMINATED", ended_at=_now())
         codes = [c for codes in run.exit_codes.values() for c in codes]
-        trial = self.store.get_trial(run.trial_id)
-        config = self.configs[run.experiment_id]
+        trial = self.trials[run.trial_id]
+        experiment = self.experiments[run.experiment_id]
         if run.stopping in ("cancel", "kill"):
-            self.store.update_trial(run.trial_id, state="CANCELED", end_time=_now())
+            self._set_trial(trial, state="CANCELED", end_time=_now())
         elif run.stopping == "pause":
-            if self.store.get_experiment(run.experiment_id).state == "ACTIVE":
+            if experiment.state == "ACTIVE":
                 # Activated again while the pause was landing: run on.
-                self.store.update_trial(run.trial_id, state="QUEUED")
-                self._enqueue(run.trial_id, config, config.resources.priority)
+                self._set_trial(trial, state="QUEUED")
+                self._enqueue(trial)
             else:
-                self.store.update_trial(run.trial_id, state="PAUSED")
+                self._set_trial(trial, state="PAUSED")
         elif run.completed and codes and all(c == 0 for c in codes):
-            self.store.update_trial(run.trial_id, state="COMPLETED", end_time=_now())
+            self._set_trial(trial, state="COMPLETED", end_time=_now())
         elif run.lost:
-            self.store.update_trial(run.trial_id, state="QUEUED")
-            self._enqueue(run.trial_id, config, config.resources.priority)
+            self._set_trial(trial, state="QUEUED")
+            self._enqueue(trial)
         else:
             restarts = trial.restarts + 1
             why = "; ".join(run.messages) or f"exit codes {codes}"
-            if restarts <= config.max_restarts:
+            if restarts <= experiment.config.max_restarts:
                 log.warning("trial %d failed (%s); restart %d", run.trial_id, why, restarts)
-                self.store.update_trial(run.trial_id, state="QUEUED", restarts=restarts)
-                self._enqueue(run.trial_id, config, config.resources.priority)
+                self._set_trial(trial, state="QUEUED", restarts=restarts)
+                self._enqueue(trial)
             else:
                 log.warning("trial %d failed (%s); no restarts left", run.trial_id, why)
-                self.store.update_trial(
-                    run.trial_id, state="ERROR", restarts=trial.restarts, end_time=_now()
-                )
-        self._settle_experiment(run.experiment_id)
+                self._set_trial(trial, state="ERROR", end_time=_now())
+        self._settle_experiment(experiment)
 
-    def _settle_experiment(self, experiment_id: int) -> None:
-        trials = self.store.list_trials(experiment_id)
-        experiment = self.store.get_experiment(experiment_id)
+    def _settle_experiment(self, experiment: ExperimentState) -> None:
+        """End the experiment when every trial has ended; forget it then."""
+        trials = experiment.trials.values()
         if not trials or any(t.state not in TERMINAL_TRIAL | {"PAUSED"} for t in trials):
             return
         states = {t.state for t in trials}
@@ -512,7 +647,12 @@ class Master:
         else:
             final = "COMPLETED"
         progress = 1.0 if final == "COMPLETED" else experiment.progress
-        self.store.update_experiment(experiment_id, state=final, end_time=_now(), progress=progress)
+        self._set_experiment(experiment, state=final, end_time=_now(), progress=progress)
+        del self.experiments[experiment.id]
+        for trial_id in experiment.trials:
+            self.trials.pop(trial_id, None)
+            self.queued.pop(trial_id, None)
+        self.models.drop(experiment.id)
 
     # --- the harness's calls --------------------------------------------------------------
 
@@ -527,38 +667,48 @@ class Master:
             )
         return run
 
+    def _config_of(self, run: Run) -> ExperimentConfig:
+        with self.lock:
+            experiment = self.experiments.get(run.experiment_id)
+        if experiment is None:
+            raise PermissionDeniedError(f"experiment {run.experiment_id} has ended")
+        return experiment.config
+
     def next_operation(self, run: Run, total_batches: int) -> int | None:
         if run.stopping is not None:
             return None
-        config = self.configs[run.experiment_id]
-        target = config.searcher.max_length.value
+        target = self._config_of(run).searcher.max_length.value
         return target if total_batches < target else None
 
     def complete_operation(self, run: Run, total_batches: int, metric: float) -> None:
-        config = self.configs[run.experiment_id]
-        if total_batches >= config.searcher.max_length.value:
+        if total_batches >= self._config_of(run).searcher.max_length.value:
             run.completed = True
 
     def report_metrics(self, run: Run, group: str, reports: Sequence[MetricReport]) -> int:
         stored = self.store.report_metrics(run.trial_id, run.run_id, group, reports)
-        config = self.configs[run.experiment_id]
         latest = max((r.total_batches for r in reports), default=0)
-        fields: dict[str, Any] = {"total_batches": latest}
-        if group == "validation":
-            metric = config.searcher.metric
-            values = [v for r in reports if (v := r.values.get(metric)) is not None]
-            if values:
-                trial = self.store.get_trial(run.trial_id)
-                best = min(values) if config.searcher.smaller_is_better else max(values)
-                old = trial.best_validation
-                better = old is None or (
-                    best < old if config.searcher.smaller_is_better else best > old
-                )
-                if better:
-                    fields["best_validation"] = best
-        self.store.update_trial(run.trial_id, **fields)
-        progress = min(1.0, latest / max(1, config.searcher.max_length.value))
-        self.store.update_experiment(run.experiment_id, progress=progress)
+        with self.lock:
+            trial = self.trials.get(run.trial_id)
+            experiment = self.experiments.get(run.experiment_id)
+            if trial is None or experiment is None:
+                return stored  # the experiment ended meanwhile (a kill)
+            searcher = experiment.config.searcher
+            fields: dict[str, Any] = {}
+            if latest > trial.total_batches:
+                fields["total_batches"] = latest
+            if group == "validation":
+                values = [v for r in reports if (v := r.values.get(searcher.metric)) is not None]
+                if values:
+                    best = min(values) if searcher.smaller_is_better else max(values)
+                    old = trial.best_validation
+                    if old is None or (best < old if searcher.smaller_is_better else best > old):
+                        fields["best_validation"] = best
+            if fields:
+                self._set_trial(trial, **fields)
+            progress = min(1.0, latest / max(1, searcher.max_length.value))
+            if progress > experiment.progress:
+                self._set_experiment(experiment, progress=progress)
+            self._commit_and_wait()
         return stored
 
     def report_checkpoint(self, run: Run, checkpoint: common_pb2.Checkpoint) -> None:
@@ -577,6 +727,14 @@ class Master:
                 },
             )
         )
+        with self.lock:
+            trial = self.trials.get(run.trial_id)
+            # As the store does: the newest checkpoint by batches is the one to restore.
+            if trial is not None and checkpoint.total_batches >= trial.total_batches:
+                trial.checkpoint = Restore(
+                    checkpoint.uuid, checkpoint.total_batches, checkpoint.location
+                )
+                trial.total_batches = checkpoint.total_batches
 
 
 _ALLOWED_ACTIONS: dict[str, set[str]] = {

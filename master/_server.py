@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent import futures
 
 import grpc
@@ -56,7 +57,8 @@ class MasterServer:
         if config.grpc_port == 0:
             config = _with_port(config, self.port)
             self.config = config
-        self.master = Master(config, self.store)
+        self.fatal: BaseException | None = None
+        self.master = Master(config, self.store, on_fatal=self._on_fatal)
         api_pb2_grpc.add_ApiServicer_to_server(ApiServicer(self.master), self.server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.master), self.server)
         trial_pb2_grpc.add_TrialServiceServicer_to_server(TrialServicer(self.master), self.server)
@@ -75,10 +77,22 @@ class MasterServer:
             for handle in self.master.agents.values():
                 handle.outbox.put(None)
         self.server.stop(grace).wait()
+        self.master.close()
         self.store.close()
 
     def wait(self) -> None:
+        """Serve until stopped; raise if the store failed under the master."""
         self.server.wait_for_termination()
+        if self.fatal is not None:
+            raise AssayError(
+                f"the master stopped: it could not write to its database ({self.fatal}); "
+                "start it again once the database is back, and it resumes from there"
+            )
+
+    def _on_fatal(self, error: BaseException) -> None:
+        # Memory is ahead of the database: serving on would act on unrecorded state.
+        self.fatal = error
+        threading.Thread(target=self.server.stop, args=(0,), daemon=True).start()
 
 
 def _open_store(url: str) -> Store:

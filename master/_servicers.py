@@ -12,8 +12,9 @@ import grpc
 
 from assay import __version__
 from assay.master import _convert
-from assay.master._core import TERMINAL_TRIAL, AgentHandle, Master, Run
+from assay.master._core import AgentHandle, Master, Run
 from assay.master._errors import rpc_errors
+from assay.master._state import TERMINAL_TRIAL
 from assay.master.store import MetricReport
 from assay.master.store.errors import InvalidArgumentError
 from assay.proto import (
@@ -65,10 +66,11 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.CreateExperimentRequest, context: grpc.ServicerContext
     ) -> api_pb2.CreateExperimentResponse:
         with rpc_errors(context):
-            eid = self.master.create_experiment(
+            record = self.master.create_experiment(
                 request.config_yaml, request.model_definition, activate=request.activate
             )
-            return api_pb2.CreateExperimentResponse(experiment=self._experiment(eid))
+            experiment = _convert.experiment(record, num_trials=1, best=None)
+            return api_pb2.CreateExperimentResponse(experiment=experiment)
         raise AssertionError("unreachable")
 
     def _experiment(self, experiment_id: int) -> common_pb2.Experiment:

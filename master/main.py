@@ -55,8 +55,16 @@ def command(config_file: Path | None, **flags: object) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    done.wait()
+    while not done.wait(0.5) and server.fatal is None:
+        pass
     server.stop()
+    if server.fatal is not None:
+        click.echo(
+            f"error: the master could not write to its database ({server.fatal}); start it "
+            "again once the database is back, and it resumes from there",
+            err=True,
+        )
+        sys.exit(1)
 
 
 def main() -> None:

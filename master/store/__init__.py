@@ -4,6 +4,7 @@ SQLite (WAL) is the zero-setup default and PostgreSQL the production store; both
 the same contract tests (tests/store/).
 """
 
+from assay.master.store._batch import WriteBatch
 from assay.master.store._migrate import current_revision, head_revision, migrate
 from assay.master.store._records import (
     AgentRecord,
@@ -45,6 +46,7 @@ __all__ = [
     "StoreError",
     "TrialRecord",
     "UserRecord",
+    "WriteBatch",
     "current_revision",
     "head_revision",
     "migrate",

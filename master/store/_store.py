@@ -7,15 +7,17 @@ outages, so writes are idempotent where a retry is possible.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, exists, func, insert, select
+from sqlalchemy import Engine, exists, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from assay.master.store import _metrics
+from assay.master.store._batch import EXPERIMENT_FIELDS, TRIAL_FIELDS, WriteBatch
 from assay.master.store._engine import make_engine, writer
 from assay.master.store._migrate import migrate
 from assay.master.store._models import (
@@ -59,25 +61,10 @@ SORT_COLUMNS: dict[str, Any] = {
     "end_time": Experiment.end_time,
 }
 MAX_PAGE = 1000
-_TRIAL_FIELDS = {
-    "state",
-    "restarts",
-    "total_batches",
-    "best_validation",
-    "latest_checkpoint",
-    "start_time",
-    "end_time",
-}
-_EXPERIMENT_FIELDS = {
-    "state",
-    "progress",
-    "searcher_state",
-    "archived",
-    "priority",
-    "description",
-    "start_time",
-    "end_time",
-}
+_ID_BLOCK = 32
+# Set by start_run only (it fences older runs off).
+_TRIAL_FIELDS = TRIAL_FIELDS - {"run_id"}
+_EXPERIMENT_FIELDS = EXPERIMENT_FIELDS
 
 
 def _now() -> dt.datetime:
@@ -91,6 +78,9 @@ class Store:
         self.engine = engine
         self._writer = writer(engine)
         self._user_ids: dict[str, int] = {}  # users are never deleted: ids are stable
+        self._ids: dict[str, list[int]] = {}  # reserved, unused ids per table
+        self._id_lock = threading.Lock()
+        self._sqlite_top: dict[str, int] = {}  # the largest id handed out per table
 
     @classmethod
     def open(cls, url: str, *, migrate_schema: bool = True) -> Store:
@@ -117,6 +107,45 @@ class Store:
     def read(self) -> Iterator[Session]:
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
+
+    def apply(self, batch: WriteBatch) -> None:
+        """Write a batch of changes in one transaction (all or nothing)."""
+        if batch:
+            with self.write() as s:
+                batch.apply(s)
+
+    def reserve_id(self, table: str) -> int:
+        """A new id for a row of `table` (experiments, trials), before the row is written.
+
+        The master records rows in a `WriteBatch` and writes them later, so it needs ids
+        up front. PostgreSQL hands them out from the table's sequence (in blocks, so
+        most calls need no round trip; a crash leaves a gap, never a duplicate). SQLite
+        counts on from the largest id: one master owns a SQLite file.
+        """
+        with self._id_lock:
+            free = self._ids.get(table)
+            if not free:
+                free = self._ids[table] = self._fetch_ids(table)
+            return free.pop()
+
+    def _fetch_ids(self, table: str) -> list[int]:
+        if table not in ("experiments", "trials"):
+            raise InvalidArgumentError(f"no ids are reserved for table {table!r}")
+        with self.engine.connect() as c:
+            if self.engine.dialect.name == "postgresql":
+                rows = c.execute(
+                    text(
+                        "SELECT nextval(pg_get_serial_sequence(:table, 'id')) "
+                        "FROM generate_series(1, :n)"
+                    ),
+                    {"table": table, "n": _ID_BLOCK},
+                ).scalars()
+                return sorted((int(i) for i in rows), reverse=True)
+            top = c.execute(text(f"SELECT coalesce(max(id), 0) FROM {table}")).scalar_one()
+            known = self._sqlite_top.get(table, 0)
+            start = max(int(top), known) + 1
+            self._sqlite_top[table] = start + _ID_BLOCK - 1
+            return list(range(start + _ID_BLOCK - 1, start - 1, -1))
 
     # --- users ----------------------------------------------------------------------------
 
@@ -150,6 +179,13 @@ class Store:
             except ConflictError:
                 return self.get_user(username)
 
+    def user_id(self, username: str) -> int:
+        """The id of `username`, created if missing (cached: users are never deleted)."""
+        found = self._user_ids.get(username)
+        if found is None:
+            found = self._user_ids[username] = self.ensure_user(username).id
+        return found
+
     # --- experiments ----------------------------------------------------------------------
 
     def create_experiment(
@@ -165,11 +201,11 @@ class Store:
         priority: int = 42,
     ) -> int:
         """Store a new experiment (not idempotent: each call creates one)."""
-        owner_id = self._user_ids.get(owner)
-        if owner_id is None:
-            owner_id = self._user_ids[owner] = self.ensure_user(owner).id
+        owner_id = self.user_id(owner)
+        new_id = self.reserve_id("experiments")
         with self.write() as s:
             experiment = Experiment(
+                id=new_id,
                 name=name,
                 description=description,
                 owner_id=owner_id,
@@ -283,11 +319,13 @@ class Store:
         state: str = "ACTIVE",
     ) -> int:
         """Create the trial for a searcher request; a retry returns the same trial's id."""
+        new_id = self.reserve_id("trials")
         try:
             with self.write() as s:
                 if s.get(Experiment, experiment_id) is None:
                     raise NotFoundError(f"experiment {experiment_id} does not exist")
                 trial = Trial(
+                    id=new_id,
                     experiment_id=experiment_id,
                     request_id=request_id,
                     hparams=dict(hparams),

@@ -1,0 +1,161 @@
+"""Group commit: the master's state changes reach the store in batches, before any action.
+
+Under the master's lock a state change updates memory, records its rows in the open
+`WriteBatch` and queues the actions that must follow it (a message to an agent). One
+thread takes the open batch, writes it in a single transaction, then runs its actions
+in order and wakes the callers waiting on it. While one batch commits the next one
+fills, so a busy master writes hundreds of changes per transaction instead of one
+transaction per change, and nothing is sent to an agent or answered to a client before
+the change it reports is durable (DESIGN.md: "The database is the truth").
+
+If a batch cannot be written after a few tries, memory is ahead of the store with no
+way back: the committer stops, every waiter gets `StoreUnavailableError`, and
+`on_fatal` tells the process to exit so a restart recovers from the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy.exc import OperationalError
+
+from assay.errors import AssayError
+from assay.master.store import Store, WriteBatch
+
+log = logging.getLogger("assay.master")
+RETRIES = 5
+
+
+class StoreUnavailableError(AssayError):
+    """The master could not write to its database and must be restarted."""
+
+
+class GroupCommit:
+    """The open batch (changed under the master's lock) and the thread that commits it."""
+
+    def __init__(
+        self,
+        store: Store,
+        lock: threading.RLock,
+        on_fatal: Callable[[BaseException], None] = lambda e: None,
+    ) -> None:
+        self.store = store
+        self.lock = lock  # the master's: batch and actions change only under it
+        self.on_fatal = on_fatal
+        self.batch = WriteBatch()
+        self._actions: list[Callable[[], None]] = []
+        self._open = 1  # number of the batch being filled
+        self._done = 0  # number of the last batch committed and acted on
+        self._requested = 0  # the last batch a caller waits for
+        self._failed: BaseException | None = None
+        self._stopping = False
+        self._cond = threading.Condition()  # waiters: a batch was committed, or failed
+        self._work = threading.Event()  # the committer: there is something to commit
+        self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
+        self._thread.start()
+
+    # --- under the master's lock ----------------------------------------------------------
+
+    def after(self, action: Callable[[], None]) -> None:
+        """Run `action` once the open batch is committed (in the order given)."""
+        self._actions.append(action)
+        self._wake()
+
+    def ticket(self) -> int:
+        """The number of the open batch: `wait(ticket)` returns once it is committed."""
+        self._requested = self._open
+        self._wake()
+        return self._open
+
+    def _wake(self) -> None:
+        if not self._work.is_set():
+            self._work.set()
+
+    # --- outside the master's lock --------------------------------------------------------
+
+    def wait(self, ticket: int, timeout: float | None = None) -> None:
+        """Block until batch `ticket` is committed; raise if the store has failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._done < ticket:
+                if self._failed is not None:
+                    raise StoreUnavailableError(
+                        f"the master could not write to its database ({self._failed}); "
+                        "it is shutting down, and a restart resumes from the database"
+                    )
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"batch {ticket} was not committed in {timeout} s")
+                self._cond.wait(left)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Commit what has been recorded so far."""
+        with self.lock:
+            ticket = self.ticket()
+        self.wait(ticket, timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Commit what is pending, then stop the thread."""
+        if self._failed is None and self._thread.is_alive():
+            with contextlib.suppress(StoreUnavailableError, TimeoutError):
+                self.flush(timeout)
+        self._stopping = True
+        self._work.set()
+        self._thread.join(timeout)
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    # --- the committer thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._work.wait()
+            self._work.clear()
+            if not self._has_work():
+                if self._stopping:
+                    return
+                continue
+            with self.lock:
+                batch, actions, number = self.batch, self._actions, self._open
+                self.batch, self._actions = WriteBatch(), []
+                self._open += 1
+            try:
+                self._write(batch)
+            except BaseException as e:
+                log.critical("cannot write to the store; the master must restart: %s", e)
+                with self._cond:
+                    self._failed = e
+                    self._cond.notify_all()
+                self.on_fatal(e)
+                return
+            for action in actions:
+                try:
+                    action()
+                except Exception:
+                    log.exception("an action after a commit failed")
+            with self._cond:
+                self._done = number
+                self._cond.notify_all()
+
+    def _has_work(self) -> bool:
+        # Read without the master's lock: a change made after this check sets _work
+        # again, and the swap itself happens under the lock.
+        return bool(self.batch) or bool(self._actions) or self._requested >= self._open
+
+    def _write(self, batch: WriteBatch) -> None:
+        for attempt in range(RETRIES):
+            try:
+                self.store.apply(batch)
+                return
+            except OperationalError as e:
+                # Busy or a dropped connection: the transaction rolled back as a whole.
+                if attempt == RETRIES - 1:
+                    raise
+                log.warning("writing a batch failed (%s); retrying", e)
+                time.sleep(min(2.0, 0.1 * 2**attempt))

@@ -1,0 +1,281 @@
+"""`WriteBatch`: many state changes written in one transaction (group commit).
+
+The master changes its in-memory state first and records each change here; one
+transaction then writes a whole batch, and only after it commits does the master act
+(send a start or kill to an agent, answer a call). A batch keeps its rows in a form that
+writes cheaply: inserts are grouped per table and written with one executemany each, and
+updates of the same row merge, so a trial created, started and finished between two
+commits costs one insert.
+
+Order within a batch: inserts (parents before children), then updates, then the ordered
+`call`s. A call may therefore rely on the rows the batch inserts; the master uses calls
+for writes whose order matters among themselves (agent rows, superseding metrics).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Table, bindparam, insert, update
+from sqlalchemy.orm import Session
+
+from assay.master.store import _metrics
+from assay.master.store._models import (
+    Agent,
+    Allocation,
+    Base,
+    Experiment,
+    ExperimentLabel,
+    Trial,
+)
+from assay.master.store.errors import InvalidArgumentError
+
+_TABLE_ORDER = {table.name: i for i, table in enumerate(Base.metadata.sorted_tables)}
+_EXPERIMENTS: Table = Experiment.__table__  # type: ignore[assignment]
+_TRIALS: Table = Trial.__table__  # type: ignore[assignment]
+_ALLOCATIONS: Table = Allocation.__table__  # type: ignore[assignment]
+TRIAL_FIELDS = frozenset(
+    {
+        "state",
+        "run_id",
+        "restarts",
+        "total_batches",
+        "best_validation",
+        "latest_checkpoint",
+        "start_time",
+        "end_time",
+    }
+)
+EXPERIMENT_FIELDS = frozenset(
+    {
+        "state",
+        "progress",
+        "searcher_state",
+        "archived",
+        "priority",
+        "description",
+        "start_time",
+        "end_time",
+    }
+)
+
+
+class WriteBatch:
+    """Rows to insert, fields to update and ordered calls, applied by `Store.apply`."""
+
+    def __init__(self) -> None:
+        self._inserts: dict[str, dict[Any, dict[str, Any]]] = {}
+        self._updates: dict[str, dict[Any, dict[str, Any]]] = {}
+        self._calls: list[Callable[[Session], object]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._inserts or self._updates or self._calls)
+
+    def __len__(self) -> int:
+        return (
+            sum(len(rows) for rows in self._inserts.values())
+            + sum(len(rows) for rows in self._updates.values())
+            + len(self._calls)
+        )
+
+    def insert(self, table: Table, row: Mapping[str, Any]) -> None:
+        """Insert `row` (it names its primary key, which must be a single column)."""
+        key = row[_primary_key(table)]
+        self._inserts.setdefault(table.name, {})[key] = dict(row)
+
+    def update(self, table: Table, key: Any, **fields: Any) -> None:
+        """Set `fields` of the row with primary key `key` (merged with earlier changes)."""
+        pending = self._inserts.get(table.name, {}).get(key)
+        if pending is not None:
+            pending.update(fields)
+            return
+        self._updates.setdefault(table.name, {}).setdefault(key, {}).update(fields)
+
+    def call(self, fn: Callable[[Session], object]) -> None:
+        """Run `fn(session)` in the transaction, after the inserts and updates, in order."""
+        self._calls.append(fn)
+
+    # --- the master's rows ----------------------------------------------------------------
+
+    def add_experiment(
+        self,
+        experiment_id: int,
+        *,
+        name: str,
+        owner_id: int,
+        config: Mapping[str, Any],
+        model_definition: bytes,
+        state: str,
+        description: str,
+        labels: Sequence[str],
+        priority: int,
+        now: dt.datetime,
+    ) -> None:
+        self.insert(
+            _EXPERIMENTS,
+            {
+                "id": experiment_id,
+                "name": name,
+                "description": description,
+                "owner_id": owner_id,
+                "state": state,
+                "config": dict(config),
+                "model_definition": model_definition,
+                "priority": priority,
+                "progress": 0.0,
+                "searcher_state": None,
+                "archived": False,
+                "created_at": now,
+                "start_time": now,
+                "end_time": None,
+                "updated_at": now,
+            },
+        )
+        rows = [{"experiment_id": experiment_id, "label": label} for label in sorted(set(labels))]
+        if rows:
+            self.call(lambda s: s.execute(insert(ExperimentLabel), rows))
+
+    def add_trial(
+        self,
+        trial_id: int,
+        *,
+        experiment_id: int,
+        request_id: str,
+        hparams: Mapping[str, Any],
+        seed: int,
+        state: str,
+        now: dt.datetime,
+    ) -> None:
+        self.insert(
+            _TRIALS,
+            {
+                "id": trial_id,
+                "experiment_id": experiment_id,
+                "request_id": request_id,
+                "hparams": dict(hparams),
+                "seed": seed,
+                "state": state,
+                "run_id": 0,
+                "restarts": 0,
+                "total_batches": 0,
+                "best_validation": None,
+                "latest_checkpoint": None,
+                "created_at": now,
+                "start_time": None,
+                "end_time": None,
+            },
+        )
+
+    def add_allocation(
+        self,
+        allocation_id: str,
+        *,
+        trial_id: int,
+        run_id: int,
+        placement: list[Any],
+        now: dt.datetime,
+    ) -> None:
+        self.insert(
+            _ALLOCATIONS,
+            {
+                "id": allocation_id,
+                "trial_id": trial_id,
+                "run_id": run_id,
+                "state": "ASSIGNED",
+                "placement": placement,
+                "created_at": now,
+                "ended_at": None,
+            },
+        )
+
+    def set_experiment(self, experiment_id: int, **fields: Any) -> None:
+        _check_fields("experiment", fields, EXPERIMENT_FIELDS)
+        self.update(_EXPERIMENTS, experiment_id, **fields)
+
+    def set_trial(self, trial_id: int, **fields: Any) -> None:
+        _check_fields("trial", fields, TRIAL_FIELDS)
+        self.update(_TRIALS, trial_id, **fields)
+
+    def set_allocation(self, allocation_id: str, **fields: Any) -> None:
+        _check_fields("allocation", fields, frozenset({"state", "ended_at"}))
+        self.update(_ALLOCATIONS, allocation_id, **fields)
+
+    def supersede_metrics(self, trial_id: int, after_batches: int) -> None:
+        """Hide the trial's metrics past `after_batches` (a run restored from a checkpoint)."""
+        self.call(lambda s: _metrics.supersede(s, trial_id, after_batches))
+
+    def agent_registered(
+        self,
+        agent_id: str,
+        *,
+        slot_type: str,
+        slots: int,
+        devices: list[Any],
+        address: str,
+        now: dt.datetime,
+    ) -> None:
+        def write(s: Session) -> None:
+            agent = s.get(Agent, agent_id)
+            if agent is None:
+                agent = Agent(id=agent_id, registered_at=now)
+                s.add(agent)
+            agent.slot_type, agent.slots = slot_type, slots
+            agent.devices, agent.address = list(devices), address
+            agent.state, agent.last_heartbeat = "ACTIVE", now
+            s.flush()
+
+        self.call(write)
+
+    def agent_state(self, agent_id: str, state: str) -> None:
+        def write(s: Session) -> None:
+            agent = s.get(Agent, agent_id)
+            if agent is not None:
+                agent.state = state
+                s.flush()
+
+        self.call(write)
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def apply(self, session: Session) -> None:
+        """Write everything in `session`'s transaction (the caller commits)."""
+        tables = Base.metadata.tables
+        for name in sorted(self._inserts, key=_TABLE_ORDER.__getitem__):
+            table = tables[name]
+            by_shape: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+            for row in self._inserts[name].values():
+                by_shape.setdefault(tuple(sorted(row)), []).append(row)
+            for rows in by_shape.values():
+                session.execute(insert(table), rows)
+        for name in sorted(self._updates, key=_TABLE_ORDER.__getitem__):
+            table = tables[name]
+            pk = _primary_key(table)
+            by_fields: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+            for key, fields in self._updates[name].items():
+                params = {f"v_{field}": value for field, value in fields.items()}
+                params["k_pk"] = key
+                by_fields.setdefault(tuple(sorted(fields)), []).append(params)
+            for names, params_list in by_fields.items():
+                statement = (
+                    update(table)
+                    .where(table.c[pk] == bindparam("k_pk"))
+                    .values({field: bindparam(f"v_{field}") for field in names})
+                )
+                session.connection().execute(statement, params_list)
+        for fn in self._calls:
+            fn(session)
+
+
+def _check_fields(kind: str, fields: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = set(fields) - allowed
+    if unknown:
+        raise InvalidArgumentError(f"cannot update {kind} fields {sorted(unknown)}")
+
+
+def _primary_key(table: Table) -> str:
+    columns = list(table.primary_key.columns)
+    if len(columns) != 1:
+        raise ValueError(f"table {table.name} has a composite primary key: write it with call()")
+    return columns[0].name

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -57,6 +57,12 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 SEARCHERS_AVAILABLE = ("single",)
 
 
+class Outbox(Protocol):
+    """Where an agent's messages wait for its stream (None: close the stream)."""
+
+    def put(self, message: agent_pb2.MasterMessage | None) -> None: ...
+
+
 @dataclass
 class AgentHandle:
     id: str
@@ -65,7 +71,7 @@ class AgentHandle:
     address: str
     devices: list[common_pb2.Device]
     memory_bytes: int
-    outbox: queue.Queue[agent_pb2.MasterMessage | None] = field(default_factory=queue.Queue)
+    outbox: Outbox = field(default_factory=queue.Queue)
     connected: bool = True
     enabled: bool = True
     last_heartbeat: float = field(default_factory=time.time)
@@ -456,7 +462,9 @@ class Master:
 
     # --- agents ---------------------------------------------------------------------------
 
-    def register_agent(self, register: agent_pb2.Register, peer_host: str) -> AgentHandle:
+    def register_agent(
+        self, register: agent_pb2.Register, peer_host: str, outbox: Outbox | None = None
+    ) -> AgentHandle:
         slot_type = "cuda" if register.slot_type == common_pb2.SLOT_TYPE_CUDA else "cpu"
         slots = len(register.devices)
         if slots < 1:
@@ -475,6 +483,8 @@ class Master:
                 devices=list(register.devices),
                 memory_bytes=register.memory_bytes,
             )
+            if outbox is not None:
+                handle.outbox = outbox
             self.agents[handle.id] = handle
             self._count_agent(slot_type, +1)
             self.scheduler.add_agent(Agent(handle.id, slots, slot_type))  # type: ignore[arg-type]

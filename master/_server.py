@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from concurrent import futures
@@ -10,6 +11,7 @@ import grpc
 
 from assay._archive import MAX_MODEL_DEF_BYTES
 from assay.errors import AssayError
+from assay.master._aio import LoopThread, SyncAdapter
 from assay.master._config import MasterConfig
 from assay.master._core import Master
 from assay.master._servicers import AgentServicer, ApiServicer, TrialServicer
@@ -32,23 +34,21 @@ class MasterServer:
             raise AssayError(f"cannot create the state directory {config.state_dir}: {e}") from None
         self.config = config
         self.store = _open_store(config.database_url)
-        self.server = grpc.server(
-            # A sync gRPC server holds a thread for each open stream, and every agent keeps
-            # one open: the pool must exceed the agents (threads start only on demand).
-            futures.ThreadPoolExecutor(
-                max_workers=config.max_rpc_threads, thread_name_prefix="rpc"
-            ),
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
+        # Blocking handlers (API, trial calls, agent registration) run here; threads
+        # start on demand. Agents' streams hold none: they live on the event loop.
+        self.pool = futures.ThreadPoolExecutor(
+            max_workers=config.max_rpc_threads, thread_name_prefix="rpc"
         )
+        self.loop = LoopThread("grpc-loop")
+        self.fatal: BaseException | None = None
         try:
-            self.port = self.server.add_insecure_port(f"{config.host}:{config.grpc_port}")
-        except RuntimeError:
-            self.port = 0
+            self.server, self.port = self.loop.call(lambda: self._bind(config))
+        except BaseException:
+            self.loop.stop()
+            self.store.close()
+            raise
         if self.port == 0:
+            self.loop.stop()
             self.store.close()
             raise AssayError(
                 f"cannot listen on {config.host}:{config.grpc_port}: the port is in use or the "
@@ -57,14 +57,33 @@ class MasterServer:
         if config.grpc_port == 0:
             config = _with_port(config, self.port)
             self.config = config
-        self.fatal: BaseException | None = None
         self.master = Master(config, self.store, on_fatal=self._on_fatal)
-        api_pb2_grpc.add_ApiServicer_to_server(ApiServicer(self.master), self.server)
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.master), self.server)
-        trial_pb2_grpc.add_TrialServiceServicer_to_server(TrialServicer(self.master), self.server)
+        api = SyncAdapter(ApiServicer(self.master), self.pool, streaming={"StreamTrialLogs"})
+        trial = SyncAdapter(TrialServicer(self.master), self.pool, streaming=set())
+        api_pb2_grpc.add_ApiServicer_to_server(api, self.server)  # type: ignore[arg-type]
+        trial_pb2_grpc.add_TrialServiceServicer_to_server(trial, self.server)  # type: ignore[arg-type]
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(
+            AgentServicer(self.master, self.pool), self.server
+        )
+        self._stopped = threading.Event()
+
+    @staticmethod
+    def _bind(config: MasterConfig) -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        try:
+            port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+        except RuntimeError:
+            port = 0
+        return server, port
 
     def start(self) -> None:
-        self.server.start()
+        self.loop.call(self.server.start)
         log.info(
             "assay-master listening on %s:%d (store: %s)",
             self.config.host,
@@ -73,16 +92,22 @@ class MasterServer:
         )
 
     def stop(self, grace: float = 2.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
         with self.master.lock:
             for handle in self.master.agents.values():
                 handle.outbox.put(None)
-        self.server.stop(grace).wait()
+        with contextlib.suppress(Exception):
+            self.loop.call(lambda: self.server.stop(grace), timeout=grace + 10)
+        self.loop.stop()
         self.master.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()
 
     def wait(self) -> None:
         """Serve until stopped; raise if the store failed under the master."""
-        self.server.wait_for_termination()
+        self._stopped.wait()
         if self.fatal is not None:
             raise AssayError(
                 f"the master stopped: it could not write to its database ({self.fatal}); "
@@ -92,7 +117,7 @@ class MasterServer:
     def _on_fatal(self, error: BaseException) -> None:
         # Memory is ahead of the database: serving on would act on unrecorded state.
         self.fatal = error
-        threading.Thread(target=self.server.stop, args=(0,), daemon=True).start()
+        threading.Thread(target=self.stop, args=(0,), daemon=True).start()
 
 
 def _open_store(url: str) -> Store:

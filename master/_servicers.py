@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from concurrent import futures
 
 import grpc
 
 from assay import __version__
+from assay.errors import AssayError
 from assay.master import _convert
+from assay.master._aio import LoopOutbox
 from assay.master._core import AgentHandle, Master, Run
-from assay.master._errors import rpc_errors
+from assay.master._errors import rpc_errors, status_of
 from assay.master._state import TERMINAL_TRIAL
 from assay.master.store import MetricReport
 from assay.master.store.errors import InvalidArgumentError
@@ -290,45 +293,63 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, master: Master) -> None:
-        self.master = master
+    """Agents' streams, all on the event loop: no thread per agent.
 
-    def Connect(  # noqa: N802
-        self, request_iterator: Iterator[agent_pb2.AgentMessage], context: grpc.ServicerContext
-    ) -> Iterator[agent_pb2.MasterMessage]:
+    Heartbeats and allocation states are handled on the loop (they only take the
+    master's lock briefly); registration waits for a commit and log batches write to
+    the store, so those two run on `pool`. Messages to the agent arrive in a
+    `LoopOutbox` from whichever thread committed them.
+    """
+
+    def __init__(self, master: Master, pool: futures.Executor) -> None:
+        self.master = master
+        self.pool = pool
+
+    async def Connect(  # type: ignore[override]  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+        context: grpc.aio.ServicerContext[agent_pb2.AgentMessage, agent_pb2.MasterMessage],
+    ) -> AsyncIterator[agent_pb2.MasterMessage]:
+        loop = asyncio.get_running_loop()
+        messages = aiter(request_iterator)
         try:
-            first = next(request_iterator)
-        except StopIteration:
+            first = await anext(messages)
+        except StopAsyncIteration:
             return
         if first.WhichOneof("message") != "register":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an agent must register first")
-        with rpc_errors(context):
-            handle = self.master.register_agent(first.register, _peer_host(context.peer()))
-        agent_id = handle.id
-        context.add_callback(lambda: self.master.agent_disconnected(agent_id, handle))
-        reader = threading.Thread(
-            target=self._read,
-            args=(handle, request_iterator),
-            daemon=True,
-            name=f"agent-{agent_id}",
-        )
-        reader.start()
-        interval = int(self.master.config.heartbeat_interval_s * 1000)
-        yield agent_pb2.MasterMessage(
-            registered=agent_pb2.Registered(
-                cluster_id=self.master.cluster_id, heartbeat_interval_ms=interval
-            )
-        )
-        while True:
-            message = handle.outbox.get()
-            if message is None:
-                return
-            yield message
-
-    def _read(self, handle: AgentHandle, messages: Iterator[agent_pb2.AgentMessage]) -> None:
-        agent_id = handle.id
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an agent must register first")
+        outbox = LoopOutbox(loop)
+        peer = _peer_host(context.peer())
         try:
-            for message in messages:
+            handle = await loop.run_in_executor(
+                self.pool, self.master.register_agent, first.register, peer, outbox
+            )
+        except AssayError as e:
+            await context.abort(status_of(e), str(e))
+        reader = asyncio.create_task(self._read(handle, messages))
+        try:
+            interval = int(self.master.config.heartbeat_interval_s * 1000)
+            yield agent_pb2.MasterMessage(
+                registered=agent_pb2.Registered(
+                    cluster_id=self.master.cluster_id, heartbeat_interval_ms=interval
+                )
+            )
+            while True:
+                message = await outbox.get()
+                if message is None:
+                    return
+                yield message
+        finally:
+            reader.cancel()
+            self.master.agent_disconnected(handle.id, handle)
+
+    async def _read(
+        self, handle: AgentHandle, messages: AsyncIterator[agent_pb2.AgentMessage]
+    ) -> None:
+        agent_id = handle.id
+        loop = asyncio.get_running_loop()
+        try:
+            async for message in messages:
                 kind = message.WhichOneof("message")
                 try:
                     if kind == "heartbeat":
@@ -336,12 +357,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     elif kind == "allocation_state":
                         self.master.allocation_state(agent_id, message.allocation_state)
                     elif kind == "logs":
-                        self.master.ship_logs(message.logs)
+                        # In order: the next message waits for this batch to be stored.
+                        await loop.run_in_executor(self.pool, self.master.ship_logs, message.logs)
                 except Exception:
                     log.exception("agent %s: handling %s failed", agent_id, kind)
-        except grpc.RpcError:
+        except (grpc.RpcError, asyncio.CancelledError):
             pass
         finally:
+            # The agent hung up (or the stream broke): the writer's loop ends too.
             self.master.agent_disconnected(agent_id, handle)
 
 

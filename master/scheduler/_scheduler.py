@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from assay.master.scheduler import _snapshot
-from assay.master.scheduler._placement import choose_agents, largest_placement
+from assay.master.scheduler._index import FreeIndex
 from assay.master.scheduler._types import (
     SLOT_TYPES,
     Agent,
@@ -36,6 +36,7 @@ class Scheduler:
         self._agents: dict[str, Agent] = {}
         self._owners: dict[str, dict[int, str]] = {}  # agent id -> slot -> request id
         self._allocations: dict[str, Placement] = {}
+        self._index = {kind: FreeIndex() for kind in SLOT_TYPES}  # enabled agents only
 
     # -- agents --------------------------------------------------------------------------
 
@@ -48,6 +49,8 @@ class Scheduler:
             raise ValueError(f"duplicate agent id {agent.id!r}: remove the old agent first")
         self._agents[agent.id] = agent
         self._owners[agent.id] = {}
+        if agent.enabled:
+            self._index[agent.slot_type].add(agent.id, agent.slots, agent.slots)
 
     def remove_agent(self, agent_id: str) -> list[str]:
         """Forget an agent; returns the ids of requests that held slots on it, sorted.
@@ -57,7 +60,10 @@ class Scheduler:
         evicted = self._holders(agent_id)
         for request_id in evicted:
             self.release(request_id)
-        del self._agents[agent_id], self._owners[agent_id]
+        agent = self._agents.pop(agent_id)
+        del self._owners[agent_id]
+        if agent.enabled:
+            self._index[agent.slot_type].remove(agent_id)
         return evicted
 
     def set_agent_enabled(self, agent_id: str, enabled: bool, *, drain: bool = True) -> list[str]:
@@ -68,7 +74,13 @@ class Scheduler:
         `remove_agent`, and their ids are returned for the caller to requeue.
         """
         evicted = [] if enabled or drain else self._holders(agent_id)
-        self._agents[agent_id] = dataclasses.replace(self._agent(agent_id), enabled=enabled)
+        old = self._agent(agent_id)
+        self._agents[agent_id] = dataclasses.replace(old, enabled=enabled)
+        index = self._index[old.slot_type]
+        if old.enabled and not enabled:
+            index.remove(agent_id)
+        elif enabled and not old.enabled:
+            index.add(agent_id, old.slots, old.slots - len(self._owners[agent_id]))
         for request_id in evicted:
             self.release(request_id)
         return evicted
@@ -96,6 +108,7 @@ class Scheduler:
             owners = self._owners[agent_id]
             for slot in slots:
                 del owners[slot]
+            self._index[self._agents[agent_id].slot_type].change(agent_id, len(slots))
         return True
 
     def schedule(self, pending: Sequence[Request]) -> Decision:
@@ -108,38 +121,22 @@ class Scheduler:
         over the enabled agents); they stay the caller's to keep, since agents may join.
         """
         self._check_pending(pending)
-        enabled = [a for a in self._agents.values() if a.enabled]
-        free = {a.id: a.slots - len(self._owners[a.id]) for a in enabled}
-        by_kind = {kind: [a for a in enabled if a.slot_type == kind] for kind in SLOT_TYPES}
-        largest = {kind: largest_placement(a.slots for a in by_kind[kind]) for kind in SLOT_TYPES}
         decision = Decision()
         # Both shortcuts are exact: whether a size fits an idle cluster depends on the size
         # alone, and no placement can use more slots than are free. With a long queue on a
-        # full cluster they turn each round from a sort per request into a lookup.
-        possible: dict[tuple[str, int], bool] = {}
-        total_free = {kind: sum(free[a.id] for a in by_kind[kind]) for kind in SLOT_TYPES}
+        # full cluster they turn each round from a search per request into a lookup.
         for request in sorted(pending, key=lambda r: r.rank):
-            kind = request.slot_type
-            key = (kind, request.slots)
-            if key not in possible:
-                idle = ((a.id, a.slots) for a in by_kind[kind])
-                possible[key] = (
-                    request.slots <= largest[kind]
-                    and choose_agents(request.slots, idle) is not None
-                )
-            if not possible[key]:
-                decision.unschedulable.append((request.id, _why(request, largest[kind])))
+            index = self._index[request.slot_type]
+            if not index.fits_idle(request.slots):
+                decision.unschedulable.append((request.id, _why(request, index.largest())))
                 continue
-            if request.slots > total_free[kind]:
+            if request.slots > index.total_free:
                 continue
-            chosen = choose_agents(request.slots, ((a.id, free[a.id]) for a in by_kind[kind]))
+            chosen = index.choose(request.slots)
             if chosen is None:
                 continue
-            total_free[kind] -= request.slots
             placement = tuple((agent_id, self._lowest_free(agent_id, n)) for agent_id, n in chosen)
             self._hold(request.id, placement)
-            for agent_id, n in chosen:
-                free[agent_id] -= n
             decision.assignments.append(Assignment(request.id, placement))
         return decision
 
@@ -197,6 +194,7 @@ class Scheduler:
             raise ValueError(f"allocation {request_id!r} names an agent or slot twice")
         for agent_id, slots in placement:
             self._owners[agent_id].update(dict.fromkeys(slots, request_id))
+            self._index[self._agents[agent_id].slot_type].change(agent_id, -len(slots))
         self._allocations[request_id] = placement
 
     def _check_pending(self, pending: Sequence[Request]) -> None:

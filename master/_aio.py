@@ -1,0 +1,159 @@
+"""The master's gRPC server on asyncio, with its blocking handlers on a thread pool.
+
+Every agent keeps one stream open. A thread-per-stream server spends most of its time
+handing messages between threads (two per agent), so the agents' streams are served
+on one event loop instead (see `AgentServicer` in _servicers.py). The API and trial
+handlers block on the store and the master's lock; they stay plain functions, written
+against the synchronous `grpc.ServicerContext`, and run on a thread pool behind
+`SyncAdapter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from assay.proto import agent_pb2
+
+
+class _Aborted(BaseException):
+    """Raised by `SyncContext.abort`; turned into the status on the event loop."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, details)
+        self.code = code
+        self.details = details
+
+
+class SyncContext:
+    """What a synchronous handler needs of its context, safe to use off the loop."""
+
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self._peer = context.peer()
+        self._metadata = tuple(context.invocation_metadata() or ())
+        self._active = True
+        context.add_done_callback(self._done)
+
+    def _done(self, _context: object) -> None:
+        self._active = False
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise _Aborted(code, details)
+
+    def peer(self) -> str:
+        return self._peer
+
+    def invocation_metadata(self) -> tuple[Any, ...]:
+        return self._metadata
+
+    def is_active(self) -> bool:
+        return self._active
+
+
+class SyncAdapter:
+    """Serves a synchronous servicer's methods on `pool`, as coroutines for grpc.aio.
+
+    Unary methods run whole on the pool; a streaming method's generator is advanced
+    one item at a time on it.
+    """
+
+    def __init__(self, servicer: object, pool: futures.Executor, streaming: set[str]) -> None:
+        self._servicer = servicer
+        self._pool = pool
+        self._streaming = streaming
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._servicer, name)
+        if name in self._streaming:
+            return self._stream(method)
+        return self._unary(method)
+
+    def _unary(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        pool = self._pool
+
+        async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            shim = SyncContext(context)
+            loop = asyncio.get_running_loop()
+            try:
+                return await loop.run_in_executor(pool, method, request, shim)
+            except _Aborted as a:
+                await context.abort(a.code, a.details)
+
+        return handler
+
+    def _stream(self, method: Callable[..., Iterator[Any]]) -> Callable[..., Any]:
+        pool = self._pool
+        done = object()
+
+        async def handler(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            shim = SyncContext(context)
+            loop = asyncio.get_running_loop()
+            items = method(request, shim)
+            try:
+                while True:
+                    item = await loop.run_in_executor(pool, next, items, done)
+                    if item is done:
+                        return
+                    yield item
+            except _Aborted as a:
+                await context.abort(a.code, a.details)
+            finally:
+                await loop.run_in_executor(pool, items.close)
+
+        return handler
+
+
+class LoopOutbox:
+    """An agent's outgoing messages: put from any thread, read on the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[agent_pb2.MasterMessage | None] = asyncio.Queue()
+
+    def put(self, message: agent_pb2.MasterMessage | None) -> None:
+        # A closed loop means the server has stopped: nobody is left to read.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, message)
+
+    async def get(self) -> agent_pb2.MasterMessage | None:
+        return await self._queue.get()
+
+
+class LoopThread:
+    """An event loop running in its own thread, for a server that other threads drive."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run `fn` on the loop (a coroutine function is awaited) and return its result."""
+
+        async def run() -> Any:
+            result = fn()
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.loop.close()

@@ -575,7 +575,7 @@ def bench_throughput(s: Settings) -> ThroughputResult:
             store = Store.open(f"sqlite:///{tmp / 'master' / 'assay.db'}", migrate_schema=False)
             result.timed_out = not _count_terminal(store, len(ids), s.deadline_s)
             t_end = time.time()
-            records = []
+            records: list[Any] = []
             while True:
                 page = store.list_experiments(limit=1000, offset=len(records))
                 records += page.items

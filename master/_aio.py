@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator
 from concurrent import futures
 from typing import Any
 
@@ -35,7 +36,7 @@ class SyncContext:
     """What a synchronous handler needs of its context, safe to use off the loop."""
 
     def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        self._peer = context.peer()
+        self._peer: str = str(context.peer())
         self._metadata = tuple(context.invocation_metadata() or ())
         self._active = True
         context.add_done_callback(self._done)
@@ -60,7 +61,7 @@ class SyncAdapter:
     """Serves a synchronous servicer's methods on `pool`, as coroutines for grpc.aio.
 
     Unary methods run whole on the pool; a streaming method's generator is advanced
-    one item at a time on it.
+    one item at a time on it. Methods that are coroutines already are served as they are.
     """
 
     def __init__(self, servicer: object, pool: futures.Executor, streaming: set[str]) -> None:
@@ -69,7 +70,9 @@ class SyncAdapter:
         self._streaming = streaming
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        method = getattr(self._servicer, name)
+        method: Callable[..., Any] = getattr(self._servicer, name)
+        if inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method):
+            return method  # written for the loop already
         if name in self._streaming:
             return self._stream(method)
         return self._unary(method)
@@ -87,7 +90,7 @@ class SyncAdapter:
 
         return handler
 
-    def _stream(self, method: Callable[..., Iterator[Any]]) -> Callable[..., Any]:
+    def _stream(self, method: Callable[..., Generator[Any, None, None]]) -> Callable[..., Any]:
         pool = self._pool
         done = object()
 

@@ -15,6 +15,7 @@ way back: the committer stops, every waiter gets `StoreUnavailableError`, and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -23,15 +24,11 @@ from collections.abc import Callable
 
 from sqlalchemy.exc import OperationalError
 
-from assay.errors import AssayError
+from assay.master._errors import StoreUnavailableError
 from assay.master.store import Store, WriteBatch
 
 log = logging.getLogger("assay.master")
 RETRIES = 5
-
-
-class StoreUnavailableError(AssayError):
-    """The master could not write to its database and must be restarted."""
 
 
 class GroupCommit:
@@ -52,6 +49,7 @@ class GroupCommit:
         self._done = 0  # number of the last batch committed and acted on
         self._requested = 0  # the last batch a caller waits for
         self._failed: BaseException | None = None
+        self._async_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._stopping = False
         self._cond = threading.Condition()  # waiters: a batch was committed, or failed
         self._work = threading.Event()  # the committer: there is something to commit
@@ -91,6 +89,19 @@ class GroupCommit:
                 if left is not None and left <= 0:
                     raise TimeoutError(f"batch {ticket} was not committed in {timeout} s")
                 self._cond.wait(left)
+
+    async def wait_async(self, ticket: int) -> None:
+        """`wait` for a coroutine: the event loop is not blocked meanwhile."""
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if self._done >= ticket:
+                return
+            if self._failed is None:
+                future: asyncio.Future[None] = loop.create_future()
+                self._async_waiters.append((ticket, loop, future))
+        if self._failed is not None:
+            self.wait(ticket, 0)  # raises StoreUnavailableError
+        await future
 
     def flush(self, timeout: float | None = None) -> None:
         """Commit what has been recorded so far."""
@@ -132,6 +143,10 @@ class GroupCommit:
                 with self._cond:
                     self._failed = e
                     self._cond.notify_all()
+                    waiters, self._async_waiters = self._async_waiters, []
+                error = StoreUnavailableError(f"the master could not write to its database ({e})")
+                for _, loop, future in waiters:
+                    _settle(loop, future, error)
                 self.on_fatal(e)
                 return
             for action in actions:
@@ -142,6 +157,11 @@ class GroupCommit:
             with self._cond:
                 self._done = number
                 self._cond.notify_all()
+                ready = [w for w in self._async_waiters if w[0] <= number]
+                if ready:
+                    self._async_waiters = [w for w in self._async_waiters if w[0] > number]
+            for _, loop, future in ready:
+                _settle(loop, future, None)
 
     def _has_work(self) -> bool:
         # Read without the master's lock: a change made after this check sets _work
@@ -159,3 +179,20 @@ class GroupCommit:
                     raise
                 log.warning("writing a batch failed (%s); retrying", e)
                 time.sleep(min(2.0, 0.1 * 2**attempt))
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], error: BaseException | None
+) -> None:
+    """Complete `future` on its own loop (asyncio futures are not thread-safe)."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(settle)

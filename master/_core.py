@@ -18,7 +18,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -63,6 +63,16 @@ class Outbox(Protocol):
     def put(self, message: agent_pb2.MasterMessage | None) -> None: ...
 
 
+class _QueueOutbox:
+    """An outbox read by a thread (a handle not yet given its stream's outbox)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[agent_pb2.MasterMessage | None] = queue.Queue()
+
+    def put(self, message: agent_pb2.MasterMessage | None) -> None:
+        self.queue.put(message)
+
+
 @dataclass
 class AgentHandle:
     id: str
@@ -71,12 +81,22 @@ class AgentHandle:
     address: str
     devices: list[common_pb2.Device]
     memory_bytes: int
-    outbox: Outbox = field(default_factory=queue.Queue)
+    outbox: Outbox = field(default_factory=lambda: _QueueOutbox())
     connected: bool = True
     enabled: bool = True
     last_heartbeat: float = field(default_factory=time.time)
     cpu_utilization: float = 0.0
     memory_used_fraction: float = 0.0
+
+
+@dataclass(frozen=True)
+class PreparedExperiment:
+    """A submission that passed every check, ready to be recorded."""
+
+    config: ExperimentConfig
+    model_definition: bytes
+    owner: str
+    owner_id: int
 
 
 @dataclass
@@ -198,6 +218,15 @@ class Master:
         self, config_yaml: str, model_definition: bytes, *, activate: bool, owner: str = "admin"
     ) -> ExperimentRecord:
         """Store a new experiment and its first trial; return it as stored."""
+        prepared = self.prepare_experiment(config_yaml, model_definition, owner=owner)
+        record, ticket = self.add_experiment(prepared, activate=activate)
+        self.commit.wait(ticket)
+        return record
+
+    def prepare_experiment(
+        self, config_yaml: str, model_definition: bytes, *, owner: str = "admin"
+    ) -> PreparedExperiment:
+        """Check a submission (no lock taken); `InvalidArgumentError` says what to fix."""
         try:
             raw = yaml.load(config_yaml, Loader=_YAML_LOADER)  # a safe loader (C if built)
         except yaml.YAMLError as e:
@@ -208,7 +237,13 @@ class Master:
             raise InvalidArgumentError(str(e)) from None
         _check_cluster_config(config)
         _check_model_definition(model_definition)
-        owner_id = self.store.user_id(owner)
+        return PreparedExperiment(config, model_definition, owner, self.store.user_id(owner))
+
+    def add_experiment(
+        self, prepared: PreparedExperiment, *, activate: bool
+    ) -> tuple[ExperimentRecord, int]:
+        """Record a checked experiment; return it and the commit ticket to wait for."""
+        config, model_definition = prepared.config, prepared.model_definition
         experiment_id = self.store.reserve_id("experiments")
         trial_id = self.store.reserve_id("trials")
         now = _now()
@@ -219,7 +254,7 @@ class Master:
             self.batch.add_experiment(
                 experiment_id,
                 name=config.name,
-                owner_id=owner_id,
+                owner_id=prepared.owner_id,
                 config=dict(config.raw),
                 model_definition=model_definition,
                 state=state,
@@ -253,12 +288,12 @@ class Master:
             if activate:
                 self._enqueue(trial)
                 self._schedule()
-            self._commit_and_wait()
-        return ExperimentRecord(
+            ticket = self.commit.ticket()
+        record = ExperimentRecord(
             id=experiment_id,
             name=config.name,
             description=config.description,
-            owner=owner,
+            owner=prepared.owner,
             state=state,
             labels=tuple(sorted(set(config.labels))),
             priority=config.resources.priority,
@@ -270,6 +305,7 @@ class Master:
             start_time=now,
             end_time=None,
         )
+        return record, ticket
 
     def experiment_action(self, experiment_id: int, action: str) -> None:
         allowed = _ALLOWED_ACTIONS[action]
@@ -287,7 +323,7 @@ class Master:
         self.store.update_experiment(experiment_id, archived=action == "archive")
 
     @staticmethod
-    def _check_action(experiment_id: int, state: str, action: str, allowed: set[str]) -> None:
+    def _check_action(experiment_id: int, state: str, action: str, allowed: Set[str]) -> None:
         if state not in allowed:
             raise ConflictError(
                 f"cannot {action} experiment {experiment_id}: it is {state}; {action} "
@@ -747,7 +783,7 @@ class Master:
                 trial.total_batches = checkpoint.total_batches
 
 
-_ALLOWED_ACTIONS: dict[str, set[str]] = {
+_ALLOWED_ACTIONS: dict[str, Set[str]] = {
     "pause": {"ACTIVE"},
     "activate": {"PAUSED"},
     "cancel": {"ACTIVE", "PAUSED"},

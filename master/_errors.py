@@ -24,12 +24,17 @@ class PermissionDeniedError(AssayError):
     """A call without the credentials its target needs (e.g. an allocation's token)."""
 
 
+class StoreUnavailableError(AssayError):
+    """The master could not write to its database and must be restarted."""
+
+
 _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
     (StaleRunError, grpc.StatusCode.FAILED_PRECONDITION),
     (ConflictError, grpc.StatusCode.FAILED_PRECONDITION),
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (SchemaError, grpc.StatusCode.FAILED_PRECONDITION),
     (AssayError, grpc.StatusCode.INVALID_ARGUMENT),
 ]

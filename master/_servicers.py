@@ -32,6 +32,8 @@ from assay.proto import (
 
 log = logging.getLogger("assay.master")
 TOKEN_HEADER = "x-assay-token"
+# Model archives up to this size are checked on the event loop (a few milliseconds).
+INLINE_ARCHIVE_BYTES = 2**20
 _ACTIONS = {
     api_pb2.EXPERIMENT_ACTION_PAUSE: "pause",
     api_pb2.EXPERIMENT_ACTION_ACTIVATE: "activate",
@@ -43,9 +45,12 @@ _ACTIONS = {
 
 
 class ApiServicer(api_pb2_grpc.ApiServicer):
-    def __init__(self, master: Master) -> None:
+    """The public API; plain methods run on `pool` (see _aio.SyncAdapter)."""
+
+    def __init__(self, master: Master, pool: futures.Executor) -> None:
         self.master = master
         self.store = master.store
+        self.pool = pool
 
     def GetMasterInfo(  # noqa: N802 - gRPC method names
         self, request: api_pb2.GetMasterInfoRequest, context: grpc.ServicerContext
@@ -65,16 +70,35 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             )
         raise AssertionError("unreachable")
 
-    def CreateExperiment(  # noqa: N802
-        self, request: api_pb2.CreateExperimentRequest, context: grpc.ServicerContext
+    async def CreateExperiment(  # noqa: N802
+        self,
+        request: api_pb2.CreateExperimentRequest,
+        context: grpc.aio.ServicerContext[
+            api_pb2.CreateExperimentRequest, api_pb2.CreateExperimentResponse
+        ],
     ) -> api_pb2.CreateExperimentResponse:
-        with rpc_errors(context):
-            record = self.master.create_experiment(
-                request.config_yaml, request.model_definition, activate=request.activate
+        """On the event loop: submissions are the hot path, and thread hops cost most."""
+        loop = asyncio.get_running_loop()
+        args = (request.config_yaml, request.model_definition)
+        try:
+            if len(request.model_definition) > INLINE_ARCHIVE_BYTES:
+                # Checking a big archive takes a while: not on the loop the agents use.
+                prepared = await loop.run_in_executor(
+                    self.pool, self.master.prepare_experiment, *args
+                )
+            else:
+                prepared = self.master.prepare_experiment(*args)
+            record, ticket = self.master.add_experiment(prepared, activate=request.activate)
+            await self.master.commit.wait_async(ticket)
+        except AssayError as e:
+            await context.abort(status_of(e), str(e))
+        except Exception:
+            log.exception("internal error")
+            await context.abort(
+                grpc.StatusCode.INTERNAL, "internal error; the master's log has details"
             )
-            experiment = _convert.experiment(record, num_trials=1, best=None)
-            return api_pb2.CreateExperimentResponse(experiment=experiment)
-        raise AssertionError("unreachable")
+        experiment = _convert.experiment(record, num_trials=1, best=None)
+        return api_pb2.CreateExperimentResponse(experiment=experiment)
 
     def _experiment(self, experiment_id: int) -> common_pb2.Experiment:
         record = self.store.get_experiment(experiment_id)
@@ -305,7 +329,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self.master = master
         self.pool = pool
 
-    async def Connect(  # type: ignore[override]  # noqa: N802
+    async def Connect(  # noqa: N802
         self,
         request_iterator: AsyncIterator[agent_pb2.AgentMessage],
         context: grpc.aio.ServicerContext[agent_pb2.AgentMessage, agent_pb2.MasterMessage],

@@ -36,6 +36,7 @@ _TABLE_ORDER = {table.name: i for i, table in enumerate(Base.metadata.sorted_tab
 _EXPERIMENTS: Table = Experiment.__table__  # type: ignore[assignment]
 _TRIALS: Table = Trial.__table__  # type: ignore[assignment]
 _ALLOCATIONS: Table = Allocation.__table__  # type: ignore[assignment]
+_AGENTS: Table = Agent.__table__  # type: ignore[assignment]
 TRIAL_FIELDS = frozenset(
     {
         "state",
@@ -216,26 +217,27 @@ class WriteBatch:
         address: str,
         now: dt.datetime,
     ) -> None:
+        values = {
+            "slot_type": slot_type,
+            "slots": slots,
+            "devices": list(devices),
+            "address": address,
+            "state": "ACTIVE",
+            "last_heartbeat": now,
+        }
+
         def write(s: Session) -> None:
-            agent = s.get(Agent, agent_id)
-            if agent is None:
-                agent = Agent(id=agent_id, registered_at=now)
-                s.add(agent)
-            agent.slot_type, agent.slots = slot_type, slots
-            agent.devices, agent.address = list(devices), address
-            agent.state, agent.last_heartbeat = "ACTIVE", now
-            s.flush()
+            # Insert or refresh: a reconnecting agent keeps its row and registration time.
+            found = s.execute(update(_AGENTS).where(_AGENTS.c.id == agent_id).values(values))
+            if not found.rowcount:  # type: ignore[attr-defined]
+                s.execute(insert(_AGENTS).values(id=agent_id, registered_at=now, **values))
 
         self.call(write)
 
     def agent_state(self, agent_id: str, state: str) -> None:
-        def write(s: Session) -> None:
-            agent = s.get(Agent, agent_id)
-            if agent is not None:
-                agent.state = state
-                s.flush()
-
-        self.call(write)
+        self.call(
+            lambda s: s.execute(update(_AGENTS).where(_AGENTS.c.id == agent_id).values(state=state))
+        )
 
     # --- writing ----------------------------------------------------------------------------
 

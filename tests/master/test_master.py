@@ -59,6 +59,8 @@ def test_bad_experiments_are_refused_with_what_to_fix(api: api_pb2_grpc.ApiStub)
             "needs a length in batches",
         ),
         ("{unclosed", model_archive(), "not valid YAML"),
+        # Over 1 MiB: checked on the thread pool rather than the event loop.
+        (experiment_yaml(), b"\x1f\x8b" + b"x" * 2**21, "not a valid .tar.gz archive"),
     ]
     for text, archive, expected in cases:
         with pytest.raises(grpc.RpcError) as info:

@@ -1,0 +1,152 @@
+"""Group commit: writes land before the actions that follow them; a dead store stops all."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from assay.master._commit import GroupCommit
+from assay.master._config import MasterConfig
+from assay.master._errors import StoreUnavailableError
+from assay.master._server import MasterServer
+from assay.master.store import Store, WriteBatch
+from assay.proto import api_pb2, api_pb2_grpc
+from tests.master.conftest import experiment_yaml, model_archive
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store.open(f"sqlite:///{tmp_path / 'assay.db'}")
+
+
+def _record_experiment(batch: WriteBatch, store: Store) -> int:
+    experiment_id = store.reserve_id("experiments")
+    batch.add_experiment(
+        experiment_id,
+        name="e",
+        owner_id=store.user_id("admin"),
+        config={},
+        model_definition=b"",
+        state="ACTIVE",
+        description="",
+        labels=(),
+        priority=42,
+        now=NOW,
+    )
+    return experiment_id
+
+
+def test_actions_run_after_their_writes_commit_and_in_order(store: Store) -> None:
+    lock = threading.RLock()
+    commit = GroupCommit(store, lock)
+    seen: list[tuple[int, str]] = []
+    try:
+        with lock:
+            first = _record_experiment(commit.batch, store)
+            commit.after(lambda: seen.append((first, store.get_experiment(first).state)))
+            ticket = commit.ticket()
+        with lock:
+            second = _record_experiment(commit.batch, store)
+            commit.after(lambda: seen.append((second, store.get_experiment(second).state)))
+            later = commit.ticket()
+        commit.wait(ticket, timeout=10)
+        commit.wait(later, timeout=10)
+        assert seen == [(first, "ACTIVE"), (second, "ACTIVE")]
+    finally:
+        commit.close()
+        store.close()
+
+
+def test_async_waiters_are_woken_by_the_commit(store: Store) -> None:
+    lock = threading.RLock()
+    commit = GroupCommit(store, lock)
+
+    async def submit() -> int:
+        with lock:
+            experiment_id = _record_experiment(commit.batch, store)
+            ticket = commit.ticket()
+        await asyncio.wait_for(commit.wait_async(ticket), 10)
+        return experiment_id
+
+    try:
+        experiment_id = asyncio.run(submit())
+        assert store.get_experiment(experiment_id).state == "ACTIVE"
+    finally:
+        commit.close()
+        store.close()
+
+
+def test_a_store_that_keeps_failing_fails_every_waiter_and_calls_on_fatal(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("assay.master._commit.time.sleep", lambda s: None)
+    attempts: list[int] = []
+
+    def broken(batch: WriteBatch) -> None:
+        attempts.append(len(batch))
+        raise OperationalError("INSERT", {}, Exception("disk I/O error"))
+
+    monkeypatch.setattr(store, "apply", broken)
+    lock = threading.RLock()
+    fatal: list[BaseException] = []
+    commit = GroupCommit(store, lock, on_fatal=fatal.append)
+    ran: list[str] = []
+
+    async def wait_async(ticket: int) -> None:
+        await asyncio.wait_for(commit.wait_async(ticket), 10)
+
+    try:
+        with lock:
+            _record_experiment(commit.batch, store)
+            commit.after(lambda: ran.append("sent"))
+            ticket = commit.ticket()
+        with pytest.raises(StoreUnavailableError, match="disk I/O error"):
+            commit.wait(ticket, timeout=10)
+        with pytest.raises(StoreUnavailableError):
+            asyncio.run(wait_async(ticket))
+        assert len(attempts) == 5  # retried, then given up
+        assert ran == []  # nothing acted on what was never written
+        assert len(fatal) == 1
+    finally:
+        commit.close()
+        store.close()
+
+
+def test_a_master_whose_store_fails_answers_unavailable_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("assay.master._commit.time.sleep", lambda s: None)
+    server = MasterServer(MasterConfig(grpc_port=0, host="127.0.0.1", state_dir=tmp_path))
+    server.start()
+
+    def broken(batch: WriteBatch) -> None:
+        raise OperationalError("INSERT", {}, Exception("database is gone"))
+
+    monkeypatch.setattr(server.store, "apply", broken)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            api = api_pb2_grpc.ApiStub(channel)
+            request = api_pb2.CreateExperimentRequest(
+                config_yaml=experiment_yaml(), model_definition=model_archive(), activate=False
+            )
+            with pytest.raises(grpc.RpcError) as info:
+                api.CreateExperiment(request, timeout=20)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "could not write to its database" in str(info.value.details())
+        deadline = time.monotonic() + 10
+        while server.fatal is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.fatal is not None
+        with pytest.raises(Exception, match="could not write to its database"):
+            server.wait()
+    finally:
+        server.stop(grace=0)

@@ -79,7 +79,8 @@ def test_updates_of_stored_rows_merge_per_row_and_group_by_fields(store: Store) 
     store.apply(batch)
 
     by_id = {t.id: t for t in store.list_trials(experiment_id)}
-    assert by_id[trials[0]].state == "COMPLETED" and by_id[trials[0]].end_time is not None
+    assert by_id[trials[0]].state == "COMPLETED"
+    assert by_id[trials[0]].end_time is not None
     assert (by_id[trials[1]].state, by_id[trials[1]].restarts) == ("RUNNING", 2)
     assert {by_id[t].state for t in trials[2:]} == {"RUNNING"}
     assert store.get_experiment(experiment_id).progress == 0.5

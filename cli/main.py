@@ -15,6 +15,7 @@ from ._checkpoint import checkpoint
 from ._common import DEFAULT_MASTER, AliasedGroup, Settings
 from ._deploy import deploy
 from ._experiment import experiment
+from ._preview import preview_search
 from ._trial import run_local_command, trial
 
 __all__ = ["cli", "main", "run_local_command"]
@@ -46,6 +47,7 @@ cli.add_aliased(slot, "s")
 cli.add_aliased(checkpoint, "c")
 cli.add_aliased(master)
 cli.add_aliased(deploy)
+cli.add_aliased(preview_search)
 
 
 def main() -> None:

@@ -790,7 +790,7 @@ def test_searcher_key_not_valid_for_that_searcher(name: str, key: str, value: An
         ("grid", {"max_concurrent_trials": 2}),
         ("random", {"max_trials": 8, "sampler": "tpe"}),
         ("asha", {"max_trials": 8, "divisor": 3, "num_rungs": 3, "max_rungs": 4}),
-        ("adaptive_asha", {"mode": "aggressive", "bracket_rungs": [2, 3]}),
+        ("adaptive_asha", {"max_trials": 8, "mode": "aggressive", "bracket_rungs": [2, 3]}),
         ("bayesian", {"max_trials": 8}),
     ],
 )

@@ -5,12 +5,15 @@
 """
 
 from assay.config._hparams import (
+    MAX_GRID_POINTS,
     Categorical,
     Const,
     Double,
     HParam,
     Int,
     Log,
+    grid_points,
+    grid_values,
     sample_hparams,
 )
 from assay.config._schema import (
@@ -25,8 +28,21 @@ from assay.config._schema import (
     load_config,
     parse_config,
 )
+from assay.config._search import (
+    BracketPreview,
+    BracketSpec,
+    Preview,
+    RungPreview,
+    SearchSpec,
+    preview,
+    rung_lengths,
+    search_spec,
+)
 
 __all__ = [
+    "MAX_GRID_POINTS",
+    "BracketPreview",
+    "BracketSpec",
     "Categorical",
     "CheckpointStorageConfig",
     "Const",
@@ -39,9 +55,17 @@ __all__ = [
     "Log",
     "OptimizationsConfig",
     "Precision",
+    "Preview",
     "ResourcesConfig",
+    "RungPreview",
+    "SearchSpec",
     "SearcherConfig",
+    "grid_points",
+    "grid_values",
     "load_config",
     "parse_config",
+    "preview",
+    "rung_lengths",
     "sample_hparams",
+    "search_spec",
 ]

@@ -7,8 +7,10 @@ categorical|const, ...}` a range or choice, and a mapping without `type` a neste
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -136,3 +138,123 @@ def sample_hparams(space: Mapping[str, HParam], rng: random.Random) -> dict[str,
         else:
             values[name] = sample_hparams(hp, rng)
     return values
+
+
+# --- grid search ---------------------------------------------------------------------------
+
+MAX_GRID_POINTS = 100_000
+"""The largest grid `grid_points` builds: beyond it a typo in `count` would hang the master."""
+
+
+def grid_axis_size(hp: Const | Int | Double | Log | Categorical) -> int | None:
+    """How many values the grid tries for `hp` (an upper bound for int, before duplicates
+    are removed); None for a double or log without `count`, which has no grid."""
+    if isinstance(hp, Const):
+        return 1
+    if isinstance(hp, Categorical):
+        return len(hp.vals)
+    if isinstance(hp, Int):
+        span = hp.maxval - hp.minval + 1
+        return span if hp.count is None else min(span, hp.count)
+    return hp.count
+
+
+def grid_values(hp: Const | Int | Double | Log | Categorical) -> list[Any]:
+    """The values the grid tries for one hyperparameter, in increasing order.
+
+    `count` values evenly spaced from minval to maxval, both included (in the exponent for
+    log); one value is the midpoint. An int range rounds each value half up and drops the
+    duplicates; an int without `count` is every integer of its range. A double or log
+    without `count` raises ValueError: a continuous range has no grid.
+    """
+    if isinstance(hp, Const):
+        return [hp.val]
+    if isinstance(hp, Categorical):
+        return list(hp.vals)
+    if isinstance(hp, Int):
+        span = hp.maxval - hp.minval + 1
+        if hp.count is None or hp.count >= span:
+            return list(range(hp.minval, hp.maxval + 1))
+        ints = (math.floor(x + 0.5) for x in _spaced(hp.minval, hp.maxval, hp.count))
+        return list(dict.fromkeys(ints))
+    if hp.count is None:
+        raise ValueError(f"a {type(hp).__name__.lower()} hyperparameter needs `count` for grid")
+    points = _spaced(hp.minval, hp.maxval, hp.count)
+    if isinstance(hp, Log):
+        points = [hp.base**x for x in points]
+    return list(dict.fromkeys(points))
+
+
+def _spaced(lo: float, hi: float, count: int) -> list[float]:
+    if count == 1:
+        return [(lo + hi) / 2]
+    step = (hi - lo) / (count - 1)
+    return [lo + i * step for i in range(count - 1)] + [hi]
+
+
+def grid_size(space: Mapping[str, HParam]) -> int:
+    """The number of grid points before int duplicates are removed (an upper bound)."""
+    total = 1
+    for _, hp in _leaves(space, ()):
+        size = grid_axis_size(hp)
+        if size is None:
+            raise ValueError("a double or log hyperparameter without `count` has no grid")
+        total *= size
+    return total
+
+
+def grid_points(space: Mapping[str, HParam]) -> list[dict[str, Any]]:
+    """Every point of the Cartesian product of `grid_values`, nested like `space`.
+
+    Names are taken in sorted order at every level, and the first name varies slowest, so
+    the order is stable across runs. Raises ValueError beyond MAX_GRID_POINTS.
+    """
+    size = grid_size(space)
+    if size > MAX_GRID_POINTS:
+        raise ValueError(f"the grid has {size:,} points, more than {MAX_GRID_POINTS:,}")
+    leaves = list(_leaves(space, ()))
+    axes = [grid_values(hp) for _, hp in leaves]
+    points: list[dict[str, Any]] = []
+    paths = [path for path, _ in leaves]
+    for combo in itertools.product(*axes):
+        points.append(assemble(space, dict(zip(paths, combo, strict=True))))
+    return points
+
+
+def assemble(space: Mapping[str, HParam], values: Mapping[tuple[str, ...], Any]) -> dict[str, Any]:
+    """Nest leaf values given by path into the shape of `space` (groups kept, even empty)."""
+    point: dict[str, Any] = _empty_groups(space)
+    for path, value in values.items():
+        target = point
+        for name in path[:-1]:
+            target = target[name]
+        target[path[-1]] = value
+    return point
+
+
+def _leaves(
+    space: Mapping[str, HParam], prefix: tuple[str, ...]
+) -> Iterator[tuple[tuple[str, ...], Const | Int | Double | Log | Categorical]]:
+    """(path, hparam) of every non-group entry, names sorted at each level."""
+    for name in sorted(space):
+        hp = space[name]
+        if isinstance(hp, Const | Int | Double | Log | Categorical):
+            yield (*prefix, name), hp
+        else:
+            yield from _leaves(hp, (*prefix, name))
+
+
+def _empty_groups(space: Mapping[str, HParam]) -> dict[str, Any]:
+    """The nested groups of `space` as empty dicts, so that empty groups survive too."""
+    return {
+        name: _empty_groups(hp)
+        for name, hp in space.items()
+        if not isinstance(hp, Const | Int | Double | Log | Categorical)
+    }
+
+
+def leaves(
+    space: Mapping[str, HParam],
+) -> list[tuple[tuple[str, ...], Const | Int | Double | Log | Categorical]]:
+    """(path, hparam) of every leaf of `space` (names sorted at each level)."""
+    return list(_leaves(space, ()))

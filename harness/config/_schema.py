@@ -13,6 +13,7 @@ import yaml
 
 from assay.config._hparams import Const, HParam, parse_hparams
 from assay.config._reader import REQUIRED, Section, type_name
+from assay.config._search import searcher_problems
 from assay.errors import InvalidConfigError
 
 
@@ -53,8 +54,10 @@ class Length:
 
 
 Precision = Literal["off", "fp16", "bf16"]
+# `bayesian` is an alias: random search with the tpe sampler.
 SEARCHER_NAMES = ("single", "grid", "random", "asha", "adaptive_asha", "bayesian")
-# Keys each searcher accepts besides the common ones; their semantics belong to the searchers.
+# Keys each searcher accepts besides the common ones; their values are checked by
+# `assay.config._search.searcher_problems`, shared with the searchers themselves.
 _SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
     "single": (),
     "grid": ("max_concurrent_trials",),
@@ -82,6 +85,9 @@ _SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class SearcherConfig:
+    """`searcher`: which search, on which metric, how long; `options` keeps the searcher's
+    own keys (divisor, num_rungs, max_rungs, mode, bracket_rungs, sampler) as given."""
+
     name: str
     metric: str
     max_length: Length
@@ -182,7 +188,7 @@ def parse_config(data: Any) -> ExperimentConfig:
             f"expected 'module:ClassName' (e.g. model_def:MyTrial), got {entrypoint!r}",
         )
     hparams = parse_hparams(top.section("hyperparameters", required=True))
-    searcher = _parse_searcher(top.section("searcher", required=True))
+    searcher = _parse_searcher(top.section("searcher", required=True), hparams)
     resources = _parse_resources(top.section("resources"))
     _check_global_batch_size(top, hparams, resources.slots_per_trial)
     optimizations = _parse_optimizations(top.section("optimizations"))
@@ -258,7 +264,7 @@ def _parse_length(parent: Section, key: str, *, required: bool) -> Length | None
     return Length(LengthUnit(unit), n)
 
 
-def _parse_searcher(s: Section) -> SearcherConfig:
+def _parse_searcher(s: Section, hparams: Mapping[str, HParam]) -> SearcherConfig:
     name = s.get_required_choice("name", SEARCHER_NAMES)
     metric = s.get_str("metric", REQUIRED)
     max_length = _parse_length(s, "max_length", required=True)
@@ -278,7 +284,7 @@ def _parse_searcher(s: Section) -> SearcherConfig:
         if key in s.data and key not in allowed:
             s.error(key, f"is not a setting of the {name} searcher")
     s.finish()
-    return SearcherConfig(
+    config = SearcherConfig(
         name=name or "single",
         metric=metric or "",
         max_length=max_length or Length.batches(1),
@@ -287,6 +293,13 @@ def _parse_searcher(s: Section) -> SearcherConfig:
         max_concurrent_trials=concurrent,
         options=options,
     )
+    # The option rules need a valid name and length to mean anything; a max_trials that is
+    # present but invalid has had its own message.
+    if name is not None and max_length is not None:
+        for problem in searcher_problems(config, hparams):
+            if not ("max_trials" in s.data and problem.startswith("searcher.max_trials:")):
+                s.problems.append(problem)
+    return config
 
 
 def _parse_resources(s: Section) -> ResourcesConfig:

@@ -1,0 +1,62 @@
+"""`assay preview-search CONFIG`: what a search will run, without running anything.
+
+The figures come from the rung arithmetic in `assay.config` (the same the master's
+searchers use): trials per bracket, the length and the trials of each rung, and the total
+budget. Nothing here talks to the master or imports torch or Optuna.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from assay.errors import InvalidConfigError
+
+from ._common import echo_json, user_errors
+from ._format import table
+
+
+@click.command("preview-search")
+@click.argument("config_file", metavar="CONFIG", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the preview as one JSON object.")
+@user_errors
+def preview_search(config_file: Path, as_json: bool) -> None:
+    """Show the trials, rung lengths and budget the searcher of CONFIG will use."""
+    from assay.config import load_config, preview
+
+    config = load_config(config_file)
+    try:
+        plan = preview(config.searcher, config.hyperparameters)
+    except ValueError as e:  # a rule the parser already reports; kept for safety
+        raise InvalidConfigError([str(e)]) from None
+    if as_json:
+        echo_json(plan.to_dict())
+        return
+    unit = plan.unit
+    sampler = "" if plan.sampler == "random" else f", sampler {plan.sampler}"
+    click.echo(f"searcher {plan.searcher}{sampler}; max_length {plan.max_length} {unit}")
+    rows = []
+    for i, bracket in enumerate(plan.brackets):
+        for k, rung in enumerate(bracket.rungs):
+            rows.append(
+                [
+                    i if k == 0 else "",
+                    k,
+                    rung.length,
+                    rung.trials,
+                    bracket.max_concurrent_trials or "unlimited" if k == 0 else "",
+                    bracket.budget if k == 0 else "",
+                ]
+            )
+    headers = ["BRACKET", "RUNG", f"LENGTH ({unit})", "TRIALS", "CONCURRENT", "BUDGET"]
+    click.echo(table(headers, rows))
+    click.echo(f"total: {plan.total_trials} trials, {plan.total_budget} {unit}")
+    for i, bracket in enumerate(plan.brackets):
+        empty = [k for k, rung in enumerate(bracket.rungs) if rung.trials == 0]
+        if empty:
+            click.echo(
+                f"note: bracket {i} promotes no trial to rung {empty[0]} in synchronous "
+                f"halving; raise max_trials or lower the number of rungs",
+                err=True,
+            )

@@ -1,0 +1,372 @@
+"""The search plan: the `searcher` options resolved into brackets, rungs and budgets.
+
+This is the arithmetic of successive halving on plain integers, shared by the master's
+searchers (`assay.master.searcher`) and by `assay preview-search`, which must show the
+plan without importing the master. It lives beside the schema because the rules that make
+an option valid (a rung must train longer than the one below it) are the same rules.
+
+Rung rule: with `R` rungs and divisor `d`, rung `k` (0 = bottom) trains to
+`floor(max_length / d**(R-1-k))` units, at least 1; the top rung is `max_length`. The rungs
+strictly increase exactly when `max_length >= d**(R-1)`, so that is what a valid
+`num_rungs` needs; `max_rungs` is a ceiling and is lowered silently to what fits (as in
+Determined's adaptive ASHA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from assay.config._hparams import (
+    MAX_GRID_POINTS,
+    Double,
+    HParam,
+    Log,
+    grid_points,
+    grid_size,
+    leaves,
+)
+
+if TYPE_CHECKING:
+    from assay.config._schema import SearcherConfig
+
+MODES = ("aggressive", "standard", "conservative")
+SAMPLERS = ("random", "tpe")
+DEFAULT_DIVISOR = 4
+DEFAULT_MAX_RUNGS = 5
+DEFAULT_MODE = "standard"
+_NEEDS_MAX_TRIALS = ("random", "asha", "adaptive_asha", "bayesian")
+
+
+# --- rung arithmetic ---------------------------------------------------------------------
+
+
+def rung_lengths(max_length: int, divisor: int, num_rungs: int) -> tuple[int, ...]:
+    """The length each rung trains to, bottom first (see the module docstring)."""
+    return tuple(max(max_length // divisor ** (num_rungs - 1 - k), 1) for k in range(num_rungs))
+
+
+def rungs_that_fit(n: int, divisor: int) -> int:
+    """The largest `R` with `divisor**(R-1) <= n` (1 for n < divisor)."""
+    rungs, reach = 1, divisor
+    while reach <= n:
+        rungs, reach = rungs + 1, reach * divisor
+    return rungs
+
+
+def trials_per_rung(max_trials: int, divisor: int, num_rungs: int) -> tuple[int, ...]:
+    """How many trials reach each rung in synchronous successive halving (the preview's
+    figure; asynchronous promotion may promote a few more)."""
+    counts = [max_trials]
+    for _ in range(num_rungs - 1):
+        counts.append(counts[-1] // divisor)
+    return tuple(counts)
+
+
+def mode_brackets(mode: str, max_rungs: int) -> tuple[int, ...]:
+    """Rung counts of the brackets a mode runs (Determined's three modes)."""
+    if mode == "aggressive":
+        return (max_rungs,)
+    if mode == "standard":
+        return tuple(range((max_rungs - 1) // 2 + 1, max_rungs + 1))
+    if mode == "conservative":
+        return tuple(range(1, max_rungs + 1))
+    raise ValueError(f"mode must be one of {' | '.join(MODES)}, got {mode!r}")
+
+
+def bracket_max_trials(max_trials: int, divisor: int, brackets: Sequence[int]) -> tuple[int, ...]:
+    """Split `max_trials` so that each bracket gets about the same budget.
+
+    A bracket of `R` rungs spends about `R` full lengths per `divisor**(R-1)` trials, so it
+    gets trials in proportion to `divisor**(R-1) / R`; each gets at least one, the rest goes
+    to the first bracket, and the total never exceeds `max_trials` (which must be at least
+    the number of brackets).
+    """
+    if max_trials < len(brackets):
+        raise ValueError(f"{len(brackets)} brackets need max_trials >= {len(brackets)}")
+    weights = [divisor ** (r - 1) / r for r in brackets]
+    total = sum(weights)
+    trials = [max(int(w / total * max_trials), 1) for w in weights]
+    trials[0] += max(max_trials - sum(trials), 0)
+    while sum(trials) > max_trials:
+        trials[trials.index(max(trials))] -= 1
+    return tuple(trials)
+
+
+def bracket_max_concurrent(
+    max_concurrent: int, divisor: int, trials: Sequence[int]
+) -> tuple[int, ...]:
+    """Each bracket's concurrency limit: `max_concurrent` split evenly (the remainder to the
+    first brackets, and at least 1 each); with 0, Determined's default of
+    `max(trials of the last bracket, divisor)` each."""
+    n = len(trials)
+    if max_concurrent == 0:
+        return (max(trials[-1], divisor),) * n
+    share, extra = divmod(max(max_concurrent, n), n)
+    return tuple(share + (1 if i < extra else 0) for i in range(n))
+
+
+# --- options ------------------------------------------------------------------------------
+
+
+def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> list[str]:
+    """Every problem with the searcher's options, as `key.path: what to fix`.
+
+    The config parser reports these with the rest of the config; `search_spec` raises them
+    for a `SearcherConfig` built in code.
+    """
+    problems: list[str] = []
+
+    def bad(key: str, message: str) -> None:
+        problems.append(f"searcher.{key}: {message}")
+
+    options = config.options
+    name = config.name
+    if name in _NEEDS_MAX_TRIALS and config.max_trials is None:
+        bad("max_trials", f"is required for the {name} searcher (how many trials to run)")
+    if "sampler" in options:
+        sampler = options["sampler"]
+        if sampler not in SAMPLERS:
+            bad("sampler", f"expected one of {' | '.join(SAMPLERS)}, got {sampler!r}")
+        elif name == "bayesian" and sampler != "tpe":
+            bad("sampler", "bayesian is random search with the tpe sampler; use name: random")
+    _check_int(options, "divisor", 2, bad)
+    _check_int(options, "num_rungs", 1, bad)
+    _check_int(options, "max_rungs", 1, bad)
+    if "mode" in options and options["mode"] not in MODES:
+        bad("mode", f"expected one of {' | '.join(MODES)}, got {options['mode']!r}")
+    divisor = options.get("divisor", DEFAULT_DIVISOR)
+    if problems or not _is_int(divisor):
+        return problems
+    batches = config.max_length.value if config.max_length.unit.value == "batches" else None
+    num_rungs, max_rungs = options.get("num_rungs"), options.get("max_rungs")
+    if num_rungs is not None and max_rungs is not None and num_rungs > max_rungs:
+        bad("num_rungs", f"({num_rungs}) must not exceed max_rungs ({max_rungs})")
+    if num_rungs is not None and batches is not None and batches < divisor ** (num_rungs - 1):
+        bad("num_rungs", _too_short(num_rungs, divisor, batches))
+    if "bracket_rungs" in options:
+        _check_brackets(options["bracket_rungs"], divisor, batches, config.max_trials, bad)
+    if name == "grid":
+        problems.extend(_grid_problems(space))
+    return problems
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(options: Mapping[str, Any], key: str, minimum: int, bad: Any) -> None:
+    if key not in options:
+        return
+    value = options[key]
+    if not _is_int(value):
+        bad(key, f"expected an integer >= {minimum}, got {value!r}")
+    elif value < minimum:
+        bad(key, f"must be at least {minimum}, got {value}")
+
+
+def _too_short(rungs: int, divisor: int, batches: int) -> str:
+    return (
+        f"{rungs} rungs with divisor {divisor} need max_length >= {divisor ** (rungs - 1)} "
+        f"batches (divisor**(rungs-1)) so that each rung trains longer than the one below; "
+        f"got {batches}"
+    )
+
+
+def _check_brackets(
+    value: Any, divisor: int, batches: int | None, max_trials: int | None, bad: Any
+) -> None:
+    if not isinstance(value, list) or not value or not all(_is_int(r) and r >= 1 for r in value):
+        bad("bracket_rungs", f"expected a non-empty list of integers >= 1, got {value!r}")
+    elif len(set(value)) != len(value):
+        bad("bracket_rungs", f"has a bracket twice: {value!r}")
+    elif batches is not None and batches < divisor ** (max(value) - 1):
+        bad("bracket_rungs", _too_short(max(value), divisor, batches))
+    elif max_trials is not None and max_trials < len(value):
+        bad("bracket_rungs", f"{len(value)} brackets need max_trials >= {len(value)}")
+
+
+def _grid_problems(space: Mapping[str, HParam]) -> list[str]:
+    problems = []
+    for path, hp in leaves(space):
+        if isinstance(hp, Double | Log) and hp.count is None:
+            kind = "double" if isinstance(hp, Double) else "log"
+            problems.append(
+                f"hyperparameters.{'.'.join(path)}: grid search needs `count` on a {kind} "
+                f"hyperparameter (how many evenly spaced values to try)"
+            )
+    if not problems:
+        size = grid_size(space)
+        if size > MAX_GRID_POINTS:
+            problems.append(
+                f"hyperparameters: the grid has {size:,} points, more than {MAX_GRID_POINTS:,}; "
+                f"lower the counts (an int without count is every integer of its range)"
+            )
+    return problems
+
+
+# --- the resolved plan --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BracketSpec:
+    """One bracket of successive halving: its rungs' lengths, trials and concurrency.
+
+    `max_concurrent_trials` 0 means unlimited. Single, grid and random searches are one
+    bracket of one rung.
+    """
+
+    lengths: tuple[int, ...]
+    max_trials: int
+    max_concurrent_trials: int
+
+    @property
+    def num_rungs(self) -> int:
+        return len(self.lengths)
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """A searcher config resolved: defaults applied, rungs capped, trials split."""
+
+    name: str
+    sampler: str  # "random" | "tpe" | "grid" (the grid's points, in order)
+    divisor: int
+    brackets: tuple[BracketSpec, ...]
+    max_concurrent_trials: int  # across brackets; 0 = only the brackets' own limits
+    unit: str
+    max_length: int
+
+
+def search_spec(config: SearcherConfig, space: Mapping[str, HParam]) -> SearchSpec:
+    """Resolve `config`; raise ValueError listing every problem of its options."""
+    problems = searcher_problems(config, space)
+    if problems:
+        raise ValueError("; ".join(problems))
+    options = config.options
+    divisor: int = options.get("divisor", DEFAULT_DIVISOR)
+    length = config.max_length.value
+    concurrent = config.max_concurrent_trials
+    max_trials = config.max_trials or 1
+    name = config.name
+    sampler = "tpe" if name == "bayesian" else str(options.get("sampler", "random"))
+    if name == "single":
+        brackets: tuple[BracketSpec, ...] = (BracketSpec((length,), 1, 1),)
+    elif name == "grid":
+        sampler = "grid"
+        brackets = (BracketSpec((length,), _grid_count(space), concurrent),)
+    elif name in ("random", "bayesian"):
+        brackets = (BracketSpec((length,), max_trials, concurrent),)
+    elif name == "asha":
+        rungs = options.get("num_rungs") or min(
+            options.get("max_rungs", DEFAULT_MAX_RUNGS),
+            rungs_that_fit(length, divisor),
+            rungs_that_fit(max_trials, divisor),
+        )
+        default = max(min(divisor ** (rungs - 1), max_trials), 1)
+        brackets = (
+            BracketSpec(rung_lengths(length, divisor, rungs), max_trials, concurrent or default),
+        )
+    elif name == "adaptive_asha":
+        brackets = _adaptive(options, divisor, length, max_trials, concurrent)
+    else:
+        raise ValueError(f"searcher.name: unknown searcher {name!r}")
+    return SearchSpec(
+        name=name,
+        sampler=sampler,
+        divisor=divisor,
+        brackets=brackets,
+        max_concurrent_trials=concurrent if len(brackets) > 1 else 0,
+        unit=config.max_length.unit.value,
+        max_length=length,
+    )
+
+
+def _grid_count(space: Mapping[str, HParam]) -> int:
+    return len(grid_points(space))
+
+
+def _adaptive(
+    options: Mapping[str, Any], divisor: int, length: int, max_trials: int, concurrent: int
+) -> tuple[BracketSpec, ...]:
+    rungs = options.get("bracket_rungs")
+    if rungs is None:
+        max_rungs = min(
+            options.get("max_rungs", DEFAULT_MAX_RUNGS),
+            rungs_that_fit(length, divisor),
+            rungs_that_fit(max_trials, divisor),
+        )
+        rungs = mode_brackets(options.get("mode", DEFAULT_MODE), max_rungs)
+    # The brackets that stop most trials early go first: they pay off soonest.
+    ordered = sorted(rungs, reverse=True)[:max_trials]
+    trials = bracket_max_trials(max_trials, divisor, ordered)
+    limits = bracket_max_concurrent(concurrent, divisor, trials)
+    return tuple(
+        BracketSpec(rung_lengths(length, divisor, r), t, c)
+        for r, t, c in zip(ordered, trials, limits, strict=True)
+    )
+
+
+# --- the preview --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RungPreview:
+    length: int
+    trials: int
+
+
+@dataclass(frozen=True)
+class BracketPreview:
+    num_rungs: int
+    max_trials: int
+    max_concurrent_trials: int
+    rungs: tuple[RungPreview, ...]
+    budget: int
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a search will run, computed from the rung arithmetic alone (nothing runs):
+    trials per bracket and rung, lengths per rung and the total budget, in `unit`."""
+
+    searcher: str
+    sampler: str
+    unit: str
+    max_length: int
+    divisor: int
+    max_concurrent_trials: int
+    brackets: tuple[BracketPreview, ...]
+    total_trials: int
+    total_budget: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def preview(config: SearcherConfig, space: Mapping[str, HParam]) -> Preview:
+    """The plan of `config` over `space`; raises ValueError for invalid options."""
+    spec = search_spec(config, space)
+    brackets = []
+    for b in spec.brackets:
+        counts = trials_per_rung(b.max_trials, spec.divisor, b.num_rungs)
+        budget, below = 0, 0
+        for length, count in zip(b.lengths, counts, strict=True):
+            budget += count * (length - below)
+            below = length
+        rungs = tuple(RungPreview(n, c) for n, c in zip(b.lengths, counts, strict=True))
+        brackets.append(
+            BracketPreview(b.num_rungs, b.max_trials, b.max_concurrent_trials, rungs, budget)
+        )
+    return Preview(
+        searcher=spec.name,
+        sampler=spec.sampler,
+        unit=spec.unit,
+        max_length=spec.max_length,
+        divisor=spec.divisor,
+        max_concurrent_trials=spec.max_concurrent_trials,
+        brackets=tuple(brackets),
+        total_trials=sum(b.max_trials for b in brackets),
+        total_budget=sum(b.budget for b in brackets),
+    )

@@ -1,0 +1,49 @@
+"""Hyperparameter searchers: pure state machines that decide which trials run and how long.
+
+The master feeds a searcher events (a trial was created, validated, closed, exited early)
+and carries out the operations it returns (`Create`, `ValidateAfter`, `Close`,
+`Shutdown`); it persists `snapshot()` with them and rebuilds the searcher with
+`restore_searcher` after a restart. No I/O, clocks or threads: see `simulate` for a master
+played in memory.
+
+    searcher = make_searcher(config.searcher, config.hyperparameters, config.experiment_seed)
+    ops = searcher.initial_operations()
+
+Searchers: `single`, `grid`, `random`, `bayesian` (random with the tpe sampler), `asha`
+and `adaptive_asha`, with `sampler: random | tpe` where trials are sampled.
+"""
+
+from assay.config import BracketPreview, Preview, RungPreview, preview, rung_lengths
+
+from ._asha import INVALID_HP_FACTOR, promotion_quota
+from ._ops import (
+    EXITED_REASONS,
+    Close,
+    Create,
+    ExitedReason,
+    Operation,
+    Searcher,
+    Shutdown,
+    ValidateAfter,
+)
+from ._searcher import make_searcher, restore_searcher
+
+__all__ = [
+    "EXITED_REASONS",
+    "INVALID_HP_FACTOR",
+    "BracketPreview",
+    "Close",
+    "Create",
+    "ExitedReason",
+    "Operation",
+    "Preview",
+    "RungPreview",
+    "Searcher",
+    "Shutdown",
+    "ValidateAfter",
+    "make_searcher",
+    "preview",
+    "promotion_quota",
+    "restore_searcher",
+    "rung_lengths",
+]

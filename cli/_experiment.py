@@ -195,6 +195,7 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
         echo_json(fmt.experiment_detail(response))
         return
     e = fmt.experiment_summary(response.experiment)
+    best = fmt.best_trial(response.trials, fmt.struct(response.experiment.config))
     fields = [
         ("ID", e["id"]),
         ("Name", e["name"]),
@@ -202,6 +203,7 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
         ("Searcher", e["searcher"] or None),
         ("Progress", f"{100 * e['progress']:.0f}%"),
         ("Best validation", fmt.metric(e["best_validation"])),
+        ("Best trial", best["id"] if best else None),
         ("Owner", e["owner"] or None),
         ("Labels", ", ".join(e["labels"]) or None),
         ("Started", e["start_time"]),

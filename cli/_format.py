@@ -140,13 +140,30 @@ def experiment_summary(e: common_pb2.Experiment) -> dict[str, Any]:
 
 def experiment_detail(response: api_pb2.GetExperimentResponse) -> dict[str, Any]:
     e = response.experiment
+    config = struct(e.config)
     return {
         "id": e.id,
         "name": e.name,
         "state": experiment_state(e.state),
-        "config": struct(e.config),
+        "searcher": e.searcher,
+        "progress": e.progress,
+        "config": config,
+        "best_trial": best_trial(response.trials, config),
         "trials": [trial_dict(t) for t in response.trials],
     }
+
+
+def best_trial(
+    trials: Sequence[common_pb2.Trial], config: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The trial with the best validation of the searcher's metric (None before any)."""
+    searcher = config.get("searcher") or {}
+    smaller = bool(searcher.get("smaller_is_better", True))
+    scored = [t for t in trials if t.HasField("best_validation")]
+    if not scored:
+        return None
+    best = (min if smaller else max)(scored, key=lambda t: t.best_validation)
+    return {"id": best.id, "best_validation": best.best_validation}
 
 
 def hparams_text(hparams: Mapping[str, Any], limit: int = 60) -> str:

@@ -33,7 +33,7 @@ from assay._local import WorkerSpec
 from assay._session import CheckpointReport, MetricsReport, _fmt
 from assay._trial_client import TrialClient, retry_budget_from_env
 from assay.config import ExperimentConfig
-from assay.errors import AssayError
+from assay.errors import INVALID_HP_EXIT_CODE, AssayError, InvalidHP
 from assay.proto import common_pb2, trial_pb2
 
 log = logging.getLogger("assay")
@@ -255,6 +255,9 @@ def main(argv: list[str]) -> int:
             raise AssayError(f"{SPEC_ENV} is not set: it names the trial spec JSON file")
         spec = ClusterSpec.load(path)
         run_cluster_slot(spec, model_dir=Path.cwd())
+    except InvalidHP as e:
+        print(f"error: the trial's hyperparameters are unusable: {e}", file=sys.stderr)
+        return INVALID_HP_EXIT_CODE
     except AssayError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -34,7 +34,15 @@ class HyperparameterError(AssayError, KeyError):
 
 
 class InvalidHP(AssayError):  # noqa: N818 - Determined's name, kept for portability
-    """Raised by a Trial to say its hyperparameters are unusable (not a failure)."""
+    """Raised by a Trial to say its hyperparameters are unusable (not a failure).
+
+    On a cluster the trial's process exits with `INVALID_HP_EXIT_CODE`, and the searcher
+    replaces the trial with another instead of restarting it.
+    """
+
+
+# The exit code of a cluster trial process whose Trial raised InvalidHP.
+INVALID_HP_EXIT_CODE = 77
 
 
 class TrainingError(AssayError):

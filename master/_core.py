@@ -18,6 +18,7 @@ import secrets
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -25,8 +26,8 @@ from typing import Any, Protocol
 import yaml
 
 from assay._archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
-from assay.config import ExperimentConfig, LengthUnit, parse_config, sample_hparams
-from assay.errors import InvalidConfigError
+from assay.config import ExperimentConfig, LengthUnit, parse_config
+from assay.errors import INVALID_HP_EXIT_CODE, InvalidConfigError
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._errors import PermissionDeniedError
@@ -38,8 +39,10 @@ from assay.master._state import (
     Restore,
     TrialState,
     load_live,
+    new_searcher,
 )
 from assay.master.scheduler import Agent, Request, Scheduler, SlotType
+from assay.master.searcher import Close, Create, Operation, Searcher, Shutdown, ValidateAfter
 from assay.master.store import (
     CheckpointRecord,
     ExperimentRecord,
@@ -54,7 +57,6 @@ from assay.proto import agent_pb2, common_pb2
 log = logging.getLogger("assay.master")
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-SEARCHERS_AVAILABLE = ("single",)
 
 
 class Outbox(Protocol):
@@ -97,6 +99,7 @@ class PreparedExperiment:
     model_definition: bytes
     owner: str
     owner_id: int
+    searcher: Searcher
 
 
 @dataclass
@@ -112,7 +115,6 @@ class Run:
     exit_codes: dict[str, list[int]] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
     stopping: str | None = None  # pause | cancel | kill
-    completed: bool = False
     lost: bool = False  # an agent vanished: not the user's fault
 
 
@@ -175,6 +177,8 @@ class Master:
                 self.batch.set_allocation(allocation.id, state="TERMINATED", ended_at=_now())
             for experiment in load_live(self.store):
                 self._add_experiment(experiment)
+                if experiment.needs_start:
+                    self._adopt_trials(experiment)
                 stopping = experiment.state.startswith("STOPPING_")
                 for trial in experiment.trials.values():
                     if trial.state not in ("RUNNING", "QUEUED", "STOPPING", "PAUSED"):
@@ -182,7 +186,9 @@ class Master:
                     if stopping:
                         # A cancel or kill was under way: finish it rather than resume.
                         self._set_trial(trial, state="CANCELED", end_time=_now())
-                    elif trial.state == "PAUSED":
+                    elif trial.state == "PAUSED" and (
+                        trial.target is None or experiment.state != "ACTIVE"
+                    ):
                         continue
                     elif experiment.state == "ACTIVE":
                         self._set_trial(trial, state="QUEUED")
@@ -190,11 +196,27 @@ class Master:
                     else:
                         self._set_trial(trial, state="PAUSED")
                 self._settle_experiment(experiment)
+            self._schedule()
         self.commit.flush()
 
     def _add_experiment(self, experiment: ExperimentState) -> None:
         self.experiments[experiment.id] = experiment
         self.trials.update(experiment.trials)
+
+    def _adopt_trials(self, experiment: ExperimentState) -> None:
+        """Start the search of an experiment stored without one, on the trials it has."""
+        experiment.needs_start = False
+        existing = sorted(experiment.trials.values(), key=lambda t: t.id)
+        for op in experiment.searcher.initial_operations():
+            if isinstance(op, Create) and existing:
+                trial = existing.pop(0)
+                del experiment.by_request[trial.request_id]
+                trial.request_id = op.request_id
+                experiment.by_request[op.request_id] = trial
+                experiment.searcher.on_trial_created(op.request_id)
+            elif isinstance(op, ValidateAfter) and op.request_id in experiment.by_request:
+                experiment.by_request[op.request_id].target = op.length
+        self._save_search(experiment)
 
     # --- memory and store together --------------------------------------------------------
 
@@ -236,20 +258,24 @@ class Master:
         except InvalidConfigError as e:
             raise InvalidArgumentError(str(e)) from None
         _check_cluster_config(config)
+        try:
+            searcher = new_searcher(config)
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from None
         _check_model_definition(model_definition)
-        return PreparedExperiment(config, model_definition, owner, self.store.user_id(owner))
+        return PreparedExperiment(
+            config, model_definition, owner, self.store.user_id(owner), searcher
+        )
 
     def add_experiment(
         self, prepared: PreparedExperiment, *, activate: bool
     ) -> tuple[ExperimentRecord, int]:
-        """Record a checked experiment; return it and the commit ticket to wait for."""
+        """Record a checked experiment and its first trials; return it and the commit
+        ticket to wait for."""
         config, model_definition = prepared.config, prepared.model_definition
         experiment_id = self.store.reserve_id("experiments")
-        trial_id = self.store.reserve_id("trials")
         now = _now()
         state = "ACTIVE" if activate else "PAUSED"
-        seed = config.experiment_seed
-        hparams = sample_hparams(config.hyperparameters, random.Random(seed))
         with self.lock:
             self.batch.add_experiment(
                 experiment_id,
@@ -263,31 +289,13 @@ class Master:
                 priority=config.resources.priority,
                 now=now,
             )
-            trial = TrialState(
-                id=trial_id,
-                experiment_id=experiment_id,
-                request_id="single-0",
-                hparams=hparams,
-                seed=seed,
-                state="QUEUED" if activate else "PAUSED",
-            )
-            self.batch.add_trial(
-                trial_id,
-                experiment_id=experiment_id,
-                request_id=trial.request_id,
-                hparams=hparams,
-                seed=seed,
-                state=trial.state,
-                now=now,
-            )
             experiment = ExperimentState(
-                experiment_id, config, state, config.resources.priority, trials={trial_id: trial}
+                experiment_id, config, state, config.resources.priority, prepared.searcher
             )
             self._add_experiment(experiment)
             self.models.put(experiment_id, model_definition)
-            if activate:
-                self._enqueue(trial)
-                self._schedule()
+            self._apply(experiment, experiment.searcher.initial_operations())
+            self._schedule()
             ticket = self.commit.ticket()
         record = ExperimentRecord(
             id=experiment_id,
@@ -305,7 +313,77 @@ class Master:
             start_time=now,
             end_time=None,
         )
-        return record, ticket
+        return replace(record, progress=experiment.progress), ticket
+
+    # --- the search -----------------------------------------------------------------------
+
+    def _apply(self, experiment: ExperimentState, ops: Sequence[Operation]) -> None:
+        """Carry out the searcher's operations (and those they lead to), then record it."""
+        pending = deque(ops)
+        searcher = experiment.searcher
+        while pending:
+            op = pending.popleft()
+            if isinstance(op, Create):
+                self._new_trial(experiment, op)
+                pending.extend(searcher.on_trial_created(op.request_id))
+            elif isinstance(op, ValidateAfter):
+                trial = experiment.by_request[op.request_id]
+                trial.target = op.length
+                waiting = trial.state == "PAUSED" and trial.id not in self.run_of_trial
+                if waiting and experiment.state == "ACTIVE":
+                    # A promotion: the trial resumes from its checkpoint.
+                    self._set_trial(trial, state="QUEUED")
+                    self._enqueue(trial)
+            elif isinstance(op, Close):
+                trial = experiment.by_request[op.request_id]
+                trial.closed, trial.target = True, None
+                if trial.id not in self.run_of_trial and trial.state not in TERMINAL_TRIAL:
+                    # Not running: nothing to stop. A running one stops at its next question.
+                    self.queued.pop(trial.id, None)
+                    self._set_trial(trial, state="COMPLETED", end_time=_now())
+                    pending.extend(searcher.on_trial_closed(op.request_id))
+            elif isinstance(op, Shutdown):
+                experiment.shutdown = True
+        self._save_search(experiment)
+
+    def _save_search(self, experiment: ExperimentState) -> None:
+        progress = max(experiment.progress, experiment.searcher.progress())
+        self._set_experiment(
+            experiment, searcher_state=experiment.search_state(), progress=progress
+        )
+
+    def _new_trial(self, experiment: ExperimentState, op: Create) -> TrialState:
+        trial = TrialState(
+            id=self.store.reserve_id("trials"),
+            experiment_id=experiment.id,
+            request_id=op.request_id,
+            hparams=op.hparams,
+            seed=op.seed,
+            state="QUEUED" if experiment.state == "ACTIVE" else "PAUSED",
+        )
+        self.batch.add_trial(
+            trial.id,
+            experiment_id=experiment.id,
+            request_id=trial.request_id,
+            hparams=trial.hparams,
+            seed=trial.seed,
+            state=trial.state,
+            now=_now(),
+        )
+        experiment.add_trial(trial)
+        self.trials[trial.id] = trial
+        if trial.state == "QUEUED":
+            self._enqueue(trial)
+        return trial
+
+    def _searcher_event(
+        self, experiment: ExperimentState, trial: TrialState, event: str, *args: Any
+    ) -> None:
+        """Tell the searcher what became of a trial, and carry out its answer."""
+        if experiment.state not in ("ACTIVE", "PAUSED"):
+            return  # the experiment is being canceled or killed: the search is over
+        handler = getattr(experiment.searcher, event)
+        self._apply(experiment, handler(trial.request_id, *args))
 
     def experiment_action(self, experiment_id: int, action: str) -> None:
         allowed = _ALLOWED_ACTIONS[action]
@@ -337,7 +415,8 @@ class Master:
     def _activate(self, experiment: ExperimentState) -> None:
         self._set_experiment(experiment, state="ACTIVE")
         for trial in experiment.trials.values():
-            if trial.state == "PAUSED":
+            # Trials waiting for a promotion stay paused until the searcher asks for more.
+            if trial.state == "PAUSED" and trial.target is not None:
                 self._set_trial(trial, state="QUEUED")
                 self._enqueue(trial)
         self._schedule()
@@ -661,14 +740,25 @@ class Master:
                 self._enqueue(trial)
             else:
                 self._set_trial(trial, state="PAUSED")
-        elif run.completed and codes and all(c == 0 for c in codes):
-            self._set_trial(trial, state="COMPLETED", end_time=_now())
         elif run.lost:
             self._set_trial(trial, state="QUEUED")
             self._enqueue(trial)
+        elif codes and all(c == 0 for c in codes) and trial.target is None:
+            if trial.closed:
+                self._set_trial(trial, state="COMPLETED", end_time=_now())
+                self._searcher_event(experiment, trial, "on_trial_closed")
+            else:
+                # Validated at its rung and not promoted (yet): it waits, checkpointed.
+                self._set_trial(trial, state="PAUSED")
+        elif INVALID_HP_EXIT_CODE in codes:
+            log.warning("trial %d: its hyperparameters are unusable (InvalidHP)", trial.id)
+            self._set_trial(trial, state="CANCELED", end_time=_now())
+            self._searcher_event(experiment, trial, "on_trial_exited_early", "invalid_hp")
         else:
             restarts = trial.restarts + 1
             why = "; ".join(run.messages) or f"exit codes {codes}"
+            if codes and all(c == 0 for c in codes):
+                why = f"exited before training to batch {trial.target}"
             if restarts <= experiment.config.max_restarts:
                 log.warning("trial %d failed (%s); restart %d", run.trial_id, why, restarts)
                 self._set_trial(trial, state="QUEUED", restarts=restarts)
@@ -676,22 +766,26 @@ class Master:
             else:
                 log.warning("trial %d failed (%s); no restarts left", run.trial_id, why)
                 self._set_trial(trial, state="ERROR", end_time=_now())
+                self._searcher_event(experiment, trial, "on_trial_exited_early", "errored")
         self._settle_experiment(experiment)
 
     def _settle_experiment(self, experiment: ExperimentState) -> None:
-        """End the experiment when every trial has ended; forget it then."""
+        """End the experiment when its search is over and every trial has ended."""
         trials = experiment.trials.values()
-        if not trials or any(t.state not in TERMINAL_TRIAL | {"PAUSED"} for t in trials):
+        if experiment.state == "PAUSED" or any(t.state not in TERMINAL_TRIAL for t in trials):
             return
         states = {t.state for t in trials}
-        if experiment.state == "PAUSED" or "PAUSED" in states:
-            return
-        if "ERROR" in states:
-            final = "ERROR"
-        elif "CANCELED" in states:
+        if experiment.state.startswith("STOPPING_"):
             final = "CANCELED"
+        elif not experiment.shutdown:
+            if self.queued.keys() & experiment.trials.keys():
+                return
+            # Every trial has ended and the searcher asks for nothing more, yet has not
+            # said it is done: end here rather than wait for ever.
+            log.error("experiment %d: the searcher stopped without finishing", experiment.id)
+            final = "COMPLETED" if "COMPLETED" in states else "ERROR"
         else:
-            final = "COMPLETED"
+            final = "COMPLETED" if "COMPLETED" in states else "ERROR"
         progress = 1.0 if final == "COMPLETED" else experiment.progress
         self._set_experiment(experiment, state=final, end_time=_now(), progress=progress)
         del self.experiments[experiment.id]
@@ -713,22 +807,32 @@ class Master:
             )
         return run
 
-    def _config_of(self, run: Run) -> ExperimentConfig:
-        with self.lock:
-            experiment = self.experiments.get(run.experiment_id)
-        if experiment is None:
-            raise PermissionDeniedError(f"experiment {run.experiment_id} has ended")
-        return experiment.config
-
     def next_operation(self, run: Run, total_batches: int) -> int | None:
-        if run.stopping is not None:
-            return None
-        target = self._config_of(run).searcher.max_length.value
-        return target if total_batches < target else None
+        """The batch count to train to next, or None: checkpointed, the process may exit.
+
+        Asked at start and after each completed target. A trial whose target is reached
+        but not yet reported (a restore right after its validation) gets the same target
+        back, validates and reports it.
+        """
+        with self.lock:
+            trial = self.trials.get(run.trial_id)
+            if run.stopping is not None or trial is None or trial.closed:
+                return None
+            return trial.target
 
     def complete_operation(self, run: Run, total_batches: int, metric: float) -> None:
-        if total_batches >= self._config_of(run).searcher.max_length.value:
-            run.completed = True
+        """The trial validated at its target: tell the searcher (a retry is a no-op)."""
+        with self.lock:
+            trial = self.trials.get(run.trial_id)
+            experiment = self.experiments.get(run.experiment_id)
+            if trial is None or experiment is None or trial.target != total_batches:
+                return  # reported already, or the experiment has ended
+            trial.target = None
+            self._searcher_event(
+                experiment, trial, "on_validation_completed", metric, total_batches
+            )
+            self._schedule()
+            self._commit_and_wait()
 
     def report_metrics(self, run: Run, group: str, reports: Sequence[MetricReport]) -> int:
         stored = self.store.report_metrics(run.trial_id, run.run_id, group, reports)
@@ -751,9 +855,6 @@ class Master:
                         fields["best_validation"] = best
             if fields:
                 self._set_trial(trial, **fields)
-            progress = min(1.0, latest / max(1, searcher.max_length.value))
-            if progress > experiment.progress:
-                self._set_experiment(experiment, progress=progress)
             self._commit_and_wait()
         return stored
 
@@ -794,11 +895,6 @@ _ALLOWED_ACTIONS: dict[str, Set[str]] = {
 
 
 def _check_cluster_config(config: ExperimentConfig) -> None:
-    if config.searcher.name not in SEARCHERS_AVAILABLE:
-        raise InvalidArgumentError(
-            f"searcher.name: {config.searcher.name!r} is not available on this master yet; "
-            f"use one of: {', '.join(SEARCHERS_AVAILABLE)}"
-        )
     if config.searcher.max_length.unit is not LengthUnit.BATCHES:
         raise InvalidArgumentError(
             "searcher.max_length: a cluster experiment needs a length in batches, e.g. "

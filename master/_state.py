@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assay.config import ExperimentConfig, parse_config
+from assay.master.searcher import Searcher, make_searcher, restore_searcher
 from assay.master.store import NotFoundError, Store
 
 TERMINAL_EXPERIMENT = frozenset({"COMPLETED", "CANCELED", "ERROR"})
@@ -45,6 +46,8 @@ class TrialState:
     best_validation: float | None = None
     checkpoint: Restore | None = None
     start_time: dt.datetime | None = None
+    target: int | None = None  # batches of the searcher's outstanding ValidateAfter
+    closed: bool = False  # the searcher closed it: it stops for good at its next question
 
 
 @dataclass
@@ -53,8 +56,33 @@ class ExperimentState:
     config: ExperimentConfig
     state: str
     priority: int
+    searcher: Searcher
     progress: float = 0.0
     trials: dict[int, TrialState] = field(default_factory=dict)
+    by_request: dict[str, TrialState] = field(default_factory=dict)
+    shutdown: bool = False  # the searcher has nothing more to run
+    # Stored without a searcher state (by an older master): its searcher's first
+    # operations are still to be matched to its trials.
+    needs_start: bool = False
+
+    def add_trial(self, trial: TrialState) -> None:
+        self.trials[trial.id] = trial
+        self.by_request[trial.request_id] = trial
+
+    def search_state(self) -> dict[str, Any]:
+        """What the store keeps of the search: the searcher and the master's side of it."""
+        return {
+            "searcher": self.searcher.snapshot(),
+            "shutdown": self.shutdown,
+            "trials": {
+                t.request_id: {"target": t.target, "closed": t.closed} for t in self.trials.values()
+            },
+        }
+
+
+def new_searcher(config: ExperimentConfig) -> Searcher:
+    """The experiment's searcher; `ValueError` names an option that cannot work."""
+    return make_searcher(config.searcher, config.hyperparameters, config.experiment_seed)
 
 
 class ModelCache:
@@ -98,15 +126,32 @@ def load_live(store: Store) -> list[ExperimentState]:
             states=LIVE_EXPERIMENT, sort="id", descending=False, limit=1000, offset=offset
         )
         for record in page.items:
+            config = parse_config(record.config)
+            saved: Mapping[str, Any] = record.searcher_state or {}
+            searcher = (
+                restore_searcher(
+                    config.searcher,
+                    config.hyperparameters,
+                    config.experiment_seed,
+                    saved["searcher"],
+                )
+                if "searcher" in saved
+                else new_searcher(config)  # nothing was recorded: the search starts over
+            )
             experiment = ExperimentState(
                 id=record.id,
-                config=parse_config(record.config),
+                config=config,
                 state=record.state,
                 priority=record.priority,
+                searcher=searcher,
                 progress=record.progress,
+                shutdown=bool(saved.get("shutdown", False)),
+                needs_start="searcher" not in saved,
             )
+            marks: Mapping[str, Any] = saved.get("trials", {})
             for t in store.list_trials(record.id):
-                experiment.trials[t.id] = TrialState(
+                mark = marks.get(t.request_id, {})
+                trial = TrialState(
                     id=t.id,
                     experiment_id=t.experiment_id,
                     request_id=t.request_id,
@@ -119,7 +164,10 @@ def load_live(store: Store) -> list[ExperimentState]:
                     best_validation=t.best_validation,
                     checkpoint=_restore(store, t.latest_checkpoint),
                     start_time=t.start_time,
+                    target=mark.get("target"),
+                    closed=bool(mark.get("closed", False)),
                 )
+                experiment.add_trial(trial)
             out.append(experiment)
         offset += len(page.items)
         if not page.items or offset >= page.total:

@@ -235,7 +235,10 @@ def test_describe_json_shape(master: FakeApi) -> None:
         "id": 7,
         "name": "regression",
         "state": "ACTIVE",
+        "searcher": "single",
+        "progress": 0.0,
         "config": CONFIG,
+        "best_trial": {"id": 11, "best_validation": 0.125},
         "trials": [
             {
                 "id": 11,

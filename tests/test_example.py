@@ -37,3 +37,24 @@ def test_digits_reaches_95_percent(tmp_path: Path, config: str) -> None:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["validation_metrics"]["accuracy"] >= 0.95
     assert Path(result["checkpoint"]).is_dir()
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in EXAMPLE.glob("*.yaml")))
+def test_every_example_config_is_valid_and_its_search_plan_resolves(config: str) -> None:
+    from assay.config import load_config, preview
+
+    parsed = load_config(EXAMPLE / config)
+    plan = preview(parsed.searcher, parsed.hyperparameters)
+    assert plan.total_trials >= 1
+
+
+def test_the_search_examples_have_the_rungs_their_comments_promise() -> None:
+    from assay.config import load_config, preview
+
+    def rungs(config: str) -> list[list[tuple[int, int]]]:
+        parsed = load_config(EXAMPLE / config)
+        plan = preview(parsed.searcher, parsed.hyperparameters)
+        return [[(r.length, r.trials) for r in b.rungs] for b in plan.brackets]
+
+    assert rungs("adaptive_asha.yaml") == [[(64, 8), (256, 2)]]
+    assert rungs("asha_tpe.yaml") == [[(16, 16), (64, 4), (256, 1)]]

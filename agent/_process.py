@@ -153,19 +153,26 @@ class RankProcesses:
                 self._tails[index][stream].append(line)
                 self._sink(rank, stream, line)
 
-    def _signal(self, sig: signal.Signals) -> None:
+    def _signal(self, sig: signal.Signals, *, group: bool = True) -> None:
         for proc in self._procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, sig)
+                    if group:
+                        os.killpg(proc.pid, sig)
+                    else:
+                        os.kill(proc.pid, sig)
 
     def terminate(self, grace: float) -> None:
-        """SIGTERM every process group; SIGKILL (from `wait`) once `grace` seconds pass."""
+        """SIGTERM each slot's process; SIGKILL (from `wait`) its whole group after `grace`.
+
+        Only the harness process gets the SIGTERM: it checkpoints and exits, and shuts its
+        DataLoader workers down itself (a SIGTERM to them would break the batch it needs).
+        """
         with self._lock:
             deadline = time.monotonic() + max(0.0, grace)
             if self._deadline is None or deadline < self._deadline:
                 self._deadline = deadline
-        self._signal(signal.SIGTERM)
+        self._signal(signal.SIGTERM, group=False)
 
     def kill(self) -> None:
         """SIGKILL every process group now."""

@@ -17,14 +17,13 @@
    its INFO log to a file) alone on its side: N simulated agents (1,000; 200 with
    --quick), each one `AgentService.Connect` stream over real gRPC with 1 CPU slot, live
    in a child process (grpc.aio, one channel per 100 agents). Every `StartAllocation` is
-   answered at once with `AllocationStateChange(EXITED, exit_codes=[0])`. Then M = 2 N
+   answered at once with `AllocationStateChange(EXITED, exit_codes=[1])`. Then M = 2 N
    one-slot experiments (`max_restarts: 0`, a tiny tar.gz) go in through
    `Api.CreateExperiment` from another child process, 16 calls in flight at a time (as
    many users and CI jobs submit at once), as fast as the master takes them.
    allocations/s = placements (StartAllocation messages the agents received) / (last
    experiment's end_time - first submit). Target >= 500/s (Slurm claims 500 jobs/s;
-   kube-scheduler's bar is 270 pods/s). The trials end in ERROR: a run that exits
-   without having completed its searcher operation counts as failed, and
+   kube-scheduler's bar is 270 pods/s). The trials end in ERROR: each run fails, and
    `max_restarts: 0` ends it there -- the bookkeeping is the same as for a completed
    one (allocation terminated, trial and experiment closed), which is what is measured.
 
@@ -361,7 +360,7 @@ async def _fleet(port: int, agents: int) -> None:
                     allocation_state=agent_pb2.AllocationStateChange(
                         allocation_id=message.start.allocation_id,
                         state=agent_pb2.ALLOCATION_STATE_EXITED,
-                        exit_codes=[0],
+                        exit_codes=[1],
                     )
                 )
             )

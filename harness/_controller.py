@@ -7,6 +7,7 @@ takes the same decisions at the same batch.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,9 +26,14 @@ from assay._checkpoint import (
 )
 from assay._context import TrialContext
 from assay._data import ShardedLoader
+from assay._preempt import PreemptWatcher
 from assay._session import CheckpointReport, MetricsReport, Session
 from assay._trial import BuiltinReducer, MetricReducer, Reducer, Trial
 from assay.errors import TrainingError
+
+log = logging.getLogger("assay")
+# Distributed ranks agree on stopping every this many batches (one small CPU collective).
+PREEMPT_VOTE_BATCHES = 8
 
 
 @dataclass
@@ -60,8 +66,11 @@ class TrialController:
         checkpoint_root: Path,
         *,
         seed: int,
+        preempt: PreemptWatcher | None = None,
     ) -> None:
         self.trial = trial
+        self.preempt = preempt
+        self._batches_since_vote = 0
         self.context = context
         self.dist = context.distributed
         if self.dist.is_chief and session is None:
@@ -121,6 +130,8 @@ class TrialController:
                     self._end_epoch()
                     batches = None
                 self._after_batch()
+                if self._preempted():
+                    return self._stop_for_preemption()
             self._flush_training_metrics()
             if self.state.last_validation != self.state.total_batches or not self.last_validation:
                 self._validate()
@@ -129,6 +140,28 @@ class TrialController:
             if self.session is not None:
                 metric = self.last_validation[self.config.searcher.metric]
                 self.session.complete_target(self.state.total_batches, metric)
+        return RunResult(self.state.total_batches, dict(self.last_validation), self.last_checkpoint)
+
+    # --- preemption ---------------------------------------------------------------------
+
+    def _preempted(self) -> bool:
+        """Whether to stop now; every rank answers the same at the same batch."""
+        if self.preempt is None:
+            return False
+        if not self.dist.is_distributed:
+            return self.preempt.requested
+        # A vote is a collective: hold one every few batches, not after each.
+        self._batches_since_vote += 1
+        if self._batches_since_vote < PREEMPT_VOTE_BATCHES:
+            return False
+        self._batches_since_vote = 0
+        return self.dist.any(self.preempt.requested)
+
+    def _stop_for_preemption(self) -> RunResult:
+        self._flush_training_metrics()
+        if self.state.last_checkpoint != self.state.total_batches or not self._checkpointed:
+            self._checkpoint()
+        log.info("stopped at batch %d to be resumed later", self.state.total_batches)
         return RunResult(self.state.total_batches, dict(self.last_validation), self.last_checkpoint)
 
     def _train_batch(self, batch: Any) -> None:

@@ -63,6 +63,7 @@ class DistributedContext:
             world_size=self.size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
+        _control_group()  # every rank creates it now, together
 
     def allgather(self, obj: T) -> list[T]:
         """Every rank's `obj`, in rank order (a picklable object; one collective)."""
@@ -83,6 +84,27 @@ class DistributedContext:
     def barrier(self) -> None:
         if self.is_distributed:
             dist.barrier()
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if `flag` is True on any (one small CPU collective)."""
+        if not self.is_distributed:
+            return flag
+        votes = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=_control_group())
+        return bool(votes.item())
+
+
+_CONTROL: dict[int, Any] = {}  # id of the default group -> its control group
+
+
+def _control_group() -> Any:
+    """A Gloo group on the CPU for control votes: no device sync, whatever the backend."""
+    key = id(dist.group.WORLD)
+    if key not in _CONTROL:
+        _CONTROL.clear()
+        gloo = dist.get_backend() == "gloo"
+        _CONTROL[key] = None if gloo else dist.new_group(backend="gloo")
+    return _CONTROL[key]
 
 
 def default_device(distributed: DistributedContext) -> torch.device:

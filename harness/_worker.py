@@ -23,6 +23,7 @@ from assay._distributed import DistributedContext, default_device
 from assay._loader import load_trial_class
 from assay._local import LocalResult, WorkerSpec, seed_everything
 from assay._precision import make_precision
+from assay._preempt import POLL_INTERVAL_S, PreemptWatcher
 from assay._session import LocalSession, Session
 from assay._trial import Trial
 from assay.config import ExperimentConfig, parse_config, sample_hparams
@@ -87,12 +88,24 @@ def run_worker(
             session = local = LocalSession(max_batches=0)
         else:
             session = session_factory(config)
-    controller = TrialController(trial, context, session, Path(spec.checkpoint_dir), seed=seed)
+    # On a cluster, SIGTERM or the master's word stops training at a checkpoint (exit 0).
+    preempt: PreemptWatcher | None = None
+    if session_factory is not None:
+        ask = session.preempt_requested if session is not None else None
+        interval = float((env or os.environ).get("ASSAY_PREEMPT_POLL_S", POLL_INTERVAL_S))
+        preempt = PreemptWatcher(ask, interval)
+    controller = TrialController(
+        trial, context, session, Path(spec.checkpoint_dir), seed=seed, preempt=preempt
+    )
     if local is not None:
         local.max_batches = config.searcher.max_length.to_batches(controller.batches_per_epoch)
-    if spec.resume_from is not None:
-        controller.restore(Path(spec.resume_from))
-    result = controller.run()
+    try:
+        if spec.resume_from is not None:
+            controller.restore(Path(spec.resume_from))
+        result = controller.run()
+    finally:
+        if preempt is not None:
+            preempt.close()
     if session is None:
         return None
     history = session if isinstance(session, LocalSession) else LocalSession(0, echo=False)

@@ -750,6 +750,12 @@ class Master:
             else:
                 # Validated at its rung and not promoted (yet): it waits, checkpointed.
                 self._set_trial(trial, state="PAUSED")
+        elif codes and all(c == 0 for c in codes):
+            # Stopped on a SIGTERM or the master's word before its target, after a
+            # checkpoint (graceful preemption): not the user's failure.
+            log.info("trial %d stopped at a checkpoint before batch %s", trial.id, trial.target)
+            self._set_trial(trial, state="QUEUED")
+            self._enqueue(trial)
         elif INVALID_HP_EXIT_CODE in codes:
             log.warning("trial %d: its hyperparameters are unusable (InvalidHP)", trial.id)
             self._set_trial(trial, state="CANCELED", end_time=_now())
@@ -757,8 +763,6 @@ class Master:
         else:
             restarts = trial.restarts + 1
             why = "; ".join(run.messages) or f"exit codes {codes}"
-            if codes and all(c == 0 for c in codes):
-                why = f"exited before training to batch {trial.target}"
             if restarts <= experiment.config.max_restarts:
                 log.warning("trial %d failed (%s); restart %d", run.trial_id, why, restarts)
                 self._set_trial(trial, state="QUEUED", restarts=restarts)

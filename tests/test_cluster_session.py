@@ -57,6 +57,7 @@ class FakeTrialService(trial_pb2_grpc.TrialServiceServicer):
     targets: list[int]
     fail_first: int = 0
     refuse: dict[str, tuple[grpc.StatusCode, str]] = field(default_factory=dict)
+    preempt: bool = False  # the answer to ShouldPreempt
     attempts: list[Call] = field(default_factory=list)  # every call, failed ones too
     calls: list[Call] = field(default_factory=list)  # the calls that were answered
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -110,7 +111,7 @@ class FakeTrialService(trial_pb2_grpc.TrialServiceServicer):
         self, request: trial_pb2.ShouldPreemptRequest, context: Any
     ) -> trial_pb2.ShouldPreemptResponse:
         self._enter("ShouldPreempt", request, context)
-        return trial_pb2.ShouldPreemptResponse(preempt=True)
+        return trial_pb2.ShouldPreemptResponse(preempt=self.preempt)
 
 
 @contextmanager
@@ -139,8 +140,10 @@ def write_spec(
     slots: int = 1,
     run_id: int = 1,
     restore_from: str | None = None,
+    batches: int = 16,
+    **hparams: Any,
 ) -> Path:
-    config = regression_config(batches=16, slots=slots, scheduling_unit=4)
+    config = regression_config(batches=batches, slots=slots, scheduling_unit=4, **hparams)
     spec = {
         "config": config,
         "hparams": dict(config["hyperparameters"]),
@@ -164,6 +167,12 @@ def run_slots(
     spec: Path, *, slots: int = 1, extra_env: dict[str, str] | None = None
 ) -> list[Finished]:
     """Launch one `python -m assay._cluster` per slot, as an agent does; wait for all."""
+    return wait_slots(start_slots(spec, slots=slots, extra_env=extra_env))
+
+
+def start_slots(
+    spec: Path, *, slots: int = 1, extra_env: dict[str, str] | None = None
+) -> list[subprocess.Popen[str]]:
     port = free_port()
     procs: list[subprocess.Popen[str]] = []
     for rank in range(slots):
@@ -190,6 +199,10 @@ def run_slots(
                 text=True,
             )
         )
+    return procs
+
+
+def wait_slots(procs: list[subprocess.Popen[str]]) -> list[Finished]:
     finished = []
     try:
         for proc in procs:
@@ -359,6 +372,7 @@ def test_client_raises_the_masters_refusal_without_retrying() -> None:
     service = FakeTrialService(
         targets=[8],
         refuse={"NextOperation": (grpc.StatusCode.PERMISSION_DENIED, "bad token\nfor trial 7")},
+        preempt=True,
     )
     with serve(service) as api:
         client = TrialClient(api, "wrong", retry_s=30)
@@ -450,3 +464,53 @@ def test_spec_problems_are_named() -> None:
     assert "token: missing" in message
     assert "trial_seed: expected an integer" in message
     assert "restore_from" not in message
+
+
+# --- graceful preemption ----------------------------------------------------------------------
+
+
+def _wait_for(check: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_sigterm_checkpoints_at_the_next_batch_and_exits_0(tmp_path: Path, slots: int) -> None:
+    service = FakeTrialService(targets=[2000])
+    with serve(service) as api:
+        spec = write_spec(tmp_path, api, slots=slots, batches=2000, sleep_s=0.02)
+        procs = start_slots(spec, slots=slots)
+        _wait_for(lambda: len(service.metrics("training")) >= 2)
+        for proc in procs:  # as the agent does: SIGTERM to each slot's process
+            proc.terminate()
+        finished = wait_slots(procs)
+    ok(finished)
+    [checkpoint] = service.of("ReportCheckpoint")
+    stopped = checkpoint.checkpoint.total_batches
+    assert 8 <= stopped < 2000
+    assert not service.of("CompleteOperation")  # the target was not reached
+    assert max(r.total_batches for r in service.metrics("training")) <= stopped
+    assert "to be resumed later" in finished[0].stdout
+    assert read_metadata(Path(checkpoint.checkpoint.location)).total_batches == stopped
+
+
+def test_the_masters_preempt_answer_stops_the_trial_at_a_checkpoint(tmp_path: Path) -> None:
+    service = FakeTrialService(targets=[2000], preempt=True)
+    with serve(service) as api:
+        spec = write_spec(tmp_path, api, batches=2000, sleep_s=0.02)
+        finished = run_slots(spec, extra_env={"ASSAY_PREEMPT_POLL_S": "0.3"})
+    ok(finished)
+    assert service.of("ShouldPreempt")
+    [checkpoint] = service.of("ReportCheckpoint")
+    assert 0 < checkpoint.checkpoint.total_batches < 2000
+    assert not service.of("CompleteOperation")
+
+
+def test_invalid_hp_exits_77(tmp_path: Path) -> None:
+    service = FakeTrialService(targets=[16])
+    with serve(service) as api:
+        finished = run_slots(write_spec(tmp_path, api, invalid_hp_at=3))
+    assert finished[0].code == 77
+    assert "hyperparameters are unusable: lr 0.05 diverges" in finished[0].stderr

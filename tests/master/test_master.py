@@ -153,7 +153,7 @@ def test_what_does_not_fit_waits_for_free_slots(
     second = _create(api, resources={"slots_per_trial": 1})
     agent.nothing()
     assert api.GetMasterInfo(api_pb2.GetMasterInfoRequest()).queued_trials == 1
-    agent.exited(start.allocation_id, [0, 0])  # exits without completing: a failure
+    agent.exited(start.allocation_id, [1, 1])  # a failure
     # The failed trial is retried (max_restarts 1) but the waiting one goes first.
     nxt = agent.next("start").start
     assert nxt.experiment_id == second

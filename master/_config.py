@@ -24,6 +24,9 @@ class MasterConfig:
     advertised_address: str | None = None
     heartbeat_interval_s: float = 5.0
     kill_grace_s: float = 30.0
+    # How long a disconnected (or silent) agent's trials keep their slots before they
+    # are requeued elsewhere; also how long a restarted master waits for running trials.
+    agent_reconnect_wait_s: float = 30.0
     # Each connected agent holds one; the rest serve the CLI, the UI and the harness.
     max_rpc_threads: int = 2048
 
@@ -45,6 +48,7 @@ _ENV = {
     "advertised_address": "ASSAY_ADVERTISED_ADDRESS",
     "heartbeat_interval_s": "ASSAY_HEARTBEAT_INTERVAL_S",
     "kill_grace_s": "ASSAY_KILL_GRACE_S",
+    "agent_reconnect_wait_s": "ASSAY_AGENT_RECONNECT_WAIT_S",
     "max_rpc_threads": "ASSAY_MAX_RPC_THREADS",
 }
 
@@ -87,6 +91,10 @@ def _checked(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
                 out[key] = float(value)
                 if out[key] <= 0:
                     raise ValueError("must be positive")
+            elif key == "agent_reconnect_wait_s":
+                out[key] = float(value)
+                if out[key] < 0:
+                    raise ValueError("must be 0 (no waiting) or more")
             elif key == "state_dir":
                 out[key] = Path(value).expanduser()
             else:

@@ -9,12 +9,14 @@ deduplicates them by itself.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
+import hmac
 import json
 import logging
 import queue
 import random
-import secrets
 import threading
 import time
 import uuid
@@ -44,6 +46,7 @@ from assay.master._state import (
 from assay.master.scheduler import Agent, Request, Scheduler, SlotType
 from assay.master.searcher import Close, Create, Operation, Searcher, Shutdown, ValidateAfter
 from assay.master.store import (
+    AllocationRecord,
     CheckpointRecord,
     ExperimentRecord,
     LogLine,
@@ -55,6 +58,9 @@ from assay.master.store.errors import ConflictError, InvalidArgumentError, NotFo
 from assay.proto import agent_pb2, common_pb2
 
 log = logging.getLogger("assay.master")
+REAP_INTERVAL_S = 1.0
+# The stop a restarted master finishes for a run of an experiment in each state.
+_STOPPING_OF = {"PAUSED": "pause", "STOPPING_CANCELED": "cancel", "STOPPING_KILLED": "kill"}
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -89,6 +95,7 @@ class AgentHandle:
     last_heartbeat: float = field(default_factory=time.time)
     cpu_utilization: float = 0.0
     memory_used_fraction: float = 0.0
+    disconnected_at: float | None = None  # monotonic; its slots wait for it until the window
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,10 @@ class Run:
     messages: list[str] = field(default_factory=list)
     stopping: str | None = None  # pause | cancel | kill
     lost: bool = False  # an agent vanished: not the user's fault
+    # Found running by a restarted master: the agents whose part has not been confirmed
+    # yet, and until when (monotonic) they may confirm it.
+    awaiting: set[str] = field(default_factory=set)
+    deadline: float = 0.0
 
 
 class Master:
@@ -149,14 +160,25 @@ class Master:
         self._connected_types: dict[str, int] = {}  # slot type -> connected agents
         self._order = 0
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
+        # Allocation tokens derive from a secret in the store, so a restarted master
+        # recognises the trial processes that kept running.
+        self._token_key = store.secret("allocation-tokens")
         self._recover()
+        self._stop_reaper = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
+        self._reaper.start()
 
     @property
     def batch(self) -> WriteBatch:
         return self.commit.batch
 
     def close(self) -> None:
+        self._stop_reaper.set()
         self.commit.close()
+
+    def _token(self, allocation_id: str) -> str:
+        digest = hmac.new(self._token_key, allocation_id.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
     def _commit_and_wait(self) -> None:
         """Called under the lock at the end of a change: release it, then wait."""
@@ -172,15 +194,19 @@ class Master:
     def _recover(self) -> None:
         """Reload the live experiments and requeue their unfinished trials (a restart)."""
         with self.lock:
-            for allocation in self.store.active_allocations():
-                # Their processes are killed when their agent reconnects.
-                self.batch.set_allocation(allocation.id, state="TERMINATED", ended_at=_now())
+            active = self.store.active_allocations()
             for experiment in load_live(self.store):
                 self._add_experiment(experiment)
                 if experiment.needs_start:
                     self._adopt_trials(experiment)
+            for allocation in active:
+                if not self._await_run(allocation):
+                    self.batch.set_allocation(allocation.id, state="TERMINATED", ended_at=_now())
+            for experiment in list(self.experiments.values()):
                 stopping = experiment.state.startswith("STOPPING_")
                 for trial in experiment.trials.values():
+                    if trial.id in self.run_of_trial:
+                        continue  # still running, we hope: its agent will say
                     if trial.state not in ("RUNNING", "QUEUED", "STOPPING", "PAUSED"):
                         continue
                     if stopping:
@@ -198,6 +224,35 @@ class Master:
                 self._settle_experiment(experiment)
             self._schedule()
         self.commit.flush()
+
+    def _await_run(self, allocation: AllocationRecord) -> bool:
+        """Keep a run found in the store for its agents to confirm; False if it is over."""
+        trial = self.trials.get(allocation.trial_id)
+        if trial is None or trial.run_id != allocation.run_id:
+            return False
+        if trial.state not in ("RUNNING", "STOPPING") or self.config.agent_reconnect_wait_s <= 0:
+            return False
+        experiment = self.experiments[trial.experiment_id]
+        placement = tuple(
+            (str(part["agent_id"]), tuple(int(s) for s in part["slots"]))
+            for part in allocation.placement
+        )
+        run = Run(
+            allocation.id,
+            trial.id,
+            trial.run_id,
+            trial.experiment_id,
+            placement,
+            self._token(allocation.id),
+            stopping=_STOPPING_OF.get(experiment.state),
+            awaiting={agent_id for agent_id, _ in placement},
+            deadline=time.monotonic() + self.config.agent_reconnect_wait_s,
+        )
+        self.runs[run.allocation_id] = run
+        self.run_of_trial[trial.id] = run.allocation_id
+        self.tokens[run.token] = run.allocation_id
+        log.info("trial %d run %d: waiting for its agents to confirm it", trial.id, run.run_id)
+        return True
 
     def _add_experiment(self, experiment: ExperimentState) -> None:
         self.experiments[experiment.id] = experiment
@@ -508,7 +563,7 @@ class Master:
         self._set_trial(trial, **fields)
         run_id = trial.run_id
         allocation_id = f"{trial.id}.{run_id}.{uuid.uuid4().hex[:8]}"
-        token = secrets.token_urlsafe(24)
+        token = self._token(allocation_id)
         self.batch.add_allocation(
             allocation_id,
             trial_id=trial.id,
@@ -580,6 +635,7 @@ class Master:
     def register_agent(
         self, register: agent_pb2.Register, peer_host: str, outbox: Outbox | None = None
     ) -> AgentHandle:
+        """A (re)connecting agent: its running allocations are kept, the rest forgotten."""
         slot_type = "cuda" if register.slot_type == common_pb2.SLOT_TYPE_CUDA else "cpu"
         slots = len(register.devices)
         if slots < 1:
@@ -588,8 +644,6 @@ class Master:
             old = self.agents.get(register.agent_id)
             if old is not None and old.connected:
                 raise ConflictError(f"an agent named {register.agent_id!r} is already connected")
-            if old is not None:
-                self._drop_agent(old.id)
             handle = AgentHandle(
                 id=register.agent_id,
                 slot_type=slot_type,
@@ -600,9 +654,16 @@ class Master:
             )
             if outbox is not None:
                 handle.outbox = outbox
+            if old is not None and (old.slots, old.slot_type) == (slots, slot_type):
+                # Back within the window: it keeps its slots and its running trials.
+                handle.enabled = old.enabled
+                self.scheduler.set_agent_enabled(handle.id, handle.enabled)
+            else:
+                if old is not None:
+                    self._drop_agent(old.id)
+                self.scheduler.add_agent(Agent(handle.id, slots, slot_type))  # type: ignore[arg-type]
             self.agents[handle.id] = handle
             self._count_agent(slot_type, +1)
-            self.scheduler.add_agent(Agent(handle.id, slots, slot_type))  # type: ignore[arg-type]
             self.batch.agent_registered(
                 handle.id,
                 slot_type=slot_type,
@@ -611,14 +672,43 @@ class Master:
                 address=handle.address,
                 now=_now(),
             )
-            for allocation_id in register.running_allocations:
-                if allocation_id not in self.runs:
-                    kill = agent_pb2.KillAllocation(allocation_id=allocation_id, graceful=False)
-                    self._send(handle, agent_pb2.MasterMessage(kill=kill))
+            self._reconcile(handle, set(register.running_allocations))
             log.info("agent %s connected with %d %s slots", handle.id, slots, slot_type)
             self._schedule()
             self._commit_and_wait()
             return handle
+
+    def _reconcile(self, handle: AgentHandle, running: set[str]) -> None:
+        """Match what the agent runs with what the master expects it to run."""
+        for run in list(self.runs.values()):
+            part = next((slots for a, slots in run.placement if a == handle.id), None)
+            if part is None or handle.id in run.exit_codes:
+                continue
+            if run.allocation_id in running:
+                if handle.id in run.awaiting:
+                    run.awaiting.discard(handle.id)
+                    self.scheduler.adopt(str(run.trial_id), handle.id, part)
+                    log.info(
+                        "trial %d run %d re-adopted on %s", run.trial_id, run.run_id, handle.id
+                    )
+                if run.stopping is not None:
+                    self._send_kill(run, graceful=run.stopping != "kill")
+            else:
+                # The agent lost it (or it exited while nobody listened): not the user's doing.
+                run.awaiting.discard(handle.id)
+                self._part_lost(run, handle.id)
+        for allocation_id in running - self.runs.keys():
+            kill = agent_pb2.KillAllocation(allocation_id=allocation_id, graceful=False)
+            self._send(handle, agent_pb2.MasterMessage(kill=kill))
+
+    def _part_lost(self, run: Run, agent_id: str) -> None:
+        run.lost = True
+        run.exit_codes[agent_id] = []  # gone: nothing more will come from it
+        self._send_kill(run, graceful=False)
+        # The other agents' parts keep their slots until those agents report the
+        # processes gone, so no new run is placed onto slots still in use.
+        if all(a in run.exit_codes for a, _ in run.placement):
+            self._finish_run(run)
 
     def heartbeat(self, agent_id: str, beat: agent_pb2.Heartbeat) -> None:
         with self.lock:
@@ -632,7 +722,11 @@ class Master:
                 handle.devices = list(beat.devices)
 
     def agent_disconnected(self, agent_id: str, handle: AgentHandle | None = None) -> None:
-        """The stream of `handle` ended; a newer connection of the same agent is kept."""
+        """The stream of `handle` ended; a newer connection of the same agent is kept.
+
+        The agent's trials keep their slots for `agent_reconnect_wait_s`: an agent back in
+        time keeps them running; after that they are requeued (see `_reap`).
+        """
         with self.lock:
             current = self.agents.get(agent_id)
             if current is None or (handle is not None and current is not handle):
@@ -640,31 +734,81 @@ class Master:
             handle = current
             if not handle.connected:
                 return
-            log.warning("agent %s disconnected", agent_id)
             handle.connected = False
+            handle.disconnected_at = time.monotonic()
             handle.outbox.put(None)
-            self._drop_agent(agent_id)
+            self._count_agent(handle.slot_type, -1)
+            wait = self.config.agent_reconnect_wait_s
+            if wait <= 0:
+                log.warning("agent %s disconnected", agent_id)
+                self._drop_agent(agent_id)
+            else:
+                log.warning("agent %s disconnected; its trials wait %g s for it", agent_id, wait)
+                self.scheduler.set_agent_enabled(agent_id, False)  # no new work meanwhile
+                self.batch.agent_state(agent_id, "DISCONNECTED")
             self.commit.ticket()
 
     def _drop_agent(self, agent_id: str) -> None:
         affected = self.scheduler.remove_agent(agent_id)
         dropped = self.agents.pop(agent_id, None)
-        if dropped is not None:
+        if dropped is not None and dropped.connected:
             self._count_agent(dropped.slot_type, -1)
         self.batch.agent_state(agent_id, "DISCONNECTED")
         for request_id in affected:
             allocation_id = self.run_of_trial.get(int(request_id))
-            if allocation_id is None:
-                continue
-            run = self.runs[allocation_id]
-            run.lost = True
-            run.exit_codes[agent_id] = []  # gone: nothing more will come from it
-            self._send_kill(run, graceful=False)
-            # The other agents' parts keep their slots until those agents report the
-            # processes gone, so no new run is placed onto slots still in use.
-            if all(a in run.exit_codes or a not in self.agents for a, _ in run.placement):
-                self._finish_run(run)
+            if allocation_id is not None:
+                self._part_lost(self.runs[allocation_id], agent_id)
         self._schedule()
+
+    # --- the window for lost agents -------------------------------------------------------
+
+    def _reap_loop(self) -> None:
+        while not self._stop_reaper.wait(REAP_INTERVAL_S):
+            try:
+                self.reap()
+            except Exception:
+                log.exception("checking for lost agents failed")
+
+    def reap(self, now: float | None = None) -> None:
+        """Give up on agents silent or gone for longer than the window, and their runs."""
+        wait = self.config.agent_reconnect_wait_s
+        # Silence: no message for the window, and for at least three heartbeats.
+        silence = max(wait, 3 * self.config.heartbeat_interval_s)
+        now = time.monotonic() if now is None else now
+        wall = time.time()
+        with self.lock:
+            changed = False
+            for handle in list(self.agents.values()):
+                gone = handle.disconnected_at is not None and now - handle.disconnected_at > wait
+                silent = handle.connected and wall - handle.last_heartbeat > silence
+                if silent:
+                    log.warning(
+                        "agent %s sent nothing for %.0f s: treating it as lost",
+                        handle.id,
+                        wall - handle.last_heartbeat,
+                    )
+                    handle.outbox.put(None)  # close its stream; it may register again
+                if gone or silent:
+                    if gone:
+                        log.warning("agent %s did not come back in %g s", handle.id, wait)
+                    self._drop_agent(handle.id)
+                    changed = True
+            for run in list(self.runs.values()):
+                if run.awaiting and now > run.deadline:
+                    for agent_id in sorted(run.awaiting):
+                        log.warning(
+                            "trial %d run %d: agent %s did not confirm it; requeued",
+                            run.trial_id,
+                            run.run_id,
+                            agent_id,
+                        )
+                        run.awaiting.discard(agent_id)
+                        if run.allocation_id in self.runs:
+                            self._part_lost(run, agent_id)
+                    changed = True
+            if changed:
+                self._schedule()
+                self.commit.ticket()
 
     def set_agent_enabled(self, agent_id: str, enabled: bool) -> None:
         with self.lock:
@@ -681,6 +825,9 @@ class Master:
     def allocation_state(self, agent_id: str, change: agent_pb2.AllocationStateChange) -> None:
         """An agent's report on an allocation (not waited for: the agent needs no answer)."""
         with self.lock:
+            handle = self.agents.get(agent_id)
+            if handle is not None:
+                handle.last_heartbeat = time.time()  # any message shows it is alive
             run = self.runs.get(change.allocation_id)
             if run is None:
                 return
@@ -697,7 +844,7 @@ class Master:
             if failed and run.stopping is None:
                 # One part of the gang is gone: the other ranks cannot go on without it.
                 self._send_kill(run, graceful=False)
-            if all(a in run.exit_codes or a not in self.agents for a, _ in run.placement):
+            if all(a in run.exit_codes for a, _ in run.placement):
                 self._finish_run(run)
                 self._schedule()
             self.commit.ticket()

@@ -99,6 +99,19 @@ class Scheduler:
     def allocation_of(self, request_id: str) -> Placement | None:
         return self._allocations.get(request_id)
 
+    def adopt(self, request_id: str, agent_id: str, slots: Sequence[int]) -> None:
+        """Record that `request_id` already holds `slots` of `agent_id`.
+
+        For allocations found running when their agent reconnects to a restarted master:
+        a gang's parts arrive one agent at a time, each merged into the same allocation.
+        """
+        held = self._allocations.get(request_id, ())
+        if any(a == agent_id for a, _ in held):
+            return  # this part is held already
+        self.release(request_id)
+        merged = tuple(sorted((*held, (agent_id, tuple(slots)))))
+        self._hold(request_id, merged)
+
     def release(self, request_id: str) -> bool:
         """Free a request's slots; False if it held none (so a retried release is harmless)."""
         placement = self._allocations.pop(request_id, None)

@@ -7,6 +7,7 @@ outages, so writes are idempotent where a retry is possible.
 from __future__ import annotations
 
 import datetime as dt
+import secrets
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from assay.master.store._models import (
     Checkpoint,
     Experiment,
     ExperimentLabel,
+    SchemaInfo,
     TaskLog,
     Trial,
     User,
@@ -146,6 +148,22 @@ class Store:
             start = max(int(top), known) + 1
             self._sqlite_top[table] = start + _ID_BLOCK - 1
             return list(range(start + _ID_BLOCK - 1, start - 1, -1))
+
+    def secret(self, name: str) -> bytes:
+        """A random secret kept in the database, made on first use (the same for every
+        master on this database, and across restarts)."""
+        key = f"secret:{name}"
+        for _ in range(2):
+            with self.read() as s:
+                found = s.execute(select(SchemaInfo.value).where(SchemaInfo.key == key)).scalar()
+            if found is not None:
+                return bytes.fromhex(found)
+            try:
+                with self.write() as s:
+                    s.add(SchemaInfo(key=key, value=secrets.token_hex(32)))
+            except IntegrityError:
+                pass  # another master made it first: read theirs
+        raise ConflictError(f"cannot read or create the secret {name!r}")
 
     # --- users ----------------------------------------------------------------------------
 

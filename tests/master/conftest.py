@@ -6,7 +6,7 @@ import io
 import queue
 import tarfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,11 @@ from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2_grpc, common_pb2
 @pytest.fixture
 def master(tmp_path: Path) -> Iterator[MasterServer]:
     config = MasterConfig(
-        grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "master", heartbeat_interval_s=0.5
+        grpc_port=0,
+        host="127.0.0.1",
+        state_dir=tmp_path / "master",
+        heartbeat_interval_s=0.5,
+        agent_reconnect_wait_s=1.0,
     )
     server = MasterServer(config)
     server.start()
@@ -40,7 +44,7 @@ def api(master: MasterServer) -> Iterator[api_pb2_grpc.ApiStub]:
 class ScriptedAgent:
     """Registers with N CPU slots and records what the master tells it."""
 
-    def __init__(self, port: int, agent_id: str, slots: int) -> None:
+    def __init__(self, port: int, agent_id: str, slots: int, running: Sequence[str] = ()) -> None:
         self.id = agent_id
         self.outgoing: queue.Queue[agent_pb2.AgentMessage | None] = queue.Queue()
         self.incoming: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
@@ -57,6 +61,7 @@ class ScriptedAgent:
                     slot_type=common_pb2.SLOT_TYPE_CPU,
                     devices=devices,
                     address="127.0.0.1",
+                    running_allocations=list(running),
                 )
             )
         )
@@ -65,6 +70,13 @@ class ScriptedAgent:
         self.reader.start()
         registered = self.next("registered")
         assert registered.registered.heartbeat_interval_ms > 0
+        self.closed = threading.Event()
+        interval = registered.registered.heartbeat_interval_ms / 1000
+        threading.Thread(target=self._beat, args=(interval,), daemon=True).start()
+
+    def _beat(self, interval: float) -> None:
+        while not self.closed.wait(interval):
+            self.send(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
 
     def _requests(self) -> Iterator[agent_pb2.AgentMessage]:
         while True:
@@ -108,6 +120,7 @@ class ScriptedAgent:
         )
 
     def close(self) -> None:
+        self.closed.set()
         self.outgoing.put(None)
         self.channel.close()
 

@@ -233,12 +233,72 @@ def test_losing_an_agent_requeues_its_trial_without_a_restart(
     a1 = ScriptedAgent(master.port, "a1", slots=1)
     eid = _create(api)
     a1.next("start")
-    a1.close()
-    _eventually(lambda: _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_QUEUED)
     a2 = ScriptedAgent(master.port, "a2", slots=1)
-    a2.next("start")
+    a1.close()
+    # Within the window (1 s here) the trial keeps its slot and nothing moves.
+    assert _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_RUNNING
+    a2.nothing(0.5)
+    # After it, the trial runs elsewhere, without counting a restart.
+    a2.next("start", timeout=5)
     assert _experiment(api, eid).trials[0].restarts == 0
     a2.close()
+
+
+def test_an_agent_back_within_the_window_keeps_its_running_trial(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    a1 = ScriptedAgent(master.port, "a1", slots=1)
+    eid = _create(api)
+    start = a1.next("start").start
+    a1.close()  # the network drops; the trial goes on running on the agent
+    again = ScriptedAgent(master.port, "a1", slots=1, running=[start.allocation_id])
+    again.nothing(2.0)  # past the window: no kill, no new start
+    [trial] = _experiment(api, eid).trials
+    assert (trial.state, trial.run_id, trial.restarts) == (common_pb2.TRIAL_STATE_RUNNING, 1, 0)
+    again.exited(start.allocation_id, [1])  # its later report still counts
+    assert again.next("start").start.run_id == 2
+    again.close()
+
+
+def test_an_agent_back_without_the_trial_gets_it_requeued(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    a1 = ScriptedAgent(master.port, "a1", slots=1)
+    eid = _create(api)
+    first = a1.next("start").start
+    a1.close()
+    again = ScriptedAgent(master.port, "a1", slots=1, running=["someone-elses"])
+    assert again.next("kill").kill.allocation_id == "someone-elses"
+    restarted = again.next("start").start  # the agent lost it: run it again, no restart
+    assert restarted.run_id == first.run_id + 1
+    assert _experiment(api, eid).trials[0].restarts == 0
+    again.close()
+
+
+def test_a_silent_agent_is_given_up_after_the_window(tmp_path: Path) -> None:
+    config = MasterConfig(
+        grpc_port=0,
+        host="127.0.0.1",
+        state_dir=tmp_path,
+        heartbeat_interval_s=0.2,
+        agent_reconnect_wait_s=0.5,
+    )
+    server = MasterServer(config)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            api = api_pb2_grpc.ApiStub(channel)
+            mute = ScriptedAgent(server.port, "mute", slots=1)
+            mute.closed.set()  # stops its heartbeats, keeps its stream open
+            eid = _create(api)
+            mute.next("start")
+            _eventually(
+                lambda: _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_QUEUED
+            )
+            assert api.GetMasterInfo(api_pb2.GetMasterInfoRequest()).agents == 0
+            mute.close()
+    finally:
+        server.stop(grace=0)
 
 
 # --- found in review: races around stops, gangs and restarts --------------------------------
@@ -299,15 +359,20 @@ def test_a_lost_agent_frees_the_gang_only_when_the_rest_is_gone(
     spare.close()
 
 
-def test_a_master_restart_finishes_a_kill_that_was_under_way(tmp_path: Path) -> None:
-    config = MasterConfig(grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "m")
+@pytest.mark.parametrize("agent_returns", [True, False])
+def test_a_master_restart_finishes_a_kill_that_was_under_way(
+    tmp_path: Path, agent_returns: bool
+) -> None:
+    config = MasterConfig(
+        grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "m", agent_reconnect_wait_s=1.0
+    )
     first = MasterServer(config)
     first.start()
     agent = ScriptedAgent(first.port, "a1", slots=1)
     channel = grpc.insecure_channel(f"127.0.0.1:{first.port}")
     api = api_pb2_grpc.ApiStub(channel)
     eid = _create(api)
-    agent.next("start")
+    start = agent.next("start").start
     api.ExperimentAction(
         api_pb2.ExperimentActionRequest(id=eid, action=api_pb2.EXPERIMENT_ACTION_KILL)
     )
@@ -318,11 +383,63 @@ def test_a_master_restart_finishes_a_kill_that_was_under_way(tmp_path: Path) -> 
     second.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{second.port}")
     api = api_pb2_grpc.ApiStub(channel)
-    done = _experiment(api, eid)
-    assert done.experiment.state == common_pb2.EXPERIMENT_STATE_CANCELED
-    assert done.trials[0].state == common_pb2.TRIAL_STATE_CANCELED
+    if agent_returns:  # the trial is still running there: the kill is sent again
+        agent = ScriptedAgent(second.port, "a1", slots=1, running=[start.allocation_id])
+        kill = agent.next("kill").kill
+        assert (kill.allocation_id, kill.graceful) == (start.allocation_id, False)
+        agent.exited(start.allocation_id, [-9])
+    _eventually(
+        lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_CANCELED
+    )
+    assert _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_CANCELED
+    if agent_returns:
+        agent.close()
     channel.close()
     second.stop(grace=0.1)
+
+
+def test_a_restarted_master_re_adopts_a_running_trial(tmp_path: Path) -> None:
+    config = MasterConfig(
+        grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "m", agent_reconnect_wait_s=2.0
+    )
+    first = MasterServer(config)
+    first.start()
+    agent = ScriptedAgent(first.port, "a1", slots=1)
+    with grpc.insecure_channel(f"127.0.0.1:{first.port}") as channel:
+        eid = _create(api_pb2_grpc.ApiStub(channel))
+    start = agent.next("start").start
+    agent.close()
+    first.stop(grace=0.1)  # as a kill -9 would: the trial goes on running
+
+    second = MasterServer(config)
+    second.start()
+    try:
+        agent = ScriptedAgent(second.port, "a1", slots=1, running=[start.allocation_id])
+        agent.nothing(2.5)  # past the window: neither killed nor started again
+        with grpc.insecure_channel(f"127.0.0.1:{second.port}") as channel:
+            api = api_pb2_grpc.ApiStub(channel)
+            trials = trial_pb2_grpc.TrialServiceStub(channel)
+            meta = (("x-assay-token", start.token),)  # the old token still works
+            ids = {"trial_id": start.trial_id, "run_id": start.run_id}
+            op = trials.NextOperation(trial_pb2.NextOperationRequest(**ids), metadata=meta)
+            assert op.total_batches == 100
+            trials.CompleteOperation(
+                trial_pb2.CompleteOperationRequest(total_batches=100, searcher_metric=0.5, **ids),
+                metadata=meta,
+            )
+            agent.exited(start.allocation_id, [0])
+            _eventually(
+                lambda: (
+                    _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_COMPLETED
+                )
+            )
+            [trial] = _experiment(api, eid).trials
+            assert (trial.run_id, trial.restarts) == (1, 0)
+            info = api.GetMasterInfo(api_pb2.GetMasterInfoRequest())
+            assert (info.slots, info.free_slots) == (1, 1)
+        agent.close()
+    finally:
+        second.stop(grace=0.1)
 
 
 @pytest.mark.parametrize(

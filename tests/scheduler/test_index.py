@@ -53,3 +53,22 @@ def test_removed_agents_are_not_chosen_and_caches_follow_capacities() -> None:
     index.change("b", -2)
     assert index.choose(2) == [("c", 2)]
     assert index.choose(4) is None
+
+
+def test_adopted_parts_merge_into_one_allocation_and_are_not_given_away() -> None:
+    from assay.master.scheduler import Agent, Request, Scheduler
+
+    scheduler = Scheduler()
+    scheduler.add_agent(Agent("a", 2, "cpu"))
+    scheduler.adopt("7", "a", [1])
+    scheduler.add_agent(Agent("b", 2, "cpu"))
+    scheduler.adopt("7", "b", [0])
+    scheduler.adopt("7", "b", [0])  # a repeated adoption changes nothing
+    assert scheduler.allocation_of("7") == (("a", (1,)), ("b", (0,)))
+    decision = scheduler.schedule([Request(id="8", slots=2, slot_type="cpu", priority=42, order=1)])
+    [assignment] = decision.assignments  # the free slot of each agent, never an adopted one
+    assert assignment.placement == (("a", (0,)), ("b", (1,)))
+    decision = scheduler.schedule([Request(id="9", slots=1, slot_type="cpu", priority=42, order=2)])
+    assert decision.assignments == []
+    assert scheduler.release("7")
+    assert scheduler.free_slots("a") == (1,)

@@ -259,7 +259,11 @@ class Agent:
             slot_type=slot_type_proto(self.devices.kind),
             devices=[d.to_proto() for d in self.devices.sample()],
             address=self.address,
-            running_allocations=self.running_allocations,
+            # An allocation whose exit is still queued counts as running: the master keeps
+            # it, then hears how it ended from the queued message right after.
+            running_allocations=sorted(
+                set(self.running_allocations) | self.connection.outbox.unreported_exits()
+            ),
             memory_bytes=psutil.virtual_memory().total,
         )
 

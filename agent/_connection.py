@@ -90,6 +90,16 @@ class Outbox:
                     )
                 return
 
+    def unreported_exits(self) -> set[str]:
+        """Allocations whose exit is still queued: the master has not heard it yet."""
+        with self._cond:
+            return {
+                m.allocation_state.allocation_id
+                for m in self._items
+                if m.HasField("allocation_state")
+                and m.allocation_state.state == agent_pb2.ALLOCATION_STATE_EXITED
+            }
+
     def get(self, timeout: float) -> agent_pb2.AgentMessage | None:
         with self._cond:
             if not self._items:

@@ -140,3 +140,19 @@ def test_impossible_allocations_are_refused(
 ) -> None:
     with pytest.raises(AllocationError, match=problem):
         validate(agent_pb2.StartAllocation(**fields), 2, busy)  # type: ignore[arg-type]
+
+
+def test_exits_still_queued_are_listed_as_unreported() -> None:
+    outbox = Outbox()
+    exited = agent_pb2.AllocationStateChange(
+        allocation_id="a.1", state=agent_pb2.ALLOCATION_STATE_EXITED, exit_codes=[0]
+    )
+    running = agent_pb2.AllocationStateChange(
+        allocation_id="b.1", state=agent_pb2.ALLOCATION_STATE_RUNNING
+    )
+    outbox.put(agent_pb2.AgentMessage(allocation_state=running))
+    outbox.put(agent_pb2.AgentMessage(allocation_state=exited))
+    assert outbox.unreported_exits() == {"a.1"}
+    outbox.get(0.1)
+    outbox.get(0.1)  # handed to a stream: the master hears of it there
+    assert outbox.unreported_exits() == set()

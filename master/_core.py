@@ -888,6 +888,8 @@ class Master:
             else:
                 self._set_trial(trial, state="PAUSED")
         elif run.lost:
+            message = f"assay: run {run.run_id} lost its agent; requeued (not a restart)"
+            self.batch.log(trial.id, run.run_id, message, level="WARNING", now=_now())
             self._set_trial(trial, state="QUEUED")
             self._enqueue(trial)
         elif codes and all(c == 0 for c in codes) and trial.target is None:
@@ -910,14 +912,18 @@ class Master:
         else:
             restarts = trial.restarts + 1
             why = "; ".join(run.messages) or f"exit codes {codes}"
-            if restarts <= experiment.config.max_restarts:
-                log.warning("trial %d failed (%s); restart %d", run.trial_id, why, restarts)
+            limit = experiment.config.max_restarts
+            if restarts <= limit:
+                what = f"restart {restarts} of {limit} from the latest checkpoint"
                 self._set_trial(trial, state="QUEUED", restarts=restarts)
                 self._enqueue(trial)
             else:
-                log.warning("trial %d failed (%s); no restarts left", run.trial_id, why)
+                what = f"no restarts left (max_restarts: {limit}): the trial ends in ERROR"
                 self._set_trial(trial, state="ERROR", end_time=_now())
                 self._searcher_event(experiment, trial, "on_trial_exited_early", "errored")
+            message = f"assay: run {run.run_id} failed ({why}); {what}"
+            log.warning("trial %d: %s", trial.id, message)
+            self.batch.log(trial.id, run.run_id, message, level="ERROR", now=_now())
         self._settle_experiment(experiment)
 
     def _settle_experiment(self, experiment: ExperimentState) -> None:

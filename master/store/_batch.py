@@ -28,6 +28,7 @@ from assay.master.store._models import (
     Base,
     Experiment,
     ExperimentLabel,
+    TaskLog,
     Trial,
 )
 from assay.master.store.errors import InvalidArgumentError
@@ -206,6 +207,27 @@ class WriteBatch:
     def supersede_metrics(self, trial_id: int, after_batches: int) -> None:
         """Hide the trial's metrics past `after_batches` (a run restored from a checkpoint)."""
         self.call(lambda s: _metrics.supersede(s, trial_id, after_batches))
+
+    def log(
+        self, trial_id: int, run_id: int, message: str, *, level: str, now: dt.datetime
+    ) -> None:
+        """Add a line of the master's own to the trial's logs (what happened to a run)."""
+        row = {
+            "trial_id": trial_id,
+            "run_id": run_id,
+            "rank": 0,
+            "stream": "stderr",
+            "level": level,
+            "timestamp": now,
+            "message": message,
+        }
+
+        def write(s: Session) -> None:
+            # Serialised with the agents' appends, as `Store.append_logs` does.
+            s.get(Trial, trial_id, with_for_update=True)
+            s.execute(insert(TaskLog), [row])
+
+        self.call(write)
 
     def agent_registered(
         self,

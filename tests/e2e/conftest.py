@@ -28,6 +28,17 @@ class Cluster:
     state_dir: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    master_cmd: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def restart_master(self) -> None:
+        """Start the master again (same port, state and database) after it died."""
+        log = self.logs[0]
+        with log.open("ab") as out:
+            out.write(b"\n--- restarted ---\n")
+        self.procs[0] = subprocess.Popen(
+            self.master_cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
+        )
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -64,7 +75,13 @@ def _wait_for_agents(cluster: Cluster, count: int) -> None:
     raise AssertionError(f"agents did not register:\n{cluster.dump_logs()}")
 
 
-def start_cluster(tmp: Path, db_url: str | None, agents: int, slots: int) -> Cluster:
+def start_cluster(
+    tmp: Path,
+    db_url: str | None,
+    agents: int,
+    slots: int,
+    master_env: dict[str, str] | None = None,
+) -> Cluster:
     port = free_port()
     state = tmp / "master"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -84,7 +101,9 @@ def start_cluster(tmp: Path, db_url: str | None, agents: int, slots: int) -> Clu
         master_cmd += ["--db-url", db_url]
     log = tmp / "master.log"
     cluster.logs.append(log)
-    cluster.procs.append(_start(master_cmd, log, env))
+    cluster.master_cmd = master_cmd
+    cluster.env = dict(env, **(master_env or {}))
+    cluster.procs.append(_start(master_cmd, log, cluster.env))
     for i in range(agents):
         log = tmp / f"agent{i}.log"
         cluster.logs.append(log)

@@ -27,6 +27,9 @@ class MasterConfig:
     # How long a disconnected (or silent) agent's trials keep their slots before they
     # are requeued elsewhere; also how long a restarted master waits for running trials.
     agent_reconnect_wait_s: float = 30.0
+    # Let a higher-priority trial that does not fit stop lower-priority ones (they
+    # checkpoint and requeue) instead of waiting for free slots.
+    preemption: bool = False
     # Each connected agent holds one; the rest serve the CLI, the UI and the harness.
     max_rpc_threads: int = 2048
 
@@ -49,6 +52,7 @@ _ENV = {
     "heartbeat_interval_s": "ASSAY_HEARTBEAT_INTERVAL_S",
     "kill_grace_s": "ASSAY_KILL_GRACE_S",
     "agent_reconnect_wait_s": "ASSAY_AGENT_RECONNECT_WAIT_S",
+    "preemption": "ASSAY_PREEMPTION",
     "max_rpc_threads": "ASSAY_MAX_RPC_THREADS",
 }
 
@@ -95,6 +99,8 @@ def _checked(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
                 out[key] = float(value)
                 if out[key] < 0:
                     raise ValueError("must be 0 (no waiting) or more")
+            elif key == "preemption":
+                out[key] = _bool(value)
             elif key == "state_dir":
                 out[key] = Path(value).expanduser()
             else:
@@ -102,3 +108,14 @@ def _checked(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
         except ValueError as e:
             raise AssayError(f"{where}: {key}={value!r} is invalid: {e}") from None
     return out
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")

@@ -43,7 +43,14 @@ from assay.master._state import (
     load_live,
     new_searcher,
 )
-from assay.master.scheduler import Agent, Request, Scheduler, SlotType
+from assay.master.scheduler import (
+    Agent,
+    Request,
+    Running,
+    Scheduler,
+    SlotType,
+    choose_victims,
+)
 from assay.master.searcher import Close, Create, Operation, Searcher, Shutdown, ValidateAfter
 from assay.master.store import (
     AllocationRecord,
@@ -505,13 +512,15 @@ class Master:
 
     def _enqueue(self, trial: TrialState) -> None:
         config = self.experiments[trial.experiment_id].config
-        self._order += 1
+        if not trial.order:  # requeued trials keep their place: first come, first served
+            self._order += 1
+            trial.order = self._order
         self.queued[trial.id] = Request(
             id=str(trial.id),
             slots=config.resources.slots_per_trial,
             slot_type=self._cluster_slot_type(),
             priority=config.resources.priority,
-            order=self._order,
+            order=trial.order,
         )
 
     def _cluster_slot_type(self) -> SlotType:
@@ -532,6 +541,10 @@ class Master:
             for r in self.queued.values()
         ]
         decision = self.scheduler.schedule(pending)
+        placed = {a.request_id for a in decision.assignments}
+        if self.config.preemption and len(placed) < len(pending):
+            unplaced = (r for r in pending if r.id not in placed)
+            self._preempt_for(min(unplaced, key=lambda r: r.rank))
         for assignment in decision.assignments:
             trial = self.trials[int(assignment.request_id)]
             self.queued.pop(trial.id, None)
@@ -547,6 +560,36 @@ class Master:
                     self._send_kill(run, graceful=False)
                 self._set_trial(trial, state="ERROR", end_time=_now())
                 self._settle_experiment(self.experiments[trial.experiment_id])
+
+    def _preempt_for(self, request: Request) -> None:
+        """Stop lower-priority runs (gracefully) so that `request` fits when they are gone."""
+        if any(run.stopping == "preempt" for run in self.runs.values()):
+            return  # one wave at a time: the slots it frees go to the queue first
+        running: list[Running] = []
+        for run in self.runs.values():
+            experiment = self.experiments.get(run.experiment_id)
+            if run.stopping is None and experiment is not None and not run.awaiting:
+                running.append(
+                    Running(str(run.trial_id), experiment.priority, run.trial_id, run.placement)
+                )
+        free = {
+            a.id: len(self.scheduler.free_slots(a.id))
+            for a in self.scheduler.agents
+            if a.enabled and a.slot_type == request.slot_type
+        }
+        victims = choose_victims(request, running, free)
+        for victim in victims or []:
+            run = self.runs[self.run_of_trial[int(victim)]]
+            trial = self.trials[run.trial_id]
+            run.stopping = "preempt"
+            self._set_trial(trial, state="STOPPING")
+            message = (
+                f"assay: run {run.run_id} preempted for trial {request.id} (priority "
+                f"{request.priority}); it checkpoints and requeues"
+            )
+            log.info("trial %d: %s", trial.id, message)
+            self.batch.log(trial.id, run.run_id, message, level="WARNING", now=_now())
+            self._send_kill(run, graceful=True)
 
     def _start(self, trial: TrialState, placement: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
         experiment = self.experiments[trial.experiment_id]
@@ -880,6 +923,9 @@ class Master:
         experiment = self.experiments[run.experiment_id]
         if run.stopping in ("cancel", "kill"):
             self._set_trial(trial, state="CANCELED", end_time=_now())
+        elif run.stopping == "preempt":
+            self._set_trial(trial, state="QUEUED")  # resumes from its checkpoint later
+            self._enqueue(trial)
         elif run.stopping == "pause":
             if experiment.state == "ACTIVE":
                 # Activated again while the pause was landing: run on.
@@ -916,6 +962,7 @@ class Master:
             if restarts <= limit:
                 what = f"restart {restarts} of {limit} from the latest checkpoint"
                 self._set_trial(trial, state="QUEUED", restarts=restarts)
+                trial.order = 0  # a failing trial goes to the back; others keep their place
                 self._enqueue(trial)
             else:
                 what = f"no restarts left (max_restarts: {limit}): the trial ends in ERROR"

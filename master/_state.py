@@ -48,6 +48,7 @@ class TrialState:
     start_time: dt.datetime | None = None
     target: int | None = None  # batches of the searcher's outstanding ValidateAfter
     closed: bool = False  # the searcher closed it: it stops for good at its next question
+    order: int = 0  # its place in the queue, kept when it is requeued (0: not queued yet)
 
 
 @dataclass

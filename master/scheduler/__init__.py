@@ -7,6 +7,7 @@ simulation (tests/scheduler/).
 """
 
 from assay.master.scheduler._placement import choose_agents, largest_placement
+from assay.master.scheduler._preemption import Running, choose_victims
 from assay.master.scheduler._scheduler import Scheduler
 from assay.master.scheduler._types import (
     DEFAULT_PRIORITY,
@@ -31,8 +32,10 @@ __all__ = [
     "Decision",
     "Placement",
     "Request",
+    "Running",
     "Scheduler",
     "SlotType",
     "choose_agents",
+    "choose_victims",
     "largest_placement",
 ]

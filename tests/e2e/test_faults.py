@@ -198,3 +198,31 @@ def test_pause_then_a_master_restart_then_activate_resumes_at_the_same_batch(
     training = cluster.json("trial", "metrics", str(trial["id"]), "--group", "training")
     batches = [int(r["total_batches"]) for r in training]
     assert batches == sorted(set(batches))  # no training report counted twice
+
+
+def test_a_higher_priority_experiment_preempts_a_running_one_and_both_complete(
+    tmp_path: Path,
+) -> None:
+    env = {"ASSAY_PREEMPTION": "true", "ASSAY_HEARTBEAT_INTERVAL_S": "1"}
+    cluster = start_cluster(tmp_path, None, agents=1, slots=1, master_env=env)
+    try:
+        low_config = _config(tmp_path)
+        data = yaml.safe_load(low_config.read_text())
+        data["resources"]["priority"] = 60
+        low_config.write_text(yaml.safe_dump(data))
+        low = _create(cluster, low_config)
+        _eventually(_trained_past(cluster, low, EVERY), 120, cluster, "a first validation")
+        data.update(name="urgent", resources={"slots_per_trial": 1, "priority": 10})
+        high_config = tmp_path / "high.yaml"
+        high_config.write_text(yaml.safe_dump(data))
+        high = _create(cluster, high_config)
+        for eid in (high, low):
+            _eventually(_state(cluster, eid, "COMPLETED", "ERROR"), 240, cluster, "the end")
+            trial = _assert_clean_end(cluster, eid)
+            assert trial["restarts"] == 0
+        low_trial = _describe(cluster, low)["trials"][0]
+        logs = cluster.cli("trial", "logs", str(low_trial["id"])).stdout
+        assert "preempted for trial" in logs, logs[-3000:]
+        assert cluster.json("trial", "describe", str(low_trial["id"]))["run_id"] == 2
+    finally:
+        stop_cluster(cluster)

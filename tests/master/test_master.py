@@ -482,3 +482,38 @@ def test_bad_start_up_settings_are_one_clear_error(
     assert done.returncode == 1
     assert expected in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_higher_priority_experiment_preempts_a_lower_one(tmp_path: Path) -> None:
+    config = MasterConfig(
+        grpc_port=0, host="127.0.0.1", state_dir=tmp_path, heartbeat_interval_s=0.5, preemption=True
+    )
+    server = MasterServer(config)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            api = api_pb2_grpc.ApiStub(channel)
+            agent = ScriptedAgent(server.port, "a1", slots=1)
+            low = _create(api, resources={"priority": 60})
+            low_start = agent.next("start").start
+            same = _create(api, resources={"priority": 60})
+            agent.nothing()  # equal priority never preempts: it waits
+            high = _create(api, resources={"priority": 10})
+            kill = agent.next("kill").kill
+            assert (kill.allocation_id, kill.graceful) == (low_start.allocation_id, True)
+            [trial] = _experiment(api, low).trials
+            assert trial.state == common_pb2.TRIAL_STATE_STOPPING
+            agent.exited(low_start.allocation_id, [0])  # checkpointed and stopped
+            high_start = agent.next("start").start
+            assert high_start.experiment_id == high
+            agent.exited(high_start.allocation_id, [1])  # (max_restarts 1: it runs again)
+            again = agent.next("start").start
+            assert again.experiment_id == high
+            agent.exited(again.allocation_id, [1])
+            resumed = agent.next("start").start  # the preempted one goes before `same`
+            assert (resumed.experiment_id, resumed.run_id) == (low, low_start.run_id + 1)
+            assert _experiment(api, low).trials[0].restarts == 0
+            del same
+            agent.close()
+    finally:
+        server.stop(grace=0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
+import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
@@ -32,6 +34,9 @@ from assay.proto import (
 
 log = logging.getLogger("assay.master")
 TOKEN_HEADER = "x-assay-token"
+# Fault injection for the reliability tests: this fraction of ReportMetrics replies is
+# replaced by UNAVAILABLE after the metrics were stored, as a lost reply would be.
+DROP_METRIC_REPLIES = float(os.environ.get("ASSAY_FAULT_DROP_METRIC_REPLIES", "0") or 0)
 # Model archives up to this size are checked on the event loop (a few milliseconds).
 INLINE_ARCHIVE_BYTES = 2**20
 _ACTIONS = {
@@ -428,6 +433,9 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
             run = self._run(context, request.trial_id, request.run_id)
             reports = [MetricReport(r.total_batches, dict(r.metrics)) for r in request.reports]
             stored = self.master.report_metrics(run, request.group, reports)
+            if DROP_METRIC_REPLIES and random.random() < DROP_METRIC_REPLIES:
+                # Fault injection (tests only): the rows are committed, the reply is lost.
+                context.abort(grpc.StatusCode.UNAVAILABLE, "reply dropped (fault injection)")
             return trial_pb2.ReportMetricsResponse(stored=stored)
         raise AssertionError("unreachable")
 

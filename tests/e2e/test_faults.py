@@ -8,7 +8,12 @@ checkpointing every 50 batches, so each kill lands in the middle of training.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from assay._local import free_port
 from tests.conftest import REGRESSION_DIR, regression_config
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
 
@@ -26,13 +32,13 @@ EVERY = 50
 pytestmark = pytest.mark.slow
 
 
-def _config(tmp: Path, **hparams: Any) -> Path:
+def _config(tmp: Path, sleep_s: float = 0.02, **hparams: Any) -> Path:
     config = regression_config(
         batches=BATCHES,
         scheduling_unit=25,
         validation_period=EVERY,
         checkpoint_period=EVERY,
-        sleep_s=0.02,
+        sleep_s=sleep_s,
         **hparams,
     )
     path = tmp / "config.yaml"
@@ -225,4 +231,115 @@ def test_a_higher_priority_experiment_preempts_a_running_one_and_both_complete(
         assert "preempted for trial" in logs, logs[-3000:]
         assert cluster.json("trial", "describe", str(low_trial["id"]))["run_id"] == 2
     finally:
+        stop_cluster(cluster)
+
+
+def test_dropped_replies_to_metric_reports_duplicate_nothing(tmp_path: Path) -> None:
+    env = {"ASSAY_FAULT_DROP_METRIC_REPLIES": "0.1", "ASSAY_HEARTBEAT_INTERVAL_S": "1"}
+    cluster = start_cluster(tmp_path, None, agents=1, slots=1, master_env=env)
+    try:
+        config = _config(tmp_path)
+        data = yaml.safe_load(config.read_text())
+        data["scheduling_unit"] = 5  # 60 training reports: about 6 replies lost
+        config.write_text(yaml.safe_dump(data))
+        eid = _create(cluster, config)
+        _eventually(_state(cluster, eid, "COMPLETED", "ERROR"), 240, cluster, "the end")
+        trial = _assert_clean_end(cluster, eid)
+        training = cluster.json("trial", "metrics", str(trial["id"]), "--group", "training")
+        assert [int(r["total_batches"]) for r in training] == list(range(5, BATCHES + 1, 5))
+        master_log = cluster.logs[0].read_text()
+        assert trial["restarts"] == 0, master_log[-3000:]
+    finally:
+        stop_cluster(cluster)
+
+
+class Proxy:
+    """A TCP relay between an agent and the master that can be cut and restored."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self.resume()
+
+    def resume(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        """Close the listener and every relayed connection: the agent sees the master gone."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+            self._listener.close()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            with self._lock:
+                self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
+
+
+def _agent(cluster: Cluster, tmp: Path, name: str, master: str) -> None:
+    log = tmp / f"{name}.log"
+    cluster.logs.append(log)
+    cmd = [sys.executable, "-m", "assay.agent.main", "--master", master, "--slots", "1"]
+    cmd += ["--slot-type", "cpu", "--agent-id", name, "--work-dir", str(tmp / name)]
+    cluster.procs.append(
+        subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=cluster.env)
+    )
+
+
+@pytest.mark.parametrize("cut_s", [2, 12])
+def test_an_agent_cut_off_from_the_master(tmp_path: Path, cut_s: int) -> None:
+    """Shorter than the window (5 s): nothing moves. Longer: the trial moves, once."""
+    env = {"ASSAY_AGENT_RECONNECT_WAIT_S": "5", "ASSAY_HEARTBEAT_INTERVAL_S": "1"}
+    cluster = start_cluster(tmp_path, None, agents=0, slots=1, master_env=env)
+    proxy = Proxy(int(cluster.address.rsplit(":", 1)[1]))
+    try:
+        _agent(cluster, tmp_path, "agent0", f"127.0.0.1:{proxy.port}")  # behind the proxy
+        _eventually(lambda: len(cluster.json("agent", "list")) == 1, 60, cluster, "agent0")
+        eid = _create(cluster, _config(tmp_path, sleep_s=0.06))  # 18 s of training
+        _eventually(_trained_past(cluster, eid, EVERY), 120, cluster, "a first validation")
+        _agent(cluster, tmp_path, "agent1", cluster.address)  # a spare, reached directly
+        _eventually(lambda: len(cluster.json("agent", "list")) == 2, 60, cluster, "agent1")
+        proxy.cut()
+        time.sleep(cut_s)
+        proxy.resume()
+        _eventually(_state(cluster, eid, "COMPLETED", "ERROR"), 240, cluster, "the end")
+        trial = _assert_clean_end(cluster, eid)
+        run_id = cluster.json("trial", "describe", str(trial["id"]))["run_id"]
+        assert trial["restarts"] == 0
+        assert run_id == (1 if cut_s < 5 else 2), cluster.dump_logs()
+    finally:
+        proxy.cut()
         stop_cluster(cluster)

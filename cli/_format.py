@@ -106,6 +106,7 @@ def trial_dict(t: common_pb2.Trial) -> dict[str, Any]:
         "best_validation": optional_float(t, "best_validation"),
         "latest_checkpoint": t.latest_checkpoint or None,
         "restarts": t.restarts,
+        "last_error": t.last_error or None,
     }
 
 

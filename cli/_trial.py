@@ -99,6 +99,7 @@ def describe_command(trial_id: int, as_json: bool) -> None:
         ("Best validation", fmt.metric(t["best_validation"])),
         ("Checkpoint", t["latest_checkpoint"]),
         ("Restarts", t["restarts"]),
+        ("Last error", t["last_error"]),
         ("Run", t["run_id"]),
         ("Seed", t["seed"]),
         ("Started", t["start_time"]),

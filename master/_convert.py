@@ -55,6 +55,7 @@ def trial(record: TrialRecord) -> common_pb2.Trial:
         restarts=record.restarts,
         total_batches=record.total_batches,
         latest_checkpoint=record.latest_checkpoint or "",
+        last_error=record.last_error or "",
         start_time=timestamp(record.start_time),
         end_time=timestamp(record.end_time),
     )

@@ -959,6 +959,7 @@ class Master:
             restarts = trial.restarts + 1
             why = "; ".join(run.messages) or f"exit codes {codes}"
             limit = experiment.config.max_restarts
+            self._set_trial(trial, last_error=f"run {run.run_id}: {why}")
             if restarts <= limit:
                 what = f"restart {restarts} of {limit} from the latest checkpoint"
                 self._set_trial(trial, state="QUEUED", restarts=restarts)

@@ -48,6 +48,7 @@ class TrialState:
     start_time: dt.datetime | None = None
     target: int | None = None  # batches of the searcher's outstanding ValidateAfter
     closed: bool = False  # the searcher closed it: it stops for good at its next question
+    last_error: str | None = None  # why its last run failed
     order: int = 0  # its place in the queue, kept when it is requeued (0: not queued yet)
 
 
@@ -165,6 +166,7 @@ def load_live(store: Store) -> list[ExperimentState]:
                     best_validation=t.best_validation,
                     checkpoint=_restore(store, t.latest_checkpoint),
                     start_time=t.start_time,
+                    last_error=t.last_error,
                     target=mark.get("target"),
                     closed=bool(mark.get("closed", False)),
                 )

@@ -196,6 +196,7 @@ class Trial(_message.Message):
     LATEST_CHECKPOINT_FIELD_NUMBER: _builtins.int
     START_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     experiment_id: _builtins.int
     state: Global___TrialState.ValueType
@@ -205,6 +206,8 @@ class Trial(_message.Message):
     total_batches: _builtins.int
     best_validation: _builtins.float
     latest_checkpoint: _builtins.str
+    last_error: _builtins.str
+    """Why its last run failed (empty if none did)."""
     @_builtins.property
     def hparams(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -226,10 +229,11 @@ class Trial(_message.Message):
         latest_checkpoint: _builtins.str = ...,
         start_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
+        last_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "hparams", b"hparams", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "experiment_id", b"experiment_id", "hparams", b"hparams", "id", b"id", "latest_checkpoint", b"latest_checkpoint", "restarts", b"restarts", "run_id", b"run_id", "seed", b"seed", "start_time", b"start_time", "state", b"state", "total_batches", b"total_batches"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "experiment_id", b"experiment_id", "hparams", b"hparams", "id", b"id", "last_error", b"last_error", "latest_checkpoint", b"latest_checkpoint", "restarts", b"restarts", "run_id", b"run_id", "seed", b"seed", "start_time", b"start_time", "state", b"state", "total_batches", b"total_batches"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__best_validation: _TypeAlias = _typing.Literal["best_validation"]  # noqa: Y015
     _WhichOneofArgType__best_validation: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation"]  # noqa: Y015

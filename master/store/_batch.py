@@ -48,6 +48,7 @@ TRIAL_FIELDS = frozenset(
         "latest_checkpoint",
         "start_time",
         "end_time",
+        "last_error",
     }
 )
 EXPERIMENT_FIELDS = frozenset(
@@ -167,6 +168,7 @@ class WriteBatch:
                 "created_at": now,
                 "start_time": None,
                 "end_time": None,
+                "last_error": None,
             },
         )
 

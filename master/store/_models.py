@@ -120,6 +120,8 @@ class Trial(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
     start_time: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     end_time: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    # Why its last run failed ("agent0: rank 0 exited with code 7"), for describe.
+    last_error: Mapped[str | None] = mapped_column(Text)
 
 
 class Metric(Base):

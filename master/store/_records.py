@@ -51,6 +51,7 @@ class TrialRecord:
     latest_checkpoint: str | None
     start_time: dt.datetime | None
     end_time: dt.datetime | None
+    last_error: str | None = None
 
 
 @dataclass(frozen=True)

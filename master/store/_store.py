@@ -739,6 +739,7 @@ def _trial(t: Trial) -> TrialRecord:
         latest_checkpoint=t.latest_checkpoint,
         start_time=t.start_time,
         end_time=t.end_time,
+        last_error=t.last_error,
     )
 
 

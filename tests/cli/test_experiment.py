@@ -248,6 +248,7 @@ def test_describe_json_shape(master: FakeApi) -> None:
                 "best_validation": 0.125,
                 "latest_checkpoint": "abc-123",
                 "restarts": 1,
+                "last_error": None,
             },
             {
                 "id": 12,
@@ -257,6 +258,7 @@ def test_describe_json_shape(master: FakeApi) -> None:
                 "best_validation": None,
                 "latest_checkpoint": None,
                 "restarts": 0,
+                "last_error": None,
             },
         ],
     }
@@ -292,6 +294,7 @@ def test_list_trials_json(master: FakeApi) -> None:
         "best_validation",
         "latest_checkpoint",
         "restarts",
+        "last_error",
     }
 
 

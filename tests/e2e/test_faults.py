@@ -165,6 +165,7 @@ def test_user_code_that_keeps_failing_runs_max_restarts_plus_one_times(
     assert (trial["state"], trial["restarts"]) == ("ERROR", 2)
     detail = cluster.json("trial", "describe", str(trial["id"]))
     assert detail["run_id"] == 3  # ran 3 times
+    assert "code 7" in detail["last_error"], detail
     logs = cluster.cli("trial", "logs", str(trial["id"])).stdout
     failures = [line for line in logs.splitlines() if "assay: run" in line and "failed" in line]
     assert len(failures) == 3, logs[-3000:]

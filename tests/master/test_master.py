@@ -192,6 +192,7 @@ def test_failures_restart_up_to_max_restarts_then_error(
     _eventually(lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_ERROR)
     [trial] = _experiment(api, eid).trials
     assert (trial.state, trial.restarts) == (common_pb2.TRIAL_STATE_ERROR, 1)
+    assert trial.last_error == "run 2: exit codes [1]"  # the cause, for describe
     agent.close()
 
 

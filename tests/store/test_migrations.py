@@ -138,12 +138,12 @@ def test_a_table_rebuilding_upgrade_keeps_child_rows(tmp_path: Path, db_url: str
 
     location = tmp_path / "migrations"
     shutil.copytree(MIGRATIONS, location)
-    (location / "versions" / "0002_widen_request_id.py").write_text(
+    (location / "versions" / "9999_widen_request_id.py").write_text(
         '"""widen trials.request_id"""\n'
         "import sqlalchemy as sa\n"
         "from alembic import op\n\n"
-        'revision = "0002"\n'
-        'down_revision = "0001"\n'
+        'revision = "9999"\n'
+        f"down_revision = {head_revision()!r}\n"
         "branch_labels = None\n"
         "depends_on = None\n\n\n"
         "def upgrade() -> None:\n"
@@ -157,7 +157,7 @@ def test_a_table_rebuilding_upgrade_keeps_child_rows(tmp_path: Path, db_url: str
     tid = store.create_trial(eid, request_id="r", hparams={}, seed=0)
     run = store.start_run(tid)
     store.report_metrics(tid, run, "training", [MetricReport(b, {"loss": 1.0}) for b in range(5)])
-    assert migrate(store.engine, location) == "0002"
+    assert migrate(store.engine, location) == "9999"
     assert len(store.trial_curve(tid, "loss", group="training")) == 5
     assert store.get_trial(tid).request_id == "r"
     store.close()

@@ -1,4 +1,4 @@
-"""`assay checkpoint` (`assay c`): list an experiment's checkpoints and copy one out."""
+"""`assay checkpoint` (`assay c`): list an experiment's checkpoints, copy one out, delete some."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,26 +18,37 @@ from . import _format as fmt
 from ._client import client
 from ._common import AliasedGroup, echo_json, user_errors
 
+if TYPE_CHECKING:
+    from assay._s3 import S3Storage
+    from assay.config import CheckpointStorageConfig
+    from assay.proto import common_pb2
+
 _CHUNK = 1 << 20
+MANIFEST = "metadata.json"
+# Copies a checkpoint's files into a staging directory; returns (files, bytes).
+Fetch = Callable[[Path], tuple[int, int]]
 
 
 @click.group("checkpoint", cls=AliasedGroup)
 def checkpoint() -> None:
-    """List and download checkpoints."""
+    """List, download and delete checkpoints."""
 
 
 @checkpoint.command("list")
 @click.argument("experiment_id", metavar="EXP_ID", type=int)
 @click.option("--trial", "trial_id", type=int, help="Only this trial's checkpoints.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.option("--all", "show_all", is_flag=True, help="Include DELETED checkpoints.")
 @user_errors
-def list_command(experiment_id: int, trial_id: int | None, as_json: bool) -> None:
-    """List the checkpoints of an experiment."""
+def list_command(experiment_id: int, trial_id: int | None, as_json: bool, show_all: bool) -> None:
+    """List the checkpoints of an experiment (not the deleted ones, unless --all)."""
     from assay._archive import format_bytes
 
     checkpoints = [
         fmt.checkpoint_dict(c) for c in client().list_checkpoints(experiment_id, trial_id or 0)
     ]
+    if not show_all:
+        checkpoints = [c for c in checkpoints if c["state"] != "DELETED"]
     if as_json:
         echo_json(checkpoints)
         return
@@ -69,14 +82,26 @@ def _copy_verified(src: Path, dst: Path, size: int, sha256: str) -> None:
             digest.update(chunk)
             writer.write(chunk)
             copied += len(chunk)
-    if copied != size:
+    _check(str(src), copied, digest.hexdigest(), size, sha256)
+
+
+def _verify(path: Path, shown: str, size: int, sha256: str) -> None:
+    digest = hashlib.sha256()
+    with path.open("rb") as reader:
+        while chunk := reader.read(_CHUNK):
+            digest.update(chunk)
+    _check(shown, path.stat().st_size, digest.hexdigest(), size, sha256)
+
+
+def _check(shown: str, got_size: int, got_sha: str, size: int, sha256: str) -> None:
+    if got_size != size:
         raise AssayError(
-            f"{src} is {copied} bytes but the checkpoint records {size}: "
+            f"{shown} is {got_size} bytes but the checkpoint records {size}: "
             "the stored checkpoint is damaged or was changed"
         )
-    if sha256 and digest.hexdigest() != sha256.lower():
+    if sha256 and got_sha != sha256.lower():
         raise AssayError(
-            f"{src} has sha256 {digest.hexdigest()} but the checkpoint records {sha256}: "
+            f"{shown} has sha256 {got_sha} but the checkpoint records {sha256}: "
             "the stored checkpoint is damaged or was changed"
         )
 
@@ -88,44 +113,23 @@ def _copy_verified(src: Path, dst: Path, size: int, sha256: str) -> None:
 def download_command(uuid: str, directory: Path) -> None:
     """Copy a checkpoint into DIR (new or empty), verifying every file's size and sha256.
 
-    Works for shared_fs storage that is mounted on this machine at the same path.
+    shared_fs checkpoints are copied from the storage mounted on this machine at the same
+    path; s3 checkpoints are downloaded with the experiment's checkpoint_storage settings
+    (endpoint_url, region, access_key/secret_key), or boto3's usual credentials (AWS_*
+    variables, ~/.aws) when the config has none.
     """
     from assay._archive import format_bytes
 
     ckpt = client().get_checkpoint(uuid)
     if fmt.checkpoint_state(ckpt.state) == "DELETED":
         raise AssayError(f"checkpoint {uuid} was deleted")
-    location = ckpt.location
-    if "://" in location:
-        raise AssayError(
-            f"checkpoint {uuid} is stored at {location}; this command copies shared_fs "
-            "checkpoints only, fetch it with your object store's tools"
-        )
-    source = Path(location)
-    if not location or not source.is_dir():
-        raise AssayError(
-            f"checkpoint {uuid} lives at {location or '(no location)'} on the cluster's "
-            "checkpoint storage, which is not visible from this machine; mount that storage "
-            "here at the same path, or run this on a machine that has it"
-        )
+    fetch = _s3_fetcher(ckpt) if "://" in ckpt.location else _shared_fs_fetcher(ckpt)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise AssayError(f"{directory} already exists and is not empty")
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        if ckpt.files:
-            for f in ckpt.files:
-                name = _safe_name(f.name)
-                src = source.joinpath(*name.parts)
-                if not src.is_file():
-                    raise AssayError(f"checkpoint {uuid} lists {f.name}, missing from {source}")
-                _copy_verified(src, staging.joinpath(*name.parts), f.size_bytes, f.sha256)
-            count, total = len(ckpt.files), sum(f.size_bytes for f in ckpt.files)
-        else:
-            click.echo(f"warning: checkpoint {uuid} lists no files; copied unverified", err=True)
-            shutil.copytree(source, staging, dirs_exist_ok=True)
-            files = [p for p in staging.rglob("*") if p.is_file()]
-            count, total = len(files), sum(p.stat().st_size for p in files)
+        count, total = fetch(staging)
         if directory.exists():
             directory.rmdir()
         os.replace(staging, directory)
@@ -134,3 +138,115 @@ def download_command(uuid: str, directory: Path) -> None:
     click.echo(
         f"downloaded checkpoint {uuid} ({count} files, {format_bytes(total)}) to {directory}"
     )
+
+
+def _shared_fs_fetcher(ckpt: common_pb2.Checkpoint) -> Fetch:
+    uuid, location = ckpt.uuid, ckpt.location
+    source = Path(location)
+    if not location or not source.is_dir():
+        raise AssayError(
+            f"checkpoint {uuid} lives at {location or '(no location)'} on the cluster's "
+            "checkpoint storage, which is not visible from this machine; mount that storage "
+            "here at the same path, or run this on a machine that has it"
+        )
+
+    def fetch(staging: Path) -> tuple[int, int]:
+        if not ckpt.files:
+            click.echo(f"warning: checkpoint {uuid} lists no files; copied unverified", err=True)
+            shutil.copytree(source, staging, dirs_exist_ok=True)
+            files = [p for p in staging.rglob("*") if p.is_file()]
+            return len(files), sum(p.stat().st_size for p in files)
+        for f in ckpt.files:
+            name = _safe_name(f.name)
+            src = source.joinpath(*name.parts)
+            if not src.is_file():
+                raise AssayError(f"checkpoint {uuid} lists {f.name}, missing from {source}")
+            _copy_verified(src, staging.joinpath(*name.parts), f.size_bytes, f.sha256)
+        if (source / MANIFEST).is_file():  # so that the copy can be restored from
+            shutil.copy2(source / MANIFEST, staging / MANIFEST)
+        return len(ckpt.files), sum(f.size_bytes for f in ckpt.files)
+
+    return fetch
+
+
+def _s3_fetcher(ckpt: common_pb2.Checkpoint) -> Fetch:
+    from assay._storage import StorageError, storage_at
+
+    try:
+        storage, uuid = storage_at(ckpt.location, _storage_config(ckpt.experiment_id))
+    except StorageError as e:
+        raise AssayError(f"checkpoint {ckpt.uuid}: {e}") from None
+    s3: S3Storage = storage  # type: ignore[assignment]  # storage_at gives S3 for s3://
+
+    def fetch(staging: Path) -> tuple[int, int]:
+        if not ckpt.files:
+            click.echo(f"warning: checkpoint {uuid} lists no files; copied unverified", err=True)
+            s3.download(uuid, staging)
+            files = [p for p in staging.rglob("*") if p.is_file()]
+            return len(files), sum(p.stat().st_size for p in files)
+        for f in ckpt.files:
+            name = _safe_name(f.name)
+            target = staging.joinpath(*name.parts)
+            s3.download_file(uuid, name.as_posix(), target)
+            _verify(target, f"{ckpt.location}/{f.name}", f.size_bytes, f.sha256)
+        s3.download_file(uuid, MANIFEST, staging / MANIFEST)
+        return len(ckpt.files), sum(f.size_bytes for f in ckpt.files)
+
+    return fetch
+
+
+def _storage_config(experiment_id: int) -> CheckpointStorageConfig | None:
+    """The experiment's S3 settings (endpoint, region, keys), as far as they are set."""
+    from assay.config import CheckpointStorageConfig
+
+    config = fmt.struct(client().get_experiment(experiment_id).experiment.config)
+    storage = config.get("checkpoint_storage")
+    if not isinstance(storage, dict) or storage.get("type") != "s3":
+        return None
+
+    def text(key: str) -> str | None:
+        value = storage.get(key)
+        return value if isinstance(value, str) and value else None
+
+    return CheckpointStorageConfig(
+        type="s3",
+        bucket=text("bucket"),
+        prefix=text("prefix") or "",
+        endpoint_url=text("endpoint_url"),
+        region=text("region"),
+        access_key=text("access_key"),
+        secret_key=text("secret_key"),
+    )
+
+
+@checkpoint.command("delete")
+@click.argument("uuids", metavar="UUID...", nargs=-1, required=True)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@user_errors
+def delete_command(uuids: tuple[str, ...], yes: bool) -> None:
+    """Delete checkpoints from storage; the master keeps them listed as DELETED.
+
+    The master refuses (and deletes none) if one is the latest checkpoint of a trial that
+    has not ended, which would restore from it.
+    """
+    wanted = list(dict.fromkeys(uuids))
+    if not yes:
+        what = wanted[0] if len(wanted) == 1 else f"{len(wanted)} checkpoints"
+        try:
+            sure = click.confirm(f"Delete {what} from checkpoint storage for good?", default=False)
+        except click.Abort:  # no answer (stdin closed, or Ctrl-D)
+            sure = False
+        if not sure:
+            raise AssayError("nothing deleted (pass --yes to skip this question)")
+    answer = client().delete_checkpoints(wanted)
+    missing = set(answer.missing)
+    for uuid in answer.deleted:
+        note = " (its files were already gone)" if uuid in missing else ""
+        click.echo(f"deleted {uuid}{note}")
+    if answer.failed:
+        for uuid, why in sorted(answer.failed.items()):
+            click.echo(f"failed {uuid}: {why}", err=True)
+        raise AssayError(
+            f"{len(answer.failed)} of {len(wanted)} checkpoints could not be deleted "
+            "(they are unchanged; run the command again to retry)"
+        )

@@ -191,6 +191,16 @@ class Client:
         checkpoint: common_pb2.Checkpoint = self._unary("GetCheckpoint", request)
         return checkpoint
 
+    def delete_checkpoints(self, uuids: list[str]) -> api_pb2.DeleteCheckpointsResponse:
+        from assay.proto import api_pb2
+
+        request = api_pb2.DeleteCheckpointsRequest(uuids=uuids)
+        # Deleting from object storage takes a request per checkpoint: allow for many.
+        response: api_pb2.DeleteCheckpointsResponse = self._unary(
+            "DeleteCheckpoints", request, timeout=CREATE_TIMEOUT_S
+        )
+        return response
+
     def list_agents(self) -> list[common_pb2.Agent]:
         from assay.proto import api_pb2
 

@@ -12,6 +12,12 @@ master's hyperparameters and seed, restores `restore_from` if set, and trains un
 `ClusterSession` (rank 0 only) that takes its targets from the master's TrialService and
 reports metrics and checkpoints to it.
 
+With `checkpoint_storage.type: s3`, checkpoints are written to a local temporary directory
+(`checkpoint_root` is not used), uploaded to `s3://bucket/prefix/<uuid>` before they are
+reported, and removed locally; an `s3://` `restore_from` is downloaded by every rank into a
+temporary directory and verified against its sha256 manifest before it is loaded. This
+process does the transfers with its own credentials (the config's, or AWS_* variables).
+
 Exit status: 0 once the master says stop and training finished; 2 with one line
 `error: <message>` on stderr for an `AssayError` (a fenced run, a refused token, an
 unreachable master, a bad config); 1 with the traceback for anything else (user code).
@@ -22,7 +28,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,8 +39,9 @@ from typing import Any
 
 from assay._local import WorkerSpec
 from assay._session import CheckpointReport, MetricsReport, _fmt
+from assay._storage import StorageManager, is_remote, storage_at, storage_for
 from assay._trial_client import TrialClient, retry_budget_from_env
-from assay.config import ExperimentConfig
+from assay.config import CheckpointStorageConfig, ExperimentConfig, parse_config
 from assay.errors import INVALID_HP_EXIT_CODE, AssayError, InvalidHP
 from assay.proto import common_pb2, trial_pb2
 
@@ -101,12 +110,18 @@ class ClusterSpec:
             raise AssayError(f"trial spec {path} is not valid JSON: {e}") from None
         return cls.from_dict(data, source=f"trial spec {path}")
 
-    def worker_spec(self, model_dir: str | Path) -> WorkerSpec:
+    def worker_spec(
+        self,
+        model_dir: str | Path,
+        *,
+        checkpoint_dir: str | None = None,
+        resume_from: str | None = None,
+    ) -> WorkerSpec:
         return WorkerSpec(
             config=self.config,
             model_dir=str(Path(model_dir).resolve()),
-            checkpoint_dir=self.checkpoint_root,
-            resume_from=self.restore_from,
+            checkpoint_dir=checkpoint_dir or self.checkpoint_root,
+            resume_from=resume_from or self.restore_from,
             trial_id=self.trial_id,
             hparams=self.hparams,
             trial_seed=self.trial_seed,
@@ -122,12 +137,18 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 class ClusterSession:
     """The `Session` of rank 0 on a cluster: the master's TrialService over gRPC."""
 
-    def __init__(self, client: TrialClient, spec: ClusterSpec) -> None:
+    def __init__(
+        self, client: TrialClient, spec: ClusterSpec, storage: StorageManager | None = None
+    ) -> None:
+        """`storage`: where checkpoints are uploaded before they are reported (None: they
+        were written in place, on shared_fs)."""
         self.client = client
+        self.storage = storage
         self.trial_id = spec.trial_id
         self.run_id = spec.run_id
         self.experiment_id = spec.experiment_id
         self.last_validation: dict[str, float] = {}
+        self.last_validation_batches = -1
 
     def next_target(self, total_batches: int) -> int | None:
         op = self.client.next_operation(
@@ -147,6 +168,7 @@ class ClusterSession:
     def report_validation_metrics(self, report: MetricsReport) -> None:
         self._report("validation", report)
         self.last_validation = dict(report.metrics)
+        self.last_validation_batches = report.total_batches
         log.info("batch %d validation: %s", report.total_batches, _fmt(report.metrics))
 
     def _report(self, group: str, report: MetricsReport) -> None:
@@ -166,6 +188,10 @@ class ClusterSession:
 
     def report_checkpoint(self, report: CheckpointReport) -> None:
         metadata = report.metadata
+        location = str(report.path)
+        if self.storage is not None:
+            location = self.storage.upload(report.path, metadata.uuid)
+            shutil.rmtree(report.path, ignore_errors=True)  # stored: the local copy is spare
         checkpoint = common_pb2.Checkpoint(
             uuid=metadata.uuid,
             trial_id=self.trial_id,
@@ -173,12 +199,18 @@ class ClusterSession:
             run_id=self.run_id,
             total_batches=metadata.total_batches,
             state=common_pb2.CHECKPOINT_STATE_COMPLETED,
-            location=str(report.path),
+            location=location,
             files=[
                 common_pb2.CheckpointFile(name=name, size_bytes=entry.size, sha256=entry.sha256)
                 for name, entry in sorted(metadata.files.items())
             ],
-            validation_metrics=self.last_validation,
+            # Only a validation of these very weights describes the checkpoint (garbage
+            # collection ranks checkpoints by it); one taken at another batch does not.
+            validation_metrics=(
+                self.last_validation
+                if self.last_validation_batches == metadata.total_batches
+                else {}
+            ),
         )
         if metadata.user_metadata:
             checkpoint.user_metadata.update(metadata.user_metadata)
@@ -190,7 +222,7 @@ class ClusterSession:
         log.info(
             "batch %d checkpoint: %s (%.1f MB)",
             metadata.total_batches,
-            report.path,
+            location,
             metadata.size_bytes / 1e6,
         )
 
@@ -226,6 +258,13 @@ def run_cluster_slot(
 
     budget = retry_budget_from_env(env) if retry_s is None else retry_s
     sessions: list[ClusterSession] = []
+    storage_config = parse_config(spec.config).checkpoint_storage
+    scratch = Path(tempfile.mkdtemp(prefix="assay-checkpoints-"))
+    storage: StorageManager | None = None
+    checkpoint_dir: str | None = None
+    if storage_config.type != "shared_fs":
+        storage = storage_for(storage_config)
+        checkpoint_dir = str(scratch / "out")
 
     def make_session(config: ExperimentConfig) -> ClusterSession:
         log.info(
@@ -236,15 +275,33 @@ def run_cluster_slot(
             spec.allocation_id,
             spec.trial_api,
         )
-        session = ClusterSession(TrialClient(spec.trial_api, spec.token, retry_s=budget), spec)
+        client = TrialClient(spec.trial_api, spec.token, retry_s=budget)
+        session = ClusterSession(client, spec, storage)
         sessions.append(session)
         return session
 
     try:
-        run_worker(spec.worker_spec(model_dir), env=env, session_factory=make_session)
+        resume_from = None
+        if spec.restore_from and is_remote(spec.restore_from):
+            resume_from = str(fetch_checkpoint(spec.restore_from, storage_config, scratch))
+        worker = spec.worker_spec(model_dir, checkpoint_dir=checkpoint_dir, resume_from=resume_from)
+        run_worker(worker, env=env, session_factory=make_session)
     finally:
         for session in sessions:
             session.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def fetch_checkpoint(location: str, config: CheckpointStorageConfig, scratch: Path) -> Path:
+    """Download the checkpoint at `location` under `scratch` and verify its sha256 manifest."""
+    from assay._checkpoint import verify_checkpoint
+
+    storage, uuid = storage_at(location, config)
+    target = scratch / "restore" / uuid
+    log.info("downloading checkpoint %s", location)
+    storage.download(uuid, target)
+    verify_checkpoint(target)
+    return target
 
 
 def main(argv: list[str]) -> int:

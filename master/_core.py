@@ -22,6 +22,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence, Set
+from concurrent import futures
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ from assay.errors import INVALID_HP_EXIT_CODE, InvalidConfigError
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._errors import PermissionDeniedError
+from assay.master._gc import collect
 from assay.master._state import (
     TERMINAL_EXPERIMENT,
     TERMINAL_TRIAL,
@@ -170,6 +172,9 @@ class Master:
         # Allocation tokens derive from a secret in the store, so a restarted master
         # recognises the trial processes that kept running.
         self._token_key = store.secret("allocation-tokens")
+        # Checkpoint deletions, one at a time, off the master's lock (storage I/O).
+        self._gc = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gc")
+        self._storages: dict[str, Any] = {}
         self._recover()
         self._stop_reaper = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
@@ -182,6 +187,7 @@ class Master:
     def close(self) -> None:
         self._stop_reaper.set()
         self.commit.close()
+        self._gc.shutdown(wait=False, cancel_futures=True)
 
     def _token(self, allocation_id: str) -> str:
         digest = hmac.new(self._token_key, allocation_id.encode(), hashlib.sha256).digest()
@@ -286,6 +292,39 @@ class Master:
         for key, value in fields.items():
             setattr(trial, key, value)
         self.batch.set_trial(trial.id, **fields)
+        if fields.get("state") in TERMINAL_TRIAL:
+            self._collect_garbage(trial.experiment_id, ended_trial_ids=(trial.id,))
+
+    def _collect_garbage(
+        self,
+        experiment_id: int,
+        *,
+        ended_trial_ids: Sequence[int] = (),
+        experiment_ended: bool = False,
+    ) -> None:
+        """Once the end is committed, delete the checkpoints the policy does not keep."""
+        config = self.experiments[experiment_id].config
+
+        def run() -> None:
+            try:
+                result = collect(
+                    self.store,
+                    experiment_id,
+                    config,
+                    ended_trial_ids=ended_trial_ids,
+                    experiment_ended=experiment_ended,
+                    storage_cache=self._storages,
+                )
+            except Exception:
+                log.exception("checkpoint collection of experiment %d failed", experiment_id)
+                return
+            if result.deleted or result.failed:
+                log.info("experiment %d: %s", experiment_id, result)
+
+        def submit() -> None:
+            self._gc.submit(run)
+
+        self.commit.after(submit)
 
     def _set_experiment(self, experiment: ExperimentState, **fields: Any) -> None:
         for key in ("state", "progress"):
@@ -993,6 +1032,7 @@ class Master:
             final = "COMPLETED" if "COMPLETED" in states else "ERROR"
         progress = 1.0 if final == "COMPLETED" else experiment.progress
         self._set_experiment(experiment, state=final, end_time=_now(), progress=progress)
+        self._collect_garbage(experiment.id, experiment_ended=True)
         del self.experiments[experiment.id]
         for trial_id in experiment.trials:
             self.trials.pop(trial_id, None)

@@ -15,7 +15,7 @@ import grpc
 
 from assay import __version__
 from assay.errors import AssayError
-from assay.master import _convert
+from assay.master import _checkpoints, _convert
 from assay.master._aio import LoopOutbox
 from assay.master._core import AgentHandle, Master, Run
 from assay.master._errors import rpc_errors, status_of
@@ -252,6 +252,13 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                     for c in self.store.list_checkpoints(t.id)
                 ]
             )
+        raise AssertionError("unreachable")
+
+    def DeleteCheckpoints(  # noqa: N802
+        self, request: api_pb2.DeleteCheckpointsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.DeleteCheckpointsResponse:
+        with rpc_errors(context):
+            return _checkpoints.delete_response(self.store, request)
         raise AssertionError("unreachable")
 
     def GetCheckpoint(  # noqa: N802

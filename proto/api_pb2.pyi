@@ -517,6 +517,80 @@ class GetCheckpointRequest(_message.Message):
 Global___GetCheckpointRequest: _TypeAlias = GetCheckpointRequest  # noqa: Y015
 
 @_typing.final
+class DeleteCheckpointsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UUIDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def uuids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        uuids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["uuids", b"uuids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointsRequest: _TypeAlias = DeleteCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteCheckpointsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FailedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    MISSING_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def deleted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Removed from storage and marked DELETED now, or already DELETED before."""
+
+    @_builtins.property
+    def missing(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Of `deleted`: those whose files were already gone from storage."""
+
+    @_builtins.property
+    def failed(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """uuid -> why its deletion failed; those are left as they were (retry later)."""
+
+    def __init__(
+        self,
+        *,
+        deleted: _abc.Iterable[_builtins.str] | None = ...,
+        missing: _abc.Iterable[_builtins.str] | None = ...,
+        failed: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "failed", b"failed", "missing", b"missing"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointsResponse: _TypeAlias = DeleteCheckpointsResponse  # noqa: Y015
+
+@_typing.final
 class ListAgentsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

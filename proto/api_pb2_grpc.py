@@ -90,6 +90,11 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.GetCheckpointRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_common__pb2.Checkpoint.FromString,
                 _registered_method=True)
+        self.DeleteCheckpoints = channel.unary_unary(
+                '/assay.v1.Api/DeleteCheckpoints',
+                request_serializer=assay_dot_proto_dot_api__pb2.DeleteCheckpointsRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.DeleteCheckpointsResponse.FromString,
+                _registered_method=True)
         self.ListAgents = channel.unary_unary(
                 '/assay.v1.Api/ListAgents',
                 request_serializer=assay_dot_proto_dot_api__pb2.ListAgentsRequest.SerializeToString,
@@ -172,6 +177,14 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteCheckpoints(self, request, context):
+        """Deletes checkpoints from storage and marks them DELETED. FAILED_PRECONDITION (nothing
+        deleted) when one is the checkpoint a trial that has not ended would restore from.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAgents(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -241,6 +254,11 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.GetCheckpoint,
                     request_deserializer=assay_dot_proto_dot_api__pb2.GetCheckpointRequest.FromString,
                     response_serializer=assay_dot_proto_dot_common__pb2.Checkpoint.SerializeToString,
+            ),
+            'DeleteCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCheckpoints,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.DeleteCheckpointsRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.DeleteCheckpointsResponse.SerializeToString,
             ),
             'ListAgents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAgents,
@@ -550,6 +568,33 @@ class Api:
             '/assay.v1.Api/GetCheckpoint',
             assay_dot_proto_dot_api__pb2.GetCheckpointRequest.SerializeToString,
             assay_dot_proto_dot_common__pb2.Checkpoint.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/DeleteCheckpoints',
+            assay_dot_proto_dot_api__pb2.DeleteCheckpointsRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.DeleteCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,10 @@ class ApiStub:
     """Log lines after `after_id`; with `follow`, keeps streaming until the trial ends."""
     ListCheckpoints: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListCheckpointsRequest, _api_pb2.ListCheckpointsResponse]
     GetCheckpoint: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetCheckpointRequest, _common_pb2.Checkpoint]
+    DeleteCheckpoints: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeleteCheckpointsRequest, _api_pb2.DeleteCheckpointsResponse]
+    """Deletes checkpoints from storage and marks them DELETED. FAILED_PRECONDITION (nothing
+    deleted) when one is the checkpoint a trial that has not ended would restore from.
+    """
     ListAgents: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListAgentsRequest, _api_pb2.ListAgentsResponse]
     SetAgentEnabled: _grpc.UnaryUnaryMultiCallable[_api_pb2.SetAgentEnabledRequest, _common_pb2.Agent]
 
@@ -62,6 +66,10 @@ class ApiAsyncStub(ApiStub):
     """Log lines after `after_id`; with `follow`, keeps streaming until the trial ends."""
     ListCheckpoints: _aio.UnaryUnaryMultiCallable[_api_pb2.ListCheckpointsRequest, _api_pb2.ListCheckpointsResponse]  # type: ignore[assignment]
     GetCheckpoint: _aio.UnaryUnaryMultiCallable[_api_pb2.GetCheckpointRequest, _common_pb2.Checkpoint]  # type: ignore[assignment]
+    DeleteCheckpoints: _aio.UnaryUnaryMultiCallable[_api_pb2.DeleteCheckpointsRequest, _api_pb2.DeleteCheckpointsResponse]  # type: ignore[assignment]
+    """Deletes checkpoints from storage and marks them DELETED. FAILED_PRECONDITION (nothing
+    deleted) when one is the checkpoint a trial that has not ended would restore from.
+    """
     ListAgents: _aio.UnaryUnaryMultiCallable[_api_pb2.ListAgentsRequest, _api_pb2.ListAgentsResponse]  # type: ignore[assignment]
     SetAgentEnabled: _aio.UnaryUnaryMultiCallable[_api_pb2.SetAgentEnabledRequest, _common_pb2.Agent]  # type: ignore[assignment]
 
@@ -143,6 +151,16 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.GetCheckpointRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.Checkpoint, _abc.Awaitable[_common_pb2.Checkpoint]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteCheckpoints(
+        self,
+        request: _api_pb2.DeleteCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeleteCheckpointsResponse, _abc.Awaitable[_api_pb2.DeleteCheckpointsResponse]]:
+        """Deletes checkpoints from storage and marks them DELETED. FAILED_PRECONDITION (nothing
+        deleted) when one is the checkpoint a trial that has not ended would restore from.
+        """
 
     @_abc_1.abstractmethod
     def ListAgents(

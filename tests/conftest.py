@@ -1,7 +1,11 @@
-"""Shared helpers: the regression fixture's model directory and config builder."""
+"""Shared helpers: the regression fixture's model directory and config builder, and a
+local S3-compatible server (moto's server mode, on loopback) for checkpoint storage."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +52,56 @@ def regression_config(
 @pytest.fixture
 def regression_dir() -> Path:
     return REGRESSION_DIR
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A running S3-compatible server; any key pair is accepted."""
+
+    endpoint_url: str
+    access_key: str = "assay-test-key"
+    secret_key: str = "assay-test-secret"
+    region: str = "us-east-1"
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.session.Session(
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+        ).client("s3", endpoint_url=self.endpoint_url)
+
+    def new_bucket(self) -> str:
+        name = f"assay-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def keys(self, bucket: str) -> list[str]:
+        answer = self.client().list_objects_v2(Bucket=bucket)
+        return sorted(obj["Key"] for obj in answer.get("Contents", []))
+
+    def storage_config(self, bucket: str, prefix: str = "runs") -> dict[str, Any]:
+        """A `checkpoint_storage` mapping for this server."""
+        return {
+            "type": "s3",
+            "bucket": bucket,
+            "prefix": prefix,
+            "endpoint_url": self.endpoint_url,
+            "region": self.region,
+            "access_key": self.access_key,
+            "secret_key": self.secret_key,
+        }
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield S3Server(f"http://{host}:{port}")
+    finally:
+        server.stop()

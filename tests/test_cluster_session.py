@@ -36,7 +36,7 @@ from assay._trial_client import (
 )
 from assay.errors import AssayError
 from assay.proto import common_pb2, trial_pb2, trial_pb2_grpc
-from tests.conftest import REGRESSION_DIR, regression_config
+from tests.conftest import REGRESSION_DIR, S3Server, regression_config
 
 TOKEN = "secret-token-7"
 TRIAL_ID = 7
@@ -141,9 +141,12 @@ def write_spec(
     run_id: int = 1,
     restore_from: str | None = None,
     batches: int = 16,
+    storage: dict[str, Any] | None = None,
     **hparams: Any,
 ) -> Path:
     config = regression_config(batches=batches, slots=slots, scheduling_unit=4, **hparams)
+    if storage is not None:
+        config["checkpoint_storage"] = storage
     spec = {
         "config": config,
         "hparams": dict(config["hyperparameters"]),
@@ -363,6 +366,67 @@ def test_two_slots_report_once_through_rank_0(tmp_path: Path) -> None:
     last = Path(service.of("ReportCheckpoint")[-1].checkpoint.location)
     assert read_metadata(last).world_size == 2
     assert {c.token for c in service.attempts} == {TOKEN}
+
+
+# --- S3 checkpoint storage (a moto server on loopback) ---------------------------------------
+
+
+def test_s3_checkpoints_are_uploaded_and_restored_from(s3_server: S3Server, tmp_path: Path) -> None:
+    bucket = s3_server.new_bucket()
+    storage = s3_server.storage_config(bucket, prefix="exp3")
+    first = FakeTrialService(targets=[8, 16])
+    with serve(first) as api:
+        ok(run_slots(write_spec(tmp_path / "one", api, storage=storage)))
+    reported = [r.checkpoint for r in first.of("ReportCheckpoint")]
+    assert [c.total_batches for c in reported] == [8, 16]
+    keys = s3_server.keys(bucket)
+    for ckpt in reported:
+        assert ckpt.location == f"s3://{bucket}/exp3/{ckpt.uuid}"
+        names = {f.name for f in ckpt.files} | {"metadata.json"}
+        assert {k for k in keys if k.startswith(f"exp3/{ckpt.uuid}/")} == {
+            f"exp3/{ckpt.uuid}/{n}" for n in names
+        }
+    assert not (tmp_path / "one" / "checkpoints").exists(), "checkpoint_root is not used"
+
+    second = FakeTrialService(targets=[8, 16])
+    with serve(second) as api:
+        spec = write_spec(
+            tmp_path / "two", api, run_id=2, restore_from=reported[0].location, storage=storage
+        )
+        finished = run_slots(spec)
+    ok(finished)
+    assert f"downloading checkpoint {reported[0].location}" in finished[0].stdout
+    assert [r.total_batches for r in second.of("NextOperation")] == [8, 16]
+    assert [r.total_batches for r in second.metrics("training")] == [12, 16]
+    [resumed] = [r.checkpoint for r in second.of("ReportCheckpoint")]
+    assert resumed.location.startswith(f"s3://{bucket}/exp3/")
+    before = {r.total_batches: dict(r.metrics) for r in first.metrics("validation")}
+    after = {r.total_batches: dict(r.metrics) for r in second.metrics("validation")}
+    assert after[16] == pytest.approx(before[16], rel=1e-6)
+
+
+def test_a_corrupted_s3_checkpoint_is_refused_before_loading(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    bucket = s3_server.new_bucket()
+    storage = s3_server.storage_config(bucket)
+    first = FakeTrialService(targets=[8])
+    with serve(first) as api:
+        ok(run_slots(write_spec(tmp_path / "one", api, storage=storage)))
+    [ckpt] = [r.checkpoint for r in first.of("ReportCheckpoint")]
+    s3_server.client().put_object(
+        Bucket=bucket, Key=f"runs/{ckpt.uuid}/models.pt", Body=b"tampered"
+    )
+    second = FakeTrialService(targets=[16])
+    with serve(second) as api:
+        spec = write_spec(
+            tmp_path / "two", api, run_id=2, restore_from=ckpt.location, storage=storage
+        )
+        [finished] = run_slots(spec)
+    assert finished.code == 2, finished.stderr
+    assert "models.pt" in finished.stderr
+    assert "corrupted" in finished.stderr
+    assert not second.of("ReportMetrics")
 
 
 # --- the client and the spec, in process ----------------------------------------------------

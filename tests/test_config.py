@@ -835,6 +835,93 @@ def test_s3_storage_needs_a_bucket() -> None:
     assert_problem(problems, "checkpoint_storage.bucket: ", "is required")
 
 
+def test_s3_storage_parses_every_key() -> None:
+    data = minimal()
+    data["checkpoint_storage"] = {
+        "type": "s3",
+        "bucket": "my-bucket.v2",
+        "prefix": "/team/a/",
+        "endpoint_url": "http://minio:9000",
+        "region": "eu-west-1",
+        "access_key": "AK",
+        "secret_key": "SK",
+        "save_experiment_best": 2,
+    }
+
+    storage = parse_config(data).checkpoint_storage
+
+    assert (storage.type, storage.bucket, storage.prefix) == ("s3", "my-bucket.v2", "team/a")
+    assert (storage.endpoint_url, storage.region) == ("http://minio:9000", "eu-west-1")
+    assert (storage.access_key, storage.secret_key) == ("AK", "SK")
+    assert (storage.save_trial_best, storage.save_trial_latest) == (1, 1)
+    assert storage.save_experiment_best == 2
+    assert storage.host_directory is None
+
+
+def test_s3_prefix_defaults_to_empty() -> None:
+    data = minimal()
+    data["checkpoint_storage"] = {"type": "s3", "bucket": "b-1"}
+
+    assert parse_config(data).checkpoint_storage.prefix == ""
+
+
+@pytest.mark.parametrize(
+    ("storage", "fragments"),
+    [
+        (
+            {"type": "shared_fs", "host_path": "/x", "bucket": "b-1"},
+            ("checkpoint_storage.bucket: ", "is a setting of s3 storage, not shared_fs"),
+        ),
+        (
+            {"type": "s3", "bucket": "b-1", "host_path": "/x"},
+            ("checkpoint_storage.host_path: ", "is a setting of shared_fs storage, not s3"),
+        ),
+        (
+            {"type": "s3", "bucket": "Bad_Bucket"},
+            ("checkpoint_storage.bucket: ", "'Bad_Bucket' is not a bucket name"),
+        ),
+        (
+            {"type": "s3", "bucket": "b-1", "endpoint_url": "minio:9000"},
+            ("checkpoint_storage.endpoint_url: ", "http:// or https://", "'minio:9000'"),
+        ),
+        (
+            {"type": "s3", "bucket": "b-1", "access_key": "AK"},
+            ("checkpoint_storage.secret_key: ", "required with checkpoint_storage.access_key"),
+        ),
+        (
+            {"type": "s3", "bucket": "b-1", "secret_key": "SK"},
+            ("checkpoint_storage.access_key: ", "required with checkpoint_storage.secret_key"),
+        ),
+        (
+            {"type": "s3", "bucket": "b-1", "prefix": "a/../b"},
+            ("checkpoint_storage.prefix: ", "must not contain '..'"),
+        ),
+        (
+            {"type": "s3", "bucket": "b-1", "regoin": "x"},
+            ("checkpoint_storage.regoin: ", "did you mean 'region'"),
+        ),
+        (
+            {"type": "gcs", "bucket": "b-1"},
+            ("checkpoint_storage.type: ", "expected one of shared_fs | s3, got 'gcs'"),
+        ),
+        (
+            {"save_trial_latest": -1},
+            ("checkpoint_storage.save_trial_latest: ", "must be at least 0, got -1"),
+        ),
+    ],
+)
+def test_storage_problems_name_their_key(
+    storage: dict[str, Any], fragments: tuple[str, ...]
+) -> None:
+    data = minimal()
+    data["checkpoint_storage"] = storage
+
+    problems = problems_of(data)
+
+    assert_problem(problems, *fragments)
+    assert len(problems) == 1, problems
+
+
 # --- entrypoint, non-mapping config ----------------------------------------------------
 
 

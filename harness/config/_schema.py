@@ -111,12 +111,24 @@ class OptimizationsConfig:
 
 @dataclass(frozen=True)
 class CheckpointStorageConfig:
+    """`checkpoint_storage`: where checkpoints go, and how many survive garbage collection.
+
+    `shared_fs` writes into `host_path/storage_path` (a path every agent and the master
+    mount at the same place); `s3` uploads to `s3://bucket/prefix/<uuid>` on AWS or any
+    S3-compatible store at `endpoint_url`. Without `access_key`/`secret_key`, boto3's usual
+    chain (AWS_* environment variables, ~/.aws, an instance role) supplies the credentials.
+    `save_*` are Determined's garbage-collection counts (see `assay.master._gc`).
+    """
+
     type: Literal["shared_fs", "s3"] = "shared_fs"
     host_path: str | None = None
     storage_path: str | None = None
     bucket: str | None = None
-    prefix: str | None = None
+    prefix: str = ""
     endpoint_url: str | None = None
+    region: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
     save_trial_best: int = 1
     save_trial_latest: int = 1
     save_experiment_best: int = 0
@@ -316,25 +328,69 @@ def _parse_optimizations(s: Section) -> OptimizationsConfig:
     return OptimizationsConfig(aggregation_frequency=freq, mixed_precision=precision)  # type: ignore[arg-type]
 
 
+_SHARED_FS_KEYS = ("host_path", "storage_path")
+_S3_KEYS = ("bucket", "prefix", "endpoint_url", "region", "access_key", "secret_key")
+
+
 def _parse_storage(s: Section) -> CheckpointStorageConfig:
     kind = s.get_choice("type", ("shared_fs", "s3"), "shared_fs")
-    host_path = s.get_str("host_path", None)
-    storage_path = s.get_str("storage_path", None)
-    bucket = s.get_str("bucket", REQUIRED if kind == "s3" else None)
-    prefix = s.get_str("prefix", None)
-    endpoint = s.get_str("endpoint_url", None)
+    values = {key: s.get_str(key, None) for key in (*_SHARED_FS_KEYS, *_S3_KEYS)}
     best = s.get_int("save_trial_best", 1, minimum=0)
     latest = s.get_int("save_trial_latest", 1, minimum=0)
     exp_best = s.get_int("save_experiment_best", 0, minimum=0)
-    s.finish(("access_key", "secret_key"))
+    s.finish()
+    others = _S3_KEYS if kind == "shared_fs" else _SHARED_FS_KEYS
+    type_is_valid = s.data.get("type") in (None, "shared_fs", "s3")
+    for key in others:
+        if type_is_valid and s.has(key):
+            other = "s3" if kind == "shared_fs" else "shared_fs"
+            s.error(key, f"is a setting of {other} storage, not {kind}")
+    if kind == "s3":
+        _check_s3(s, values)
     return CheckpointStorageConfig(
         type=kind,  # type: ignore[arg-type]
-        host_path=host_path,
-        storage_path=storage_path,
-        bucket=bucket,
-        prefix=prefix,
-        endpoint_url=endpoint,
+        host_path=values["host_path"],
+        storage_path=values["storage_path"],
+        bucket=values["bucket"],
+        prefix=(values["prefix"] or "").strip("/"),
+        endpoint_url=values["endpoint_url"],
+        region=values["region"],
+        access_key=values["access_key"],
+        secret_key=values["secret_key"],
         save_trial_best=1 if best is None else best,
         save_trial_latest=1 if latest is None else latest,
         save_experiment_best=0 if exp_best is None else exp_best,
     )
+
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+def _check_s3(s: Section, values: Mapping[str, str | None]) -> None:
+    bucket = values["bucket"]
+    if bucket is None:
+        if not s.has("bucket"):
+            s.error("bucket", "is required for s3 storage (the name of an existing bucket)")
+    elif not _BUCKET.match(bucket):
+        s.error(
+            "bucket",
+            f"{bucket!r} is not a bucket name: 3-63 lowercase letters, digits, '.' and '-', "
+            "starting and ending with a letter or digit",
+        )
+    prefix = values["prefix"]
+    if prefix and ".." in prefix.split("/"):
+        s.error("prefix", f"must not contain '..', got {prefix!r}")
+    endpoint = values["endpoint_url"]
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        s.error("endpoint_url", f"expected an http:// or https:// URL, got {endpoint!r}")
+    if (values["access_key"] is None) != (values["secret_key"] is None):
+        given, missing = (
+            ("access_key", "secret_key")
+            if values["secret_key"] is None
+            else ("secret_key", "access_key")
+        )
+        s.error(
+            missing,
+            f"is required with {s.key_path(given)} (or give neither and let boto3 find "
+            "credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws)",
+        )

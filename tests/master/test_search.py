@@ -303,3 +303,30 @@ def test_progress_rises_with_the_search(master: MasterServer, api: api_pb2_grpc.
     assert not math.isnan(seen[0])
     harness.close()
     agent.close()
+
+
+def test_checkpoints_the_policy_does_not_keep_are_collected_when_trials_end(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    agent = ScriptedAgent(master.port, "a1", slots=2)
+    harness = Harness(agent, master.port, metric=older_is_better)
+    eid = _create(api, ASHA)  # save_trial_best 1, save_trial_latest 1 (the defaults)
+    harness.run_until(_ended(api, eid))
+    store = master.store
+
+    def kept() -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for t in store.list_trials(eid):
+            out[t.id] = [
+                c.total_batches for c in store.list_checkpoints(t.id) if c.state != "DELETED"
+            ]
+        return out
+
+    deadline = time.monotonic() + 10
+    while any(len(v) > 1 for v in kept().values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for trial_id, batches in kept().items():
+        latest = store.get_trial(trial_id).total_batches
+        assert batches == [latest]  # no metric recorded with them: only the latest stays
+    harness.close()
+    agent.close()

@@ -1,0 +1,275 @@
+"""Checkpoint garbage collection: which checkpoints survive a trial or experiment, and the
+executor that deletes the rest from storage and marks them DELETED in the store.
+
+The rule is Determined's (`ExperimentCheckpointsToGCRaw` in its master): a COMPLETED
+checkpoint is kept when it is
+
+- among the `save_trial_latest` newest of its trial (by batches; equal batches tie and are
+  all kept), or
+- among the `save_trial_best` best of its trial by the searcher metric, or
+- among the `save_experiment_best` best of the whole experiment by the searcher metric;
+
+and deleted otherwise. "Best" ranks the searcher metric recorded with the checkpoint (the
+validation at the checkpoint's batch); a checkpoint without it (no validation at that
+batch, or a NaN) ranks below every one that has it and is kept only as one of the latest.
+Equal metrics are ordered by batches, then by trial id, then by the order the store lists
+them, so each "best N" is exactly N checkpoints.
+
+Determined applies the rule once, when the experiment ends. Assay also applies it when a
+trial ends, to that trial's checkpoints only, ranking the experiment's best against every
+checkpoint stored so far, running trials' included. That is safe: a checkpoint that is not
+among the experiment's best N now can only fall further as trials report better ones, so
+the end-of-experiment pass would delete it too, and keeping an ended trial's checkpoints
+until the whole experiment ends would fill the disk on long searches. Checkpoints of trials
+that have not ended are never candidates: a running, queued, paused or stopping trial
+restores from its latest one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from assay._storage import StorageManager, storage_at
+from assay.config import CheckpointStorageConfig, ExperimentConfig
+from assay.master.store import CheckpointRecord, Store
+
+log = logging.getLogger("assay.master")
+
+COMPLETED = "COMPLETED"
+DELETED = "DELETED"
+# The trial states in which a trial will never run again (as in assay.master._state).
+ENDED_TRIAL_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR"})
+
+
+@dataclass(frozen=True)
+class GCPolicy:
+    """What survives garbage collection: the config's counts and the searcher's metric."""
+
+    save_trial_best: int = 1
+    save_trial_latest: int = 1
+    save_experiment_best: int = 0
+    metric: str = ""
+    smaller_is_better: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("save_trial_best", "save_trial_latest", "save_experiment_best"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig) -> GCPolicy:
+        storage = config.checkpoint_storage
+        return cls(
+            save_trial_best=storage.save_trial_best,
+            save_trial_latest=storage.save_trial_latest,
+            save_experiment_best=storage.save_experiment_best,
+            metric=config.searcher.metric,
+            smaller_is_better=config.searcher.smaller_is_better,
+        )
+
+
+@dataclass(frozen=True)
+class TrialCheckpoints:
+    """One trial's checkpoints (as the store lists them) and whether the trial has ended."""
+
+    trial_id: int
+    checkpoints: Sequence[CheckpointRecord]
+    ended: bool
+
+
+def searcher_metric(checkpoint: CheckpointRecord, metric: str) -> float | None:
+    """The searcher metric recorded with `checkpoint`; None when absent or not a number."""
+    metrics = checkpoint.user_metadata.get("validation_metrics") or {}
+    value = metrics.get(metric) if isinstance(metrics, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def checkpoints_to_delete(
+    policy: GCPolicy, trials: Sequence[TrialCheckpoints], *, experiment_ended: bool
+) -> set[str]:
+    """The uuids of the COMPLETED checkpoints that `policy` says to delete now.
+
+    Candidates are the checkpoints of ended trials, or of every trial once
+    `experiment_ended`; see the module docstring for the rule. Pure: no I/O.
+    """
+    live = [
+        (index, t, c)
+        for t in trials
+        for index, c in enumerate(t.checkpoints)
+        if c.state == COMPLETED
+    ]
+    keep: set[str] = set()
+    keep |= _best(policy, ((i, t.trial_id, c) for i, t, c in live), policy.save_experiment_best)
+    for trial in trials:
+        if not (trial.ended or experiment_ended):
+            continue
+        mine = [(i, trial.trial_id, c) for i, t, c in live if t is trial]
+        keep |= _best(policy, mine, policy.save_trial_best)
+        keep |= _latest([c for _, _, c in mine], policy.save_trial_latest)
+    return {c.uuid for _, t, c in live if (t.ended or experiment_ended) and c.uuid not in keep}
+
+
+def _best(
+    policy: GCPolicy, entries: Iterable[tuple[int, int, CheckpointRecord]], n: int
+) -> set[str]:
+    if n <= 0 or not policy.metric:
+        return set()
+    sign = 1.0 if policy.smaller_is_better else -1.0
+    scored = [
+        (sign * value, c.total_batches, trial_id, index, c.uuid)
+        for index, trial_id, c in entries
+        if (value := searcher_metric(c, policy.metric)) is not None
+    ]
+    return {entry[-1] for entry in sorted(scored)[:n]}
+
+
+def _latest(checkpoints: Sequence[CheckpointRecord], n: int) -> set[str]:
+    if n <= 0:
+        return set()
+    newest = sorted({c.total_batches for c in checkpoints}, reverse=True)
+    kept: set[str] = set()
+    for batches in newest:
+        # A rank, as Determined's SQL rank(): checkpoints at equal batches share one.
+        if sum(1 for c in checkpoints if c.total_batches > batches) >= n:
+            break
+        kept |= {c.uuid for c in checkpoints if c.total_batches == batches}
+    return kept
+
+
+# --- the executor ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GCResult:
+    """What one collection did.
+
+    `deleted`: removed from storage (or found already gone) and marked DELETED.
+    `missing`: of `deleted`, those whose files were already gone.
+    `failed`: uuid -> why; those rows are left as they were, and a later run retries them.
+    """
+
+    deleted: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)
+
+
+class StorageCache:
+    """One `StorageManager` per checkpoint root or bucket/prefix, so S3 clients are reused."""
+
+    def __init__(
+        self,
+        config: CheckpointStorageConfig | None,
+        *,
+        cache: dict[str, StorageManager] | None = None,
+    ) -> None:
+        self.config = config
+        self._managers: dict[str, StorageManager] = {} if cache is None else cache
+
+    def at(self, location: str) -> tuple[StorageManager, str]:
+        manager, uuid = storage_at(location, self.config)
+        key = location[: -len(uuid)] if location.endswith(uuid) else location
+        return self._managers.setdefault(key, manager), uuid
+
+
+def delete_checkpoint(store: Store, record: CheckpointRecord, storages: StorageCache) -> bool:
+    """Delete one checkpoint's files, then mark it DELETED; True if its files were gone.
+
+    Raises whatever storage or the store raised; the row is marked only after the files
+    are gone, so a failure leaves it as it was and a retry finishes the job.
+    """
+    manager, uuid = storages.at(record.location)
+    if uuid != record.uuid:
+        raise ValueError(f"checkpoint {record.uuid} has location {record.location}")
+    found = manager.delete(uuid)
+    store.set_checkpoint_state(record.uuid, DELETED)
+    return not found
+
+
+def delete_records(
+    store: Store, records: Iterable[CheckpointRecord], storages: StorageCache
+) -> GCResult:
+    """Delete each of `records`, collecting outcomes; never raises for one checkpoint."""
+    deleted: list[str] = []
+    missing: list[str] = []
+    failed: dict[str, str] = {}
+    for record in records:
+        try:
+            gone = delete_checkpoint(store, record, storages)
+        except Exception as e:
+            failed[record.uuid] = str(e) or type(e).__name__
+            log.warning("checkpoint %s: deletion failed: %s", record.uuid, failed[record.uuid])
+            continue
+        deleted.append(record.uuid)
+        if gone:
+            missing.append(record.uuid)
+    return GCResult(tuple(deleted), tuple(missing), failed)
+
+
+def collect(
+    store: Store,
+    experiment_id: int,
+    config: ExperimentConfig,
+    *,
+    ended_trial_ids: Collection[int] = (),
+    experiment_ended: bool = False,
+    storage_cache: dict[str, StorageManager] | None = None,
+) -> GCResult:
+    """Garbage-collect experiment `experiment_id`'s checkpoints under its config's policy.
+
+    Call it (in a background thread: it does storage I/O) after the store has recorded that
+    trials ended (`ended_trial_ids`: the trials that just reached COMPLETED, CANCELED or
+    ERROR) or that the experiment ended (`experiment_ended=True`: it reached COMPLETED,
+    CANCELED or ERROR; all its trials are then candidates). Trials the store already shows
+    in one of those states count as ended too, so a collection missed by a master restart is
+    made up by the next one. The latest checkpoint of a trial the store shows in any other
+    state is never deleted, whatever the caller says.
+
+    Each checkpoint to delete is removed from its storage (shared_fs: its directory; s3: the
+    objects under its prefix, with this process's credentials: the config's or AWS_*), then
+    marked DELETED; files already gone count as deleted and missing. A failure is logged and
+    returned in `failed`, never raised, and leaves the row as it was. Running it again does
+    nothing more. Errors reading the store do propagate.
+    """
+    trials = store.list_trials(experiment_id)
+    ended = set(ended_trial_ids) | {t.id for t in trials if t.state in ENDED_TRIAL_STATES}
+    protected = {
+        t.latest_checkpoint
+        for t in trials
+        if t.latest_checkpoint and t.state not in ENDED_TRIAL_STATES
+    }
+    listed = [TrialCheckpoints(t.id, store.list_checkpoints(t.id), t.id in ended) for t in trials]
+    doomed = checkpoints_to_delete(
+        GCPolicy.from_config(config), listed, experiment_ended=experiment_ended
+    )
+    doomed -= protected
+    records = [c for t in listed for c in t.checkpoints if c.uuid in doomed]
+    if not records:
+        return GCResult()
+    storages = StorageCache(config.checkpoint_storage, cache=storage_cache)
+    result = delete_records(store, records, storages)
+    log.info(
+        "experiment %d: checkpoint GC deleted %d (%d already gone), %d failed",
+        experiment_id,
+        len(result.deleted),
+        len(result.missing),
+        len(result.failed),
+    )
+    return result
+
+
+__all__ = [
+    "GCPolicy",
+    "GCResult",
+    "TrialCheckpoints",
+    "checkpoints_to_delete",
+    "collect",
+    "delete_checkpoint",
+    "delete_records",
+    "searcher_metric",
+]

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from assay.errors import PREEMPTED_EXIT_CODE
+
 log = logging.getLogger("assay.agent")
 
 POLL_INTERVAL = 0.05
@@ -58,6 +60,8 @@ def wrap_command(command: Sequence[str], agent_pid: int) -> list[str]:
 
 def describe_exit(code: int) -> str:
     """ "exited with code 3" or "was killed by SIGKILL" (Popen's negative codes)."""
+    if code == PREEMPTED_EXIT_CODE:
+        return "stopped at a checkpoint when asked to (it resumes later)"
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"

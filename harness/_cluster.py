@@ -42,7 +42,13 @@ from assay._session import CheckpointReport, MetricsReport, _fmt
 from assay._storage import StorageManager, is_remote, storage_at, storage_for
 from assay._trial_client import TrialClient, retry_budget_from_env
 from assay.config import CheckpointStorageConfig, ExperimentConfig, parse_config
-from assay.errors import INVALID_HP_EXIT_CODE, AssayError, InvalidHP
+from assay.errors import (
+    INVALID_HP_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    AssayError,
+    InvalidHP,
+    TrialPreempted,
+)
 from assay.proto import common_pb2, trial_pb2
 
 log = logging.getLogger("assay")
@@ -312,6 +318,12 @@ def main(argv: list[str]) -> int:
             raise AssayError(f"{SPEC_ENV} is not set: it names the trial spec JSON file")
         spec = ClusterSpec.load(path)
         run_cluster_slot(spec, model_dir=Path.cwd())
+    except TrialPreempted as e:
+        print(e, flush=True)
+        from assay._worker import leave_process_group
+
+        leave_process_group(PREEMPTED_EXIT_CODE)
+        return PREEMPTED_EXIT_CODE
     except InvalidHP as e:
         print(f"error: the trial's hyperparameters are unusable: {e}", file=sys.stderr)
         return INVALID_HP_EXIT_CODE

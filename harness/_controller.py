@@ -29,7 +29,7 @@ from assay._data import ShardedLoader
 from assay._preempt import PreemptWatcher
 from assay._session import CheckpointReport, MetricsReport, Session
 from assay._trial import BuiltinReducer, MetricReducer, Reducer, Trial
-from assay.errors import TrainingError
+from assay.errors import TrainingError, TrialPreempted
 
 log = logging.getLogger("assay")
 # Distributed ranks agree on stopping every this many batches (one small CPU collective).
@@ -161,8 +161,9 @@ class TrialController:
         self._flush_training_metrics()
         if self.state.last_checkpoint != self.state.total_batches or not self._checkpointed:
             self._checkpoint()
-        log.info("stopped at batch %d to be resumed later", self.state.total_batches)
-        return RunResult(self.state.total_batches, dict(self.last_validation), self.last_checkpoint)
+        raise TrialPreempted(
+            f"stopped at batch {self.state.total_batches} to be resumed later from its checkpoint"
+        )
 
     def _train_batch(self, batch: Any) -> None:
         state, context = self.state, self.context

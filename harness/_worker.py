@@ -150,8 +150,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def leave_process_group() -> None:
-    """After a successful run: wait for every rank, then exit 0 without interpreter teardown.
+def leave_process_group(code: int = 0) -> None:
+    """After a run: wait for every rank, then exit `code` without interpreter teardown.
 
     Returns (and the caller exits normally) when there is no process group.
     """
@@ -164,7 +164,7 @@ def leave_process_group() -> None:
         dist.barrier()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)
 
 
 if __name__ == "__main__":

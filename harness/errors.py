@@ -43,6 +43,13 @@ class InvalidHP(AssayError):  # noqa: N818 - Determined's name, kept for portabi
 
 # The exit code of a cluster trial process whose Trial raised InvalidHP.
 INVALID_HP_EXIT_CODE = 77
+# The exit code of a cluster trial process that stopped at a checkpoint when asked to
+# (SIGTERM or the master's preemption request): it resumes later, not counted as a failure.
+PREEMPTED_EXIT_CODE = 80
+
+
+class TrialPreempted(AssayError):  # noqa: N818 - a stop asked for, not a failure
+    """Training stopped at a checkpoint because it was asked to; it resumes later."""
 
 
 class TrainingError(AssayError):

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import threading
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
@@ -60,21 +60,19 @@ class SyncContext:
 class SyncAdapter:
     """Serves a synchronous servicer's methods on `pool`, as coroutines for grpc.aio.
 
-    Unary methods run whole on the pool; a streaming method's generator is advanced
-    one item at a time on it. Methods that are coroutines already are served as they are.
+    Plain (unary) methods run whole on the pool. Methods that are coroutines or async
+    generators already are served as they are: a streaming method must be one, so that
+    a long stream (a log follower) holds no thread while it waits.
     """
 
-    def __init__(self, servicer: object, pool: futures.Executor, streaming: set[str]) -> None:
+    def __init__(self, servicer: object, pool: futures.Executor) -> None:
         self._servicer = servicer
         self._pool = pool
-        self._streaming = streaming
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method: Callable[..., Any] = getattr(self._servicer, name)
         if inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method):
             return method  # written for the loop already
-        if name in self._streaming:
-            return self._stream(method)
         return self._unary(method)
 
     def _unary(self, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -87,29 +85,6 @@ class SyncAdapter:
                 return await loop.run_in_executor(pool, method, request, shim)
             except _Aborted as a:
                 await context.abort(a.code, a.details)
-
-        return handler
-
-    def _stream(self, method: Callable[..., Generator[Any, None, None]]) -> Callable[..., Any]:
-        pool = self._pool
-        done = object()
-
-        async def handler(
-            request: Any, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> AsyncIterator[Any]:
-            shim = SyncContext(context)
-            loop = asyncio.get_running_loop()
-            items = method(request, shim)
-            try:
-                while True:
-                    item = await loop.run_in_executor(pool, next, items, done)
-                    if item is done:
-                        return
-                    yield item
-            except _Aborted as a:
-                await context.abort(a.code, a.details)
-            finally:
-                await loop.run_in_executor(pool, items.close)
 
         return handler
 

@@ -126,12 +126,12 @@ class GroupCommit:
 
     def _run(self) -> None:
         while True:
-            self._work.wait()
-            self._work.clear()
             if not self._has_work():
                 if self._stopping:
                     return
-                continue
+                self._work.wait()
+                self._work.clear()
+                continue  # look again: a change may have come between the wait and the clear
             with self.lock:
                 batch, actions, number = self.batch, self._actions, self._open
                 self.batch, self._actions = WriteBatch(), []

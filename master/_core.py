@@ -30,7 +30,7 @@ import yaml
 
 from assay._archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
 from assay.config import ExperimentConfig, LengthUnit, parse_config
-from assay.errors import INVALID_HP_EXIT_CODE, InvalidConfigError
+from assay.errors import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE, InvalidConfigError
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._errors import PermissionDeniedError
@@ -272,19 +272,23 @@ class Master:
         self.trials.update(experiment.trials)
 
     def _adopt_trials(self, experiment: ExperimentState) -> None:
-        """Start the search of an experiment stored without one, on the trials it has."""
+        """Start the search of an experiment stored without one, on the trials it has.
+
+        Its trials take the request ids of the searcher's first Creates, in id order (the
+        rename is recorded), and the operations are then carried out as for a new
+        experiment: Creates beyond the stored trials make new ones.
+        """
         experiment.needs_start = False
         existing = sorted(experiment.trials.values(), key=lambda t: t.id)
-        for op in experiment.searcher.initial_operations():
+        ops = experiment.searcher.initial_operations()
+        for op in ops:
             if isinstance(op, Create) and existing:
                 trial = existing.pop(0)
                 del experiment.by_request[trial.request_id]
                 trial.request_id = op.request_id
                 experiment.by_request[op.request_id] = trial
-                experiment.searcher.on_trial_created(op.request_id)
-            elif isinstance(op, ValidateAfter) and op.request_id in experiment.by_request:
-                experiment.by_request[op.request_id].target = op.length
-        self._save_search(experiment)
+                self.batch.rename_trial_request(trial.id, op.request_id)
+        self._apply(experiment, ops)
 
     # --- memory and store together --------------------------------------------------------
 
@@ -425,7 +429,8 @@ class Master:
         while pending:
             op = pending.popleft()
             if isinstance(op, Create):
-                self._new_trial(experiment, op)
+                if op.request_id not in experiment.by_request:  # (adopted ones exist)
+                    self._new_trial(experiment, op)
                 pending.extend(searcher.on_trial_created(op.request_id))
             elif isinstance(op, ValidateAfter):
                 trial = experiment.by_request[op.request_id]
@@ -520,7 +525,9 @@ class Master:
             if trial.state == "PAUSED" and trial.target is not None:
                 self._set_trial(trial, state="QUEUED")
                 self._enqueue(trial)
-        self._schedule()
+        self._settle_experiment(experiment)  # its last trial may have ended while paused
+        if experiment.id in self.experiments:
+            self._schedule()
 
     def _cancel(self, experiment: ExperimentState) -> None:
         self._set_experiment(experiment, state="STOPPING_CANCELED")
@@ -831,7 +838,8 @@ class Master:
             self.commit.ticket()
 
     def _drop_agent(self, agent_id: str) -> None:
-        affected = self.scheduler.remove_agent(agent_id)
+        # The gang's other parts keep their slots until their processes are gone.
+        affected = self.scheduler.remove_agent(agent_id, keep_other_parts=True)
         dropped = self.agents.pop(agent_id, None)
         if dropped is not None and dropped.connected:
             self._count_agent(dropped.slot_type, -1)
@@ -960,8 +968,16 @@ class Master:
         codes = [c for codes in run.exit_codes.values() for c in codes]
         trial = self.trials[run.trial_id]
         experiment = self.experiments[run.experiment_id]
+        ok = bool(codes) and all(c == 0 for c in codes)
+        preempted = PREEMPTED_EXIT_CODE in codes and all(
+            c in (0, PREEMPTED_EXIT_CODE) for c in codes
+        )
         if run.stopping in ("cancel", "kill"):
             self._set_trial(trial, state="CANCELED", end_time=_now())
+        elif ok and trial.closed:
+            # Done: the searcher closed it, whatever stop was landing as it exited.
+            self._set_trial(trial, state="COMPLETED", end_time=_now())
+            self._searcher_event(experiment, trial, "on_trial_closed")
         elif run.stopping == "preempt":
             self._set_trial(trial, state="QUEUED")  # resumes from its checkpoint later
             self._enqueue(trial)
@@ -977,16 +993,12 @@ class Master:
             self.batch.log(trial.id, run.run_id, message, level="WARNING", now=_now())
             self._set_trial(trial, state="QUEUED")
             self._enqueue(trial)
-        elif codes and all(c == 0 for c in codes) and trial.target is None:
-            if trial.closed:
-                self._set_trial(trial, state="COMPLETED", end_time=_now())
-                self._searcher_event(experiment, trial, "on_trial_closed")
-            else:
-                # Validated at its rung and not promoted (yet): it waits, checkpointed.
-                self._set_trial(trial, state="PAUSED")
-        elif codes and all(c == 0 for c in codes):
-            # Stopped on a SIGTERM or the master's word before its target, after a
-            # checkpoint (graceful preemption): not the user's failure.
+        elif ok and trial.target is None:
+            # Validated at its rung and not promoted (yet): it waits, checkpointed.
+            self._set_trial(trial, state="PAUSED")
+        elif preempted:
+            # Stopped at a checkpoint when asked to (SIGTERM, e.g. its agent shutting
+            # down, or the master): not the user's failure.
             log.info("trial %d stopped at a checkpoint before batch %s", trial.id, trial.target)
             self._set_trial(trial, state="QUEUED")
             self._enqueue(trial)
@@ -997,6 +1009,8 @@ class Master:
         else:
             restarts = trial.restarts + 1
             why = "; ".join(run.messages) or f"exit codes {codes}"
+            if ok:
+                why = f"its process exited 0 before training to batch {trial.target}"
             limit = experiment.config.max_restarts
             self._set_trial(trial, last_error=f"run {run.run_id}: {why}")
             if restarts <= limit:
@@ -1062,8 +1076,12 @@ class Master:
         with self.lock:
             trial = self.trials.get(run.trial_id)
             if run.stopping is not None or trial is None or trial.closed:
-                return None
-            return trial.target
+                answer = None
+            else:
+                answer = trial.target
+            ticket = self.commit.ticket()
+        self.commit.wait(ticket)  # answer only what is durable
+        return answer
 
     def complete_operation(self, run: Run, total_batches: int, metric: float) -> None:
         """The trial validated at its target: tell the searcher (a retry is a no-op)."""
@@ -1071,7 +1089,10 @@ class Master:
             trial = self.trials.get(run.trial_id)
             experiment = self.experiments.get(run.experiment_id)
             if trial is None or experiment is None or trial.target != total_batches:
-                return  # reported already, or the experiment has ended
+                # Reported already (a retry), or the experiment has ended: once what the
+                # first report changed is durable, there is nothing more to do.
+                self._commit_and_wait()
+                return
             trial.target = None
             self._searcher_event(
                 experiment, trial, "on_validation_completed", metric, total_batches

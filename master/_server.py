@@ -58,10 +58,8 @@ class MasterServer:
             config = _with_port(config, self.port)
             self.config = config
         self.master = Master(config, self.store, on_fatal=self._on_fatal)
-        api = SyncAdapter(
-            ApiServicer(self.master, self.pool), self.pool, streaming={"StreamTrialLogs"}
-        )
-        trial = SyncAdapter(TrialServicer(self.master), self.pool, streaming=set())
+        api = SyncAdapter(ApiServicer(self.master, self.pool), self.pool)
+        trial = SyncAdapter(TrialServicer(self.master), self.pool)
         api_pb2_grpc.add_ApiServicer_to_server(api, self.server)  # type: ignore[arg-type]
         trial_pb2_grpc.add_TrialServiceServicer_to_server(trial, self.server)  # type: ignore[arg-type]
         agent_pb2_grpc.add_AgentServiceServicer_to_server(

@@ -7,9 +7,10 @@ import datetime as dt
 import logging
 import os
 import random
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent import futures
+from functools import partial
+from typing import TypeVar
 
 import grpc
 
@@ -33,6 +34,7 @@ from assay.proto import (
 )
 
 log = logging.getLogger("assay.master")
+_T = TypeVar("_T")
 TOKEN_HEADER = "x-assay-token"
 # Fault injection for the reliability tests: this fraction of ReportMetrics replies is
 # replaced by UNAVAILABLE after the metrics were stored, as a lost reply would be.
@@ -210,31 +212,48 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             )
         raise AssertionError("unreachable")
 
-    def StreamTrialLogs(  # noqa: N802
-        self, request: api_pb2.StreamTrialLogsRequest, context: grpc.ServicerContext
-    ) -> Iterator[common_pb2.LogLine]:
-        with rpc_errors(context):
-            self.store.get_trial(request.trial_id)
+    async def StreamTrialLogs(  # noqa: N802
+        self,
+        request: api_pb2.StreamTrialLogsRequest,
+        context: grpc.aio.ServicerContext[api_pb2.StreamTrialLogsRequest, common_pb2.LogLine],
+    ) -> AsyncIterator[common_pb2.LogLine]:
+        """On the event loop: a follower waits with asyncio, holding no thread; each read
+        of the store runs on the pool."""
+        loop = asyncio.get_running_loop()
+        trial_id = request.trial_id
+
+        async def read(call: Callable[[], _T]) -> _T:
+            return await loop.run_in_executor(self.pool, call)
+
+        try:
+            await read(partial(self.store.get_trial, trial_id))
             after = request.after_id
             if request.tail > 0:
-                lines = self.store.tail_logs(request.trial_id, after_id=after, limit=100_000)
+                lines = await read(
+                    partial(self.store.tail_logs, trial_id, after_id=after, limit=100_000)
+                )
                 lines = lines[-request.tail :]
                 after = lines[0].id - 1 if lines else after
-            while context.is_active():
-                lines = self.store.tail_logs(request.trial_id, after_id=after, limit=1000)
+            while True:
+                lines = await read(partial(self.store.tail_logs, trial_id, after_id=after))
                 for line in lines:
-                    yield _convert.log_line(line, request.trial_id)
+                    yield _convert.log_line(line, trial_id)
                     after = line.id
                 if len(lines) == 1000:
                     continue
                 if not request.follow:
                     return
-                if self.store.get_trial(request.trial_id).state in TERMINAL_TRIAL:
-                    final = self.store.tail_logs(request.trial_id, after_id=after, limit=100_000)
+                trial = await read(partial(self.store.get_trial, trial_id))
+                if trial.state in TERMINAL_TRIAL:
+                    final = await read(
+                        partial(self.store.tail_logs, trial_id, after_id=after, limit=100_000)
+                    )
                     for line in final:
-                        yield _convert.log_line(line, request.trial_id)
+                        yield _convert.log_line(line, trial_id)
                     return
-                time.sleep(0.25)
+                await asyncio.sleep(0.25)
+        except AssayError as e:
+            await context.abort(status_of(e), str(e))
 
     def ListCheckpoints(  # noqa: N802
         self, request: api_pb2.ListCheckpointsRequest, context: grpc.ServicerContext
@@ -356,12 +375,23 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an agent must register first")
         outbox = LoopOutbox(loop)
         peer = _peer_host(context.peer())
+        registering = loop.run_in_executor(
+            self.pool, self.master.register_agent, first.register, peer, outbox
+        )
         try:
-            handle = await loop.run_in_executor(
-                self.pool, self.master.register_agent, first.register, peer, outbox
-            )
+            handle = await asyncio.shield(registering)
         except AssayError as e:
             await context.abort(status_of(e), str(e))
+        except asyncio.CancelledError:
+            # The agent hung up while its registration committed: once that is done,
+            # it is disconnected, not left registered with nobody reading its messages.
+            def hung_up(done: asyncio.Future[AgentHandle]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    gone = done.result()
+                    self.master.agent_disconnected(gone.id, gone)
+
+            registering.add_done_callback(hung_up)
+            raise
         reader = asyncio.create_task(self._read(handle, messages))
         try:
             interval = int(self.master.config.heartbeat_interval_s * 1000)

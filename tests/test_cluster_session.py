@@ -34,7 +34,7 @@ from assay._trial_client import (
     TrialClient,
     retry_budget_from_env,
 )
-from assay.errors import AssayError
+from assay.errors import PREEMPTED_EXIT_CODE, AssayError
 from assay.proto import common_pb2, trial_pb2, trial_pb2_grpc
 from tests.conftest import REGRESSION_DIR, S3Server, regression_config
 
@@ -541,7 +541,7 @@ def _wait_for(check: Any, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.parametrize("slots", [1, 2])
-def test_sigterm_checkpoints_at_the_next_batch_and_exits_0(tmp_path: Path, slots: int) -> None:
+def test_sigterm_checkpoints_at_the_next_batch_and_exits_80(tmp_path: Path, slots: int) -> None:
     service = FakeTrialService(targets=[2000])
     with serve(service) as api:
         spec = write_spec(tmp_path, api, slots=slots, batches=2000, sleep_s=0.02)
@@ -550,7 +550,7 @@ def test_sigterm_checkpoints_at_the_next_batch_and_exits_0(tmp_path: Path, slots
         for proc in procs:  # as the agent does: SIGTERM to each slot's process
             proc.terminate()
         finished = wait_slots(procs)
-    ok(finished)
+    assert [f.code for f in finished] == [PREEMPTED_EXIT_CODE] * slots, finished[0].stderr
     [checkpoint] = service.of("ReportCheckpoint")
     stopped = checkpoint.checkpoint.total_batches
     assert 8 <= stopped < 2000
@@ -565,7 +565,7 @@ def test_the_masters_preempt_answer_stops_the_trial_at_a_checkpoint(tmp_path: Pa
     with serve(service) as api:
         spec = write_spec(tmp_path, api, batches=2000, sleep_s=0.02)
         finished = run_slots(spec, extra_env={"ASSAY_PREEMPT_POLL_S": "0.3"})
-    ok(finished)
+    assert finished[0].code == PREEMPTED_EXIT_CODE, finished[0].stderr
     assert service.of("ShouldPreempt")
     [checkpoint] = service.of("ReportCheckpoint")
     assert 0 < checkpoint.checkpoint.total_batches < 2000

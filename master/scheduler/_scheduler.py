@@ -52,14 +52,20 @@ class Scheduler:
         if agent.enabled:
             self._index[agent.slot_type].add(agent.id, agent.slots, agent.slots)
 
-    def remove_agent(self, agent_id: str) -> list[str]:
+    def remove_agent(self, agent_id: str, *, keep_other_parts: bool = False) -> list[str]:
         """Forget an agent; returns the ids of requests that held slots on it, sorted.
 
-        Those requests lose their slots on every agent, so the caller can requeue them.
+        Those requests lose their slots on every agent, so the caller can requeue them --
+        or, with `keep_other_parts`, only on this one: their other agents' slots stay held
+        until the caller releases them (when those processes are known to be gone).
         """
         evicted = self._holders(agent_id)
         for request_id in evicted:
+            placement = self._allocations[request_id]
             self.release(request_id)
+            rest = tuple(part for part in placement if part[0] != agent_id)
+            if keep_other_parts and rest:
+                self._hold(request_id, rest)
         agent = self._agents.pop(agent_id)
         del self._owners[agent_id]
         if agent.enabled:

@@ -202,6 +202,10 @@ class WriteBatch:
         _check_fields("trial", fields, TRIAL_FIELDS)
         self.update(_TRIALS, trial_id, **fields)
 
+    def rename_trial_request(self, trial_id: int, request_id: str) -> None:
+        """Give a stored trial the request id its searcher knows it by (adoption)."""
+        self.update(_TRIALS, trial_id, request_id=request_id)
+
     def set_allocation(self, allocation_id: str, **fields: Any) -> None:
         _check_fields("allocation", fields, frozenset({"state", "ended_at"}))
         self.update(_ALLOCATIONS, allocation_id, **fields)

@@ -518,3 +518,21 @@ def test_a_higher_priority_experiment_preempts_a_lower_one(tmp_path: Path) -> No
             agent.close()
     finally:
         server.stop(grace=0)
+
+
+def test_user_code_that_exits_0_early_counts_as_a_failure_and_80_does_not(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    agent = ScriptedAgent(master.port, "a1", slots=1)
+    eid = _create(api, max_restarts=1)
+    first = agent.next("start").start
+    agent.exited(first.allocation_id, [80])  # stopped at a checkpoint when asked to
+    second = agent.next("start").start
+    assert _experiment(api, eid).trials[0].restarts == 0
+    agent.exited(second.allocation_id, [0])  # returned early, target not reached
+    third = agent.next("start").start
+    [trial] = _experiment(api, eid).trials
+    assert trial.restarts == 1
+    assert "exited 0 before training to batch 100" in trial.last_error
+    del third
+    agent.close()

@@ -72,3 +72,19 @@ def test_adopted_parts_merge_into_one_allocation_and_are_not_given_away() -> Non
     assert decision.assignments == []
     assert scheduler.release("7")
     assert scheduler.free_slots("a") == (1,)
+
+
+def test_removing_an_agent_can_keep_a_gangs_other_parts_held() -> None:
+    from assay.master.scheduler import Agent, Request, Scheduler
+
+    scheduler = Scheduler()
+    for name in ("a", "b"):
+        scheduler.add_agent(Agent(name, 1, "cpu"))
+    [gang] = scheduler.schedule([Request(id="g", slots=2, slot_type="cpu", order=1)]).assignments
+    assert scheduler.remove_agent("a", keep_other_parts=True) == ["g"]
+    assert scheduler.allocation_of("g") == (("b", (0,)),)
+    waiting = Request(id="w", slots=1, slot_type="cpu", order=2)
+    assert scheduler.schedule([waiting]).assignments == []  # b's slot is still in use
+    assert scheduler.release("g")
+    assert [a.request_id for a in scheduler.schedule([waiting]).assignments] == ["w"]
+    del gang

@@ -179,6 +179,7 @@ def local_cluster(tmp: Path) -> Iterator[tuple[Cluster, api_pb2_grpc.ApiStub]]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cluster = Cluster(address=f"127.0.0.1:{port}")
     master_cmd = [sys.executable, "-m", "assay.master.main", "--grpc-port", str(port)]
+    master_cmd += ["--http-port", "0"]
     master_cmd += ["--host", "127.0.0.1", "--state-dir", str(tmp / "master")]
     agent_cmd = [sys.executable, "-m", "assay.agent.main", "--master", cluster.address]
     agent_cmd += ["--slots", "1", "--slot-type", "cpu", "--agent-id", "agent0"]
@@ -539,6 +540,7 @@ def bench_throughput(s: Settings) -> ThroughputResult:
         port = free_port()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         master_cmd = [sys.executable, "-m", "assay.master.main", "--grpc-port", str(port)]
+        master_cmd += ["--http-port", "0"]
         master_cmd += ["--host", "127.0.0.1", "--state-dir", str(tmp / "master")]
         master_log = tmp / "master.log"
         master = _spawn(master_cmd, master_log, env)

@@ -44,6 +44,13 @@ def local() -> None:
 @click.option("--slot-type", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True)
 @click.option(
+    "--http-port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="the web UI and HTTP API (0: any free port, named in the master's log)",
+)
+@click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_STATE,
@@ -56,6 +63,7 @@ def up(
     slots_per_agent: int | None,
     slot_type: str,
     port: int,
+    http_port: int,
     state_dir: Path,
     db_url: str | None,
 ) -> None:
@@ -80,6 +88,8 @@ def up(
         "127.0.0.1",
         "--state-dir",
         str(state_dir / "master"),
+        "--http-port",
+        str(http_port),
     ]
     if db_url:
         master_cmd += ["--db-url", db_url]

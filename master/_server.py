@@ -14,6 +14,7 @@ from assay.errors import AssayError
 from assay.master._aio import LoopThread, SyncAdapter
 from assay.master._config import MasterConfig
 from assay.master._core import Master
+from assay.master._http import HttpServer, start_http
 from assay.master._servicers import AgentServicer, ApiServicer, TrialServicer
 from assay.master.store import Store
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
@@ -58,7 +59,10 @@ class MasterServer:
             config = _with_port(config, self.port)
             self.config = config
         self.master = Master(config, self.store, on_fatal=self._on_fatal)
-        api = SyncAdapter(ApiServicer(self.master, self.pool), self.pool)
+        self.api_servicer = ApiServicer(self.master, self.pool)
+        api = SyncAdapter(self.api_servicer, self.pool)
+        self.http: HttpServer | None = None
+        self.http_port = config.http_port
         trial = SyncAdapter(TrialServicer(self.master), self.pool)
         api_pb2_grpc.add_ApiServicer_to_server(api, self.server)  # type: ignore[arg-type]
         trial_pb2_grpc.add_TrialServiceServicer_to_server(trial, self.server)  # type: ignore[arg-type]
@@ -84,10 +88,20 @@ class MasterServer:
 
     def start(self) -> None:
         self.loop.call(self.server.start)
+        config = self.config
+        try:
+            self.http = self.loop.call(
+                lambda: start_http(self.api_servicer, self.pool, config.host, config.http_port)
+            )
+        except BaseException:
+            self.stop(grace=0)
+            raise
+        self.http_port = self.http.port
         log.info(
-            "assay-master listening on %s:%d (store: %s)",
-            self.config.host,
+            "assay-master listening on %s:%d (gRPC) and :%d (HTTP, web UI) (store: %s)",
+            config.host,
             self.port,
+            self.http_port,
             self.store.engine.url.render_as_string(hide_password=True),
         )
 
@@ -98,6 +112,10 @@ class MasterServer:
         with self.master.lock:
             for handle in self.master.agents.values():
                 handle.outbox.put(None)
+        if self.http is not None:
+            http = self.http
+            with contextlib.suppress(Exception):
+                self.loop.call(http.stop, timeout=grace + 10)
         with contextlib.suppress(Exception):
             self.loop.call(lambda: self.server.stop(grace), timeout=grace + 10)
         self.loop.stop()

@@ -96,6 +96,8 @@ def start_cluster(
         "127.0.0.1",
         "--state-dir",
         str(state),
+        "--http-port",
+        "0",
     ]
     if db_url:
         master_cmd += ["--db-url", db_url]

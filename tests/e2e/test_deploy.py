@@ -47,6 +47,8 @@ def test_up_then_down_leaves_nothing_running(tmp_path: Path) -> None:
         "1",
         "--port",
         port,
+        "--http-port",
+        "0",
         "--state-dir",
         state,
     )
@@ -61,7 +63,9 @@ def test_up_then_down_leaves_nothing_running(tmp_path: Path) -> None:
                 agents = json.loads(listed.stdout.strip().splitlines()[-1])
             time.sleep(0.5)
         assert len(agents) == 2
-        again = _assay("deploy", "local", "up", "--port", port, "--state-dir", state)
+        again = _assay(
+            "deploy", "local", "up", "--port", port, "--http-port", "0", "--state-dir", state
+        )
         assert again.returncode == 1
         assert "already running" in again.stderr
     finally:

@@ -22,6 +22,7 @@ from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2_grpc, common_pb2
 @pytest.fixture
 def master(tmp_path: Path) -> Iterator[MasterServer]:
     config = MasterConfig(
+        http_port=0,
         grpc_port=0,
         host="127.0.0.1",
         state_dir=tmp_path / "master",

@@ -125,7 +125,9 @@ def test_a_master_whose_store_fails_answers_unavailable_and_stops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("assay.master._commit.time.sleep", lambda s: None)
-    server = MasterServer(MasterConfig(grpc_port=0, host="127.0.0.1", state_dir=tmp_path))
+    server = MasterServer(
+        MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path)
+    )
     server.start()
 
     def broken(batch: WriteBatch) -> None:

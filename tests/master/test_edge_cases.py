@@ -195,7 +195,7 @@ def test_an_agent_that_hangs_up_while_registering_is_not_left_connected(
 def test_an_experiment_stored_without_a_search_state_is_adopted_in_the_store_too(
     tmp_path: Path,
 ) -> None:
-    config = MasterConfig(grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "m")
+    config = MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "m")
     first = MasterServer(config)
     first.start()
     with grpc.insecure_channel(f"127.0.0.1:{first.port}") as channel:
@@ -222,7 +222,9 @@ def test_an_experiment_stored_without_a_search_state_is_adopted_in_the_store_too
 
 
 def test_log_followers_hold_no_thread(tmp_path: Path) -> None:
-    config = MasterConfig(grpc_port=0, host="127.0.0.1", state_dir=tmp_path, max_rpc_threads=2)
+    config = MasterConfig(
+        http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path, max_rpc_threads=2
+    )
     server = MasterServer(config)
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")

@@ -278,6 +278,7 @@ def test_an_agent_back_without_the_trial_gets_it_requeued(
 
 def test_a_silent_agent_is_given_up_after_the_window(tmp_path: Path) -> None:
     config = MasterConfig(
+        http_port=0,
         grpc_port=0,
         host="127.0.0.1",
         state_dir=tmp_path,
@@ -365,7 +366,11 @@ def test_a_master_restart_finishes_a_kill_that_was_under_way(
     tmp_path: Path, agent_returns: bool
 ) -> None:
     config = MasterConfig(
-        grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "m", agent_reconnect_wait_s=1.0
+        http_port=0,
+        grpc_port=0,
+        host="127.0.0.1",
+        state_dir=tmp_path / "m",
+        agent_reconnect_wait_s=1.0,
     )
     first = MasterServer(config)
     first.start()
@@ -401,7 +406,11 @@ def test_a_master_restart_finishes_a_kill_that_was_under_way(
 
 def test_a_restarted_master_re_adopts_a_running_trial(tmp_path: Path) -> None:
     config = MasterConfig(
-        grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "m", agent_reconnect_wait_s=2.0
+        http_port=0,
+        grpc_port=0,
+        host="127.0.0.1",
+        state_dir=tmp_path / "m",
+        agent_reconnect_wait_s=2.0,
     )
     first = MasterServer(config)
     first.start()
@@ -473,6 +482,8 @@ def test_bad_start_up_settings_are_one_clear_error(
                 "127.0.0.1",
                 "--state-dir",
                 str(tmp_path),
+                "--http-port",
+                "0",
                 *args,
             ],
             capture_output=True,
@@ -487,7 +498,12 @@ def test_bad_start_up_settings_are_one_clear_error(
 
 def test_a_higher_priority_experiment_preempts_a_lower_one(tmp_path: Path) -> None:
     config = MasterConfig(
-        grpc_port=0, host="127.0.0.1", state_dir=tmp_path, heartbeat_interval_s=0.5, preemption=True
+        http_port=0,
+        grpc_port=0,
+        host="127.0.0.1",
+        state_dir=tmp_path,
+        heartbeat_interval_s=0.5,
+        preemption=True,
     )
     server = MasterServer(config)
     server.start()

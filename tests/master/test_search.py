@@ -242,7 +242,7 @@ def test_grid_runs_every_point_once(master: MasterServer, api: api_pb2_grpc.ApiS
 
 
 def test_the_search_survives_a_master_restart(tmp_path: Path) -> None:
-    config = MasterConfig(grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "master")
+    config = MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "master")
     server = MasterServer(config)
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
@@ -257,7 +257,9 @@ def test_the_search_survives_a_master_restart(tmp_path: Path) -> None:
     channel.close()
     server.stop(grace=0)
 
-    again = MasterServer(MasterConfig(grpc_port=0, host="127.0.0.1", state_dir=config.state_dir))
+    again = MasterServer(
+        MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=config.state_dir)
+    )
     again.start()
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{again.port}")

@@ -1,0 +1,335 @@
+"""The master's HTTP server: the JSON API under /api/v1/ and the web UI's files.
+
+Every API route calls the same `ApiServicer` method as the gRPC API, with a request
+built from the URL (`_http_params`) and a response that is the proto message as JSON
+(`json_format.MessageToDict`, proto field names, every field without presence printed).
+The server runs on the master's event loop (aiohttp); plain servicer methods run on the
+master's thread pool, coroutines and async generators on the loop (`_http_calls`).
+
+Failures are JSON `{"error": "..."}` with the status `_http_calls.HTTP_STATUS` maps the
+gRPC code to; bad input is a 4xx that names the parameter. Cross-origin requests get no
+CORS headers, and a POST made from another site's page (its Origin is not this host) is
+refused, so a page elsewhere cannot pause or kill experiments through the user's browser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from assay.errors import AssayError
+from assay.master._http_calls import (
+    INTERNAL_MESSAGE,
+    AsyncHttpContext,
+    CallError,
+    call_stream,
+    call_unary,
+    grpc_peer,
+)
+from assay.master._http_openapi import openapi_document
+from assay.master._http_params import ParamError, build_request
+from assay.master._http_routes import PREFIX, ROUTES, Route
+from assay.master._http_ui import WebUi
+from assay.proto import api_pb2
+
+log = logging.getLogger("assay.master")
+MAX_BODY_BYTES = 2**20
+# How often a follower checks that its client is still there, and sends a comment line.
+_POLL_S = 0.5
+_KEEPALIVE_S = 15.0
+_SHUTDOWN_S = 2.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def to_json(message: Message) -> dict[str, Any]:
+    """A message's JSON form: the same for every route, and what the OpenAPI schemas say."""
+    data: dict[str, Any] = json_format.MessageToDict(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        unquote_int64_if_possible=True,
+    )
+    return data
+
+
+def error_response(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers or None)
+
+
+class HttpServer:
+    """`await start()`, then `port`, then `await stop()`; all on one event loop."""
+
+    def __init__(
+        self,
+        api: object,
+        pool: futures.Executor,
+        host: str,
+        port: int,
+        ui_dir: Path | None = None,
+    ) -> None:
+        self.api = api
+        self.pool = pool
+        self.host = host
+        self.port = port
+        self.ui = WebUi(ui_dir)
+        self._closing = False
+        self.followers = 0  # log streams open now (server-sent events)
+        self._openapi = json.dumps(openapi_document())
+        self.app = self._build_app()
+        self._runner: web.AppRunner | None = None
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._middleware])
+        for route in ROUTES:
+            app.router.add_route(route.method, route.url, self._handler(route))
+        app.router.add_get(PREFIX + "/health", self._health)
+        app.router.add_get(PREFIX + "/openapi.json", self._openapi_json)
+        # Everything outside /api is the UI's; unknown /api paths are the router's 404.
+        app.router.add_get(r"/{tail:(?!api(?:/|$)).*}", self.ui.handle)
+        return app
+
+    async def start(self) -> None:
+        runner = web.AppRunner(self.app, shutdown_timeout=_SHUTDOWN_S)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError as e:
+            await runner.cleanup()
+            raise AssayError(
+                f"cannot serve HTTP on {self.host}:{self.port} ({e.strerror or e}); the port "
+                "is in use or the address is not this machine's: pick another with --http-port"
+            ) from None
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+        log.info("HTTP API and web UI on http://%s:%d/", self.host, self.port)
+
+    async def stop(self) -> None:
+        """Stop listening, end log followers, and wait (briefly) for calls in flight."""
+        self._closing = True
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    # -- routes --------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _openapi_json(self, request: web.Request) -> web.Response:
+        return web.Response(text=self._openapi, content_type="application/json")
+
+    def _handler(self, route: Route) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if request.method == "POST":
+                _refuse_other_sites(request)
+                await request.read()  # over MAX_BODY_BYTES: 413
+            message = build_request(route.request_class, dict(request.match_info), request.query)
+            given = [name for name in route.one_of if name in request.query]
+            if route.one_of and len(given) != 1:
+                raise ParamError(
+                    "/".join(route.one_of), f"give exactly one of {' or '.join(route.one_of)}"
+                )
+            if route.streams:
+                return await self._stream(request, route, message)
+            response = await call_unary(self.api, route.rpc, message, self.pool, _peer(request))
+            return web.json_response(to_json(response))
+
+        handle.__name__ = route.rpc
+        return handle
+
+    async def _stream(
+        self, request: web.Request, route: Route, message: Message
+    ) -> web.StreamResponse:
+        if getattr(message, "follow", False):
+            return await self._follow(request, route, message)
+        stream, context = call_stream(self.api, route.rpc, message, _peer(request))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        try:
+            # A failure (404) comes before the first item: it is still a plain error.
+            first = await anext(stream, None)
+            await response.prepare(request)
+            if first is not None:
+                await response.write(b"[" + json.dumps(to_json(first)).encode())
+                async for item in stream:
+                    await response.write(b"," + json.dumps(to_json(item)).encode())
+                await response.write(b"]")
+            else:
+                await response.write(b"[]")
+            await response.write_eof()
+        except (CallError, ConnectionError):
+            if not response.prepared:
+                raise
+            # Too late for a status: the client sees a cut-off (invalid) JSON array.
+        finally:
+            context.done()
+            await _aclose(stream)
+        return response
+
+    async def _follow(
+        self, request: web.Request, route: Route, message: Message
+    ) -> web.StreamResponse:
+        """Server-sent events: `data: <JSON>` per item, `event: end` once the stream ends.
+        Each line's id is the event id, so a reconnecting EventSource resumes after it."""
+        last_seen = request.headers.get("Last-Event-ID", "")
+        if last_seen.isascii() and last_seen.isdigit() and len(last_seen) < 19:
+            after = max(getattr(message, "after_id", 0), int(last_seen))
+            setattr(message, "after_id", after)  # noqa: B010 - any streaming request
+        # The trial must exist before the stream starts: afterwards a 404 cannot be sent.
+        trial_id = getattr(message, "trial_id", 0)
+        trial = api_pb2.GetTrialRequest(id=trial_id)
+        await call_unary(self.api, "GetTrial", trial, self.pool, _peer(request))
+        stream, context = call_stream(self.api, route.rpc, message, _peer(request))
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        self.followers += 1
+        try:
+            await response.prepare(request)
+            async for item in self._until_gone(request, response, stream, context):
+                data = json.dumps(to_json(item))
+                item_id = getattr(item, "id", None)
+                event = f"id: {item_id}\ndata: {data}\n\n" if item_id else f"data: {data}\n\n"
+                await response.write(event.encode())
+            if context.is_active() and not self._closing:
+                await response.write(b"event: end\ndata: {}\n\n")
+                await response.write_eof()
+        except CallError as e:
+            with contextlib.suppress(ConnectionError):
+                error = json.dumps({"error": e.message})
+                await response.write(f"event: error\ndata: {error}\n\n".encode())
+        except ConnectionError:
+            pass  # the client went away mid-write
+        finally:
+            self.followers -= 1
+            context.done()
+        return response
+
+    async def _until_gone(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        stream: AsyncIterator[Message],
+        context: AsyncHttpContext,
+    ) -> AsyncIterator[Message]:
+        """The stream's items until it ends, its client goes or the server stops; the
+        stream is closed on the way out, whichever it was."""
+        pending: asyncio.Future[Message] | None = None
+        try:
+            quiet = 0.0
+            while True:
+                pending = asyncio.ensure_future(anext(stream))
+                while not pending.done():
+                    await asyncio.wait({pending}, timeout=_POLL_S)
+                    transport = request.transport
+                    if self._closing or transport is None or transport.is_closing():
+                        context.done()
+                        return
+                    quiet += _POLL_S
+                    if quiet >= _KEEPALIVE_S and not pending.done():
+                        quiet = 0.0
+                        await response.write(b": keep-alive\n\n")
+                try:
+                    item = pending.result()
+                except StopAsyncIteration:
+                    return
+                pending = None
+                quiet = 0.0
+                yield item
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await pending
+            await _aclose(stream)
+
+    # -- errors --------------------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        api = request.path == "/api" or request.path.startswith("/api/")
+        try:
+            response = await handler(request)
+        except ParamError as e:
+            response = error_response(400, str(e))
+        except CallError as e:
+            response = error_response(e.status, e.message)
+        except web.HTTPException as e:
+            if not api or e.status < 400:
+                raise
+            response = _http_error(request, e)
+        except Exception:
+            log.exception("HTTP %s %s failed", request.method, request.path)
+            response = error_response(500, INTERNAL_MESSAGE)
+        if not response.prepared:
+            response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
+
+
+async def start_http(
+    api: object,
+    pool: futures.Executor,
+    host: str,
+    port: int,
+    ui_dir: Path | None = None,
+) -> HttpServer:
+    """Serve the HTTP API for `api` (an `ApiServicer`) on host:port; port 0 picks a free
+    port (then `server.port`). Call on the event loop the server is to run on."""
+    server = HttpServer(api, pool, host, port, ui_dir)
+    await server.start()
+    return server
+
+
+def _peer(request: web.Request) -> str:
+    transport = request.transport
+    return grpc_peer(transport.get_extra_info("peername") if transport is not None else None)
+
+
+def _refuse_other_sites(request: web.Request) -> None:
+    """A browser names the page's origin on a POST; only this host's own pages may act."""
+    origin = request.headers.get("Origin")
+    cross = request.headers.get("Sec-Fetch-Site", "") in ("cross-site", "same-site")
+    if cross or (origin is not None and urlsplit(origin).netloc != request.host):
+        raise CallError(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"a page of {origin or 'another site'} may not act on this master",
+        )
+
+
+def _http_error(request: web.Request, e: web.HTTPException) -> web.Response:
+    if e.status == 404:
+        message = (
+            f"no such route: {request.method} {request.path}; the routes are listed at "
+            f"{PREFIX}/openapi.json"
+        )
+        return error_response(404, message)
+    if e.status == 405:
+        allowed = ", ".join(sorted(getattr(e, "allowed_methods", ()) or ()))
+        message = f"{request.method} is not allowed on {request.path}; use {allowed}"
+        return error_response(405, message, Allow=allowed)
+    if e.status == 413:
+        return error_response(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+    return error_response(e.status, e.reason)
+
+
+async def _aclose(stream: AsyncIterator[Message]) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await close()

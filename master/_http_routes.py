@@ -1,0 +1,94 @@
+"""The HTTP API's routes: which URL calls which RPC of the `Api` service.
+
+This table is all that is written per route. The request, the response and whether it
+streams come from the RPC's descriptor in proto/api.proto; path segments in braces are
+named after the request's fields, and the query string takes the rest of its fields.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from google.protobuf import message_factory
+from google.protobuf.descriptor import Descriptor, MethodDescriptor
+from google.protobuf.message import Message
+
+from assay.proto import api_pb2
+
+PREFIX = "/api/v1"
+_SERVICE = api_pb2.DESCRIPTOR.services_by_name["Api"]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str  # GET | POST
+    path: str  # under PREFIX, e.g. "/experiments/{id}"
+    rpc: str  # a method of the Api service
+    summary: str
+    # Of these request fields, a call must give exactly one.
+    one_of: tuple[str, ...] = field(default=())
+
+    @property
+    def descriptor(self) -> MethodDescriptor:
+        return _SERVICE.methods_by_name[self.rpc]
+
+    @property
+    def request(self) -> Descriptor:
+        return self.descriptor.input_type
+
+    @property
+    def response(self) -> Descriptor:
+        return self.descriptor.output_type
+
+    @property
+    def request_class(self) -> type[Message]:
+        return message_factory.GetMessageClass(self.request)
+
+    @property
+    def streams(self) -> bool:
+        return bool(self.descriptor.server_streaming)
+
+    @property
+    def url(self) -> str:
+        return PREFIX + self.path
+
+    @property
+    def path_fields(self) -> list[str]:
+        return re.findall(r"\{(\w+)\}", self.path)
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/master", "GetMasterInfo", "The master's version, store and cluster size"),
+    Route("GET", "/experiments", "ListExperiments", "Experiments, filtered, sorted and paged"),
+    Route("GET", "/experiments/{id}", "GetExperiment", "An experiment and its trials"),
+    Route(
+        "GET",
+        "/experiments/{id}/metrics",
+        "GetExperimentMetrics",
+        "One metric's curve for every trial of an experiment, downsampled",
+    ),
+    Route(
+        "POST",
+        "/experiments/{id}/{action}",
+        "ExperimentAction",
+        "Pause, activate, cancel, kill, archive or unarchive an experiment",
+    ),
+    Route("GET", "/trials/{id}", "GetTrial", "A trial"),
+    Route("GET", "/trials/{id}/metrics", "GetTrialMetrics", "A trial's metrics of one group"),
+    Route(
+        "GET",
+        "/trials/{trial_id}/logs",
+        "StreamTrialLogs",
+        "A trial's log lines after `after_id` as a JSON array; with follow=true, as "
+        "server-sent events (one `data:` event per line) until the trial ends",
+    ),
+    Route(
+        "GET",
+        "/checkpoints",
+        "ListCheckpoints",
+        "The checkpoints of an experiment or of a trial",
+        one_of=("experiment_id", "trial_id"),
+    ),
+    Route("GET", "/agents", "ListAgents", "Agents, their devices and slots"),
+)

@@ -1,0 +1,26 @@
+"""The master serves the HTTP API next to gRPC, on the port its config names."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+from assay.master._config import MasterConfig
+from assay.master._server import MasterServer
+
+
+def test_a_master_serves_the_http_api_on_its_http_port(tmp_path: Path) -> None:
+    server = MasterServer(
+        MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path)
+    )
+    server.start()
+    try:
+        assert server.http_port not in (0, server.port)
+        base = f"http://127.0.0.1:{server.http_port}/api/v1"
+        with urllib.request.urlopen(f"{base}/health", timeout=10) as reply:
+            assert json.loads(reply.read()) == {"status": "ok"}
+        with urllib.request.urlopen(f"{base}/experiments", timeout=10) as reply:
+            assert json.loads(reply.read())["total"] == 0
+    finally:
+        server.stop(grace=0)

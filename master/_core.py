@@ -136,6 +136,7 @@ class Run:
     # yet, and until when (monotonic) they may confirm it.
     awaiting: set[str] = field(default_factory=set)
     deadline: float = 0.0
+    released: bool = False  # the master answered "stop": its processes may exit 0
 
 
 class Master:
@@ -996,6 +997,10 @@ class Master:
         elif ok and trial.target is None:
             # Validated at its rung and not promoted (yet): it waits, checkpointed.
             self._set_trial(trial, state="PAUSED")
+        elif ok and run.released:
+            # Told to stop at its rung, then promoted while it was on its way out.
+            self._set_trial(trial, state="QUEUED")
+            self._enqueue(trial)
         elif preempted:
             # Stopped at a checkpoint when asked to (SIGTERM, e.g. its agent shutting
             # down, or the master): not the user's failure.
@@ -1079,6 +1084,7 @@ class Master:
                 answer = None
             else:
                 answer = trial.target
+            run.released = answer is None
             ticket = self.commit.ticket()
         self.commit.wait(ticket)  # answer only what is durable
         return answer

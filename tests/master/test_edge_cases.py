@@ -252,3 +252,36 @@ def _drain(stream: Iterator[common_pb2.LogLine]) -> None:
             pass
     except grpc.RpcError:
         pass  # cancelled
+
+
+def test_a_trial_promoted_while_its_process_exits_is_resumed_not_failed(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    asha = {
+        "name": "asha",
+        "metric": "loss",
+        "max_length": {"batches": 8},
+        "divisor": 2,
+        "num_rungs": 3,
+        "max_trials": 4,
+        "max_concurrent_trials": 2,
+    }
+    space = {"global_batch_size": 8, "lr": {"type": "double", "minval": 0.0, "maxval": 1.0}}
+    agent = ScriptedAgent(master.port, "a1", slots=2)
+    eid = _create(api, searcher=asha, hyperparameters=space)
+    first, second = agent.next("start").start, agent.next("start").start
+    p1, p2 = Process(master.port, first), Process(master.port, second)
+    assert p1.next_op().total_batches == 2
+    p1.validate(2, 0.1)  # the only result of its rung: not promoted yet
+    assert p1.next_op(2).stop  # so its process is told to stop ...
+    assert p2.next_op().total_batches == 2
+    p2.validate(2, 0.9)  # ... and is promoted by this worse result before it exits
+    agent.exited(first.allocation_id, [0])
+    resumed = agent.next("start").start
+    assert (resumed.trial_id, resumed.run_id) == (first.trial_id, 2)
+    assert resumed.checkpoint_uuid  # from its rung's checkpoint
+    trial = next(t for t in _state(api, eid).trials if t.id == first.trial_id)
+    assert trial.restarts == 0
+    p1.close()
+    p2.close()
+    agent.close()

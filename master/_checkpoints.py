@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from assay.config import CheckpointStorageConfig, parse_config
 from assay.errors import InvalidConfigError
-from assay.master._gc import DELETED, ENDED_TRIAL_STATES, GCResult, StorageCache, delete_records
+from assay.master._gc import DELETED, GCResult, StorageCache, delete_records
+from assay.master._state import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, ConflictError, InvalidArgumentError, Store
 from assay.proto import api_pb2
 
@@ -38,7 +39,7 @@ def delete_checkpoints(store: Store, uuids: Sequence[str]) -> GCResult:
             already.append(record.uuid)
             continue
         trial = store.get_trial(record.trial_id)
-        if trial.latest_checkpoint == record.uuid and trial.state not in ENDED_TRIAL_STATES:
+        if trial.latest_checkpoint == record.uuid and trial.state not in TERMINAL_TRIAL:
             raise ConflictError(
                 f"checkpoint {record.uuid} is the latest checkpoint of trial {trial.id}, which "
                 f"is {trial.state} and would restore from it; delete it once the trial has "

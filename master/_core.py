@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import json
 import logging
-import queue
 import random
 import threading
 import time
@@ -80,16 +79,6 @@ class Outbox(Protocol):
     def put(self, message: agent_pb2.MasterMessage | None) -> None: ...
 
 
-class _QueueOutbox:
-    """An outbox read by a thread (a handle not yet given its stream's outbox)."""
-
-    def __init__(self) -> None:
-        self.queue: queue.Queue[agent_pb2.MasterMessage | None] = queue.Queue()
-
-    def put(self, message: agent_pb2.MasterMessage | None) -> None:
-        self.queue.put(message)
-
-
 @dataclass
 class AgentHandle:
     id: str
@@ -98,7 +87,7 @@ class AgentHandle:
     address: str
     devices: list[common_pb2.Device]
     memory_bytes: int
-    outbox: Outbox = field(default_factory=lambda: _QueueOutbox())
+    outbox: Outbox
     connected: bool = True
     enabled: bool = True
     last_heartbeat: float = field(default_factory=time.time)
@@ -723,7 +712,7 @@ class Master:
     # --- agents ---------------------------------------------------------------------------
 
     def register_agent(
-        self, register: agent_pb2.Register, peer_host: str, outbox: Outbox | None = None
+        self, register: agent_pb2.Register, peer_host: str, outbox: Outbox
     ) -> AgentHandle:
         """A (re)connecting agent: its running allocations are kept, the rest forgotten."""
         slot_type = "cuda" if register.slot_type == common_pb2.SLOT_TYPE_CUDA else "cpu"
@@ -741,9 +730,8 @@ class Master:
                 address=register.address or peer_host,
                 devices=list(register.devices),
                 memory_bytes=register.memory_bytes,
+                outbox=outbox,
             )
-            if outbox is not None:
-                handle.outbox = outbox
             if old is not None and (old.slots, old.slot_type) == (slots, slot_type):
                 # Back within the window: it keeps its slots and its running trials.
                 handle.enabled = old.enabled
@@ -860,12 +848,12 @@ class Master:
             except Exception:
                 log.exception("checking for lost agents failed")
 
-    def reap(self, now: float | None = None) -> None:
+    def reap(self) -> None:
         """Give up on agents silent or gone for longer than the window, and their runs."""
         wait = self.config.agent_reconnect_wait_s
         # Silence: no message for the window, and for at least three heartbeats.
         silence = max(wait, 3 * self.config.heartbeat_interval_s)
-        now = time.monotonic() if now is None else now
+        now = time.monotonic()
         wall = time.time()
         with self.lock:
             changed = False

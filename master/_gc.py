@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from assay._storage import StorageManager, storage_at
 from assay.config import CheckpointStorageConfig, ExperimentConfig
+from assay.master._state import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, Store
 
 log = logging.getLogger("assay.master")
@@ -41,7 +42,6 @@ log = logging.getLogger("assay.master")
 COMPLETED = "COMPLETED"
 DELETED = "DELETED"
 # The trial states in which a trial will never run again (as in assay.master._state).
-ENDED_TRIAL_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR"})
 
 
 @dataclass(frozen=True)
@@ -237,11 +237,9 @@ def collect(
     nothing more. Errors reading the store do propagate.
     """
     trials = store.list_trials(experiment_id)
-    ended = set(ended_trial_ids) | {t.id for t in trials if t.state in ENDED_TRIAL_STATES}
+    ended = set(ended_trial_ids) | {t.id for t in trials if t.state in TERMINAL_TRIAL}
     protected = {
-        t.latest_checkpoint
-        for t in trials
-        if t.latest_checkpoint and t.state not in ENDED_TRIAL_STATES
+        t.latest_checkpoint for t in trials if t.latest_checkpoint and t.state not in TERMINAL_TRIAL
     }
     listed = [TrialCheckpoints(t.id, store.list_checkpoints(t.id), t.id in ended) for t in trials]
     doomed = checkpoints_to_delete(

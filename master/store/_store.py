@@ -66,7 +66,6 @@ MAX_PAGE = 1000
 _ID_BLOCK = 32
 # Set by start_run only (it fences older runs off).
 _TRIAL_FIELDS = TRIAL_FIELDS - {"run_id"}
-_EXPERIMENT_FIELDS = EXPERIMENT_FIELDS
 
 
 def _now() -> dt.datetime:
@@ -259,7 +258,7 @@ class Store:
 
     def update_experiment(self, experiment_id: int, **fields: Any) -> None:
         """Set the named fields (idempotent)."""
-        unknown = set(fields) - _EXPERIMENT_FIELDS
+        unknown = set(fields) - EXPERIMENT_FIELDS
         if unknown:
             raise InvalidArgumentError(f"cannot update experiment fields {sorted(unknown)}")
         with self.write() as s:

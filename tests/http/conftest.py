@@ -152,6 +152,5 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     log_ids = [line.id for line in store.tail_logs(start.trial_id)]
     unstarted = site.create(activate=False, name="waiting")
     yield World(site, eid, start.trial_id, unstarted, list(harness.checkpoints), log_ids)
-    harness.close()
     agent.close()
     site.close()

@@ -87,7 +87,6 @@ def test_follow_streams_lines_as_they_come_and_ends_with_the_trial(site: Site) -
     assert end[0] == "end"
     assert reader.next() is None  # and the response is over
     reader.close()
-    harness.close()
     agent.close()
 
 

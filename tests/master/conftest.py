@@ -6,6 +6,7 @@ import io
 import queue
 import tarfile
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,14 @@ import yaml
 
 from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
-from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2_grpc, common_pb2
+from assay.proto import (
+    agent_pb2,
+    agent_pb2_grpc,
+    api_pb2_grpc,
+    common_pb2,
+    trial_pb2,
+    trial_pb2_grpc,
+)
 
 
 @pytest.fixture
@@ -148,3 +156,57 @@ def experiment_yaml(**overrides: Any) -> str:
     }
     config.update(overrides)
     return yaml.safe_dump(config)
+
+
+class Process:
+    """One allocation's rank-0 process, played step by step."""
+
+    def __init__(self, port: int, start: agent_pb2.StartAllocation) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = trial_pb2_grpc.TrialServiceStub(self.channel)
+        self.meta = (("x-assay-token", start.token),)
+        self.trial_id, self.run_id = start.trial_id, start.run_id
+
+    def next_op(self, total: int = 0) -> trial_pb2.Operation:
+        request = trial_pb2.NextOperationRequest(
+            trial_id=self.trial_id, run_id=self.run_id, total_batches=total
+        )
+        op: trial_pb2.Operation = self.stub.NextOperation(request, metadata=self.meta)
+        return op
+
+    def validate(self, total: int, value: float) -> str:
+        """Report a validation and a checkpoint at `total`, then complete the operation;
+        returns the checkpoint's uuid."""
+        name = self.report(total, value)
+        self.complete(total, value)
+        return name
+
+    def report(self, total: int, value: float) -> str:
+        ids = {"trial_id": self.trial_id, "run_id": self.run_id}
+        report = common_pb2.MetricsReport(total_batches=total, metrics={"loss": value})
+        self.stub.ReportMetrics(
+            trial_pb2.ReportMetricsRequest(group="validation", reports=[report], **ids),
+            metadata=self.meta,
+        )
+        name = str(uuid.uuid4())
+        checkpoint = common_pb2.Checkpoint(
+            uuid=name,
+            total_batches=total,
+            location=f"/ckpt/{name}",
+            trial_id=self.trial_id,
+            run_id=self.run_id,
+        )
+        self.stub.ReportCheckpoint(
+            trial_pb2.ReportCheckpointRequest(checkpoint=checkpoint, **ids), metadata=self.meta
+        )
+        return name
+
+    def complete(self, total: int, value: float) -> None:
+        ids = {"trial_id": self.trial_id, "run_id": self.run_id}
+        self.stub.CompleteOperation(
+            trial_pb2.CompleteOperationRequest(total_batches=total, searcher_metric=value, **ids),
+            metadata=self.meta,
+        )
+
+    def close(self) -> None:
+        self.channel.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,10 +21,9 @@ from assay.proto import (
     api_pb2,
     api_pb2_grpc,
     common_pb2,
-    trial_pb2,
-    trial_pb2_grpc,
 )
-from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
+from tests.master.conftest import Process, ScriptedAgent, experiment_yaml, model_archive
+from tests.master.test_search import ASHA, SPACE
 
 SINGLE = {"name": "single", "metric": "loss", "max_length": {"batches": 4}}
 TERMINAL = {
@@ -33,49 +31,6 @@ TERMINAL = {
     common_pb2.EXPERIMENT_STATE_ERROR,
     common_pb2.EXPERIMENT_STATE_CANCELED,
 }
-
-
-class Process:
-    """One allocation's rank-0 process, played step by step."""
-
-    def __init__(self, port: int, start: agent_pb2.StartAllocation) -> None:
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = trial_pb2_grpc.TrialServiceStub(self.channel)
-        self.meta = (("x-assay-token", start.token),)
-        self.trial_id, self.run_id = start.trial_id, start.run_id
-
-    def next_op(self, total: int = 0) -> trial_pb2.Operation:
-        request = trial_pb2.NextOperationRequest(
-            trial_id=self.trial_id, run_id=self.run_id, total_batches=total
-        )
-        op: trial_pb2.Operation = self.stub.NextOperation(request, metadata=self.meta)
-        return op
-
-    def validate(self, total: int, value: float) -> None:
-        ids = {"trial_id": self.trial_id, "run_id": self.run_id}
-        report = common_pb2.MetricsReport(total_batches=total, metrics={"loss": value})
-        self.stub.ReportMetrics(
-            trial_pb2.ReportMetricsRequest(group="validation", reports=[report], **ids),
-            metadata=self.meta,
-        )
-        name = str(uuid.uuid4())
-        checkpoint = common_pb2.Checkpoint(
-            uuid=name,
-            total_batches=total,
-            location=f"/ckpt/{name}",
-            trial_id=self.trial_id,
-            run_id=self.run_id,
-        )
-        self.stub.ReportCheckpoint(
-            trial_pb2.ReportCheckpointRequest(checkpoint=checkpoint, **ids), metadata=self.meta
-        )
-        self.stub.CompleteOperation(
-            trial_pb2.CompleteOperationRequest(total_batches=total, searcher_metric=value, **ids),
-            metadata=self.meta,
-        )
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 def _create(api: api_pb2_grpc.ApiStub, **overrides: object) -> int:
@@ -257,18 +212,8 @@ def _drain(stream: Iterator[common_pb2.LogLine]) -> None:
 def test_a_trial_promoted_while_its_process_exits_is_resumed_not_failed(
     master: MasterServer, api: api_pb2_grpc.ApiStub
 ) -> None:
-    asha = {
-        "name": "asha",
-        "metric": "loss",
-        "max_length": {"batches": 8},
-        "divisor": 2,
-        "num_rungs": 3,
-        "max_trials": 4,
-        "max_concurrent_trials": 2,
-    }
-    space = {"global_batch_size": 8, "lr": {"type": "double", "minval": 0.0, "maxval": 1.0}}
     agent = ScriptedAgent(master.port, "a1", slots=2)
-    eid = _create(api, searcher=asha, hyperparameters=space)
+    eid = _create(api, searcher=dict(ASHA, max_trials=4), hyperparameters=SPACE)
     first, second = agent.next("start").start, agent.next("start").start
     p1, p2 = Process(master.port, first), Process(master.port, second)
     assert p1.next_op().total_batches == 2

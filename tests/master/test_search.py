@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ import pytest
 from assay.errors import INVALID_HP_EXIT_CODE
 from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
-from assay.proto import agent_pb2, api_pb2, api_pb2_grpc, common_pb2, trial_pb2, trial_pb2_grpc
-from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
+from assay.proto import agent_pb2, api_pb2, api_pb2_grpc, common_pb2
+from tests.master.conftest import Process, ScriptedAgent, experiment_yaml, model_archive
 
 ASHA = {
     "name": "asha",
@@ -51,8 +50,7 @@ class Harness:
 
     def __init__(self, agent: ScriptedAgent, port: int, metric: Callable[..., float] = loss):
         self.agent = agent
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.trials = trial_pb2_grpc.TrialServiceStub(self.channel)
+        self.port = port
         self.metric = metric
         self.checkpoints: dict[str, int] = {}  # uuid -> batches
         self.starts: list[agent_pb2.StartAllocation] = []
@@ -65,45 +63,19 @@ class Harness:
         if hparams["lr"] in self.invalid:
             self.agent.exited(start.allocation_id, [INVALID_HP_EXIT_CODE])
             return start
-        meta = (("x-assay-token", start.token),)
-        ids = {"trial_id": start.trial_id, "run_id": start.run_id}
+        process = Process(self.port, start)
         total = self.checkpoints[start.checkpoint_uuid] if start.checkpoint_uuid else 0
         while True:
-            op = self.trials.NextOperation(
-                trial_pb2.NextOperationRequest(total_batches=total, **ids), metadata=meta
-            )
+            op = process.next_op(total)
             if op.stop:
                 break
             assert op.total_batches > total or op.total_batches == total
             total = op.total_batches
             value = self.metric(hparams, total, start.trial_id)
-            self.trials.ReportMetrics(
-                trial_pb2.ReportMetricsRequest(
-                    group="validation",
-                    reports=[
-                        common_pb2.MetricsReport(total_batches=total, metrics={"loss": value})
-                    ],
-                    **ids,
-                ),
-                metadata=meta,
-            )
-            name = str(uuid.uuid4())
-            self.checkpoints[name] = total
-            checkpoint = common_pb2.Checkpoint(
-                uuid=name,
-                total_batches=total,
-                location=f"/ckpt/{name}",
-                trial_id=start.trial_id,
-                run_id=start.run_id,
-            )
-            self.trials.ReportCheckpoint(
-                trial_pb2.ReportCheckpointRequest(checkpoint=checkpoint, **ids), metadata=meta
-            )
-            done = trial_pb2.CompleteOperationRequest(
-                total_batches=total, searcher_metric=value, **ids
-            )
-            self.trials.CompleteOperation(done, metadata=meta)
-            self.trials.CompleteOperation(done, metadata=meta)  # a retry changes nothing
+            self.checkpoints[process.report(total, value)] = total
+            process.complete(total, value)
+            process.complete(total, value)  # a retry changes nothing
+        process.close()
         self.agent.exited(start.allocation_id, [0])
         return start
 
@@ -118,9 +90,6 @@ class Harness:
                     return
                 raise
         raise AssertionError(f"not done after {limit} allocations")
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 def _create(api: api_pb2_grpc.ApiStub, searcher: dict[str, Any], **overrides: Any) -> int:
@@ -186,7 +155,6 @@ def test_asha_pauses_trials_at_rungs_and_resumes_promotions_from_checkpoints(
         assert harness.checkpoints[start.checkpoint_uuid] in (2, 4)
     best = min(trials, key=lambda t: t.best_validation)
     assert best.total_batches == 8
-    harness.close()
     agent.close()
 
 
@@ -213,7 +181,6 @@ def test_invalid_hyperparameters_are_replaced_without_counting(
     assert states == ["TRIAL_STATE_CANCELED"] + ["TRIAL_STATE_COMPLETED"] * 3
     assert all(t.restarts == 0 for t in trials)
     assert _state(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_COMPLETED
-    harness.close()
     agent.close()
 
 
@@ -237,7 +204,6 @@ def test_grid_runs_every_point_once(master: MasterServer, api: api_pb2_grpc.ApiS
     points = {(t.hparams["lr"], t.hparams["act"]) for t in trials}
     assert len(trials) == len(points) == 6
     assert {lr for lr, _ in points} == {0.0, 0.5, 1.0}
-    harness.close()
     agent.close()
 
 
@@ -275,7 +241,6 @@ def test_the_search_survives_a_master_restart(tmp_path: Path) -> None:
             if t.id in before and before[t.id][1]:
                 assert t.total_batches >= before[t.id][1]
             assert _validations(api, t.id) == [r for r in (2, 4, 8) if r <= t.total_batches]
-        harness2.close()
         agent.close()
         channel.close()
     finally:
@@ -303,7 +268,6 @@ def test_progress_rises_with_the_search(master: MasterServer, api: api_pb2_grpc.
     assert seen == sorted(seen)
     assert seen[-1] == 1.0
     assert not math.isnan(seen[0])
-    harness.close()
     agent.close()
 
 
@@ -330,5 +294,4 @@ def test_checkpoints_the_policy_does_not_keep_are_collected_when_trials_end(
     for trial_id, batches in kept().items():
         latest = store.get_trial(trial_id).total_batches
         assert batches == [latest]  # no metric recorded with them: only the latest stays
-    harness.close()
     agent.close()

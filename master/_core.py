@@ -554,12 +554,12 @@ class Master:
         self.queued[trial.id] = Request(
             id=str(trial.id),
             slots=config.resources.slots_per_trial,
-            slot_type=self._cluster_slot_type(),
+            slot_type=self.cluster_slot_type(),
             priority=config.resources.priority,
             order=trial.order,
         )
 
-    def _cluster_slot_type(self) -> SlotType:
+    def cluster_slot_type(self) -> SlotType:
         """cuda when every connected agent offers GPUs, else cpu."""
         cuda = self._connected_types.get("cuda", 0)
         return "cuda" if cuda and cuda == sum(self._connected_types.values()) else "cpu"
@@ -571,7 +571,7 @@ class Master:
         if not self.queued:
             return
         # Agents may have joined or left since a request was queued: one pass sets its type.
-        slot_type = self._cluster_slot_type()
+        slot_type = self.cluster_slot_type()
         pending = [
             r if r.slot_type == slot_type else replace(r, slot_type=slot_type)
             for r in self.queued.values()

@@ -39,13 +39,14 @@ from assay.master._http_calls import (
     grpc_peer,
 )
 from assay.master._http_openapi import openapi_document
-from assay.master._http_params import ParamError, build_request
+from assay.master._http_params import ParamError, build_body_request, build_request
 from assay.master._http_routes import PREFIX, ROUTES, Route
 from assay.master._http_ui import WebUi
 from assay.proto import api_pb2
 
 log = logging.getLogger("assay.master")
-MAX_BODY_BYTES = 2**20
+# aiohttp's own cap; each route reads at most its `max_body` (`_read_body`).
+MAX_BODY_BYTES = max(route.max_body for route in ROUTES)
 # How often a follower checks that its client is still there, and sends a comment line.
 _POLL_S = 0.5
 _KEEPALIVE_S = 15.0
@@ -133,10 +134,19 @@ class HttpServer:
 
     def _handler(self, route: Route) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
+            body = b""
             if request.method == "POST":
                 _refuse_other_sites(request)
-                await request.read()  # over MAX_BODY_BYTES: 413
-            message = build_request(route.request_class, dict(request.match_info), request.query)
+                body = await _read_body(request, route.max_body)
+            path = dict(request.match_info)
+            if route.body:
+                message = build_body_request(
+                    route.request_class, path, request.query, body, route.taken
+                )
+            else:
+                message = build_request(route.request_class, path, request.query, route.taken)
+            for name, value in route.fixed:
+                setattr(message, name, value)
             given = [name for name in route.one_of if name in request.query]
             if route.one_of and len(given) != 1:
                 raise ParamError(
@@ -301,6 +311,29 @@ def _peer(request: web.Request) -> str:
     return grpc_peer(transport.get_extra_info("peername") if transport is not None else None)
 
 
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body, refused with 413 before it is read when it is declared longer than
+    `limit`, or as soon as more than `limit` bytes have arrived."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise _TooLarge(limit)
+    body = bytearray()
+    while len(body) <= limit:
+        more = await request.content.read(min(limit + 1 - len(body), 2**20))
+        if not more:
+            break
+        body += more
+    if len(body) > limit:
+        raise _TooLarge(limit)
+    return bytes(body)
+
+
+class _TooLarge(web.HTTPRequestEntityTooLarge):
+    def __init__(self, limit: int) -> None:
+        super().__init__(max_size=limit, actual_size=limit + 1)
+        self.limit = limit
+
+
 def _refuse_other_sites(request: web.Request) -> None:
     """A browser names the page's origin on a POST; only this host's own pages may act."""
     origin = request.headers.get("Origin")
@@ -324,7 +357,8 @@ def _http_error(request: web.Request, e: web.HTTPException) -> web.Response:
         message = f"{request.method} is not allowed on {request.path}; use {allowed}"
         return error_response(405, message, Allow=allowed)
     if e.status == 413:
-        return error_response(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+        limit = getattr(e, "limit", MAX_BODY_BYTES)
+        return error_response(413, f"the request body is over {limit} bytes for this route")
     return error_response(e.status, e.reason)
 
 

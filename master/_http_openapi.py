@@ -13,7 +13,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 
 from assay import __version__
-from assay.master._http_params import enum_choices, enum_of, query_fields
+from assay.master._http_params import body_fields, enum_choices, enum_of, query_fields
 from assay.master._http_routes import PREFIX, ROUTES, Route
 
 Schema = dict[str, Any]
@@ -135,7 +135,9 @@ def _parameters(route: Route) -> list[Schema]:
         {"name": name, "in": "path", "required": True, "schema": _param_schema(by_name[name])}
         for name in route.path_fields
     ]
-    for field in query_fields(route.request, route.path_fields):
+    if route.body:
+        return params
+    for field in query_fields(route.request, route.taken):
         param: Schema = {"name": field.name, "in": "query", "schema": _param_schema(field)}
         if field.type == _F.TYPE_ENUM:
             param["description"] = "case-insensitive; the full enum name is accepted too"
@@ -167,13 +169,30 @@ def _operation(route: Route, components: dict[str, Schema]) -> Schema:
     responses: Schema = {"200": {"description": route.response.name, "content": content}}
     for status in _ERRORS:
         responses[status] = {"$ref": f"#/components/responses/{status}"}
-    return {
-        "operationId": route.rpc,
+    operation: Schema = {
+        "operationId": route.operation_id,
         "summary": route.summary,
         "parameters": _parameters(route),
         "responses": responses,
         "x-grpc-method": route.descriptor.full_name,
     }
+    if route.fixed:
+        operation["x-grpc-fields"] = dict(route.fixed)
+    if route.body:
+        fields = body_fields(route.request, route.taken)
+        properties = {f.name: _field_schema(f, components) for f in fields}
+        schema: Schema = {"type": "object", "properties": properties}
+        operation["requestBody"] = {
+            "required": True,
+            "description": f"{route.request.name} as JSON (proto or lowerCamel field names), "
+            f"at most {route.max_body} bytes",
+            "content": {"application/json": {"schema": schema}},
+        }
+        responses["413"] = {
+            "description": "The body is over the route's limit",
+            "content": {"application/json": {"schema": {"$ref": _REF + "Error"}}},
+        }
+    return operation
 
 
 def _plain(description: str, schema: Schema) -> Schema:

@@ -9,11 +9,13 @@ error (a negative offset, an out-of-range integer, a NUL byte) is refused here.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 from multidict import MultiMapping
@@ -80,22 +82,81 @@ def query_fields(descriptor: Descriptor, path: Iterable[str]) -> list[FieldDescr
 
 
 def build_request(
-    message_class: type[Message], path: Mapping[str, str], query: MultiMapping[str]
+    message_class: type[Message],
+    path: Mapping[str, str],
+    query: MultiMapping[str],
+    taken: Iterable[str] = (),
 ) -> Message:
-    """The request message that `path` and `query` describe, or `ParamError`."""
+    """The request message that `path` and `query` describe, or `ParamError`. The
+    fields in `taken` (the path's, and those the route sets) are not query parameters."""
     descriptor: Descriptor = message_class.DESCRIPTOR  # type: ignore[assignment]
     by_name: Mapping[str, FieldDescriptor] = descriptor.fields_by_name
-    allowed = {f.name for f in query_fields(descriptor, path)}
-    for key in query:
-        if key not in allowed:
-            takes = ", ".join(sorted(allowed)) or "no parameters"
-            raise ParamError(key, f"unknown parameter; this route takes: {takes}")
+    allowed = {f.name for f in query_fields(descriptor, {*path, *taken})}
+    _refuse_unknown(query, allowed)
     message = message_class()
     for name, raw in path.items():
         _set(message, by_name[name], [raw])
     for name in dict.fromkeys(query):
         _set(message, by_name[name], query.getall(name))
     return message
+
+
+def body_fields(descriptor: Descriptor, taken: Iterable[str]) -> list[FieldDescriptor]:
+    """The request's fields a JSON body may set: every one the URL does not."""
+    skip = set(taken)
+    return [f for f in descriptor.fields if f.name not in skip]
+
+
+def build_body_request(
+    message_class: type[Message],
+    path: Mapping[str, str],
+    query: MultiMapping[str],
+    body: bytes,
+    taken: Iterable[str] = (),
+) -> Message:
+    """The request message of a route whose fields come from a JSON body (the message's
+    JSON form, proto or lowerCamel field names) and the path; or `ParamError`."""
+    descriptor: Descriptor = message_class.DESCRIPTOR  # type: ignore[assignment]
+    _refuse_unknown(query, set())
+    try:
+        data = json.loads(body) if body.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ParamError("body", f"must be a JSON object: {e}") from None
+    if not isinstance(data, dict):
+        raise ParamError("body", f"must be a JSON object, got {type(data).__name__}")
+    allowed = body_fields(descriptor, {*path, *taken})
+    names = {f.name for f in allowed} | {f.json_name for f in allowed}
+    for key in data:
+        if key not in names:
+            takes = ", ".join(sorted(f.name for f in allowed)) or "no fields"
+            raise ParamError(str(key)[:60], f"unknown field of the body; it takes: {takes}")
+    message = message_class()
+    try:
+        json_format.ParseDict(data, message)
+    except json_format.ParseError as e:
+        raise ParamError("body", str(e)[:300]) from None
+    by_name: Mapping[str, FieldDescriptor] = descriptor.fields_by_name
+    for name, raw in path.items():
+        _set(message, by_name[name], [raw])
+    _refuse_nul(message, descriptor)
+    return message
+
+
+def _refuse_nul(message: Message, descriptor: Descriptor) -> None:
+    for field in descriptor.fields:
+        if field.type != _F.TYPE_STRING:
+            continue
+        value = getattr(message, field.name)
+        values = list(value) if field.is_repeated else [value]
+        if any("\x00" in v for v in values):
+            raise ParamError(field.name, "must not contain a NUL character")
+
+
+def _refuse_unknown(query: MultiMapping[str], allowed: set[str]) -> None:
+    for key in query:
+        if key not in allowed:
+            takes = ", ".join(sorted(allowed)) or "no parameters"
+            raise ParamError(key, f"unknown parameter; this route takes: {takes}")
 
 
 def _set(message: Message, field: FieldDescriptor, raws: list[str]) -> None:

@@ -14,6 +14,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, MethodDescriptor
 from google.protobuf.message import Message
 
+from assay._archive import MAX_MODEL_DEF_BYTES
 from assay.proto import api_pb2
 
 PREFIX = "/api/v1"
@@ -28,6 +29,19 @@ class Route:
     summary: str
     # Of these request fields, a call must give exactly one.
     one_of: tuple[str, ...] = field(default=())
+    # The request's fields outside the path come from a JSON object in the body (the
+    # message's JSON form), not from the query string.
+    body: bool = False
+    # Request fields the route itself sets: (name, value) pairs.
+    fixed: tuple[tuple[str, object], ...] = field(default=())
+    # The largest body the route reads; a longer one is refused before it is read.
+    max_body: int = 2**20
+    # The OpenAPI operationId when the RPC's name is taken by another route.
+    operation: str = ""
+
+    @property
+    def operation_id(self) -> str:
+        return self.operation or self.rpc
 
     @property
     def descriptor(self) -> MethodDescriptor:
@@ -57,11 +71,34 @@ class Route:
     def path_fields(self) -> list[str]:
         return re.findall(r"\{(\w+)\}", self.path)
 
+    @property
+    def taken(self) -> set[str]:
+        """The request fields the URL sets: the path's and the fixed ones."""
+        return set(self.path_fields) | {name for name, _ in self.fixed}
+
+
+# A model definition of MAX_MODEL_DEF_BYTES in base64, with room for the config.
+_CREATE_BODY = (MAX_MODEL_DEF_BYTES * 4) // 3 + 2**20
+
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/master", "GetMasterInfo", "The master's version, store and cluster size"),
     Route("GET", "/experiments", "ListExperiments", "Experiments, filtered, sorted and paged"),
-    Route("GET", "/experiments/{id}", "GetExperiment", "An experiment and its trials"),
+    Route(
+        "POST",
+        "/experiments",
+        "CreateExperiment",
+        "Submit an experiment: the config as YAML text and the model directory as a "
+        "base64 gzip tar (what `assay experiment create` packs)",
+        body=True,
+        max_body=_CREATE_BODY,
+    ),
+    Route(
+        "GET",
+        "/experiments/{id}",
+        "GetExperiment",
+        "An experiment, its trials and the names of the metrics they reported",
+    ),
     Route(
         "GET",
         "/experiments/{id}/metrics",
@@ -90,5 +127,30 @@ ROUTES: tuple[Route, ...] = (
         "The checkpoints of an experiment or of a trial",
         one_of=("experiment_id", "trial_id"),
     ),
+    Route("GET", "/checkpoints/{uuid}", "GetCheckpoint", "A checkpoint"),
+    Route(
+        "POST",
+        "/checkpoints/delete",
+        "DeleteCheckpoints",
+        'Delete checkpoints\' files and mark them deleted; a JSON body {"uuids": [...]}',
+        body=True,
+    ),
     Route("GET", "/agents", "ListAgents", "Agents, their devices and slots"),
+    Route(
+        "POST",
+        "/agents/{id}/enable",
+        "SetAgentEnabled",
+        "Let the scheduler place trials on the agent again",
+        fixed=(("enabled", True),),
+        operation="EnableAgent",
+    ),
+    Route(
+        "POST",
+        "/agents/{id}/disable",
+        "SetAgentEnabled",
+        "Place no new trials on the agent (running ones go on)",
+        fixed=(("enabled", False),),
+        operation="DisableAgent",
+    ),
+    Route("GET", "/queue", "GetQueue", "The trials waiting for slots, first to be placed first"),
 )

@@ -119,9 +119,14 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.GetExperimentRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetExperimentResponse:
         with rpc_errors(context):
+            experiment = self._experiment(request.id)
             trials = [_convert.trial(t) for t in self.store.list_trials(request.id)]
+            names = [
+                api_pb2.MetricName(group=group, name=name)
+                for group, name in self.store.experiment_metric_names(request.id)
+            ]
             return api_pb2.GetExperimentResponse(
-                experiment=self._experiment(request.id), trials=trials
+                experiment=experiment, trials=trials, metric_names=names
             )
         raise AssertionError("unreachable")
 
@@ -298,6 +303,33 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                     self._agent(a) for a in sorted(self.master.agents.values(), key=lambda a: a.id)
                 ]
             )
+        raise AssertionError("unreachable")
+
+    def GetQueue(  # noqa: N802
+        self, request: api_pb2.GetQueueRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetQueueResponse:
+        with rpc_errors(context), self.master.lock:
+            waiting = sorted(self.master.queued.values(), key=lambda r: r.rank)
+            slot_type = (
+                common_pb2.SLOT_TYPE_CUDA
+                if self.master.cluster_slot_type() == "cuda"
+                else common_pb2.SLOT_TYPE_CPU
+            )
+            trials = []
+            for r in waiting:
+                trial = self.master.trials[int(r.id)]
+                experiment = self.master.experiments[trial.experiment_id]
+                trials.append(
+                    api_pb2.QueuedTrial(
+                        trial_id=trial.id,
+                        experiment_id=experiment.id,
+                        experiment_name=experiment.config.name,
+                        priority=r.priority,
+                        slots=r.slots,
+                        slot_type=slot_type,
+                    )
+                )
+            return api_pb2.GetQueueResponse(trials=trials)
         raise AssertionError("unreachable")
 
     def _agent(self, handle: AgentHandle) -> common_pb2.Agent:

@@ -172,23 +172,52 @@ class GetExperimentResponse(_message.Message):
 
     EXPERIMENT_FIELD_NUMBER: _builtins.int
     TRIALS_FIELD_NUMBER: _builtins.int
+    METRIC_NAMES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def experiment(self) -> _common_pb2.Experiment: ...
     @_builtins.property
     def trials(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Trial]: ...
+    @_builtins.property
+    def metric_names(self) -> _containers.RepeatedCompositeFieldContainer[Global___MetricName]:
+        """Every metric some trial of the experiment has reported, by group."""
+
     def __init__(
         self,
         *,
         experiment: _common_pb2.Experiment | None = ...,
         trials: _abc.Iterable[_common_pb2.Trial] | None = ...,
+        metric_names: _abc.Iterable[Global___MetricName] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "trials", b"trials"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "metric_names", b"metric_names", "trials", b"trials"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetExperimentResponse: _TypeAlias = GetExperimentResponse  # noqa: Y015
+
+@_typing.final
+class MetricName(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """training | validation | a custom group"""
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MetricName: _TypeAlias = MetricName  # noqa: Y015
 
 @_typing.final
 class ListExperimentsRequest(_message.Message):
@@ -624,6 +653,79 @@ class ListAgentsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListAgentsResponse: _TypeAlias = ListAgentsResponse  # noqa: Y015
+
+@_typing.final
+class GetQueueRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueRequest: _TypeAlias = GetQueueRequest  # noqa: Y015
+
+@_typing.final
+class QueuedTrial(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIAL_ID_FIELD_NUMBER: _builtins.int
+    EXPERIMENT_ID_FIELD_NUMBER: _builtins.int
+    EXPERIMENT_NAME_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    SLOT_TYPE_FIELD_NUMBER: _builtins.int
+    trial_id: _builtins.int
+    experiment_id: _builtins.int
+    experiment_name: _builtins.str
+    priority: _builtins.int
+    """1..99, lower first"""
+    slots: _builtins.int
+    """needed all at once"""
+    slot_type: _common_pb2.SlotType.ValueType
+    def __init__(
+        self,
+        *,
+        trial_id: _builtins.int = ...,
+        experiment_id: _builtins.int = ...,
+        experiment_name: _builtins.str = ...,
+        priority: _builtins.int = ...,
+        slots: _builtins.int = ...,
+        slot_type: _common_pb2.SlotType.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment_id", b"experiment_id", "experiment_name", b"experiment_name", "priority", b"priority", "slot_type", b"slot_type", "slots", b"slots", "trial_id", b"trial_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueuedTrial: _TypeAlias = QueuedTrial  # noqa: Y015
+
+@_typing.final
+class GetQueueResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def trials(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueuedTrial]:
+        """first to be placed first"""
+
+    def __init__(
+        self,
+        *,
+        trials: _abc.Iterable[Global___QueuedTrial] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["trials", b"trials"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueResponse: _TypeAlias = GetQueueResponse  # noqa: Y015
 
 @_typing.final
 class SetAgentEnabledRequest(_message.Message):

@@ -100,6 +100,11 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.ListAgentsRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.ListAgentsResponse.FromString,
                 _registered_method=True)
+        self.GetQueue = channel.unary_unary(
+                '/assay.v1.Api/GetQueue',
+                request_serializer=assay_dot_proto_dot_api__pb2.GetQueueRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.GetQueueResponse.FromString,
+                _registered_method=True)
         self.SetAgentEnabled = channel.unary_unary(
                 '/assay.v1.Api/SetAgentEnabled',
                 request_serializer=assay_dot_proto_dot_api__pb2.SetAgentEnabledRequest.SerializeToString,
@@ -191,6 +196,13 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetQueue(self, request, context):
+        """The trials waiting for slots, in the order the scheduler will consider them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SetAgentEnabled(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -264,6 +276,11 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.ListAgents,
                     request_deserializer=assay_dot_proto_dot_api__pb2.ListAgentsRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.ListAgentsResponse.SerializeToString,
+            ),
+            'GetQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueue,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.GetQueueRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.GetQueueResponse.SerializeToString,
             ),
             'SetAgentEnabled': grpc.unary_unary_rpc_method_handler(
                     servicer.SetAgentEnabled,
@@ -622,6 +639,33 @@ class Api:
             '/assay.v1.Api/ListAgents',
             assay_dot_proto_dot_api__pb2.ListAgentsRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.ListAgentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/GetQueue',
+            assay_dot_proto_dot_api__pb2.GetQueueRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.GetQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,8 @@ class ApiStub:
     deleted) when one is the checkpoint a trial that has not ended would restore from.
     """
     ListAgents: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListAgentsRequest, _api_pb2.ListAgentsResponse]
+    GetQueue: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetQueueRequest, _api_pb2.GetQueueResponse]
+    """The trials waiting for slots, in the order the scheduler will consider them."""
     SetAgentEnabled: _grpc.UnaryUnaryMultiCallable[_api_pb2.SetAgentEnabledRequest, _common_pb2.Agent]
 
 @_typing.type_check_only
@@ -71,6 +73,8 @@ class ApiAsyncStub(ApiStub):
     deleted) when one is the checkpoint a trial that has not ended would restore from.
     """
     ListAgents: _aio.UnaryUnaryMultiCallable[_api_pb2.ListAgentsRequest, _api_pb2.ListAgentsResponse]  # type: ignore[assignment]
+    GetQueue: _aio.UnaryUnaryMultiCallable[_api_pb2.GetQueueRequest, _api_pb2.GetQueueResponse]  # type: ignore[assignment]
+    """The trials waiting for slots, in the order the scheduler will consider them."""
     SetAgentEnabled: _aio.UnaryUnaryMultiCallable[_api_pb2.SetAgentEnabledRequest, _common_pb2.Agent]  # type: ignore[assignment]
 
 class ApiServicer(metaclass=_abc_1.ABCMeta):
@@ -168,6 +172,14 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.ListAgentsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.ListAgentsResponse, _abc.Awaitable[_api_pb2.ListAgentsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetQueue(
+        self,
+        request: _api_pb2.GetQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.GetQueueResponse, _abc.Awaitable[_api_pb2.GetQueueResponse]]:
+        """The trials waiting for slots, in the order the scheduler will consider them."""
 
     @_abc_1.abstractmethod
     def SetAgentEnabled(

@@ -476,6 +476,20 @@ class Store:
                 out.setdefault(group, []).append(name)
             return out
 
+    def experiment_metric_names(self, experiment_id: int) -> list[tuple[str, str]]:
+        """(group, name) of every metric some trial of the experiment has reported."""
+        from assay.master.store._models import MetricRollup
+
+        with self.read() as s:
+            rows = s.execute(
+                select(MetricRollup.group, MetricRollup.name)
+                .join(Trial, Trial.id == MetricRollup.trial_id)
+                .where(Trial.experiment_id == experiment_id, MetricRollup.level == 1)
+                .distinct()
+                .order_by(MetricRollup.group, MetricRollup.name)
+            )
+            return [(str(group), str(name)) for group, name in rows]
+
     # --- checkpoints ----------------------------------------------------------------------
 
     def add_checkpoint(self, record: CheckpointRecord) -> None:

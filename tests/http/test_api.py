@@ -156,7 +156,7 @@ def test_unknown_routes_and_methods(world: World) -> None:
         reply = site.get(path)
         assert reply.status == 404, path
         assert "no such route" in reply.json()["error"]
-    wrong = site.post("/api/v1/experiments")
+    wrong = site.post("/api/v1/agents")
     assert wrong.status == 405
     assert wrong.headers["Allow"] == "GET"
     assert "GET" in wrong.json()["error"]

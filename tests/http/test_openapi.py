@@ -39,6 +39,12 @@ def test_every_route_is_in_it(document: dict[str, Any]) -> None:
         ("get", "/api/v1/checkpoints"),
         ("get", "/api/v1/agents"),
         ("get", "/api/v1/health"),
+        ("get", "/api/v1/queue"),
+        ("get", "/api/v1/checkpoints/{uuid}"),
+        ("post", "/api/v1/experiments"),
+        ("post", "/api/v1/checkpoints/delete"),
+        ("post", "/api/v1/agents/{id}/enable"),
+        ("post", "/api/v1/agents/{id}/disable"),
         ("get", "/api/v1/openapi.json"),
     }
     present = {(m, p) for p, ops in document["paths"].items() for m in ops}
@@ -88,6 +94,8 @@ def test_the_answers_match_their_schemas(world: World, document: dict[str, Any])
         ("/api/v1/checkpoints", f"/api/v1/checkpoints?trial_id={tid}"),
         ("/api/v1/agents", "/api/v1/agents"),
         ("/api/v1/health", "/api/v1/health"),
+        ("/api/v1/queue", "/api/v1/queue"),
+        ("/api/v1/checkpoints/{uuid}", f"/api/v1/checkpoints/{world.checkpoints[0]}"),
     ]
     for template, url in calls:
         reply = site.get(url)
@@ -96,3 +104,19 @@ def test_the_answers_match_their_schemas(world: World, document: dict[str, Any])
     error = site.get("/api/v1/trials/999999")
     schema = {"$ref": "#/components/schemas/Error", "components": document["components"]}
     OAS31Validator(schema).validate(error.json())
+
+
+def test_body_routes_describe_their_body(document: dict[str, Any]) -> None:
+    create = document["paths"]["/api/v1/experiments"]["post"]
+    assert create["parameters"] == []
+    body = create["requestBody"]["content"]["application/json"]["schema"]
+    assert set(body["properties"]) == {"config_yaml", "model_definition", "activate"}
+    assert body["properties"]["model_definition"]["contentEncoding"] == "base64"
+    delete = document["paths"]["/api/v1/checkpoints/delete"]["post"]
+    uuids = delete["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    assert uuids == {"uuids": {"type": "array", "items": {"type": "string"}}}
+    enable = document["paths"]["/api/v1/agents/{id}/enable"]["post"]
+    assert enable["operationId"] == "EnableAgent"
+    assert [p["name"] for p in enable["parameters"]] == ["id"]  # `enabled` is the route's
+    ids = [op["operationId"] for ops in document["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids))

@@ -69,6 +69,23 @@ class User(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
+class LoginSession(Base):
+    """A login: the SHA-256 of its bearer token (never the token itself) and its expiry.
+
+    Logging out, changing the password and deactivating the user delete the rows.
+    """
+
+    __tablename__ = "sessions"
+    id: Mapped[int] = mapped_column(Id64, primary_key=True, autoincrement=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # The address the login came from, for the user's list of sessions.
+    peer: Mapped[str] = mapped_column(String(255), default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class Experiment(Base):
     __tablename__ = "experiments"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -219,6 +236,7 @@ __all__ = [
     "Checkpoint",
     "Experiment",
     "ExperimentLabel",
+    "LoginSession",
     "Metric",
     "MetricRollup",
     "SchemaInfo",

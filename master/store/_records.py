@@ -16,6 +16,31 @@ class UserRecord:
     username: str
     admin: bool
     active: bool
+    # False for a user made as an experiment owner only: such a user cannot log in.
+    has_password: bool = False
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A user with the stored password hash, for checking a login (never sent out)."""
+
+    user: UserRecord
+    password_hash: str | None = field(repr=False)
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A login session with the state of its user at the time it was read."""
+
+    id: int
+    user_id: int
+    username: str
+    admin: bool
+    active: bool
+    peer: str
+    created_at: dt.datetime
+    expires_at: dt.datetime
+    last_used_at: dt.datetime | None
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,16 @@ def test_round_trip(tmp_path: Path) -> None:
     assert os.access(dest / "run.sh", os.X_OK)
 
 
+def test_multi_mib_file_round_trips(tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(3 * 2**20))
+
+    unpack_model_dir(pack_model_dir(src), dest)
+
+    assert files_under(dest) == files_under(src)
+
+
 def test_members_are_relative_sorted_and_anonymous(tmp_path: Path) -> None:
     make_tree(tmp_path)
 

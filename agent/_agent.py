@@ -61,6 +61,11 @@ class AgentConfig:
     # SIGTERM-to-SIGKILL grace: for a KillAllocation without one, the other ranks of a
     # failed rank, and the allocations still running when the agent stops.
     grace: float = DEFAULT_GRACE
+    # The secret this agent joins with (the master's join_token), for a master that
+    # requires one.
+    join_token: str | None = None
+    # The version reported to the master; the installed one except in the version tests.
+    version: str = assay.__version__
 
     def __post_init__(self) -> None:
         host, sep, port = self.master.rpartition(":")
@@ -118,6 +123,7 @@ class Agent:
             on_message=self._enqueue,
             timeout=config.heartbeat_timeout,
             backoff=backoff,
+            on_refused=lambda reason: self.stop(),
         )
         self._lock = threading.Lock()
         self._allocations: dict[str, Allocation] = {}
@@ -255,7 +261,7 @@ class Agent:
     def _register(self) -> agent_pb2.Register:
         return agent_pb2.Register(
             agent_id=self.config.agent_id,
-            version=assay.__version__,
+            version=self.config.version,
             slot_type=slot_type_proto(self.devices.kind),
             devices=[d.to_proto() for d in self.devices.sample()],
             address=self.address,

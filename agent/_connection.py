@@ -6,6 +6,8 @@ queued (state changes, logs). When the master cannot be reached or the stream br
 the loop waits (0.5 s doubling to 10 s, with jitter) and tries again; queued messages
 wait in the outbox meanwhile. A message already handed to a stream that then breaks may
 be lost: `Register.running_allocations` lets the master reconcile after a reconnect.
+A master that refuses the agent for good (a version it is not compatible with) ends the
+loop instead: retrying could not succeed, and the reason is kept in `refused`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ log = logging.getLogger("assay.agent")
 
 DEFAULT_HEARTBEAT_INTERVAL = 5.0
 MAX_LOG_BATCHES = 2000
+# How the master words a refusal that retrying cannot change (FAILED_PRECONDITION also
+# says "already connected", which a retry outlives).
+_INCOMPATIBLE = "is not compatible with master version"
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 256 << 20),  # StartAllocation carries the model
     ("grpc.max_send_message_length", 64 << 20),
@@ -141,8 +146,11 @@ class MasterConnection:
         on_message: Callable[[agent_pb2.MasterMessage], None],
         timeout: float = 30.0,
         backoff: Backoff | None = None,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
         self.target = target
+        self._on_refused = on_refused
+        self.refused: str | None = None
         self._register = register
         self._heartbeat = heartbeat
         self._on_message = on_message
@@ -159,10 +167,15 @@ class MasterConnection:
         self.outbox.put(message)
 
     def run(self) -> None:
-        """Connect and reconnect until `close()`."""
+        """Connect and reconnect until `close()` or a refusal for good."""
         while not self._stopping.is_set():
             reason = self._attempt()
             if self._stopping.is_set():
+                break
+            if self.refused is not None:
+                log.error("the master at %s refused this agent: %s", self.target, reason)
+                if self._on_refused is not None:
+                    self._on_refused(reason)
                 break
             delay = self.backoff.next()
             log.warning(
@@ -201,7 +214,11 @@ class MasterConnection:
         except grpc.RpcError as e:
             if session.timed_out:
                 return f"no Registered reply within {self.timeout:g}s"
-            return f"{e.code().name}: {e.details()}"
+            details = e.details() or ""
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION and _INCOMPATIBLE in details:
+                self.refused = details
+                return details
+            return f"{e.code().name}: {details}"
         finally:
             timer.cancel()
             session.closed.set()

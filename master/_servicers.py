@@ -405,6 +405,23 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             return
         if first.WhichOneof("message") != "register":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an agent must register first")
+        # Agents run the master's release line (major.minor); a patch apart is allowed. An
+        # agent that reports no version (a hand-written client) is taken at its word.
+        version = first.register.version
+        if version and version != __version__:
+            if version.split(".")[:2] != __version__.split(".")[:2]:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"agent version {version} is not compatible with master version "
+                    f"{__version__}: install assay=={__version__} on this agent",
+                )
+            log.warning(
+                "agent %s runs assay %s, the master %s: install assay==%s on it",
+                first.register.agent_id,
+                version,
+                __version__,
+                __version__,
+            )
         outbox = LoopOutbox(loop)
         peer = _peer_host(context.peer())
         registering = loop.run_in_executor(

@@ -1,4 +1,10 @@
-"""`assay-master`: the master daemon."""
+"""`assay-master`: the master daemon.
+
+    assay-master --config /etc/assay/master.yaml
+    assay-master --db-url postgresql+psycopg://assay:PASSWORD@db.example/assay
+
+`assay-master --help-config` lists every setting with its default.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,9 @@ from types import FrameType
 
 import click
 
+from assay._settings import click_options, effective
 from assay.errors import AssayError
+from assay.master._config import DEFAULT_PATH, MasterConfig, help_config, load_master_config
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,30 +27,28 @@ from assay.errors import AssayError
     "--config",
     "config_file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="master.yaml (settings; ASSAY_* variables override it, flags override both)",
+    help=f"The settings file ({DEFAULT_PATH} when installed); see --help-config.",
 )
-@click.option("--db-url", help="sqlite:///path or postgresql+psycopg://user@host/db")
-@click.option("--grpc-port", type=int, help="port for agents, harness and CLI (default 8090)")
-@click.option("--http-port", type=int, help="port for the web UI (default 8080)")
-@click.option("--host", help="address to listen on (default 0.0.0.0)")
+@click_options(MasterConfig)
 @click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="where the SQLite store and checkpoints live (default ~/.assay/master)",
+    "--check-config",
+    is_flag=True,
+    help="Validate the settings, print them (secrets hidden) and exit.",
 )
-@click.option("--advertised-address", help="host:port agents' processes use to reach the master")
-@click.option("--heartbeat-interval-s", type=float, help="agent heartbeat interval")
+@help_config
 @click.version_option(package_name="assay", prog_name="assay-master")
-def command(config_file: Path | None, **flags: object) -> None:
+def command(config_file: Path | None, check_config: bool, **flags: object) -> None:
     """Run the Assay master."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from assay.master._config import load_master_config
-    from assay.master._server import MasterServer
-
     try:
         config = load_master_config(config_file, flags)
+        if check_config:
+            click.echo(effective(config), nl=False)
+            return
+        from assay.master._server import MasterServer
+
         server = MasterServer(config)
     except (AssayError, OSError) as e:
         click.echo(f"error: {e}", err=True)

@@ -10,7 +10,15 @@ from tests.http.conftest import Site, open_site, wait_for
 from tests.http.test_logs_follow import EventReader
 
 
-def test_without_a_build_every_page_says_how_to_build_it(site: Site) -> None:
+def test_without_a_build_every_page_says_how_to_build_it(tmp_path: Path) -> None:
+    site = open_site(tmp_path / "master", ui_dir=tmp_path / "no-build")
+    try:
+        _says_how_to_build(site)
+    finally:
+        site.close()
+
+
+def _says_how_to_build(site: Site) -> None:
     for path in ("/", "/experiments/3", "/cluster"):
         reply = site.get(path)
         assert reply.status == 200

@@ -99,6 +99,15 @@ def test_wheel_contains_every_module(tmp_path: Path) -> None:
     assert not missing, "modules left out of the wheel:\n" + "\n".join(missing)
     assert "assay/py.typed" in names
     assert "assay = assay.cli.main:main" in scripts
+    # The web UI's build travels in the wheel, so an installed master serves it.
+    built = ROOT / "master" / "webui_dist"
+    assert (built / "index.html").is_file(), "build the web UI first: cd webui && npm run build"
+    ui_files = {
+        str(PurePosixPath("assay", "master", "webui_dist", *f.relative_to(built).parts))
+        for f in built.rglob("*")
+        if f.is_file()
+    }
+    assert ui_files <= names, sorted(ui_files - names)
 
 
 HEAVY = ("torch", "grpc", "assay.proto")

@@ -30,6 +30,7 @@ class Cluster:
     logs: list[Path] = field(default_factory=list)
     master_cmd: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    http_port: int = 0  # the web UI and JSON API, http://127.0.0.1:<http_port>/
 
     def restart_master(self) -> None:
         """Start the master again (same port, state and database) after it died."""
@@ -85,7 +86,8 @@ def start_cluster(
     port = free_port()
     state = tmp / "master"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cluster = Cluster(address=f"127.0.0.1:{port}", state_dir=state)
+    http_port = free_port()
+    cluster = Cluster(address=f"127.0.0.1:{port}", state_dir=state, http_port=http_port)
     master_cmd = [
         sys.executable,
         "-m",
@@ -97,7 +99,7 @@ def start_cluster(
         "--state-dir",
         str(state),
         "--http-port",
-        "0",
+        str(http_port),
     ]
     if db_url:
         master_cmd += ["--db-url", db_url]

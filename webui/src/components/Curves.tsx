@@ -1,0 +1,201 @@
+// Learning curves of every trial of an experiment, for one metric, in one uPlot chart.
+import { useCallback, useMemo, useRef, useState } from "react";
+import { useNavigate } from "react-router";
+import type uPlot from "uplot";
+import { alignCurves, nearestIndex, toXY, type XY } from "../align";
+import type { Curve, JsonObject } from "../api";
+import { fmtNumber, fmtValue } from "../format";
+import { AXIS_STYLE, Plot } from "./Plot";
+
+declare global {
+  interface Window {
+    /** performance.now() when the curves were first drawn with data (read by a benchmark). */
+    __assayCurvesDrawnAt?: number;
+  }
+}
+
+export interface CurvesProps {
+  curves: Curve[];
+  metric: string;
+  xLabel: string;
+  /** Multiplies batches into the x unit (1 / batches per epoch for epochs). */
+  xScale: number;
+  log: boolean;
+  hparamsOf: (trialId: string) => JsonObject | undefined;
+  colorOf: (trialId: string) => string;
+  height?: number;
+}
+
+interface Hover {
+  /** Cursor position in the container's pixels. */
+  left: number;
+  top: number;
+  trialId: string;
+  x: number;
+  y: number;
+}
+
+export function Curves({ curves, metric, xLabel, xScale, log, hparamsOf, colorOf, height = 380 }: CurvesProps) {
+  const box = useRef<HTMLDivElement>(null);
+  const navigate = useNavigate();
+  const [hover, setHover] = useState<Hover | null>(null);
+
+  const prepared = useMemo(() => {
+    const ids = curves.map((c) => String(c.trial_id));
+    const xy: XY[] = curves.map((c) => toXY(c.total_batches, c.values, xScale, log));
+    const withPoints = xy.filter((c) => c.x.length > 0).length;
+    return { ids, xy, data: alignCurves(xy), withPoints };
+  }, [curves, xScale, log]);
+
+  // Read by uPlot's hooks, which are made once per chart.
+  const live = useRef(prepared);
+  live.current = prepared;
+  const focused = useRef<number | null>(null);
+
+  const structure = `${metric}|${xLabel}|${log}|${prepared.ids.join(",")}`;
+
+  const options = useCallback(
+    (width: number, h: number): uPlot.Options => {
+      const ids = live.current.ids;
+      const onCursor = (u: uPlot) => {
+        const { left, top } = u.cursor;
+        const p = live.current;
+        if (left == null || top == null || left < 0) {
+          if (focused.current !== null) {
+            focused.current = null;
+            u.setSeries(null, { focus: false });
+          }
+          setHover(null);
+          return;
+        }
+        const xv = u.posToVal(left, "x");
+        let best = -1;
+        let bestDist = 24; // px
+        let bestY = NaN;
+        for (let s = 0; s < p.xy.length; s++) {
+          if (!u.series[s + 1]?.show) continue;
+          const c = p.xy[s]!;
+          const k = nearestIndex(c.x, xv);
+          if (k < 0) continue;
+          const yv = c.y[k]!;
+          if (yv !== yv) continue;
+          const d = Math.abs(u.valToPos(yv, "y") - top);
+          if (d < bestDist) {
+            bestDist = d;
+            best = s;
+            bestY = yv;
+          }
+        }
+        if (best < 0) {
+          if (focused.current !== null) {
+            focused.current = null;
+            u.setSeries(null, { focus: false });
+          }
+          setHover(null);
+          return;
+        }
+        if (focused.current !== best) {
+          focused.current = best;
+          u.setSeries(best + 1, { focus: true });
+        }
+        const c = p.xy[best]!;
+        const k = nearestIndex(c.x, xv);
+        const over = u.over.getBoundingClientRect();
+        const outer = box.current?.getBoundingClientRect() ?? over;
+        setHover({
+          left: left + over.left - outer.left,
+          top: top + over.top - outer.top,
+          trialId: p.ids[best]!,
+          x: c.x[k]!,
+          y: bestY,
+        });
+      };
+      const onDraw = (u: uPlot) => {
+        const el = box.current;
+        const n = live.current.withPoints;
+        if (!el || u.data[0].length === 0) return;
+        el.dataset["drawn"] = String(n);
+        if (n > 0 && window.__assayCurvesDrawnAt === undefined) {
+          window.__assayCurvesDrawnAt = performance.now();
+        }
+      };
+      return {
+        width,
+        height: h,
+        legend: { show: false },
+        focus: { alpha: 0.25 },
+        cursor: {
+          focus: { prox: -1 },
+          points: { show: false },
+          drag: { x: true, y: false, setScale: true },
+        },
+        scales: {
+          x: { time: false },
+          y: log ? { distr: 3, log: 10 } : {},
+        },
+        axes: [
+          { ...AXIS_STYLE, label: xLabel, labelSize: 20 },
+          { ...AXIS_STYLE, label: metric, labelSize: 20, size: 60 },
+        ],
+        series: [
+          { label: xLabel },
+          ...ids.map((id) => ({
+            label: `trial ${id}`,
+            stroke: colorOf(id),
+            width: 1.25,
+            spanGaps: true,
+            points: { show: false },
+          })),
+        ],
+        hooks: { setCursor: [onCursor], draw: [onDraw] },
+      };
+    },
+    // `structure` covers metric, unit, scale and series; colours follow the trial ids.
+    [structure],
+  );
+
+  const onCreate = useCallback(
+    (u: uPlot) => {
+      focused.current = null;
+      u.over.addEventListener("click", () => {
+        const f = focused.current;
+        const id = f === null ? undefined : live.current.ids[f];
+        if (id !== undefined) navigate(`/trials/${id}`);
+      });
+      u.over.addEventListener("mouseleave", () => setHover(null));
+    },
+    [navigate],
+  );
+
+  const hparams = hover ? hparamsOf(hover.trialId) : undefined;
+  return (
+    <div className="curves" data-testid="curves" ref={box}>
+      <Plot options={options} data={prepared.data} structure={structure} height={height} onCreate={onCreate} />
+      {hover && (
+        <div
+          className="tooltip"
+          style={{
+            left:
+              hover.left + 250 > (box.current?.clientWidth ?? 800) ? hover.left - 250 : hover.left + 14,
+            top: hover.top + 14,
+          }}
+        >
+          <div className="tooltip-title">
+            <span className="swatch" style={{ background: colorOf(hover.trialId) }} />
+            trial {hover.trialId}
+          </div>
+          <div>
+            {metric} <b>{fmtNumber(hover.y)}</b> at {xLabel} {fmtNumber(hover.x)}
+          </div>
+          {hparams &&
+            Object.entries(hparams).map(([k, v]) => (
+              <div key={k} className="tooltip-hp">
+                {k}: {fmtValue(v)}
+              </div>
+            ))}
+          <div className="muted">click to open the trial</div>
+        </div>
+      )}
+    </div>
+  );
+}

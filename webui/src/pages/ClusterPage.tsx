@@ -1,0 +1,237 @@
+// `/cluster`: agents with their slots and devices, totals, and the queue of trials.
+import { useEffect, useState } from "react";
+import { Link } from "react-router";
+import { api, num, servedRoutes, type Agent, type QueuedTrial } from "../api";
+import { ErrorPanel, Loading, Meter, Section } from "../components/ui";
+import { fmtBytes, fmtTime } from "../format";
+import { usePoll } from "../hooks";
+
+const QUEUE_ROUTE = "/api/v1/queue";
+const ENABLE_ROUTE = "/api/v1/agents/{id}/enable";
+
+function useServedRoutes(): Set<string> | undefined {
+  const [routes, setRoutes] = useState<Set<string>>();
+  useEffect(() => {
+    let alive = true;
+    void servedRoutes().then((r) => alive && setRoutes(r));
+    return () => {
+      alive = false;
+    };
+  }, []);
+  return routes;
+}
+
+export function ClusterPage() {
+  const agents = usePoll("agents", (s) => api.agents(s));
+  const routes = useServedRoutes();
+  const hasQueue = routes?.has(QUEUE_ROUTE) ?? false;
+  const canToggle = routes ? [...routes].some((r) => r === ENABLE_ROUTE || /^\/api\/v1\/agents\/\{[^}]+\}\/enable$/.test(r)) : false;
+  const [actionError, setActionError] = useState<unknown>(null);
+  const [busy, setBusy] = useState<string | null>(null);
+
+  useEffect(() => {
+    document.title = "Cluster · Assay";
+  }, []);
+
+  const list = agents.data?.agents ?? [];
+  const slots = list.flatMap((a) => a.slots);
+  const busySlots = slots.filter((s) => s.allocation_id).length;
+  const usable = list.filter((a) => a.connected && a.enabled).flatMap((a) => a.slots.filter((s) => s.enabled));
+  const free = usable.filter((s) => !s.allocation_id).length;
+
+  const toggle = async (a: Agent) => {
+    setBusy(a.id);
+    try {
+      await api.setAgentEnabled(a.id, !a.enabled);
+      setActionError(null);
+    } catch (e) {
+      setActionError(e);
+    } finally {
+      setBusy(null);
+      agents.reload();
+    }
+  };
+
+  return (
+    <div className="page">
+      <div className="page-title">
+        <h1>Cluster</h1>
+      </div>
+      {agents.data && (
+        <div className="totals" data-testid="cluster-totals">
+          <Total label="Agents" value={`${list.filter((a) => a.connected).length} / ${list.length}`} hint="connected / all" />
+          <Total label="Slots" value={String(slots.length)} />
+          <Total label="Busy" value={String(busySlots)} />
+          <Total label="Free" value={String(free)} hint="on connected, enabled agents" />
+          <Total
+            label="Devices"
+            value={String(list.reduce((n, a) => n + a.devices.length, 0))}
+          />
+        </div>
+      )}
+      {actionError !== null && <ErrorPanel error={actionError} title="Cannot change the agent" />}
+      {agents.error && <ErrorPanel error={agents.error} title="Cannot list agents" />}
+      <Section title="Agents">
+        {agents.loading && !agents.error && <Loading what="agents" />}
+        {agents.data && (
+          <div className="table-wrap">
+            <table className="table" data-testid="agents">
+              <thead>
+                <tr>
+                  <th>Agent</th>
+                  <th>Status</th>
+                  <th>Slots</th>
+                  <th>Devices</th>
+                  <th>CPU</th>
+                  <th>Memory</th>
+                  <th>Heartbeat</th>
+                  {canToggle && <th />}
+                </tr>
+              </thead>
+              <tbody>
+                {list.map((a) => (
+                  <tr key={a.id} data-testid="agent-row" data-id={a.id} className={a.connected ? undefined : "dim"}>
+                    <td>
+                      <div className="strong">{a.id}</div>
+                      <div className="muted small mono">{a.address}</div>
+                    </td>
+                    <td>
+                      <span className={`state state-${a.connected ? "active" : "stopped"}`}>
+                        {a.connected ? "connected" : "disconnected"}
+                      </span>{" "}
+                      {!a.enabled && <span className="state state-paused">disabled</span>}
+                    </td>
+                    <td>
+                      <div className="slots">
+                        {a.slots.map((s) => (
+                          <span
+                            key={s.index}
+                            className={`slot ${s.allocation_id ? "slot-busy" : "slot-free"} ${s.enabled ? "" : "slot-off"}`}
+                            title={`slot ${s.index} (${s.type.replace("SLOT_TYPE_", "").toLowerCase()})${s.enabled ? "" : ", disabled"}`}
+                          >
+                            {s.index}:{" "}
+                            {s.allocation_id && num(s.trial_id) > 0 ? (
+                              <Link to={`/trials/${s.trial_id}`}>trial {String(s.trial_id)}</Link>
+                            ) : s.allocation_id ? (
+                              "busy"
+                            ) : (
+                              "free"
+                            )}
+                          </span>
+                        ))}
+                      </div>
+                    </td>
+                    <td>
+                      {a.devices.map((d) => (
+                        <div key={`${d.index}-${d.uuid}`} className="device">
+                          <span className="device-name" title={d.uuid}>
+                            {d.type === "SLOT_TYPE_CUDA" ? "GPU" : "CPU"} {d.index} · {d.name || "unknown"}
+                            {num(d.memory_bytes) > 0 && <span className="muted"> · {fmtBytes(num(d.memory_bytes))}</span>}
+                          </span>
+                          <Meter value={num(d.utilization)} />
+                        </div>
+                      ))}
+                      {a.devices.length === 0 && <span className="muted">–</span>}
+                    </td>
+                    <td>
+                      <Meter value={num(a.cpu_utilization)} />
+                    </td>
+                    <td>
+                      <Meter
+                        value={num(a.memory_used_fraction)}
+                        label={`${Math.round(num(a.memory_used_fraction) * 100)}% of ${fmtBytes(num(a.memory_bytes))}`}
+                      />
+                    </td>
+                    <td className="nowrap">{fmtTime(a.last_heartbeat)}</td>
+                    {canToggle && (
+                      <td>
+                        <button
+                          type="button"
+                          disabled={busy === a.id}
+                          onClick={() => void toggle(a)}
+                          data-testid={a.enabled ? "agent-disable" : "agent-enable"}
+                        >
+                          {a.enabled ? "Disable" : "Enable"}
+                        </button>
+                      </td>
+                    )}
+                  </tr>
+                ))}
+                {list.length === 0 && (
+                  <tr>
+                    <td colSpan={canToggle ? 8 : 7} className="empty">
+                      No agents have registered with this master.
+                    </td>
+                  </tr>
+                )}
+              </tbody>
+            </table>
+          </div>
+        )}
+      </Section>
+      {hasQueue && <QueuePanel />}
+    </div>
+  );
+}
+
+function Total({ label, value, hint }: { label: string; value: string; hint?: string }) {
+  return (
+    <div className="total" title={hint}>
+      <div className="total-value">{value}</div>
+      <div className="total-label">{label}</div>
+    </div>
+  );
+}
+
+function QueuePanel() {
+  const queue = usePoll("queue", (s) => api.queue(s));
+  const rows: QueuedTrial[] = queue.data?.trials ?? [];
+  return (
+    <Section title={`Queue${queue.data ? ` (${rows.length})` : ""}`}>
+      <div data-testid="queue">
+        {queue.error && <ErrorPanel error={queue.error} title="Cannot read the queue" />}
+        {queue.loading && !queue.error && <Loading what="queue" />}
+        {queue.data && (
+          <table className="table">
+            <thead>
+              <tr>
+                <th className="num">#</th>
+                <th>Trial</th>
+                <th>Experiment</th>
+                <th className="num">Priority</th>
+                <th className="num">Slots</th>
+              </tr>
+            </thead>
+            <tbody>
+              {rows.map((r, i) => (
+                <tr key={String(r.trial_id)} data-testid="queue-row" data-id={String(r.trial_id)}>
+                  <td className="num">{i + 1}</td>
+                  <td>
+                    <Link to={`/trials/${r.trial_id}`}>{String(r.trial_id)}</Link>
+                  </td>
+                  <td>
+                    <Link to={`/experiments/${r.experiment_id}`}>
+                      {String(r.experiment_id)}
+                      {r.experiment_name ? ` · ${r.experiment_name}` : ""}
+                    </Link>
+                  </td>
+                  <td className="num">{r.priority}</td>
+                  <td className="num">
+                    {r.slots} {r.slot_type === "SLOT_TYPE_CUDA" ? "GPU" : r.slot_type === "SLOT_TYPE_CPU" ? "CPU" : ""}
+                  </td>
+                </tr>
+              ))}
+              {rows.length === 0 && (
+                <tr>
+                  <td colSpan={5} className="empty">
+                    No trials are waiting for slots.
+                  </td>
+                </tr>
+              )}
+            </tbody>
+          </table>
+        )}
+      </div>
+    </Section>
+  );
+}

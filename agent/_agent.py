@@ -124,6 +124,7 @@ class Agent:
             timeout=config.heartbeat_timeout,
             backoff=backoff,
             on_refused=lambda reason: self.stop(),
+            join_token=config.join_token,
         )
         self._lock = threading.Lock()
         self._allocations: dict[str, Allocation] = {}

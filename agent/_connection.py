@@ -147,8 +147,10 @@ class MasterConnection:
         timeout: float = 30.0,
         backoff: Backoff | None = None,
         on_refused: Callable[[str], None] | None = None,
+        join_token: str | None = None,
     ) -> None:
         self.target = target
+        self.join_token = join_token
         self._on_refused = on_refused
         self.refused: str | None = None
         self._register = register
@@ -205,7 +207,8 @@ class MasterConnection:
         timer = threading.Timer(self.timeout, self._give_up, args=(session,))
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
-            responses = stub.Connect(self._requests(session))
+            metadata = (("x-assay-join-token", self.join_token),) if self.join_token else ()
+            responses = stub.Connect(self._requests(session), metadata=metadata)
             session.call = responses
             timer.start()
             for message in responses:
@@ -218,6 +221,10 @@ class MasterConnection:
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION and _INCOMPATIBLE in details:
                 self.refused = details
                 return details
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                # A wrong join token stays wrong: retrying would only knock on the door.
+                self.refused = f"the master refused this agent: {details}"
+                return self.refused
             return f"{e.code().name}: {details}"
         finally:
             timer.cancel()

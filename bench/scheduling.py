@@ -40,6 +40,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,19 @@ import yaml
 from assay._archive import pack_model_dir
 from assay._local import free_port
 from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc, common_pb2
+
+# The masters started here take their first admin's password and join token from these,
+# and so do the fleet and the submitters (child processes inherit them).
+ADMIN_PASSWORD = os.environ.setdefault("ASSAY_INITIAL_ADMIN_PASSWORD", secrets.token_urlsafe(12))
+JOIN_METADATA = (("x-assay-join-token", os.environ.setdefault("ASSAY_JOIN_TOKEN", "bench-join")),)
+# Set once logged in: sent with every Api call.
+AUTH: tuple[tuple[str, str], ...] = ()
+
+
+def _login(api: api_pb2_grpc.ApiStub) -> tuple[tuple[str, str], ...]:
+    request = api_pb2.LoginRequest(username="admin", password=ADMIN_PASSWORD)
+    return (("authorization", f"Bearer {api.Login(request, timeout=30).token}"),)
+
 
 ROOT = Path(__file__).resolve().parent.parent
 LATENCY_TARGET = 1.5
@@ -192,9 +206,11 @@ def local_cluster(tmp: Path) -> Iterator[tuple[Cluster, api_pb2_grpc.ApiStub]]:
             cluster.procs.append(_spawn(cmd, log, env))
         api = api_pb2_grpc.ApiStub(channel)
         deadline = time.monotonic() + 60
+        global AUTH
         while True:
             with contextlib.suppress(grpc.RpcError):
-                if api.ListAgents(api_pb2.ListAgentsRequest(), timeout=2).agents:
+                AUTH = AUTH or _login(api)
+                if api.ListAgents(api_pb2.ListAgentsRequest(), timeout=2, metadata=AUTH).agents:
                     break
             if time.monotonic() > deadline or any(p.poll() is not None for p in cluster.procs):
                 raise RuntimeError(f"the local cluster did not come up:\n{cluster.dump_logs()}")
@@ -217,7 +233,8 @@ def _wait_for_file(path: Path, timeout: float, alive: list[subprocess.Popen[byte
 
 
 def _experiment_state(api: api_pb2_grpc.ApiStub, experiment_id: int) -> str:
-    got = api.GetExperiment(api_pb2.GetExperimentRequest(id=experiment_id), timeout=10)
+    request = api_pb2.GetExperimentRequest(id=experiment_id)
+    got = api.GetExperiment(request, timeout=10, metadata=AUTH)
     return common_pb2.ExperimentState.Name(got.experiment.state).removeprefix("EXPERIMENT_STATE_")
 
 
@@ -241,6 +258,7 @@ def assay_once(cluster: Cluster, api: api_pb2_grpc.ApiStub, tmp: Path, i: int) -
             config_yaml=config_yaml, model_definition=archive, activate=True
         ),
         timeout=30,
+        metadata=AUTH,
     )
     stamped = _wait_for_file(stamp, 120, cluster.procs)
     experiment_id = created.experiment.id
@@ -327,7 +345,7 @@ async def _fleet(port: int, agents: int) -> None:
     async def agent(i: int) -> None:
         nonlocal starts, first, last, registered
         stub = agent_pb2_grpc.AgentServiceStub(channels[i // AGENTS_PER_CHANNEL])
-        call: Any = stub.Connect()
+        call: Any = stub.Connect(metadata=JOIN_METADATA)
         calls.append(call)
         device = common_pb2.Device(index=0, type=common_pb2.SLOT_TYPE_CPU, name="cpu")
         await call.write(
@@ -407,10 +425,13 @@ async def _submit_all(port: int, count: int, request_file: Path) -> None:
     queue_left = iter(range(count))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         api = api_pb2_grpc.ApiStub(channel)
+        login = api_pb2.LoginRequest(username="admin", password=ADMIN_PASSWORD)
+        token = (await api.Login(login, timeout=30)).token
+        auth = (("authorization", f"Bearer {token}"),)
 
         async def client() -> None:
             for _ in queue_left:
-                reply = await api.CreateExperiment(request, timeout=120)
+                reply = await api.CreateExperiment(request, timeout=120, metadata=auth)
                 ids.append(reply.experiment.id)
 
         t0 = time.time()
@@ -558,7 +579,8 @@ def bench_throughput(s: Settings) -> ThroughputResult:
             t_reg = time.perf_counter()
             fleet = Fleet(port, s.agents, tmp / "fleet.log")
             fleet.ready(timeout=120)
-            info = api.GetMasterInfo(api_pb2.GetMasterInfoRequest(), timeout=30)
+            auth = _login(api)
+            info = api.GetMasterInfo(api_pb2.GetMasterInfoRequest(), timeout=30, metadata=auth)
             if info.agents != s.agents:
                 raise RuntimeError(f"{info.agents} of {s.agents} agents registered")
             result.register_s = time.perf_counter() - t_reg

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import secrets
 import statistics
 import subprocess
 import sys
@@ -187,6 +188,28 @@ def seed_experiment(
     return experiment_id
 
 
+def _credentials() -> str:
+    """The first admin's password for the masters started here (ASSAY_INITIAL_ADMIN_PASSWORD,
+    else made up), put in the environment with the join token and the CLI's login, so that
+    every process started from here inherits them."""
+    password = os.environ.get("ASSAY_INITIAL_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+    os.environ["ASSAY_INITIAL_ADMIN_PASSWORD"] = password
+    os.environ.setdefault("ASSAY_JOIN_TOKEN", secrets.token_urlsafe(24))
+    os.environ["ASSAY_USER"] = "admin"
+    os.environ["ASSAY_PASSWORD"] = password
+    return password
+
+
+def _login(base: str, password: str) -> str:
+    body = json.dumps({"username": "admin", "password": password}).encode()
+    request = urllib.request.Request(
+        base + "/api/v1/login", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        token: str = json.loads(reply.read())["token"]
+    return token
+
+
 def _start_master(state_dir: Path, http_port: int, grpc_port: int) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable,
@@ -211,27 +234,28 @@ def _wait_http(base: str, proc: subprocess.Popen[bytes], timeout: float = 60) ->
         if proc.poll() is not None:
             raise SystemExit(f"the master exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(base + "/api/v1/master", timeout=2):
+            with urllib.request.urlopen(base + "/api/v1/health", timeout=2):
                 return
         except OSError:
             time.sleep(0.2)
     raise SystemExit("the master's HTTP port did not answer in 60 s")
 
 
-def _baseline_script(experiment_id: int) -> str:
+def _baseline_script(experiment_id: int, token: str) -> str:
     return f"""async () => {{
         const t0 = performance.now();
+        const headers = {{Authorization: 'Bearer {token}'}};
         const [e, c] = await Promise.all([
-            fetch('/api/v1/experiments/{experiment_id}').then(r => r.json()),
-            fetch('/api/v1/experiments/{experiment_id}/metrics?name=loss&group=training')
-                .then(r => r.json()),
+            fetch('/api/v1/experiments/{experiment_id}', {{headers}}).then(r => r.json()),
+            fetch('/api/v1/experiments/{experiment_id}/metrics?name=loss&group=training',
+                  {{headers}}).then(r => r.json()),
         ]);
         const points = (c.curves || []).reduce((n, x) => n + x.values.length, 0);
         return {{ms: performance.now() - t0, points, trials: (e.trials || []).length}};
     }}"""
 
 
-def measure(base: str, experiment_id: int, rounds: int, trials: int) -> dict[str, Any]:
+def measure(base: str, experiment_id: int, rounds: int, trials: int, token: str) -> dict[str, Any]:
     from playwright.sync_api import sync_playwright
 
     page_ms: list[float] = []
@@ -243,6 +267,8 @@ def measure(base: str, experiment_id: int, rounds: int, trials: int) -> dict[str
                 order = ["page", "fetch"] if r % 2 == 0 else ["fetch", "page"]
                 for side in order:
                     context = browser.new_context(viewport={"width": 1400, "height": 900})
+                    # Logged in, as after the login page: the app reads its token here.
+                    context.add_init_script(f"localStorage.setItem('assay.token', '{token}')")
                     page = context.new_page()
                     if side == "page":
                         page.goto(f"{base}/experiments/{experiment_id}?metric=loss&group=training")
@@ -255,13 +281,13 @@ def measure(base: str, experiment_id: int, rounds: int, trials: int) -> dict[str
                     else:
                         # The baseline: navigation to a tiny same-origin page, then the
                         # same data fetched and parsed; navigation time is counted too.
-                        page.goto(f"{base}/api/v1/master")
+                        page.goto(f"{base}/api/v1/health")
                         nav = float(
                             page.evaluate(
                                 "performance.getEntriesByType('navigation')[0].responseEnd"
                             )
                         )
-                        got = page.evaluate(_baseline_script(experiment_id))
+                        got = page.evaluate(_baseline_script(experiment_id, token))
                         assert got["trials"] == trials, got
                         if r:
                             fetch_ms.append(nav + float(got["ms"]))
@@ -294,6 +320,7 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         store.close()
     grpc_port = free_port()
+    password = _credentials()
     master = _start_master(state_dir, args.port, grpc_port)
     base = f"http://127.0.0.1:{args.port}"
     procs = [master]
@@ -325,6 +352,7 @@ def serve(args: argparse.Namespace) -> int:
                 model = str(ROOT / "examples/digits")
                 subprocess.run([*cmd, "experiment", "create", config, model, *extra], check=True)
         print(f"serving {base} (gRPC 127.0.0.1:{grpc_port}, state {state_dir}); Ctrl-C stops")
+        print(f"log in as admin with the password {password} (unless this store had one)")
         master.wait()
     except KeyboardInterrupt:
         pass
@@ -369,11 +397,12 @@ def main() -> int:
         seed_s = time.perf_counter() - t0
         print(f"seeded {trials} trials x {rows:,} rows in {seed_s:.1f} s")
         http_port, grpc_port = free_port(), free_port()
+        password = _credentials()
         master = _start_master(state_dir, http_port, grpc_port)
         base = f"http://127.0.0.1:{http_port}"
         try:
             _wait_http(base, master)
-            figures = measure(base, experiment_id, rounds, trials)
+            figures = measure(base, experiment_id, rounds, trials, _login(base, password))
         finally:
             master.terminate()
             master.wait(timeout=30)

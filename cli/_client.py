@@ -6,6 +6,8 @@ time, so `assay --help` and `assay trial run-local` do not pay for them.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -14,6 +16,7 @@ import click
 
 from assay.errors import AssayError
 
+from . import _credentials
 from ._common import settings
 
 if TYPE_CHECKING:
@@ -51,6 +54,7 @@ class Client:
         self.timeout = timeout
         self._channel: Any = None
         self._stub: Any = None
+        self._session_token: str | None = None
 
     @property
     def stub(self) -> Any:
@@ -102,10 +106,115 @@ class Client:
             + (f": {details}" if details else "")
         )
 
+    # --- credentials ------------------------------------------------------------------
+
+    def _token(self) -> str:
+        """The session token to send: the stored one, else one got by logging in with
+        ASSAY_USER / ASSAY_PASSWORD, else none (the master then says to log in)."""
+        if self._session_token is None:
+            stored = _credentials.load(self.address)
+            if stored is not None and stored.valid():
+                self._session_token = stored.token
+            elif _credentials.env_credentials() is not None:
+                self._session_token = self._login_from_env()
+            else:
+                self._session_token = ""
+        return self._session_token
+
+    def _login_from_env(self) -> str:
+        found = _credentials.env_credentials()
+        assert found is not None
+        session = self.login(*found)
+        return session.token
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        token = self._token()
+        return (("authorization", f"Bearer {token}"),) if token else ()
+
+    def _call(self, method: str, request: Any, timeout: float | None) -> Any:
+        """One unary call with the session token; a token the master no longer takes is
+        replaced once by a fresh login when ASSAY_USER / ASSAY_PASSWORD allow it."""
+        import grpc
+
+        stub = getattr(self.stub, method)
+        try:
+            return stub(request, timeout=timeout, metadata=self._metadata())
+        except grpc.RpcError as e:
+            renew = e.code() == grpc.StatusCode.UNAUTHENTICATED and method != "Login"
+            if not renew or _credentials.env_credentials() is None:
+                raise
+        self._session_token = self._login_from_env()
+        return stub(request, timeout=timeout, metadata=self._metadata())
+
     def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
         timeout = timeout or self.timeout
         with self._errors(timeout):
-            return getattr(self.stub, method)(request, timeout=timeout)
+            return self._call(method, request, timeout)
+
+    def login(self, username: str, password: str) -> _credentials.Session:
+        """Log in, keep the token for this master in the auth file, and return it."""
+        from assay.proto import api_pb2
+
+        request = api_pb2.LoginRequest(username=username, password=password)
+        with self._errors(self.timeout):
+            response: api_pb2.LoginResponse = self.stub.Login(request, timeout=self.timeout)
+        session = _credentials.Session(
+            response.user.username,
+            response.token,
+            response.expires_at.ToDatetime(tzinfo=dt.UTC),
+        )
+        _credentials.save(self.address, session)
+        self._session_token = session.token
+        return session
+
+    def logout(self) -> bool:
+        """End the stored session at the master and forget it here; False if none."""
+        from assay.proto import api_pb2
+
+        stored = _credentials.load(self.address)
+        if stored is None:
+            return False
+        self._session_token = stored.token
+        with contextlib.suppress(MasterError):  # expired or revoked already: forget it
+            self._unary("Logout", api_pb2.LogoutRequest())
+        _credentials.forget(self.address)
+        self._session_token = None
+        return True
+
+    def who_am_i(self) -> api_pb2.User:
+        from assay.proto import api_pb2
+
+        user: api_pb2.User = self._unary("WhoAmI", api_pb2.WhoAmIRequest())
+        return user
+
+    def list_users(self) -> list[api_pb2.User]:
+        from assay.proto import api_pb2
+
+        response: api_pb2.ListUsersResponse = self._unary("ListUsers", api_pb2.ListUsersRequest())
+        return list(response.users)
+
+    def create_user(self, username: str, password: str, admin: bool) -> api_pb2.User:
+        from assay.proto import api_pb2
+
+        request = api_pb2.CreateUserRequest(username=username, password=password, admin=admin)
+        user: api_pb2.User = self._unary("CreateUser", request)
+        return user
+
+    def change_password(self, username: str, old: str, new: str) -> api_pb2.User:
+        from assay.proto import api_pb2
+
+        request = api_pb2.ChangePasswordRequest(
+            username=username, old_password=old, new_password=new
+        )
+        user: api_pb2.User = self._unary("ChangePassword", request)
+        return user
+
+    def set_user_active(self, username: str, active: bool) -> api_pb2.User:
+        from assay.proto import api_pb2
+
+        request = api_pb2.SetUserActiveRequest(username=username, active=active)
+        user: api_pb2.User = self._unary("SetUserActive", request)
+        return user
 
     # --- one method per RPC ---------------------------------------------------------
 
@@ -173,7 +282,8 @@ class Client:
         )
         timeout = None if follow else 10 * self.timeout
         with self._errors(timeout):
-            yield from getattr(self.stub, "StreamTrialLogs")(request, timeout=timeout)  # noqa: B009
+            metadata = self._metadata()
+            yield from self.stub.StreamTrialLogs(request, timeout=timeout, metadata=metadata)
 
     def list_checkpoints(
         self, experiment_id: int, trial_id: int = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -93,13 +94,17 @@ def up(
     ]
     if db_url:
         master_cmd += ["--db-url", db_url]
-    pids["master"] = _spawn(master_cmd, logs / "master.log")
+    # The first admin's password: the caller's, or one made here and kept next to the logs.
+    password = os.environ.get("ASSAY_INITIAL_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+    secret_env = {"ASSAY_INITIAL_ADMIN_PASSWORD": password}
+    pids["master"] = _spawn(master_cmd, logs / "master.log", secret_env)
     pids_file.write_text(json.dumps(pids))  # so that `down` can stop it whatever happens next
     address = f"127.0.0.1:{port}"
     if not _wait_for_port(port, pids["master"], timeout=60):
         _stop(pids["master"])
         pids_file.unlink(missing_ok=True)
         raise AssayError(f"the master did not start; see {logs / 'master.log'}")
+    join_token = os.environ.get("ASSAY_JOIN_TOKEN") or _read_join_token(state_dir / "master")
     for i in range(agents):
         cmd = [
             sys.executable,
@@ -116,10 +121,37 @@ def up(
         ]
         if slots_per_agent is not None:
             cmd += ["--slots", str(slots_per_agent)]
-        pids[f"agent-{i}"] = _spawn(cmd, logs / f"agent-{i}.log")
+        pids[f"agent-{i}"] = _spawn(cmd, logs / f"agent-{i}.log", {"ASSAY_JOIN_TOKEN": join_token})
     pids_file.write_text(json.dumps(pids))
     click.echo(f"master at {address} (logs in {logs}); {agents} agent(s) started")
+    _log_in(address, password)
     click.echo(f"export ASSAY_MASTER={address}")
+
+
+def _read_join_token(master_state: Path) -> str:
+    from assay.errors import AssayError
+
+    path = master_state / "join-token"
+    for _ in range(50):
+        if path.exists():
+            return path.read_text().strip()
+        time.sleep(0.1)
+    raise AssayError(f"the master wrote no join token to {path}")
+
+
+def _log_in(address: str, password: str) -> None:
+    """Log this user in as admin, so the next commands work without `assay user login`."""
+    from ._client import Client, MasterError
+
+    c = Client(address)
+    try:
+        c.login("admin", password)
+        click.echo(f"logged in as admin (password: {password})")
+    except MasterError as e:
+        # A state directory from before keeps its own admin password.
+        click.echo(f"not logged in ({e}); run `assay -m {address} user login admin`")
+    finally:
+        c.close()
 
 
 @local.command("down")
@@ -144,7 +176,8 @@ def down(state_dir: Path) -> None:
     click.echo(f"stopped {', '.join(order)}")
 
 
-def _spawn(cmd: list[str], log: Path) -> int:
+def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> int:
+    """Start `cmd` in the background; secrets travel in `env`, never in the command line."""
     with log.open("ab") as out:
         proc = subprocess.Popen(
             cmd,
@@ -152,7 +185,7 @@ def _spawn(cmd: list[str], log: Path) -> int:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
         )
     return proc.pid
 

@@ -17,6 +17,7 @@ from ._deploy import deploy
 from ._experiment import experiment
 from ._preview import preview_search
 from ._trial import run_local_command, trial
+from ._user import user
 
 __all__ = ["cli", "main", "run_local_command"]
 
@@ -48,6 +49,7 @@ cli.add_aliased(checkpoint, "c")
 cli.add_aliased(master)
 cli.add_aliased(deploy)
 cli.add_aliased(preview_search)
+cli.add_aliased(user, "u")
 
 
 def main() -> None:

@@ -384,6 +384,21 @@ class Authenticator:
             raise AuthError(WRONG_LOGIN) from None
         return token, Principal(user.id, user.username, user.admin), expires
 
+    def cached(self, token: str) -> Principal | None:
+        """Who holds `token` if this process has checked it within the cache's time; None
+        when only the database can tell (no I/O here: safe on an event loop)."""
+        if not token.startswith(TOKEN_PREFIX) or len(token) > _MAX_TOKEN:
+            return None
+        key = _digest(token)
+        now = self._clock()
+        with self._lock:
+            hit = self._cache.get(key)
+            fresh = hit is not None and dt.timedelta(0) <= now - hit.cached_at < self._cache_ttl
+            if hit is None or not fresh or hit.expires_at <= now:
+                return None
+            self._cache.move_to_end(key)
+            return hit.principal
+
     def authenticate(self, token: str) -> Principal:
         """Who holds `token`; `AuthError` for a token that is unknown, expired or revoked."""
         if not token:

@@ -64,8 +64,21 @@ class MasterConfig:
     join_token: str | None = setting(
         kind=Text("a string", "TOKEN"),
         secret=True,
-        help="The secret agents present to join the cluster (their `join_token`); used "
-        "when the master requires it.",
+        default_text="made at first start, kept in the store, written to <state_dir>/join-token",
+        help="The secret agents present to join the cluster (their `join_token`); an agent "
+        "without it is refused.",
+    )
+    initial_admin_password: str | None = setting(
+        kind=Text("a password of 8 or more characters", "PASSWORD"),
+        secret=True,
+        default_text="generated and printed once in the log",
+        help="The password of user `admin`, set when the store has no administrator with a "
+        "password yet; never changes an existing one.",
+    )
+    session_ttl_s: float = setting(
+        7 * 24 * 3600.0,
+        kind=Seconds(),
+        help="How long a login's session token is valid (604800: 7 days).",
     )
     heartbeat_interval_s: float = setting(
         5.0, kind=Seconds(), help="How often agents send a heartbeat."

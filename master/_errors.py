@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import grpc
 
 from assay.errors import AssayError
+from assay.master._auth import AuthError, RateLimitedError
 from assay.master.store.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -34,6 +35,8 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (StaleRunError, grpc.StatusCode.FAILED_PRECONDITION),
     (ConflictError, grpc.StatusCode.FAILED_PRECONDITION),
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (AuthError, grpc.StatusCode.UNAUTHENTICATED),
+    (RateLimitedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (SchemaError, grpc.StatusCode.FAILED_PRECONDITION),
     (AssayError, grpc.StatusCode.INVALID_ARGUMENT),

@@ -30,6 +30,8 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from assay.errors import AssayError
+from assay.master._auth import AuthError
+from assay.master._guard import AUTH_HEADER, PUBLIC_RPCS, Guard, bearer
 from assay.master._http_calls import (
     INTERNAL_MESSAGE,
     AsyncHttpContext,
@@ -52,6 +54,8 @@ _POLL_S = 0.5
 _KEEPALIVE_S = 15.0
 _SHUTDOWN_S = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The RPCs a route may call without a session token (full names: assay.v1.Api.Login).
+_PUBLIC = frozenset(name.strip("/").replace("/", ".") for name in PUBLIC_RPCS)
 
 
 def to_json(message: Message) -> dict[str, Any]:
@@ -78,10 +82,12 @@ class HttpServer:
         pool: futures.Executor,
         host: str,
         port: int,
+        guard: Guard,
         ui_dir: Path | None = None,
     ) -> None:
         self.api = api
         self.pool = pool
+        self.guard = guard
         self.host = host
         self.port = port
         self.ui = WebUi(ui_dir)
@@ -130,10 +136,26 @@ class HttpServer:
         return web.json_response({"status": "ok"})
 
     async def _openapi_json(self, request: web.Request) -> web.Response:
+        await self._credentials(request)
         return web.Response(text=self._openapi, content_type="application/json")
+
+    async def _credentials(self, request: web.Request) -> tuple[tuple[str, str], ...]:
+        """The request's session token as gRPC metadata, once the guard has accepted it
+        (it may read the database: on the pool); `CallError` (401) otherwise."""
+        header = request.headers.get("Authorization", "")
+        metadata = {AUTH_HEADER: header}
+        try:
+            if self.guard.auth.cached(bearer(metadata)) is None:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self.pool, self.guard.principal, metadata)
+        except AuthError as e:
+            raise CallError(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
+        return ((AUTH_HEADER, header),)
 
     def _handler(self, route: Route) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
+            public = route.descriptor.full_name in _PUBLIC
+            metadata = () if public else await self._credentials(request)
             body = b""
             if request.method == "POST":
                 _refuse_other_sites(request)
@@ -153,19 +175,25 @@ class HttpServer:
                     "/".join(route.one_of), f"give exactly one of {' or '.join(route.one_of)}"
                 )
             if route.streams:
-                return await self._stream(request, route, message)
-            response = await call_unary(self.api, route.rpc, message, self.pool, _peer(request))
+                return await self._stream(request, route, message, metadata)
+            response = await call_unary(
+                self.api, route.rpc, message, self.pool, _peer(request), metadata
+            )
             return web.json_response(to_json(response))
 
         handle.__name__ = route.rpc
         return handle
 
     async def _stream(
-        self, request: web.Request, route: Route, message: Message
+        self,
+        request: web.Request,
+        route: Route,
+        message: Message,
+        metadata: tuple[tuple[str, str], ...],
     ) -> web.StreamResponse:
         if getattr(message, "follow", False):
-            return await self._follow(request, route, message)
-        stream, context = call_stream(self.api, route.rpc, message, _peer(request))
+            return await self._follow(request, route, message, metadata)
+        stream, context = call_stream(self.api, route.rpc, message, _peer(request), metadata)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         try:
             # A failure (404) comes before the first item: it is still a plain error.
@@ -189,7 +217,11 @@ class HttpServer:
         return response
 
     async def _follow(
-        self, request: web.Request, route: Route, message: Message
+        self,
+        request: web.Request,
+        route: Route,
+        message: Message,
+        metadata: tuple[tuple[str, str], ...],
     ) -> web.StreamResponse:
         """Server-sent events: `data: <JSON>` per item, `event: end` once the stream ends.
         Each line's id is the event id, so a reconnecting EventSource resumes after it."""
@@ -200,8 +232,8 @@ class HttpServer:
         # The trial must exist before the stream starts: afterwards a 404 cannot be sent.
         trial_id = getattr(message, "trial_id", 0)
         trial = api_pb2.GetTrialRequest(id=trial_id)
-        await call_unary(self.api, "GetTrial", trial, self.pool, _peer(request))
-        stream, context = call_stream(self.api, route.rpc, message, _peer(request))
+        await call_unary(self.api, "GetTrial", trial, self.pool, _peer(request), metadata)
+        stream, context = call_stream(self.api, route.rpc, message, _peer(request), metadata)
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -280,6 +312,8 @@ class HttpServer:
             response = error_response(400, str(e))
         except CallError as e:
             response = error_response(e.status, e.message)
+            if e.status == 401:
+                response.headers["WWW-Authenticate"] = 'Bearer realm="assay"'
         except web.HTTPException as e:
             if not api or e.status < 400:
                 raise
@@ -297,11 +331,12 @@ async def start_http(
     pool: futures.Executor,
     host: str,
     port: int,
+    guard: Guard,
     ui_dir: Path | None = None,
 ) -> HttpServer:
     """Serve the HTTP API for `api` (an `ApiServicer`) on host:port; port 0 picks a free
     port (then `server.port`). Call on the event loop the server is to run on."""
-    server = HttpServer(api, pool, host, port, ui_dir)
+    server = HttpServer(api, pool, host, port, guard, ui_dir)
     await server.start()
     return server
 

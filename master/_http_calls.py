@@ -24,6 +24,8 @@ INTERNAL_MESSAGE = "internal error; the master's log has details"
 # The codes whose details are meant for the caller; any other is a 500 with a generic text.
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.FAILED_PRECONDITION: 409,
@@ -44,8 +46,9 @@ class CallError(Exception):
 class _Context:
     """The parts of a gRPC servicer context that do not depend on sync or async."""
 
-    def __init__(self, peer: str) -> None:
+    def __init__(self, peer: str, metadata: tuple[tuple[str, str], ...] = ()) -> None:
         self._peer = peer
+        self._metadata = metadata
         self._active = True
         self._callbacks: list[Callable[[object], None]] = []
 
@@ -53,7 +56,7 @@ class _Context:
         return self._peer
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return ()
+        return self._metadata
 
     def is_active(self) -> bool:
         return self._active
@@ -92,19 +95,24 @@ def grpc_peer(peername: Any) -> str:
 
 
 async def call_unary(
-    servicer: object, rpc: str, request: Message, pool: futures.Executor, peer: str
+    servicer: object,
+    rpc: str,
+    request: Message,
+    pool: futures.Executor,
+    peer: str,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> Message:
     """The response of `servicer.<rpc>(request)`, or `CallError`."""
     method = getattr(servicer, rpc)
     try:
         if inspect.iscoroutinefunction(method):
-            async_context = AsyncHttpContext(peer)
+            async_context = AsyncHttpContext(peer, metadata)
             try:
                 result: Message = await method(request, async_context)
             finally:
                 async_context.done()
             return result
-        context = HttpContext(peer)
+        context = HttpContext(peer, metadata)
         try:
             pending = asyncio.get_running_loop().run_in_executor(pool, method, request, context)
         except RuntimeError:  # the pool is shut down: the master is stopping
@@ -122,10 +130,14 @@ async def call_unary(
 
 
 def call_stream(
-    servicer: object, rpc: str, request: Message, peer: str
+    servicer: object,
+    rpc: str,
+    request: Message,
+    peer: str,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> tuple[AsyncIterator[Message], AsyncHttpContext]:
     """The async generator of a server-streaming method (it raises `CallError` as it is
     iterated) and its context, whose `done()` the caller calls when the stream is over."""
-    context = AsyncHttpContext(peer)
+    context = AsyncHttpContext(peer, metadata)
     stream: AsyncIterator[Message] = getattr(servicer, rpc)(request, context)
     return stream, context

@@ -82,6 +82,41 @@ _CREATE_BODY = (MAX_MODEL_DEF_BYTES * 4) // 3 + 2**20
 
 
 ROUTES: tuple[Route, ...] = (
+    Route(
+        "POST",
+        "/login",
+        "Login",
+        'Log in with a JSON body {"username", "password"}; the answer\'s token goes in '
+        "`Authorization: Bearer <token>` on every other route",
+        body=True,
+    ),
+    Route("POST", "/logout", "Logout", "End the session of the token sent", body=True),
+    Route("GET", "/me", "WhoAmI", "The user the token belongs to"),
+    Route("GET", "/users", "ListUsers", "The master's users"),
+    Route("POST", "/users", "CreateUser", "Create a user (admins only)", body=True),
+    Route(
+        "POST",
+        "/users/{username}/password",
+        "ChangePassword",
+        "Change a password: your own with `old_password`, anyone's as an admin",
+        body=True,
+    ),
+    Route(
+        "POST",
+        "/users/{username}/activate",
+        "SetUserActive",
+        "Let a user log in again (admins only)",
+        fixed=(("active", True),),
+        operation="ActivateUser",
+    ),
+    Route(
+        "POST",
+        "/users/{username}/deactivate",
+        "SetUserActive",
+        "Stop a user from logging in and end their sessions (admins only)",
+        fixed=(("active", False),),
+        operation="DeactivateUser",
+    ),
     Route("GET", "/master", "GetMasterInfo", "The master's version, store and cluster size"),
     Route("GET", "/experiments", "ListExperiments", "Experiments, filtered, sorted and paged"),
     Route(

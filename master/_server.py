@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
+import os
 import threading
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 
 from assay._archive import MAX_MODEL_DEF_BYTES
 from assay.errors import AssayError
 from assay.master._aio import LoopThread, SyncAdapter
+from assay.master._auth import Authenticator
 from assay.master._config import MasterConfig
 from assay.master._core import Master
+from assay.master._guard import Guard, GuardInterceptor
 from assay.master._http import HttpServer, start_http
 from assay.master._servicers import AgentServicer, ApiServicer, TrialServicer
 from assay.master.store import Store
@@ -43,7 +48,27 @@ class MasterServer:
         self.loop = LoopThread("grpc-loop")
         self.fatal: BaseException | None = None
         try:
-            self.server, self.port = self.loop.call(lambda: self._bind(config))
+            ttl = dt.timedelta(seconds=config.session_ttl_s)
+            self.auth = Authenticator(self.store, token_ttl=ttl)
+            self.join_token = config.join_token or self.store.secret("join_token").hex()
+            generated = self.auth.bootstrap_admin(config.initial_admin_password)
+        except BaseException:
+            self.loop.stop()
+            self.store.close()
+            raise
+        if generated is not None:
+            # Printed once: the store keeps only its hash.
+            log.warning(
+                "created user admin with the password %s -- log in with `assay user login "
+                "admin` and change it with `assay user change-password`",
+                generated,
+            )
+        if config.join_token is None:
+            _write_private(config.state_dir / "join-token", self.join_token + "\n")
+        self.guard = Guard(self.auth, self.join_token, self._allocation_ok)
+        interceptor = GuardInterceptor(self.guard, self.pool)
+        try:
+            self.server, self.port = self.loop.call(lambda: self._bind(config, interceptor))
         except BaseException:
             self.loop.stop()
             self.store.close()
@@ -59,7 +84,7 @@ class MasterServer:
             config = _with_port(config, self.port)
             self.config = config
         self.master = Master(config, self.store, on_fatal=self._on_fatal)
-        self.api_servicer = ApiServicer(self.master, self.pool)
+        self.api_servicer = ApiServicer(self.master, self.pool, self.guard)
         api = SyncAdapter(self.api_servicer, self.pool)
         self.http: HttpServer | None = None
         self.http_port = config.http_port
@@ -71,9 +96,14 @@ class MasterServer:
         )
         self._stopped = threading.Event()
 
+    def _allocation_ok(self, token: str) -> bool:
+        master = getattr(self, "master", None)
+        return master is not None and token in master.tokens
+
     @staticmethod
-    def _bind(config: MasterConfig) -> tuple[grpc.aio.Server, int]:
+    def _bind(config: MasterConfig, interceptor: GuardInterceptor) -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server(
+            interceptors=[interceptor],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -91,7 +121,9 @@ class MasterServer:
         config = self.config
         try:
             self.http = self.loop.call(
-                lambda: start_http(self.api_servicer, self.pool, config.host, config.http_port)
+                lambda: start_http(
+                    self.api_servicer, self.pool, config.host, config.http_port, self.guard
+                )
             )
         except BaseException:
             self.stop(grace=0)
@@ -159,3 +191,11 @@ def _with_port(config: MasterConfig, port: int) -> MasterConfig:
     from dataclasses import replace
 
     return replace(config, grpc_port=port)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner may read (created 0600, never wider)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(path, 0o600)

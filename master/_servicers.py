@@ -10,7 +10,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 from concurrent import futures
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -18,10 +18,12 @@ from assay import __version__
 from assay.errors import AssayError
 from assay.master import _checkpoints, _convert
 from assay.master._aio import LoopOutbox
+from assay.master._auth import Principal
 from assay.master._core import AgentHandle, Master, Run
-from assay.master._errors import rpc_errors, status_of
+from assay.master._errors import PermissionDeniedError, rpc_errors, status_of
+from assay.master._guard import Guard, bearer, metadata_dict
 from assay.master._state import TERMINAL_TRIAL
-from assay.master.store import MetricReport
+from assay.master.store import MetricReport, UserRecord
 from assay.master.store.errors import InvalidArgumentError
 from assay.proto import (
     agent_pb2,
@@ -54,10 +56,118 @@ _ACTIONS = {
 class ApiServicer(api_pb2_grpc.ApiServicer):
     """The public API; plain methods run on `pool` (see _aio.SyncAdapter)."""
 
-    def __init__(self, master: Master, pool: futures.Executor) -> None:
+    def __init__(self, master: Master, pool: futures.Executor, guard: Guard) -> None:
         self.master = master
         self.store = master.store
         self.pool = pool
+        self.guard = guard
+        self.auth = guard.auth
+
+    # --- who is calling -------------------------------------------------------------
+
+    def _who(self, context: Any) -> Principal:
+        """The caller (the guard has let the call in, so its token is valid and cached)."""
+        return self.guard.principal(metadata_dict(context.invocation_metadata()))
+
+    def _admin(self, context: Any, what: str) -> Principal:
+        who = self._who(context)
+        if not who.admin:
+            raise PermissionDeniedError(f"only an administrator may {what}; {who.username} is not")
+        return who
+
+    def _may_change(self, who: Principal, experiment_id: int, what: str) -> None:
+        """Regular users change their own experiments only; administrators any."""
+        if who.admin:
+            return
+        owner = self.store.get_experiment(experiment_id).owner
+        if owner != who.username:
+            raise PermissionDeniedError(
+                f"experiment {experiment_id} belongs to {owner}: only they or an administrator "
+                f"may {what} it"
+            )
+
+    # --- users ----------------------------------------------------------------------
+
+    def Login(  # noqa: N802
+        self, request: api_pb2.LoginRequest, context: grpc.ServicerContext
+    ) -> api_pb2.LoginResponse:
+        with rpc_errors(context):
+            token, who, expires = self.auth.login(
+                request.username, request.password, _address(context.peer())
+            )
+            response = api_pb2.LoginResponse(token=token, user=self._user(who.username))
+            response.expires_at.FromDatetime(expires)
+            return response
+        raise AssertionError("unreachable")
+
+    def Logout(  # noqa: N802
+        self, request: api_pb2.LogoutRequest, context: grpc.ServicerContext
+    ) -> api_pb2.LogoutResponse:
+        with rpc_errors(context):
+            self.auth.logout(bearer(metadata_dict(context.invocation_metadata())))
+            return api_pb2.LogoutResponse()
+        raise AssertionError("unreachable")
+
+    def WhoAmI(  # noqa: N802
+        self, request: api_pb2.WhoAmIRequest, context: grpc.ServicerContext
+    ) -> api_pb2.User:
+        with rpc_errors(context):
+            return self._user(self._who(context).username)
+        raise AssertionError("unreachable")
+
+    def ListUsers(  # noqa: N802
+        self, request: api_pb2.ListUsersRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListUsersResponse:
+        with rpc_errors(context):
+            return api_pb2.ListUsersResponse(
+                users=[_user_message(u) for u in self.store.list_users()]
+            )
+        raise AssertionError("unreachable")
+
+    def CreateUser(  # noqa: N802
+        self, request: api_pb2.CreateUserRequest, context: grpc.ServicerContext
+    ) -> api_pb2.User:
+        with rpc_errors(context):
+            self._admin(context, "create users")
+            created = self.auth.create_user(request.username, request.password, admin=request.admin)
+            return _user_message(created)
+        raise AssertionError("unreachable")
+
+    def ChangePassword(  # noqa: N802
+        self, request: api_pb2.ChangePasswordRequest, context: grpc.ServicerContext
+    ) -> api_pb2.User:
+        with rpc_errors(context):
+            who = self._who(context)
+            target = request.username or who.username
+            if target == who.username:
+                token = bearer(metadata_dict(context.invocation_metadata()))
+                self.auth.change_password(
+                    target,
+                    request.old_password,
+                    request.new_password,
+                    current_token=token,
+                    peer=_address(context.peer()),
+                )
+            else:
+                self._admin(context, "change another user's password")
+                self.auth.set_password(target, request.new_password)
+            return self._user(target)
+        raise AssertionError("unreachable")
+
+    def SetUserActive(  # noqa: N802
+        self, request: api_pb2.SetUserActiveRequest, context: grpc.ServicerContext
+    ) -> api_pb2.User:
+        with rpc_errors(context):
+            self._admin(context, "activate or deactivate users")
+            if request.active:
+                self.auth.activate(request.username)
+            else:
+                self.auth.deactivate(request.username)
+            return self._user(request.username)
+        raise AssertionError("unreachable")
+
+    def _user(self, username: str) -> api_pb2.User:
+        return _user_message(self.store.get_user(username))
 
     def GetMasterInfo(  # noqa: N802 - gRPC method names
         self, request: api_pb2.GetMasterInfoRequest, context: grpc.ServicerContext
@@ -88,13 +198,14 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         loop = asyncio.get_running_loop()
         args = (request.config_yaml, request.model_definition)
         try:
+            owner = self._who(context).username
             if len(request.model_definition) > INLINE_ARCHIVE_BYTES:
                 # Checking a big archive takes a while: not on the loop the agents use.
                 prepared = await loop.run_in_executor(
-                    self.pool, self.master.prepare_experiment, *args
+                    self.pool, partial(self.master.prepare_experiment, owner=owner), *args
                 )
             else:
-                prepared = self.master.prepare_experiment(*args)
+                prepared = self.master.prepare_experiment(*args, owner=owner)
             record, ticket = self.master.add_experiment(prepared, activate=request.activate)
             await self.master.commit.wait_async(ticket)
         except AssayError as e:
@@ -164,6 +275,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                     "unknown experiment action; give one of pause, "
                     "activate, cancel, kill, archive, unarchive"
                 )
+            self._may_change(self._who(context), request.id, action)
             self.master.experiment_action(request.id, action)
             return self._experiment(request.id)
         raise AssertionError("unreachable")
@@ -282,6 +394,12 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.DeleteCheckpointsRequest, context: grpc.ServicerContext
     ) -> api_pb2.DeleteCheckpointsResponse:
         with rpc_errors(context):
+            who = self._who(context)
+            if not who.admin:
+                for uuid in dict.fromkeys(request.uuids):
+                    checkpoint = self.store.get_checkpoint(uuid)
+                    trial = self.store.get_trial(checkpoint.trial_id)
+                    self._may_change(who, trial.experiment_id, "delete checkpoints of")
             return _checkpoints.delete_response(self.store, request)
         raise AssertionError("unreachable")
 
@@ -373,10 +491,31 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.SetAgentEnabledRequest, context: grpc.ServicerContext
     ) -> common_pb2.Agent:
         with rpc_errors(context):
+            self._admin(context, "enable or disable agents")
             self.master.set_agent_enabled(request.id, request.enabled)
             with self.master.lock:
                 return self._agent(self.master.agents[request.id])
         raise AssertionError("unreachable")
+
+
+def _user_message(user: UserRecord) -> api_pb2.User:
+    return api_pb2.User(
+        username=user.username,
+        admin=user.admin,
+        active=user.active,
+        has_password=user.has_password,
+    )
+
+
+def _address(peer: str) -> str:
+    """The host of a gRPC peer (`ipv4:10.0.0.5:51234` -> `10.0.0.5`): what failed logins
+    are counted by."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6":
+        return rest.rsplit(":", 1)[0].strip("[]")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    return peer
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):

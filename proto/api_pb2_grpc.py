@@ -95,6 +95,41 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.DeleteCheckpointsRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.DeleteCheckpointsResponse.FromString,
                 _registered_method=True)
+        self.Login = channel.unary_unary(
+                '/assay.v1.Api/Login',
+                request_serializer=assay_dot_proto_dot_api__pb2.LoginRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.LoginResponse.FromString,
+                _registered_method=True)
+        self.Logout = channel.unary_unary(
+                '/assay.v1.Api/Logout',
+                request_serializer=assay_dot_proto_dot_api__pb2.LogoutRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.LogoutResponse.FromString,
+                _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/assay.v1.Api/WhoAmI',
+                request_serializer=assay_dot_proto_dot_api__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.User.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/assay.v1.Api/ListUsers',
+                request_serializer=assay_dot_proto_dot_api__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ListUsersResponse.FromString,
+                _registered_method=True)
+        self.CreateUser = channel.unary_unary(
+                '/assay.v1.Api/CreateUser',
+                request_serializer=assay_dot_proto_dot_api__pb2.CreateUserRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.User.FromString,
+                _registered_method=True)
+        self.ChangePassword = channel.unary_unary(
+                '/assay.v1.Api/ChangePassword',
+                request_serializer=assay_dot_proto_dot_api__pb2.ChangePasswordRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.User.FromString,
+                _registered_method=True)
+        self.SetUserActive = channel.unary_unary(
+                '/assay.v1.Api/SetUserActive',
+                request_serializer=assay_dot_proto_dot_api__pb2.SetUserActiveRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.User.FromString,
+                _registered_method=True)
         self.ListAgents = channel.unary_unary(
                 '/assay.v1.Api/ListAgents',
                 request_serializer=assay_dot_proto_dot_api__pb2.ListAgentsRequest.SerializeToString,
@@ -190,6 +225,52 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Login(self, request, context):
+        """Users and sessions. Login is the one RPC that needs no token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Logout(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WhoAmI(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateUser(self, request, context):
+        """admins only
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangePassword(self, request, context):
+        """yours; any user's for admins
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetUserActive(self, request, context):
+        """admins only
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAgents(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -271,6 +352,41 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.DeleteCheckpoints,
                     request_deserializer=assay_dot_proto_dot_api__pb2.DeleteCheckpointsRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.DeleteCheckpointsResponse.SerializeToString,
+            ),
+            'Login': grpc.unary_unary_rpc_method_handler(
+                    servicer.Login,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.LoginRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.LoginResponse.SerializeToString,
+            ),
+            'Logout': grpc.unary_unary_rpc_method_handler(
+                    servicer.Logout,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.LogoutRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.LogoutResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.WhoAmIRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.User.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ListUsersRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ListUsersResponse.SerializeToString,
+            ),
+            'CreateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateUser,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.CreateUserRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.User.SerializeToString,
+            ),
+            'ChangePassword': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangePassword,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ChangePasswordRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.User.SerializeToString,
+            ),
+            'SetUserActive': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetUserActive,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.SetUserActiveRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.User.SerializeToString,
             ),
             'ListAgents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAgents,
@@ -612,6 +728,195 @@ class Api:
             '/assay.v1.Api/DeleteCheckpoints',
             assay_dot_proto_dot_api__pb2.DeleteCheckpointsRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.DeleteCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Login(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/Login',
+            assay_dot_proto_dot_api__pb2.LoginRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.LoginResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Logout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/Logout',
+            assay_dot_proto_dot_api__pb2.LogoutRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.LogoutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/WhoAmI',
+            assay_dot_proto_dot_api__pb2.WhoAmIRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.User.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ListUsers',
+            assay_dot_proto_dot_api__pb2.ListUsersRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ListUsersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/CreateUser',
+            assay_dot_proto_dot_api__pb2.CreateUserRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.User.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangePassword(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ChangePassword',
+            assay_dot_proto_dot_api__pb2.ChangePasswordRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.User.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetUserActive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/SetUserActive',
+            assay_dot_proto_dot_api__pb2.SetUserActiveRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.User.FromString,
             options,
             channel_credentials,
             insecure,

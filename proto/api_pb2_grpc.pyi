@@ -48,6 +48,17 @@ class ApiStub:
     """Deletes checkpoints from storage and marks them DELETED. FAILED_PRECONDITION (nothing
     deleted) when one is the checkpoint a trial that has not ended would restore from.
     """
+    Login: _grpc.UnaryUnaryMultiCallable[_api_pb2.LoginRequest, _api_pb2.LoginResponse]
+    """Users and sessions. Login is the one RPC that needs no token."""
+    Logout: _grpc.UnaryUnaryMultiCallable[_api_pb2.LogoutRequest, _api_pb2.LogoutResponse]
+    WhoAmI: _grpc.UnaryUnaryMultiCallable[_api_pb2.WhoAmIRequest, _api_pb2.User]
+    ListUsers: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListUsersRequest, _api_pb2.ListUsersResponse]
+    CreateUser: _grpc.UnaryUnaryMultiCallable[_api_pb2.CreateUserRequest, _api_pb2.User]
+    """admins only"""
+    ChangePassword: _grpc.UnaryUnaryMultiCallable[_api_pb2.ChangePasswordRequest, _api_pb2.User]
+    """yours; any user's for admins"""
+    SetUserActive: _grpc.UnaryUnaryMultiCallable[_api_pb2.SetUserActiveRequest, _api_pb2.User]
+    """admins only"""
     ListAgents: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListAgentsRequest, _api_pb2.ListAgentsResponse]
     GetQueue: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetQueueRequest, _api_pb2.GetQueueResponse]
     """The trials waiting for slots, in the order the scheduler will consider them."""
@@ -72,6 +83,17 @@ class ApiAsyncStub(ApiStub):
     """Deletes checkpoints from storage and marks them DELETED. FAILED_PRECONDITION (nothing
     deleted) when one is the checkpoint a trial that has not ended would restore from.
     """
+    Login: _aio.UnaryUnaryMultiCallable[_api_pb2.LoginRequest, _api_pb2.LoginResponse]  # type: ignore[assignment]
+    """Users and sessions. Login is the one RPC that needs no token."""
+    Logout: _aio.UnaryUnaryMultiCallable[_api_pb2.LogoutRequest, _api_pb2.LogoutResponse]  # type: ignore[assignment]
+    WhoAmI: _aio.UnaryUnaryMultiCallable[_api_pb2.WhoAmIRequest, _api_pb2.User]  # type: ignore[assignment]
+    ListUsers: _aio.UnaryUnaryMultiCallable[_api_pb2.ListUsersRequest, _api_pb2.ListUsersResponse]  # type: ignore[assignment]
+    CreateUser: _aio.UnaryUnaryMultiCallable[_api_pb2.CreateUserRequest, _api_pb2.User]  # type: ignore[assignment]
+    """admins only"""
+    ChangePassword: _aio.UnaryUnaryMultiCallable[_api_pb2.ChangePasswordRequest, _api_pb2.User]  # type: ignore[assignment]
+    """yours; any user's for admins"""
+    SetUserActive: _aio.UnaryUnaryMultiCallable[_api_pb2.SetUserActiveRequest, _api_pb2.User]  # type: ignore[assignment]
+    """admins only"""
     ListAgents: _aio.UnaryUnaryMultiCallable[_api_pb2.ListAgentsRequest, _api_pb2.ListAgentsResponse]  # type: ignore[assignment]
     GetQueue: _aio.UnaryUnaryMultiCallable[_api_pb2.GetQueueRequest, _api_pb2.GetQueueResponse]  # type: ignore[assignment]
     """The trials waiting for slots, in the order the scheduler will consider them."""
@@ -165,6 +187,59 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         """Deletes checkpoints from storage and marks them DELETED. FAILED_PRECONDITION (nothing
         deleted) when one is the checkpoint a trial that has not ended would restore from.
         """
+
+    @_abc_1.abstractmethod
+    def Login(
+        self,
+        request: _api_pb2.LoginRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.LoginResponse, _abc.Awaitable[_api_pb2.LoginResponse]]:
+        """Users and sessions. Login is the one RPC that needs no token."""
+
+    @_abc_1.abstractmethod
+    def Logout(
+        self,
+        request: _api_pb2.LogoutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.LogoutResponse, _abc.Awaitable[_api_pb2.LogoutResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WhoAmI(
+        self,
+        request: _api_pb2.WhoAmIRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.User, _abc.Awaitable[_api_pb2.User]]: ...
+
+    @_abc_1.abstractmethod
+    def ListUsers(
+        self,
+        request: _api_pb2.ListUsersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ListUsersResponse, _abc.Awaitable[_api_pb2.ListUsersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateUser(
+        self,
+        request: _api_pb2.CreateUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.User, _abc.Awaitable[_api_pb2.User]]:
+        """admins only"""
+
+    @_abc_1.abstractmethod
+    def ChangePassword(
+        self,
+        request: _api_pb2.ChangePasswordRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.User, _abc.Awaitable[_api_pb2.User]]:
+        """yours; any user's for admins"""
+
+    @_abc_1.abstractmethod
+    def SetUserActive(
+        self,
+        request: _api_pb2.SetUserActiveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.User, _abc.Awaitable[_api_pb2.User]]:
+        """admins only"""
 
     @_abc_1.abstractmethod
     def ListAgents(

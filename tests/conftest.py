@@ -3,6 +3,8 @@ local S3-compatible server (moto's server mode, on loopback) for checkpoint stor
 
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -10,6 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN
+
+# Every master, agent and CLI process a test starts inherits these: the cluster's join
+# token, the first admin's password, and a login for the CLI (tokens in a file of this
+# session's own, never the user's ~/.assay/auth.json).
+os.environ["ASSAY_JOIN_TOKEN"] = JOIN_TOKEN
+os.environ["ASSAY_INITIAL_ADMIN_PASSWORD"] = ADMIN_PASSWORD
+os.environ["ASSAY_USER"] = "admin"
+os.environ["ASSAY_PASSWORD"] = ADMIN_PASSWORD
+os.environ["ASSAY_AUTH_FILE"] = str(Path(tempfile.mkdtemp(prefix="assay-auth-")) / "auth.json")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REGRESSION_DIR = FIXTURES / "regression"

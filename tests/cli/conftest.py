@@ -40,6 +40,8 @@ class FakeApi(api_pb2_grpc.ApiServicer):
     responses: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, tuple[grpc.StatusCode, str]] = field(default_factory=dict)
     requests: list[tuple[str, Any]] = field(default_factory=list)
+    # The authorization metadata each call carried, by method.
+    tokens: list[tuple[str, str]] = field(default_factory=list)
     address: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -50,6 +52,8 @@ class FakeApi(api_pb2_grpc.ApiServicer):
     def answer(self, method: str, request: Any, context: grpc.ServicerContext) -> Any:
         with self.lock:
             self.requests.append((method, request))
+            metadata = dict(context.invocation_metadata())
+            self.tokens.append((method, str(metadata.get("authorization", ""))))
         if method in self.errors:
             code, details = self.errors[method]
             context.abort(code, details)
@@ -84,6 +88,8 @@ def master() -> Iterator[FakeApi]:
         options=[("grpc.max_receive_message_length", 128 * 2**20)],
     )
     fake = FakeApi()  # type: ignore[abstract]  # handlers set from the descriptor above
+    # The CLI logs in by itself from ASSAY_USER / ASSAY_PASSWORD (tests/conftest.py).
+    fake.responses["Login"] = login_response()
     api_pb2_grpc.add_ApiServicer_to_server(fake, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -92,6 +98,17 @@ def master() -> Iterator[FakeApi]:
         yield fake
     finally:
         server.stop(None)
+
+
+FAKE_TOKEN = "ast_fake-session-token"
+
+
+def login_response(username: str = "admin") -> api_pb2.LoginResponse:
+    response = api_pb2.LoginResponse(
+        token=FAKE_TOKEN, user=api_pb2.User(username=username, admin=True, active=True)
+    )
+    response.expires_at.FromJsonString("2099-01-01T00:00:00Z")
+    return response
 
 
 def run_cli(

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.credentials import ADMIN_PASSWORD
 from tests.store.conftest import _empty_postgres, postgres_url
 
 __all__ = ["postgres_url"]
@@ -113,6 +114,8 @@ def installer(request: pytest.FixtureRequest, tmp_path: Path, dependencies: Path
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
     env["PYTHONPATH"] = str(dependencies)
     env["PYTHONUNBUFFERED"] = "1"
+    # The installed master's first admin, for the CLI's login (tests/conftest.py).
+    env["ASSAY_INITIAL_ADMIN_PASSWORD"] = ADMIN_PASSWORD
     return Installer(root=tmp_path / "root", env=env, request=request)
 
 

@@ -22,6 +22,7 @@ from assay.agent._connection import Backoff, MasterConnection
 from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
 from assay.proto import agent_pb2, agent_pb2_grpc, common_pb2
+from tests.credentials import ADMIN_PASSWORD, JOIN_METADATA, JOIN_TOKEN
 from tests.deploy.conftest import stop, wait_for_agents
 
 MAJOR, MINOR = (int(p) for p in assay.__version__.split(".")[:2])
@@ -35,7 +36,14 @@ REFUSAL = (
 @pytest.fixture
 def master(tmp_path: Path) -> Iterator[MasterServer]:
     server = MasterServer(
-        MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "m")
+        MasterConfig(
+            join_token=JOIN_TOKEN,
+            initial_admin_password=ADMIN_PASSWORD,
+            http_port=0,
+            grpc_port=0,
+            host="127.0.0.1",
+            state_dir=tmp_path / "m",
+        )
     )
     server.start()
     yield server
@@ -60,7 +68,9 @@ def _register(port: int, version: str) -> agent_pb2.MasterMessage:
         done.wait(10)
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        responses = agent_pb2_grpc.AgentServiceStub(channel).Connect(requests())
+        responses = agent_pb2_grpc.AgentServiceStub(channel).Connect(
+            requests(), metadata=JOIN_METADATA
+        )
         try:
             reply: agent_pb2.MasterMessage = next(responses)
             return reply
@@ -92,6 +102,7 @@ def _connection(port: int, version: str, refusals: list[str]) -> MasterConnectio
     device = common_pb2.Device(index=0, type=common_pb2.SLOT_TYPE_CPU, name="cpu")
     return MasterConnection(
         f"127.0.0.1:{port}",
+        join_token=JOIN_TOKEN,
         register=lambda: agent_pb2.Register(
             agent_id="a1",
             version=version,
@@ -137,7 +148,7 @@ def test_a_name_already_connected_is_retried_not_refused(
         done.wait(10)
 
     with grpc.insecure_channel(f"127.0.0.1:{master.port}") as channel:
-        stream = agent_pb2_grpc.AgentServiceStub(channel).Connect(first())
+        stream = agent_pb2_grpc.AgentServiceStub(channel).Connect(first(), metadata=JOIN_METADATA)
         assert next(stream).HasField("registered")
         thread = threading.Thread(target=connection.run)
         caplog.set_level(logging.WARNING, logger="assay.agent")
@@ -162,6 +173,8 @@ def test_a_refused_agent_process_says_what_to_install_and_exits(tmp_path: Path) 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["ASSAY_JOIN_TOKEN"] = JOIN_TOKEN
+    env["ASSAY_INITIAL_ADMIN_PASSWORD"] = ADMIN_PASSWORD
     master_log = tmp_path / "master.log"
     master_cmd = [sys.executable, "-m", "assay.master.main", "--grpc-port", str(port)]
     master_cmd += ["--host", "127.0.0.1", "--state-dir", str(tmp_path / "m"), "--http-port", "0"]

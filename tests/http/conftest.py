@@ -26,6 +26,7 @@ from assay.master._server import MasterServer
 from assay.master._servicers import ApiServicer
 from assay.master.store import LogLine
 from assay.proto import api_pb2, api_pb2_grpc
+from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, authed_channel, login
 from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
 from tests.master.test_search import Harness
 
@@ -46,6 +47,7 @@ class Site:
     server: HttpServer
     api: api_pb2_grpc.ApiStub
     channel: grpc.Channel
+    token: str = ""  # admin's session: sent on every call unless `auth=False`
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -58,10 +60,12 @@ class Site:
         path: str,
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
+        auth: bool = True,
     ) -> Reply:
-        request = urllib.request.Request(
-            self.base + path, data=body, method=method, headers=headers or {}
-        )
+        sent = dict(headers or {})
+        if auth and self.token:
+            sent.setdefault("Authorization", f"Bearer {self.token}")
+        request = urllib.request.Request(self.base + path, data=body, method=method, headers=sent)
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return Reply(response.status, response.headers, response.read())
@@ -69,11 +73,17 @@ class Site:
             with e:
                 return Reply(e.code, e.headers, e.read())
 
-    def get(self, path: str, headers: dict[str, str] | None = None) -> Reply:
-        return self.call("GET", path, headers=headers)
+    def get(self, path: str, headers: dict[str, str] | None = None, auth: bool = True) -> Reply:
+        return self.call("GET", path, headers=headers, auth=auth)
 
-    def post(self, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> Reply:
-        return self.call("POST", path, body=body, headers=headers)
+    def post(
+        self,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        auth: bool = True,
+    ) -> Reply:
+        return self.call("POST", path, body=body, headers=headers, auth=auth)
 
     def create(self, activate: bool = True, **overrides: Any) -> int:
         request = api_pb2.CreateExperimentRequest(
@@ -91,15 +101,17 @@ class Site:
 
 
 def serve(master: MasterServer, ui_dir: Path | None = None) -> HttpServer:
-    api = ApiServicer(master.master, master.pool)
+    api = ApiServicer(master.master, master.pool, master.guard)
     server: HttpServer = master.loop.call(
-        lambda: start_http(api, master.pool, "127.0.0.1", 0, ui_dir)
+        lambda: start_http(api, master.pool, "127.0.0.1", 0, master.guard, ui_dir)
     )
     return server
 
 
 def open_site(state_dir: Path, ui_dir: Path | None = None) -> Site:
     config = MasterConfig(
+        join_token=JOIN_TOKEN,
+        initial_admin_password=ADMIN_PASSWORD,
         http_port=0,
         grpc_port=0,
         host="127.0.0.1",
@@ -109,8 +121,10 @@ def open_site(state_dir: Path, ui_dir: Path | None = None) -> Site:
     )
     master = MasterServer(config)
     master.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{master.port}")
-    return Site(master, serve(master, ui_dir), api_pb2_grpc.ApiStub(channel), channel)
+    address = f"127.0.0.1:{master.port}"
+    token = login(address)
+    channel = authed_channel(address, token)
+    return Site(master, serve(master, ui_dir), api_pb2_grpc.ApiStub(channel), channel, token)
 
 
 def wait_for(done: Callable[[], bool], timeout: float = 10.0) -> None:

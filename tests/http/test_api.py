@@ -187,7 +187,9 @@ def test_a_port_in_use_is_a_clear_error(world: World) -> None:
     taken = world.site.server.port
     with pytest.raises(AssayError, match=f"cannot serve HTTP on 127.0.0.1:{taken}"):
         world.site.master.loop.call(
-            lambda: HttpServer(object(), world.site.master.pool, "127.0.0.1", taken).start()
+            lambda: HttpServer(
+                object(), world.site.master.pool, "127.0.0.1", taken, world.site.master.guard
+            ).start()
         )
 
 

@@ -83,7 +83,9 @@ def _raw_post(site: Site, path: str, headers: str, body: bytes = b"") -> bytes:
     """Send a request by hand (a declared length the body never reaches) and read what
     comes back before the body is sent."""
     with socket.create_connection(("127.0.0.1", site.server.port), timeout=10) as sock:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode() + body)
+        auth = f"Authorization: Bearer {site.token}\r\n"
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}{headers}\r\n"
+        sock.sendall(head.encode() + body)
         return sock.recv(65536)
 
 

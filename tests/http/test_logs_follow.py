@@ -19,9 +19,10 @@ from tests.master.test_search import Harness
 class EventReader:
     """Reads an SSE response on a thread: each event as (event name, data, id)."""
 
-    def __init__(self, port: int, path: str, headers: dict[str, str] | None = None) -> None:
-        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-        self.connection.request("GET", path, headers=headers or {})
+    def __init__(self, site: Site, path: str, headers: dict[str, str] | None = None) -> None:
+        self.connection = http.client.HTTPConnection("127.0.0.1", site.server.port, timeout=20)
+        sent = {"Authorization": f"Bearer {site.token}", **(headers or {})}
+        self.connection.request("GET", path, headers=sent)
         self.response = self.connection.getresponse()
         self.events: queue.Queue[tuple[str, Any, str] | None] = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -65,7 +66,7 @@ def test_follow_streams_lines_as_they_come_and_ends_with_the_trial(site: Site) -
     wait_for(lambda: bool(store.list_trials(eid)))
     trial = store.list_trials(eid)[0]
     store.append_logs(trial.id, trial.run_id, [LogLine("before")])
-    reader = EventReader(site.server.port, f"/api/v1/trials/{trial.id}/logs?follow=true")
+    reader = EventReader(site, f"/api/v1/trials/{trial.id}/logs?follow=true")
     assert reader.response.status == 200
     assert reader.response.getheader("Content-Type") == "text/event-stream"
     event = reader.next()
@@ -98,7 +99,7 @@ def test_follow_resumes_after_last_event_id_and_stops_when_the_client_goes(site:
     store.append_logs(trial.id, trial.run_id, [LogLine(f"old {i}") for i in range(3)])
     second_id = store.tail_logs(trial.id)[1].id
     path = f"/api/v1/trials/{trial.id}/logs?follow=true"
-    reader = EventReader(site.server.port, path, {"Last-Event-ID": str(second_id)})
+    reader = EventReader(site, path, {"Last-Event-ID": str(second_id)})
     event = reader.next()
     assert event is not None
     assert event[1]["message"] == "old 2"
@@ -117,7 +118,7 @@ def test_follow_of_an_ended_trial_sends_its_lines_and_ends(site: Site) -> None:
     store.append_logs(trial.id, trial.run_id, [LogLine("only line")])
     assert site.post(f"/api/v1/experiments/{eid}/kill").status == 200
     wait_for(lambda: store.get_trial(trial.id).state in ("CANCELED", "ERROR", "COMPLETED"))
-    reader = EventReader(site.server.port, f"/api/v1/trials/{trial.id}/logs?follow=1")
+    reader = EventReader(site, f"/api/v1/trials/{trial.id}/logs?follow=1")
     first, end = reader.next(), reader.next()
     assert first is not None
     assert first[1]["message"] == "only line"

@@ -45,6 +45,14 @@ def test_every_route_is_in_it(document: dict[str, Any]) -> None:
         ("post", "/api/v1/checkpoints/delete"),
         ("post", "/api/v1/agents/{id}/enable"),
         ("post", "/api/v1/agents/{id}/disable"),
+        ("post", "/api/v1/login"),
+        ("post", "/api/v1/logout"),
+        ("get", "/api/v1/me"),
+        ("get", "/api/v1/users"),
+        ("post", "/api/v1/users"),
+        ("post", "/api/v1/users/{username}/password"),
+        ("post", "/api/v1/users/{username}/activate"),
+        ("post", "/api/v1/users/{username}/deactivate"),
         ("get", "/api/v1/openapi.json"),
     }
     present = {(m, p) for p, ops in document["paths"].items() for m in ops}

@@ -63,7 +63,7 @@ def test_stopping_the_server_ends_open_log_streams(site: Site) -> None:
     wait_for(lambda: bool(store.list_trials(eid)))
     trial = store.list_trials(eid)[0]
     store.append_logs(trial.id, trial.run_id, [LogLine("hello")])
-    reader = EventReader(site.server.port, f"/api/v1/trials/{trial.id}/logs?follow=true")
+    reader = EventReader(site, f"/api/v1/trials/{trial.id}/logs?follow=true")
     assert reader.next() is not None
     started = time.monotonic()
     site.master.loop.call(site.server.stop)

@@ -8,11 +8,19 @@ from pathlib import Path
 
 from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
+from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, login
 
 
 def test_a_master_serves_the_http_api_on_its_http_port(tmp_path: Path) -> None:
     server = MasterServer(
-        MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path)
+        MasterConfig(
+            join_token=JOIN_TOKEN,
+            initial_admin_password=ADMIN_PASSWORD,
+            http_port=0,
+            grpc_port=0,
+            host="127.0.0.1",
+            state_dir=tmp_path,
+        )
     )
     server.start()
     try:
@@ -20,7 +28,11 @@ def test_a_master_serves_the_http_api_on_its_http_port(tmp_path: Path) -> None:
         base = f"http://127.0.0.1:{server.http_port}/api/v1"
         with urllib.request.urlopen(f"{base}/health", timeout=10) as reply:
             assert json.loads(reply.read()) == {"status": "ok"}
-        with urllib.request.urlopen(f"{base}/experiments", timeout=10) as reply:
+        token = login(f"127.0.0.1:{server.port}")
+        request = urllib.request.Request(
+            f"{base}/experiments", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as reply:
             assert json.loads(reply.read())["total"] == 0
     finally:
         server.stop(grace=0)

@@ -25,11 +25,14 @@ from assay.proto import (
     trial_pb2,
     trial_pb2_grpc,
 )
+from tests.credentials import ADMIN_PASSWORD, JOIN_METADATA, JOIN_TOKEN, authed_channel
 
 
 @pytest.fixture
 def master(tmp_path: Path) -> Iterator[MasterServer]:
     config = MasterConfig(
+        join_token=JOIN_TOKEN,
+        initial_admin_password=ADMIN_PASSWORD,
         http_port=0,
         grpc_port=0,
         host="127.0.0.1",
@@ -45,7 +48,7 @@ def master(tmp_path: Path) -> Iterator[MasterServer]:
 
 @pytest.fixture
 def api(master: MasterServer) -> Iterator[api_pb2_grpc.ApiStub]:
-    channel = grpc.insecure_channel(f"127.0.0.1:{master.port}")
+    channel = authed_channel(f"127.0.0.1:{master.port}")
     yield api_pb2_grpc.ApiStub(channel)
     channel.close()
 
@@ -74,7 +77,7 @@ class ScriptedAgent:
                 )
             )
         )
-        self.stream = stub.Connect(self._requests())
+        self.stream = stub.Connect(self._requests(), metadata=JOIN_METADATA)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         registered = self.next("registered")

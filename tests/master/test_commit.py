@@ -18,6 +18,7 @@ from assay.master._errors import StoreUnavailableError
 from assay.master._server import MasterServer
 from assay.master.store import Store, WriteBatch
 from assay.proto import api_pb2, api_pb2_grpc
+from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, authed_channel
 from tests.master.conftest import experiment_yaml, model_archive
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -126,7 +127,14 @@ def test_a_master_whose_store_fails_answers_unavailable_and_stops(
 ) -> None:
     monkeypatch.setattr("assay.master._commit.time.sleep", lambda s: None)
     server = MasterServer(
-        MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path)
+        MasterConfig(
+            join_token=JOIN_TOKEN,
+            initial_admin_password=ADMIN_PASSWORD,
+            http_port=0,
+            grpc_port=0,
+            host="127.0.0.1",
+            state_dir=tmp_path,
+        )
     )
     server.start()
 
@@ -135,7 +143,7 @@ def test_a_master_whose_store_fails_answers_unavailable_and_stops(
 
     monkeypatch.setattr(server.store, "apply", broken)
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        with authed_channel(f"127.0.0.1:{server.port}") as channel:
             api = api_pb2_grpc.ApiStub(channel)
             request = api_pb2.CreateExperimentRequest(
                 config_yaml=experiment_yaml(), model_definition=model_archive(), activate=False

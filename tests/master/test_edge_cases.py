@@ -22,6 +22,7 @@ from assay.proto import (
     api_pb2_grpc,
     common_pb2,
 )
+from tests.credentials import ADMIN_PASSWORD, JOIN_METADATA, JOIN_TOKEN, authed_channel
 from tests.master.conftest import Process, ScriptedAgent, experiment_yaml, model_archive
 from tests.master.test_search import ASHA, SPACE
 
@@ -134,7 +135,7 @@ def test_an_agent_that_hangs_up_while_registering_is_not_left_connected(
             yield message
 
     channel = grpc.insecure_channel(f"127.0.0.1:{master.port}")
-    call = agent_pb2_grpc.AgentServiceStub(channel).Connect(requests())
+    call = agent_pb2_grpc.AgentServiceStub(channel).Connect(requests(), metadata=JOIN_METADATA)
     assert _wait_for(lambda: "flaky" in master.master.agents, timeout=3)
     call.cancel()  # it gives up (a timeout, a restart) before it was answered
     outgoing.put(None)
@@ -150,10 +151,17 @@ def test_an_agent_that_hangs_up_while_registering_is_not_left_connected(
 def test_an_experiment_stored_without_a_search_state_is_adopted_in_the_store_too(
     tmp_path: Path,
 ) -> None:
-    config = MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "m")
+    config = MasterConfig(
+        join_token=JOIN_TOKEN,
+        initial_admin_password=ADMIN_PASSWORD,
+        http_port=0,
+        grpc_port=0,
+        host="127.0.0.1",
+        state_dir=tmp_path / "m",
+    )
     first = MasterServer(config)
     first.start()
-    with grpc.insecure_channel(f"127.0.0.1:{first.port}") as channel:
+    with authed_channel(f"127.0.0.1:{first.port}") as channel:
         eid = _create(api_pb2_grpc.ApiStub(channel))
     # What a master before searchers left: request id "single-0" and no search state.
     with first.store.write() as s:
@@ -178,11 +186,17 @@ def test_an_experiment_stored_without_a_search_state_is_adopted_in_the_store_too
 
 def test_log_followers_hold_no_thread(tmp_path: Path) -> None:
     config = MasterConfig(
-        http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path, max_rpc_threads=2
+        join_token=JOIN_TOKEN,
+        initial_admin_password=ADMIN_PASSWORD,
+        http_port=0,
+        grpc_port=0,
+        host="127.0.0.1",
+        state_dir=tmp_path,
+        max_rpc_threads=2,
     )
     server = MasterServer(config)
     server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    channel = authed_channel(f"127.0.0.1:{server.port}")
     api = api_pb2_grpc.ApiStub(channel)
     try:
         eid = _create(api)

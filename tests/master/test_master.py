@@ -14,6 +14,7 @@ import pytest
 from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
 from assay.proto import api_pb2, api_pb2_grpc, common_pb2, trial_pb2, trial_pb2_grpc
+from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, authed_channel
 from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
 
 
@@ -278,6 +279,8 @@ def test_an_agent_back_without_the_trial_gets_it_requeued(
 
 def test_a_silent_agent_is_given_up_after_the_window(tmp_path: Path) -> None:
     config = MasterConfig(
+        join_token=JOIN_TOKEN,
+        initial_admin_password=ADMIN_PASSWORD,
         http_port=0,
         grpc_port=0,
         host="127.0.0.1",
@@ -288,7 +291,7 @@ def test_a_silent_agent_is_given_up_after_the_window(tmp_path: Path) -> None:
     server = MasterServer(config)
     server.start()
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        with authed_channel(f"127.0.0.1:{server.port}") as channel:
             api = api_pb2_grpc.ApiStub(channel)
             mute = ScriptedAgent(server.port, "mute", slots=1)
             mute.closed.set()  # stops its heartbeats, keeps its stream open
@@ -366,6 +369,8 @@ def test_a_master_restart_finishes_a_kill_that_was_under_way(
     tmp_path: Path, agent_returns: bool
 ) -> None:
     config = MasterConfig(
+        join_token=JOIN_TOKEN,
+        initial_admin_password=ADMIN_PASSWORD,
         http_port=0,
         grpc_port=0,
         host="127.0.0.1",
@@ -375,7 +380,7 @@ def test_a_master_restart_finishes_a_kill_that_was_under_way(
     first = MasterServer(config)
     first.start()
     agent = ScriptedAgent(first.port, "a1", slots=1)
-    channel = grpc.insecure_channel(f"127.0.0.1:{first.port}")
+    channel = authed_channel(f"127.0.0.1:{first.port}")
     api = api_pb2_grpc.ApiStub(channel)
     eid = _create(api)
     start = agent.next("start").start
@@ -387,7 +392,7 @@ def test_a_master_restart_finishes_a_kill_that_was_under_way(
     first.stop(grace=0.1)  # the kill never landed
     second = MasterServer(config)
     second.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{second.port}")
+    channel = authed_channel(f"127.0.0.1:{second.port}")
     api = api_pb2_grpc.ApiStub(channel)
     if agent_returns:  # the trial is still running there: the kill is sent again
         agent = ScriptedAgent(second.port, "a1", slots=1, running=[start.allocation_id])
@@ -406,6 +411,8 @@ def test_a_master_restart_finishes_a_kill_that_was_under_way(
 
 def test_a_restarted_master_re_adopts_a_running_trial(tmp_path: Path) -> None:
     config = MasterConfig(
+        join_token=JOIN_TOKEN,
+        initial_admin_password=ADMIN_PASSWORD,
         http_port=0,
         grpc_port=0,
         host="127.0.0.1",
@@ -415,7 +422,7 @@ def test_a_restarted_master_re_adopts_a_running_trial(tmp_path: Path) -> None:
     first = MasterServer(config)
     first.start()
     agent = ScriptedAgent(first.port, "a1", slots=1)
-    with grpc.insecure_channel(f"127.0.0.1:{first.port}") as channel:
+    with authed_channel(f"127.0.0.1:{first.port}") as channel:
         eid = _create(api_pb2_grpc.ApiStub(channel))
     start = agent.next("start").start
     agent.close()
@@ -426,7 +433,7 @@ def test_a_restarted_master_re_adopts_a_running_trial(tmp_path: Path) -> None:
     try:
         agent = ScriptedAgent(second.port, "a1", slots=1, running=[start.allocation_id])
         agent.nothing(2.5)  # past the window: neither killed nor started again
-        with grpc.insecure_channel(f"127.0.0.1:{second.port}") as channel:
+        with authed_channel(f"127.0.0.1:{second.port}") as channel:
             api = api_pb2_grpc.ApiStub(channel)
             trials = trial_pb2_grpc.TrialServiceStub(channel)
             meta = (("x-assay-token", start.token),)  # the old token still works
@@ -498,6 +505,8 @@ def test_bad_start_up_settings_are_one_clear_error(
 
 def test_a_higher_priority_experiment_preempts_a_lower_one(tmp_path: Path) -> None:
     config = MasterConfig(
+        join_token=JOIN_TOKEN,
+        initial_admin_password=ADMIN_PASSWORD,
         http_port=0,
         grpc_port=0,
         host="127.0.0.1",
@@ -508,7 +517,7 @@ def test_a_higher_priority_experiment_preempts_a_lower_one(tmp_path: Path) -> No
     server = MasterServer(config)
     server.start()
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        with authed_channel(f"127.0.0.1:{server.port}") as channel:
             api = api_pb2_grpc.ApiStub(channel)
             agent = ScriptedAgent(server.port, "a1", slots=1)
             low = _create(api, resources={"priority": 60})

@@ -21,6 +21,7 @@ from assay.errors import INVALID_HP_EXIT_CODE
 from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
 from assay.proto import agent_pb2, api_pb2, api_pb2_grpc, common_pb2
+from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, authed_channel
 from tests.master.conftest import Process, ScriptedAgent, experiment_yaml, model_archive
 
 ASHA = {
@@ -208,10 +209,17 @@ def test_grid_runs_every_point_once(master: MasterServer, api: api_pb2_grpc.ApiS
 
 
 def test_the_search_survives_a_master_restart(tmp_path: Path) -> None:
-    config = MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=tmp_path / "master")
+    config = MasterConfig(
+        join_token=JOIN_TOKEN,
+        initial_admin_password=ADMIN_PASSWORD,
+        http_port=0,
+        grpc_port=0,
+        host="127.0.0.1",
+        state_dir=tmp_path / "master",
+    )
     server = MasterServer(config)
     server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    channel = authed_channel(f"127.0.0.1:{server.port}")
     api = api_pb2_grpc.ApiStub(channel)
     agent = ScriptedAgent(server.port, "a1", slots=2)
     harness = Harness(agent, server.port)
@@ -224,11 +232,18 @@ def test_the_search_survives_a_master_restart(tmp_path: Path) -> None:
     server.stop(grace=0)
 
     again = MasterServer(
-        MasterConfig(http_port=0, grpc_port=0, host="127.0.0.1", state_dir=config.state_dir)
+        MasterConfig(
+            join_token=JOIN_TOKEN,
+            initial_admin_password=ADMIN_PASSWORD,
+            http_port=0,
+            grpc_port=0,
+            host="127.0.0.1",
+            state_dir=config.state_dir,
+        )
     )
     again.start()
     try:
-        channel = grpc.insecure_channel(f"127.0.0.1:{again.port}")
+        channel = authed_channel(f"127.0.0.1:{again.port}")
         api = api_pb2_grpc.ApiStub(channel)
         agent = ScriptedAgent(again.port, "a1", slots=2)
         harness2 = Harness(agent, again.port)

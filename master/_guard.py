@@ -1,0 +1,175 @@
+"""Who may call what: one check in front of every RPC (default deny).
+
+Every gRPC call passes `GuardInterceptor` before any handler runs; the HTTP server asks
+the same `Guard` in its middleware. The rules, by service:
+
+- `Api`: a session token (`authorization: Bearer ast_...`) of an active user, except
+  `Login`. Which experiments a user may change is the servicer's question (`Principal`).
+- `AgentService`: the cluster's join token (`x-assay-join-token`); an agent without it
+  is refused before it registers, so nothing is ever scheduled on it.
+- `TrialService`: the allocation token of a running allocation (`x-assay-token`); the
+  servicer then checks that it belongs to the trial the call names.
+- Anything else (an unknown service or method) is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from assay.master._auth import Authenticator, AuthError, Principal, RateLimitedError
+
+AUTH_HEADER = "authorization"
+JOIN_TOKEN_HEADER = "x-assay-join-token"
+ALLOCATION_TOKEN_HEADER = "x-assay-token"
+API = "/assay.v1.Api/"
+AGENTS = "/assay.v1.AgentService/"
+TRIALS = "/assay.v1.TrialService/"
+PUBLIC_RPCS = frozenset({API + "Login"})
+
+
+class RefusedError(Exception):
+    """A call without the right credentials; `code` and `message` are what the caller gets."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def bearer(metadata: Mapping[str, str]) -> str:
+    """The token of an `authorization: Bearer <token>` entry, or ""."""
+    value = metadata.get(AUTH_HEADER, "")
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def metadata_dict(metadata: Iterable[tuple[str, Any]] | None) -> dict[str, str]:
+    """gRPC metadata as a dict of text values (binary entries are dropped)."""
+    out: dict[str, str] = {}
+    for key, value in metadata or ():
+        if isinstance(value, str):
+            out[key.lower()] = value
+    return out
+
+
+class Guard:
+    """The credentials check of every call. Thread-safe."""
+
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        join_token: str,
+        allocation_ok: Callable[[str], bool],
+    ) -> None:
+        if not join_token:
+            raise ValueError("a join token is required")
+        self.auth = authenticator
+        self._join_token = join_token.encode()
+        self._allocation_ok = allocation_ok
+
+    def principal(self, metadata: Mapping[str, str]) -> Principal:
+        """The user a call's session token belongs to; `AuthError` if none."""
+        token = bearer(metadata)
+        if not token:
+            raise AuthError(
+                "this call needs a session token: log in with `assay user login` (or set "
+                "ASSAY_USER and ASSAY_PASSWORD), or send `Authorization: Bearer <token>`"
+            )
+        return self.auth.authenticate(token)
+
+    def join_token_ok(self, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self._join_token)
+
+    def check(self, method: str, metadata: Mapping[str, str]) -> None:
+        """Let the call through, or raise `RefusedError`."""
+        if method.startswith(API):
+            if method not in PUBLIC_RPCS:
+                try:
+                    self.principal(metadata)
+                except AuthError as e:
+                    raise RefusedError(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
+            return
+        if method.startswith(AGENTS):
+            if not self.join_token_ok(metadata.get(JOIN_TOKEN_HEADER, "")):
+                raise RefusedError(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "this agent did not present the cluster's join token: set `join_token` "
+                    "in the agent's config (or ASSAY_JOIN_TOKEN) to the master's",
+                )
+            return
+        if method.startswith(TRIALS):
+            if not self._allocation_ok(metadata.get(ALLOCATION_TOKEN_HEADER, "")):
+                raise RefusedError(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "this call does not carry the token of a running allocation",
+                )
+            return
+        raise RefusedError(grpc.StatusCode.UNIMPLEMENTED, f"no such method: {method}")
+
+    def needs_thread(self, method: str, metadata: Mapping[str, str]) -> bool:
+        """Whether checking the call may read the database: an Api call whose session
+        token this process has not seen lately."""
+        if not method.startswith(API) or method in PUBLIC_RPCS:
+            return False
+        token = bearer(metadata)
+        return bool(token) and self.auth.cached(token) is None
+
+
+class GuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Runs `Guard.check` before every handler of the aio server; a refused call gets the
+    refusal's status and the handler never runs."""
+
+    def __init__(self, guard: Guard, pool: futures.Executor) -> None:
+        self.guard = guard
+        self.pool = pool
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = str(handler_call_details.method)
+        metadata = metadata_dict(handler_call_details.invocation_metadata)
+        try:
+            if self.guard.needs_thread(method, metadata):
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self.pool, self.guard.check, method, metadata)
+            else:
+                self.guard.check(method, metadata)
+        except RefusedError as e:
+            return _refusal(await continuation(handler_call_details), e)
+        return await continuation(handler_call_details)
+
+
+def _refusal(handler: grpc.RpcMethodHandler | None, refused: RefusedError) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that only answers with the refusal."""
+
+    async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(refused.code, refused.message)
+
+    async def deny_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(refused.code, refused.message)
+        yield  # pragma: no cover - an async generator that never yields
+
+    if handler is None:
+        return grpc.unary_unary_rpc_method_handler(deny)
+    args = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(deny_stream, **args)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(deny, **args)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(deny_stream, **args)
+    return grpc.unary_unary_rpc_method_handler(deny, **args)
+
+
+__all__ = ["AuthError", "Guard", "GuardInterceptor", "RateLimitedError", "RefusedError"]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from assay.master._http_ui import BUILD_COMMAND, DEFAULT_UI_DIR
+from tests.credentials import ADMIN_PASSWORD
 from tests.e2e.conftest import ROOT, Cluster, start_cluster, stop_cluster
 
 if TYPE_CHECKING:
@@ -69,16 +70,27 @@ class Site:
     experiment_id: int
     trial_ids: list[int]
     tmp: Path
+    # The browser's storage after logging in through the login page once.
+    session: Any = None
 
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.cluster.http_port}"
 
-    def page(self) -> Page:
-        context = self.browser.new_context(viewport={"width": 1400, "height": 900})
+    def page(self, logged_in: bool = True) -> Page:
+        context = self.browser.new_context(
+            viewport={"width": 1400, "height": 900},
+            storage_state=self.session if logged_in else None,
+        )
         page = context.new_page()
         page.set_default_timeout(20_000)
         return page
+
+    def log_in(self, page: Page, password: str = ADMIN_PASSWORD) -> None:
+        """Fill and send the login form the page shows."""
+        page.locator('[data-testid="login-username"]').fill("admin")
+        page.locator('[data-testid="login-password"]').fill(password)
+        page.locator('[data-testid="login-submit"]').click()
 
     def submit(self, config: str, *extra: str) -> int:
         path = self.tmp / f"config-{time.monotonic_ns()}.yaml"
@@ -135,6 +147,13 @@ def site(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     cluster = start_cluster(tmp, None, agents=1, slots=2)
     try:
         site = Site(cluster, browser, 0, [], tmp)
+        page = site.page(logged_in=False)
+        page.goto(site.base + "/")
+        page.wait_for_url("**/login**")
+        site.log_in(page)
+        page.locator('[data-testid="current-user"]').wait_for()
+        site.session = page.context.storage_state()
+        page.context.close()
         site.experiment_id = site.submit(SEARCH)
         _wait_state(site, site.experiment_id, {"COMPLETED"}, timeout=240)
         trials = site.describe(site.experiment_id)["trials"]

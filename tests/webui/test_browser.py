@@ -4,6 +4,7 @@ The experiment list shows the finished search; its page draws every trial's curv
 colour (pixels of the canvas are read back); the trial page shows the trial's log lines; a
 click on pause changes the experiment's state in the store and the page follows without a
 reload; every route survives a reload and a direct visit; unknown ids and routes say so.
+Nothing is shown before logging in, and logging out ends the session at the master.
 """
 
 from __future__ import annotations
@@ -169,4 +170,33 @@ def test_the_page_loads_nothing_from_another_host(site: Site) -> None:
         page.goto(site.base + path)
         page.wait_for_load_state("networkidle")
     assert hosts == {f"127.0.0.1:{site.cluster.http_port}"}
+    page.context.close()
+
+
+def test_nothing_is_shown_before_logging_in(site: Site) -> None:
+    page = site.page(logged_in=False)
+    page.goto(f"{site.base}/experiments/{site.experiment_id}")
+    page.wait_for_url(re.compile(r"/login\?next="))
+    expect(page.locator('[data-testid="curves"]')).to_have_count(0)
+    site.log_in(page, password="not-the-password")
+    expect(page.locator('[data-testid="login-error"]')).to_contain_text(
+        "wrong username or password"
+    )
+    screenshot(page, "login")
+    site.log_in(page)
+    # Back where the visit began.
+    page.wait_for_url(re.compile(rf"/experiments/{site.experiment_id}"))
+    assert _drawn(page, "curves") == 3
+    expect(page.locator('[data-testid="current-user"]')).to_contain_text("admin")
+    token = page.evaluate("localStorage.getItem('assay.token')")
+    assert token.startswith("ast_")
+    page.locator('[data-testid="logout"]').click()
+    page.wait_for_url(re.compile("/login"))
+    # The master no longer takes that token.
+    status = page.evaluate(
+        """async (token) => (await fetch('/api/v1/me',
+            {headers: {Authorization: 'Bearer ' + token}})).status""",
+        token,
+    )
+    assert status == 401
     page.context.close()

@@ -4,6 +4,11 @@
 // arrive as numbers when they fit in a double, else as strings; doubles may be the strings
 // "NaN" / "Infinity"; enums are names (EXPERIMENT_STATE_ACTIVE); timestamps RFC 3339.
 
+import { endSession, sessionToken, type User } from "./session";
+import { follow } from "./sse";
+
+export type { User } from "./session";
+
 export const API_PREFIX = "/api/v1";
 
 /** An int64: a number when it fits in a double, else a string. */
@@ -193,6 +198,12 @@ export interface QueuedTrial {
   slot_type: SlotType;
 }
 
+export interface LoginAnswer {
+  token: string;
+  expires_at: string;
+  user: User;
+}
+
 export type ExperimentAction = "pause" | "activate" | "cancel" | "kill" | "archive" | "unarchive";
 
 /** A failed call: `message` is the server's own explanation when it gave one. */
@@ -213,13 +224,6 @@ export class ApiError extends Error {
 
 // -- the one place every request goes through ------------------------------------------
 
-let bearerToken: string | null = null;
-
-/** Set (or clear) the token sent with every request; the login page will call this. */
-export function setBearerToken(token: string | null): void {
-  bearerToken = token;
-}
-
 type Query = Record<string, string | number | boolean | undefined | null | Array<string | number>>;
 
 export function apiUrl(path: string, query?: Query): string {
@@ -233,24 +237,54 @@ export function apiUrl(path: string, query?: Query): string {
   return API_PREFIX + path + (s ? "?" + s : "");
 }
 
-async function request<T>(
-  method: "GET" | "POST",
-  path: string,
-  query?: Query,
-  signal?: AbortSignal,
-): Promise<T> {
-  const url = apiUrl(path, query);
-  const headers: Record<string, string> = { Accept: "application/json" };
-  if (bearerToken) headers["Authorization"] = `Bearer ${bearerToken}`;
+interface SendOptions {
+  query?: Query;
+  /** Sent as JSON. */
+  body?: unknown;
+  signal?: AbortSignal;
+  headers?: Record<string, string>;
+  /** A 401 is the call's own answer (a wrong password), not an ended session. */
+  own401?: boolean;
+}
+
+/**
+ * Send one request with the session's bearer token; a non-2xx answer throws ApiError with
+ * the server's message. A 401 means the session is over (expired, revoked, logged out
+ * elsewhere): the token is forgotten, which sends the app to the login page.
+ */
+async function send(method: "GET" | "POST", path: string, options: SendOptions = {}): Promise<Response> {
+  const url = apiUrl(path, options.query);
+  const token = sessionToken();
+  const headers: Record<string, string> = { Accept: "application/json", ...options.headers };
+  if (token) headers["Authorization"] = `Bearer ${token}`;
+  const init: RequestInit = { method, headers, credentials: "same-origin" };
+  if (options.signal) init.signal = options.signal;
+  if (options.body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(options.body);
+  }
   let response: Response;
   try {
-    response = await fetch(url, { method, headers, signal, credentials: "same-origin" });
+    response = await fetch(url, init);
   } catch (e) {
-    if (e instanceof DOMException && e.name === "AbortError") throw e;
+    if (e instanceof DOMException && (e.name === "AbortError" || e.name === "TimeoutError")) throw e;
     throw new ApiError(`cannot reach the master (${String(e)})`, 0, url);
   }
+  if (response.ok) return response;
+  const text = await response.text().catch(() => "");
+  // Only the session that sent the request ends: a late answer to an old token must not
+  // log out the user who has just logged in again.
+  if (response.status === 401 && !options.own401 && token === sessionToken()) {
+    lastAnswers.clear();
+    endSession("expired");
+  }
+  throw new ApiError(errorMessage(text, response), response.status, url);
+}
+
+async function request<T>(method: "GET" | "POST", path: string, options: SendOptions = {}): Promise<T> {
+  const response = await send(method, path, options);
+  const url = apiUrl(path, options.query);
   const text = await response.text();
-  if (!response.ok) throw new ApiError(errorMessage(text, response), response.status, url);
   // A poll that brings the same answer returns the same object, so nothing re-renders.
   const last = method === "GET" ? lastAnswers.get(url) : undefined;
   if (last && last.text === text) return last.value as T;
@@ -302,55 +336,123 @@ export interface ListExperimentsParams {
 }
 
 export const api = {
-  master: (signal?: AbortSignal) => request<MasterInfo>("GET", "/master", undefined, signal),
+  /** Log in; the token goes to `startSession`. A wrong password is a 401 ApiError. */
+  login: (username: string, password: string) =>
+    request<LoginAnswer>("POST", "/login", { body: { username, password }, own401: true }),
+
+  /** End the session of `token` on the master (the caller forgets it here). */
+  logout: (token: string) =>
+    request<unknown>("POST", "/logout", {
+      body: {},
+      headers: { Authorization: `Bearer ${token}` },
+      own401: true,
+    }),
+
+  me: (signal?: AbortSignal) => request<User>("GET", "/me", { signal }),
+
+  users: (signal?: AbortSignal) => request<{ users: User[] }>("GET", "/users", { signal }),
+
+  createUser: (username: string, password: string, admin: boolean) =>
+    request<User>("POST", "/users", { body: { username, password, admin } }),
+
+  /** Your own password needs `oldPassword`; an admin may reset another's without it. */
+  changePassword: (username: string, newPassword: string, oldPassword?: string) =>
+    request<unknown>("POST", `/users/${encodeURIComponent(username)}/password`, {
+      body: { old_password: oldPassword ?? "", new_password: newPassword },
+    }),
+
+  setUserActive: (username: string, active: boolean) =>
+    request<User>("POST", `/users/${encodeURIComponent(username)}/${active ? "activate" : "deactivate"}`, {
+      body: {},
+    }),
+
+  master: (signal?: AbortSignal) => request<MasterInfo>("GET", "/master", { signal }),
 
   experiments: (params: ListExperimentsParams, signal?: AbortSignal) =>
-    request<ExperimentList>("GET", "/experiments", { ...params }, signal),
+    request<ExperimentList>("GET", "/experiments", { query: { ...params }, signal }),
 
   experiment: (id: Int64, signal?: AbortSignal) =>
-    request<ExperimentDetail>("GET", `/experiments/${id}`, undefined, signal),
+    request<ExperimentDetail>("GET", `/experiments/${id}`, { signal }),
 
   experimentMetrics: (
     id: Int64,
     params: { name: string; group: string; max_points?: number },
     signal?: AbortSignal,
-  ) =>
-    request<{ curves: Curve[] }>("GET", `/experiments/${id}/metrics`, { ...params }, signal),
+  ) => request<{ curves: Curve[] }>("GET", `/experiments/${id}/metrics`, { query: { ...params }, signal }),
 
   experimentAction: (id: Int64, action: ExperimentAction) =>
     request<Experiment>("POST", `/experiments/${id}/${action}`),
 
-  trial: (id: Int64, signal?: AbortSignal) =>
-    request<Trial>("GET", `/trials/${id}`, undefined, signal),
+  trial: (id: Int64, signal?: AbortSignal) => request<Trial>("GET", `/trials/${id}`, { signal }),
 
   trialMetrics: (id: Int64, group: string, maxPoints: number, signal?: AbortSignal) =>
-    request<{ reports: MetricsReport[] }>(
-      "GET",
-      `/trials/${id}/metrics`,
-      { group, max_points: maxPoints },
+    request<{ reports: MetricsReport[] }>("GET", `/trials/${id}/metrics`, {
+      query: { group, max_points: maxPoints },
       signal,
-    ),
+    }),
 
   trialLogs: (id: Int64, params: { after_id?: Int64; tail?: number }, signal?: AbortSignal) =>
-    request<LogLine[]>("GET", `/trials/${id}/logs`, { ...params }, signal),
+    request<LogLine[]>("GET", `/trials/${id}/logs`, { query: { ...params }, signal }),
 
-  /** The URL of a trial's live log (server-sent events; one JSON LogLine per event). */
-  trialLogStreamUrl: (id: Int64, afterId: Int64 | undefined) =>
-    apiUrl(`/trials/${id}/logs`, { follow: true, after_id: afterId }),
+  /**
+   * Follow a trial's live log (server-sent events, one JSON LogLine per event) until the
+   * trial ends, `signal` aborts, or the stream fails; a dropped connection resumes after
+   * the last line received.
+   */
+  followTrialLogs: (
+    id: Int64,
+    afterId: Int64 | undefined,
+    handlers: {
+      onOpen: () => void;
+      onLines: (lines: LogLine[]) => void;
+      onEnd: () => void;
+      onFail: (error: unknown) => void;
+      onRetry: () => void;
+    },
+    signal: AbortSignal,
+  ) =>
+    follow(
+      (lastId, connSignal) =>
+        send("GET", `/trials/${id}/logs`, {
+          query: { follow: true, after_id: lastId },
+          headers: { Accept: "text/event-stream", ...(lastId ? { "Last-Event-ID": lastId } : {}) },
+          signal: connSignal,
+        }),
+      {
+        onOpen: handlers.onOpen,
+        onEvent: (ev) => {
+          try {
+            handlers.onLines([JSON.parse(ev.data) as LogLine]);
+          } catch {
+            // not a log line: skip it
+          }
+        },
+        onEnd: handlers.onEnd,
+        onFail: handlers.onFail,
+        onRetry: handlers.onRetry,
+      },
+      signal,
+      {
+        lastEventId: afterId === undefined ? undefined : String(afterId),
+        // Try again after network errors and while the master restarts (5xx); a refusal
+        // (401, 403, 404) will not change by asking again.
+        retryable: (e) => !(e instanceof ApiError) || e.status === 0 || e.status === 429 || e.status >= 500,
+      },
+    ),
 
   checkpoints: (by: { experiment_id: Int64 } | { trial_id: Int64 }, signal?: AbortSignal) =>
-    request<{ checkpoints: Checkpoint[] }>("GET", "/checkpoints", { ...by }, signal),
+    request<{ checkpoints: Checkpoint[] }>("GET", "/checkpoints", { query: { ...by }, signal }),
 
-  agents: (signal?: AbortSignal) => request<{ agents: Agent[] }>("GET", "/agents", undefined, signal),
+  agents: (signal?: AbortSignal) => request<{ agents: Agent[] }>("GET", "/agents", { signal }),
 
   /** The trials waiting for slots, the first to be placed first. */
-  queue: (signal?: AbortSignal) => request<{ trials: QueuedTrial[] }>("GET", "/queue", undefined, signal),
+  queue: (signal?: AbortSignal) => request<{ trials: QueuedTrial[] }>("GET", "/queue", { signal }),
 
   setAgentEnabled: (id: string, enabled: boolean) =>
     request<Agent>("POST", `/agents/${encodeURIComponent(id)}/${enabled ? "enable" : "disable"}`),
 
   openapi: (signal?: AbortSignal) =>
-    request<{ paths: Record<string, unknown> }>("GET", "/openapi.json", undefined, signal),
+    request<{ paths: Record<string, unknown> }>("GET", "/openapi.json", { signal }),
 };
 
 // -- optional routes ---------------------------------------------------------------------

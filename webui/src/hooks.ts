@@ -1,7 +1,8 @@
 // Data loading: fetch once, then poll every few seconds while the tab is visible.
-import { useCallback, useEffect, useRef, useState } from "react";
+import { useCallback, useEffect, useRef, useState, useSyncExternalStore } from "react";
 import { useSearchParams } from "react-router";
 import { ApiError } from "./api";
+import { currentSession, subscribeSession, type Session } from "./session";
 
 export const POLL_MS = 3000;
 
@@ -119,6 +120,11 @@ export function usePoll<T>(
     loading: !current || (state.data === undefined && state.error === undefined),
     reload,
   };
+}
+
+/** The login session; re-renders when it starts or ends (here or in another tab). */
+export function useSession(): Session {
+  return useSyncExternalStore(subscribeSession, currentSession);
 }
 
 /** A value that updates every `ms` (for durations of running things). */

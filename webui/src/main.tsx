@@ -1,12 +1,14 @@
-import { StrictMode } from "react";
+import { StrictMode, useEffect } from "react";
 import { createRoot } from "react-dom/client";
-import { BrowserRouter, Link, NavLink, Route, Routes, useLocation } from "react-router";
+import { BrowserRouter, Link, Navigate, NavLink, Outlet, Route, Routes, useLocation } from "react-router";
 import { api } from "./api";
-import { usePoll } from "./hooks";
+import { usePoll, useSession } from "./hooks";
 import { ClusterPage } from "./pages/ClusterPage";
 import { ExperimentListPage } from "./pages/ExperimentListPage";
 import { ExperimentPage } from "./pages/ExperimentPage";
+import { LoginPage } from "./pages/LoginPage";
 import { TrialPage } from "./pages/TrialPage";
+import { endSession, lastEndReason, loginPath, rememberUser } from "./session";
 import "./styles.css";
 
 function TopBar() {
@@ -38,7 +40,62 @@ function TopBar() {
         )}
         {master.error && !m && <span className="offline">master unreachable</span>}
       </div>
+      <CurrentUser />
     </header>
+  );
+}
+
+function CurrentUser() {
+  const { token, user } = useSession();
+  // Who the token belongs to: also a token set from outside (a test) gets its name.
+  useEffect(() => {
+    if (!token) return;
+    const controller = new AbortController();
+    api
+      .me(controller.signal)
+      .then(rememberUser)
+      .catch(() => undefined); // a 401 ends the session by itself; others: keep what is shown
+    return () => controller.abort();
+  }, [token]);
+
+  const logout = () => {
+    if (!token) return;
+    // Sent with the token before it is forgotten here; an error (already ended on the
+    // master, or unreachable) changes nothing: the token is gone from this browser.
+    void api.logout(token).catch(() => undefined);
+    endSession("logout");
+  };
+
+  return (
+    <div className="topbar-user">
+      {user && (
+        <span className="user-name">
+          <span data-testid="current-user">{user.username}</span>
+          {user.admin && <span className="admin-badge">admin</span>}
+        </span>
+      )}
+      <button type="button" className="logout" onClick={logout} data-testid="logout">
+        Log out
+      </button>
+    </div>
+  );
+}
+
+/** The pages behind the login: without a session, the login page (returning here after). */
+function LoggedIn() {
+  const { token } = useSession();
+  const { pathname, search } = useLocation();
+  if (!token) {
+    const to = lastEndReason() === "logout" ? "/login" : loginPath(pathname + search);
+    return <Navigate to={to} replace />;
+  }
+  return (
+    <>
+      <TopBar />
+      <main>
+        <Outlet />
+      </main>
+    </>
   );
 }
 
@@ -62,16 +119,16 @@ function NotFound() {
 function App() {
   return (
     <BrowserRouter>
-      <TopBar />
-      <main>
-        <Routes>
+      <Routes>
+        <Route path="/login" element={<LoginPage />} />
+        <Route element={<LoggedIn />}>
           <Route path="/" element={<ExperimentListPage />} />
           <Route path="/experiments/:id" element={<ExperimentPage />} />
           <Route path="/trials/:id" element={<TrialPage />} />
           <Route path="/cluster" element={<ClusterPage />} />
           <Route path="*" element={<NotFound />} />
-        </Routes>
-      </main>
+        </Route>
+      </Routes>
     </BrowserRouter>
   );
 }

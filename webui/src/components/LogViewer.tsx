@@ -1,5 +1,5 @@
-// A trial's log: the last lines, then live (server-sent events) while following; search,
-// level / stream filter, and a DOM capped to the last N matching lines.
+// A trial's log: the last lines, then live (server-sent events, read with fetch) while
+// following; search, level / stream filter, and a DOM capped to the last N matching lines.
 import { memo, useCallback, useEffect, useLayoutEffect, useMemo, useRef, useState, type ReactNode } from "react";
 import { api, num, type LogLine } from "../api";
 import { ErrorPanel } from "./ui";
@@ -73,44 +73,36 @@ export function LogViewer({ trialId, live }: { trialId: string; live: boolean })
       buffer = [];
       append(b);
     };
-    const source = new EventSource(api.trialLogStreamUrl(trialId, lastId.current));
+    const controller = new AbortController();
     setStatus("following");
-    source.onopen = () => setStatus("following");
-    source.onmessage = (ev: MessageEvent<string>) => {
-      try {
-        buffer.push(JSON.parse(ev.data) as LogLine);
-      } catch {
-        return;
-      }
-      if (!frame) frame = requestAnimationFrame(flush);
-    };
-    source.addEventListener("end", () => {
-      source.close();
-      if (frame) cancelAnimationFrame(frame);
-      flush();
-      setStatus("ended");
-      setFollow(false);
-    });
-    source.addEventListener("error", (ev: Event) => {
-      if (ev instanceof MessageEvent && typeof ev.data === "string" && ev.data) {
-        // The server's own `event: error`: the stream cannot go on.
-        try {
-          const body = JSON.parse(ev.data) as { error?: string };
-          setError(new Error(body.error ?? ev.data));
-        } catch {
-          setError(new Error(ev.data));
-        }
-        source.close();
-        setFollow(false);
-        setStatus("idle");
-        return;
-      }
-      // A dropped connection: EventSource reconnects by itself, resuming after the last id.
-      setStatus(source.readyState === EventSource.CLOSED ? "idle" : "reconnecting");
-      if (source.readyState === EventSource.CLOSED) setFollow(false);
-    });
+    void api.followTrialLogs(
+      trialId,
+      lastId.current,
+      {
+        onOpen: () => setStatus("following"),
+        onLines: (more) => {
+          for (const line of more) buffer.push(line);
+          if (!frame) frame = requestAnimationFrame(flush);
+        },
+        onEnd: () => {
+          if (frame) cancelAnimationFrame(frame);
+          flush();
+          setStatus("ended");
+          setFollow(false);
+        },
+        onFail: (e) => {
+          // The server's `event: error`, or a refused connection: asking again won't help.
+          setError(e);
+          setFollow(false);
+          setStatus("idle");
+        },
+        // A dropped connection: tried again shortly, resuming after the last line.
+        onRetry: () => setStatus("reconnecting"),
+      },
+      controller.signal,
+    );
     return () => {
-      source.close();
+      controller.abort();
       if (frame) cancelAnimationFrame(frame);
       if (buffer.length) append(buffer);
       setStatus((s) => (s === "ended" ? s : "idle"));

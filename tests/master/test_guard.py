@@ -14,7 +14,7 @@ import json
 import secrets
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -181,7 +181,7 @@ def test_regular_users_change_only_their_own_experiments(guarded: Site) -> None:
             api_pb2.ExperimentActionRequest(id=own.id, action=api_pb2.EXPERIMENT_ACTION_PAUSE)
         )
         assert paused.state == common_pb2.EXPERIMENT_STATE_PAUSED
-        forbidden = [
+        forbidden: list[Callable[[], object]] = [
             lambda: bob.ExperimentAction(
                 api_pb2.ExperimentActionRequest(id=admins, action=api_pb2.EXPERIMENT_ACTION_KILL)
             ),

@@ -28,6 +28,7 @@ import psutil
 from google.protobuf.timestamp_pb2 import Timestamp
 
 import assay
+from assay._tls import ClientTls
 from assay.agent._allocation import (
     Allocation,
     AllocationError,
@@ -64,6 +65,8 @@ class AgentConfig:
     # The secret this agent joins with (the master's join_token), for a master that
     # requires one.
     join_token: str | None = None
+    # How to reach the master (plain or TLS); trial processes get the same.
+    tls: ClientTls = field(default_factory=ClientTls)
     # The version reported to the master; the installed one except in the version tests.
     version: str = assay.__version__
 
@@ -114,6 +117,7 @@ class Agent:
             address=self.address,
             keep_work_dirs=config.keep_work_dirs,
             failure_grace=config.grace,
+            tls=config.tls,
         )
         self._events: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
         self.connection = MasterConnection(
@@ -125,6 +129,7 @@ class Agent:
             backoff=backoff,
             on_refused=lambda reason: self.stop(),
             join_token=config.join_token,
+            tls=config.tls,
         )
         self._lock = threading.Lock()
         self._allocations: dict[str, Allocation] = {}

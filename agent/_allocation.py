@@ -16,11 +16,12 @@ import shutil
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from assay._archive import ModelDefinitionError, unpack_model_dir
+from assay._tls import ClientTls
 from assay.agent._devices import SlotKind
 from assay.agent._logs import LogBatcher
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
@@ -49,6 +50,8 @@ class LaunchSettings:
     address: str  # MASTER_ADDR when the master leaves it empty
     keep_work_dirs: bool = False
     failure_grace: float = 30.0
+    # How trial processes reach the master: as the agent does.
+    tls: ClientTls = field(default_factory=ClientTls)
 
 
 def state_change(
@@ -218,6 +221,7 @@ class Allocation:
             ASSAY_SLOT_TYPE=self.settings.slot_kind,
             PYTHONUNBUFFERED="1",
         )
+        self.settings.tls.export(env)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_world)))
         if self.settings.slot_kind == "cuda":
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

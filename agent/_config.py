@@ -20,11 +20,13 @@ from assay._settings import (
     Directory,
     Integer,
     Seconds,
+    SettingsError,
     Text,
     help_config_option,
     load_settings,
     setting,
 )
+from assay._tls import ClientTls, PemFile, TlsError
 from assay.agent._agent import DEFAULT_GRACE, HARNESS_COMMAND, AgentConfig
 
 DEFAULT_PATH = "/etc/assay/agent.yaml"
@@ -72,6 +74,25 @@ class AgentSettings:
         help="The address other agents' trial processes reach this machine at "
         "(torch.distributed rendezvous).",
     )
+    tls: bool | None = setting(
+        kind=Boolean(),
+        default_text="on when ca_file is set",
+        help="Connect to the master over TLS (a master with tls_cert), verifying its "
+        "certificate against ca_file or the system's roots. Trial processes connect as "
+        "the agent does.",
+    )
+    ca_file: Path | None = setting(  # noqa: RUF009 - setting() makes a dataclasses.field
+        kind=PemFile(),
+        default_text="none: the system's roots",
+        help="The CA certificates (PEM) that signed the master's certificate, for a "
+        "cluster with its own CA or a self-signed certificate; setting it turns tls on.",
+    )
+    tls_server_name: str | None = setting(
+        kind=Text("a host name", "NAME"),
+        default_text="the host of `master`",
+        help="The name the master's certificate must carry, when `master` is an address "
+        "the certificate does not name (an IP address).",
+    )
     heartbeat_timeout: float = setting(
         30.0,
         kind=Seconds(),
@@ -100,7 +121,12 @@ class AgentSettings:
         version: str = assay.__version__,
     ) -> AgentConfig:
         """The agent's config; raises ValueError for a value only the agent can judge
-        (a master that is not HOST:PORT)."""
+        (a master that is not HOST:PORT), `SettingsError` for a CA file it cannot use."""
+        tls = ClientTls.of(self.tls, self.ca_file, self.tls_server_name)
+        try:
+            tls.root_certificates()
+        except TlsError as e:
+            raise SettingsError(str(e)) from None
         return AgentConfig(
             master=self.master,
             agent_id=self.agent_id,
@@ -113,6 +139,7 @@ class AgentSettings:
             harness_command=harness_command,
             grace=self.grace,
             join_token=self.join_token,
+            tls=tls,
             version=version,
         )
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from assay._tls import ClientTls
 from assay.proto import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("assay.agent")
@@ -148,9 +149,13 @@ class MasterConnection:
         backoff: Backoff | None = None,
         on_refused: Callable[[str], None] | None = None,
         join_token: str | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         self.target = target
         self.join_token = join_token
+        # Read the CA file once: a reconnect must not depend on it staying readable.
+        self.tls = tls or ClientTls()
+        self._credentials = self.tls.credentials() if self.tls.enabled else None
         self._on_refused = on_refused
         self.refused: str | None = None
         self._register = register
@@ -203,7 +208,7 @@ class MasterConnection:
         session = _Session()
         with self._lock:
             self._session = session
-        channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        channel = self.tls.channel(self.target, _CHANNEL_OPTIONS, self._credentials)
         timer = threading.Timer(self.timeout, self._give_up, args=(session,))
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)

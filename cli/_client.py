@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from assay._tls import ClientTls
 from assay.errors import AssayError
 
 from . import _credentials
@@ -49,8 +50,13 @@ class MasterError(AssayError):
 class Client:
     """A lazily opened channel to `address` (HOST:PORT)."""
 
-    def __init__(self, address: str, timeout: float = UNARY_TIMEOUT_S) -> None:
+    def __init__(
+        self, address: str, timeout: float = UNARY_TIMEOUT_S, tls: ClientTls | None = None
+    ) -> None:
+        """`tls` None: as ASSAY_TLS, ASSAY_CA_FILE and ASSAY_TLS_SERVER_NAME say, read
+        when the first call is made."""
         self.address = address
+        self.tls = tls
         self.timeout = timeout
         self._channel: Any = None
         self._stub: Any = None
@@ -59,13 +65,12 @@ class Client:
     @property
     def stub(self) -> Any:
         if self._stub is None:
-            import grpc
-
             from assay.proto import api_pb2_grpc
 
-            self._channel = grpc.insecure_channel(
+            tls = ClientTls.from_env() if self.tls is None else self.tls
+            self._channel = tls.channel(
                 self.address,
-                options=[
+                [
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ],

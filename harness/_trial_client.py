@@ -6,7 +6,8 @@ blip) is retried with exponential backoff (0.2 s doubling to 5 s) for up to `ret
 (default 15 minutes, env `ASSAY_MASTER_RETRY_S`); the master makes every report
 idempotent, so repeating a call whose answer was lost stores nothing twice. Any other
 status (a fenced run's FAILED_PRECONDITION, PERMISSION_DENIED, ...) raises a
-`TrialAPIError` carrying the master's message on one line.
+`TrialAPIError` carrying the master's message on one line. The channel is TLS when the
+agent that started the process connects with TLS (`assay._tls.ClientTls.from_env`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from assay._tls import ClientTls
 from assay.errors import AssayError
 from assay.proto import trial_pb2, trial_pb2_grpc
 
@@ -89,14 +91,18 @@ class TrialClient:
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        tls: ClientTls | None = None,
     ) -> None:
+        """`tls` None: as ASSAY_TLS, ASSAY_CA_FILE and ASSAY_TLS_SERVER_NAME say (the
+        agent sets them as it connects itself)."""
         self.target = target
         self.retry_s = retry_s
         self.call_timeout_s = call_timeout_s
         self._metadata = ((TOKEN_HEADER, token),)
         self._sleep = sleep
         self._clock = clock
-        self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        tls = ClientTls.from_env() if tls is None else tls
+        self._channel = tls.channel(target, _CHANNEL_OPTIONS)
         self._stub = trial_pb2_grpc.TrialServiceStub(self._channel)
 
     def close(self) -> None:

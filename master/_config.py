@@ -23,6 +23,7 @@ from assay._settings import (
     load_settings,
     setting,
 )
+from assay._tls import PemFile
 
 PORT = Integer(0, 65535)
 DEFAULT_PATH = "/etc/assay/master.yaml"
@@ -67,6 +68,21 @@ class MasterConfig:
         default_text="made at first start, kept in the store, written to <state_dir>/join-token",
         help="The secret agents present to join the cluster (their `join_token`); an agent "
         "without it is refused.",
+    )
+    tls_cert: Path | None = setting(  # noqa: RUF009 - setting() makes a dataclasses.field
+        kind=PemFile(),
+        default_text="none: plain gRPC and HTTP",
+        help="The master's certificate chain (PEM, its own certificate first): with "
+        "tls_key, gRPC and HTTP are served over TLS. Clients verify it against their "
+        "`ca_file` (ASSAY_CA_FILE) or the system's roots; it must name the host they "
+        "connect to (advertised_address's too), or they set `tls_server_name`. Read at "
+        "start: restart the master after renewing it.",
+    )
+    tls_key: Path | None = setting(  # noqa: RUF009 - setting() makes a dataclasses.field
+        kind=PemFile(),
+        default_text="none: plain gRPC and HTTP",
+        help="The private key of tls_cert (PEM, without a passphrase; keep the file "
+        "readable by the master's user only).",
     )
     initial_admin_password: str | None = setting(
         kind=Text("a password of 8 or more characters", "PASSWORD"),

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent import futures
 from pathlib import Path
@@ -107,10 +108,11 @@ class HttpServer:
         app.router.add_get(r"/{tail:(?!api(?:/|$)).*}", self.ui.handle)
         return app
 
-    async def start(self) -> None:
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        """Listen on host:port: HTTPS with `ssl_context` (the master's `tls_cert`)."""
         runner = web.AppRunner(self.app, shutdown_timeout=_SHUTDOWN_S)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
+        site = web.TCPSite(runner, self.host, self.port, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as e:
@@ -121,7 +123,8 @@ class HttpServer:
             ) from None
         self._runner = runner
         self.port = int(runner.addresses[0][1])
-        log.info("HTTP API and web UI on http://%s:%d/", self.host, self.port)
+        scheme = "https" if ssl_context is not None else "http"
+        log.info("HTTP API and web UI on %s://%s:%d/", scheme, self.host, self.port)
 
     async def stop(self) -> None:
         """Stop listening, end log followers, and wait (briefly) for calls in flight."""

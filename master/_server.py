@@ -13,13 +13,14 @@ from pathlib import Path
 import grpc
 
 from assay._archive import MAX_MODEL_DEF_BYTES
+from assay._tls import ServerTls
 from assay.errors import AssayError
 from assay.master._aio import LoopThread, SyncAdapter
 from assay.master._auth import Authenticator
 from assay.master._config import MasterConfig
 from assay.master._core import Master
 from assay.master._guard import Guard, GuardInterceptor
-from assay.master._http import HttpServer, start_http
+from assay.master._http import HttpServer
 from assay.master._servicers import AgentServicer, ApiServicer, TrialServicer
 from assay.master.store import Store
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
@@ -34,6 +35,8 @@ class MasterServer:
     """A running master: `start()`, then `port`, then `stop()`."""
 
     def __init__(self, config: MasterConfig) -> None:
+        # Checked first: a master that cannot serve TLS as configured must not start plain.
+        self.tls = ServerTls.load(config.tls_cert, config.tls_key)
         try:
             config.state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -68,7 +71,9 @@ class MasterServer:
         self.guard = Guard(self.auth, self.join_token, self._allocation_ok)
         interceptor = GuardInterceptor(self.guard, self.pool)
         try:
-            self.server, self.port = self.loop.call(lambda: self._bind(config, interceptor))
+            self.server, self.port = self.loop.call(
+                lambda: self._bind(config, interceptor, self.tls)
+            )
         except BaseException:
             self.loop.stop()
             self.store.close()
@@ -101,7 +106,9 @@ class MasterServer:
         return master is not None and token in master.tokens
 
     @staticmethod
-    def _bind(config: MasterConfig, interceptor: GuardInterceptor) -> tuple[grpc.aio.Server, int]:
+    def _bind(
+        config: MasterConfig, interceptor: GuardInterceptor, tls: ServerTls | None
+    ) -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server(
             interceptors=[interceptor],
             options=[
@@ -110,8 +117,12 @@ class MasterServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
+        address = f"{config.host}:{config.grpc_port}"
         try:
-            port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+            if tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, tls.grpc_credentials())
         except RuntimeError:
             port = 0
         return server, port
@@ -120,22 +131,25 @@ class MasterServer:
         self.loop.call(self.server.start)
         config = self.config
         try:
-            self.http = self.loop.call(
-                lambda: start_http(
-                    self.api_servicer, self.pool, config.host, config.http_port, self.guard
-                )
-            )
+            self.http = self.loop.call(self._serve_http)
         except BaseException:
             self.stop(grace=0)
             raise
         self.http_port = self.http.port
         log.info(
-            "assay-master listening on %s:%d (gRPC) and :%d (HTTP, web UI) (store: %s)",
+            "assay-master listening on %s:%d (gRPC) and :%d (HTTP, web UI), %s (store: %s)",
             config.host,
             self.port,
             self.http_port,
+            f"TLS with {self.tls.cert_file}" if self.tls else "without TLS",
             self.store.engine.url.render_as_string(hide_password=True),
         )
+
+    async def _serve_http(self) -> HttpServer:
+        config = self.config
+        http = HttpServer(self.api_servicer, self.pool, config.host, config.http_port, self.guard)
+        await http.start(self.tls.ssl_context if self.tls else None)
+        return http
 
     def stop(self, grace: float = 2.0) -> None:
         if self._stopped.is_set():

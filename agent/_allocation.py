@@ -28,6 +28,16 @@ from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_e
 from assay.errors import AssayError
 from assay.proto import agent_pb2
 
+# Variables of the agent's environment that its trial processes never see.
+AGENT_SECRETS = frozenset(
+    {
+        "ASSAY_JOIN_TOKEN",
+        "ASSAY_PASSWORD",
+        "ASSAY_INITIAL_ADMIN_PASSWORD",
+        "ASSAY_DB_URL",
+        "ASSAY_TLS_KEY",
+    }
+)
 log = logging.getLogger("assay.agent")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -208,7 +218,8 @@ class Allocation:
         """
         start = self.start_msg
         local_world = len(start.slots)
-        env = dict(os.environ)
+        # The agent's own secrets stay with the agent: trials run the users' code.
+        env = {k: v for k, v in os.environ.items() if k not in AGENT_SECRETS}
         env.update(
             RANK=str(rank),
             WORLD_SIZE=str(start.world_size),

@@ -62,7 +62,9 @@ from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc, common
 # The masters started here take their first admin's password and join token from these,
 # and so do the fleet and the submitters (child processes inherit them).
 ADMIN_PASSWORD = os.environ.setdefault("ASSAY_INITIAL_ADMIN_PASSWORD", secrets.token_urlsafe(12))
-JOIN_METADATA = (("x-assay-join-token", os.environ.setdefault("ASSAY_JOIN_TOKEN", "bench-join")),)
+JOIN_METADATA = (
+    ("x-assay-join-token", os.environ.setdefault("ASSAY_JOIN_TOKEN", secrets.token_hex(16))),
+)
 # Set once logged in: sent with every Api call.
 AUTH: tuple[tuple[str, str], ...] = ()
 

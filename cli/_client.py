@@ -118,7 +118,10 @@ class Client:
         ASSAY_USER / ASSAY_PASSWORD, else none (the master then says to log in)."""
         if self._session_token is None:
             stored = _credentials.load(self.address)
-            if stored is not None and stored.valid():
+            wanted = _credentials.env_credentials()
+            # ASSAY_USER names who a script acts as: another user's stored token is not it.
+            theirs = wanted is not None and stored is not None and stored.username != wanted[0]
+            if stored is not None and stored.valid() and not theirs:
                 self._session_token = stored.token
             elif _credentials.env_credentials() is not None:
                 self._session_token = self._login_from_env()

@@ -281,6 +281,9 @@ uninstall_service() {
     systemctl_run daemon-reload
     if [ -e "$R/etc/systemd/system/$other" ]; then
         note "kept $R$VENV: $other uses it too"
+    elif [ -e "$R$VENV" ] && { [ ! -f "$R$VENV/pyvenv.cfg" ] || [ ! -e "$R$VENV/bin/python" ]; }; then
+        # Never rm -rf a directory that is not a virtual environment (a mistyped --venv).
+        note "kept $R$VENV: it is not a Python virtual environment"
     else
         remove "$R$VENV"
         remove_if_empty "$(dirname "$R$VENV")"

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import grpc
+from sqlalchemy.exc import DataError
 
 from assay.errors import AssayError
 from assay.master._auth import AuthError, RateLimitedError
@@ -19,6 +20,7 @@ from assay.master.store.errors import (
 )
 
 log = logging.getLogger("assay.master")
+DATA_ERROR = "a value in the request cannot be stored or looked up (e.g. a NUL character)"
 
 
 class PermissionDeniedError(AssayError):
@@ -57,6 +59,9 @@ def rpc_errors(context: grpc.ServicerContext) -> Iterator[None]:
         yield
     except AssayError as e:
         context.abort(status_of(e), str(e))
+    except DataError:
+        # A value the database cannot hold (a NUL character, say): the caller's to fix.
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, DATA_ERROR)
     except Exception:
         log.exception("internal error")
         context.abort(grpc.StatusCode.INTERNAL, "internal error; the master's log has details")

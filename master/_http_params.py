@@ -120,8 +120,8 @@ def build_body_request(
     _refuse_unknown(query, set())
     try:
         data = json.loads(body) if body.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ParamError("body", f"must be a JSON object: {e}") from None
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, nesting, huge numbers
+        raise ParamError("body", f"must be a JSON object: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise ParamError("body", f"must be a JSON object, got {type(data).__name__}")
     allowed = body_fields(descriptor, {*path, *taken})
@@ -133,7 +133,7 @@ def build_body_request(
     message = message_class()
     try:
         json_format.ParseDict(data, message)
-    except json_format.ParseError as e:
+    except (json_format.ParseError, ValueError, RecursionError) as e:
         raise ParamError("body", str(e)[:300]) from None
     by_name: Mapping[str, FieldDescriptor] = descriptor.fields_by_name
     for name, raw in path.items():

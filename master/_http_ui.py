@@ -45,11 +45,20 @@ class WebUi:
         if relative.parts and ".." not in relative.parts:
             file = (self.root / relative).resolve()
             if file.is_relative_to(self.root) and file.is_file():
-                return web.FileResponse(file)
+                return web.FileResponse(file, headers=_HEADERS)
             if "." in relative.name:
                 # A missing asset (a script, an image) is not a page: no index.html for it.
                 raise web.HTTPNotFound(text="no such file", content_type="text/plain")
         return web.FileResponse(self.root / "index.html", headers=_NO_CACHE)
 
 
-_NO_CACHE = {"Cache-Control": "no-cache"}
+# The page keeps a session token in local storage: nothing but its own files may run in
+# it, and no other site may frame it.
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+    "style-src 'self' 'unsafe-inline'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+_NO_CACHE = {"Cache-Control": "no-cache", **_HEADERS}

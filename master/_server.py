@@ -29,6 +29,7 @@ log = logging.getLogger("assay.master")
 # The model-definition upload plus room for the rest of the message: gRPC refuses a
 # bigger message from its length prefix, before buffering it.
 MAX_MESSAGE_BYTES = MAX_MODEL_DEF_BYTES + 2**20
+MIN_JOIN_TOKEN = 16
 
 
 class MasterServer:
@@ -38,7 +39,8 @@ class MasterServer:
         # Checked first: a master that cannot serve TLS as configured must not start plain.
         self.tls = ServerTls.load(config.tls_cert, config.tls_key)
         try:
-            config.state_dir.mkdir(parents=True, exist_ok=True)
+            # The store holds the join token and the allocation tokens' key: owner only.
+            config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as e:
             raise AssayError(f"cannot create the state directory {config.state_dir}: {e}") from None
         self.config = config
@@ -53,6 +55,12 @@ class MasterServer:
         try:
             ttl = dt.timedelta(seconds=config.session_ttl_s)
             self.auth = Authenticator(self.store, token_ttl=ttl)
+            if config.join_token is not None and len(config.join_token) < MIN_JOIN_TOKEN:
+                raise AssayError(
+                    f"join_token is {len(config.join_token)} characters; use at least "
+                    f"{MIN_JOIN_TOKEN} random ones (openssl rand -hex 24), or leave it unset "
+                    "and the master makes one"
+                )
             self.join_token = config.join_token or self.store.secret("join_token").hex()
             generated = self.auth.bootstrap_admin(config.initial_admin_password)
         except BaseException:
@@ -208,8 +216,8 @@ def _with_port(config: MasterConfig, port: int) -> MasterConfig:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Write a file only its owner may read (created 0600, never wider)."""
+    """Write a file only its owner may read (0600 before a byte is written)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(text)
-    os.chmod(path, 0o600)

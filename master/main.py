@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -49,6 +50,8 @@ def command(config_file: Path | None, check_config: bool, **flags: object) -> No
             return
         from assay.master._server import MasterServer
 
+        # The store and the files the master writes hold secrets: readable by it alone.
+        os.umask(0o077)
         server = MasterServer(config)
     except (AssayError, OSError) as e:
         click.echo(f"error: {e}", err=True)

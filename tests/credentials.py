@@ -16,7 +16,7 @@ import grpc
 from assay.proto import api_pb2, api_pb2_grpc
 
 ADMIN_PASSWORD = "test-admin-password"
-JOIN_TOKEN = "test-join-token"
+JOIN_TOKEN = "test-join-token-6c1f8a2e"
 JOIN_METADATA = (("x-assay-join-token", JOIN_TOKEN),)
 
 

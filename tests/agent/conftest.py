@@ -29,7 +29,8 @@ spec = json.load(open(os.environ["ASSAY_TRIAL_SPEC"]))
 hp = spec["hparams"]
 rank = int(os.environ["RANK"])
 keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "ASSAY_TRIAL_SPEC", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTHONUNBUFFERED"]
+        "ASSAY_TRIAL_SPEC", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTHONUNBUFFERED",
+        "ASSAY_JOIN_TOKEN", "ASSAY_PASSWORD", "ASSAY_INITIAL_ADMIN_PASSWORD"]
 files = sorted(str(p) for p in __import__("pathlib").Path(".").rglob("*") if p.is_file())
 report = {"pid": os.getpid(), "env": {k: os.environ.get(k) for k in keys}, "files": files,
           "spec": spec}

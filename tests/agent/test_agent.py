@@ -102,7 +102,12 @@ def test_two_slots_get_the_distributed_environment_and_the_model(
             if "OMP_NUM_THREADS" in os.environ
             else str(max(1, (os.cpu_count() or 1) // 2)),
             "PYTHONUNBUFFERED": "1",
+            # The agent's secrets (set for this test session) never reach a trial.
+            "ASSAY_JOIN_TOKEN": None,
+            "ASSAY_PASSWORD": None,
+            "ASSAY_INITIAL_ADMIN_PASSWORD": None,
         }
+        assert os.environ["ASSAY_JOIN_TOKEN"]
         assert reports[rank]["files"] == ["data/info.txt", "worker.py"]
     spec = reports[3]["spec"]
     assert spec == {

@@ -123,9 +123,19 @@ export function subscribeSession(listener: () => void): () => void {
  * never the login page itself, which would loop), else the experiment list.
  */
 export function safeNext(next: string | null): string {
-  if (!next || !next.startsWith("/") || next.startsWith("//") || next.startsWith("/\\")) return "/";
-  if (next === "/login" || next.startsWith("/login?") || next.startsWith("/login/")) return "/";
-  return next;
+  // Control characters and backslashes are refused outright: browsers drop or rewrite
+  // them, which could turn "/\t/host" into "//host" (another origin).
+  if (!next || !next.startsWith("/") || /[\u0000-\u001f\u007f\\]/.test(next)) return "/";
+  let parsed: URL;
+  try {
+    parsed = new URL(next, window.location.origin);
+  } catch {
+    return "/";
+  }
+  if (parsed.origin !== window.location.origin) return "/";
+  const path = parsed.pathname + parsed.search + parsed.hash;
+  if (path === "/login" || path.startsWith("/login?") || path.startsWith("/login/")) return "/";
+  return path;
 }
 
 /** The login page's address that returns to `here` (a path with its query). */

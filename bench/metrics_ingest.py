@@ -24,6 +24,15 @@
    engines. The curve is checked: at most 1,000 points, strictly sorted by batch, and it
    contains the global min and max points exactly.
 
+3. Experiment read, as the web UI's experiment page asks for it: 100 trials of 10,000
+   rows each (consecutive batch counts, reported through the store in batches of 5,000,
+   each trial with its own known spike and dip); setup is timed and reported. Then
+   `Store.experiment_curves(experiment, "loss", group="training", max_points=N)` for N =
+   500 and 1,000 is timed (median of several calls after one warm-up call). Target:
+   <= 300 ms on both engines, so that the page draws within 1.5 s. Every curve is
+   checked as in 2. Context: this read took 3.0-3.5 s when curves of up to 20,000 rows
+   were read raw and thinned by a pure-Python LTTB.
+
 PostgreSQL is the server at ASSAY_BENCH_POSTGRES (else ASSAY_TEST_POSTGRES, else
 postgres@127.0.0.1:5432 with trust auth); the benchmark creates its own database
 `assay_bench_<random>` and drops it at the end, also on error. SQLite is a temporary file
@@ -63,6 +72,11 @@ from assay.master.store._models import Metric
 RATIO_TARGET = 0.7
 SQLITE_ROWS_TARGET = 20_000.0
 CURVE_MS_TARGET = 100.0
+EXPERIMENT_MS_TARGET = 300.0
+EXPERIMENT_TRIALS = 100
+EXPERIMENT_ROWS = 10_000
+EXPERIMENT_BATCH_ROWS = 5_000
+EXPERIMENT_MAX_POINTS = (500, 1_000)
 GROUP = "training"
 BATCH_ROWS = 1_000
 METRICS_PER_REPORT = 2  # "loss" and "lr": 500 reports x 2 metrics = 1,000 rows per batch
@@ -82,12 +96,25 @@ class Settings:
     warmup_batches: int  # untimed batches per side before the first round
     curve_rows: int
     curve_calls: int  # timed trial_curve calls (after one untimed warm-up call)
+    experiment_calls: int  # timed experiment_curves calls per max_points (after a warm-up)
 
 
 FULL = Settings(
-    rounds=15, batches_per_round=5, warmup_batches=5, curve_rows=1_000_000, curve_calls=9
+    rounds=15,
+    batches_per_round=5,
+    warmup_batches=5,
+    curve_rows=1_000_000,
+    curve_calls=9,
+    experiment_calls=7,
 )
-QUICK = Settings(rounds=9, batches_per_round=3, warmup_batches=3, curve_rows=200_000, curve_calls=5)
+QUICK = Settings(
+    rounds=9,
+    batches_per_round=3,
+    warmup_batches=3,
+    curve_rows=200_000,
+    curve_calls=5,
+    experiment_calls=3,
+)
 
 
 @dataclass
@@ -106,6 +133,10 @@ class EngineResult:
     curve_sorted: bool = False
     extremes_kept: bool = False
     curve_within_max_points: bool = False
+    experiment_setup_s: float = 0.0
+    experiment_ms: dict[int, float] = field(default_factory=dict)  # max_points -> median
+    experiment_points: dict[int, int] = field(default_factory=dict)  # max_points -> total
+    experiment_curves_ok: bool = False
 
     def curve_ok(self) -> bool:
         return self.curve_sorted and self.extremes_kept and self.curve_within_max_points
@@ -268,6 +299,63 @@ def bench_curve(store: Store, experiment_id: int, s: Settings, result: EngineRes
     result.extremes_kept = (spike_at, spike) in curve and (dip_at, dip) in curve
 
 
+def curve_ok(
+    curve: list[tuple[int, float]], max_points: int, kept: list[tuple[int, float]]
+) -> bool:
+    """At most `max_points` points, strictly sorted by batch, every point of `kept` in it."""
+    xs = [x for x, _ in curve]
+    return (
+        0 < len(curve) <= max_points
+        and all(a < b for a, b in itertools.pairwise(xs))
+        and all(point in curve for point in kept)
+    )
+
+
+def bench_experiment(store: Store, s: Settings, result: EngineResult) -> None:
+    experiment_id = store.create_experiment(
+        name="experiment-read", owner="bench", config={}, model_definition=b""
+    )
+    rng = random.Random(3)
+    extremes: dict[int, list[tuple[int, float]]] = {}
+    t0 = time.perf_counter()
+    for t in range(EXPERIMENT_TRIALS):
+        trial_id, run_id = new_trial(store, experiment_id, f"experiment-{t}")
+        spike_at, dip_at = rng.sample(range(1, EXPERIMENT_ROWS + 1), 2)
+        spike, dip = 1_000.0 + t, -1_000.0 - t
+        reports = [
+            MetricReport(
+                b, {"loss": spike if b == spike_at else dip if b == dip_at else loss_at(b, rng)}
+            )
+            for b in range(1, EXPERIMENT_ROWS + 1)
+        ]
+        for start in range(0, EXPERIMENT_ROWS, EXPERIMENT_BATCH_ROWS):
+            chunk = reports[start : start + EXPERIMENT_BATCH_ROWS]
+            store.report_metrics(trial_id, run_id, GROUP, chunk)
+        extremes[trial_id] = [(spike_at, spike), (dip_at, dip)]
+    result.experiment_setup_s = time.perf_counter() - t0
+
+    ok = True
+    for max_points in EXPERIMENT_MAX_POINTS:
+
+        def read(points: int = max_points) -> tuple[float, dict[int, list[tuple[int, float]]]]:
+            t = time.perf_counter()
+            curves = store.experiment_curves(experiment_id, "loss", group=GROUP, max_points=points)
+            return (time.perf_counter() - t) * 1000, curves
+
+        _, curves = read()
+        times = []
+        for _ in range(s.experiment_calls):
+            gc.collect()
+            ms, again = read()
+            times.append(ms)
+            assert again == curves
+        result.experiment_ms[max_points] = statistics.median(times)
+        result.experiment_points[max_points] = sum(len(c) for c in curves.values())
+        ok = ok and sorted(curves) == sorted(extremes)
+        ok = ok and all(curve_ok(curves[t], max_points, extremes[t]) for t in extremes)
+    result.experiment_curves_ok = ok
+
+
 # --- driver --------------------------------------------------------------------------------
 
 
@@ -311,6 +399,21 @@ def run_engine(engine: str, s: Settings) -> EngineResult:
                 f"{result.curve_sorted}, extremes kept={result.extremes_kept}",
                 flush=True,
             )
+            bench_experiment(store, s, result)
+            print(
+                f"[{engine}] experiment setup: {EXPERIMENT_TRIALS} trials x "
+                f"{EXPERIMENT_ROWS:,} rows through report_metrics in batches of "
+                f"{EXPERIMENT_BATCH_ROWS:,}: {result.experiment_setup_s:.1f} s",
+                flush=True,
+            )
+            for max_points, ms in result.experiment_ms.items():
+                print(
+                    f"[{engine}] experiment_curves(max_points={max_points}): median "
+                    f"{ms:.1f} ms over {s.experiment_calls} calls; "
+                    f"{result.experiment_points[max_points]:,} points in all, every curve "
+                    f"sorted with its extremes: {result.experiment_curves_ok}",
+                    flush=True,
+                )
         finally:
             store.close()
     return result
@@ -324,6 +427,8 @@ def summary(results: list[EngineResult], s: Settings, quick: bool, wall_s: float
         "target": RATIO_TARGET,
         "sqlite_rows_target": SQLITE_ROWS_TARGET,
         "curve_ms_target": CURVE_MS_TARGET,
+        "experiment_ms_target": EXPERIMENT_MS_TARGET,
+        "experiment_shape": f"{EXPERIMENT_TRIALS} trials x {EXPERIMENT_ROWS} rows",
         "batch_rows": BATCH_ROWS,
         "batch_shape": f"{BATCH_ROWS // METRICS_PER_REPORT} reports x {METRICS_PER_REPORT} metrics",
         "rounds": s.rounds,
@@ -341,8 +446,11 @@ def summary(results: list[EngineResult], s: Settings, quick: bool, wall_s: float
             "curve_ms",
             "curve_first_ms",
             "curve_setup_s",
+            "experiment_setup_s",
         ):
             out[f"{name}_{key}"] = None
+        for max_points in EXPERIMENT_MAX_POINTS:
+            out[f"{name}_experiment_{max_points}_ms"] = None
     passed = True
     for r in results:
         p = r.engine
@@ -353,14 +461,19 @@ def summary(results: list[EngineResult], s: Settings, quick: bool, wall_s: float
         out[f"{p}_curve_first_ms"] = round(r.curve_first_ms, 2)
         out[f"{p}_curve_setup_s"] = round(r.curve_setup_s, 2)
         out[f"{p}_curve_points"] = r.curve_points
+        out[f"{p}_experiment_setup_s"] = round(r.experiment_setup_s, 2)
+        for max_points, ms in r.experiment_ms.items():
+            out[f"{p}_experiment_{max_points}_ms"] = round(ms, 2)
         passed = passed and r.ratio >= RATIO_TARGET and r.curve_ms <= CURVE_MS_TARGET
-        passed = passed and r.curve_ok()
+        passed = passed and r.curve_ok() and r.experiment_curves_ok
+        passed = passed and max(r.experiment_ms.values()) <= EXPERIMENT_MS_TARGET
         if r.engine == "sqlite":
             passed = passed and r.store_rows_per_s >= SQLITE_ROWS_TARGET
     out["curve_points"] = max(r.curve_points for r in results)
     out["curve_sorted"] = all(r.curve_sorted for r in results)
     out["extremes_kept"] = all(r.extremes_kept for r in results)
     out["curve_within_max_points"] = all(r.curve_within_max_points for r in results)
+    out["experiment_curves_ok"] = all(r.experiment_curves_ok for r in results)
     out["curve_setup_s"] = round(sum(r.curve_setup_s for r in results), 2)
     out["wall_s"] = round(wall_s, 1)
     out["passed"] = passed
@@ -370,7 +483,7 @@ def summary(results: list[EngineResult], s: Settings, quick: bool, wall_s: float
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument(
-        "--quick", action="store_true", help="fewer rounds, 200,000-row curve (< 1 min)"
+        "--quick", action="store_true", help="fewer rounds, 200,000-row curve (about 1 min)"
     )
     parser.add_argument(
         "--engines",

@@ -3,7 +3,10 @@
 A metric series is a list of points `(x, y)` where x is `total_batches` and y the value.
 Charts never need more points than they have pixels, so the store reduces a series before
 sending it: `downsample` for raw points, `downsample_buckets` for rows pre-aggregated into
-fixed-width buckets (`Bucket`, built by `summarize`/`merge`/`group_into_buckets`).
+fixed-width buckets (`Bucket`, built by `summarize`/`merge`/`group_into_buckets`). The
+store holds its series as numpy columns and calls the array forms: `m4_groups` and
+`m4_arrays` (M4 on rows of first, min, max and last points) and `series_indices` (LTTB
+with the extremes kept, which `downsample` and `downsample_buckets` use too).
 
 Everything here is pure and exact: no I/O, no floating-point tricks in index arithmetic.
 A y of None stands for a NaN stored as SQL NULL; it is skipped everywhere.
@@ -15,11 +18,17 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 Point = tuple[float, float]
 """(x, y): x is total_batches, y the metric value."""
 
 MaybePoint = tuple[float, float | None]
 """A point as read from storage, where a NaN value comes back as None."""
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 
 # --------------------------------------------------------------------------------------
@@ -32,57 +41,53 @@ def _present(points: Sequence[MaybePoint]) -> list[Point]:
     return [(x, y) for x, y in points if y is not None]
 
 
-def _boundary(k: int, n: int, threshold: int) -> int:
-    """Start index of LTTB middle bucket k (exact integer form of floor(k * every) + 1)."""
-    return k * (n - 2) // (threshold - 2) + 1
+def _columns(points: Sequence[Point]) -> tuple[FloatArray, FloatArray]:
+    """The x and y columns of `points` as float arrays."""
+    xy = np.asarray(points, dtype=np.float64).reshape(len(points), 2)
+    return xy[:, 0], xy[:, 1]
 
 
 def _bucket_starts(n: int, threshold: int) -> list[int]:
-    """Start index of each of the `threshold` LTTB slots: [first point, middles..., last point].
+    """Start index of each of the `threshold` LTTB slots, then n: [first point, middles...,
+    last point, n], so slot s is starts[s]:starts[s + 1].
 
     Slot 0 is the first point alone, slots 1..threshold-2 the middle buckets, and the last
-    slot the last point alone (the last middle bucket ends at n - 1).
+    slot the last point alone (the last middle bucket ends at n - 1). Middle bucket k starts
+    at floor(k * every) + 1, every = (n - 2) / (threshold - 2), computed in exact integers.
     """
-    return [0, *(_boundary(k, n, threshold) for k in range(threshold - 1))]
+    middles = np.arange(threshold - 1, dtype=np.int64) * (n - 2) // (threshold - 2) + 1
+    return [0, *middles.tolist(), n]
 
 
-def _mean(points: Sequence[Point], start: int, end: int) -> Point:
-    """Centroid of points[start:end] (non-empty), the third corner of LTTB's triangle."""
-    count = end - start
-    sx = sy = 0.0
-    for i in range(start, end):
-        sx += points[i][0]
-        sy += points[i][1]
-    return sx / count, sy / count
+def _lttb_indices(x: FloatArray, y: FloatArray, starts: list[int]) -> list[int]:
+    """Indices LTTB keeps, one per slot of `starts` (`_bucket_starts(len(x), threshold)`,
+    len(x) > threshold >= 3).
 
-
-def _largest_triangle(points: Sequence[Point], a: Point, c: Point, start: int, end: int) -> int:
-    """Index in [start, end) of the point forming the largest triangle with a and c.
-
-    Ties go to the earliest index. The 1/2 factor is dropped: it does not change the argmax.
+    In middle slot s, the kept point spans the largest triangle with the point kept in slot
+    s - 1 and the centroid of slot s + 1 (for the last middle slot, the last point). Ties
+    go to the earliest index; a NaN area (from infinite values) never wins. The 1/2 factor
+    is dropped: it does not change the argmax. Each pick depends on the previous one, so
+    the loop stays sequential; it runs on plain lists, with the centroids from numpy.
     """
-    ax, ay = a
-    cx, cy = c
-    best, best_area = start, -1.0
-    for i in range(start, end):
-        px, py = points[i]
-        area = abs((ax - cx) * (py - ay) - (ax - px) * (cy - ay))
-        if area > best_area:
-            best, best_area = i, area
-    return best
-
-
-def _lttb_indices(points: Sequence[Point], threshold: int) -> list[int]:
-    """Indices LTTB keeps, one per slot of `_bucket_starts`; needs len(points) > threshold >= 3."""
-    n = len(points)
-    starts = [*_bucket_starts(n, threshold), n]
+    # Centroids of slots 1..threshold-1: entry s is slot s + 1's, the one slot s needs.
+    counts = np.diff(starts[1:])
+    with np.errstate(over="ignore", invalid="ignore"):  # infinite values: NaN areas lose
+        cxs: list[float] = (np.add.reduceat(x, starts[1:-1]) / counts).tolist()
+        cys: list[float] = (np.add.reduceat(y, starts[1:-1]) / counts).tolist()
+    xs: list[float] = x.tolist()
+    ys: list[float] = y.tolist()
     chosen = [0]
-    for slot in range(1, threshold - 1):
-        # The next bucket's centroid; for the last middle bucket that is the last point.
-        c = _mean(points, starts[slot + 1], starts[slot + 2])
-        a = points[chosen[-1]]
-        chosen.append(_largest_triangle(points, a, c, starts[slot], starts[slot + 1]))
-    chosen.append(n - 1)
+    kept = 0
+    for slot in range(1, len(starts) - 2):
+        ax, ay = xs[kept], ys[kept]
+        dx, dy = ax - cxs[slot], cys[slot] - ay
+        kept, best_area = starts[slot], -1.0
+        for i in range(starts[slot], starts[slot + 1]):
+            area = abs(dx * (ys[i] - ay) - (ax - xs[i]) * dy)
+            if area > best_area:
+                kept, best_area = i, area
+        chosen.append(kept)
+    chosen.append(len(xs) - 1)
     return chosen
 
 
@@ -103,7 +108,8 @@ def lttb(points: Sequence[MaybePoint], threshold: int) -> list[Point]:
         return present
     if threshold < 3:
         return [present[0], present[-1]][:threshold]
-    return [present[i] for i in _lttb_indices(present, threshold)]
+    starts = _bucket_starts(len(present), threshold)
+    return [present[i] for i in _lttb_indices(*_columns(present), starts)]
 
 
 # --------------------------------------------------------------------------------------
@@ -200,6 +206,47 @@ def m4_points(buckets: Iterable[Bucket]) -> list[Point]:
     return sorted(kept)
 
 
+def m4_arrays(x: IntArray, y: FloatArray) -> tuple[IntArray, FloatArray]:
+    """`m4_points` on columns: x and y hold each bucket's first, min, max and last points
+    (any shape, e.g. one row per bucket); returns them deduplicated and sorted by x, then y.
+
+    x stays an integer column, so batch counts above 2**53 come back exact.
+    """
+    xs, ys = x.ravel(), y.ravel()
+    order = np.lexsort((ys, xs))
+    xs, ys = xs[order], ys[order]
+    new = np.ones(len(xs), dtype=bool)
+    new[1:] = (xs[1:] != xs[:-1]) | (ys[1:] != ys[:-1])
+    return xs[new], ys[new]
+
+
+def m4_groups(x: IntArray, y: FloatArray, groups: int) -> tuple[IntArray, FloatArray]:
+    """Merge consecutive buckets into `groups` groups of near-equal bucket count.
+
+    x and y are (buckets, 4) columns: each bucket's first, min, max and last points, the
+    buckets in increasing x; the result has the same layout, one row per group, and each
+    row is what `merge` makes of its buckets (the lowest min and highest max, the earliest
+    on ties). Fewer buckets than `groups` come back as they are.
+    """
+    n = len(x)
+    if n <= groups:
+        return x, y
+    starts = np.arange(groups, dtype=np.int64) * n // groups
+    sizes = np.diff(starts, append=n)
+    gx = np.empty((groups, 4), dtype=np.int64)
+    gy = np.empty((groups, 4), dtype=np.float64)
+    gx[:, 0], gy[:, 0] = x[starts, 0], y[starts, 0]
+    gx[:, 3], gy[:, 3] = x[starts + sizes - 1, 3], y[starts + sizes - 1, 3]
+    for column, best in ((1, np.minimum), (2, np.maximum)):
+        values = y[:, column]
+        hits = np.flatnonzero(values == np.repeat(best.reduceat(values, starts), sizes))
+        # The first hit of each group: hits ascend, and every group has one.
+        group_of = np.searchsorted(starts, hits, side="right") - 1
+        pick = hits[np.searchsorted(group_of, np.arange(groups))]
+        gx[:, column], gy[:, column] = x[pick, column], values[pick]
+    return gx, gy
+
+
 # --------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------
@@ -216,31 +263,37 @@ def downsample_indices(points: Sequence[Point], max_points: int) -> list[int]:
     """Indices of the points `downsample` keeps, for callers that hold richer rows."""
     if max_points <= 0 or len(points) <= max_points:
         return list(range(len(points)))
+    return series_indices(*_columns(points), max_points)
+
+
+def series_indices(x: FloatArray, y: FloatArray, max_points: int) -> list[int]:
+    """`downsample_indices` on columns (sorted by x, y never NaN), in increasing order."""
+    n = len(x)
+    if max_points <= 0 or n <= max_points:
+        return list(range(n))
     if max_points < 3:
-        return [0] if max_points == 1 else [0, len(points) - 1]
-    return _keep_extremes(points, _lttb_indices(points, max_points), max_points)
-
-
-def _extreme_indices(points: Sequence[Point]) -> tuple[int, int]:
-    """Indices of the global min and global max point (earliest x on ties)."""
-    indices = range(len(points))
-    low = min(indices, key=lambda i: _by_low_y(points[i]))
-    high = min(indices, key=lambda i: _by_high_y(points[i]))
-    return low, high
+        return [0] if max_points == 1 else [0, n - 1]
+    starts = _bucket_starts(n, max_points)
+    chosen = _lttb_indices(x, y, starts)
+    # argmin/argmax return the first occurrence: the earliest x among equal extremes.
+    extremes = (int(np.argmin(y)), int(np.argmax(y)))
+    return _keep_extremes(x, chosen, starts, extremes)
 
 
 def _nearest_free_slot(
-    points: Sequence[Point], chosen: list[int], protected: set[int], target: int
+    x: FloatArray, chosen: list[int], protected: set[int], target: int
 ) -> int | None:
-    """Slot whose chosen point is nearest in x to points[target] and not protected."""
+    """Slot whose chosen point is nearest in x to x[target] and not protected."""
     free = [s for s, i in enumerate(chosen) if i not in protected]
     if not free:
         return None
-    x = points[target][0]
-    return min(free, key=lambda s: (abs(points[chosen[s]][0] - x), s))
+    at = x[target]
+    return min(free, key=lambda s: (abs(x[chosen[s]] - at), s))
 
 
-def _keep_extremes(points: Sequence[Point], chosen: list[int], threshold: int) -> list[int]:
+def _keep_extremes(
+    x: FloatArray, chosen: list[int], starts: list[int], extremes: tuple[int, int]
+) -> list[int]:
     """Put the global min and max back into LTTB's choice, keeping its length and x order.
 
     A missing extreme replaces the point chosen from its own LTTB bucket, which keeps x
@@ -248,9 +301,7 @@ def _keep_extremes(points: Sequence[Point], chosen: list[int], threshold: int) -
     in one bucket), the nearest unprotected chosen point gives way instead, and the result
     is re-sorted. Both survive whenever threshold >= 4.
     """
-    extremes = _extreme_indices(points)
-    protected = {0, len(points) - 1, *extremes}
-    starts = _bucket_starts(len(points), threshold)
+    protected = {0, len(x) - 1, *extremes}
     chosen = list(chosen)
     for target in extremes:
         if target in chosen:
@@ -259,7 +310,7 @@ def _keep_extremes(points: Sequence[Point], chosen: list[int], threshold: int) -
         free = (
             slot
             if chosen[slot] not in protected
-            else _nearest_free_slot(points, chosen, protected, target)
+            else _nearest_free_slot(x, chosen, protected, target)
         )
         if free is not None:
             chosen[free] = target
@@ -276,5 +327,4 @@ def downsample_buckets(buckets: Iterable[Bucket], max_points: int) -> list[Point
     points = m4_points(buckets)
     if max_points <= 0 or len(points) <= max_points or max_points < 3:
         return lttb(points, max_points)
-    chosen = _keep_extremes(points, _lttb_indices(points, max_points), max_points)
-    return [points[i] for i in chosen]
+    return [points[i] for i in series_indices(*_columns(points), max_points)]

@@ -22,6 +22,7 @@ WRITE = "assay_write"
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for `url` (sqlite:///path or postgresql+psycopg://...)."""
+    kwargs.setdefault("hide_parameters", True)  # errors are logged: rows hold secrets
     if url.startswith("sqlite"):
         engine = create_engine(
             url,

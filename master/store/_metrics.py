@@ -2,8 +2,10 @@
 
 Every write also merges its values into `metric_rollups`: per metric and per level, a
 bucket of 2**LEVELS[level] batches keeps its count and its first, last, min and max
-points. A curve with many rows is then drawn from a few thousand rollup rows (M4
-points, thinned by LTTB) instead of a scan of every raw row.
+points. A curve with many rows is then drawn from at most a few thousand rollup rows (M4
+over groups of buckets) instead of a scan of every raw row: a web page showing a hundred
+trials' curves of 10,000 rows each reads about 60,000 rows rather than 1,000,000. Short
+curves are read raw and thinned by LTTB. Either way the global min and max survive.
 """
 
 from __future__ import annotations
@@ -13,16 +15,21 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, case, delete, func, select, update
+import numpy as np
+from sqlalchemy import Table, and_, case, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from assay.master.store._downsample import (
     Bucket,
-    downsample_buckets,
-    downsample_indices,
+    FloatArray,
+    IntArray,
+    m4_arrays,
+    m4_groups,
     merge,
+    series_indices,
 )
 from assay.master.store._models import Metric, MetricRollup, Trial
 from assay.master.store._records import MetricReport
@@ -36,9 +43,15 @@ from assay.master.store.errors import (
 METRICS = cast(Table, Metric.__table__)
 ROLLUPS = cast(Table, MetricRollup.__table__)
 
-# log2 of the bucket width, in batches, of each rollup level (1-based).
-LEVELS = (8, 12, 16, 20, 24)
-RAW_READ_LIMIT = 20_000  # a curve with at most this many rows is read raw
+# Rollup level -> log2 of its bucket width in batches, finest first. Level 0 came after
+# the others: a store written before it lacks level-0 rows for the metrics it held then,
+# so a read first checks that a level counts every row of the curve.
+LEVELS = {0: 4, 1: 8, 2: 12, 3: 16, 4: 20, 5: 24}
+TOP = 5
+# Up to this many rows, a curve is read raw: that is cheap, and LTTB then draws exactly
+# max_points of its points. Up to RAW_READ_LIMIT, when no rollup level draws it finely.
+RAW_ALWAYS = 2_000
+RAW_READ_LIMIT = 20_000
 MAX_GROUP_LEN = 64
 MAX_BATCHES = 2**63 - 1
 MAX_NAME_LEN = 255
@@ -188,34 +201,39 @@ def _stored(
 def _summaries(rows: Iterable[Row]) -> dict[tuple[str, int, int], Bucket]:
     """(name, level, bucket) -> summary of the rows' non-null values.
 
-    Level 1 is summarised in one pass over the sorted points; the coarser levels merge
-    level-1 summaries, since every bucket width is a multiple of the finer ones.
+    The finest level is summarised in one pass over the sorted points; each coarser level
+    merges the summaries of the level below, since every bucket width is a multiple of the
+    finer ones.
     """
     out: dict[tuple[str, int, int], Bucket] = {}
     by_name: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for batches, name, value in rows:
         if value is not None:
             by_name[name].append((batches, value))
-    first_shift = LEVELS[0]
+    (finest, first_shift), *coarser = LEVELS.items()
     for name, points in by_name.items():
         points.sort()
-        finest: list[tuple[int, Bucket]] = []
+        below: dict[int, Bucket] = {}
         start = 0
         current = points[0][0] >> first_shift
         for i in range(1, len(points) + 1):
             bucket = points[i][0] >> first_shift if i < len(points) else None
             if bucket != current:
-                finest.append((current, _summary(points, start, i)))
+                below[current] = _summary(points, start, i)
                 if bucket is not None:
                     current, start = bucket, i
-        for b, summary in finest:
-            out[(name, 1, b)] = summary
-        for level, shift in enumerate(LEVELS[1:], start=2):
-            step = shift - first_shift
-            for b, summary in finest:
-                key = (name, level, b >> step)
-                previous = out.get(key)
-                out[key] = summary if previous is None else merge(previous, summary)
+        for b, summary in below.items():
+            out[(name, finest, b)] = summary
+        shift = first_shift
+        for level, level_shift in coarser:
+            step, shift = level_shift - shift, level_shift
+            above: dict[int, Bucket] = {}
+            for b, summary in below.items():
+                previous = above.get(b >> step)
+                above[b >> step] = summary if previous is None else merge(previous, summary)
+            for b, summary in above.items():
+                out[(name, level, b)] = summary
+            below = above
     return out
 
 
@@ -241,39 +259,55 @@ def write_summaries(
     """Merge bucket summaries into the stored rollups (insert, or combine with a row)."""
     if not summaries:
         return
+    # In the order of _ROLLUP_COLUMNS. Sorted keys: concurrent writers lock rollup rows
+    # in one order (no deadlock).
     values = [
-        {
-            "trial_id": trial_id,
-            "group": group,
-            "name": name,
-            "level": level,
-            "bucket": bucket,
-            "count": s.count,
-            "first_batches": int(s.first[0]),
-            "first_value": s.first[1],
-            "last_batches": int(s.last[0]),
-            "last_value": s.last[1],
-            "min_batches": int(s.min[0]),
-            "min_value": s.min[1],
-            "max_batches": int(s.max[0]),
-            "max_value": s.max[1],
-        }
+        (
+            trial_id,
+            group,
+            name,
+            level,
+            bucket,
+            s.count,
+            int(s.first[0]),
+            s.first[1],
+            int(s.last[0]),
+            s.last[1],
+            int(s.min[0]),
+            s.min[1],
+            int(s.max[0]),
+            s.max[1],
+        )
         for (name, level, bucket), s in sorted(summaries.items())
     ]
-    # Sorted keys: concurrent writers lock rollup rows in one order (no deadlock).
-    session.connection().execute(_merge_statement(session), values)
+    connection = session.connection()
+    sql, positional = _merge_sql(connection.dialect)
+    if positional:
+        connection.exec_driver_sql(sql, values)
+    else:
+        connection.exec_driver_sql(
+            sql, [dict(zip(_ROLLUP_COLUMNS, v, strict=True)) for v in values]
+        )
 
 
-_MERGE_STATEMENTS: dict[str, Any] = {}
+_ROLLUP_COLUMNS = tuple(column.name for column in ROLLUPS.columns)
+_MERGE_SQL: dict[str, tuple[str, bool]] = {}
 
 
-def _merge_statement(session: Session) -> Any:
-    """The rollup upsert for this session's dialect, built once (it is costly to build)."""
-    dialect = session.get_bind().dialect.name
-    statement = _MERGE_STATEMENTS.get(dialect)
-    if statement is None:
-        statement = _MERGE_STATEMENTS[dialect] = _build_merge_statement(dialect)
-    return statement
+def _merge_sql(dialect: Dialect) -> tuple[str, bool]:
+    """The rollup upsert as SQL text for `dialect`, and whether its parameters are positional
+    (in the order of _ROLLUP_COLUMNS) rather than named.
+
+    Built once (it is costly to build) and run straight on the driver's executemany, as
+    `_insert` is: SQLAlchemy's per-row parameter processing would cost more than the upsert.
+    """
+    cached = _MERGE_SQL.get(dialect.name)
+    if cached is None:
+        compiled = _build_merge_statement(dialect.name).compile(dialect=dialect)
+        if compiled.positional and tuple(compiled.positiontup or ()) != _ROLLUP_COLUMNS:
+            raise AssertionError(f"unexpected parameter order: {compiled.positiontup}")
+        cached = _MERGE_SQL[dialect.name] = (compiled.string, compiled.positional)
+    return cached
 
 
 def _build_merge_statement(dialect: str) -> Any:
@@ -319,7 +353,7 @@ def supersede(session: Session, trial_id: int, after_batches: int) -> int:
     if not changed:
         return 0
     # Buckets wholly past the cut go; the bucket holding the cut is rebuilt from live rows.
-    for level, shift in enumerate(LEVELS, start=1):
+    for level, shift in LEVELS.items():
         session.execute(
             delete(MetricRollup).where(
                 MetricRollup.trial_id == trial_id,
@@ -327,7 +361,7 @@ def supersede(session: Session, trial_id: int, after_batches: int) -> int:
                 MetricRollup.bucket >= (after_batches >> shift),
             )
         )
-    widest = LEVELS[-1]
+    widest = LEVELS[TOP]
     live = session.execute(
         select(Metric.group, Metric.total_batches, Metric.name, Metric.value).where(
             Metric.trial_id == trial_id,
@@ -340,7 +374,7 @@ def supersede(session: Session, trial_id: int, after_batches: int) -> int:
         by_group[group].append((batches, name, value))
     for group, rows in by_group.items():
         summaries = _summaries(rows)
-        cut = {lvl: after_batches >> shift for lvl, shift in enumerate(LEVELS, start=1)}
+        cut = {lvl: after_batches >> shift for lvl, shift in LEVELS.items()}
         partial = [(n, lvl, b) for (n, lvl, b) in summaries if b == cut[lvl]]
         write_summaries(session, trial_id, group, {k: summaries[k] for k in partial})
     return changed
@@ -349,69 +383,115 @@ def supersede(session: Session, trial_id: int, after_batches: int) -> int:
 def read_curve(
     session: Session, trial_id: int, group: str, name: str, max_points: int
 ) -> list[tuple[int, float]]:
-    """The live curve of one metric, at most `max_points` points, extremes kept."""
-    top = len(LEVELS)
-    count, first, last = session.execute(
-        select(
-            func.sum(MetricRollup.count),
-            func.min(MetricRollup.first_batches),
-            func.max(MetricRollup.last_batches),
-        ).where(
-            MetricRollup.trial_id == trial_id,
-            MetricRollup.group == group,
-            MetricRollup.name == name,
-            MetricRollup.level == top,
-        )
-    ).one()
+    """The live curve of one metric, at most `max_points` points, extremes kept.
+
+    Drawn from the rollup level `_plan` picks (M4 over max_points / 4 groups of its
+    buckets) or from the raw rows (LTTB); either way the global min and max points come
+    back exactly.
+    """
+    key = (trial_id, group, name)
+    [(count, first, last)] = _fetch(session, _EXTENT_SQL, (*key, TOP))
     if not count:
         return []
-    if count <= max(RAW_READ_LIMIT, max_points):
-        raw = session.execute(
-            select(Metric.total_batches, Metric.value)
-            .where(
-                Metric.trial_id == trial_id,
-                Metric.group == group,
-                Metric.name == name,
-                Metric.superseded.is_(False),
-                Metric.value.is_not(None),
-            )
-            .order_by(Metric.total_batches)
-        ).all()
-        live = [(int(b), float(v)) for b, v in raw if v is not None]
-        # Batch counts stay exact integers: floats would round those above 2**53.
-        points = [(float(b), v) for b, v in live]
-        return [live[i] for i in downsample_indices(points, max_points)]
-    level = _level_for(int(count), int(last) - int(first), max_points)
-    rows = session.execute(
-        select(
-            MetricRollup.count,
-            MetricRollup.first_batches,
-            MetricRollup.first_value,
-            MetricRollup.last_batches,
-            MetricRollup.last_value,
-            MetricRollup.min_batches,
-            MetricRollup.min_value,
-            MetricRollup.max_batches,
-            MetricRollup.max_value,
-        )
-        .where(
-            MetricRollup.trial_id == trial_id,
-            MetricRollup.group == group,
-            MetricRollup.name == name,
-            MetricRollup.level == level,
-        )
-        .order_by(MetricRollup.bucket)
-    )
-    buckets = [
-        Bucket(n, (fb, fv), (lb, lv), (mnb, mnv), (mxb, mxv))
-        for n, fb, fv, lb, lv, mnb, mnv, mxb, mxv in rows
-    ]
-    return [(int(x), y) for x, y in downsample_buckets(buckets, max_points)]
+    levels = list(LEVELS.items())
+    while (level := _plan(int(count), int(last) - int(first), max_points, levels)) is not None:
+        curve = _read_rollups(session, key, level, int(count), max_points)
+        if curve is not None:
+            return curve
+        levels = [(lv, shift) for lv, shift in levels if lv > level]
+    rows = _fetch(session, _RAW_SQL, key)
+    if not rows:
+        return []
+    batches, values = zip(*rows, strict=True)
+    return _thin(np.array(batches, dtype=np.int64), np.array(values, dtype=np.float64), max_points)
 
 
-def _level_for(count: int, span: int, max_points: int) -> int:
-    """The finest level whose bucket count stays within a few times `max_points`."""
-    for level, shift in enumerate(LEVELS, start=1):
-        if min(count, (span >> shift) + 1) <= 2 * max_points:
+def _plan(count: int, span: int, max_points: int, levels: list[tuple[int, int]]) -> int | None:
+    """The rollup level to draw a curve of `count` rows over `span` batches from, or None to
+    read its raw rows (always for up to max(max_points, RAW_ALWAYS) rows).
+
+    A level is of use when its buckets hold 4 rows or more on average (else the raw rows
+    cost no more to read) and number at most 2 * max_points. The finest such level is
+    taken when it has max_points / 4 buckets or more (M4 gives 2 to 4 points a bucket),
+    or max_points / 8 when the raw rows number over 4 * max_points: levels are 16 times
+    apart, so the finest level with at most 2 * max_points buckets has over max_points / 8
+    unless the curve is too sparse for it. Otherwise the raw rows, up to RAW_READ_LIMIT of
+    them; past that, a coarse curve rather than a slow one. A level's bucket count is
+    estimated from above: min(count, buckets spanned).
+    """
+    if count <= max(max_points, RAW_ALWAYS) or not levels:
+        return None
+    sizes = [(level, min(count, (span >> shift) + 1)) for level, shift in levels]
+    useful = [(lv, n) for lv, n in sizes if 4 * n <= count and n <= 2 * max_points]
+    if useful:
+        level, buckets = useful[0]
+        if 4 * buckets >= max_points or (8 * buckets >= max_points and count > 4 * max_points):
             return level
-    return len(LEVELS)
+    if count <= RAW_READ_LIMIT:
+        return None
+    return useful[0][0] if useful else sizes[-1][0]
+
+
+# Curve reads go to the driver's own cursor: for thousands of rows of plain numbers,
+# building SQLAlchemy rows costs more than the query. `?` marks a parameter.
+_KEY = 'trial_id = ? AND "group" = ? AND name = ?'
+_EXTENT_SQL = (
+    "SELECT sum(count), min(first_batches), max(last_batches) FROM metric_rollups "
+    f"WHERE {_KEY} AND level = ?"
+)
+_ROLLUP_SQL = (
+    "SELECT count, first_batches, min_batches, max_batches, last_batches, "
+    "first_value, min_value, max_value, last_value FROM metric_rollups "
+    f"WHERE {_KEY} AND level = ? ORDER BY bucket"
+)
+_RAW_SQL = (
+    "SELECT total_batches, value FROM metrics "
+    f"WHERE {_KEY} AND NOT superseded AND value IS NOT NULL ORDER BY total_batches"
+)
+
+
+def _fetch(session: Session, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """The rows of `sql` as plain tuples, read in the session's transaction."""
+    connection = session.connection()
+    if connection.dialect.paramstyle != "qmark":
+        sql = sql.replace("?", "%s")
+    driver = connection.connection
+    # psycopg's binary results parse in half the time of text for columns of numbers.
+    cursor = (
+        driver.cursor(binary=True) if connection.dialect.driver == "psycopg" else driver.cursor()
+    )
+    try:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()
+
+
+def _read_rollups(
+    session: Session, key: tuple[int, str, str], level: int, count: int, max_points: int
+) -> list[tuple[int, float]] | None:
+    """The curve from one rollup level, or None when the level lacks some of its rows."""
+    rows = _fetch(session, _ROLLUP_SQL, (*key, level))
+    if not rows:
+        return None
+    counts, *columns = zip(*rows, strict=True)
+    if sum(counts) != count:
+        return None
+    batches = np.array(columns[:4], dtype=np.int64).T
+    values = np.array(columns[4:], dtype=np.float64).T
+    # M4 over max_points / 4 groups: at most max_points points, every group's extremes.
+    groups = max(1, max_points // 4)
+    return _thin(*m4_arrays(*m4_groups(batches, values, groups)), max_points)
+
+
+def _thin(x: IntArray, y: FloatArray, max_points: int) -> list[tuple[int, float]]:
+    """At most `max_points` of the points (x sorted): all if that many, else LTTB with the
+    global extremes put back.
+
+    Batch counts stay exact integers: only LTTB's geometry sees them as floats, which
+    round above 2**53.
+    """
+    if len(x) > max_points:
+        keep = series_indices(x.astype(np.float64), y, max_points)
+        x, y = x[keep], y[keep]
+    return list(zip(x.tolist(), y.tolist(), strict=True))

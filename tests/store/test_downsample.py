@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from functools import reduce
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,10 +18,14 @@ from assay.master.store._downsample import (
     bucket_index,
     downsample,
     downsample_buckets,
+    downsample_indices,
     group_into_buckets,
     lttb,
+    m4_arrays,
+    m4_groups,
     m4_points,
     merge,
+    series_indices,
     summarize,
 )
 
@@ -89,6 +95,38 @@ def test_lttb_skips_none() -> None:
 
 def test_lttb_all_none() -> None:
     assert lttb([(0, None), (1, None)], 5) == []
+
+
+def _reference_lttb(points: list[Point], threshold: int) -> list[Point]:
+    """LTTB as Steinarsson writes it, one point at a time: the specification."""
+    n = len(points)
+
+    def start(k: int) -> int:  # floor(k * every) + 1, every = (n - 2) / (threshold - 2)
+        return k * (n - 2) // (threshold - 2) + 1
+
+    out, a = [points[0]], 0
+    for k in range(threshold - 2):
+        lo, hi = start(k), start(k + 1)
+        nxt = points[hi : min(start(k + 2), n)] or [points[-1]]
+        cx = sum(p[0] for p in nxt) / len(nxt)
+        cy = sum(p[1] for p in nxt) / len(nxt)
+        ax, ay = points[a]
+        areas = [abs((ax - cx) * (py - ay) - (ax - px) * (cy - ay)) for px, py in points[lo:hi]]
+        a = lo + areas.index(max(areas))
+        out.append(points[a])
+    return [*out, points[-1]]
+
+
+@given(
+    ys=st.lists(coords, min_size=4, max_size=300),
+    threshold=st.integers(min_value=3, max_value=80),
+)
+def test_lttb_matches_the_reference(ys: list[float], threshold: int) -> None:
+    # Small integer values: every sum and centroid is exact, so the picks must be equal.
+    points = series(ys)
+    if threshold >= len(points):
+        return
+    assert lttb(points, threshold) == _reference_lttb(points, threshold)
 
 
 # ---------------------------------------------------------------------------- entry points
@@ -163,6 +201,23 @@ def test_downsample_buckets_invariants(ys: list[float], width: int, max_points: 
     everything = summarize(points)
     for kept in (everything.first, everything.last, everything.min, everything.max):
         assert kept in out
+
+
+@given(ys=st.lists(coords, min_size=1, max_size=300), max_points=st.integers(1, 40))
+def test_series_indices_is_downsample_indices_on_columns(ys: list[float], max_points: int) -> None:
+    points = series(ys)
+    x = np.array([p[0] for p in points])
+    y = np.array(ys, dtype=np.float64)
+    assert series_indices(x, y, max_points) == downsample_indices(points, max_points)
+
+
+def test_series_indices_with_infinities_keeps_them() -> None:
+    ys = [0.0, 1.0, math.inf, 2.0, -math.inf, 3.0] * 20
+    x = np.arange(len(ys), dtype=np.float64)
+    keep = series_indices(x, np.array(ys), 10)
+    assert len(keep) == 10
+    assert keep == sorted(set(keep))
+    assert {2, 4} <= set(keep)  # the first +inf and the first -inf
 
 
 # ---------------------------------------------------------------------------- buckets
@@ -245,3 +300,45 @@ def test_m4_keeps_every_bucket_extreme(ys: list[float], width: int) -> None:
     everything = summarize(points)
     assert everything.min in out
     assert everything.max in out
+
+
+def _columns(buckets: list[Bucket]) -> tuple[np.ndarray, np.ndarray]:
+    """(buckets, 4) integer x and float y columns of first, min, max, last."""
+    picks = [(b.first, b.min, b.max, b.last) for b in buckets]
+    x = np.array([[int(p[0]) for p in row] for row in picks], dtype=np.int64).reshape(-1, 4)
+    y = np.array([[p[1] for p in row] for row in picks], dtype=np.float64).reshape(-1, 4)
+    return x, y
+
+
+@given(ys=st.lists(coords, min_size=1, max_size=200), width=st.integers(min_value=1, max_value=9))
+def test_m4_arrays_equal_m4_points(ys: list[float], width: int) -> None:
+    buckets = list(group_into_buckets(series(ys), width).values())
+    x, y = m4_arrays(*_columns(buckets))
+    assert x.dtype == np.int64
+    assert list(zip(x.tolist(), y.tolist(), strict=True)) == m4_points(buckets)
+
+
+@given(
+    ys=st.lists(st.integers(-3, 3).map(float), min_size=1, max_size=200),
+    width=st.integers(min_value=1, max_value=5),
+    groups=st.integers(min_value=1, max_value=30),
+)
+def test_m4_groups_merge_consecutive_buckets(ys: list[float], width: int, groups: int) -> None:
+    # Few distinct values: many ties, which must go to the earliest point as in `merge`.
+    buckets = list(group_into_buckets(series(ys), width).values())
+    x, y = m4_groups(*_columns(buckets), groups)
+    assert len(x) == min(groups, len(buckets))
+    starts = [k * len(buckets) // len(x) for k in range(len(x))] + [len(buckets)]
+    for row, (lo, hi) in enumerate(itertools.pairwise(starts)):
+        merged = reduce(merge, buckets[lo:hi])
+        expected = (merged.first, merged.min, merged.max, merged.last)
+        assert list(zip(x[row].tolist(), y[row].tolist(), strict=True)) == list(expected)
+
+
+def test_m4_groups_keep_huge_batch_counts_exact() -> None:
+    top = 2**63 - 1
+    x = np.array([[top - 7, top - 6, top - 5, top - 4], [top - 3, top - 2, top - 1, top]])
+    y = np.array([[0.0, -1.0, 5.0, 1.0], [2.0, -2.0, 3.0, 0.0]])
+    gx, gy = m4_groups(x, y, 1)
+    assert gx.tolist() == [[top - 7, top - 2, top - 5, top]]
+    assert gy.tolist() == [[0.0, -2.0, 5.0, 0.0]]

@@ -206,7 +206,8 @@ def _storage_config(experiment_id: int) -> CheckpointStorageConfig | None:
 
     def text(key: str) -> str | None:
         value = storage.get(key)
-        return value if isinstance(value, str) and value else None
+        # The master masks keys as "********": boto3's chain (AWS_*, ~/.aws) supplies them.
+        return value if isinstance(value, str) and value and value != "********" else None
 
     return CheckpointStorageConfig(
         type="s3",

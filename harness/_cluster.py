@@ -39,7 +39,13 @@ from typing import Any
 
 from assay._local import WorkerSpec
 from assay._session import CheckpointReport, MetricsReport, _fmt
-from assay._storage import StorageManager, is_remote, storage_at, storage_for
+from assay._storage import (
+    StorageManager,
+    checkpoint_location,
+    is_remote,
+    storage_at,
+    storage_for,
+)
 from assay._trial_client import TrialClient, retry_budget_from_env
 from assay.config import CheckpointStorageConfig, ExperimentConfig, parse_config
 from assay.errors import (
@@ -150,6 +156,8 @@ class ClusterSession:
         were written in place, on shared_fs)."""
         self.client = client
         self.storage = storage
+        self.storage_config = parse_config(spec.config).checkpoint_storage
+        self.checkpoint_root = spec.checkpoint_root
         self.trial_id = spec.trial_id
         self.run_id = spec.run_id
         self.experiment_id = spec.experiment_id
@@ -194,9 +202,10 @@ class ClusterSession:
 
     def report_checkpoint(self, report: CheckpointReport) -> None:
         metadata = report.metadata
-        location = str(report.path)
+        # The master derives the location by the same rule and refuses any other.
+        location = checkpoint_location(self.storage_config, metadata.uuid, self.checkpoint_root)
         if self.storage is not None:
-            location = self.storage.upload(report.path, metadata.uuid)
+            self.storage.upload(report.path, metadata.uuid)
             shutil.rmtree(report.path, ignore_errors=True)  # stored: the local copy is spare
         checkpoint = common_pb2.Checkpoint(
             uuid=metadata.uuid,

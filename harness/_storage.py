@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid as uuidlib
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
 
@@ -153,6 +154,38 @@ def storage_for(
             "checkpoint_storage.host_path is not set and there is no default checkpoint root"
         )
     return SharedFSStorage(root)
+
+
+def checkpoint_uuid(text: str) -> str:
+    """`text`, when it is a uuid written the one way the harness writes it (lowercase,
+    hyphenated: `str(uuid.uuid4())`); a `StorageError` otherwise.
+
+    A checkpoint's uuid names its directory or prefix, so nothing else may pass for one.
+    """
+    try:
+        canonical: str | None = str(uuidlib.UUID(text))
+    except ValueError:
+        canonical = None
+    if canonical != text:
+        raise StorageError(
+            f"{text!r} is not a checkpoint uuid: expected a lowercase, hyphenated UUID such "
+            "as 123e4567-e89b-42d3-a456-426614174000"
+        )
+    return text
+
+
+def checkpoint_location(
+    config: CheckpointStorageConfig, uuid: str, default_root: Path | str | None = None
+) -> str:
+    """Where checkpoint `uuid` of an experiment whose storage is `config` lives.
+
+    shared_fs: `root/<uuid>`, the root being `host_path/storage_path`, else `default_root`
+    (the master's checkpoint root); s3: `s3://bucket/prefix/<uuid>`. The harness reports
+    this location, and the master derives it again from the experiment's config to accept
+    the report and to delete the checkpoint, so the two follow one rule.
+    """
+    root = None if default_root is None else Path(default_root)
+    return storage_for(config, root).location(checkpoint_uuid(uuid))
 
 
 def is_remote(location: str) -> bool:

@@ -23,6 +23,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 from assay.errors import AssayError
+from assay.master._secrets import mask_text
 from assay.master.store import (
     ConflictError,
     InvalidArgumentError,
@@ -163,17 +164,17 @@ def _digest(token: str) -> str:
 # --- masking ------------------------------------------------------------------------------
 
 _TOKEN = re.compile(r"\b" + TOKEN_PREFIX + r"[A-Za-z0-9_-]+")
-_QUOTED_PASSWORD = re.compile(
-    r"""(\w*password["']?\s*[:=]\s*)(["'])(?:\\.|(?!\2)[^\\])*\2""", re.IGNORECASE
-)
-_BARE_PASSWORD = re.compile(r"""(\w*password\s*=\s*)(?!["'])[^\s&,;]+""", re.IGNORECASE)
 
 
 def mask_secrets(text: str) -> str:
-    """`text` with session tokens and password values replaced by `***` (for logs)."""
-    text = _TOKEN.sub("***", text)
-    text = _QUOTED_PASSWORD.sub(r"\g<1>\g<2>***\g<2>", text)
-    return _BARE_PASSWORD.sub(r"\g<1>***", text)
+    """`text` with session tokens, and the values of passwords, keys and other secrets
+    (`password=...`, `"secret_key": "..."`, YAML's `access_key: ...`), replaced by `***`.
+
+    For what goes into logs: which names are secret is `_secrets.is_secret_name`.
+    """
+    if TOKEN_PREFIX in text:
+        text = _TOKEN.sub("***", text)
+    return mask_text(text, "***")
 
 
 # --- failed logins ------------------------------------------------------------------------
@@ -201,7 +202,8 @@ class LoginAttempt:
 
 
 class LoginLimiter:
-    """Refuses logins for a user name, and from an address, after repeated failures.
+    """Refuses logins for a user name from an address, and from an address, after
+    repeated failures.
 
     After `max_failures` failures within `window`, the key is locked for `first_delay`;
     each further failure before the key has been quiet for `max_delay` doubles the
@@ -243,7 +245,9 @@ class LoginLimiter:
     @contextmanager
     def attempt(self, username: str, peer: str) -> Iterator[LoginAttempt]:
         """Admit one attempt (or raise `RateLimitedError`), then record how it went."""
-        keys = [(self._users, username[:_MAX_USERNAME])]
+        # A user name is counted per address: guesses from elsewhere cannot lock its owner
+        # out (the address's own count still caps guesses at every user from there).
+        keys = [(self._users, f"{username[:_MAX_USERNAME]}\x00{peer[:255]}")]
         if peer:
             keys.append((self._peers, peer[:255]))
         now = self._clock()

@@ -1,78 +1,139 @@
 """`DeleteCheckpoints`: a user deletes checkpoints by uuid (`assay checkpoint delete`).
 
-The servicer only converts: `delete_checkpoints(store, uuids)` checks every uuid first and
-refuses the whole request (nothing deleted) when one is unknown (`NotFoundError`) or is the
-latest checkpoint of a trial that has not ended (`ConflictError`, FAILED_PRECONDITION):
-a queued, running, paused or stopping trial restores from it. Then each is deleted from
-storage and marked DELETED, as garbage collection does (`assay.master._gc`); a checkpoint
-already DELETED counts as deleted, files already gone count as missing, and a storage
-failure is reported per checkpoint, leaving that one as it was.
+The servicer only converts: `delete_checkpoints(store, uuids, user=...)` checks every uuid
+first and refuses the whole request (nothing deleted) when one is not a uuid
+(`InvalidArgumentError`), is unknown (`NotFoundError`), belongs to an experiment of another
+user (`PermissionDeniedError`, unless the caller is an administrator), or is the latest
+checkpoint of a trial that has not ended (`ConflictError`, FAILED_PRECONDITION): a queued,
+running, paused or stopping trial restores from it. Then each is deleted from its
+experiment's storage and marked DELETED, as garbage collection does (`assay.master._gc`); a
+checkpoint already DELETED counts as deleted, files already gone count as missing, and a
+storage failure, or a record whose location is not where its experiment's storage keeps
+it, is reported per checkpoint, leaving that one as it was.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
+from assay._storage import StorageError, checkpoint_uuid
 from assay.config import CheckpointStorageConfig, parse_config
 from assay.errors import InvalidConfigError
+from assay.master._errors import PermissionDeniedError
 from assay.master._gc import DELETED, GCResult, StorageCache, delete_records
 from assay.master._state import TERMINAL_TRIAL
-from assay.master.store import CheckpointRecord, ConflictError, InvalidArgumentError, Store
+from assay.master.store import (
+    CheckpointRecord,
+    ConflictError,
+    ExperimentRecord,
+    InvalidArgumentError,
+    Store,
+)
 from assay.proto import api_pb2
 
 MAX_UUIDS = 1000
 
 
-def delete_checkpoints(store: Store, uuids: Sequence[str]) -> GCResult:
-    """Delete the checkpoints `uuids` (see the module docstring); raise before any deletion."""
-    wanted = list(dict.fromkeys(u.strip() for u in uuids))
-    if not wanted or "" in wanted:
-        raise InvalidArgumentError("give the uuid of each checkpoint to delete")
-    if len(wanted) > MAX_UUIDS:
-        raise InvalidArgumentError(f"at most {MAX_UUIDS} checkpoints per request")
+def delete_checkpoints(
+    store: Store,
+    uuids: Sequence[str],
+    *,
+    user: str | None = None,
+    default_root: Path | None = None,
+) -> GCResult:
+    """Delete the checkpoints `uuids` (see the module docstring); raise before any deletion.
+
+    `user`: the caller, who may delete the checkpoints of their own experiments only; None
+    for an administrator. `default_root`: the master's checkpoint root, where shared_fs
+    storage without a host_path keeps checkpoints.
+    """
+    wanted = normalise_uuids(uuids)
     records = [store.get_checkpoint(uuid) for uuid in wanted]  # NotFoundError names it
-    configs: dict[int, CheckpointStorageConfig | None] = {}
-    to_delete: list[tuple[CheckpointRecord, int]] = []
+    trials = {r.trial_id: store.get_trial(r.trial_id) for r in records}
+    experiments = {t.experiment_id: store.get_experiment(t.experiment_id) for t in trials.values()}
+    if user is not None:
+        for experiment in experiments.values():
+            _check_owner(experiment, user)
+    to_delete: list[CheckpointRecord] = []
     already: list[str] = []
     for record in records:
         if record.state == DELETED:
             already.append(record.uuid)
             continue
-        trial = store.get_trial(record.trial_id)
+        trial = trials[record.trial_id]
         if trial.latest_checkpoint == record.uuid and trial.state not in TERMINAL_TRIAL:
             raise ConflictError(
                 f"checkpoint {record.uuid} is the latest checkpoint of trial {trial.id}, which "
                 f"is {trial.state} and would restore from it; delete it once the trial has "
                 "ended (COMPLETED, CANCELED or ERROR)"
             )
-        if trial.experiment_id not in configs:
-            configs[trial.experiment_id] = _storage_config(store, trial.experiment_id)
-        to_delete.append((record, trial.experiment_id))
+        to_delete.append(record)
     deleted: list[str] = list(already)
     missing: list[str] = []
     failed: dict[str, str] = {}
-    for experiment_id in dict.fromkeys(e for _, e in to_delete):
-        mine = [r for r, e in to_delete if e == experiment_id]
-        result = delete_records(store, mine, StorageCache(configs[experiment_id]))
+    storages = StorageCache(default_root)
+    for experiment_id, experiment in experiments.items():
+        mine = [r for r in to_delete if trials[r.trial_id].experiment_id == experiment_id]
+        if not mine:
+            continue
+        config = _storage_config(experiment)
+        if config is None:
+            reason = f"experiment {experiment_id}'s config is unreadable: no storage to delete from"
+            failed.update({r.uuid: reason for r in mine})
+            continue
+        result = delete_records(store, mine, config, storages)
         deleted.extend(result.deleted)
         missing.extend(result.missing)
         failed.update(result.failed)
     return GCResult(tuple(deleted), tuple(missing), failed)
 
 
-def _storage_config(store: Store, experiment_id: int) -> CheckpointStorageConfig | None:
-    """The experiment's storage settings (for S3 credentials and endpoint), if readable."""
+def normalise_uuids(uuids: Sequence[str]) -> list[str]:
+    """`uuids` stripped, lowercased and deduplicated, in order; each must be a uuid."""
+    wanted: list[str] = []
+    for raw in uuids:
+        text = raw.strip().lower()
+        if not text:
+            raise InvalidArgumentError("give the uuid of each checkpoint to delete")
+        try:
+            wanted.append(checkpoint_uuid(text))
+        except StorageError as e:
+            raise InvalidArgumentError(f"cannot delete checkpoint {raw.strip()!r}: {e}") from None
+    wanted = list(dict.fromkeys(wanted))
+    if not wanted:
+        raise InvalidArgumentError("give the uuid of each checkpoint to delete")
+    if len(wanted) > MAX_UUIDS:
+        raise InvalidArgumentError(f"at most {MAX_UUIDS} checkpoints per request")
+    return wanted
+
+
+def _check_owner(experiment: ExperimentRecord, user: str) -> None:
+    if experiment.owner != user:
+        raise PermissionDeniedError(
+            f"experiment {experiment.id} belongs to {experiment.owner}: only they or an "
+            "administrator may delete checkpoints of it"
+        )
+
+
+def _storage_config(experiment: ExperimentRecord) -> CheckpointStorageConfig | None:
+    """The experiment's checkpoint storage, or None when its config no longer parses."""
     try:
-        return parse_config(store.get_experiment(experiment_id).config).checkpoint_storage
+        return parse_config(experiment.config).checkpoint_storage
     except InvalidConfigError:
         return None
 
 
 def delete_response(
-    store: Store, request: api_pb2.DeleteCheckpointsRequest
+    store: Store,
+    request: api_pb2.DeleteCheckpointsRequest,
+    *,
+    user: str | None,
+    default_root: Path | None,
 ) -> api_pb2.DeleteCheckpointsResponse:
-    """The whole `DeleteCheckpoints` RPC, for the servicer to return inside `rpc_errors`."""
-    result = delete_checkpoints(store, list(request.uuids))
+    """The whole `DeleteCheckpoints` RPC, for the servicer to return inside `rpc_errors`;
+    `user` and `default_root` as for `delete_checkpoints`."""
+    result = delete_checkpoints(store, list(request.uuids), user=user, default_root=default_root)
     return api_pb2.DeleteCheckpointsResponse(
         deleted=list(result.deleted), missing=list(result.missing), failed=dict(result.failed)
     )

@@ -1,4 +1,8 @@
-"""Store records -> proto messages (the one API definition, also behind the JSON API)."""
+"""Store records -> proto messages (the one API definition, also behind the JSON API).
+
+Configs and hyperparameters leave with their secrets masked (see `_secrets`): these
+messages are what every user reads.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from assay.master._secrets import masked
 from assay.master.store import CheckpointRecord, ExperimentRecord, LogLine, TrialRecord
 from assay.proto import common_pb2
 
@@ -39,7 +44,7 @@ def experiment(
         start_time=timestamp(record.start_time),
         end_time=timestamp(record.end_time),
     )
-    message.config.update(_jsonable(record.config))
+    message.config.update(_jsonable(masked(record.config)))
     if best is not None:
         message.best_validation = best
     return message
@@ -59,7 +64,7 @@ def trial(record: TrialRecord) -> common_pb2.Trial:
         start_time=timestamp(record.start_time),
         end_time=timestamp(record.end_time),
     )
-    message.hparams.update(_jsonable(record.hparams))
+    message.hparams.update(_jsonable(masked(record.hparams)))
     if record.best_validation is not None:
         message.best_validation = record.best_validation
     return message

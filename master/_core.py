@@ -28,8 +28,10 @@ from typing import Any, Protocol
 import yaml
 
 from assay._archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
+from assay._storage import StorageError, checkpoint_location, checkpoint_uuid
 from assay.config import ExperimentConfig, LengthUnit, parse_config
 from assay.errors import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE, InvalidConfigError
+from assay.master._auth import mask_secrets
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._errors import PermissionDeniedError
@@ -307,6 +309,7 @@ class Master:
                     config,
                     ended_trial_ids=ended_trial_ids,
                     experiment_ended=experiment_ended,
+                    default_root=self.config.checkpoint_root,
                     storage_cache=self._storages,
                 )
             except Exception:
@@ -344,6 +347,7 @@ class Master:
         self, config_yaml: str, model_definition: bytes, *, owner: str = "admin"
     ) -> PreparedExperiment:
         """Check a submission (no lock taken); `InvalidArgumentError` says what to fix."""
+        _check_config_text(config_yaml)
         try:
             raw = yaml.load(config_yaml, Loader=_YAML_LOADER)  # a safe loader (C if built)
         except yaml.YAMLError as e:
@@ -934,7 +938,7 @@ class Master:
             return
         lines = [
             LogLine(
-                message=line.message,
+                message=mask_secrets(line.message),
                 rank=line.rank,
                 stream=line.stream or "stdout",
                 level=line.level or None,
@@ -1001,7 +1005,7 @@ class Master:
             self._searcher_event(experiment, trial, "on_trial_exited_early", "invalid_hp")
         else:
             restarts = trial.restarts + 1
-            why = "; ".join(run.messages) or f"exit codes {codes}"
+            why = mask_secrets("; ".join(run.messages)) or f"exit codes {codes}"
             if ok:
                 why = f"its process exited 0 before training to batch {trial.target}"
             limit = experiment.config.max_restarts
@@ -1119,6 +1123,13 @@ class Master:
         return stored
 
     def report_checkpoint(self, run: Run, checkpoint: common_pb2.Checkpoint) -> None:
+        """Record a checkpoint the run wrote; refused unless it is where it must be.
+
+        The trial runs its user's code, so a report may say anything: only a uuid is
+        accepted, and only at the location the experiment's storage gives that uuid, the
+        one garbage collection and `DeleteCheckpoints` will delete.
+        """
+        location = self._checkpoint_location(run.experiment_id, checkpoint)
         self.store.add_checkpoint(
             CheckpointRecord(
                 uuid=checkpoint.uuid,
@@ -1126,7 +1137,7 @@ class Master:
                 run_id=run.run_id,
                 total_batches=checkpoint.total_batches,
                 state="COMPLETED",
-                location=checkpoint.location,
+                location=location,
                 files={f.name: f.size_bytes for f in checkpoint.files},
                 user_metadata={
                     "sha256": {f.name: f.sha256 for f in checkpoint.files},
@@ -1138,10 +1149,31 @@ class Master:
             trial = self.trials.get(run.trial_id)
             # As the store does: the newest checkpoint by batches is the one to restore.
             if trial is not None and checkpoint.total_batches >= trial.total_batches:
-                trial.checkpoint = Restore(
-                    checkpoint.uuid, checkpoint.total_batches, checkpoint.location
-                )
+                trial.checkpoint = Restore(checkpoint.uuid, checkpoint.total_batches, location)
                 trial.total_batches = checkpoint.total_batches
+
+    def _checkpoint_location(self, experiment_id: int, checkpoint: common_pb2.Checkpoint) -> str:
+        """The reported checkpoint's location, checked against the one derived from the
+        experiment's storage config; `InvalidArgumentError` for a bad uuid or location."""
+        with self.lock:
+            experiment = self.experiments.get(experiment_id)
+            config = experiment.config if experiment is not None else None
+        if config is None:  # ended meanwhile: a late report of its last run
+            config = parse_config(self.store.get_experiment(experiment_id).config)
+        try:
+            expected = checkpoint_location(
+                config.checkpoint_storage,
+                checkpoint_uuid(checkpoint.uuid),
+                self.config.checkpoint_root,
+            )
+        except StorageError as e:
+            raise InvalidArgumentError(f"checkpoint report refused: {e}") from None
+        if checkpoint.location != expected:
+            raise InvalidArgumentError(
+                f"checkpoint report refused: checkpoint {checkpoint.uuid} of experiment "
+                f"{experiment_id} must be at {expected}, not {checkpoint.location!r}"
+            )
+        return expected
 
 
 _ALLOWED_ACTIONS: dict[str, Set[str]] = {
@@ -1176,3 +1208,26 @@ def _check_model_definition(data: bytes) -> None:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+MAX_CONFIG_BYTES = 2**20
+
+
+def _check_config_text(config_yaml: str) -> None:
+    """Refuse configs whose size or YAML aliases could make loading them, or anything
+    done with them later, cost far more than their length (a "billion laughs")."""
+    if len(config_yaml) > MAX_CONFIG_BYTES:
+        raise InvalidArgumentError(
+            f"the config is {len(config_yaml)} characters; at most {MAX_CONFIG_BYTES} are taken"
+        )
+    if "*" not in config_yaml:
+        return
+    try:
+        for token in yaml.scan(config_yaml):
+            if isinstance(token, yaml.AliasToken):
+                raise InvalidArgumentError(
+                    f"the config uses the YAML alias *{token.value}; write the value out "
+                    "instead (aliases are not accepted)"
+                )
+    except yaml.YAMLError as e:
+        raise InvalidArgumentError(f"the config is not valid YAML: {e}") from None

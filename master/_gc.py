@@ -27,12 +27,14 @@ restores from its latest one.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from assay._storage import StorageManager, storage_at
+from assay._storage import StorageError, StorageManager, checkpoint_uuid, storage_for
 from assay.config import CheckpointStorageConfig, ExperimentConfig
 from assay.master._state import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, Store
@@ -151,7 +153,9 @@ class GCResult:
 
     `deleted`: removed from storage (or found already gone) and marked DELETED.
     `missing`: of `deleted`, those whose files were already gone.
-    `failed`: uuid -> why; those rows are left as they were, and a later run retries them.
+    `failed`: uuid -> why; those rows are left as they were, and a later run retries them
+    (a record whose location is not where its storage keeps it fails every time: it needs
+    an administrator).
     """
 
     deleted: tuple[str, ...] = ()
@@ -160,47 +164,85 @@ class GCResult:
 
 
 class StorageCache:
-    """One `StorageManager` per checkpoint root or bucket/prefix, so S3 clients are reused."""
+    """One `StorageManager` per experiment storage config, so S3 clients are reused.
+
+    `default_root` is the master's checkpoint root: the root of shared_fs storage that
+    has no `host_path`.
+    """
 
     def __init__(
         self,
-        config: CheckpointStorageConfig | None,
+        default_root: Path | None = None,
         *,
         cache: dict[str, StorageManager] | None = None,
     ) -> None:
-        self.config = config
+        self.default_root = default_root
         self._managers: dict[str, StorageManager] = {} if cache is None else cache
 
-    def at(self, location: str) -> tuple[StorageManager, str]:
-        manager, uuid = storage_at(location, self.config)
-        key = location[: -len(uuid)] if location.endswith(uuid) else location
-        return self._managers.setdefault(key, manager), uuid
+    def of(self, config: CheckpointStorageConfig) -> StorageManager:
+        """The storage `config` describes (`StorageError` when it describes none)."""
+        key = _storage_key(config, self.default_root)
+        manager = self._managers.get(key)
+        if manager is None:
+            manager = self._managers[key] = storage_for(config, self.default_root)
+        return manager
 
 
-def delete_checkpoint(store: Store, record: CheckpointRecord, storages: StorageCache) -> bool:
-    """Delete one checkpoint's files, then mark it DELETED; True if its files were gone.
+def _storage_key(config: CheckpointStorageConfig, default_root: Path | None) -> str:
+    # Hashed: the key holds the credentials, which need not sit in the cache in clear.
+    fields = (
+        (config.type, str(config.host_directory or default_root))
+        if config.type == "shared_fs"
+        else (
+            config.type,
+            config.bucket,
+            config.prefix,
+            config.endpoint_url,
+            config.region,
+            config.access_key,
+            config.secret_key,
+        )
+    )
+    return hashlib.sha256(repr(fields).encode()).hexdigest()
 
-    Raises whatever storage or the store raised; the row is marked only after the files
-    are gone, so a failure leaves it as it was and a retry finishes the job.
+
+def delete_checkpoint(store: Store, record: CheckpointRecord, storage: StorageManager) -> bool:
+    """Delete one checkpoint's files from `storage`, then mark it DELETED; True if its
+    files were gone.
+
+    What is deleted is `storage`'s place for the record's uuid, never the location the
+    record names: a record whose location is anywhere else (written by an older master,
+    or forged by a trial) raises `StorageError` and nothing is touched. Raises whatever
+    storage or the store raised; the row is marked only after the files are gone, so a
+    failure leaves it as it was and a retry finishes the job.
     """
-    manager, uuid = storages.at(record.location)
-    if uuid != record.uuid:
-        raise ValueError(f"checkpoint {record.uuid} has location {record.location}")
-    found = manager.delete(uuid)
-    store.set_checkpoint_state(record.uuid, DELETED)
+    uuid = checkpoint_uuid(record.uuid)
+    expected = storage.location(uuid)
+    if record.location != expected:
+        raise StorageError(
+            f"checkpoint {uuid} is recorded at {record.location!r}, not where its "
+            f"experiment's storage keeps it ({expected}); not deleted, its files are left "
+            "as they are for an administrator to check"
+        )
+    found = storage.delete(uuid)
+    store.set_checkpoint_state(uuid, DELETED)
     return not found
 
 
 def delete_records(
-    store: Store, records: Iterable[CheckpointRecord], storages: StorageCache
+    store: Store,
+    records: Iterable[CheckpointRecord],
+    config: CheckpointStorageConfig,
+    storages: StorageCache,
 ) -> GCResult:
-    """Delete each of `records`, collecting outcomes; never raises for one checkpoint."""
+    """Delete each of `records`, all of one experiment whose storage is `config`,
+    collecting outcomes; never raises for one checkpoint."""
     deleted: list[str] = []
     missing: list[str] = []
     failed: dict[str, str] = {}
     for record in records:
         try:
-            gone = delete_checkpoint(store, record, storages)
+            gone = delete_checkpoint(store, record, storages.of(config))
         except Exception as e:
             failed[record.uuid] = str(e) or type(e).__name__
             log.warning("checkpoint %s: deletion failed: %s", record.uuid, failed[record.uuid])
@@ -218,6 +260,7 @@ def collect(
     *,
     ended_trial_ids: Collection[int] = (),
     experiment_ended: bool = False,
+    default_root: Path | None = None,
     storage_cache: dict[str, StorageManager] | None = None,
 ) -> GCResult:
     """Garbage-collect experiment `experiment_id`'s checkpoints under its config's policy.
@@ -230,11 +273,13 @@ def collect(
     made up by the next one. The latest checkpoint of a trial the store shows in any other
     state is never deleted, whatever the caller says.
 
-    Each checkpoint to delete is removed from its storage (shared_fs: its directory; s3: the
-    objects under its prefix, with this process's credentials: the config's or AWS_*), then
-    marked DELETED; files already gone count as deleted and missing. A failure is logged and
-    returned in `failed`, never raised, and leaves the row as it was. Running it again does
-    nothing more. Errors reading the store do propagate.
+    Each checkpoint to delete is removed from the storage `config` describes (shared_fs: the
+    directory `root/<uuid>`, the root being `default_root` when the config has no
+    host_path; s3: the objects under `prefix/<uuid>/`, with this process's credentials: the
+    config's or AWS_*), then marked DELETED; files already gone count as deleted and
+    missing. A failure (a record whose stored location is not that place included: it is
+    never deleted) is logged and returned in `failed`, never raised, and leaves the row as
+    it was. Running it again does nothing more. Errors reading the store do propagate.
     """
     trials = store.list_trials(experiment_id)
     ended = set(ended_trial_ids) | {t.id for t in trials if t.state in TERMINAL_TRIAL}
@@ -249,8 +294,8 @@ def collect(
     records = [c for t in listed for c in t.checkpoints if c.uuid in doomed]
     if not records:
         return GCResult()
-    storages = StorageCache(config.checkpoint_storage, cache=storage_cache)
-    result = delete_records(store, records, storages)
+    storages = StorageCache(default_root, cache=storage_cache)
+    result = delete_records(store, records, config.checkpoint_storage, storages)
     log.info(
         "experiment %d: checkpoint GC deleted %d (%d already gone), %d failed",
         experiment_id,
@@ -264,6 +309,7 @@ def collect(
 __all__ = [
     "GCPolicy",
     "GCResult",
+    "StorageCache",
     "TrialCheckpoints",
     "checkpoints_to_delete",
     "collect",

@@ -43,6 +43,9 @@ TOKEN_HEADER = "x-assay-token"
 DROP_METRIC_REPLIES = float(os.environ.get("ASSAY_FAULT_DROP_METRIC_REPLIES", "0") or 0)
 # Model archives up to this size are checked on the event loop (a few milliseconds).
 INLINE_ARCHIVE_BYTES = 2**20
+INLINE_CONFIG_CHARS = 2**16
+# How often a followed log stream checks that its caller's session is still valid.
+_RECHECK_S = 5.0
 _ACTIONS = {
     api_pb2.EXPERIMENT_ACTION_PAUSE: "pause",
     api_pb2.EXPERIMENT_ACTION_ACTIVATE: "activate",
@@ -198,8 +201,13 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         loop = asyncio.get_running_loop()
         args = (request.config_yaml, request.model_definition)
         try:
-            owner = self._who(context).username
-            if len(request.model_definition) > INLINE_ARCHIVE_BYTES:
+            metadata = metadata_dict(context.invocation_metadata())
+            who = self.auth.cached(bearer(metadata))
+            if who is None:  # an upload may outlast the cache: the store is read off the loop
+                who = await loop.run_in_executor(self.pool, self.guard.principal, metadata)
+            owner = who.username
+            inline = len(request.model_definition) <= INLINE_ARCHIVE_BYTES
+            if not inline or len(request.config_yaml) > INLINE_CONFIG_CHARS:
                 # Checking a big archive takes a while: not on the loop the agents use.
                 prepared = await loop.run_in_executor(
                     self.pool, partial(self.master.prepare_experiment, owner=owner), *args
@@ -338,12 +346,14 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         of the store runs on the pool."""
         loop = asyncio.get_running_loop()
         trial_id = request.trial_id
+        metadata = metadata_dict(context.invocation_metadata())
 
         async def read(call: Callable[[], _T]) -> _T:
             return await loop.run_in_executor(self.pool, call)
 
         try:
             await read(partial(self.store.get_trial, trial_id))
+            checked = loop.time()
             after = request.after_id
             if request.tail > 0:
                 lines = await read(
@@ -360,6 +370,10 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                     continue
                 if not request.follow:
                     return
+                if loop.time() - checked > _RECHECK_S:
+                    # A follow may last days: a logout or deactivation ends it too.
+                    await read(partial(self.guard.principal, metadata))
+                    checked = loop.time()
                 trial = await read(partial(self.store.get_trial, trial_id))
                 if trial.state in TERMINAL_TRIAL:
                     final = await read(
@@ -395,12 +409,12 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     ) -> api_pb2.DeleteCheckpointsResponse:
         with rpc_errors(context):
             who = self._who(context)
-            if not who.admin:
-                for uuid in dict.fromkeys(request.uuids):
-                    checkpoint = self.store.get_checkpoint(uuid)
-                    trial = self.store.get_trial(checkpoint.trial_id)
-                    self._may_change(who, trial.experiment_id, "delete checkpoints of")
-            return _checkpoints.delete_response(self.store, request)
+            return _checkpoints.delete_response(
+                self.store,
+                request,
+                user=None if who.admin else who.username,
+                default_root=self.master.config.checkpoint_root,
+            )
         raise AssertionError("unreachable")
 
     def GetCheckpoint(  # noqa: N802

@@ -169,6 +169,7 @@ class Process:
         self.stub = trial_pb2_grpc.TrialServiceStub(self.channel)
         self.meta = (("x-assay-token", start.token),)
         self.trial_id, self.run_id = start.trial_id, start.run_id
+        self.checkpoint_root = start.checkpoint_root  # shared_fs: where checkpoints go
 
     def next_op(self, total: int = 0) -> trial_pb2.Operation:
         request = trial_pb2.NextOperationRequest(
@@ -195,7 +196,7 @@ class Process:
         checkpoint = common_pb2.Checkpoint(
             uuid=name,
             total_batches=total,
-            location=f"/ckpt/{name}",
+            location=str(Path(self.checkpoint_root) / name),
             trial_id=self.trial_id,
             run_id=self.run_id,
         )

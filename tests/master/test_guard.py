@@ -284,3 +284,72 @@ def test_the_first_admin_password_is_never_reset(tmp_path: Any) -> None:
         assert login(address, "admin", "n" * 12).startswith("ast_")
     finally:
         again.stop(grace=0)
+
+
+# --- found by review: each was a way around the rules above ------------------------------
+
+
+def test_a_followed_log_ends_when_its_user_is_deactivated(guarded: Site) -> None:
+    master = guarded.master
+    address = f"127.0.0.1:{master.port}"
+    master.auth.create_user("gina", "gina-password-1")
+    experiment = guarded.create(activate=True)
+    trial_id = guarded.api.GetExperiment(api_pb2.GetExperimentRequest(id=experiment)).trials[0].id
+    gina, channel = authed_api(address, login(address, "gina", "gina-password-1"))
+    try:
+        stream = gina.StreamTrialLogs(
+            api_pb2.StreamTrialLogsRequest(trial_id=trial_id, follow=True)
+        )
+        guarded.api.SetUserActive(api_pb2.SetUserActiveRequest(username="gina", active=False))
+        with pytest.raises(grpc.RpcError) as caught:
+            for _ in stream:
+                pass
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"username": ' + b"1" * 5000 + b', "password": "x"}',
+        b'{"username": "a\\u0000b", "password": "x"}',
+    ],
+)
+def test_malformed_logins_are_400_not_500(guarded: Site, body: bytes) -> None:
+    reply = guarded.post("/api/v1/login", body, {"Content-Type": "application/json"}, auth=False)
+    assert reply.status in (400, 401), reply.body[:300]
+
+
+def test_yaml_aliases_are_refused(guarded: Site) -> None:
+    bomb = "name: x\nlol: &a [1, 1, 1]\nlol2: [*a, *a, *a]\n" + experiment_yaml()
+    with pytest.raises(grpc.RpcError) as caught:
+        guarded.api.CreateExperiment(
+            api_pb2.CreateExperimentRequest(config_yaml=bomb, model_definition=model_archive())
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "alias *a" in (caught.value.details() or "")
+
+
+def test_the_web_ui_forbids_framing_and_foreign_scripts(guarded: Site) -> None:
+    page = guarded.get("/", auth=False)
+    assert "default-src 'self'" in page.headers["Content-Security-Policy"]
+    assert page.headers["X-Frame-Options"] == "DENY"
+
+
+def test_a_short_join_token_is_refused_and_the_state_dir_is_private(tmp_path: Any) -> None:
+    from assay.errors import AssayError
+    from assay.master._config import MasterConfig
+
+    config = MasterConfig(
+        join_token="short",
+        initial_admin_password=ADMIN_PASSWORD,
+        http_port=0,
+        grpc_port=0,
+        host="127.0.0.1",
+        state_dir=tmp_path / "state",
+    )
+    with pytest.raises(AssayError, match="join_token is 5 characters; use at least 16"):
+        MasterServer(config)
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700

@@ -217,6 +217,7 @@ def test_delete_and_delete_again(setup: Setup) -> None:
 
 
 def test_delete_of_an_unknown_uuid_deletes_nothing(setup: Setup) -> None:
-    with pytest.raises(NotFoundError, match="nope"):
-        delete_checkpoints(setup.store, [setup.uuids["a10"], "nope"])
+    unknown = str(uuidlib.uuid4())
+    with pytest.raises(NotFoundError, match=unknown):
+        delete_checkpoints(setup.store, [setup.uuids["a10"], unknown])
     assert setup.stored("a10")

@@ -9,15 +9,30 @@ ASSAY_PASSWORD, keeping its tokens in a file of the session's own.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from assay.master._config import MasterConfig
 from assay.proto import api_pb2, api_pb2_grpc
 
 ADMIN_PASSWORD = "test-admin-password"
 JOIN_TOKEN = "test-join-token-6c1f8a2e"
 JOIN_METADATA = (("x-assay-join-token", JOIN_TOKEN),)
+
+
+def master_config(state_dir: Path, **overrides: Any) -> MasterConfig:
+    """A master on loopback with free ports and the test cluster's credentials."""
+    settings: dict[str, Any] = {
+        "join_token": JOIN_TOKEN,
+        "initial_admin_password": ADMIN_PASSWORD,
+        "http_port": 0,
+        "grpc_port": 0,
+        "host": "127.0.0.1",
+        **overrides,
+    }
+    return MasterConfig(state_dir=state_dir, **settings)
 
 
 def login(address: str, username: str = "admin", password: str = ADMIN_PASSWORD) -> str:

@@ -31,7 +31,7 @@ from assay.master._config import MasterConfig, load_master_config
 from assay.master._server import MasterServer
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.conftest import REGRESSION_DIR, regression_config
-from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN
+from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, master_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 10.0
@@ -115,12 +115,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def _config(state_dir: Path, cert: Path | None, key: Path | None) -> MasterConfig:
-    return MasterConfig(
-        join_token=JOIN_TOKEN,
-        initial_admin_password=ADMIN_PASSWORD,
-        http_port=0,
-        grpc_port=0,
-        host="127.0.0.1",
+    return master_config(
         state_dir=state_dir,
         heartbeat_interval_s=0.5,
         tls_cert=cert,

@@ -19,10 +19,9 @@ import pytest
 import assay
 from assay._local import free_port
 from assay.agent._connection import Backoff, MasterConnection
-from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
 from assay.proto import agent_pb2, agent_pb2_grpc, common_pb2
-from tests.credentials import ADMIN_PASSWORD, JOIN_METADATA, JOIN_TOKEN
+from tests.credentials import ADMIN_PASSWORD, JOIN_METADATA, JOIN_TOKEN, master_config
 from tests.deploy.conftest import stop, wait_for_agents
 
 MAJOR, MINOR = (int(p) for p in assay.__version__.split(".")[:2])
@@ -36,12 +35,7 @@ REFUSAL = (
 @pytest.fixture
 def master(tmp_path: Path) -> Iterator[MasterServer]:
     server = MasterServer(
-        MasterConfig(
-            join_token=JOIN_TOKEN,
-            initial_admin_password=ADMIN_PASSWORD,
-            http_port=0,
-            grpc_port=0,
-            host="127.0.0.1",
+        master_config(
             state_dir=tmp_path / "m",
         )
     )

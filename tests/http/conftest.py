@@ -20,13 +20,12 @@ from typing import Any
 import grpc
 import pytest
 
-from assay.master._config import MasterConfig
 from assay.master._http import HttpServer, start_http
 from assay.master._server import MasterServer
 from assay.master._servicers import ApiServicer
 from assay.master.store import LogLine
 from assay.proto import api_pb2, api_pb2_grpc
-from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, authed_channel, login
+from tests.credentials import authed_channel, login, master_config
 from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
 from tests.master.test_search import Harness
 
@@ -109,12 +108,7 @@ def serve(master: MasterServer, ui_dir: Path | None = None) -> HttpServer:
 
 
 def open_site(state_dir: Path, ui_dir: Path | None = None) -> Site:
-    config = MasterConfig(
-        join_token=JOIN_TOKEN,
-        initial_admin_password=ADMIN_PASSWORD,
-        http_port=0,
-        grpc_port=0,
-        host="127.0.0.1",
+    config = master_config(
         state_dir=state_dir,
         heartbeat_interval_s=0.5,
         agent_reconnect_wait_s=1.0,

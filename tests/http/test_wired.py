@@ -6,19 +6,13 @@ import json
 import urllib.request
 from pathlib import Path
 
-from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
-from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, login
+from tests.credentials import login, master_config
 
 
 def test_a_master_serves_the_http_api_on_its_http_port(tmp_path: Path) -> None:
     server = MasterServer(
-        MasterConfig(
-            join_token=JOIN_TOKEN,
-            initial_admin_password=ADMIN_PASSWORD,
-            http_port=0,
-            grpc_port=0,
-            host="127.0.0.1",
+        master_config(
             state_dir=tmp_path,
         )
     )

@@ -15,7 +15,6 @@ import grpc
 import pytest
 import yaml
 
-from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
 from assay.proto import (
     agent_pb2,
@@ -25,17 +24,16 @@ from assay.proto import (
     trial_pb2,
     trial_pb2_grpc,
 )
-from tests.credentials import ADMIN_PASSWORD, JOIN_METADATA, JOIN_TOKEN, authed_channel
+from tests.credentials import (
+    JOIN_METADATA,
+    authed_channel,
+    master_config,
+)
 
 
 @pytest.fixture
 def master(tmp_path: Path) -> Iterator[MasterServer]:
-    config = MasterConfig(
-        join_token=JOIN_TOKEN,
-        initial_admin_password=ADMIN_PASSWORD,
-        http_port=0,
-        grpc_port=0,
-        host="127.0.0.1",
+    config = master_config(
         state_dir=tmp_path / "master",
         heartbeat_interval_s=0.5,
         agent_reconnect_wait_s=1.0,

@@ -13,12 +13,11 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from assay.master._commit import GroupCommit
-from assay.master._config import MasterConfig
 from assay.master._errors import StoreUnavailableError
 from assay.master._server import MasterServer
 from assay.master.store import Store, WriteBatch
 from assay.proto import api_pb2, api_pb2_grpc
-from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, authed_channel
+from tests.credentials import authed_channel, master_config
 from tests.master.conftest import experiment_yaml, model_archive
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -127,12 +126,7 @@ def test_a_master_whose_store_fails_answers_unavailable_and_stops(
 ) -> None:
     monkeypatch.setattr("assay.master._commit.time.sleep", lambda s: None)
     server = MasterServer(
-        MasterConfig(
-            join_token=JOIN_TOKEN,
-            initial_admin_password=ADMIN_PASSWORD,
-            http_port=0,
-            grpc_port=0,
-            host="127.0.0.1",
+        master_config(
             state_dir=tmp_path,
         )
     )

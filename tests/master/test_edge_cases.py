@@ -12,7 +12,6 @@ import grpc
 import pytest
 from sqlalchemy import text
 
-from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
 from assay.master.store import WriteBatch
 from assay.proto import (
@@ -22,7 +21,11 @@ from assay.proto import (
     api_pb2_grpc,
     common_pb2,
 )
-from tests.credentials import ADMIN_PASSWORD, JOIN_METADATA, JOIN_TOKEN, authed_channel
+from tests.credentials import (
+    JOIN_METADATA,
+    authed_channel,
+    master_config,
+)
 from tests.master.conftest import Process, ScriptedAgent, experiment_yaml, model_archive
 from tests.master.test_search import ASHA, SPACE
 
@@ -151,12 +154,7 @@ def test_an_agent_that_hangs_up_while_registering_is_not_left_connected(
 def test_an_experiment_stored_without_a_search_state_is_adopted_in_the_store_too(
     tmp_path: Path,
 ) -> None:
-    config = MasterConfig(
-        join_token=JOIN_TOKEN,
-        initial_admin_password=ADMIN_PASSWORD,
-        http_port=0,
-        grpc_port=0,
-        host="127.0.0.1",
+    config = master_config(
         state_dir=tmp_path / "m",
     )
     first = MasterServer(config)
@@ -185,12 +183,7 @@ def test_an_experiment_stored_without_a_search_state_is_adopted_in_the_store_too
 
 
 def test_log_followers_hold_no_thread(tmp_path: Path) -> None:
-    config = MasterConfig(
-        join_token=JOIN_TOKEN,
-        initial_admin_password=ADMIN_PASSWORD,
-        http_port=0,
-        grpc_port=0,
-        host="127.0.0.1",
+    config = master_config(
         state_dir=tmp_path,
         max_rpc_threads=2,
     )

@@ -11,10 +11,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
 from assay.proto import api_pb2, api_pb2_grpc, common_pb2, trial_pb2, trial_pb2_grpc
-from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, authed_channel
+from tests.credentials import authed_channel, master_config
 from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
 
 
@@ -278,12 +277,7 @@ def test_an_agent_back_without_the_trial_gets_it_requeued(
 
 
 def test_a_silent_agent_is_given_up_after_the_window(tmp_path: Path) -> None:
-    config = MasterConfig(
-        join_token=JOIN_TOKEN,
-        initial_admin_password=ADMIN_PASSWORD,
-        http_port=0,
-        grpc_port=0,
-        host="127.0.0.1",
+    config = master_config(
         state_dir=tmp_path,
         heartbeat_interval_s=0.2,
         agent_reconnect_wait_s=0.5,
@@ -368,12 +362,7 @@ def test_a_lost_agent_frees_the_gang_only_when_the_rest_is_gone(
 def test_a_master_restart_finishes_a_kill_that_was_under_way(
     tmp_path: Path, agent_returns: bool
 ) -> None:
-    config = MasterConfig(
-        join_token=JOIN_TOKEN,
-        initial_admin_password=ADMIN_PASSWORD,
-        http_port=0,
-        grpc_port=0,
-        host="127.0.0.1",
+    config = master_config(
         state_dir=tmp_path / "m",
         agent_reconnect_wait_s=1.0,
     )
@@ -410,12 +399,7 @@ def test_a_master_restart_finishes_a_kill_that_was_under_way(
 
 
 def test_a_restarted_master_re_adopts_a_running_trial(tmp_path: Path) -> None:
-    config = MasterConfig(
-        join_token=JOIN_TOKEN,
-        initial_admin_password=ADMIN_PASSWORD,
-        http_port=0,
-        grpc_port=0,
-        host="127.0.0.1",
+    config = master_config(
         state_dir=tmp_path / "m",
         agent_reconnect_wait_s=2.0,
     )
@@ -504,12 +488,7 @@ def test_bad_start_up_settings_are_one_clear_error(
 
 
 def test_a_higher_priority_experiment_preempts_a_lower_one(tmp_path: Path) -> None:
-    config = MasterConfig(
-        join_token=JOIN_TOKEN,
-        initial_admin_password=ADMIN_PASSWORD,
-        http_port=0,
-        grpc_port=0,
-        host="127.0.0.1",
+    config = master_config(
         state_dir=tmp_path,
         heartbeat_interval_s=0.5,
         preemption=True,

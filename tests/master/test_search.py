@@ -18,10 +18,9 @@ import grpc
 import pytest
 
 from assay.errors import INVALID_HP_EXIT_CODE
-from assay.master._config import MasterConfig
 from assay.master._server import MasterServer
 from assay.proto import agent_pb2, api_pb2, api_pb2_grpc, common_pb2
-from tests.credentials import ADMIN_PASSWORD, JOIN_TOKEN, authed_channel
+from tests.credentials import authed_channel, master_config
 from tests.master.conftest import Process, ScriptedAgent, experiment_yaml, model_archive
 
 ASHA = {
@@ -209,12 +208,7 @@ def test_grid_runs_every_point_once(master: MasterServer, api: api_pb2_grpc.ApiS
 
 
 def test_the_search_survives_a_master_restart(tmp_path: Path) -> None:
-    config = MasterConfig(
-        join_token=JOIN_TOKEN,
-        initial_admin_password=ADMIN_PASSWORD,
-        http_port=0,
-        grpc_port=0,
-        host="127.0.0.1",
+    config = master_config(
         state_dir=tmp_path / "master",
     )
     server = MasterServer(config)
@@ -232,12 +226,7 @@ def test_the_search_survives_a_master_restart(tmp_path: Path) -> None:
     server.stop(grace=0)
 
     again = MasterServer(
-        MasterConfig(
-            join_token=JOIN_TOKEN,
-            initial_admin_password=ADMIN_PASSWORD,
-            http_port=0,
-            grpc_port=0,
-            host="127.0.0.1",
+        master_config(
             state_dir=config.state_dir,
         )
     )

@@ -4,7 +4,7 @@ import { Link } from "react-router";
 import { api, num, servedRoutes, type Agent, type QueuedTrial } from "../api";
 import { ErrorPanel, Loading, Meter, Section } from "../components/ui";
 import { fmtBytes, fmtTime } from "../format";
-import { usePoll } from "../hooks";
+import { usePoll, useSession } from "../hooks";
 
 const QUEUE_ROUTE = "/api/v1/queue";
 const ENABLE_ROUTE = "/api/v1/agents/{id}/enable";
@@ -25,7 +25,10 @@ export function ClusterPage() {
   const agents = usePoll("agents", (s) => api.agents(s));
   const routes = useServedRoutes();
   const hasQueue = routes?.has(QUEUE_ROUTE) ?? false;
-  const canToggle = routes ? [...routes].some((r) => r === ENABLE_ROUTE || /^\/api\/v1\/agents\/\{[^}]+\}\/enable$/.test(r)) : false;
+  const { user } = useSession();
+  // Only administrators may enable or disable agents: others do not get the buttons.
+  const served = routes ? [...routes].some((r) => r === ENABLE_ROUTE || /^\/api\/v1\/agents\/\{[^}]+\}\/enable$/.test(r)) : false;
+  const canToggle = served && user?.admin === true;
   const [actionError, setActionError] = useState<unknown>(null);
   const [busy, setBusy] = useState<string | null>(null);
 

@@ -13,10 +13,12 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 
 from assay import __version__
+from assay.master._guard import PUBLIC_RPCS
 from assay.master._http_params import body_fields, enum_choices, enum_of, query_fields
 from assay.master._http_routes import PREFIX, ROUTES, Route
 
 Schema = dict[str, Any]
+PUBLIC_RPC_NAMES = frozenset(name.strip("/").replace("/", ".") for name in PUBLIC_RPCS)
 _F = FieldDescriptor
 _REF = "#/components/schemas/"
 _INT32 = {
@@ -44,9 +46,11 @@ ERROR_SCHEMA: Schema = {
 }
 _ERRORS = {
     "400": "A parameter is malformed or out of range (the message names it)",
-    "403": "Refused: the request came from another site's page",
+    "401": "No valid session token (none, expired, revoked or wrong): log in again",
+    "403": "Refused: not yours to change, administrators only, or from another site's page",
     "404": "No such experiment, trial or checkpoint",
     "409": "The action does not apply in the current state",
+    "429": "Too many failed logins from this address or for this user: retry later",
     "503": "The master cannot serve the call now (its database is unavailable)",
 }
 
@@ -178,6 +182,8 @@ def _operation(route: Route, components: dict[str, Schema]) -> Schema:
     }
     if route.fixed:
         operation["x-grpc-fields"] = dict(route.fixed)
+    if route.descriptor.full_name in PUBLIC_RPC_NAMES:
+        operation["security"] = []  # the one call that needs no token
     if route.body:
         fields = body_fields(route.request, route.taken)
         properties = {f.name: _field_schema(f, components) for f in fields}
@@ -207,7 +213,9 @@ def openapi_document() -> Schema:
     for route in ROUTES:
         paths.setdefault(route.url, {})[route.method.lower()] = _operation(route, components)
     health = {"type": "object", "properties": {"status": {"const": "ok"}}, "required": ["status"]}
-    paths[PREFIX + "/health"] = {"get": {"operationId": "Health", **_plain("Serving", health)}}
+    paths[PREFIX + "/health"] = {
+        "get": {"operationId": "Health", "security": [], **_plain("Serving", health)}
+    }
     document = {"type": "object", "description": "this document"}
     paths[PREFIX + "/openapi.json"] = {
         "get": {"operationId": "OpenApi", **_plain("OpenAPI 3.1", document)}
@@ -222,7 +230,15 @@ def openapi_document() -> Schema:
             "(google.protobuf.json_format, proto field names).",
         },
         "paths": paths,
+        "security": [{"bearer": []}],
         "components": {
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "the token of POST /api/v1/login (or `assay user login`)",
+                }
+            },
             "schemas": dict(sorted(components.items())),
             "responses": {
                 status: {"description": why, "content": error_content}

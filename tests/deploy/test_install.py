@@ -225,14 +225,14 @@ def test_installed_master_and_agent_form_a_cluster(
         "--state-dir",
         str(tmp_path / "state"),
         "--join-token",
-        "t0ken",
+        "t0ken-3f9c2a7e81d4",
     )
     installer.install(
         "install-agent.sh",
         "--master",
         f"127.0.0.1:{port}",
         "--join-token",
-        "t0ken",
+        "t0ken-3f9c2a7e81d4",
         "--slot-type",
         "cpu",
         "--slots",

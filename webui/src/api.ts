@@ -355,10 +355,15 @@ export const api = {
   createUser: (username: string, password: string, admin: boolean) =>
     request<User>("POST", "/users", { body: { username, password, admin } }),
 
-  /** Your own password needs `oldPassword`; an admin may reset another's without it. */
+  /**
+   * Your own password needs `oldPassword`; an admin may reset another's without it. The
+   * master ends the user's other sessions (all of them after an admin's reset). A wrong
+   * `oldPassword` is a 401 that is the call's own answer, not the end of the session.
+   */
   changePassword: (username: string, newPassword: string, oldPassword?: string) =>
-    request<unknown>("POST", `/users/${encodeURIComponent(username)}/password`, {
+    request<User>("POST", `/users/${encodeURIComponent(username)}/password`, {
       body: { old_password: oldPassword ?? "", new_password: newPassword },
+      own401: oldPassword !== undefined,
     }),
 
   setUserActive: (username: string, active: boolean) =>

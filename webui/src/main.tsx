@@ -3,16 +3,19 @@ import { createRoot } from "react-dom/client";
 import { BrowserRouter, Link, Navigate, NavLink, Outlet, Route, Routes, useLocation } from "react-router";
 import { api } from "./api";
 import { usePoll, useSession } from "./hooks";
+import { AccountPage } from "./pages/AccountPage";
 import { ClusterPage } from "./pages/ClusterPage";
 import { ExperimentListPage } from "./pages/ExperimentListPage";
 import { ExperimentPage } from "./pages/ExperimentPage";
 import { LoginPage } from "./pages/LoginPage";
 import { TrialPage } from "./pages/TrialPage";
+import { UsersPage } from "./pages/UsersPage";
 import { endSession, lastEndReason, loginPath, rememberUser } from "./session";
 import "./styles.css";
 
 function TopBar() {
   const master = usePoll("master", (signal) => api.master(signal), { intervalMs: 10_000 });
+  const { user } = useSession();
   const m = master.data;
   return (
     <header className="topbar">
@@ -25,6 +28,12 @@ function TopBar() {
           Experiments
         </NavLink>
         <NavLink to="/cluster">Cluster</NavLink>
+        {/* The master refuses others anyway; the link is for those who can use the page. */}
+        {user?.admin && (
+          <NavLink to="/users" data-testid="nav-users">
+            Users
+          </NavLink>
+        )}
       </nav>
       <div className="topbar-info">
         {m && (
@@ -69,10 +78,10 @@ function CurrentUser() {
   return (
     <div className="topbar-user">
       {user && (
-        <span className="user-name">
+        <NavLink to="/account" className="user-name" title="Your account: change your password" data-testid="account-link">
           <span data-testid="current-user">{user.username}</span>
           {user.admin && <span className="admin-badge">admin</span>}
-        </span>
+        </NavLink>
       )}
       <button type="button" className="logout" onClick={logout} data-testid="logout">
         Log out
@@ -126,6 +135,8 @@ function App() {
           <Route path="/experiments/:id" element={<ExperimentPage />} />
           <Route path="/trials/:id" element={<TrialPage />} />
           <Route path="/cluster" element={<ClusterPage />} />
+          <Route path="/users" element={<UsersPage />} />
+          <Route path="/account" element={<AccountPage />} />
           <Route path="*" element={<NotFound />} />
         </Route>
       </Routes>

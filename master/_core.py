@@ -288,7 +288,8 @@ class Master:
         for key, value in fields.items():
             setattr(trial, key, value)
         self.batch.set_trial(trial.id, **fields)
-        if fields.get("state") in TERMINAL_TRIAL:
+        if fields.get("state") in TERMINAL_TRIAL and trial.checkpointed:
+            # A trial that never checkpointed leaves nothing to collect: no store reads.
             self._collect_garbage(trial.experiment_id, ended_trial_ids=(trial.id,))
 
     def _collect_garbage(
@@ -1043,7 +1044,8 @@ class Master:
             final = "COMPLETED" if "COMPLETED" in states else "ERROR"
         progress = 1.0 if final == "COMPLETED" else experiment.progress
         self._set_experiment(experiment, state=final, end_time=_now(), progress=progress)
-        self._collect_garbage(experiment.id, experiment_ended=True)
+        if any(t.checkpointed for t in experiment.trials.values()):
+            self._collect_garbage(experiment.id, experiment_ended=True)
         del self.experiments[experiment.id]
         for trial_id in experiment.trials:
             self.trials.pop(trial_id, None)
@@ -1147,6 +1149,8 @@ class Master:
         )
         with self.lock:
             trial = self.trials.get(run.trial_id)
+            if trial is not None:
+                trial.checkpointed = True
             # As the store does: the newest checkpoint by batches is the one to restore.
             if trial is not None and checkpoint.total_batches >= trial.total_batches:
                 trial.checkpoint = Restore(checkpoint.uuid, checkpoint.total_batches, location)

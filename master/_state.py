@@ -50,6 +50,8 @@ class TrialState:
     closed: bool = False  # the searcher closed it: it stops for good at its next question
     last_error: str | None = None  # why its last run failed
     order: int = 0  # its place in the queue, kept when it is requeued (0: not queued yet)
+    # Some checkpoint of it was recorded (so its end may leave some to collect).
+    checkpointed: bool = False
 
 
 @dataclass
@@ -165,6 +167,7 @@ def load_live(store: Store) -> list[ExperimentState]:
                     total_batches=t.total_batches,
                     best_validation=t.best_validation,
                     checkpoint=_restore(store, t.latest_checkpoint),
+                    checkpointed=t.latest_checkpoint is not None,
                     start_time=t.start_time,
                     last_error=t.last_error,
                     target=mark.get("target"),

@@ -31,6 +31,8 @@ API = "/assay.v1.Api/"
 AGENTS = "/assay.v1.AgentService/"
 TRIALS = "/assay.v1.TrialService/"
 PUBLIC_RPCS = frozenset({API + "Login"})
+# The same, as descriptors name them (assay.v1.Api.Login): what HTTP routes know.
+PUBLIC_RPC_NAMES = frozenset(name.strip("/").replace("/", ".") for name in PUBLIC_RPCS)
 
 
 class RefusedError(Exception):
@@ -82,6 +84,16 @@ class Guard:
                 "ASSAY_USER and ASSAY_PASSWORD), or send `Authorization: Bearer <token>`"
             )
         return self.auth.authenticate(token)
+
+    async def principal_async(
+        self, metadata: Mapping[str, str], pool: futures.Executor
+    ) -> Principal:
+        """`principal` for a coroutine: from the cache when it can, else on `pool` (a
+        cache miss reads the store, which must not block the event loop)."""
+        found = self.auth.cached(bearer(metadata))
+        if found is not None:
+            return found
+        return await asyncio.get_running_loop().run_in_executor(pool, self.principal, metadata)
 
     def join_token_ok(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self._join_token)

@@ -32,7 +32,7 @@ from google.protobuf.message import Message
 
 from assay.errors import AssayError
 from assay.master._auth import AuthError
-from assay.master._guard import AUTH_HEADER, PUBLIC_RPCS, Guard, bearer
+from assay.master._guard import AUTH_HEADER, PUBLIC_RPC_NAMES, Guard
 from assay.master._http_calls import (
     INTERNAL_MESSAGE,
     AsyncHttpContext,
@@ -55,8 +55,6 @@ _POLL_S = 0.5
 _KEEPALIVE_S = 15.0
 _SHUTDOWN_S = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# The RPCs a route may call without a session token (full names: assay.v1.Api.Login).
-_PUBLIC = frozenset(name.strip("/").replace("/", ".") for name in PUBLIC_RPCS)
 
 
 def to_json(message: Message) -> dict[str, Any]:
@@ -148,16 +146,14 @@ class HttpServer:
         header = request.headers.get("Authorization", "")
         metadata = {AUTH_HEADER: header}
         try:
-            if self.guard.auth.cached(bearer(metadata)) is None:
-                loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self.pool, self.guard.principal, metadata)
+            await self.guard.principal_async(metadata, self.pool)
         except AuthError as e:
             raise CallError(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
         return ((AUTH_HEADER, header),)
 
     def _handler(self, route: Route) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
-            public = route.descriptor.full_name in _PUBLIC
+            public = route.descriptor.full_name in PUBLIC_RPC_NAMES
             metadata = () if public else await self._credentials(request)
             body = b""
             if request.method == "POST":

@@ -13,12 +13,11 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 
 from assay import __version__
-from assay.master._guard import PUBLIC_RPCS
+from assay.master._guard import PUBLIC_RPC_NAMES
 from assay.master._http_params import body_fields, enum_choices, enum_of, query_fields
 from assay.master._http_routes import PREFIX, ROUTES, Route
 
 Schema = dict[str, Any]
-PUBLIC_RPC_NAMES = frozenset(name.strip("/").replace("/", ".") for name in PUBLIC_RPCS)
 _F = FieldDescriptor
 _REF = "#/components/schemas/"
 _INT32 = {

@@ -202,10 +202,8 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         args = (request.config_yaml, request.model_definition)
         try:
             metadata = metadata_dict(context.invocation_metadata())
-            who = self.auth.cached(bearer(metadata))
-            if who is None:  # an upload may outlast the cache: the store is read off the loop
-                who = await loop.run_in_executor(self.pool, self.guard.principal, metadata)
-            owner = who.username
+            # An upload may outlast the token cache: a miss reads the store off the loop.
+            owner = (await self.guard.principal_async(metadata, self.pool)).username
             inline = len(request.model_definition) <= INLINE_ARCHIVE_BYTES
             if not inline or len(request.config_yaml) > INLINE_CONFIG_CHARS:
                 # Checking a big archive takes a while: not on the loop the agents use.

@@ -538,7 +538,7 @@ def test_unknown_key_without_close_match_lists_allowed_keys() -> None:
         ("searcher.max_trials", True, "expected an integer, got a boolean"),
         ("searcher.smaller_is_better", "no", "expected true or false"),
         ("searcher.metric", 3, "expected a string, got an integer"),
-        ("entrypoint", 3, "expected a string"),
+        ("entrypoint", 3, "a command string or a list"),
         ("name", ["x"], "expected a string, got a list"),
         ("labels", "abc", "expected a list of strings"),
         ("data", "abc", "expected a mapping, got a string"),
@@ -932,7 +932,6 @@ def test_storage_problems_name_their_key(
         "model_def.MyTrial",
         "model_def:",
         ":MyTrial",
-        "model def:MyTrial",
         "model_def:My-Trial",
         "1model:MyTrial",
         "a:b:c",
@@ -954,6 +953,76 @@ def test_entrypoint_well_formed(entrypoint: str) -> None:
     data["entrypoint"] = entrypoint
 
     assert parse_config(data).entrypoint == entrypoint
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "argv"),
+    [
+        ("python3 train.py", ("python3", "train.py")),
+        ("python3 train.py --epochs 1", ("python3", "train.py", "--epochs", "1")),
+        (["python3", "train.py"], ("python3", "train.py")),
+        (
+            "python3 -m assay.launch.torch_distributed python3 train.py",
+            ("python3", "-m", "assay.launch.torch_distributed", "python3", "train.py"),
+        ),
+        ("./run.sh 'a b'", ("./run.sh", "a b")),
+    ],
+)
+def test_entrypoint_command(entrypoint: Any, argv: tuple[str, ...]) -> None:
+    data = minimal()
+    data["entrypoint"] = entrypoint
+    del data["hyperparameters"]["global_batch_size"]  # a script batches its own data
+
+    config = parse_config(data)
+
+    assert config.command == argv
+    assert config.is_script
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "fragment"),
+    [
+        ("train.py", "write 'python3 train.py'"),
+        ([], "non-empty strings"),
+        (["python3", ""], "non-empty strings"),
+        ("python3 'train.py", "cannot split"),
+        ("   ", "is empty"),
+    ],
+)
+def test_entrypoint_bad_command(entrypoint: Any, fragment: str) -> None:
+    data = minimal()
+    data["entrypoint"] = entrypoint
+
+    assert_problem(problems_of(data), "entrypoint: ", fragment)
+
+
+def test_trial_entrypoint_still_needs_global_batch_size() -> None:
+    data = minimal()
+    del data["hyperparameters"]["global_batch_size"]
+
+    assert_problem(problems_of(data), "hyperparameters.global_batch_size", "is required")
+
+
+def test_time_metric_and_max_time() -> None:
+    data = minimal()
+    data["entrypoint"] = "python3 train.py"
+    del data["searcher"]["max_length"]
+    data["searcher"].update(time_metric="batches", max_time=100)
+
+    config = parse_config(data)
+
+    assert config.searcher.time_metric == "batches"
+    assert config.searcher.max_length.value == 100
+
+
+def test_max_time_needs_time_metric_and_excludes_max_length() -> None:
+    data = minimal()
+    data["searcher"]["max_time"] = 100
+
+    problems = problems_of(data)
+
+    assert_problem(problems, "searcher.max_time", "not both")
+    assert_problem(problems, "searcher.time_metric", "is required with max_time")
 
 
 @pytest.mark.parametrize("data", [None, [], ["entrypoint"], "entrypoint: x", 3], ids=repr)

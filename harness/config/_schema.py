@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -95,6 +96,9 @@ class SearcherConfig:
     max_trials: int | None = None
     max_concurrent_trials: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Determined 0.38's `time_metric`: the validation metric that measures how far a trial
+    # has trained (scripts report it); lengths are then in its units (`max_time`).
+    time_metric: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,11 @@ class CheckpointStorageConfig:
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """A validated experiment config. `raw` keeps the mapping it was parsed from."""
+    """A validated experiment config. `raw` keeps the mapping it was parsed from.
+
+    `entrypoint` is `module:Class` (a Trial) or a command; for a command, `command` holds
+    its arguments (`entrypoint` then is the command as one shell-quoted string).
+    """
 
     entrypoint: str
     hyperparameters: Mapping[str, HParam]
@@ -160,12 +168,23 @@ class ExperimentConfig:
     experiment_seed: int = 0
     scheduling_unit: int = 100
     data: Mapping[str, Any] = field(default_factory=dict)
+    command: tuple[str, ...] | None = None
+    # Determined's keys: filled in by the parser when given.
+    records_per_epoch: int | None = None
+    checkpoint_policy: Literal["best", "all", "none"] = "best"
+    perform_initial_validation: bool = False
+    environment_variables: Mapping[str, str] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_script(self) -> bool:
+        """Whether the entrypoint is a command (a script) rather than a Trial class."""
+        return self.command is not None
 
     @property
     def global_batch_size(self) -> int:
         hp = self.hyperparameters["global_batch_size"]
-        assert isinstance(hp, Const)  # guaranteed by parse_config
+        assert isinstance(hp, Const)  # guaranteed by parse_config for Trials
         return int(hp.val)
 
 
@@ -193,16 +212,11 @@ def parse_config(data: Any) -> ExperimentConfig:
     problems: list[str] = []
     top = Section(data, "", problems)
 
-    entrypoint = top.get_str("entrypoint", REQUIRED)
-    if entrypoint is not None and not _ENTRYPOINT.match(entrypoint):
-        top.error(
-            "entrypoint",
-            f"expected 'module:ClassName' (e.g. model_def:MyTrial), got {entrypoint!r}",
-        )
+    entrypoint, command = _parse_entrypoint(top)
     hparams = parse_hparams(top.section("hyperparameters", required=True))
     searcher = _parse_searcher(top.section("searcher", required=True), hparams)
     resources = _parse_resources(top.section("resources"))
-    _check_global_batch_size(top, hparams, resources.slots_per_trial)
+    _check_global_batch_size(top, hparams, resources.slots_per_trial, script=command is not None)
     optimizations = _parse_optimizations(top.section("optimizations"))
     min_val = _parse_length(top, "min_validation_period", required=False)
     min_ckpt = _parse_length(top, "min_checkpoint_period", required=False)
@@ -226,6 +240,7 @@ def parse_config(data: Any) -> ExperimentConfig:
         experiment_seed=seed or 0,
         scheduling_unit=top.get_int("scheduling_unit", 100, minimum=1) or 100,
         data=dict(top.get_mapping("data") or {}),
+        command=command,
         raw=data,
     )
     top.finish()
@@ -234,12 +249,59 @@ def parse_config(data: Any) -> ExperimentConfig:
     return config
 
 
-def _check_global_batch_size(top: Section, hparams: Mapping[str, HParam], slots: int) -> None:
+def _parse_entrypoint(top: Section) -> tuple[str | None, tuple[str, ...] | None]:
+    """`module:Class`, or a command as a string (`python3 train.py --epochs 1`) or a list."""
+    value = top.raw("entrypoint")
+    if value is None:
+        top.error(
+            "entrypoint", "is required: 'module:ClassName' or a command such as 'python3 train.py'"
+        )
+        return None, None
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, str) and v for v in value):
+            top.error("entrypoint", f"a command list must hold non-empty strings, got {value!r}")
+            return None, None
+        argv = tuple(value)
+    elif isinstance(value, str):
+        if _ENTRYPOINT.match(value.strip()):
+            return value.strip(), None
+        try:
+            argv = tuple(shlex.split(value))
+        except ValueError as e:
+            top.error("entrypoint", f"cannot split {value!r} into a command: {e}")
+            return None, None
+        if not argv:
+            top.error("entrypoint", f"is empty ({value!r}): give 'module:ClassName' or a command")
+            return None, None
+    else:
+        top.error(
+            "entrypoint",
+            f"expected 'module:ClassName', a command string or a list, got {type_name(value)}",
+        )
+        return None, None
+    if len(argv) == 1 and argv[0].endswith(".py"):
+        top.error("entrypoint", f"{argv[0]!r} is a file, not a command: write 'python3 {argv[0]}'")
+        return None, None
+    if len(argv) == 1 and (":" in argv[0] or re.fullmatch(r"[A-Za-z_][\w.]*", argv[0])):
+        top.error(
+            "entrypoint",
+            f"expected 'module:ClassName' (e.g. model_def:MyTrial) or a command (e.g. "
+            f"'python3 train.py'), got {argv[0]!r}",
+        )
+        return None, None
+    return shlex.join(argv), argv
+
+
+def _check_global_batch_size(
+    top: Section, hparams: Mapping[str, HParam], slots: int, *, script: bool
+) -> None:
     path = "hyperparameters.global_batch_size"
     if "hyperparameters" not in top.data or not isinstance(top.data["hyperparameters"], Mapping):
         return
     hp = hparams.get("global_batch_size")
     if hp is None:
+        if script:
+            return  # a script batches its own data
         if "global_batch_size" not in top.data["hyperparameters"]:
             top.problems.append(f"{path}: is required (a positive integer, e.g. 64)")
         return
@@ -279,7 +341,20 @@ def _parse_length(parent: Section, key: str, *, required: bool) -> Length | None
 def _parse_searcher(s: Section, hparams: Mapping[str, HParam]) -> SearcherConfig:
     name = s.get_required_choice("name", SEARCHER_NAMES)
     metric = s.get_str("metric", REQUIRED)
-    max_length = _parse_length(s, "max_length", required=True)
+    time_metric = s.get_str("time_metric", None)
+    if s.has("max_time"):
+        if s.has("max_length"):
+            s.error("max_time", "give max_length or max_time (with time_metric), not both")
+        max_time = s.get_int("max_time", None, minimum=1)
+        if time_metric is None:
+            s.error(
+                "time_metric",
+                "is required with max_time: the validation metric that "
+                "counts progress (e.g. batches)",
+            )
+        max_length = Length.batches(max_time) if max_time is not None else None
+    else:
+        max_length = _parse_length(s, "max_length", required=True)
     smaller = s.get_bool("smaller_is_better", True)
     max_trials = s.get_int("max_trials", None, minimum=1)
     concurrent = s.get_int("max_concurrent_trials", 0, minimum=0) or 0
@@ -304,6 +379,7 @@ def _parse_searcher(s: Section, hparams: Mapping[str, HParam]) -> SearcherConfig
         max_trials=max_trials,
         max_concurrent_trials=concurrent,
         options=options,
+        time_metric=time_metric,
     )
     # The option rules need a valid name and length to mean anything; a max_trials that is
     # present but invalid has had its own message.

@@ -10,12 +10,19 @@ Rung rule: with `R` rungs and divisor `d`, rung `k` (0 = bottom) trains to
 strictly increase exactly when `max_length >= d**(R-1)`, so that is what a valid
 `num_rungs` needs; `max_rungs` is a ceiling and is lowered silently to what fits (as in
 Determined's adaptive ASHA).
+
+The divisor may be a number such as 2.5 (Determined allows it). The arithmetic then runs on
+exact fractions of the decimal the config wrote (2.5 is 5/2, 2.2 is 11/5), so rung lengths,
+trial counts and promotion quotas are the integers that decimal means, with no floating-
+point rounding at the edges (`floor(100 / 2.5**2)` is 16, never 15).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from assay.config._hparams import (
@@ -35,32 +42,54 @@ MODES = ("aggressive", "standard", "conservative")
 SAMPLERS = ("random", "tpe")
 DEFAULT_DIVISOR = 4
 DEFAULT_MAX_RUNGS = 5
+MAX_RUNGS = 64  # past this a search is a typo, and a divisor near 1 makes the arithmetic slow
 DEFAULT_MODE = "standard"
 _NEEDS_MAX_TRIALS = ("random", "asha", "adaptive_asha", "bayesian")
+
+Divisor = int | float
+"""A successive-halving divisor: an integer >= 2 or a finite number > 1 (e.g. 2.5)."""
 
 
 # --- rung arithmetic ---------------------------------------------------------------------
 
 
-def rung_lengths(max_length: int, divisor: int, num_rungs: int) -> tuple[int, ...]:
+def exact(divisor: Divisor) -> Fraction:
+    """`divisor` as the exact fraction of the decimal it was written as (2.2 is 11/5)."""
+    if isinstance(divisor, int):
+        return Fraction(divisor)
+    return Fraction(repr(float(divisor)))
+
+
+def divide(n: int, divisor: Divisor) -> int:
+    """`floor(n / divisor)`, exactly."""
+    if isinstance(divisor, int):
+        return n // divisor
+    return math.floor(n / exact(divisor))
+
+
+def rung_lengths(max_length: int, divisor: Divisor, num_rungs: int) -> tuple[int, ...]:
     """The length each rung trains to, bottom first (see the module docstring)."""
-    return tuple(max(max_length // divisor ** (num_rungs - 1 - k), 1) for k in range(num_rungs))
+    d = exact(divisor)
+    return tuple(
+        max(math.floor(max_length / d ** (num_rungs - 1 - k)), 1) for k in range(num_rungs)
+    )
 
 
-def rungs_that_fit(n: int, divisor: int) -> int:
-    """The largest `R` with `divisor**(R-1) <= n` (1 for n < divisor)."""
-    rungs, reach = 1, divisor
-    while reach <= n:
-        rungs, reach = rungs + 1, reach * divisor
+def rungs_that_fit(n: int, divisor: Divisor) -> int:
+    """The largest `R` with `divisor**(R-1) <= n` (1 for n < divisor), at most MAX_RUNGS."""
+    d = exact(divisor)
+    rungs, reach = 1, d
+    while reach <= n and rungs < MAX_RUNGS:
+        rungs, reach = rungs + 1, reach * d
     return rungs
 
 
-def trials_per_rung(max_trials: int, divisor: int, num_rungs: int) -> tuple[int, ...]:
+def trials_per_rung(max_trials: int, divisor: Divisor, num_rungs: int) -> tuple[int, ...]:
     """How many trials reach each rung in synchronous successive halving (the preview's
     figure; asynchronous promotion may promote a few more)."""
     counts = [max_trials]
     for _ in range(num_rungs - 1):
-        counts.append(counts[-1] // divisor)
+        counts.append(divide(counts[-1], divisor))
     return tuple(counts)
 
 
@@ -75,7 +104,9 @@ def mode_brackets(mode: str, max_rungs: int) -> tuple[int, ...]:
     raise ValueError(f"mode must be one of {' | '.join(MODES)}, got {mode!r}")
 
 
-def bracket_max_trials(max_trials: int, divisor: int, brackets: Sequence[int]) -> tuple[int, ...]:
+def bracket_max_trials(
+    max_trials: int, divisor: Divisor, brackets: Sequence[int]
+) -> tuple[int, ...]:
     """Split `max_trials` so that each bracket gets about the same budget.
 
     A bracket of `R` rungs spends about `R` full lengths per `divisor**(R-1)` trials, so it
@@ -85,7 +116,7 @@ def bracket_max_trials(max_trials: int, divisor: int, brackets: Sequence[int]) -
     """
     if max_trials < len(brackets):
         raise ValueError(f"{len(brackets)} brackets need max_trials >= {len(brackets)}")
-    weights = [divisor ** (r - 1) / r for r in brackets]
+    weights = [float(divisor) ** (r - 1) / r for r in brackets]
     total = sum(weights)
     trials = [max(int(w / total * max_trials), 1) for w in weights]
     trials[0] += max(max_trials - sum(trials), 0)
@@ -95,14 +126,14 @@ def bracket_max_trials(max_trials: int, divisor: int, brackets: Sequence[int]) -
 
 
 def bracket_max_concurrent(
-    max_concurrent: int, divisor: int, trials: Sequence[int]
+    max_concurrent: int, divisor: Divisor, trials: Sequence[int]
 ) -> tuple[int, ...]:
     """Each bracket's concurrency limit: `max_concurrent` split evenly (the remainder to the
     first brackets, and at least 1 each); with 0, Determined's default of
-    `max(trials of the last bracket, divisor)` each."""
+    `max(trials of the last bracket, floor(divisor))` each."""
     n = len(trials)
     if max_concurrent == 0:
-        return (max(trials[-1], divisor),) * n
+        return (max(trials[-1], math.floor(divisor)),) * n
     share, extra = divmod(max(max_concurrent, n), n)
     return tuple(share + (1 if i < extra else 0) for i in range(n))
 
@@ -131,19 +162,26 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
             bad("sampler", f"expected one of {' | '.join(SAMPLERS)}, got {sampler!r}")
         elif name == "bayesian" and sampler != "tpe":
             bad("sampler", "bayesian is random search with the tpe sampler; use name: random")
-    _check_int(options, "divisor", 2, bad)
+    _check_divisor(options, bad)
     _check_int(options, "num_rungs", 1, bad)
     _check_int(options, "max_rungs", 1, bad)
+    for key in ("num_rungs", "max_rungs"):
+        if _is_int(options.get(key)) and options[key] > MAX_RUNGS:
+            bad(key, f"must be at most {MAX_RUNGS}, got {options[key]}")
     if "mode" in options and options["mode"] not in MODES:
         bad("mode", f"expected one of {' | '.join(MODES)}, got {options['mode']!r}")
     divisor = options.get("divisor", DEFAULT_DIVISOR)
-    if problems or not _is_int(divisor):
+    if problems:
         return problems
     batches = config.max_length.value if config.max_length.unit.value == "batches" else None
     num_rungs, max_rungs = options.get("num_rungs"), options.get("max_rungs")
     if num_rungs is not None and max_rungs is not None and num_rungs > max_rungs:
         bad("num_rungs", f"({num_rungs}) must not exceed max_rungs ({max_rungs})")
-    if num_rungs is not None and batches is not None and batches < divisor ** (num_rungs - 1):
+    if (
+        num_rungs is not None
+        and batches is not None
+        and batches < exact(divisor) ** (num_rungs - 1)
+    ):
         bad("num_rungs", _too_short(num_rungs, divisor, batches))
     if "bracket_rungs" in options:
         _check_brackets(options["bracket_rungs"], divisor, batches, config.max_trials, bad)
@@ -156,6 +194,19 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_divisor(options: Mapping[str, Any], bad: Any) -> None:
+    if "divisor" not in options:
+        return
+    value = options["divisor"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        bad("divisor", f"expected a number greater than 1 (e.g. 4 or 2.5), got {value!r}")
+    elif value <= 1:
+        bad(
+            "divisor",
+            f"must be greater than 1 (each rung keeps 1/divisor of the one below), got {value}",
+        )
+
+
 def _check_int(options: Mapping[str, Any], key: str, minimum: int, bad: Any) -> None:
     if key not in options:
         return
@@ -166,22 +217,25 @@ def _check_int(options: Mapping[str, Any], key: str, minimum: int, bad: Any) -> 
         bad(key, f"must be at least {minimum}, got {value}")
 
 
-def _too_short(rungs: int, divisor: int, batches: int) -> str:
+def _too_short(rungs: int, divisor: Divisor, batches: int) -> str:
     return (
-        f"{rungs} rungs with divisor {divisor} need max_length >= {divisor ** (rungs - 1)} "
+        f"{rungs} rungs with divisor {divisor} need max_length >= "
+        f"{math.ceil(exact(divisor) ** (rungs - 1))} "
         f"batches (divisor**(rungs-1)) so that each rung trains longer than the one below; "
         f"got {batches}"
     )
 
 
 def _check_brackets(
-    value: Any, divisor: int, batches: int | None, max_trials: int | None, bad: Any
+    value: Any, divisor: Divisor, batches: int | None, max_trials: int | None, bad: Any
 ) -> None:
-    if not isinstance(value, list) or not value or not all(_is_int(r) and r >= 1 for r in value):
-        bad("bracket_rungs", f"expected a non-empty list of integers >= 1, got {value!r}")
+    if isinstance(value, list) and not value:
+        return  # Determined's `bracket_rungs: []`: the mode's brackets
+    if not isinstance(value, list) or not all(_is_int(r) and 1 <= r <= MAX_RUNGS for r in value):
+        bad("bracket_rungs", f"expected a list of integers from 1 to {MAX_RUNGS}, got {value!r}")
     elif len(set(value)) != len(value):
         bad("bracket_rungs", f"has a bracket twice: {value!r}")
-    elif batches is not None and batches < divisor ** (max(value) - 1):
+    elif batches is not None and batches < exact(divisor) ** (max(value) - 1):
         bad("bracket_rungs", _too_short(max(value), divisor, batches))
     elif max_trials is not None and max_trials < len(value):
         bad("bracket_rungs", f"{len(value)} brackets need max_trials >= {len(value)}")
@@ -232,7 +286,7 @@ class SearchSpec:
 
     name: str
     sampler: str  # "random" | "tpe" | "grid" (the grid's points, in order)
-    divisor: int
+    divisor: Divisor
     brackets: tuple[BracketSpec, ...]
     max_concurrent_trials: int  # across brackets; 0 = only the brackets' own limits
     unit: str
@@ -245,7 +299,7 @@ def search_spec(config: SearcherConfig, space: Mapping[str, HParam]) -> SearchSp
     if problems:
         raise ValueError("; ".join(problems))
     options = config.options
-    divisor: int = options.get("divisor", DEFAULT_DIVISOR)
+    divisor: Divisor = options.get("divisor", DEFAULT_DIVISOR)
     length = config.max_length.value
     concurrent = config.max_concurrent_trials
     max_trials = config.max_trials or 1
@@ -264,7 +318,7 @@ def search_spec(config: SearcherConfig, space: Mapping[str, HParam]) -> SearchSp
             rungs_that_fit(length, divisor),
             rungs_that_fit(max_trials, divisor),
         )
-        default = max(min(divisor ** (rungs - 1), max_trials), 1)
+        default = max(min(math.floor(exact(divisor) ** (rungs - 1)), max_trials), 1)
         brackets = (
             BracketSpec(rung_lengths(length, divisor, rungs), max_trials, concurrent or default),
         )
@@ -288,9 +342,9 @@ def _grid_count(space: Mapping[str, HParam]) -> int:
 
 
 def _adaptive(
-    options: Mapping[str, Any], divisor: int, length: int, max_trials: int, concurrent: int
+    options: Mapping[str, Any], divisor: Divisor, length: int, max_trials: int, concurrent: int
 ) -> tuple[BracketSpec, ...]:
-    rungs = options.get("bracket_rungs")
+    rungs = options.get("bracket_rungs") or None  # [] is Determined's "the default"
     if rungs is None:
         max_rungs = min(
             options.get("max_rungs", DEFAULT_MAX_RUNGS),
@@ -335,7 +389,7 @@ class Preview:
     sampler: str
     unit: str
     max_length: int
-    divisor: int
+    divisor: Divisor
     max_concurrent_trials: int
     brackets: tuple[BracketPreview, ...]
     total_trials: int

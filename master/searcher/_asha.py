@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from assay.config import BracketSpec
+from assay.config._search import Divisor, divide
 
 from ._ops import Close, ExitedReason, Operation, ValidateAfter
 
@@ -40,9 +41,10 @@ def rank_entry(value: float | None, seq: int, request_id: str) -> Entry:
     return (1, 0.0, seq, request_id) if value is None else (0, value, seq, request_id)
 
 
-def promotion_quota(results: int, divisor: int) -> int:
-    """How many of a rung's best results may be promoted: floor(results / divisor)."""
-    return results // divisor
+def promotion_quota(results: int, divisor: Divisor) -> int:
+    """How many of a rung's best results may be promoted: floor(results / divisor), exact
+    for a divisor such as 2.5 (see `assay.config._search`)."""
+    return divide(results, divisor)
 
 
 @dataclass
@@ -55,7 +57,7 @@ class _Trial:
 class Bracket:
     """The rungs, trials and counters of one bracket; plain data, snapshotted as JSON."""
 
-    def __init__(self, spec: BracketSpec, divisor: int, *, replace_invalid: bool) -> None:
+    def __init__(self, spec: BracketSpec, divisor: Divisor, *, replace_invalid: bool) -> None:
         self.lengths = spec.lengths
         self.max_trials = spec.max_trials
         self.limit = spec.max_concurrent_trials  # 0 = unlimited

@@ -45,15 +45,23 @@ def parse(searcher: dict[str, Any], hparams: dict[str, Any] | None = None) -> li
         ({"name": "bayesian"}, "searcher.max_trials: is required for the bayesian"),
         (
             {"name": "asha", "max_trials": 4, "divisor": 1},
-            "searcher.divisor: must be at least 2, got 1",
+            "searcher.divisor: must be greater than 1",
         ),
         (
-            {"name": "asha", "max_trials": 4, "divisor": 2.5},
-            "searcher.divisor: expected an integer >= 2, got 2.5",
+            {"name": "asha", "max_trials": 4, "divisor": 0.5},
+            "searcher.divisor: must be greater than 1",
+        ),
+        (
+            {"name": "asha", "max_trials": 4, "divisor": ".nan"},
+            "searcher.divisor: expected a number greater than 1",
         ),
         (
             {"name": "asha", "max_trials": 4, "divisor": True},
-            "searcher.divisor: expected an integer",
+            "searcher.divisor: expected a number",
+        ),
+        (
+            {"name": "asha", "max_trials": 4, "num_rungs": 65},
+            "searcher.num_rungs: must be at most 64, got 65",
         ),
         (
             {"name": "asha", "max_trials": 4, "num_rungs": 0},
@@ -85,8 +93,8 @@ def parse(searcher: dict[str, Any], hparams: dict[str, Any] | None = None) -> li
             "searcher.num_rungs: 6 rungs with divisor 4 need max_length >= 1024 batches",
         ),
         (
-            {"name": "adaptive_asha", "max_trials": 4, "bracket_rungs": []},
-            "searcher.bracket_rungs: expected a non-empty list of integers >= 1",
+            {"name": "adaptive_asha", "max_trials": 4, "bracket_rungs": [0]},
+            "searcher.bracket_rungs: expected a list of integers from 1 to 64",
         ),
         (
             {"name": "adaptive_asha", "max_trials": 4, "bracket_rungs": [2, 2]},

@@ -37,6 +37,10 @@ CONFIGS: dict[str, tuple[SearcherConfig, Any]] = {
         SPACE,
     ),
     "asha-unlimited": (config("asha", max_length=64, max_trials=10, divisor=2), SPACE),
+    "asha-divisor-2.5": (
+        config("asha", max_length=100, max_trials=12, max_concurrent_trials=3, divisor=2.5),
+        SPACE,
+    ),
     "adaptive": (
         config("adaptive_asha", max_length=400, max_trials=14, max_concurrent_trials=4, divisor=2),
         SPACE,

@@ -27,16 +27,32 @@ from ._support import SPACE, config
         (400, 2, 3, (100, 200, 400)),
         (100, 3, 1, (100,)),
         (5, 4, 3, (1, 1, 5)),  # at least 1 (the config refuses this: rungs must grow)
+        (100, 2.5, 3, (16, 40, 100)),  # 100 / 6.25 = 16 exactly, not 15.99...
+        (1000, 2.5, 4, (64, 160, 400, 1000)),
+        (100, 2.2, 3, (20, 45, 100)),  # 2.2 is 11/5: 100 * 25/121 = 20.66, 100 * 5/11 = 45.45
+        (1000, 1.5, 3, (444, 666, 1000)),
     ],
 )
-def test_rung_lengths(max_length: int, divisor: int, rungs: int, expected: tuple[int, ...]) -> None:
+def test_rung_lengths(
+    max_length: int, divisor: float, rungs: int, expected: tuple[int, ...]
+) -> None:
     assert rung_lengths(max_length, divisor, rungs) == expected
 
 
 @pytest.mark.parametrize(
-    ("n", "divisor", "expected"), [(1000, 4, 5), (1024, 4, 6), (3, 4, 1), (4, 4, 2), (1, 2, 1)]
+    ("n", "divisor", "expected"),
+    [
+        (1000, 4, 5),
+        (1024, 4, 6),
+        (3, 4, 1),
+        (4, 4, 2),
+        (1, 2, 1),
+        (100, 2.5, 6),  # 2.5**5 = 97.66 <= 100 < 2.5**6
+        (625, 2.5, 8),  # 2.5**7 = 610.35
+        (10**9, 1.01, 64),  # capped at MAX_RUNGS, and fast
+    ],
 )
-def test_rungs_that_fit(n: int, divisor: int, expected: int) -> None:
+def test_rungs_that_fit(n: int, divisor: float, expected: int) -> None:
     assert rungs_that_fit(n, divisor) == expected
 
 
@@ -44,12 +60,14 @@ def test_trials_per_rung_halves_down() -> None:
     assert trials_per_rung(16, 4, 3) == (16, 4, 1)
     assert trials_per_rung(10, 4, 3) == (10, 2, 0)
     assert trials_per_rung(100, 3, 4) == (100, 33, 11, 3)
+    assert trials_per_rung(20, 2.5, 3) == (20, 8, 3)  # 8 / 2.5 = 3.2
 
 
 @pytest.mark.parametrize(
-    ("results", "divisor", "quota"), [(0, 4, 0), (3, 4, 0), (4, 4, 1), (7, 4, 1), (8, 4, 2)]
+    ("results", "divisor", "quota"),
+    [(0, 4, 0), (3, 4, 0), (4, 4, 1), (7, 4, 1), (8, 4, 2), (5, 2.5, 2), (4, 2.5, 1), (7, 1.4, 5)],
 )
-def test_promotion_quota(results: int, divisor: int, quota: int) -> None:
+def test_promotion_quota(results: int, divisor: float, quota: int) -> None:
     assert promotion_quota(results, divisor) == quota
 
 
@@ -134,3 +152,14 @@ def test_preview_grid_random_single() -> None:
     assert preview(config("random", max_trials=7), SPACE).total_budget == 7000
     assert preview(config("single"), SPACE).total_trials == 1
     assert preview(config("bayesian", max_trials=3), SPACE).sampler == "tpe"
+
+
+def test_preview_float_divisor_hand_computed() -> None:
+    plan = preview(config("asha", max_length=100, max_trials=20, num_rungs=3, divisor=2.5), SPACE)
+
+    (bracket,) = plan.brackets
+    assert bracket.rungs == (RungPreview(16, 20), RungPreview(40, 8), RungPreview(100, 3))
+    assert bracket.budget == 20 * 16 + 8 * 24 + 3 * 60
+    assert bracket.max_concurrent_trials == 6  # floor(2.5**2), below max_trials
+    assert plan.divisor == 2.5
+    assert bracket_max_concurrent(0, 2.5, (7, 3)) == (3, 3)

@@ -33,6 +33,10 @@ CASES: dict[str, SearcherConfig] = {
     "asha": config("asha", max_trials=3000, max_concurrent_trials=16),
     "asha-default-concurrency": config("asha", max_trials=2000, num_rungs=4),
     "asha-divisor-3": config("asha", max_length=2000, max_trials=2000, divisor=3, max_rungs=6),
+    "asha-divisor-2.5": config("asha", max_length=2000, max_trials=1000, divisor=2.5),
+    "adaptive-divisor-2.5": config(
+        "adaptive_asha", max_trials=800, max_concurrent_trials=10, divisor=2.5
+    ),
     "asha-larger-is-better": config(
         "asha", max_trials=1000, max_concurrent_trials=8, smaller_is_better=False
     ),

@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
 
 from assay._distributed import DistributedContext
-from assay._precision import PrecisionPlugin
+from assay._precision import PrecisionPlugin, UserScaler
+from assay._trial import CallableReducer, MetricReducer
 from assay.config import ExperimentConfig
 from assay.errors import HyperparameterError, TrainingError
 
@@ -29,11 +31,58 @@ class StepMode(enum.Enum):
     MANUAL_STEP = "manual"
 
 
+class LRScheduler:
+    """Determined's `LRScheduler(scheduler, step_mode, frequency=1)`: a torch LR scheduler
+    with when to step it. Give it to `context.wrap_lr_scheduler`, or call `step()`,
+    `state_dict()` and `load_state_dict()` on it as on the scheduler it wraps."""
+
+    StepMode: ClassVar[type[StepMode]] = StepMode
+
+    def __init__(
+        self,
+        scheduler: Any,
+        step_mode: StepMode | str = StepMode.STEP_EVERY_EPOCH,
+        frequency: int = 1,
+    ) -> None:
+        self.scheduler = scheduler
+        self.step_mode = _step_mode(step_mode)
+        self.frequency = _frequency(frequency)
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> list[float]:
+        return list(self.scheduler.get_last_lr())
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.scheduler.state_dict())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+
 @dataclass
 class _Scheduler:
     scheduler: Any
     mode: StepMode
     optimizer: torch.optim.Optimizer | None
+    frequency: int = 1
+    ticks: int = 0
+
+    def tick(self) -> None:
+        """One step-mode event; the scheduler steps on every `frequency`-th."""
+        self.ticks += 1
+        if self.ticks % self.frequency == 0:
+            self.scheduler.step()
+
+
+@dataclass
+class _WrappedReducer:
+    reducer: MetricReducer
+    name: str | None
+    for_training: bool
+    for_validation: bool
+    pending: bool = field(default=False)
 
 
 class TrialContext:
@@ -54,6 +103,7 @@ class TrialContext:
         precision: PrecisionPlugin,
         trial_id: int = 0,
         trial_seed: int = 0,
+        experiment_id: int = 0,
     ) -> None:
         self._config = config
         self._hparams = dict(hparams)
@@ -62,8 +112,10 @@ class TrialContext:
         self._precision = precision
         self._trial_id = trial_id
         self._trial_seed = trial_seed
+        self._experiment_id = experiment_id
         self._aggregation = config.optimizations.aggregation_frequency
-        self._global_batch_size = int(self._hparams["global_batch_size"])
+        gbs = self._hparams.get("global_batch_size")
+        self._global_batch_size = None if gbs is None else int(gbs)
         self.models: list[nn.Module] = []
         self._ddp_models: list[Any] = []
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -72,6 +124,14 @@ class TrialContext:
         self._batch = 0
         self._boundary = True
         self._stepped = False
+        self._batch_in_epoch = 0
+        self._batches_per_epoch: int | None = None
+        self._initial_batch = 0
+        self._stop_requested = False
+        self._scalers: list[UserScaler] = []
+        self._reducers: list[_WrappedReducer] = []
+        self._tensorboard_path: Path | None = None
+        self._tensorboard_writer: Any = None
 
     # --- configuration -------------------------------------------------------------------
 
@@ -98,13 +158,22 @@ class TrialContext:
     def get_trial_seed(self) -> int:
         return self._trial_seed
 
+    def get_experiment_id(self) -> int:
+        """The experiment's id on a cluster; 0 off-cluster."""
+        return self._experiment_id
+
     def get_global_batch_size(self) -> int:
         """Samples per training batch summed over every slot."""
+        if self._global_batch_size is None:
+            raise HyperparameterError(
+                "hyperparameter 'global_batch_size' is not defined: add it to the "
+                "hyperparameters to use get_global_batch_size / get_per_slot_batch_size"
+            )
         return self._global_batch_size
 
     def get_per_slot_batch_size(self) -> int:
         """Samples per training batch on this slot: use it as the DataLoader's batch_size."""
-        return self._global_batch_size // self.distributed.size
+        return self.get_global_batch_size() // self.distributed.size
 
     def current_train_epoch(self) -> int:
         return self._epoch
@@ -112,6 +181,60 @@ class TrialContext:
     def current_train_batch(self) -> int:
         """Batches trained since the trial began (across epochs and restores)."""
         return self._batch
+
+    def get_initial_batch(self) -> int:
+        """The batch this run of the trial started from (non-zero after a restore)."""
+        return self._initial_batch
+
+    def is_epoch_start(self) -> bool:
+        """In `train_batch`: whether this batch is the first of its epoch."""
+        return self._batch_in_epoch == 0
+
+    def is_epoch_end(self) -> bool:
+        """In `train_batch`: whether this batch is the last of its epoch (False when the
+        epoch's length is unknown, e.g. an iterable dataset)."""
+        n = self._batches_per_epoch
+        return n is not None and self._batch_in_epoch == n - 1
+
+    # --- stopping early ------------------------------------------------------------------
+
+    def set_stop_requested(self, stop_requested: bool) -> None:
+        """Ask training to end at the next batch boundary: it validates, checkpoints and
+        the trial counts as completed. On several slots, ranks agree on it within a few
+        batches (at once after a validation); setting it on one rank is enough."""
+        if not isinstance(stop_requested, bool):
+            raise TypeError(f"set_stop_requested takes a bool, got {stop_requested!r}")
+        self._stop_requested = stop_requested
+
+    def get_stop_requested(self) -> bool:
+        """Whether `set_stop_requested(True)` was called (on this rank)."""
+        return self._stop_requested
+
+    # --- TensorBoard ---------------------------------------------------------------------
+
+    def get_tensorboard_path(self) -> Path:
+        """The directory for this trial's TensorBoard event files:
+        `<checkpoint directory>/tensorboard/trial-<id>` (rank 0; other ranks get a
+        `rank-<n>` folder inside it), kept beside the trial's checkpoints."""
+        if self._tensorboard_path is None:
+            raise TrainingError("the TensorBoard path is known once the trial is training")
+        return self._tensorboard_path
+
+    def get_tensorboard_writer(self) -> Any:
+        """A `torch.utils.tensorboard.SummaryWriter` writing into `get_tensorboard_path()`
+        (one per trial; flushed and closed when training ends). Needs `pip install
+        tensorboard`."""
+        if self._tensorboard_writer is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise TrainingError(
+                    "get_tensorboard_writer needs the tensorboard package: pip install tensorboard"
+                ) from None
+            path = self.get_tensorboard_path()
+            path.mkdir(parents=True, exist_ok=True)
+            self._tensorboard_writer = SummaryWriter(log_dir=str(path))
+        return self._tensorboard_writer
 
     # --- wrapping ------------------------------------------------------------------------
 
@@ -134,28 +257,100 @@ class TrialContext:
         self.models.append(model)
         return model
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, backward_passes_per_step: int = 1
+    ) -> torch.optim.Optimizer:
+        """Register `optimizer` (checkpointed with the trial).
+
+        `backward_passes_per_step` is accepted for Determined compatibility: under DDP
+        nothing more is needed; accumulate over batches with
+        `optimizations.aggregation_frequency`.
+        """
         if not self.models:
             raise TrainingError("call context.wrap_model before context.wrap_optimizer")
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise TrainingError(
+                f"backward_passes_per_step must be a positive integer, got "
+                f"{backward_passes_per_step!r}"
+            )
         self.optimizers.append(optimizer)
         return optimizer
 
     def wrap_lr_scheduler(
-        self, scheduler: T, step_mode: StepMode | str = StepMode.STEP_EVERY_EPOCH
+        self,
+        scheduler: T,
+        step_mode: StepMode | str | None = None,
+        frequency: int | None = None,
     ) -> T:
         """Register a scheduler; the harness steps it as `step_mode` says and checkpoints it.
 
-        `step_mode`: `batch` (after every batch), `optimizer_step` (after every optimizer
-        step, i.e. every `aggregation_frequency` batches), `epoch` or `manual`.
+        `step_mode`: `STEP_EVERY_BATCH` ("batch"), `STEP_EVERY_OPTIMIZER_STEP`
+        ("optimizer_step": every `aggregation_frequency` batches), `STEP_EVERY_EPOCH`
+        ("epoch", the default) or `MANUAL_STEP` ("manual": you call `step()`, e.g. a
+        `ReduceLROnPlateau` in a callback's `on_validation_end`). It steps every
+        `frequency`-th time its mode comes round. An `LRScheduler` brings its own mode and
+        frequency.
         """
-        try:
-            mode = step_mode if isinstance(step_mode, StepMode) else StepMode(step_mode)
-        except ValueError:
-            allowed = ", ".join(m.value for m in StepMode)
-            raise TrainingError(f"step_mode must be one of {allowed}; got {step_mode!r}") from None
-        optimizer = getattr(scheduler, "optimizer", None)
-        self._schedulers.append(_Scheduler(scheduler, mode, optimizer))
+        inner: Any = scheduler
+        mode = StepMode.STEP_EVERY_EPOCH
+        every = 1
+        if isinstance(scheduler, LRScheduler):
+            inner, mode, every = scheduler.scheduler, scheduler.step_mode, scheduler.frequency
+        if step_mode is not None:
+            mode = _step_mode(step_mode)
+        if frequency is not None:
+            every = _frequency(frequency)
+        optimizer = getattr(inner, "optimizer", None)
+        self._schedulers.append(_Scheduler(inner, mode, optimizer, every))
         return scheduler
+
+    def wrap_scaler(self, scaler: T) -> T:
+        """Register your own `GradScaler` (Determined's fp16 recipe): scale the loss
+        yourself (`context.backward(scaler.scale(loss))`) and pass `scaler=` to
+        `step_optimizer`; the harness unscales before clipping, calls `update()` once per
+        effective batch and checkpoints it. Not combined with `mixed_precision: fp16`,
+        whose plugin brings its own scaler."""
+        if self._precision.name == "fp16":
+            raise TrainingError(
+                "optimizations.mixed_precision is fp16, which scales the loss already: "
+                "either drop wrap_scaler or set mixed_precision to off and autocast yourself"
+            )
+        for required in ("scale", "step", "update", "unscale_", "state_dict"):
+            if not callable(getattr(scaler, required, None)):
+                raise TrainingError(
+                    f"wrap_scaler expects a torch.amp.GradScaler; {type(scaler).__name__} "
+                    f"has no {required}()"
+                )
+        self._scalers.append(UserScaler(scaler))
+        return scaler
+
+    def wrap_reducer(
+        self,
+        reducer: MetricReducer | Callable[[list[Any]], Any],
+        name: str | None = None,
+        for_training: bool = False,
+        for_validation: bool = True,
+    ) -> MetricReducer:
+        """Register a metric you feed with `reducer.update(value)` in `train_batch` /
+        `evaluate_batch` (Determined's `wrap_reducer`).
+
+        `reducer` is a `MetricReducer` or a callable over the list of every value given to
+        `update` (all ranks) that returns the metric. The result is reported as `name`, or,
+        with `name=None`, the reducer returns a dict of metrics. It is reset before each
+        validation (`for_validation`) and after each training report (`for_training`).
+        """
+        if not isinstance(reducer, MetricReducer):
+            if not callable(reducer):
+                raise TrainingError(
+                    f"wrap_reducer takes a MetricReducer or a callable, got "
+                    f"{type(reducer).__name__}"
+                )
+            reducer = CallableReducer(reducer)
+        if not (for_training or for_validation):
+            raise TrainingError("wrap_reducer: set for_training or for_validation")
+        reducer.reset()
+        self._reducers.append(_WrappedReducer(reducer, name, for_training, for_validation))
+        return reducer
 
     # --- the training step ---------------------------------------------------------------
 
@@ -174,35 +369,44 @@ class TrialContext:
         optimizer: torch.optim.Optimizer,
         clip_grads: ClipGrads | float | None = None,
         auto_zero_grads: bool = True,
+        scaler: Any = None,
     ) -> None:
         """Step `optimizer` on accumulation boundaries; do nothing on other batches.
 
         `clip_grads` is a callable taking the parameters (e.g.
         `lambda p: torch.nn.utils.clip_grad_norm_(p, 1.0)`) or a float max norm; gradients
-        are unscaled first under fp16. Gradients are zeroed after the step.
+        are unscaled first under fp16. Gradients are zeroed after the step. `scaler`: a
+        `GradScaler` registered with `wrap_scaler`, which then does the step.
         """
         if not self._boundary:
             return
+        stepper: Any = self._precision
+        if scaler is not None:
+            stepper = next((s for s in self._scalers if s.scaler is scaler), None)
+            if stepper is None:
+                raise TrainingError("step_optimizer(scaler=...): wrap the scaler with wrap_scaler")
         if clip_grads is not None:
-            self._precision.unscale(optimizer)
+            stepper.unscale(optimizer)
             params = (p for group in optimizer.param_groups for p in group["params"])
             if callable(clip_grads):
                 clip_grads(params)
             else:
                 torch.nn.utils.clip_grad_norm_(list(params), float(clip_grads))
-        self._precision.step(optimizer)
+        stepper.step(optimizer)
         self._stepped = True
         if auto_zero_grads:
             optimizer.zero_grad(set_to_none=True)
         for entry in self._schedulers:
             if entry.mode is StepMode.STEP_EVERY_OPTIMIZER_STEP and entry.optimizer is optimizer:
-                entry.scheduler.step()
+                entry.tick()
 
     # --- used by the harness ------------------------------------------------------------
 
-    def _begin_batch(self, epoch: int, batch: int) -> contextlib.AbstractContextManager[Any]:
+    def _begin_batch(
+        self, epoch: int, batch: int, batch_in_epoch: int = 0
+    ) -> contextlib.AbstractContextManager[Any]:
         """Enter the batch: set counters, and suspend DDP sync off accumulation boundaries."""
-        self._epoch, self._batch = epoch, batch
+        self._epoch, self._batch, self._batch_in_epoch = epoch, batch, batch_in_epoch
         self._boundary = (batch + 1) % self._aggregation == 0
         self._stepped = False
         if self._boundary or not self._ddp_models:
@@ -215,18 +419,26 @@ class TrialContext:
     def _end_batch(self) -> None:
         if self._boundary and self._stepped:
             self._precision.update()
+            for user_scaler in self._scalers:
+                user_scaler.update()
         for entry in self._schedulers:
             if entry.mode is StepMode.STEP_EVERY_BATCH or (
                 entry.mode is StepMode.STEP_EVERY_OPTIMIZER_STEP
                 and entry.optimizer is None
                 and self._boundary
             ):
-                entry.scheduler.step()
+                entry.tick()
 
     def _end_epoch(self) -> None:
         for entry in self._schedulers:
             if entry.mode is StepMode.STEP_EVERY_EPOCH:
-                entry.scheduler.step()
+                entry.tick()
+
+    def _close(self) -> None:
+        """Training ended: flush and close the TensorBoard writer, if one was made."""
+        if self._tensorboard_writer is not None:
+            self._tensorboard_writer.close()
+            self._tensorboard_writer = None
 
     @property
     def _lr_schedulers(self) -> list[Any]:
@@ -241,6 +453,26 @@ class TrialContext:
 
 
 _NO_CONTEXT = contextlib.nullcontext()
+
+
+def _step_mode(step_mode: StepMode | str) -> StepMode:
+    if isinstance(step_mode, StepMode):
+        return step_mode
+    try:
+        return StepMode(step_mode)
+    except ValueError:
+        pass
+    try:
+        return StepMode[str(step_mode)]
+    except KeyError:
+        allowed = ", ".join(f"{m.name} ({m.value!r})" for m in StepMode)
+        raise TrainingError(f"step_mode must be one of {allowed}; got {step_mode!r}") from None
+
+
+def _frequency(frequency: int) -> int:
+    if not isinstance(frequency, int) or isinstance(frequency, bool) or frequency < 1:
+        raise TrainingError(f"frequency must be a positive integer, got {frequency!r}")
+    return frequency
 
 
 def _to_device(data: Any, device: torch.device) -> Any:

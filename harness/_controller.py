@@ -28,7 +28,16 @@ from assay._context import TrialContext
 from assay._data import ShardedLoader
 from assay._preempt import PreemptWatcher
 from assay._session import CheckpointReport, MetricsReport, Session
-from assay._trial import BuiltinReducer, MetricReducer, Reducer, Trial
+from assay._trial import (
+    BuiltinReducer,
+    MetricReducer,
+    PyTorchCallback,
+    Reducer,
+    Trial,
+    _check_arity,
+    check_callbacks,
+    evaluation_mode,
+)
 from assay.errors import TrainingError, TrialPreempted
 
 log = logging.getLogger("assay")
@@ -46,6 +55,8 @@ class TrainState:
     last_validation: int = 0
     last_checkpoint: int = 0
     validation_metrics: dict[str, float] = field(default_factory=dict)
+    # The best searcher metric so far (checkpoint_policy: best).
+    best_metric: float | None = None
 
 
 @dataclass(frozen=True)
@@ -67,10 +78,19 @@ class TrialController:
         *,
         seed: int,
         preempt: PreemptWatcher | None = None,
+        metric_required: bool = True,
     ) -> None:
+        """`metric_required=False` (the Trainer off-cluster without a searcher config):
+        validations need not return `searcher.metric`; `checkpoint_policy: best` then
+        checkpoints only when the metric is there and improves."""
         self.trial = trial
         self.preempt = preempt
+        self.metric_required = metric_required
         self._batches_since_vote = 0
+        self._just_validated = False
+        self.evaluation = evaluation_mode(type(trial))
+        self.callbacks: dict[str, PyTorchCallback] = check_callbacks(trial.build_callbacks())
+        self._restored_uuid: str | None = None
         self.context = context
         self.dist = context.distributed
         if self.dist.is_chief and session is None:
@@ -82,10 +102,17 @@ class TrialController:
         self.train_data = ShardedLoader(
             trial.build_training_data_loader(), rank=rank, size=size, seed=seed, training=True
         )
+        self.val_loader = trial.build_validation_data_loader()
         self.val_data = ShardedLoader(
-            trial.build_validation_data_loader(), rank=rank, size=size, seed=seed, training=False
+            self.val_loader, rank=rank, size=size, seed=seed, training=False
         )
         self.batches_per_epoch = self.train_data.batches_per_epoch()
+        records = self.config.records_per_epoch
+        if self.batches_per_epoch is None and records and context._global_batch_size:
+            self.batches_per_epoch = max(1, records // context._global_batch_size)
+        context._batches_per_epoch = self.batches_per_epoch
+        tensorboard = checkpoint_root / "tensorboard" / f"trial-{context.get_trial_id()}"
+        context._tensorboard_path = tensorboard if rank == 0 else tensorboard / f"rank-{rank}"
         if self.batches_per_epoch == 0:
             raise TrainingError(
                 "the training data loader has no batches; check its dataset size against "
@@ -105,14 +132,30 @@ class TrialController:
     # --- the loop -----------------------------------------------------------------------
 
     def run(self) -> RunResult:
+        """Train until the session has no more targets (or a stop is requested)."""
+        try:
+            self._call("on_trial_startup", self.state.total_batches, self._restored_uuid)
+            self._call("on_training_start")
+            return self._run()
+        finally:
+            self.context._close()
+            self._call("on_trial_shutdown")
+
+    def _run(self) -> RunResult:
         batches: Iterator[Any] | None = None
+        if self.config.perform_initial_validation and not self.last_validation:
+            self._validate_and_apply_policy()
         while True:
+            if self.dist.any(self.context._stop_requested):
+                return self._finish_on_request()
             ask = self.session.next_target(self.state.total_batches) if self.session else None
             target = self.dist.broadcast(ask)
             if target is None:
                 break
             while self.state.total_batches < target:
                 if batches is None:
+                    if self.state.batch_in_epoch == 0:
+                        self._call("on_training_epoch_start", self.state.epoch)
                     batches = self.train_data.epoch(self.state.epoch, self.state.batch_in_epoch)
                 try:
                     batch = next(batches)
@@ -130,32 +173,59 @@ class TrialController:
                     self._end_epoch()
                     batches = None
                 self._after_batch()
-                if self._preempted():
+                stop = self._should_stop()
+                if stop == "preempt":
                     return self._stop_for_preemption()
-            self._flush_training_metrics()
-            if self.state.last_validation != self.state.total_batches or not self.last_validation:
-                self._validate()
-            if self.state.last_checkpoint != self.state.total_batches or not self._checkpointed:
-                self._checkpoint()
-            if self.session is not None:
-                metric = self.last_validation[self.config.searcher.metric]
-                self.session.complete_target(self.state.total_batches, metric)
+                if stop == "user":
+                    return self._finish_on_request()
+            self._complete_target()
+        return self._result()
+
+    def _complete_target(self) -> None:
+        """At a target: report, validate and checkpoint this batch, tell the session."""
+        self._flush_training_metrics()
+        if self.state.last_validation != self.state.total_batches or not self.last_validation:
+            self._validate_and_apply_policy()
+        if self.state.last_checkpoint != self.state.total_batches or not self._checkpointed:
+            self._checkpoint()
+        if self.session is not None:
+            metric = self.last_validation.get(self.config.searcher.metric, float("nan"))
+            self.session.complete_target(self.state.total_batches, metric)
+
+    def _finish_on_request(self) -> RunResult:
+        """`context.set_stop_requested(True)`: end here as if this batch were the target."""
+        log.info("batch %d: the trial asked to stop", self.state.total_batches)
+        self._complete_target()
+        return self._result()
+
+    def _result(self) -> RunResult:
         return RunResult(self.state.total_batches, dict(self.last_validation), self.last_checkpoint)
+
+    def _call(self, hook: str, *args: Any) -> None:
+        for callback in self.callbacks.values():
+            getattr(callback, hook)(*args)
 
     # --- preemption ---------------------------------------------------------------------
 
-    def _preempted(self) -> bool:
-        """Whether to stop now; every rank answers the same at the same batch."""
-        if self.preempt is None:
-            return False
+    def _should_stop(self) -> str | None:
+        """ "preempt", "user" (set_stop_requested) or None; every rank answers the same at
+        the same batch."""
+        preempt = self.preempt is not None and self.preempt.requested
+        user = self.context._stop_requested
         if not self.dist.is_distributed:
-            return self.preempt.requested
-        # A vote is a collective: hold one every few batches, not after each.
+            return "preempt" if preempt else "user" if user else None
+        # A vote is a collective: hold one every few batches, not after each (and right
+        # after a validation, whose callbacks often ask to stop).
         self._batches_since_vote += 1
-        if self._batches_since_vote < PREEMPT_VOTE_BATCHES:
-            return False
-        self._batches_since_vote = 0
-        return self.dist.any(self.preempt.requested)
+        due = self._batches_since_vote >= PREEMPT_VOTE_BATCHES
+        just_validated, self._just_validated = self._just_validated, False
+        if due:
+            self._batches_since_vote = 0
+            if self.preempt is not None and self.dist.any(preempt):
+                return "preempt"
+        if (due or just_validated) and self.dist.any(user):
+            return "user"
+        return None
 
     def _stop_for_preemption(self) -> RunResult:
         self._flush_training_metrics()
@@ -168,7 +238,8 @@ class TrialController:
     def _train_batch(self, batch: Any) -> None:
         state, context = self.state, self.context
         batch = context.to_device(batch)
-        with context._begin_batch(state.epoch, state.total_batches), context._precision.autocast():
+        begin = context._begin_batch(state.epoch, state.total_batches, state.batch_in_epoch)
+        with begin, context._precision.autocast():
             out = self.trial.train_batch(batch, state.epoch, state.total_batches)
         context._end_batch()
         state.total_batches += 1
@@ -177,6 +248,7 @@ class TrialController:
 
     def _end_epoch(self) -> None:
         self.context._end_epoch()
+        self._call("on_training_epoch_end", self.state.epoch)
         self.state.epoch += 1
         self.state.batch_in_epoch = 0
 
@@ -185,7 +257,7 @@ class TrialController:
         if state.total_batches % self.config.scheduling_unit == 0:
             self._flush_training_metrics()
         if self.val_period and state.total_batches - state.last_validation >= self.val_period:
-            self._validate()
+            self._validate_and_apply_policy()
         on_boundary = state.total_batches % self.config.optimizations.aggregation_frequency == 0
         due = self.ckpt_period and state.total_batches - state.last_checkpoint >= self.ckpt_period
         if due and on_boundary:
@@ -231,7 +303,8 @@ class TrialController:
         # Summed left to right in float64, so a window carried through a checkpoint adds
         # up to exactly what it would have without the restore.
         local: dict[str, tuple[float, int]] = {}
-        for name, values in self._window_values().items():
+        window = self._window_values()
+        for name, values in window.items():
             total = 0.0
             for value in values:
                 total += value
@@ -244,17 +317,64 @@ class TrialController:
                 acc = totals.setdefault(name, [0.0, 0.0])
                 acc[0] += total
                 acc[1] += count
-        if not totals or self.session is None:
+        if not totals:
             return
         metrics = {name: acc[0] / acc[1] for name, acc in totals.items()}
-        self.session.report_training_metrics(
-            MetricsReport(self.state.total_batches, self.state.epoch, metrics)
-        )
+        metrics.update(self._wrapped_metrics(training=True))
+        if self.session is not None:
+            self.session.report_training_metrics(
+                MetricsReport(self.state.total_batches, self.state.epoch, metrics)
+            )
+        if self.callbacks:
+            longest = max(len(values) for values in window.values())
+            per_batch = [
+                {name: values[i] for name, values in window.items() if i < len(values)}
+                for i in range(longest)
+            ]
+            self._call("on_training_workload_end", dict(metrics), per_batch)
+
+    def _wrapped_metrics(self, *, training: bool) -> dict[str, float]:
+        """The metrics of `context.wrap_reducer` reducers (a collective when there are any);
+        the reducers are reset."""
+        wrapped = [
+            w for w in self.context._reducers if (w.for_training if training else w.for_validation)
+        ]
+        if not wrapped:
+            return {}
+        everyone = self.dist.allgather([w.reducer.per_slot_reduce() for w in wrapped])
+        metrics: dict[str, float] = {}
+        for i, w in enumerate(wrapped):
+            value = w.reducer.cross_slot_reduce([per_rank[i] for per_rank in everyone])
+            w.reducer.reset()
+            if w.name is None:
+                if not isinstance(value, Mapping):
+                    raise TrainingError(
+                        "a reducer wrapped with name=None must return a dict of metrics, got "
+                        f"{type(value).__name__}"
+                    )
+                metrics.update({k: _number(k, v) for k, v in value.items()})
+            else:
+                metrics[w.name] = _number(w.name, value)
+        return metrics
 
     # --- validation ---------------------------------------------------------------------
 
-    def _validate(self) -> None:
+    def _validate_and_apply_policy(self) -> None:
+        """Validate; then checkpoint as `checkpoint_policy` says (`all`: always; `best`:
+        when the searcher metric improved; `none`: never here)."""
+        improved = self._validate()
+        policy = self.config.checkpoint_policy
+        if policy == "all" or (policy == "best" and improved):
+            if self.state.last_checkpoint != self.state.total_batches or not self._checkpointed:
+                self._checkpoint()
+
+    def _validate(self) -> bool:
+        """Validate and report; return whether the searcher metric improved on its best."""
         context = self.context
+        self._call("on_validation_start")
+        for wrapped in context._reducers:
+            if wrapped.for_validation:
+                wrapped.reducer.reset()
         was_training = [m.training for m in context.models]
         for model in context.models:
             model.eval()
@@ -262,12 +382,20 @@ class TrialController:
                 # Shards may be uneven: no rank may wait on a buffer broadcast in eval.
                 setattr(model, "require_forward_param_sync", False)  # noqa: B010
         reducers: dict[str, MetricReducer] = {}
+        full: dict[str, float] | None = None
         try:
             with torch.no_grad():
-                for batch in self.val_data.epoch(0):
+                if self.evaluation == "full":
+                    full = self._evaluate_full_dataset()
+                for batch_idx, batch in enumerate(
+                    self.val_data.epoch(0) if self.evaluation != "full" else ()
+                ):
                     batch = context.to_device(batch)
                     with context._precision.autocast():
-                        out = self.trial.evaluate_batch(batch)
+                        if self.evaluation == "batch_idx":
+                            out = self.trial.evaluate_batch(batch, batch_idx)
+                        else:
+                            out = self.trial.evaluate_batch(batch)
                     if not isinstance(out, Mapping):
                         raise TrainingError(
                             "evaluate_batch must return a dict of metrics, got "
@@ -287,34 +415,81 @@ class TrialController:
         finally:
             for model, mode in zip(context.models, was_training, strict=True):
                 model.train(mode)
-        per_slot = {name: r.per_slot_reduce() for name, r in reducers.items()}
-        everyone = self.dist.allgather(per_slot)
-        names = sorted({name for per_rank in everyone for name in per_rank})
         metrics: dict[str, float] = {}
-        for name in names:
-            reducer = reducers.get(name) or self.reducers(name)
-            value = reducer.cross_slot_reduce([r[name] for r in everyone if name in r])
-            metrics[name] = float(value.item() if isinstance(value, torch.Tensor) else value)
+        if full is not None:
+            metrics.update(full)
+        else:
+            per_slot = {name: r.per_slot_reduce() for name, r in reducers.items()}
+            everyone = self.dist.allgather(per_slot)
+            for name in sorted({name for per_rank in everyone for name in per_rank}):
+                reducer = reducers.get(name) or self.reducers(name)
+                value = reducer.cross_slot_reduce([r[name] for r in everyone if name in r])
+                metrics[name] = float(value.item() if isinstance(value, torch.Tensor) else value)
+        metrics.update(self._wrapped_metrics(training=False))
         if not metrics:
             raise TrainingError("the validation data loader yielded no batches on any slot")
         searcher_metric = self.config.searcher.metric
-        if searcher_metric not in metrics:
+        if searcher_metric not in metrics and self.metric_required:
+            source = "evaluate_full_dataset" if full is not None else "evaluate_batch"
             raise TrainingError(
                 f"searcher.metric {searcher_metric!r} is not among the validation metrics "
-                f"that evaluate_batch returned ({', '.join(names)})"
+                f"that {source} returned ({', '.join(sorted(metrics))})"
             )
         self.state.last_validation = self.state.total_batches
         self.state.validation_metrics = metrics
         self.last_validation = metrics
+        improved = False
+        value = metrics.get(searcher_metric)
+        if value is not None:
+            best = self.state.best_metric
+            smaller = self.config.searcher.smaller_is_better
+            improved = best is None or (value < best if smaller else value > best)
+            if improved:
+                self.state.best_metric = value
         if self.session is not None:
             self.session.report_validation_metrics(
                 MetricsReport(self.state.total_batches, self.state.epoch, metrics)
             )
+        self._just_validated = True
+        self._call("on_validation_end", dict(metrics))
+        return improved
+
+    def _evaluate_full_dataset(self) -> dict[str, float]:
+        """`evaluate_full_dataset` on rank 0 with the whole validation loader; its metrics
+        (or its failure) are broadcast to the other ranks."""
+        answer: tuple[dict[str, float] | None, str | None] = (None, None)
+        error: BaseException | None = None
+        if self.dist.is_chief:
+            try:
+                with self.context._precision.autocast():
+                    out = self.trial.evaluate_full_dataset(self.val_loader)
+                if not isinstance(out, Mapping):
+                    raise TrainingError(
+                        "evaluate_full_dataset must return a dict of metrics, got "
+                        f"{type(out).__name__}"
+                    )
+                answer = ({str(k): _number(str(k), v) for k, v in out.items()}, None)
+            except BaseException as e:
+                error = e
+                answer = (None, f"{type(e).__name__}: {e}")
+        metrics, failure = self.dist.broadcast(answer)
+        if error is not None:
+            raise error
+        if metrics is None:
+            raise TrainingError(f"evaluate_full_dataset failed on rank 0: {failure}")
+        return metrics
 
     # --- checkpoints --------------------------------------------------------------------
 
     def _checkpoint(self) -> None:
         context = self.context
+        for callback in self.callbacks.values():
+            hook = type(callback).on_checkpoint_save_start
+            if _check_arity(hook, (0, 1), type(callback), "()") == 1:
+                info = {"total_batches": self.state.total_batches, "epoch": self.state.epoch}
+                callback.on_checkpoint_save_start(info)  # type: ignore[call-arg]
+            else:
+                callback.on_checkpoint_save_start()
         self.state.last_checkpoint = self.state.total_batches
         self._checkpointed = True
         mid_accumulation = (
@@ -345,6 +520,12 @@ class TrialController:
         user_state = self.trial.state_dict()
         if user_state:
             payload["user_state"] = user_state
+        if self.callbacks:
+            payload["callbacks"] = {
+                name: callback.state_dict() for name, callback in self.callbacks.items()
+            }
+        if context._scalers:
+            payload["scalers"] = [s.scaler.state_dict() for s in context._scalers]
         metadata = CheckpointMetadata(
             uuid=new_uuid(),
             total_batches=self.state.total_batches,
@@ -356,8 +537,10 @@ class TrialController:
         )
         path = write_checkpoint(self.checkpoint_root, payload, metadata)
         self.last_checkpoint = path
+        self._call("on_checkpoint_write_end", str(path))
         assert self.session is not None
         self.session.report_checkpoint(CheckpointReport(path, metadata))
+        self._call("on_checkpoint_end", str(path))
 
     def _local_gradients(self) -> list[list[torch.Tensor | None]]:
         return [
@@ -375,6 +558,27 @@ class TrialController:
         _match("models", len(models), len(context.models))
         _match("optimizers", len(optimizers), len(context.optimizers))
         _match("LR schedulers", len(schedulers), len(context._lr_schedulers))
+        callback_states: dict[str, Any] = {}
+        if "callbacks.pt" in metadata.files:
+            try:
+                callback_states = dict(load_file(path, "callbacks"))
+            except Exception as e:
+                raise TrainingError(
+                    f"checkpoint {path}: the callbacks' state does not load with "
+                    f"weights_only=True ({e}); callbacks' state_dict() must hold plain "
+                    "containers, numbers, strings and tensors"
+                ) from None
+        self._call(
+            "on_checkpoint_load_start",
+            {
+                "uuid": metadata.uuid,
+                "total_batches": metadata.total_batches,
+                "models_state_dict": models,
+                "optimizers_state_dict": optimizers,
+                "lr_schedulers_state_dict": schedulers,
+                "callbacks": callback_states,
+            },
+        )
         try:
             for model, sd in zip(context._unwrapped_models(), models, strict=True):
                 model.load_state_dict(sd)
@@ -383,6 +587,14 @@ class TrialController:
             for scheduler, sd in zip(context._lr_schedulers, schedulers, strict=True):
                 scheduler.load_state_dict(sd)
             context._precision.load_state_dict(load_file(path, "precision"))
+            if "scalers.pt" in metadata.files:
+                scalers = load_file(path, "scalers")
+                _match("GradScalers", len(scalers), len(context._scalers))
+                for user_scaler, sd in zip(context._scalers, scalers, strict=True):
+                    user_scaler.scaler.load_state_dict(sd)
+            for name, callback in self.callbacks.items():
+                if name in callback_states:
+                    callback.load_state_dict(callback_states[name])
         except (RuntimeError, ValueError, KeyError) as e:
             raise TrainingError(
                 f"checkpoint {path} does not fit this Trial's models and optimizers: {e}"
@@ -409,6 +621,8 @@ class TrialController:
             restore_rng_state(rng[rank])
         self.last_checkpoint = path
         self._checkpointed = True
+        self._restored_uuid = metadata.uuid
+        context._initial_batch = self.state.total_batches
 
     def _restore_gradients(self, path: Path, saved_world_size: int) -> None:
         if saved_world_size != self.dist.size:
@@ -431,6 +645,14 @@ def _floats(values: list[torch.Tensor | float]) -> list[float]:
     else:
         converted = iter([float(t) for t in tensors])
     return [next(converted) if isinstance(v, torch.Tensor) else float(v) for v in values]
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.item())
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise TrainingError(f"metric {name!r} must be a number or a scalar tensor, got {value!r}")
 
 
 def _match(what: str, saved: int, now: int) -> None:

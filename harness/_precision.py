@@ -96,6 +96,36 @@ class FP16Precision(_AutocastPrecision):
             self.scaler.load_state_dict(state["scaler"])
 
 
+class UserScaler:
+    """A `GradScaler` the Trial manages itself (Determined's `context.wrap_scaler`).
+
+    The Trial scales its loss (`context.backward(scaler.scale(loss))`); the harness
+    unscales before clipping, steps through the scaler, calls `update()` once per effective
+    batch, and checkpoints its state. It replaces the fp16 plugin's own scaler, so the two
+    are not combined (see `TrialContext.wrap_scaler`).
+    """
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+        self._unscaled: set[int] = set()
+        self._stepped = False
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) not in self._unscaled:
+            self.scaler.unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler.step(optimizer)
+        self._stepped = True
+
+    def update(self) -> None:
+        if self._stepped:
+            self.scaler.update()
+        self._stepped = False
+        self._unscaled.clear()
+
+
 def make_precision(name: Precision, device: torch.device) -> PrecisionPlugin:
     plugins: dict[str, type[PrecisionPlugin]] = {
         "off": PrecisionPlugin,

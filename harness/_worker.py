@@ -16,17 +16,18 @@ import sys
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from assay._context import TrialContext
-from assay._controller import TrialController
+from assay._controller import RunResult, TrialController
 from assay._distributed import DistributedContext, default_device
 from assay._loader import load_trial_class
 from assay._local import LocalResult, WorkerSpec, seed_everything
 from assay._precision import make_precision
 from assay._preempt import POLL_INTERVAL_S, PreemptWatcher
 from assay._session import LocalSession, Session
-from assay._trial import Trial
-from assay.config import ExperimentConfig, parse_config, sample_hparams
+from assay._trial import Trial, construct_trial
+from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
 from assay.errors import AssayError
 
 log = logging.getLogger("assay")
@@ -52,68 +53,128 @@ def run_worker(
     from `reproducibility.experiment_seed` and that seed.
     """
     config = parse_config(spec.config)
-    distributed = DistributedContext.from_env(env)
-    if distributed.size != config.resources.slots_per_trial:
-        raise AssayError(
-            f"WORLD_SIZE={distributed.size} but resources.slots_per_trial="
-            f"{config.resources.slots_per_trial}"
-        )
     if trial_class is None:
         if spec.model_dir is None:
             raise AssayError("a worker needs a model directory or a Trial class")
         trial_class = load_trial_class(spec.model_dir, config.entrypoint)
-    device = default_device(distributed)
-    distributed.init_process_group(device)
-    seed = config.experiment_seed if spec.trial_seed is None else spec.trial_seed
     if spec.hparams is None:
         hparams = sample_hparams(config.hyperparameters, random.Random(config.experiment_seed))
     else:
         hparams = dict(spec.hparams)
-    seed_everything(seed)
-    precision = make_precision(config.optimizations.mixed_precision, device)
-    context = TrialContext(
-        config=config,
-        hparams=hparams,
-        distributed=distributed,
-        device=device,
-        precision=precision,
-        trial_id=spec.trial_id,
-        trial_seed=seed,
+    seed = config.experiment_seed if spec.trial_seed is None else spec.trial_seed
+    context = build_context(
+        config, env=env, hparams=hparams, trial_seed=seed, trial_id=spec.trial_id
     )
-    trial = trial_class(context)
+    trial = construct_trial(trial_class, context)
     session: Session | None = None
     local: LocalSession | None = None
-    if distributed.is_chief:
+    if context.distributed.is_chief:
         if session_factory is None:
             session = local = LocalSession(max_batches=0)
         else:
             session = session_factory(config)
     # On a cluster, SIGTERM or the master's word stops training at a checkpoint (exit 0).
-    preempt: PreemptWatcher | None = None
-    if session_factory is not None:
-        ask = session.preempt_requested if session is not None else None
-        interval = float((env or os.environ).get("ASSAY_PREEMPT_POLL_S", POLL_INTERVAL_S))
-        preempt = PreemptWatcher(ask, interval)
-    controller = TrialController(
-        trial, context, session, Path(spec.checkpoint_dir), seed=seed, preempt=preempt
+    preempt = preempt_watcher(session, env) if session_factory is not None else None
+    result = train_slot(
+        trial,
+        context,
+        session,
+        Path(spec.checkpoint_dir),
+        resume_from=spec.resume_from,
+        preempt=preempt,
+        max_length=config.searcher.max_length if local is not None else None,
     )
-    if local is not None:
-        local.max_batches = config.searcher.max_length.to_batches(controller.batches_per_epoch)
+    if session is None:
+        return None
+    return local_result(result, session, hparams)
+
+
+def build_context(
+    config: ExperimentConfig,
+    *,
+    env: Mapping[str, str] | None,
+    hparams: Mapping[str, Any],
+    trial_seed: int,
+    trial_id: int = 0,
+    experiment_id: int = 0,
+    distributed: DistributedContext | None = None,
+) -> TrialContext:
+    """This slot's `TrialContext`: joins the process group (WORLD_SIZE > 1), seeds every
+    RNG with `trial_seed` and picks the device and precision plugin."""
+    if distributed is None:
+        distributed = DistributedContext.from_env(env)
+    if distributed.size != config.resources.slots_per_trial:
+        raise AssayError(
+            f"WORLD_SIZE={distributed.size} but resources.slots_per_trial="
+            f"{config.resources.slots_per_trial}"
+        )
+    device = default_device(distributed)
+    distributed.init_process_group(device)
+    seed_everything(trial_seed)
+    precision = make_precision(config.optimizations.mixed_precision, device)
+    return TrialContext(
+        config=config,
+        hparams=hparams,
+        distributed=distributed,
+        device=device,
+        precision=precision,
+        trial_id=trial_id,
+        trial_seed=trial_seed,
+        experiment_id=experiment_id,
+    )
+
+
+def preempt_watcher(session: Session | None, env: Mapping[str, str] | None) -> PreemptWatcher:
+    """Watches SIGTERM, and on rank 0 polls `session.preempt_requested`."""
+    ask = session.preempt_requested if session is not None else None
+    interval = float((env or os.environ).get("ASSAY_PREEMPT_POLL_S", POLL_INTERVAL_S))
+    return PreemptWatcher(ask, interval)
+
+
+def train_slot(
+    trial: Trial,
+    context: TrialContext,
+    session: Session | None,
+    checkpoint_dir: Path,
+    *,
+    resume_from: str | Path | None = None,
+    preempt: PreemptWatcher | None = None,
+    max_length: Length | None = None,
+    metric_required: bool = True,
+) -> RunResult:
+    """Restore `resume_from` if given and run the trial controller on this slot.
+
+    `max_length`: with a `LocalSession`, the length it trains to (epochs are counted with
+    the training loader's length). The preemption watcher is closed at the end.
+    """
     try:
-        if spec.resume_from is not None:
-            controller.restore(Path(spec.resume_from))
-        result = controller.run()
+        controller = TrialController(
+            trial,
+            context,
+            session,
+            checkpoint_dir,
+            seed=context.get_trial_seed(),
+            preempt=preempt,
+            metric_required=metric_required,
+        )
+        if isinstance(session, LocalSession) and max_length is not None:
+            session.max_batches = max_length.to_batches(controller.batches_per_epoch)
+        if resume_from is not None:
+            controller.restore(Path(resume_from))
+        return controller.run()
     finally:
         if preempt is not None:
             preempt.close()
-    if session is None:
-        return None
+
+
+def local_result(result: RunResult, session: Session, hparams: Mapping[str, Any]) -> LocalResult:
+    """Rank 0's `LocalResult` (with the metric history when `session` kept one)."""
     history = session if isinstance(session, LocalSession) else LocalSession(0, echo=False)
     return LocalResult(
         total_batches=result.total_batches,
         validation_metrics=result.validation_metrics,
         checkpoint=str(result.checkpoint) if result.checkpoint else None,
-        hparams=hparams,
+        hparams=dict(hparams),
         training_history=[
             {"total_batches": r.total_batches, "epoch": r.epoch, "metrics": r.metrics}
             for r in history.training

@@ -23,13 +23,33 @@ from ._format import table
 @user_errors
 def preview_search(config_file: Path, as_json: bool) -> None:
     """Show the trials, rung lengths and budget the searcher of CONFIG will use."""
-    from assay.config import load_config, preview
+    from assay.config import load_config, preview, searcher_in_batches
 
     config = load_config(config_file)
+    for warning in config.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    searcher = config.searcher
+    note = None
+    if searcher.max_length.unit.value != "batches":
+        # The master converts epochs with records_per_epoch; show its numbers when it can.
+        try:
+            searcher = searcher_in_batches(config)
+            note = (
+                f"note: max_length {config.searcher.max_length.to_dict()} is "
+                f"{searcher.max_length.value} batches on a cluster (records_per_epoch "
+                f"{config.records_per_epoch}, global_batch_size {config.global_batch_size})"
+            )
+        except InvalidConfigError:
+            note = (
+                "note: lengths are in epochs of the data loader (run-local); a cluster "
+                "needs records_per_epoch to convert them to batches"
+            )
     try:
-        plan = preview(config.searcher, config.hyperparameters)
-    except ValueError as e:  # a rule the parser already reports; kept for safety
+        plan = preview(searcher, config.hyperparameters)
+    except ValueError as e:  # a rule the parser already reports, or one of the conversion
         raise InvalidConfigError([str(e)]) from None
+    if note is not None:
+        click.echo(note, err=True)
     if as_json:
         echo_json(plan.to_dict())
         return

@@ -29,7 +29,7 @@ import yaml
 
 from assay._archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
 from assay._storage import StorageError, checkpoint_location, checkpoint_uuid
-from assay.config import ExperimentConfig, LengthUnit, parse_config
+from assay.config import ExperimentConfig, parse_config, searcher_in_batches
 from assay.errors import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE, InvalidConfigError
 from assay.master._auth import mask_secrets
 from assay.master._commit import GroupCommit
@@ -994,6 +994,18 @@ class Master:
             # Told to stop at its rung, then promoted while it was on its way out.
             self._set_trial(trial, state="QUEUED")
             self._enqueue(trial)
+        elif ok and experiment.config.is_script:
+            # A script that exits 0 has finished, as in Determined: its code decided so,
+            # and running it again would decide the same. The searcher learns it ended
+            # before the length it asked for.
+            message = (
+                f"assay: run {run.run_id} exited 0 at batch {trial.total_batches}, before "
+                f"its searcher target {trial.target}: the trial ends as completed"
+            )
+            log.info("trial %d: %s", trial.id, message)
+            self.batch.log(trial.id, run.run_id, message, level="WARNING", now=_now())
+            self._set_trial(trial, state="COMPLETED", end_time=_now())
+            self._searcher_event(experiment, trial, "on_trial_exited_early", "user_canceled")
         elif preempted:
             # Stopped at a checkpoint when asked to (SIGTERM, e.g. its agent shutting
             # down, or the master): not the user's failure.
@@ -1088,16 +1100,51 @@ class Master:
         with self.lock:
             trial = self.trials.get(run.trial_id)
             experiment = self.experiments.get(run.experiment_id)
-            if trial is None or experiment is None or trial.target != total_batches:
-                # Reported already (a retry), or the experiment has ended: once what the
-                # first report changed is durable, there is nothing more to do.
+            if (
+                trial is None
+                or experiment is None
+                or trial.target is None
+                or total_batches < trial.target
+            ):
+                # Reported already (a retry), short of the target, or the experiment has
+                # ended: once what the first report changed is durable, nothing to do.
                 self._commit_and_wait()
                 return
-            trial.target = None
-            self._searcher_event(
-                experiment, trial, "on_validation_completed", metric, total_batches
-            )
+            # A script may validate past its target (it validates on its own schedule):
+            # the searcher's rung is the target it asked for.
+            target, trial.target = trial.target, None
+            self._searcher_event(experiment, trial, "on_validation_completed", metric, target)
             self._schedule()
+            self._commit_and_wait()
+
+    def best_validation(self, run: Run) -> float | None:
+        """The best searcher-metric value any trial of `run`'s experiment has reported."""
+        with self.lock:
+            experiment = self.experiments.get(run.experiment_id)
+            if experiment is None:
+                return None
+            values = [
+                t.best_validation
+                for t in experiment.trials.values()
+                if t.best_validation is not None
+            ]
+            if not values:
+                return None
+            smaller = experiment.config.searcher.smaller_is_better
+            return min(values) if smaller else max(values)
+
+    def report_progress(self, run: Run, progress: float) -> None:
+        """A script's own estimate of how far it is (0..1). It is the experiment's progress
+        when the experiment is that one trial (`single`); a search's progress is the
+        searcher's budget spent, which a trial's estimate does not change."""
+        if not 0.0 <= progress <= 1.0:
+            raise InvalidArgumentError(f"progress must be between 0 and 1, got {progress!r}")
+        with self.lock:
+            experiment = self.experiments.get(run.experiment_id)
+            if experiment is None or experiment.config.searcher.name != "single":
+                return
+            if progress > experiment.progress:
+                self._set_experiment(experiment, progress=min(progress, 0.99))
             self._commit_and_wait()
 
     def report_metrics(self, run: Run, group: str, reports: Sequence[MetricReport]) -> int:
@@ -1191,11 +1238,11 @@ _ALLOWED_ACTIONS: dict[str, Set[str]] = {
 
 
 def _check_cluster_config(config: ExperimentConfig) -> None:
-    if config.searcher.max_length.unit is not LengthUnit.BATCHES:
-        raise InvalidArgumentError(
-            "searcher.max_length: a cluster experiment needs a length in batches, e.g. "
-            "{batches: 1000}"
-        )
+    """The searcher counts batches: a length in epochs must convert (records_per_epoch)."""
+    try:
+        searcher_in_batches(config)
+    except InvalidConfigError as e:
+        raise InvalidArgumentError(str(e)) from None
 
 
 def _check_model_definition(data: bytes) -> None:

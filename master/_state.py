@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from assay.config import ExperimentConfig, parse_config
+from assay.config import ExperimentConfig, parse_config, searcher_in_batches
 from assay.master.searcher import Searcher, make_searcher, restore_searcher
 from assay.master.store import NotFoundError, Store
 
@@ -85,8 +85,14 @@ class ExperimentState:
 
 
 def new_searcher(config: ExperimentConfig) -> Searcher:
-    """The experiment's searcher; `ValueError` names an option that cannot work."""
-    return make_searcher(config.searcher, config.hyperparameters, config.experiment_seed)
+    """The experiment's searcher; `ValueError` names an option that cannot work.
+
+    Its lengths are batches: one in epochs is converted with `records_per_epoch` (the
+    config is stored as written, and converted the same way again on restore).
+    """
+    return make_searcher(
+        searcher_in_batches(config), config.hyperparameters, config.experiment_seed
+    )
 
 
 class ModelCache:
@@ -134,7 +140,7 @@ def load_live(store: Store) -> list[ExperimentState]:
             saved: Mapping[str, Any] = record.searcher_state or {}
             searcher = (
                 restore_searcher(
-                    config.searcher,
+                    searcher_in_batches(config),
                     config.hyperparameters,
                     config.experiment_seed,
                     saved["searcher"],

@@ -27,6 +27,7 @@ from assay.config._schema import (
     SearcherConfig,
     load_config,
     parse_config,
+    searcher_in_batches,
 )
 from assay.config._search import (
     BracketPreview,
@@ -68,4 +69,5 @@ __all__ = [
     "rung_lengths",
     "sample_hparams",
     "search_spec",
+    "searcher_in_batches",
 ]

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from assay.config import _determined
 from assay.config._hparams import Const, HParam, parse_hparams
 from assay.config._reader import REQUIRED, Section, type_name
 from assay.config._search import searcher_problems
@@ -55,8 +57,10 @@ class Length:
 
 
 Precision = Literal["off", "fp16", "bf16"]
-# `bayesian` is an alias: random search with the tpe sampler.
-SEARCHER_NAMES = ("single", "grid", "random", "asha", "adaptive_asha", "bayesian")
+# `bayesian` is an alias: random search with the tpe sampler; `async_halving` is
+# Determined's name of ASHA.
+SEARCHER_NAMES = ("single", "grid", "random", "asha", "adaptive_asha", "bayesian", "async_halving")
+_ALIASES = {"async_halving": "asha"}
 # Keys each searcher accepts besides the common ones; their values are checked by
 # `assay.config._search.searcher_problems`, shared with the searchers themselves.
 _SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
@@ -70,6 +74,7 @@ _SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
         "num_rungs",
         "max_rungs",
         "sampler",
+        "stop_once",
     ),
     "adaptive_asha": (
         "max_trials",
@@ -79,9 +84,20 @@ _SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
         "mode",
         "bracket_rungs",
         "sampler",
+        "stop_once",
     ),
     "bayesian": ("max_trials", "max_concurrent_trials", "sampler"),
 }
+_SEARCHER_KEYS["async_halving"] = _SEARCHER_KEYS["asha"]
+# Every searcher reads these (besides its own keys).
+_COMMON_SEARCHER_KEYS = (
+    "name",
+    "metric",
+    "smaller_is_better",
+    "max_length",
+    "time_metric",
+    "max_time",
+)
 
 
 @dataclass(frozen=True)
@@ -174,7 +190,18 @@ class ExperimentConfig:
     checkpoint_policy: Literal["best", "all", "none"] = "best"
     perform_initial_validation: bool = False
     environment_variables: Mapping[str, str] = field(default_factory=dict)
+    # Determined's per-device form (`{cpu: [...], cuda: [...]}`): set on slots of that kind.
+    device_environment_variables: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # `key.path: message` for keys that were accepted but change nothing (see _determined).
+    warnings: tuple[str, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict)
+
+    def environment_for(self, device: str) -> dict[str, str]:
+        """The variables every rank on a `device` slot ("cpu" or "cuda") gets."""
+        return {
+            **self.environment_variables,
+            **self.device_environment_variables.get(device, {}),
+        }
 
     @property
     def is_script(self) -> bool:
@@ -210,20 +237,27 @@ def parse_config(data: Any) -> ExperimentConfig:
     if not isinstance(data, Mapping):
         raise InvalidConfigError([f"<config>: expected a mapping, got {type_name(data)}"])
     problems: list[str] = []
+    warnings: list[str] = []
     top = Section(data, "", problems)
 
     entrypoint, command = _parse_entrypoint(top)
-    hparams = parse_hparams(top.section("hyperparameters", required=True))
-    searcher = _parse_searcher(top.section("searcher", required=True), hparams)
+    script = command is not None
+    # A script (Determined's Core API) may search nothing: its hyperparameters are optional.
+    hparams = parse_hparams(top.section("hyperparameters", required=not script))
     resources = _parse_resources(top.section("resources"))
-    _check_global_batch_size(top, hparams, resources.slots_per_trial, script=command is not None)
+    _check_global_batch_size(top, hparams, resources.slots_per_trial, script=script)
+    units = _Units(_records_per_batch(hparams), script)
+    searcher = _parse_searcher(top.section("searcher", required=True), hparams, units, warnings)
     optimizations = _parse_optimizations(top.section("optimizations"))
-    min_val = _parse_length(top, "min_validation_period", required=False)
-    min_ckpt = _parse_length(top, "min_checkpoint_period", required=False)
+    min_val = _parse_length(top, "min_validation_period", required=False, units=units)
+    min_ckpt = _parse_length(top, "min_checkpoint_period", required=False, units=units)
     storage = _parse_storage(top.section("checkpoint_storage"))
     repro = top.section("reproducibility")
     seed = repro.get_int("experiment_seed", 0, minimum=0, maximum=2**31 - 1)
     repro.finish()
+    env = _determined.parse_environment(top.section("environment"), warnings)
+    _determined.check_top_level(top, warnings)
+    policy = top.get_choice("checkpoint_policy", ("best", "all", "none"), "best")
     config = ExperimentConfig(
         entrypoint=entrypoint or "",
         hyperparameters=hparams,
@@ -241,6 +275,12 @@ def parse_config(data: Any) -> ExperimentConfig:
         scheduling_unit=top.get_int("scheduling_unit", 100, minimum=1) or 100,
         data=dict(top.get_mapping("data") or {}),
         command=command,
+        records_per_epoch=top.get_int("records_per_epoch", None, minimum=1),
+        checkpoint_policy=policy,  # type: ignore[arg-type]
+        perform_initial_validation=top.get_bool("perform_initial_validation", False),
+        environment_variables=env.variables,
+        device_environment_variables=env.by_device,
+        warnings=tuple(warnings),
         raw=data,
     )
     top.finish()
@@ -318,28 +358,92 @@ def _check_global_batch_size(
         )
 
 
-def _parse_length(parent: Section, key: str, *, required: bool) -> Length | None:
+@dataclass(frozen=True)
+class _Units:
+    """What lengths are read against: `{records: N}` is N records in global batches of
+    `records_per_batch`; a script may give a bare integer, in the units its progress counts."""
+
+    records_per_batch: int | None
+    script: bool
+
+
+def _records_per_batch(hparams: Mapping[str, HParam]) -> int | None:
+    hp = hparams.get("global_batch_size")
+    if isinstance(hp, Const) and not isinstance(hp.val, bool) and isinstance(hp.val, int):
+        return hp.val if hp.val >= 1 else None
+    return None
+
+
+def _parse_length(parent: Section, key: str, *, required: bool, units: _Units) -> Length | None:
+    """`{batches: N}`, `{epochs: N}` or `{records: N}` (made batches here: ceil(N / global
+    batch size)); a bare N for a script, as Determined's Core API configs write it."""
     value = parent.raw(key)
     if value is None:
         if required:
             parent.error(key, "is required, e.g. {batches: 1000} or {epochs: 5}")
         return None
-    expected = "expected {batches: int} or {epochs: int}"
+    expected = "expected {batches: int} or {epochs: int} or {records: int}"
+    if units.script and not isinstance(value, bool) and isinstance(value, int):
+        if value < 1:
+            parent.error(key, f"expected a positive integer, got {value}")
+            return None
+        return Length.batches(value)  # what the script counts (it reports its batches)
     if not isinstance(value, Mapping) or len(value) != 1:
         parent.error(key, f"{expected}, got {value!r}")
         return None
     ((unit, n),) = value.items()
-    if unit not in ("batches", "epochs"):
+    if unit not in ("batches", "epochs", "records"):
         parent.error(key, f"{expected}, got unit {unit!r}")
         return None
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         parent.error(key, f"{expected} with a positive integer, got {unit}: {n!r}")
         return None
+    if unit == "records":
+        if units.records_per_batch is None:
+            parent.error(
+                key,
+                "a length in records needs hyperparameters.global_batch_size (a constant "
+                "integer): Assay counts global batches; or give {batches: N}",
+            )
+            return None
+        return Length.batches(math.ceil(n / units.records_per_batch))
     return Length(LengthUnit(unit), n)
 
 
-def _parse_searcher(s: Section, hparams: Mapping[str, HParam]) -> SearcherConfig:
-    name = s.get_required_choice("name", SEARCHER_NAMES)
+def searcher_in_batches(config: ExperimentConfig) -> SearcherConfig:
+    """`config.searcher` with `max_length` in batches, as the master's searchers count.
+
+    Epochs are `records_per_epoch` records each, in global batches: `ceil(epochs *
+    records_per_epoch / global_batch_size)`. Raise `InvalidConfigError` naming
+    `records_per_epoch` when an epoch length cannot be converted.
+    """
+    searcher = config.searcher
+    length = searcher.max_length
+    if length.unit is LengthUnit.BATCHES:
+        return searcher
+    per_batch = _records_per_batch(config.hyperparameters)
+    if config.records_per_epoch is None or per_batch is None:
+        needs = (
+            "records_per_epoch (the number of records in the training set)"
+            if config.records_per_epoch is None
+            else "hyperparameters.global_batch_size"
+        )
+        raise InvalidConfigError(
+            [
+                f"searcher.max_length: {length.to_dict()} on a cluster needs {needs}: the "
+                "master counts batches and cannot see the data loader; give it, or give "
+                "{batches: N}"
+            ]
+        )
+    batches = math.ceil(length.value * config.records_per_epoch / per_batch)
+    return replace(searcher, max_length=Length.batches(batches))
+
+
+def _parse_searcher(
+    s: Section, hparams: Mapping[str, HParam], units: _Units, warnings: list[str]
+) -> SearcherConfig:
+    given = s.get_required_choice("name", SEARCHER_NAMES)
+    name = _ALIASES.get(given, given) if given is not None else None
     metric = s.get_str("metric", REQUIRED)
     time_metric = s.get_str("time_metric", None)
     if s.has("max_time"):
@@ -354,7 +458,7 @@ def _parse_searcher(s: Section, hparams: Mapping[str, HParam]) -> SearcherConfig
             )
         max_length = Length.batches(max_time) if max_time is not None else None
     else:
-        max_length = _parse_length(s, "max_length", required=True)
+        max_length = _parse_length(s, "max_length", required=True, units=units)
     smaller = s.get_bool("smaller_is_better", True)
     max_trials = s.get_int("max_trials", None, minimum=1)
     concurrent = s.get_int("max_concurrent_trials", 0, minimum=0) or 0
@@ -366,11 +470,14 @@ def _parse_searcher(s: Section, hparams: Mapping[str, HParam]) -> SearcherConfig
         if key in s.data:
             options[key] = s.raw(key)
             if key not in allowed:
-                s.error(key, f"is not a setting of the {name} searcher")
-    for key in ("max_trials", "max_concurrent_trials"):
+                s.error(key, f"is not a setting of the {given} searcher")
+    for key in ("max_trials", "max_concurrent_trials", "stop_once"):
         if key in s.data and key not in allowed:
-            s.error(key, f"is not a setting of the {name} searcher")
-    s.finish()
+            s.raw(key)
+            s.error(key, f"is not a setting of the {given} searcher")
+    _determined.check_searcher(s, warnings, stop_once="stop_once" in allowed)
+    # An unknown key's hint lists what this searcher takes, not only what was given.
+    s.finish(extra_allowed=(*_COMMON_SEARCHER_KEYS, *allowed))
     config = SearcherConfig(
         name=name or "single",
         metric=metric or "",
@@ -393,13 +500,27 @@ def _parse_searcher(s: Section, hparams: Mapping[str, HParam]) -> SearcherConfig
 def _parse_resources(s: Section) -> ResourcesConfig:
     slots = s.get_int("slots_per_trial", 1, minimum=1) or 1
     priority = s.get_int("priority", 42, minimum=1, maximum=99) or 42
+    _determined.check_resources(s)
     s.finish()
     return ResourcesConfig(slots_per_trial=slots, priority=priority)
 
 
 def _parse_optimizations(s: Section) -> OptimizationsConfig:
     freq = s.get_int("aggregation_frequency", 1, minimum=1) or 1
-    precision = s.get_choice("mixed_precision", ("off", "fp16", "bf16"), "off")
+    apex = s.data.get("mixed_precision")
+    if apex == "O0":  # Apex's "off", as Determined configs write it
+        precision = "off"
+        s.raw("mixed_precision")
+    elif apex in ("O1", "O2", "O3"):
+        s.raw("mixed_precision")
+        s.error(
+            "mixed_precision",
+            f"{apex} is an Apex level; Assay uses torch.autocast: write fp16 (with a gradient "
+            "scaler) or bf16",
+        )
+        precision = "off"
+    else:
+        precision = s.get_choice("mixed_precision", ("off", "fp16", "bf16"), "off")
     s.finish()
     return OptimizationsConfig(aggregation_frequency=freq, mixed_precision=precision)  # type: ignore[arg-type]
 
@@ -409,6 +530,8 @@ _S3_KEYS = ("bucket", "prefix", "endpoint_url", "region", "access_key", "secret_
 
 
 def _parse_storage(s: Section) -> CheckpointStorageConfig:
+    if not _determined.check_storage_type(s):
+        return CheckpointStorageConfig()  # refused: its other keys belong to that type
     kind = s.get_choice("type", ("shared_fs", "s3"), "shared_fs")
     values = {key: s.get_str(key, None) for key in (*_SHARED_FS_KEYS, *_S3_KEYS)}
     best = s.get_int("save_trial_best", 1, minimum=0)

@@ -104,7 +104,7 @@ def test_grid_counts_points(tmp_path: Path) -> None:
         ({"name": "random", "max_length": {"batches": 100}}, "searcher.max_trials: is required"),
         (
             {"name": "asha", "max_trials": 8, "divisor": 1, "max_length": {"batches": 100}},
-            "searcher.divisor: must be at least 2, got 1",
+            "searcher.divisor: must be greater than 1",
         ),
     ],
 )

@@ -1,0 +1,266 @@
+"""Determined 0.38's config keys that Assay has no counterpart for, and Determined's forms
+of keys it does have (`environment.environment_variables`).
+
+A ported config is never met with "unknown key" and never half-read: a key that changes
+nothing here is accepted with a warning that says so, and one whose meaning Assay cannot
+honour is refused with what Assay does instead. Warnings and problems both carry the key
+path (`environment.image: ...`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from assay.config._reader import Section, type_name
+
+# What the agent and the local launcher set for every rank; a config may not change them.
+RESERVED_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+)
+RESERVED_PREFIX = "ASSAY_"
+DEVICES = ("cpu", "cuda", "rocm")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+_NO_CONTAINERS = (
+    "Assay runs trials as processes in the agents' own Python environment, not in containers"
+)
+_CONTAINER_KEYS = {
+    "image": "install what the image held on the agents (e.g. into the agents' virtualenv) "
+    "and remove it",
+    "force_pull_image": "remove it",
+    "registry_auth": "remove it",
+    "pod_spec": "remove it (agents are placed by `assay-agent`, not Kubernetes pods)",
+    "add_capabilities": "remove it",
+    "drop_capabilities": "remove it",
+}
+_POOLS = (
+    "resource pools and fair-share limits are not in this release: trials go to any "
+    "agent with free slots, ordered by resources.priority; remove it"
+)
+_RESOURCE_KEYS = ("max_slots", "weight", "resource_pool", "agent_label")
+_FLAT_LIST = (
+    "projects and workspaces come with a later release; the experiment goes to the flat list"
+)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """`environment.environment_variables`: for every device, and per device kind."""
+
+    variables: Mapping[str, str] = field(default_factory=dict)
+    by_device: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+
+def parse_environment(s: Section, warnings: list[str]) -> Environment:
+    """Read `environment`: its variables, and Determined's container keys refused."""
+    for key, fix in _CONTAINER_KEYS.items():
+        if key not in s.data:
+            continue
+        value = s.raw(key)
+        if value in (None, False, "", [], {}):
+            warnings.append(f"{s.key_path(key)}: has no effect: {_NO_CONTAINERS}")
+        else:
+            s.error(key, f"{_NO_CONTAINERS}: {fix}")
+    env = environment_variables(s.raw("environment_variables"), s, warnings)
+    s.finish()
+    return env
+
+
+def environment_variables(value: Any, s: Section, warnings: list[str]) -> Environment:
+    """Determined's forms: a list of `NAME=value`, a mapping of names to values, or either
+    of those per device kind (`{cpu: [...], cuda: [...]}`)."""
+    key = "environment_variables"
+    if value is None:
+        return Environment()
+    if isinstance(value, Mapping) and value and all(k in DEVICES for k in value):
+        by_device: dict[str, Mapping[str, str]] = {}
+        for device, entries in value.items():
+            path = f"{key}.{device}"
+            if device == "rocm" and entries:
+                warnings.append(
+                    f"{s.key_path(path)}: Assay has no ROCm slots; these variables are never set"
+                )
+            by_device[device] = _variables(entries, s, path)
+        return Environment(by_device=by_device)
+    return Environment(variables=_variables(value, s, key))
+
+
+def _variables(value: Any, s: Section, path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if value is None:
+        return out
+    if isinstance(value, list):
+        for i, entry in enumerate(value):
+            where = f"{path}[{i}]"
+            if not isinstance(entry, str) or "=" not in entry:
+                s.error(where, f"expected 'NAME=value', got {entry!r}")
+                continue
+            name, _, text = entry.partition("=")
+            if _check_name(name, s, where):
+                if name in out:
+                    s.error(where, f"{name} is set twice")
+                out[name] = text
+        return out
+    if isinstance(value, Mapping):
+        for name, text in value.items():
+            where = f"{path}.{name}"
+            if not isinstance(name, str) or not _check_name(name, s, where):
+                continue
+            if isinstance(text, bool) or not isinstance(text, str | int | float):
+                s.error(where, f"expected a string value, got {type_name(text)} (quote it)")
+                continue
+            out[name] = str(text)
+        return out
+    s.error(
+        path,
+        "expected a list of 'NAME=value' strings, a mapping of names to values, or either "
+        f"per device ({{cpu: [...], cuda: [...]}}), got {type_name(value)}",
+    )
+    return out
+
+
+def _check_name(name: str, s: Section, where: str) -> bool:
+    if not _NAME.match(name):
+        s.error(where, f"{name!r} is not a variable name (letters, digits and _)")
+        return False
+    if name in RESERVED_VARIABLES or name.startswith(RESERVED_PREFIX):
+        s.error(
+            where,
+            f"{name} is set by Assay for every rank (RANK, WORLD_SIZE, LOCAL_RANK, "
+            "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES, "
+            "CUDA_DEVICE_ORDER and ASSAY_*); a config cannot change it",
+        )
+        return False
+    return True
+
+
+def check_top_level(top: Section, warnings: list[str]) -> None:
+    """Determined's top-level keys that Assay does not have."""
+    for key in ("workspace", "project"):
+        if key in top.data:
+            top.raw(key)
+            warnings.append(f"{key}: {_FLAT_LIST}")
+    if "debug" in top.data:
+        top.raw("debug")
+        warnings.append(
+            "debug: has no effect: Assay has no debug mode (set your own log levels, e.g. "
+            "through environment.environment_variables)"
+        )
+    if "tensorboard_storage" in top.data:
+        top.raw("tensorboard_storage")
+        top.error(
+            "tensorboard_storage",
+            "Assay has no TensorBoard storage: the metrics trials report are kept by the "
+            "master and shown by the web UI and `assay trial metrics`; remove it (a Trial "
+            "may still write TensorBoard files to a path of its own)",
+        )
+    _check_profiling(top, warnings)
+    _check_bind_mounts(top, warnings)
+
+
+def _check_profiling(top: Section, warnings: list[str]) -> None:
+    if "profiling" not in top.data:
+        return
+    value = top.raw("profiling")
+    enabled = value.get("enabled", False) if isinstance(value, Mapping) else value
+    if enabled is True:
+        top.error(
+            "profiling",
+            "Assay has no profiler in this release: run torch.profiler in your Trial and "
+            "write its trace to a path of your own; remove profiling or set enabled: false",
+        )
+    else:
+        warnings.append("profiling: has no effect: Assay has no profiler in this release")
+
+
+def _check_bind_mounts(top: Section, warnings: list[str]) -> None:
+    if "bind_mounts" not in top.data:
+        return
+    mounts = top.raw("bind_mounts")
+    if mounts is None:
+        return
+    if not isinstance(mounts, list):
+        top.error("bind_mounts", f"expected a list of mounts, got {type_name(mounts)}")
+        return
+    for i, mount in enumerate(mounts):
+        where = f"bind_mounts[{i}]"
+        host = mount.get("host_path") if isinstance(mount, Mapping) else None
+        if not isinstance(host, str) or not host:
+            top.error(where, f"expected a mapping with host_path and container_path, got {mount!r}")
+            continue
+        container = mount.get("container_path", host)
+        if container == host:
+            warnings.append(
+                f"{where}: not needed: trials run on the agents without containers and read "
+                f"{host} where it is"
+            )
+        else:
+            top.error(
+                where,
+                f"trials run on the agents without containers, so nothing is mounted at "
+                f"{container!r}: read {host!r} directly (or set container_path to the same "
+                "path)",
+            )
+
+
+def check_resources(s: Section) -> None:
+    """Determined's pool and fair-share keys under `resources`."""
+    for key in _RESOURCE_KEYS:
+        if key in s.data:
+            s.raw(key)
+            s.error(key, _POOLS)
+    for key in ("shm_size", "devices"):
+        if key in s.data:
+            s.raw(key)
+            s.error(key, f"{_NO_CONTAINERS}: remove it")
+
+
+def check_searcher(s: Section, warnings: list[str], *, stop_once: bool) -> None:
+    """Determined's searcher keys that Assay reads differently or not at all."""
+    for key in ("source_trial_id", "source_checkpoint_uuid"):
+        if key in s.data:
+            s.raw(key)
+            s.error(
+                key,
+                "starting a search from another trial's checkpoint is not in this release: "
+                "load the weights in your Trial (e.g. from a path given under `data`)",
+            )
+    if stop_once and "stop_once" in s.data:
+        value = s.raw("stop_once")
+        if not isinstance(value, bool):
+            s.error("stop_once", f"expected true or false, got {type_name(value)} ({value!r})")
+        elif value:
+            warnings.append(
+                f"{s.key_path('stop_once')}: Assay's ASHA pauses a trial that is not "
+                "promoted at once and may promote and resume it later (stop_once: false); "
+                "the search runs that way"
+            )
+
+
+CHECKPOINT_TYPES = ("shared_fs", "s3")
+_OTHER_STORAGE = ("gcs", "azure", "directory")
+
+
+def check_storage_type(s: Section) -> bool:
+    """Refuse Determined's storage types that Assay lacks; False when one was refused."""
+    kind = s.data.get("type")
+    if kind not in _OTHER_STORAGE:
+        return True
+    s.raw("type")
+    s.error(
+        "type",
+        f"{kind} storage is not in this release: use shared_fs (host_path: a directory every "
+        "agent and the master mount at the same path) or s3 (bucket, with endpoint_url for "
+        "any S3-compatible store)",
+    )
+    return False

@@ -40,6 +40,8 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "pytorch":  # Determined's Trainer API: `from assay import pytorch`
+        return importlib.import_module("assay.pytorch")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'assay' has no attribute {name!r}")
@@ -49,7 +51,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"pytorch"})
 
 
 __all__ = [

@@ -25,7 +25,8 @@ from assay._tls import ClientTls
 from assay.agent._devices import SlotKind
 from assay.agent._logs import LogBatcher
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
-from assay.errors import AssayError
+from assay.config import environment_of
+from assay.errors import AssayError, InvalidConfigError
 from assay.proto import agent_pb2
 
 # Variables of the agent's environment that its trial processes never see.
@@ -82,6 +83,14 @@ def _json_or_empty(text: str, field: str) -> Any:
         return json.loads(text) if text else {}
     except json.JSONDecodeError as e:
         raise AllocationError(f"{field} is not valid JSON: {e}") from None
+
+
+def _config_environment(config_json: str, slot_kind: str) -> dict[str, str]:
+    """`environment.environment_variables` of the experiment config, for this slot kind."""
+    try:
+        return environment_of(_json_or_empty(config_json, "config_json"), slot_kind)
+    except InvalidConfigError as e:
+        raise AllocationError(f"refused the config's environment variables: {e}") from None
 
 
 def _free_port() -> int:
@@ -220,6 +229,9 @@ class Allocation:
         local_world = len(start.slots)
         # The agent's own secrets stay with the agent: trials run the users' code.
         env = {k: v for k, v in os.environ.items() if k not in AGENT_SECRETS}
+        # The config's environment_variables; those set below win (the config may not name
+        # them, and this order keeps it so).
+        env.update(_config_environment(start.config_json, self.settings.slot_kind))
         env.update(
             RANK=str(rank),
             WORLD_SIZE=str(start.world_size),

@@ -52,11 +52,14 @@ def create_command(
     completes.
     """
     from assay._archive import pack_model_dir
-    from assay.config import load_config
+    from assay.config import load_config, searcher_in_batches
 
     if follow and paused:
         raise click.UsageError("--follow needs a running experiment; drop --paused")
-    load_config(config)  # every problem, with its key path, before anything is uploaded
+    parsed = load_config(config)  # every problem, with its key path, before any upload
+    searcher_in_batches(parsed)  # the master's searchers count batches
+    for warning in parsed.warnings:
+        click.echo(f"warning: {warning}", err=True)
     text = config.read_text()
     if not model_dir.is_dir():
         raise AssayError(f"model directory {model_dir} does not exist")

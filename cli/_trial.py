@@ -53,6 +53,8 @@ def run_local_command(
     from assay.config import load_config, parse_config
 
     parsed = load_config(config)  # validate everything before importing torch
+    for warning in parsed.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if slots is not None:
         resources = dict(parsed.raw.get("resources") or {}, slots_per_trial=slots)
         parsed = parse_config({**parsed.raw, "resources": resources})

@@ -6,6 +6,7 @@ process each with the torch.distributed environment, the way an agent launches t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,13 +17,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from assay._trial import Trial
-from assay.config import ExperimentConfig, load_config, parse_config
+from assay.config import ExperimentConfig, environment_of, load_config, parse_config
 from assay.errors import AssayError, InvalidConfigError, TrainingError
 
 log = logging.getLogger("assay")
@@ -119,7 +120,8 @@ def run_local(
     if parsed.resources.slots_per_trial == 1:
         from assay._worker import run_worker
 
-        result = run_worker(spec, trial_class=trial, env={})
+        with _environment(_config_environment(raw)):
+            result = run_worker(spec, trial_class=trial, env={})
         assert result is not None
         return result
     return _launch(spec, parsed.resources.slots_per_trial)
@@ -192,7 +194,7 @@ def _launch(spec: WorkerSpec, slots: int) -> LocalResult:
         tails: list[list[str]] = []
         pumps: list[threading.Thread] = []
         for rank in range(slots):
-            env = dict(os.environ)
+            env = {**os.environ, **_config_environment(spec.config)}
             env.update(
                 RANK=str(rank),
                 WORLD_SIZE=str(slots),
@@ -234,6 +236,28 @@ def _launch(spec: WorkerSpec, slots: int) -> LocalResult:
             raise TrainingError("rank 0 exited without writing its result")
         data = json.loads(result_path.read_text())
         return LocalResult(**data)
+
+
+def _config_environment(config: Mapping[str, Any]) -> dict[str, str]:
+    """`environment.environment_variables` for this machine's slots (cuda when it has one)."""
+    import torch
+
+    return environment_of(config, "cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextlib.contextmanager
+def _environment(variables: Mapping[str, str]) -> Iterator[None]:
+    """Set `variables` in this process (the in-process slot) while training; restore after."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _die_with_parent() -> None:

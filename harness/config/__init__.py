@@ -4,6 +4,7 @@
 `ExperimentConfig`, or raises `InvalidConfigError` listing every problem with its key path.
 """
 
+from assay.config._determined import environment_of
 from assay.config._hparams import (
     MAX_GRID_POINTS,
     Categorical,
@@ -61,6 +62,7 @@ __all__ = [
     "RungPreview",
     "SearchSpec",
     "SearcherConfig",
+    "environment_of",
     "grid_points",
     "grid_values",
     "load_config",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assay.config._reader import Section, type_name
+from assay.errors import InvalidConfigError
 
 # What the agent and the local launcher set for every rank; a config may not change them.
 RESERVED_VARIABLES = (
@@ -93,6 +94,18 @@ def environment_variables(value: Any, s: Section, warnings: list[str]) -> Enviro
             by_device[device] = _variables(entries, s, path)
         return Environment(by_device=by_device)
     return Environment(variables=_variables(value, s, key))
+
+
+def environment_of(raw: Any, device: str) -> dict[str, str]:
+    """The variables a rank on a `device` slot ("cpu" or "cuda") gets from a stored config
+    (its `environment.environment_variables` alone is read); `InvalidConfigError` if bad."""
+    problems: list[str] = []
+    section = raw.get("environment") if isinstance(raw, Mapping) else None
+    s = Section(section if isinstance(section, Mapping) else {}, "environment", problems)
+    env = environment_variables(s.raw("environment_variables"), s, [])
+    if problems:
+        raise InvalidConfigError(problems)
+    return {**env.variables, **env.by_device.get(device, {})}
 
 
 def _variables(value: Any, s: Section, path: str) -> dict[str, str]:

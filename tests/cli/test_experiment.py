@@ -365,3 +365,30 @@ def test_wait_timeout(master: FakeApi) -> None:
     done = run_cli("e", "wait", 7, "--timeout", "0.3", master=master)
 
     assert_one_line_error(done, "experiment 7 is still ACTIVE after 0.3 s")
+
+
+def test_create_prints_config_warnings(master: FakeApi, tmp_path: Path, model_dir: Path) -> None:
+    master.responses["CreateExperiment"] = created(9)
+    config = tmp_path / "ported.yaml"
+    config.write_text(yaml.safe_dump(dict(CONFIG, workspace="w", debug=False)))
+
+    done = run_cli("e", "create", config, model_dir, master=master)
+
+    assert_ok(done)
+    assert "warning: workspace: projects and workspaces come with a later release" in done.stderr
+    assert "warning: debug: has no effect" in done.stderr
+
+
+def test_create_epochs_without_records_per_epoch_refused_locally(
+    master: FakeApi, tmp_path: Path, model_dir: Path
+) -> None:
+    searcher = {"name": "single", "metric": "val_loss", "max_length": {"epochs": 1}}
+    config = tmp_path / "epochs.yaml"
+    config.write_text(yaml.safe_dump(dict(CONFIG, searcher=searcher)))
+
+    done = run_cli("e", "create", config, model_dir, master=master)
+
+    assert done.returncode == 1
+    assert "searcher.max_length" in done.stderr
+    assert "records_per_epoch" in done.stderr
+    assert master.requests == []

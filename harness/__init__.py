@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from assay._distributed import DistributedContext
     from assay._local import LocalResult, run_local
     from assay._trial import MetricReducer, Reducer, Trial
+    from assay.core._info import get_cluster_info
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,7 @@ _LAZY = {
     "StepMode": "assay._context",
     "DistributedContext": "assay._distributed",
     "run_local": "assay._local",
+    "get_cluster_info": "assay.core._info",
     "LocalResult": "assay._local",
 }
 
@@ -42,6 +44,8 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name == "pytorch":  # Determined's Trainer API: `from assay import pytorch`
         return importlib.import_module("assay.pytorch")
+    if name == "core":  # `import assay` then `assay.core.init()`
+        return importlib.import_module("assay.core")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'assay' has no attribute {name!r}")
@@ -69,5 +73,6 @@ __all__ = [
     "TrainingError",
     "TrialLoadError",
     "__version__",
+    "get_cluster_info",
     "run_local",
 ]

@@ -15,16 +15,17 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from assay.errors import AssayError
+
+if TYPE_CHECKING:
+    pass
 
 FORMAT_VERSION = 1
 MANIFEST = "metadata.json"
@@ -53,7 +54,9 @@ class CheckpointMetadata:
     user_metadata: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     created_at: float = 0.0
-    torch_version: str = torch.__version__
+    torch_version: str = field(default_factory=lambda: _torch_version())
+    # What wrote it: "trial" (the Trial harness) or "core" (a script's store_path).
+    kind: str = "trial"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)
@@ -70,8 +73,17 @@ class CheckpointMetadata:
         return sum(f.size for f in self.files.values())
 
 
+def _torch_version() -> str:
+    """torch's version when torch is loaded; scripts that never import it write none."""
+    module = sys.modules.get("torch")
+    return str(getattr(module, "__version__", "")) if module is not None else ""
+
+
 def capture_rng_state() -> dict[str, Any]:
     """This process's RNG states in a form `torch.load(weights_only=True)` accepts."""
+    import numpy as np
+    import torch
+
     np_state = np.random.get_state()
     assert isinstance(np_state, tuple)
     state: dict[str, Any] = {
@@ -93,6 +105,9 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     torch.set_rng_state(state["torch"])
     name, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
@@ -125,6 +140,8 @@ def _fsync_dir(path: Path) -> None:
 
 def write_checkpoint(root: Path, payload: dict[str, Any], metadata: CheckpointMetadata) -> Path:
     """Write `payload` (file stem -> object for torch.save) as checkpoint `metadata.uuid`."""
+    import torch
+
     root.mkdir(parents=True, exist_ok=True)
     final = root / metadata.uuid
     tmp = root / f".tmp-{metadata.uuid}"
@@ -137,19 +154,53 @@ def write_checkpoint(root: Path, payload: dict[str, Any], metadata: CheckpointMe
                 torch.save(obj, f)
                 f.flush()
                 os.fsync(f.fileno())
-            metadata.files[path.name] = FileEntry(path.stat().st_size, _sha256(path))
-        metadata.created_at = time.time()
-        manifest = tmp / MANIFEST
-        with manifest.open("w") as f:
-            f.write(metadata.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(root)
+        return seal_checkpoint(tmp, final, metadata)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def file_entries(directory: Path) -> dict[str, FileEntry]:
+    """Every file under `directory` (subdirectories too) by relative POSIX name."""
+    entries: dict[str, FileEntry] = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_symlink():
+            raise CheckpointError(f"checkpoint file {path.relative_to(directory)} is a symlink")
+        if path.is_file():
+            entries[path.relative_to(directory).as_posix()] = FileEntry(
+                path.stat().st_size, _sha256(path)
+            )
+    return entries
+
+
+def seal_checkpoint(
+    staging: Path,
+    final: Path,
+    metadata: CheckpointMetadata,
+    extra: dict[str, FileEntry] | None = None,
+) -> Path:
+    """Finish a checkpoint written into `staging`: hash every file (subdirectories too)
+    into `metadata.files`, write the manifest last, and rename `staging` to `final`.
+
+    The files must already be flushed; a reader never sees `final` half-written. `extra`:
+    entries of files stored elsewhere by other processes (a sharded checkpoint).
+    """
+    if (staging / MANIFEST).exists():
+        raise CheckpointError(
+            f"a checkpoint may not hold its own {MANIFEST}: Assay writes it (the manifest); "
+            "name that file differently"
+        )
+    metadata.files.update(file_entries(staging))
+    metadata.files.update(extra or {})
+    metadata.created_at = time.time()
+    manifest = staging / MANIFEST
+    with manifest.open("w") as f:
+        f.write(metadata.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(staging)
+    os.rename(staging, final)
+    _fsync_dir(final.parent)
     return final
 
 
@@ -197,4 +248,6 @@ def verify_checkpoint(path: Path) -> CheckpointMetadata:
 
 def load_file(path: Path, stem: str, *, trusted_pickle: bool = False) -> Any:
     """Load `stem`.pt; tensors and plain containers only unless `trusted_pickle`."""
+    import torch
+
     return torch.load(path / f"{stem}.pt", map_location="cpu", weights_only=not trusted_pickle)

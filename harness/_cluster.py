@@ -25,7 +25,7 @@ unreachable master, a bad config); 1 with the traceback for anything else (user 
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import os
 import shutil
@@ -33,12 +33,11 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from assay._local import WorkerSpec
 from assay._session import CheckpointReport, MetricsReport, _fmt
+from assay._spec import SPEC_ENV, ClusterSpec
 from assay._storage import (
     StorageManager,
     checkpoint_location,
@@ -57,93 +56,31 @@ from assay.errors import (
 )
 from assay.proto import common_pb2, trial_pb2
 
+if TYPE_CHECKING:
+    from assay._local import WorkerSpec
+
 log = logging.getLogger("assay")
 
-SPEC_ENV = "ASSAY_TRIAL_SPEC"
 
+def worker_spec(
+    spec: ClusterSpec,
+    model_dir: str | Path,
+    *,
+    checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
+) -> WorkerSpec:
+    """The `WorkerSpec` of this slot of `spec`'s trial run."""
+    from assay._local import WorkerSpec
 
-@dataclass(frozen=True)
-class ClusterSpec:
-    """The contents of ASSAY_TRIAL_SPEC."""
-
-    config: dict[str, Any]
-    hparams: dict[str, Any]
-    trial_seed: int
-    trial_id: int
-    run_id: int
-    experiment_id: int
-    allocation_id: str
-    checkpoint_root: str
-    restore_from: str | None
-    trial_api: str
-    token: str
-
-    @classmethod
-    def from_dict(cls, data: Any, *, source: str = "the trial spec") -> ClusterSpec:
-        if not isinstance(data, Mapping):
-            raise AssayError(f"{source} must be a JSON object")
-        problems: list[str] = []
-
-        def get(key: str, kind: type | tuple[type, ...], *, nullable: bool = False) -> Any:
-            if key not in data:
-                problems.append(f"{key}: missing")
-                return None
-            value = data[key]
-            if value is None and nullable:
-                return None
-            if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-                problems.append(f"{key}: expected {_kind_name(kind)}, got {value!r}")
-            return value
-
-        spec = {
-            "config": get("config", dict),
-            "hparams": get("hparams", dict),
-            "trial_seed": get("trial_seed", int),
-            "trial_id": get("trial_id", int),
-            "run_id": get("run_id", int),
-            "experiment_id": get("experiment_id", int),
-            "allocation_id": get("allocation_id", str),
-            "checkpoint_root": get("checkpoint_root", str),
-            "restore_from": get("restore_from", str, nullable=True),
-            "trial_api": get("trial_api", str),
-            "token": get("token", str),
-        }
-        if problems:
-            raise AssayError(f"{source} is invalid: {'; '.join(problems)}")
-        return cls(**spec)
-
-    @classmethod
-    def load(cls, path: str | Path) -> ClusterSpec:
-        try:
-            data = json.loads(Path(path).read_text())
-        except OSError as e:
-            raise AssayError(f"cannot read trial spec {path}: {e.strerror or e}") from None
-        except ValueError as e:
-            raise AssayError(f"trial spec {path} is not valid JSON: {e}") from None
-        return cls.from_dict(data, source=f"trial spec {path}")
-
-    def worker_spec(
-        self,
-        model_dir: str | Path,
-        *,
-        checkpoint_dir: str | None = None,
-        resume_from: str | None = None,
-    ) -> WorkerSpec:
-        return WorkerSpec(
-            config=self.config,
-            model_dir=str(Path(model_dir).resolve()),
-            checkpoint_dir=checkpoint_dir or self.checkpoint_root,
-            resume_from=resume_from or self.restore_from,
-            trial_id=self.trial_id,
-            hparams=self.hparams,
-            trial_seed=self.trial_seed,
-        )
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names = {dict: "an object", int: "an integer", str: "a string"}
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
+    return WorkerSpec(
+        config=spec.config,
+        model_dir=str(Path(model_dir).resolve()),
+        checkpoint_dir=checkpoint_dir or spec.checkpoint_root,
+        resume_from=resume_from or spec.restore_from,
+        trial_id=spec.trial_id,
+        hparams=spec.hparams,
+        trial_seed=spec.trial_seed,
+    )
 
 
 class ClusterSession:
@@ -299,7 +236,9 @@ def run_cluster_slot(
         resume_from = None
         if spec.restore_from and is_remote(spec.restore_from):
             resume_from = str(fetch_checkpoint(spec.restore_from, storage_config, scratch))
-        worker = spec.worker_spec(model_dir, checkpoint_dir=checkpoint_dir, resume_from=resume_from)
+        worker = worker_spec(
+            spec, model_dir, checkpoint_dir=checkpoint_dir, resume_from=resume_from
+        )
         run_worker(worker, env=env, session_factory=make_session)
     finally:
         for session in sessions:
@@ -319,13 +258,27 @@ def fetch_checkpoint(location: str, config: CheckpointStorageConfig, scratch: Pa
     return target
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], *, entrypoint: str | None = None) -> int:
+    """One slot: a Trial class trained here, or a script entrypoint exec'd in its place.
+
+    `entrypoint`: a Trial's `module:Class` that replaces the config's (Determined's
+    `python3 -m determined.launch.torch_distributed --trial module:Class`).
+    """
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     try:
         path = argv[0] if argv else os.environ.get(SPEC_ENV)
         if not path:
             raise AssayError(f"{SPEC_ENV} is not set: it names the trial spec JSON file")
         spec = ClusterSpec.load(path)
+        command = parse_config(spec.config).command
+        if entrypoint is None and command is not None:
+            from assay._script import exec_command, launcher_trial
+
+            entrypoint = launcher_trial(command)
+            if entrypoint is None:
+                exec_command(command)  # the script takes this process's place
+        if entrypoint is not None:
+            spec = dataclasses.replace(spec, config={**spec.config, "entrypoint": entrypoint})
         run_cluster_slot(spec, model_dir=Path.cwd())
     except TrialPreempted as e:
         print(e, flush=True)

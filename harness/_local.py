@@ -111,6 +111,15 @@ def run_local(
         raise InvalidConfigError(["<config>: give run_local a Trial class or a model_dir"])
     ckpt_dir = Path(checkpoint_dir or _storage_dir(parsed) or "checkpoints").resolve()
     _check_writable(ckpt_dir)
+    if parsed.is_script:
+        from assay._script import run_script_local
+
+        if model_dir is None:
+            raise InvalidConfigError(["<config>: a script entrypoint needs a model_dir"])
+        result: LocalResult = run_script_local(
+            raw, model_dir, checkpoint_dir=ckpt_dir, resume_from=resume_from
+        )
+        return result
     spec = WorkerSpec(
         config=raw,
         model_dir=str(Path(model_dir).resolve()) if model_dir is not None else None,

@@ -133,6 +133,23 @@ class TrialClient:
     ) -> trial_pb2.ShouldPreemptResponse:
         return self._call("ShouldPreempt", request, trial_pb2.ShouldPreemptResponse)
 
+    def get_best_validation(
+        self, request: trial_pb2.GetBestValidationRequest
+    ) -> trial_pb2.GetBestValidationResponse:
+        return self._call("GetBestValidation", request, trial_pb2.GetBestValidationResponse)
+
+    def report_progress(
+        self, request: trial_pb2.ReportProgressRequest
+    ) -> trial_pb2.ReportProgressResponse:
+        return self._call("ReportProgress", request, trial_pb2.ReportProgressResponse)
+
+    def delete_checkpoints(
+        self, request: trial_pb2.DeleteTrialCheckpointsRequest
+    ) -> trial_pb2.DeleteTrialCheckpointsResponse:
+        return self._call(
+            "DeleteTrialCheckpoints", request, trial_pb2.DeleteTrialCheckpointsResponse
+        )
+
     # --- retries ------------------------------------------------------------------------
 
     def _call(self, method: str, request: Message, response_type: type[R]) -> R:

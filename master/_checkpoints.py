@@ -41,11 +41,13 @@ def delete_checkpoints(
     *,
     user: str | None = None,
     default_root: Path | None = None,
+    trial_id: int | None = None,
 ) -> GCResult:
     """Delete the checkpoints `uuids` (see the module docstring); raise before any deletion.
 
     `user`: the caller, who may delete the checkpoints of their own experiments only; None
-    for an administrator. `default_root`: the master's checkpoint root, where shared_fs
+    for an administrator. `trial_id`: a trial's own call (the Core API), which may delete
+    that trial's checkpoints only. `default_root`: the master's checkpoint root, where shared_fs
     storage without a host_path keeps checkpoints.
     """
     wanted = normalise_uuids(uuids)
@@ -55,6 +57,13 @@ def delete_checkpoints(
     if user is not None:
         for experiment in experiments.values():
             _check_owner(experiment, user)
+    if trial_id is not None:
+        for record in records:
+            if record.trial_id != trial_id:
+                raise PermissionDeniedError(
+                    f"checkpoint {record.uuid} belongs to trial {record.trial_id}: a trial "
+                    "may delete only its own checkpoints"
+                )
     to_delete: list[CheckpointRecord] = []
     already: list[str] = []
     for record in records:

@@ -693,6 +693,44 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
             return trial_pb2.ShouldPreemptResponse(preempt=run.stopping is not None)
         raise AssertionError("unreachable")
 
+    def GetBestValidation(  # noqa: N802
+        self, request: trial_pb2.GetBestValidationRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.GetBestValidationResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            best = self.master.best_validation(run)
+            if best is None:
+                return trial_pb2.GetBestValidationResponse(found=False)
+            return trial_pb2.GetBestValidationResponse(found=True, value=best)
+        raise AssertionError("unreachable")
+
+    def ReportProgress(  # noqa: N802
+        self, request: trial_pb2.ReportProgressRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.ReportProgressResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            self.master.report_progress(run, request.progress)
+            return trial_pb2.ReportProgressResponse()
+        raise AssertionError("unreachable")
+
+    def DeleteTrialCheckpoints(  # noqa: N802
+        self, request: trial_pb2.DeleteTrialCheckpointsRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.DeleteTrialCheckpointsResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            result = _checkpoints.delete_checkpoints(
+                self.master.store,
+                list(request.uuids),
+                trial_id=run.trial_id,
+                default_root=self.master.config.checkpoint_root,
+            )
+            return trial_pb2.DeleteTrialCheckpointsResponse(
+                deleted=list(result.deleted),
+                missing=list(result.missing),
+                failed=dict(result.failed),
+            )
+        raise AssertionError("unreachable")
+
 
 def _peer_host(peer: str) -> str:
     # "ipv4:127.0.0.1:5432" | "ipv6:[::1]:5432"

@@ -242,3 +242,162 @@ class ShouldPreemptResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShouldPreemptResponse: _TypeAlias = ShouldPreemptResponse  # noqa: Y015
+
+@_typing.final
+class GetBestValidationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIAL_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    trial_id: _builtins.int
+    run_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        trial_id: _builtins.int = ...,
+        run_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "trial_id", b"trial_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBestValidationRequest: _TypeAlias = GetBestValidationRequest  # noqa: Y015
+
+@_typing.final
+class GetBestValidationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    """false: no trial of the experiment has validated yet"""
+    value: _builtins.float
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+        value: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBestValidationResponse: _TypeAlias = GetBestValidationResponse  # noqa: Y015
+
+@_typing.final
+class ReportProgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIAL_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    trial_id: _builtins.int
+    run_id: _builtins.int
+    progress: _builtins.float
+    def __init__(
+        self,
+        *,
+        trial_id: _builtins.int = ...,
+        run_id: _builtins.int = ...,
+        progress: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "run_id", b"run_id", "trial_id", b"trial_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportProgressRequest: _TypeAlias = ReportProgressRequest  # noqa: Y015
+
+@_typing.final
+class ReportProgressResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportProgressResponse: _TypeAlias = ReportProgressResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTrialCheckpointsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIAL_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    UUIDS_FIELD_NUMBER: _builtins.int
+    trial_id: _builtins.int
+    run_id: _builtins.int
+    @_builtins.property
+    def uuids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        trial_id: _builtins.int = ...,
+        run_id: _builtins.int = ...,
+        uuids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "trial_id", b"trial_id", "uuids", b"uuids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTrialCheckpointsRequest: _TypeAlias = DeleteTrialCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTrialCheckpointsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FailedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    MISSING_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def deleted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def missing(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def failed(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        deleted: _abc.Iterable[_builtins.str] | None = ...,
+        missing: _abc.Iterable[_builtins.str] | None = ...,
+        failed: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "failed", b"failed", "missing", b"missing"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTrialCheckpointsResponse: _TypeAlias = DeleteTrialCheckpointsResponse  # noqa: Y015

@@ -59,6 +59,21 @@ class TrialServiceStub:
                 request_serializer=assay_dot_proto_dot_trial__pb2.ShouldPreemptRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_trial__pb2.ShouldPreemptResponse.FromString,
                 _registered_method=True)
+        self.GetBestValidation = channel.unary_unary(
+                '/assay.v1.TrialService/GetBestValidation',
+                request_serializer=assay_dot_proto_dot_trial__pb2.GetBestValidationRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_trial__pb2.GetBestValidationResponse.FromString,
+                _registered_method=True)
+        self.ReportProgress = channel.unary_unary(
+                '/assay.v1.TrialService/ReportProgress',
+                request_serializer=assay_dot_proto_dot_trial__pb2.ReportProgressRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_trial__pb2.ReportProgressResponse.FromString,
+                _registered_method=True)
+        self.DeleteTrialCheckpoints = channel.unary_unary(
+                '/assay.v1.TrialService/DeleteTrialCheckpoints',
+                request_serializer=assay_dot_proto_dot_trial__pb2.DeleteTrialCheckpointsRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_trial__pb2.DeleteTrialCheckpointsResponse.FromString,
+                _registered_method=True)
 
 
 class TrialServiceServicer:
@@ -96,6 +111,27 @@ class TrialServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetBestValidation(self, request, context):
+        """The best value of the searcher's metric in the experiment's validations so far.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportProgress(self, request, context):
+        """How far through its training the trial is (0 to 1), as the script estimates it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTrialCheckpoints(self, request, context):
+        """Delete checkpoints of this trial (the Core API's `checkpoint.delete`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrialServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +159,21 @@ def add_TrialServiceServicer_to_server(servicer, server):
                     servicer.ShouldPreempt,
                     request_deserializer=assay_dot_proto_dot_trial__pb2.ShouldPreemptRequest.FromString,
                     response_serializer=assay_dot_proto_dot_trial__pb2.ShouldPreemptResponse.SerializeToString,
+            ),
+            'GetBestValidation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBestValidation,
+                    request_deserializer=assay_dot_proto_dot_trial__pb2.GetBestValidationRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_trial__pb2.GetBestValidationResponse.SerializeToString,
+            ),
+            'ReportProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProgress,
+                    request_deserializer=assay_dot_proto_dot_trial__pb2.ReportProgressRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_trial__pb2.ReportProgressResponse.SerializeToString,
+            ),
+            'DeleteTrialCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTrialCheckpoints,
+                    request_deserializer=assay_dot_proto_dot_trial__pb2.DeleteTrialCheckpointsRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_trial__pb2.DeleteTrialCheckpointsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -260,6 +311,87 @@ class TrialService:
             '/assay.v1.TrialService/ShouldPreempt',
             assay_dot_proto_dot_trial__pb2.ShouldPreemptRequest.SerializeToString,
             assay_dot_proto_dot_trial__pb2.ShouldPreemptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBestValidation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.TrialService/GetBestValidation',
+            assay_dot_proto_dot_trial__pb2.GetBestValidationRequest.SerializeToString,
+            assay_dot_proto_dot_trial__pb2.GetBestValidationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.TrialService/ReportProgress',
+            assay_dot_proto_dot_trial__pb2.ReportProgressRequest.SerializeToString,
+            assay_dot_proto_dot_trial__pb2.ReportProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTrialCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.TrialService/DeleteTrialCheckpoints',
+            assay_dot_proto_dot_trial__pb2.DeleteTrialCheckpointsRequest.SerializeToString,
+            assay_dot_proto_dot_trial__pb2.DeleteTrialCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,12 @@ class TrialServiceStub:
     """Idempotent: (trial, run, group, total_batches) identifies a report."""
     ReportCheckpoint: _grpc.UnaryUnaryMultiCallable[_trial_pb2.ReportCheckpointRequest, _trial_pb2.ReportCheckpointResponse]
     ShouldPreempt: _grpc.UnaryUnaryMultiCallable[_trial_pb2.ShouldPreemptRequest, _trial_pb2.ShouldPreemptResponse]
+    GetBestValidation: _grpc.UnaryUnaryMultiCallable[_trial_pb2.GetBestValidationRequest, _trial_pb2.GetBestValidationResponse]
+    """The best value of the searcher's metric in the experiment's validations so far."""
+    ReportProgress: _grpc.UnaryUnaryMultiCallable[_trial_pb2.ReportProgressRequest, _trial_pb2.ReportProgressResponse]
+    """How far through its training the trial is (0 to 1), as the script estimates it."""
+    DeleteTrialCheckpoints: _grpc.UnaryUnaryMultiCallable[_trial_pb2.DeleteTrialCheckpointsRequest, _trial_pb2.DeleteTrialCheckpointsResponse]
+    """Delete checkpoints of this trial (the Core API's `checkpoint.delete`)."""
 
 @_typing.type_check_only
 class TrialServiceAsyncStub(TrialServiceStub):
@@ -49,6 +55,12 @@ class TrialServiceAsyncStub(TrialServiceStub):
     """Idempotent: (trial, run, group, total_batches) identifies a report."""
     ReportCheckpoint: _aio.UnaryUnaryMultiCallable[_trial_pb2.ReportCheckpointRequest, _trial_pb2.ReportCheckpointResponse]  # type: ignore[assignment]
     ShouldPreempt: _aio.UnaryUnaryMultiCallable[_trial_pb2.ShouldPreemptRequest, _trial_pb2.ShouldPreemptResponse]  # type: ignore[assignment]
+    GetBestValidation: _aio.UnaryUnaryMultiCallable[_trial_pb2.GetBestValidationRequest, _trial_pb2.GetBestValidationResponse]  # type: ignore[assignment]
+    """The best value of the searcher's metric in the experiment's validations so far."""
+    ReportProgress: _aio.UnaryUnaryMultiCallable[_trial_pb2.ReportProgressRequest, _trial_pb2.ReportProgressResponse]  # type: ignore[assignment]
+    """How far through its training the trial is (0 to 1), as the script estimates it."""
+    DeleteTrialCheckpoints: _aio.UnaryUnaryMultiCallable[_trial_pb2.DeleteTrialCheckpointsRequest, _trial_pb2.DeleteTrialCheckpointsResponse]  # type: ignore[assignment]
+    """Delete checkpoints of this trial (the Core API's `checkpoint.delete`)."""
 
 class TrialServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -87,5 +99,29 @@ class TrialServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _trial_pb2.ShouldPreemptRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_trial_pb2.ShouldPreemptResponse, _abc.Awaitable[_trial_pb2.ShouldPreemptResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetBestValidation(
+        self,
+        request: _trial_pb2.GetBestValidationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trial_pb2.GetBestValidationResponse, _abc.Awaitable[_trial_pb2.GetBestValidationResponse]]:
+        """The best value of the searcher's metric in the experiment's validations so far."""
+
+    @_abc_1.abstractmethod
+    def ReportProgress(
+        self,
+        request: _trial_pb2.ReportProgressRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trial_pb2.ReportProgressResponse, _abc.Awaitable[_trial_pb2.ReportProgressResponse]]:
+        """How far through its training the trial is (0 to 1), as the script estimates it."""
+
+    @_abc_1.abstractmethod
+    def DeleteTrialCheckpoints(
+        self,
+        request: _trial_pb2.DeleteTrialCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trial_pb2.DeleteTrialCheckpointsResponse, _abc.Awaitable[_trial_pb2.DeleteTrialCheckpointsResponse]]:
+        """Delete checkpoints of this trial (the Core API's `checkpoint.delete`)."""
 
 def add_TrialServiceServicer_to_server(servicer: TrialServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

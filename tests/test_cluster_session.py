@@ -26,7 +26,7 @@ import pytest
 from google.protobuf.message import Message
 
 from assay._checkpoint import read_metadata
-from assay._cluster import ClusterSpec
+from assay._spec import ClusterSpec
 from assay._local import free_port
 from assay._trial_client import (
     MasterUnreachableError,

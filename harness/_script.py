@@ -1,0 +1,238 @@
+"""Script entrypoints: the command a trial runs, and one process per slot for it.
+
+`entrypoint: python3 train.py --epochs 1` (or the list form) runs the command in the
+model directory, once per slot, with torchrun's variables (`RANK`, `WORLD_SIZE`,
+`LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`). `python`/`python3` mean
+the interpreter Assay runs in (the one that has `assay` and `torch`), and Determined's
+launcher module `determined.launch.torch_distributed` means Assay's
+`assay.launch.torch_distributed`, which on a slot process simply runs the command: the
+agent has already started one process per slot.
+
+On a cluster the agent's harness process (`python -m assay._cluster`) replaces itself
+with the command (`exec`), so signals reach the script directly. `run_script_local` is
+`assay trial run-local` for a script: it writes an `ASSAY_LOCAL_SPEC` for
+`assay.core.init()`, starts the processes, and reads back what the script reported.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from assay.errors import PREEMPTED_EXIT_CODE, AssayError, TrainingError
+
+LAUNCHER = "assay.launch.torch_distributed"
+# Determined's launcher modules, and what they mean here.
+_LAUNCHER_ALIASES = {"determined.launch.torch_distributed": LAUNCHER, LAUNCHER: LAUNCHER}
+_UNSUPPORTED_LAUNCHERS = {
+    "determined.launch.deepspeed": "DeepSpeed's launcher",
+    "determined.launch.horovod": "Horovod",
+}
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+def resolve_command(argv: Sequence[str], python: str | None = None) -> list[str]:
+    """`argv` with `python`/`python3` as this interpreter and Determined's launcher as
+    Assay's; an `AssayError` for a launcher Assay does not have."""
+    if not argv:
+        raise AssayError("the entrypoint command is empty")
+    out = list(argv)
+    if _PYTHON.match(out[0]):
+        out[0] = python or sys.executable
+    for i in range(1, len(out)):
+        if out[i - 1] != "-m":
+            continue
+        module = out[i]
+        if module in _UNSUPPORTED_LAUNCHERS:
+            raise AssayError(
+                f"{module} ({_UNSUPPORTED_LAUNCHERS[module]}) is not available in Assay: use "
+                f"`python3 -m {LAUNCHER} python3 your_script.py`, which starts one process "
+                "per slot with torch.distributed's variables"
+            )
+        out[i] = _LAUNCHER_ALIASES.get(module, module)
+    return out
+
+
+def launcher_trial(argv: Sequence[str]) -> str | None:
+    """The `module:Class` of `python3 -m <launcher> --trial module:Class`, else None."""
+    args = list(argv)
+    for i in range(1, len(args) - 2):
+        if args[i] == "-m" and args[i + 1] in _LAUNCHER_ALIASES and "--trial" in args[i + 2 :]:
+            rest = args[i + 2 :]
+            index = rest.index("--trial")
+            if index + 1 < len(rest):
+                return rest[index + 1]
+    return None
+
+
+def exec_command(argv: Sequence[str]) -> None:
+    """Replace this process with `argv` (resolved); returns only if it cannot start."""
+    command = resolve_command(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        raise AssayError(f"cannot run the entrypoint {command[0]!r}: {e.strerror or e}") from None
+
+
+def spawn_ranks(
+    argv: Sequence[str],
+    slots: int,
+    *,
+    env: Mapping[str, str],
+    cwd: str | Path | None = None,
+    tail: list[list[str]] | None = None,
+) -> tuple[int, int]:
+    """Run `argv` as `slots` processes with torchrun's variables; wait for all of them.
+
+    Returns (rank, exit code) of the first process that failed, or (0, 0). The first
+    failure stops the others (SIGTERM, then SIGKILL after 10 s), as torchrun does.
+    Output is passed through, prefixed `[rank N]` when there are several processes.
+    """
+    from assay._local import _die_with_parent, _pump, _stop, _wait_all, free_port
+
+    command = resolve_command(argv)
+    port = free_port()
+    threads = max(1, (os.cpu_count() or 1) // slots)
+    procs: list[subprocess.Popen[bytes]] = []
+    tails = tail if tail is not None else []
+    try:
+        for rank in range(slots):
+            rank_env = dict(env)
+            rank_env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(slots),
+                LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(slots),
+                GROUP_RANK="0",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                PYTHONUNBUFFERED="1",
+            )
+            rank_env.setdefault("OMP_NUM_THREADS", str(threads))
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    cwd=cwd,
+                    env=rank_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                )
+            )
+    except OSError as e:
+        _stop(procs)
+        raise AssayError(f"cannot run the entrypoint {command[0]!r}: {e.strerror or e}") from None
+    pumps = []
+    for rank, proc in enumerate(procs):
+        lines: list[str] = []
+        tails.append(lines)
+        assert proc.stdout is not None
+        prefix = f"[rank {rank}] " if slots > 1 else ""
+        pump = threading.Thread(
+            target=_pump, args=(proc.stdout, prefix, sys.stderr, lines), daemon=True
+        )
+        pump.start()
+        pumps.append(pump)
+    try:
+        failed = _wait_all(procs)
+    finally:
+        _stop(procs)
+    for pump in pumps:
+        pump.join(timeout=5)
+    return failed if failed is not None else (0, 0)
+
+
+def run_script_local(
+    raw: Mapping[str, Any],
+    model_dir: str | Path,
+    *,
+    checkpoint_dir: Path,
+    resume_from: str | Path | None = None,
+) -> Any:
+    """`assay trial run-local` for a script entrypoint; returns a `LocalResult`."""
+    from assay._local import LocalResult
+    from assay._spec import LOCAL_SPEC_ENV, LocalSpec
+    from assay.config import parse_config, sample_hparams
+    from assay.core._backend import read_local_records
+
+    config = parse_config(raw)
+    assert config.command is not None
+    slots = config.resources.slots_per_trial
+    hparams = sample_hparams(config.hyperparameters, random.Random(config.experiment_seed))
+    latest = restore_dir = None
+    if resume_from is not None:
+        resume = Path(resume_from).resolve()
+        latest, restore_dir = resume.name, str(resume.parent)
+    with tempfile.TemporaryDirectory(prefix="assay-local-") as tmp:
+        metrics_path = Path(tmp) / "metrics.jsonl"
+        spec = LocalSpec(
+            config=dict(raw),
+            hparams=hparams,
+            trial_seed=config.experiment_seed,
+            checkpoint_dir=str(checkpoint_dir),
+            metrics_path=str(metrics_path),
+            latest_checkpoint=latest,
+            restore_dir=restore_dir,
+        )
+        spec_path = Path(tmp) / "spec.json"
+        spec.write(spec_path)
+        env = dict(os.environ)
+        env.update(config.environment_variables)
+        env[LOCAL_SPEC_ENV] = str(spec_path)
+        tails: list[list[str]] = []
+        rank, code = spawn_ranks(
+            config.command, slots, env=env, cwd=Path(model_dir).resolve(), tail=tails
+        )
+        records = read_local_records(metrics_path)
+    if code not in (0, PREEMPTED_EXIT_CODE):
+        last = "\n".join(f"  {line}" for line in tails[rank][-15:])
+        raise TrainingError(
+            f"the entrypoint {config.entrypoint!r} (rank {rank}) exited with code {code}; "
+            f"its last output:\n{last}"
+        )
+    return _result(records, hparams, LocalResult)
+
+
+def _result(records: list[dict[str, Any]], hparams: dict[str, Any], result_type: Any) -> Any:
+    training, validation = [], []
+    checkpoint = None
+    steps = 0
+    for record in records:
+        if "checkpoint" in record:
+            checkpoint = record["location"]
+        elif "group" in record:
+            entry = {
+                "total_batches": record["steps_completed"],
+                "epoch": 0,
+                "metrics": record["metrics"],
+            }
+            (validation if record["group"] == "validation" else training).append(entry)
+        steps = max(steps, int(record.get("steps_completed", 0)))
+    return result_type(
+        total_batches=steps,
+        validation_metrics=dict(validation[-1]["metrics"]) if validation else {},
+        checkpoint=checkpoint,
+        hparams=hparams,
+        training_history=training,
+        validation_history=validation,
+    )
+
+
+__all__ = [
+    "LAUNCHER",
+    "exec_command",
+    "launcher_trial",
+    "resolve_command",
+    "run_script_local",
+    "spawn_ranks",
+]

@@ -1,0 +1,130 @@
+"""The specs a trial's processes start from, read without importing torch.
+
+- `ClusterSpec`: the JSON file the agent writes for every allocation and names in
+  `ASSAY_TRIAL_SPEC` (config, hyperparameters, ids, the master's address and the
+  allocation's token, where to restore from).
+- `LocalSpec`: what `assay trial run-local` gives a script entrypoint in
+  `ASSAY_LOCAL_SPEC` (config, hyperparameters, where checkpoints and metrics go).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from assay.errors import AssayError
+
+SPEC_ENV = "ASSAY_TRIAL_SPEC"
+LOCAL_SPEC_ENV = "ASSAY_LOCAL_SPEC"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The contents of ASSAY_TRIAL_SPEC."""
+
+    config: dict[str, Any]
+    hparams: dict[str, Any]
+    trial_seed: int
+    trial_id: int
+    run_id: int
+    experiment_id: int
+    allocation_id: str
+    checkpoint_root: str
+    restore_from: str | None
+    trial_api: str
+    token: str
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "the trial spec") -> ClusterSpec:
+        if not isinstance(data, Mapping):
+            raise AssayError(f"{source} must be a JSON object")
+        problems: list[str] = []
+
+        def get(key: str, kind: type | tuple[type, ...], *, nullable: bool = False) -> Any:
+            if key not in data:
+                problems.append(f"{key}: missing")
+                return None
+            value = data[key]
+            if value is None and nullable:
+                return None
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+                problems.append(f"{key}: expected {_kind_name(kind)}, got {value!r}")
+            return value
+
+        spec = {
+            "config": get("config", dict),
+            "hparams": get("hparams", dict),
+            "trial_seed": get("trial_seed", int),
+            "trial_id": get("trial_id", int),
+            "run_id": get("run_id", int),
+            "experiment_id": get("experiment_id", int),
+            "allocation_id": get("allocation_id", str),
+            "checkpoint_root": get("checkpoint_root", str),
+            "restore_from": get("restore_from", str, nullable=True),
+            "trial_api": get("trial_api", str),
+            "token": get("token", str),
+        }
+        if problems:
+            raise AssayError(f"{source} is invalid: {'; '.join(problems)}")
+        return cls(**spec)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ClusterSpec:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise AssayError(f"cannot read trial spec {path}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise AssayError(f"trial spec {path} is not valid JSON: {e}") from None
+        return cls.from_dict(data, source=f"trial spec {path}")
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {dict: "an object", int: "an integer", str: "a string"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """The contents of ASSAY_LOCAL_SPEC: a script's run under `assay trial run-local`."""
+
+    config: dict[str, Any]
+    hparams: dict[str, Any]
+    trial_seed: int
+    checkpoint_dir: str
+    metrics_path: str
+    latest_checkpoint: str | None = None
+    # Where `latest_checkpoint` lives when it is not in `checkpoint_dir`.
+    restore_dir: str | None = None
+    trial_id: int = 0
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def load(cls, path: str | Path) -> LocalSpec:
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls(**data)
+        except (OSError, ValueError, TypeError) as e:
+            raise AssayError(f"cannot read the local run spec {path}: {e}") from None
+
+
+def spec_from_env(
+    env: Mapping[str, str] | None = None,
+) -> ClusterSpec | LocalSpec | None:
+    """This process's spec: a cluster trial's, a run-local script's, or None (neither)."""
+    env = os.environ if env is None else env
+    if env.get(SPEC_ENV):
+        return ClusterSpec.load(env[SPEC_ENV])
+    if env.get(LOCAL_SPEC_ENV):
+        return LocalSpec.load(env[LOCAL_SPEC_ENV])
+    return None
+
+
+__all__ = ["LOCAL_SPEC_ENV", "SPEC_ENV", "ClusterSpec", "LocalSpec", "spec_from_env"]

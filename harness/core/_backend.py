@@ -1,0 +1,230 @@
+"""Where the chief's reports go: the master (on a cluster) or a local file (off it).
+
+The contexts (`train`, `checkpoint`, `searcher`, `preempt`) hold the rules; a backend
+only carries their calls. Only the chief process has one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from assay._checkpoint import CheckpointMetadata
+from assay._session import _fmt
+from assay._spec import ClusterSpec
+
+log = logging.getLogger("assay")
+
+
+class Backend(Protocol):
+    def report_metrics(self, group: str, steps: int, metrics: Mapping[str, float]) -> None: ...
+
+    def next_target(self, units: int) -> int | None:
+        """The length the searcher asks this trial to train to; None: stop here."""
+
+    def complete_target(self, target: int, metric: float) -> None: ...
+
+    def report_checkpoint(self, metadata: CheckpointMetadata, location: str) -> None: ...
+
+    def preempt_requested(self) -> bool:
+        """Whether the master asks this trial to stop (pause, cancel, preemption)."""
+
+    def best_validation(self) -> float | None: ...
+
+    def report_progress(self, progress: float) -> None: ...
+
+    def delete_checkpoints(self, uuids: Sequence[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ClusterBackend:
+    """The chief's calls to the master's TrialService for one trial run."""
+
+    def __init__(self, spec: ClusterSpec, retry_s: float | None = None) -> None:
+        from assay._trial_client import TrialClient, retry_budget_from_env
+
+        self.spec = spec
+        budget = retry_budget_from_env() if retry_s is None else retry_s
+        self.client = TrialClient(spec.trial_api, spec.token, retry_s=budget)
+        self._ids = {"trial_id": spec.trial_id, "run_id": spec.run_id}
+
+    def report_metrics(self, group: str, steps: int, metrics: Mapping[str, float]) -> None:
+        from assay.proto import common_pb2, trial_pb2
+
+        report = common_pb2.MetricsReport(total_batches=steps, metrics=dict(metrics))
+        self.client.report_metrics(
+            trial_pb2.ReportMetricsRequest(**self._ids, group=group, reports=[report])
+        )
+        if group == "validation":
+            log.info("step %d validation: %s", steps, _fmt(dict(metrics)))
+
+    def next_target(self, units: int) -> int | None:
+        from assay.proto import trial_pb2
+
+        op = self.client.next_operation(
+            trial_pb2.NextOperationRequest(**self._ids, total_batches=units)
+        )
+        return None if op.stop else int(op.total_batches)
+
+    def complete_target(self, target: int, metric: float) -> None:
+        from assay.proto import trial_pb2
+
+        self.client.complete_operation(
+            trial_pb2.CompleteOperationRequest(
+                **self._ids, total_batches=target, searcher_metric=metric
+            )
+        )
+
+    def report_checkpoint(self, metadata: CheckpointMetadata, location: str) -> None:
+        from assay.proto import common_pb2, trial_pb2
+
+        checkpoint = common_pb2.Checkpoint(
+            uuid=metadata.uuid,
+            trial_id=self.spec.trial_id,
+            experiment_id=self.spec.experiment_id,
+            run_id=self.spec.run_id,
+            total_batches=metadata.total_batches,
+            state=common_pb2.CHECKPOINT_STATE_COMPLETED,
+            location=location,
+            files=[
+                common_pb2.CheckpointFile(name=name, size_bytes=entry.size, sha256=entry.sha256)
+                for name, entry in sorted(metadata.files.items())
+            ],
+        )
+        user = json.loads(json.dumps(metadata.user_metadata, default=str))
+        if user:
+            checkpoint.user_metadata.update(user)
+        self.client.report_checkpoint(
+            trial_pb2.ReportCheckpointRequest(**self._ids, checkpoint=checkpoint)
+        )
+        log.info(
+            "step %d checkpoint: %s (%.1f MB)",
+            metadata.total_batches,
+            location,
+            metadata.size_bytes / 1e6,
+        )
+
+    def preempt_requested(self) -> bool:
+        from assay.proto import trial_pb2
+
+        answer = self.client.should_preempt(trial_pb2.ShouldPreemptRequest(**self._ids))
+        return bool(answer.preempt)
+
+    def best_validation(self) -> float | None:
+        from assay.proto import trial_pb2
+
+        answer = self.client.get_best_validation(trial_pb2.GetBestValidationRequest(**self._ids))
+        return float(answer.value) if answer.found else None
+
+    def report_progress(self, progress: float) -> None:
+        from assay.proto import trial_pb2
+
+        self.client.report_progress(trial_pb2.ReportProgressRequest(**self._ids, progress=progress))
+
+    def delete_checkpoints(self, uuids: Sequence[str]) -> None:
+        from assay.proto import trial_pb2
+
+        answer = self.client.delete_checkpoints(
+            trial_pb2.DeleteTrialCheckpointsRequest(**self._ids, uuids=list(uuids))
+        )
+        if answer.failed:
+            from assay._checkpoint import CheckpointError
+
+            reasons = "; ".join(f"{k}: {v}" for k, v in sorted(answer.failed.items()))
+            raise CheckpointError(f"cannot delete checkpoints: {reasons}")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class LocalBackend:
+    """Off the cluster: print every report and append it to `metrics_path` (JSON lines).
+
+    `max_length`, when known (run-local gives the config), is the one target; otherwise
+    a script trains as long as it likes.
+    """
+
+    def __init__(
+        self,
+        metrics_path: Path,
+        max_length: int | None,
+        metric: str | None = None,
+        smaller_is_better: bool = True,
+    ) -> None:
+        self.metrics_path = metrics_path
+        self.max_length = max_length
+        self.metric = metric
+        self.smaller_is_better = smaller_is_better
+        self._best: float | None = None
+        self._done = False
+
+    def _append(self, record: dict[str, Any]) -> None:
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps({**record, "time": time.time()}, allow_nan=True) + "\n")
+
+    def report_metrics(self, group: str, steps: int, metrics: Mapping[str, float]) -> None:
+        self._append({"group": group, "steps_completed": steps, "metrics": dict(metrics)})
+        log.info("step %d %s: %s", steps, group, _fmt(dict(metrics)))
+        value = metrics.get(self.metric) if self.metric and group == "validation" else None
+        if value is not None and not math.isnan(value):
+            better = self._best is None or (
+                value < self._best if self.smaller_is_better else value > self._best
+            )
+            if better:
+                self._best = value
+
+    def next_target(self, units: int) -> int | None:
+        if self.max_length is None or self._done:
+            return None
+        return self.max_length
+
+    def complete_target(self, target: int, metric: float) -> None:
+        self._done = True
+
+    def report_checkpoint(self, metadata: CheckpointMetadata, location: str) -> None:
+        self._append(
+            {
+                "checkpoint": metadata.uuid,
+                "location": location,
+                "steps_completed": metadata.total_batches,
+                "metadata": metadata.user_metadata,
+            }
+        )
+        log.info(
+            "step %d checkpoint: %s (%.1f MB)",
+            metadata.total_batches,
+            location,
+            metadata.size_bytes / 1e6,
+        )
+
+    def preempt_requested(self) -> bool:
+        return False
+
+    def best_validation(self) -> float | None:
+        return self._best
+
+    def report_progress(self, progress: float) -> None:
+        self._append({"progress": progress})
+
+    def delete_checkpoints(self, uuids: Sequence[str]) -> None:
+        pass  # the checkpoint context deletes the local files itself
+
+    def close(self) -> None:
+        pass
+
+
+def read_local_records(metrics_path: Path) -> list[dict[str, Any]]:
+    """The records a `LocalBackend` wrote, in order (none if it wrote nothing)."""
+    if not metrics_path.exists():
+        return []
+    return [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+
+
+__all__ = ["Backend", "ClusterBackend", "LocalBackend", "read_local_records"]

@@ -1,0 +1,276 @@
+"""`core.checkpoint`: directories the script fills, stored as checkpoints of its trial.
+
+`with core.checkpoint.store_path(metadata) as (path, uuid):` gives the chief an empty
+directory; whatever it holds when the block ends becomes checkpoint `uuid` in the
+experiment's `checkpoint_storage` (shared_fs or S3), with a `metadata.json` manifest
+listing every file with its size and sha256, renamed into place (or uploaded, manifest
+last) only once complete, then reported to the master. With `shard=True` every process
+calls it together, writes its own files, and they become one checkpoint (two processes
+writing the same file name is an error). `restore_path(uuid)` gives the directory back,
+verified against its manifest. Off the cluster checkpoints live under `./checkpoints`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from assay._checkpoint import (
+    MANIFEST,
+    CheckpointError,
+    CheckpointMetadata,
+    FileEntry,
+    file_entries,
+    new_uuid,
+    read_metadata,
+    seal_checkpoint,
+    verify_checkpoint,
+)
+from assay._storage import SharedFSStorage, StorageError, StorageManager, checkpoint_uuid
+from assay.core._backend import Backend, LocalBackend
+from assay.core._distributed import DistributedContext
+
+log = logging.getLogger("assay")
+
+
+class CheckpointContext:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        distributed: DistributedContext,
+        backend: Backend | None,
+        storage: StorageManager,
+        *,
+        trial_id: int,
+        hparams: Mapping[str, Any],
+        steps: Callable[[], int],
+        restore_roots: Sequence[Path] = (),
+    ) -> None:
+        """`steps`: the latest steps_completed reported, for metadata that gives none;
+        `restore_roots`: more directories to look for checkpoints in (run-local's
+        --resume-from)."""
+        self._dist = distributed
+        self._backend = backend
+        self._storage = storage
+        self._trial_id = trial_id
+        self._hparams = dict(hparams)
+        self._steps = steps
+        self._restore_roots = list(restore_roots)
+
+    # --- storing ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def store_path(
+        self, metadata: Mapping[str, Any] | None = None, *, shard: bool = False
+    ) -> Iterator[tuple[Path, str]]:
+        """A directory to write a checkpoint into, and the checkpoint's uuid."""
+        if not shard and not self._dist.is_chief:
+            raise RuntimeError(
+                f"store_path(shard=False) was called on rank {self._dist.rank}: only the "
+                "chief (rank 0) stores an unsharded checkpoint; pass shard=True to let "
+                "every process write its own files"
+            )
+        uuid = new_uuid() if self._dist.is_chief else ""
+        if shard:
+            uuid = self._dist.broadcast(uuid)
+        scratch = None if self._in_place else Path(tempfile.mkdtemp(prefix="assay-ckpt-"))
+        parent = self._root if scratch is None else scratch
+        merged = parent / f".tmp-{uuid}"
+        own = merged if not shard else parent / f".tmp-{uuid}.rank{self._dist.rank}"
+        try:
+            own.mkdir(parents=True)
+            if shard and self._dist.is_chief:
+                merged.mkdir(parents=True, exist_ok=True)
+            try:
+                yield own, uuid
+            except BaseException:
+                shutil.rmtree(own, ignore_errors=True)
+                raise
+            extra: dict[str, FileEntry] = {}
+            if shard:
+                extra = self._merge_shards(own, merged, uuid)
+            if self._dist.is_chief:
+                self._seal(merged, uuid, metadata, extra)
+            if shard:
+                self._dist.barrier()  # nobody goes on before the checkpoint is reported
+        finally:
+            shutil.rmtree(own, ignore_errors=True)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def upload(
+        self,
+        ckpt_dir: str | os.PathLike[str] | None,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        shard: bool = False,
+    ) -> str:
+        """Store a copy of `ckpt_dir` as a new checkpoint; return its uuid."""
+        with self.store_path(metadata, shard=shard) as (path, uuid):
+            if ckpt_dir is not None:
+                shutil.copytree(ckpt_dir, path, dirs_exist_ok=True)
+        return uuid
+
+    @property
+    def _in_place(self) -> bool:
+        return isinstance(self._storage, SharedFSStorage)
+
+    @property
+    def _root(self) -> Path:
+        assert isinstance(self._storage, SharedFSStorage)
+        return self._storage.root
+
+    def _merge_shards(self, own: Path, merged: Path, uuid: str) -> dict[str, FileEntry]:
+        """Put every process's files into one checkpoint; return the entries of the files
+        stored by other processes (object storage), for the chief's manifest."""
+        mine = file_entries(own)
+        everyone = self._dist.allgather(mine)
+        seen: dict[str, int] = {}
+        for rank, entries in enumerate(everyone):
+            for name in entries:
+                if name in seen:
+                    raise CheckpointError(
+                        f"sharded checkpoint {uuid}: ranks {seen[name]} and {rank} both wrote "
+                        f"{name!r}; give each process its own file names (e.g. with its rank)"
+                    )
+                seen[name] = rank
+        if MANIFEST in seen:
+            raise CheckpointError(
+                f"a checkpoint may not hold its own {MANIFEST}: Assay writes it (the "
+                "manifest); name that file differently"
+            )
+        if self._in_place:
+            for name in mine:
+                target = merged / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(own / name, target)
+            self._dist.barrier()
+            return {}
+        if self._dist.is_chief:
+            shutil.copytree(own, merged, dirs_exist_ok=True)
+        else:
+            upload_part = getattr(self._storage, "upload_part", None)
+            if upload_part is None:
+                raise CheckpointError(f"{self._storage!r} cannot store sharded checkpoints")
+            upload_part(own, uuid)
+        self._dist.barrier()
+        return {
+            name: e for rank, entries in enumerate(everyone) if rank for name, e in entries.items()
+        }
+
+    def _seal(
+        self,
+        staging: Path,
+        uuid: str,
+        metadata: Mapping[str, Any] | None,
+        extra: dict[str, FileEntry],
+    ) -> None:
+        user = dict(metadata or {})
+        steps = user.get("steps_completed")
+        total = int(steps) if isinstance(steps, int) and not isinstance(steps, bool) else None
+        record = CheckpointMetadata(
+            uuid=uuid,
+            total_batches=self._steps() if total is None else total,
+            epoch=0,
+            batch_in_epoch=0,
+            world_size=self._dist.size,
+            trial_id=self._trial_id,
+            hparams=self._hparams,
+            user_metadata=user,
+            kind="core",
+        )
+        final = staging.parent / uuid
+        try:
+            seal_checkpoint(staging, final, record, extra)
+            location = self._storage.upload(final, uuid)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not self._in_place:
+                shutil.rmtree(final, ignore_errors=True)
+            raise
+        assert self._backend is not None
+        self._backend.report_checkpoint(record, location)
+
+    # --- reading ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def restore_path(self, storage_id: str, selector: Any = None) -> Iterator[Path]:
+        """Checkpoint `storage_id` as a local directory, verified against its manifest
+        (for the length of the block; object storage is downloaded to a temporary one)."""
+        uuid = _uuid(storage_id)
+        for root in self._local_roots():
+            path = root / uuid
+            if (path / MANIFEST).is_file():
+                verify_checkpoint(path)
+                yield path
+                return
+        if self._in_place:
+            where = ", ".join(str(r) for r in self._local_roots())
+            raise CheckpointError(f"checkpoint {uuid} is not in {where}")
+        scratch = Path(tempfile.mkdtemp(prefix="assay-restore-"))
+        try:
+            target = scratch / uuid
+            try:
+                self._storage.download(uuid, target)
+            except StorageError as e:
+                raise CheckpointError(f"checkpoint {uuid} cannot be downloaded: {e}") from None
+            if not (target / MANIFEST).is_file():
+                raise CheckpointError(f"checkpoint {uuid} is not in {self._storage!r}")
+            verify_checkpoint(target)
+            yield target
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def download(
+        self, storage_id: str, ckpt_dir: str | os.PathLike[str], selector: Any = None
+    ) -> None:
+        """Copy checkpoint `storage_id` into `ckpt_dir`."""
+        with self.restore_path(storage_id) as path:
+            shutil.copytree(path, ckpt_dir, dirs_exist_ok=True)
+
+    def get_metadata(self, storage_id: str) -> dict[str, Any]:
+        """The metadata the checkpoint was stored with (and its `steps_completed`)."""
+        uuid = _uuid(storage_id)
+        for root in self._local_roots():
+            if (root / uuid / MANIFEST).is_file():
+                return _user_metadata(read_metadata(root / uuid))
+        with self.restore_path(uuid) as path:
+            return _user_metadata(read_metadata(path))
+
+    def delete(self, storage_id: str) -> None:
+        """Delete checkpoint `storage_id` of this trial (on a cluster, the master does)."""
+        uuid = _uuid(storage_id)
+        if not self._dist.is_chief or self._backend is None:
+            raise RuntimeError("only the chief (rank 0) deletes checkpoints")
+        if isinstance(self._backend, LocalBackend):
+            if not self._storage.delete(uuid):
+                raise CheckpointError(f"checkpoint {uuid} is not in {self._storage!r}")
+            return
+        self._backend.delete_checkpoints([uuid])
+
+    def _local_roots(self) -> list[Path]:
+        roots = [self._root] if self._in_place else []
+        return roots + self._restore_roots
+
+
+def _uuid(storage_id: str) -> str:
+    try:
+        return checkpoint_uuid(str(storage_id))
+    except StorageError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _user_metadata(record: CheckpointMetadata) -> dict[str, Any]:
+    metadata = dict(record.user_metadata)
+    metadata.setdefault("steps_completed", record.total_batches)
+    return metadata
+
+
+__all__ = ["CheckpointContext"]

@@ -1,0 +1,184 @@
+"""`assay.core.init()`: the Core API's contexts, assembled for where the script runs.
+
+- On a cluster (the agent set `ASSAY_TRIAL_SPEC`): reports go to the master, checkpoints
+  to the experiment's `checkpoint_storage`, and preemption follows the master.
+- Under `assay trial run-local` (`ASSAY_LOCAL_SPEC`): the run's directories, its
+  hyperparameters, and `searcher.max_length` as the one target.
+- Anywhere else (plain `python train.py`): a local twin. Metrics are printed and appended
+  to `./assay-metrics/metrics.jsonl`, checkpoints go to `./checkpoints/<uuid>`, and
+  `should_preempt()` is always False. The same script runs unchanged on a laptop and on
+  the cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from assay._spec import ClusterSpec, LocalSpec, spec_from_env
+from assay._storage import SharedFSStorage, StorageManager, storage_for
+from assay.core._backend import Backend, ClusterBackend, LocalBackend
+from assay.core._checkpoint import CheckpointContext
+from assay.core._distributed import DistributedContext
+from assay.core._info import ClusterInfo, info_from_spec
+from assay.core._preempt import PreemptContext, PreemptMode
+from assay.core._searcher import SearcherContext, _SearchState
+from assay.core._train import TrainContext
+
+log = logging.getLogger("assay")
+
+DEFAULT_CHECKPOINT_DIR = "checkpoints"
+DEFAULT_METRICS_PATH = "assay-metrics/metrics.jsonl"
+
+
+class Context:
+    """The Core API: `distributed`, `train`, `checkpoint`, `preempt`, `searcher`, and
+    `info` (this trial's `ClusterInfo`, None for a plain local run). Close it when done
+    (`with assay.core.init() as core:` does)."""
+
+    def __init__(
+        self,
+        *,
+        distributed: DistributedContext,
+        train: TrainContext,
+        checkpoint: CheckpointContext,
+        preempt: PreemptContext,
+        searcher: SearcherContext,
+        info: ClusterInfo | None,
+        backend: Backend | None,
+    ) -> None:
+        self.distributed = distributed
+        self.train = train
+        self.checkpoint = checkpoint
+        self.preempt = preempt
+        self.searcher = searcher
+        self.info = info
+        self._backend = backend
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the preemption watcher and close the connection to the master."""
+        self.preempt.close()
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+
+def init(
+    *,
+    distributed: DistributedContext | None = None,
+    checkpoint_storage: str | os.PathLike[str] | dict[str, Any] | None = None,
+    preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+    tensorboard_mode: Any = None,
+    async_checkpointing: bool = False,
+) -> Context:
+    """The Core API's contexts for this process (see the module docstring).
+
+    `distributed`: who this process is; by default read from torchrun's variables.
+    `checkpoint_storage`: off the cluster only, a directory (or a `checkpoint_storage`
+    mapping of the experiment config) instead of `./checkpoints`; on a cluster the
+    experiment's storage is used and this is ignored with a warning.
+    """
+    from assay.config import parse_config
+
+    if distributed is None:
+        distributed = DistributedContext.from_env()
+    spec = spec_from_env()
+    info = info_from_spec(spec) if spec is not None else None
+    config = parse_config(spec.config) if spec is not None else None
+    chief = distributed.is_chief
+    backend: Backend | None = None
+    restore_roots: list[Path] = []
+    if isinstance(spec, ClusterSpec):
+        if checkpoint_storage is not None:
+            log.warning("checkpoint_storage= is ignored on a cluster: the experiment's is used")
+        assert config is not None
+        storage = storage_for(config.checkpoint_storage, Path(spec.checkpoint_root))
+        backend = ClusterBackend(spec) if chief else None
+    else:
+        storage, metrics_path = _local_storage(spec, checkpoint_storage)
+        if isinstance(spec, LocalSpec) and spec.restore_dir:
+            restore_roots.append(Path(spec.restore_dir))
+        if chief:
+            searcher = config.searcher if config is not None else None
+            backend = LocalBackend(
+                metrics_path,
+                max_length=searcher.max_length.value if searcher is not None else None,
+                metric=searcher.metric if searcher is not None else None,
+                smaller_is_better=searcher.smaller_is_better if searcher is not None else True,
+            )
+    preempt = PreemptContext(
+        distributed,
+        backend,
+        on_cluster=isinstance(spec, ClusterSpec),
+        mode=preempt_mode,
+    )
+    search = _SearchState(
+        backend,
+        metric=config.searcher.metric if config is not None else None,
+        time_metric=config.searcher.time_metric if config is not None else None,
+        on_stop=preempt._searcher_stop,
+    )
+    train = TrainContext(distributed, backend, search)
+    checkpoint = CheckpointContext(
+        distributed,
+        backend,
+        storage,
+        trial_id=info.trial.trial_id if info is not None else 0,
+        hparams=info.trial.hparams if info is not None else {},
+        steps=lambda: train._last_steps,
+        restore_roots=restore_roots,
+    )
+    unit = config.searcher.max_length.unit.value if config is not None else "batches"
+    return Context(
+        distributed=distributed,
+        train=train,
+        checkpoint=checkpoint,
+        preempt=preempt,
+        searcher=SearcherContext(search, distributed, unit),
+        info=info,
+        backend=backend,
+    )
+
+
+def _local_storage(
+    spec: LocalSpec | None, checkpoint_storage: str | os.PathLike[str] | dict[str, Any] | None
+) -> tuple[StorageManager, Path]:
+    """Checkpoint storage and metrics file of a run off the cluster."""
+    if isinstance(checkpoint_storage, dict):
+        from assay.config import parse_config
+
+        data = {
+            "entrypoint": "python3 -",
+            "hyperparameters": {},
+            "searcher": {"name": "single", "metric": "x", "max_length": {"batches": 1}},
+            "checkpoint_storage": checkpoint_storage,
+        }
+        storage_config = parse_config(data).checkpoint_storage
+        default = Path(DEFAULT_CHECKPOINT_DIR).resolve()
+        storage = storage_for(storage_config, default)
+    elif checkpoint_storage is not None:
+        storage = SharedFSStorage(Path(checkpoint_storage).resolve())
+    elif spec is not None:
+        storage = SharedFSStorage(Path(spec.checkpoint_dir))
+    else:
+        storage = SharedFSStorage(Path(DEFAULT_CHECKPOINT_DIR).resolve())
+    if spec is not None:
+        return storage, Path(spec.metrics_path)
+    return storage, Path(DEFAULT_METRICS_PATH).resolve()
+
+
+__all__ = ["Context", "init"]

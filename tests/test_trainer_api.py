@@ -1,0 +1,167 @@
+"""Determined's Trainer API (`assay.pytorch`): the digits port of its MNIST tutorial."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from assay import pytorch
+from assay._local import free_port
+from assay.errors import AssayError, TrialLoadError
+
+TRAINER_DIR = Path(__file__).parent / "fixtures" / "trainer"
+sys.path.insert(0, str(TRAINER_DIR))
+import train as digits  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _off_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("ASSAY_TRIAL_SPEC", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_tutorial_in_process_trains_one_epoch_and_resumes(tmp_path: Path) -> None:
+    result = digits.run(epochs=1)
+    assert result is not None
+    # 1,437 training images in batches of 32: 45 batches (the last one short).
+    assert result["total_batches"] == 45
+    assert result["validation_metrics"]["accuracy"] > 0.5
+    checkpoint = Path(result["checkpoint"])
+    assert checkpoint.parent == tmp_path / "checkpoints"
+    # latest_checkpoint as a uuid under ./checkpoints: continues to the second epoch.
+    again = digits.run(epochs=2, latest_checkpoint=checkpoint.name)
+    assert again is not None
+    assert again["total_batches"] == 90
+    assert [v["total_batches"] for v in again["validation_history"]] == [90]
+    # The StepLR (every epoch) went on from its checkpointed state: two steps in all.
+    schedulers = torch.load(Path(again["checkpoint"]) / "lr_schedulers.pt", weights_only=True)
+    assert schedulers[0]["last_epoch"] == 2
+
+
+def test_load_trial_from_checkpoint_path(tmp_path: Path) -> None:
+    result = digits.run(epochs=1)
+    assert result is not None
+    trial = pytorch.load_trial_from_checkpoint_path(
+        result["checkpoint"], trial_class=digits.MNistTrial
+    )
+    assert isinstance(trial, digits.MNistTrial)
+    images, labels = digits.digits(train=False).tensors
+    with torch.no_grad():
+        # The metric is the mean over validation batches of 32, as the trial computed it.
+        correct = (trial.model(images).argmax(1) == labels).float()
+        accuracy = sum(b.mean().item() for b in correct.split(32)) / len(correct.split(32))
+    assert accuracy == pytest.approx(result["validation_metrics"]["accuracy"], abs=1e-6)
+    with pytest.raises(TrialLoadError, match="trial_class"):
+        pytorch.load_trial_from_checkpoint_path(result["checkpoint"])
+
+
+def test_fit_arguments_are_checked(tmp_path: Path) -> None:
+    with pytorch.init(hparams=digits.HPARAMS) as context:
+        trainer = pytorch.Trainer(digits.MNistTrial(context, context.get_hparams()), context)
+        with pytest.raises(AssayError, match=r"pytorch.Batch\(n\) or pytorch.Epoch\(n\)"):
+            trainer.fit(max_length=10)  # type: ignore[arg-type]
+        with pytest.raises(AssayError, match="checkpoint_policy"):
+            trainer.fit(max_length=pytorch.Batch(1), checkpoint_policy="some")  # type: ignore[arg-type]
+        with pytest.raises(AssayError, match="latest_checkpoint 'nope'"):
+            trainer.fit(max_length=pytorch.Batch(1), latest_checkpoint="nope")
+    with pytest.raises(ValueError, match="positive integer"):
+        pytorch.Epoch(0)
+    with pytest.raises(AssayError, match="pytorch.init"):
+        pytorch.Trainer(digits.MNistTrial.__new__(digits.MNistTrial))
+
+
+def test_minimal_config_step_zero_validation_and_policy_all(tmp_path: Path) -> None:
+    class NoBatchSize(pytorch.PyTorchTrial):
+        def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+            self.context = context
+            self.model = context.wrap_model(torch.nn.Linear(1, 1))
+            self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.1))
+
+        def build_training_data_loader(self) -> pytorch.DataLoader[Any]:
+            return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.ones(6, 1)), batch_size=2)
+
+        def build_validation_data_loader(self) -> pytorch.DataLoader[Any]:
+            return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.ones(2, 1)), batch_size=2)
+
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+            loss = self.model(batch[0]).pow(2).mean()
+            self.context.backward(loss)
+            self.context.step_optimizer(self.opt)
+            return loss
+
+        def evaluate_full_dataset(self, data_loader: pytorch.DataLoader[Any]) -> dict[str, Any]:
+            return {"mine": float(sum(self.model(b[0]).sum() for b in data_loader))}
+
+    with pytorch.init() as context:  # no hparams, no config: no searcher metric needed
+        result = pytorch.Trainer(NoBatchSize(context), context).fit(
+            max_length=pytorch.Epoch(2),
+            validation_period=pytorch.Batch(2),
+            checkpoint_policy="all",
+            step_zero_validation=True,
+        )
+    assert result is not None
+    assert [v["total_batches"] for v in result.validation_history] == [0, 2, 4, 6]
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 4
+
+
+@pytest.mark.slow
+def test_tutorial_as_a_script(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(TRAINER_DIR / "train.py"), "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "ASSAY_TRIAL_SPEC"},
+    )
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    result = json.loads(line.removeprefix("RESULT "))
+    assert result["total_batches"] == 45
+    assert Path(result["checkpoint"]).is_dir()
+
+
+@pytest.mark.slow
+def test_tutorial_on_two_slots(tmp_path: Path) -> None:
+    """torch.distributed (gloo) on two CPU processes, as torchrun would start them."""
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ)
+        env.pop("ASSAY_TRIAL_SPEC", None)
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(TRAINER_DIR / "train.py"), "--epochs", "1"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    results = [x for x in outputs[0].splitlines() if x.startswith("RESULT ")]
+    assert not any(x.startswith("RESULT ") for x in outputs[1].splitlines())
+    result = json.loads(results[0].removeprefix("RESULT "))
+    # 16 per slot: each rank sees half the 1,437 images, 45 global batches an epoch.
+    assert result["total_batches"] == 45
+    assert result["validation_metrics"]["accuracy"] > 0.5

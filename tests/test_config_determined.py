@@ -469,6 +469,8 @@ def test_rocm_variables_are_never_set_and_say_so() -> None:
         ({"WORLD_SIZE": "2"}, ("environment_variables.WORLD_SIZE: ", "set by Assay")),
         (["ASSAY_TOKEN=x"], ("environment_variables[0]: ", "ASSAY_TOKEN is set by Assay")),
         (["CUDA_VISIBLE_DEVICES=0"], ("environment_variables[0]: ", "CUDA_VISIBLE_DEVICES")),
+        (["GROUP_RANK=0"], ("environment_variables[0]: ", "GROUP_RANK is set by Assay")),
+        (["TORCHELASTIC_RUN_ID=x"], ("environment_variables[0]: ", "TORCHELASTIC_RUN_ID")),
         ({"cuda": ["MASTER_PORT=1"]}, ("environment_variables.cuda[0]: ", "MASTER_PORT")),
         (["1X=2"], ("environment_variables[0]: ", "not a variable name")),
         (["A=1", "A=2"], ("environment_variables[1]: ", "A is set twice")),

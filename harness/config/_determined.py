@@ -27,8 +27,14 @@ RESERVED_VARIABLES = (
     "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
+    # the rest of what torchrun sets, and so the launcher too
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_NAME",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
 )
-RESERVED_PREFIX = "ASSAY_"
+RESERVED_PREFIXES = ("ASSAY_", "TORCHELASTIC_")
 DEVICES = ("cpu", "cuda", "rocm")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -146,12 +152,13 @@ def _check_name(name: str, s: Section, where: str) -> bool:
     if not _NAME.match(name):
         s.error(where, f"{name!r} is not a variable name (letters, digits and _)")
         return False
-    if name in RESERVED_VARIABLES or name.startswith(RESERVED_PREFIX):
+    if name in RESERVED_VARIABLES or name.startswith(RESERVED_PREFIXES):
         s.error(
             where,
-            f"{name} is set by Assay for every rank (RANK, WORLD_SIZE, LOCAL_RANK, "
-            "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES, "
-            "CUDA_DEVICE_ORDER and ASSAY_*); a config cannot change it",
+            f"{name} is set by Assay for every rank (the torch.distributed variables such "
+            "as RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, "
+            "CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, ASSAY_* and TORCHELASTIC_*); a config "
+            "cannot change it",
         )
         return False
     return True

@@ -31,17 +31,20 @@ class StepMode(enum.Enum):
     MANUAL_STEP = "manual"
 
 
+_StepMode = StepMode
+
+
 class LRScheduler:
     """Determined's `LRScheduler(scheduler, step_mode, frequency=1)`: a torch LR scheduler
     with when to step it. Give it to `context.wrap_lr_scheduler`, or call `step()`,
     `state_dict()` and `load_state_dict()` on it as on the scheduler it wraps."""
 
-    StepMode: ClassVar[type[StepMode]] = StepMode
+    StepMode: ClassVar[type[_StepMode]] = _StepMode
 
     def __init__(
         self,
         scheduler: Any,
-        step_mode: StepMode | str = StepMode.STEP_EVERY_EPOCH,
+        step_mode: _StepMode | str = _StepMode.STEP_EVERY_EPOCH,
         frequency: int = 1,
     ) -> None:
         self.scheduler = scheduler

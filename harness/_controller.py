@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -364,9 +364,10 @@ class TrialController:
         when the searcher metric improved; `none`: never here)."""
         improved = self._validate()
         policy = self.config.checkpoint_policy
-        if policy == "all" or (policy == "best" and improved):
-            if self.state.last_checkpoint != self.state.total_batches or not self._checkpointed:
-                self._checkpoint()
+        wanted = policy == "all" or (policy == "best" and improved)
+        fresh = self.state.last_checkpoint != self.state.total_batches or not self._checkpointed
+        if wanted and fresh:
+            self._checkpoint()
 
     def _validate(self) -> bool:
         """Validate and report; return whether the searcher metric improved on its best."""
@@ -392,10 +393,11 @@ class TrialController:
                 ):
                     batch = context.to_device(batch)
                     with context._precision.autocast():
+                        evaluate = cast(Any, self.trial).evaluate_batch
                         if self.evaluation == "batch_idx":
-                            out = self.trial.evaluate_batch(batch, batch_idx)
+                            out = evaluate(batch, batch_idx)
                         else:
-                            out = self.trial.evaluate_batch(batch)
+                            out = evaluate(batch)
                     if not isinstance(out, Mapping):
                         raise TrainingError(
                             "evaluate_batch must return a dict of metrics, got "

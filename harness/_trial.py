@@ -231,10 +231,12 @@ class Trial(abc.ABC):
         `batch_idx` counts batches since the trial began, across epochs and restores.
         """
 
-    def evaluate_batch(self, batch: Any, batch_idx: int = 0) -> dict[str, Any]:
-        """Return this validation batch's metrics (`batch_idx`, optional, counts the
-        batches of this validation on this slot)."""
-        raise NotImplementedError
+    if not TYPE_CHECKING:  # subclasses define it as (batch) or (batch, batch_idx)
+
+        def evaluate_batch(self, batch: Any, batch_idx: int = 0) -> dict[str, Any]:
+            """Return this validation batch's metrics (`batch_idx`, optional, counts the
+            batches of this validation on this slot)."""
+            raise NotImplementedError
 
     def evaluate_full_dataset(self, data_loader: DataLoader[Any]) -> dict[str, Any]:
         """Instead of `evaluate_batch`: validate over the whole `data_loader` at once and
@@ -258,13 +260,14 @@ class Trial(abc.ABC):
 
 
 EvaluationMode = Literal["batch", "batch_idx", "full"]
+_BASE_EVALUATE_BATCH = getattr(Trial, "evaluate_batch", None)
 
 
 def evaluation_mode(trial_class: type[Trial]) -> EvaluationMode:
     """Which evaluation the Trial defines; one clear error when it defines neither."""
     from assay.errors import TrainingError
 
-    batch = trial_class.evaluate_batch is not Trial.evaluate_batch
+    batch = getattr(trial_class, "evaluate_batch", None) is not _BASE_EVALUATE_BATCH
     full = trial_class.evaluate_full_dataset is not Trial.evaluate_full_dataset
     if batch and full:
         raise TrainingError(
@@ -279,7 +282,8 @@ def evaluation_mode(trial_class: type[Trial]) -> EvaluationMode:
             f"{trial_class.__qualname__} defines neither evaluate_batch(batch) nor "
             "evaluate_full_dataset(data_loader): define one of them to validate"
         )
-    arity = _check_arity(trial_class.evaluate_batch, (1, 2), trial_class, "(batch[, batch_idx])")
+    evaluate: Callable[..., Any] = trial_class.evaluate_batch  # type: ignore[attr-defined]
+    arity = _check_arity(evaluate, (1, 2), trial_class, "(batch[, batch_idx])")
     return "batch_idx" if arity == 2 else "batch"
 
 

@@ -86,13 +86,17 @@ def test_minimal_config_step_zero_validation_and_policy_all(tmp_path: Path) -> N
             self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.1))
 
         def build_training_data_loader(self) -> pytorch.DataLoader[Any]:
-            return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.ones(6, 1)), batch_size=2)
+            return pytorch.DataLoader(
+                torch.utils.data.TensorDataset(torch.ones(6, 1)), batch_size=2
+            )
 
         def build_validation_data_loader(self) -> pytorch.DataLoader[Any]:
-            return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.ones(2, 1)), batch_size=2)
+            return pytorch.DataLoader(
+                torch.utils.data.TensorDataset(torch.ones(2, 1)), batch_size=2
+            )
 
         def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
-            loss = self.model(batch[0]).pow(2).mean()
+            loss: torch.Tensor = self.model(batch[0]).pow(2).mean()
             self.context.backward(loss)
             self.context.step_optimizer(self.opt)
             return loss

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -156,18 +156,25 @@ def _controller(trial_class: type[assay.Trial], tmp_path: Path, **overrides: Any
     from dataclasses import replace
 
     from assay._session import LocalSession
-    from assay._worker import build_context, train_slot
     from assay._trial import construct_trial
+    from assay._worker import build_context, train_slot
 
     parsed = replace(assay.config.parse_config(config(overrides.pop("batches", 8))), **overrides)
-    context = build_context(parsed, env={}, hparams={"global_batch_size": 4, "lr": 0.1},
-                            trial_seed=3)
+    context = build_context(
+        parsed, env={}, hparams={"global_batch_size": 4, "lr": 0.1}, trial_seed=3
+    )
     trial = construct_trial(trial_class, context)
     session = LocalSession(max_batches=0, echo=False)
 
     def run(resume: Path | None = None) -> Any:
-        return train_slot(trial, context, session, tmp_path, resume_from=resume,
-                          max_length=parsed.searcher.max_length)
+        return train_slot(
+            trial,
+            context,
+            session,
+            tmp_path,
+            resume_from=resume,
+            max_length=parsed.searcher.max_length,
+        )
 
     return trial, context, session, run
 
@@ -177,16 +184,23 @@ def test_hook_order_with_policy_all_and_restore(tmp_path: Path) -> None:
     from assay.config import Length
 
     _, _, session, run = _controller(
-        HookTrial, tmp_path, batches=4, checkpoint_policy="all",
-        min_validation_period=Length.batches(2), perform_initial_validation=True,
+        HookTrial,
+        tmp_path,
+        batches=4,
+        checkpoint_policy="all",
+        min_validation_period=Length.batches(2),
+        perform_initial_validation=True,
     )
     result = run()
     # Initial validation at 0, then at 2 and 4, each followed by a checkpoint ("all").
     assert [c.metadata.total_batches for c in session.checkpoints] == [0, 2, 4]
     assert CALLS[:2] == [("startup", 0, False), ("training_start",)]
     assert CALLS[2:7] == [
-        ("validation_start",), ("validation_end", ["val_loss"]),
-        ("save_start",), ("write_end", True), ("checkpoint_end",),
+        ("validation_start",),
+        ("validation_end", ["val_loss"]),
+        ("save_start",),
+        ("write_end", True),
+        ("checkpoint_end",),
     ]
     assert CALLS[-1] == ("shutdown",)
     # Restore: the callback's state comes back, load_start sees it, startup sees the uuid.
@@ -227,13 +241,13 @@ class FullDataset(Small):
         return {"val_loss": total / n, "seen": n}
 
 
-FullDataset.evaluate_batch = assay.Trial.evaluate_batch  # type: ignore[method-assign]
+FullDataset.evaluate_batch = vars(assay.Trial)["evaluate_batch"]  # type: ignore[method-assign]
 
 
 class WithBatchIdx(Small):
-    seen: list[int] = []
+    seen: ClassVar[list[int]] = []
 
-    def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+    def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:  # type: ignore[override]
         WithBatchIdx.seen.append(batch_idx)
         return super().evaluate_batch(batch)
 
@@ -250,7 +264,7 @@ def test_a_trial_without_evaluation_gets_one_clear_error(tmp_path: Path) -> None
     class NoEval(Small):
         pass
 
-    NoEval.evaluate_batch = assay.Trial.evaluate_batch  # type: ignore[method-assign]
+    NoEval.evaluate_batch = vars(assay.Trial)["evaluate_batch"]  # type: ignore[method-assign]
     with pytest.raises(TrainingError, match="neither evaluate_batch.*nor evaluate_full_dataset"):
         assay.run_local(NoEval, config(4), checkpoint_dir=tmp_path)
 
@@ -353,7 +367,8 @@ def test_context_details(tmp_path: Path) -> None:
             self.hparams = hparams
             self.sum = context.wrap_reducer(lambda values: float(sum(values)), name="total")
             self.both = context.wrap_reducer(
-                lambda values: {"n_train": float(len(values))}, for_training=True,
+                lambda values: {"n_train": float(len(values))},
+                for_training=True,
                 for_validation=False,
             )
 

@@ -36,7 +36,7 @@ from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
 from assay.errors import AssayError, TrialLoadError, TrialPreempted
 
 if TYPE_CHECKING:
-    from assay._cluster import ClusterSpec
+    from assay._cluster import ClusterSpec  # type: ignore[attr-defined]
 
 log = logging.getLogger("assay")
 SPEC_ENV = "ASSAY_TRIAL_SPEC"  # the same name as assay._cluster.SPEC_ENV (kept light here)
@@ -58,7 +58,9 @@ class TrainUnit:
         return f"{type(self).__name__}({self.value})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.value == self.value  # type: ignore[attr-defined]
+        return (
+            isinstance(other, TrainUnit) and type(other) is type(self) and other.value == self.value
+        )
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self.value))
@@ -114,7 +116,7 @@ def init(
     started_group = not torch.distributed.is_initialized()
     spec_path = os.environ.get(SPEC_ENV)
     if spec_path:
-        from assay._cluster import ClusterSpec
+        from assay._cluster import ClusterSpec  # type: ignore[attr-defined]
 
         spec = ClusterSpec.load(spec_path)
         if hparams is not None or exp_conf is not None:
@@ -411,7 +413,7 @@ def load_trial_from_checkpoint_path(
         trial_id=metadata.trial_id,
     )
     if trial_kwargs is not None:
-        trial = trial_class(context, **trial_kwargs)  # type: ignore[call-arg]
+        trial = trial_class(context, **trial_kwargs)
     else:
         trial = construct_trial(trial_class, context)
     models = load_file(path, "models")

@@ -26,6 +26,7 @@ from assay.agent._devices import SlotKind
 from assay.agent._logs import LogBatcher
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
 from assay.config import environment_of
+from assay.core._distributed import torchrun_env
 from assay.errors import AssayError, InvalidConfigError
 from assay.proto import agent_pb2
 
@@ -233,12 +234,17 @@ class Allocation:
         # them, and this order keeps it so).
         env.update(_config_environment(start.config_json, self.settings.slot_kind))
         env.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(start.world_size),
-            LOCAL_RANK=str(local_rank),
-            LOCAL_WORLD_SIZE=str(local_world),
-            MASTER_ADDR=start.master_addr or self.settings.address,
-            MASTER_PORT=str(port),
+            torchrun_env(
+                rank=rank,
+                world_size=start.world_size,
+                local_rank=local_rank,
+                local_world_size=local_world,
+                master_addr=start.master_addr or self.settings.address,
+                master_port=port,
+                run_id=self.id,
+            )
+        )
+        env.update(
             ASSAY_TRIAL_SPEC=str(spec_path),
             ASSAY_ALLOCATION_ID=self.id,
             ASSAY_SLOT_TYPE=self.settings.slot_kind,

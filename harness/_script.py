@@ -99,6 +99,7 @@ def spawn_ranks(
     Output is passed through, prefixed `[rank N]` when there are several processes.
     """
     from assay._local import _die_with_parent, _pump, _stop, _wait_all, free_port
+    from assay.core._distributed import torchrun_env
 
     command = resolve_command(argv)
     port = free_port()
@@ -109,13 +110,15 @@ def spawn_ranks(
         for rank in range(slots):
             rank_env = dict(env)
             rank_env.update(
-                RANK=str(rank),
-                WORLD_SIZE=str(slots),
-                LOCAL_RANK=str(rank),
-                LOCAL_WORLD_SIZE=str(slots),
-                GROUP_RANK="0",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
+                torchrun_env(
+                    rank=rank,
+                    world_size=slots,
+                    local_rank=rank,
+                    local_world_size=slots,
+                    master_addr="127.0.0.1",
+                    master_port=port,
+                    run_id=f"local-{port}",
+                ),
                 PYTHONUNBUFFERED="1",
             )
             rank_env.setdefault("OMP_NUM_THREADS", str(threads))

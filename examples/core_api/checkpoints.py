@@ -49,7 +49,8 @@ def main(
                     steps_completed=steps_completed, metrics={"x": sum(xs)}
                 )
                 core_context.train.report_validation_metrics(
-                    steps_completed=steps_completed, metrics={"x": sum(xs), "batches": steps_completed}
+                    steps_completed=steps_completed,
+                    metrics={"x": sum(xs), "batches": steps_completed},
                 )
                 with core_context.checkpoint.store_path({"steps_completed": steps_completed}) as (
                     path,

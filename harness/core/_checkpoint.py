@@ -93,11 +93,14 @@ class CheckpointContext:
             except BaseException:
                 shutil.rmtree(own, ignore_errors=True)
                 raise
-            extra: dict[str, FileEntry] = {}
-            if shard:
-                extra = self._merge_shards(own, merged, uuid)
-            if self._dist.is_chief:
-                self._seal(merged, uuid, metadata, extra)
+            try:
+                extra = self._merge_shards(own, merged, uuid) if shard else {}
+                if self._dist.is_chief:
+                    self._seal(merged, uuid, metadata, extra)
+            except BaseException:
+                if self._dist.is_chief:
+                    shutil.rmtree(merged, ignore_errors=True)
+                raise
             if shard:
                 self._dist.barrier()  # nobody goes on before the checkpoint is reported
         finally:
@@ -112,10 +115,14 @@ class CheckpointContext:
         *,
         shard: bool = False,
     ) -> str:
-        """Store a copy of `ckpt_dir` as a new checkpoint; return its uuid."""
+        """Store a copy of `ckpt_dir` as a new checkpoint; return its uuid. The manifest
+        of a downloaded checkpoint in it is left out (the new one gets its own)."""
         with self.store_path(metadata, shard=shard) as (path, uuid):
             if ckpt_dir is not None:
                 shutil.copytree(ckpt_dir, path, dirs_exist_ok=True)
+                manifest = path / MANIFEST
+                if manifest.is_file() and _is_manifest(manifest):
+                    manifest.unlink()
         return uuid
 
     @property
@@ -258,6 +265,14 @@ class CheckpointContext:
     def _local_roots(self) -> list[Path]:
         roots = [self._root] if self._in_place else []
         return roots + self._restore_roots
+
+
+def _is_manifest(path: Path) -> bool:
+    try:
+        read_metadata(path.parent)
+    except CheckpointError:
+        return False
+    return True
 
 
 def _uuid(storage_id: str) -> str:

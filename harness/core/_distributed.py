@@ -42,6 +42,39 @@ def ranks_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int, int,
     return rank, size, local_rank, local_size, cross_rank, cross_size
 
 
+def torchrun_env(
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    local_world_size: int,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+) -> dict[str, str]:
+    """The variables torchrun gives each process, so that Lightning, Accelerate and
+    `init_process_group("env://")` see a torchrun launch (`TORCHELASTIC_RUN_ID` included).
+    The group (machine) rank is `rank // local_world_size`, as `ranks_from_env` reads it.
+    """
+    local = max(1, local_world_size)
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "GROUP_RANK": str(rank // local),
+        "GROUP_WORLD_SIZE": str(max(1, world_size // local)),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
+
+
 class DistributedContext:
     """Rank and size of this process among every process of the trial (one per slot).
 
@@ -236,4 +269,4 @@ class DistributedContext:
         return self._group
 
 
-__all__ = ["DistributedContext", "ranks_from_env"]
+__all__ = ["DistributedContext", "ranks_from_env", "torchrun_env"]

@@ -1,0 +1,370 @@
+"""The Core API off the cluster: the local twins, checkpoints, reports, scripts under
+run-local (one and several processes), launchers and their bad paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import assay
+import assay.core
+from assay._checkpoint import CheckpointError
+from assay._local import run_local
+from assay._script import launcher_trial, resolve_command
+from assay.errors import AssayError, TrainingError
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
+CORE_EXAMPLES = ROOT / "examples" / "core_api"
+
+
+@pytest.fixture
+def local_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A plain `python train.py` run: no spec, cwd in a fresh directory."""
+    for name in ("ASSAY_TRIAL_SPEC", "ASSAY_LOCAL_SPEC", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assay.core.get_cluster_info.cache_clear()
+    yield tmp_path
+    assay.core.get_cluster_info.cache_clear()
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# --- the local twin ---------------------------------------------------------------------
+
+
+def test_plain_run_reports_to_a_local_file_and_has_no_cluster_info(local_dir: Path) -> None:
+    assert assay.get_cluster_info() is None
+
+    with assay.core.init() as core:
+        core.train.report_training_metrics(10, {"loss": 0.5, "note": "text"})
+        core.train.report_validation_metrics(10, {"accuracy": 0.75})
+        core.train.report_metrics("test", 10, {"accuracy": 0.7})
+        core.train.report_progress(0.5)
+        preempt = core.preempt.should_preempt()
+
+    records = _records(local_dir / "assay-metrics" / "metrics.jsonl")
+    groups = [(r.get("group"), r.get("metrics")) for r in records if "group" in r]
+    assert groups == [
+        ("training", {"loss": 0.5}),  # the string is left out (with a warning)
+        ("validation", {"accuracy": 0.75}),
+        ("test", {"accuracy": 0.7}),
+    ]
+    assert preempt is False
+
+
+def test_metric_values_from_numpy_and_torch(local_dir: Path) -> None:
+    import numpy as np
+    import torch
+
+    with assay.core.init() as core:
+        values = core.train.report_metrics(
+            "training",
+            1,
+            {"a": np.float32(0.5), "b": torch.tensor(2.0), "c": torch.ones(3), "d": 3},
+        )
+
+    assert values == {"a": 0.5, "b": 2.0, "d": 3.0}  # a 3-element tensor is not a metric
+
+
+@pytest.mark.parametrize("steps", [-1, 1.5, "ten", None])
+def test_bad_steps_completed_is_refused(local_dir: Path, steps: Any) -> None:
+    with assay.core.init() as core, pytest.raises(AssayError, match="steps_completed"):
+        core.train.report_training_metrics(steps, {"loss": 1.0})
+
+
+def test_checkpoints_store_restore_metadata_download_upload_delete(local_dir: Path) -> None:
+    with assay.core.init() as core:
+        with core.checkpoint.store_path({"steps_completed": 7, "note": "hi"}) as (path, uuid):
+            (path / "weights.bin").write_bytes(b"\x00" * 100)
+            (path / "sub").mkdir()
+            (path / "sub" / "opt.txt").write_text("state")
+        stored = local_dir / "checkpoints" / uuid
+        assert sorted(p.name for p in stored.iterdir()) == ["metadata.json", "sub", "weights.bin"]
+        manifest = json.loads((stored / "metadata.json").read_text())
+        assert set(manifest["files"]) == {"weights.bin", "sub/opt.txt"}
+        assert manifest["total_batches"] == 7
+
+        with core.checkpoint.restore_path(uuid) as restored:
+            assert (restored / "sub" / "opt.txt").read_text() == "state"
+        assert core.checkpoint.get_metadata(uuid) == {"steps_completed": 7, "note": "hi"}
+        core.checkpoint.download(uuid, local_dir / "copy")
+        assert (local_dir / "copy" / "weights.bin").stat().st_size == 100
+        again = core.checkpoint.upload(local_dir / "copy", {"steps_completed": 8})
+        assert again != uuid
+        assert core.checkpoint.get_metadata(again)["steps_completed"] == 8
+
+        core.checkpoint.delete(uuid)
+        assert not stored.exists()
+        with pytest.raises(CheckpointError, match="is not in"):
+            core.checkpoint.delete(uuid)
+
+    records = _records(local_dir / "assay-metrics" / "metrics.jsonl")
+    assert [r["checkpoint"] for r in records if "checkpoint" in r] == [uuid, again]
+
+
+def test_restore_of_an_unknown_or_malformed_uuid_says_so(local_dir: Path) -> None:
+    with assay.core.init() as core:
+        unknown = "123e4567-e89b-42d3-a456-426614174000"
+        with pytest.raises(CheckpointError, match=f"checkpoint {unknown} is not in"):  # noqa: SIM117
+            with core.checkpoint.restore_path(unknown):
+                pass
+        for bad in ("../../etc", "checkpoints", ""):
+            with pytest.raises(CheckpointError, match="not a checkpoint uuid"):  # noqa: SIM117
+                with core.checkpoint.restore_path(bad):
+                    pass
+
+
+def test_a_corrupted_checkpoint_is_refused_on_restore(local_dir: Path) -> None:
+    with assay.core.init() as core:
+        with core.checkpoint.store_path() as (path, uuid):
+            (path / "w").write_text("weights")
+        (local_dir / "checkpoints" / uuid / "w").write_text("tampered")
+        with pytest.raises(CheckpointError, match="corrupted"):  # noqa: SIM117
+            with core.checkpoint.restore_path(uuid):
+                pass
+
+
+def test_failed_store_leaves_nothing_and_own_manifest_is_refused(local_dir: Path) -> None:
+    with assay.core.init() as core:
+        with pytest.raises(ValueError, match="boom"):  # noqa: SIM117, PT012
+            with core.checkpoint.store_path() as (path, _):
+                (path / "half").write_text("x")
+                raise ValueError("boom")
+        with pytest.raises(CheckpointError, match="may not hold its own metadata.json"):  # noqa: SIM117
+            with core.checkpoint.store_path() as (path, _):
+                (path / "metadata.json").write_text("{}")
+    assert list((local_dir / "checkpoints").iterdir()) == []
+
+
+def test_checkpoint_storage_argument_off_cluster(local_dir: Path) -> None:
+    core = assay.core.init(checkpoint_storage=str(local_dir / "elsewhere"))
+    with core, core.checkpoint.store_path() as (path, uuid):
+        (path / "w").write_text("x")
+    assert (local_dir / "elsewhere" / uuid / "w").exists()
+
+
+def test_a_worker_that_reports_or_stores_alone_gets_a_clear_error(local_dir: Path) -> None:
+    worker = assay.core.DistributedContext(rank=1, size=2, local_rank=1, local_size=2)
+    core = assay.core.init(distributed=worker)
+    try:
+        with pytest.raises(RuntimeError, match="rank 1: only the chief"):
+            core.train.report_training_metrics(1, {"loss": 1.0})
+        with pytest.raises(RuntimeError, match="only the chief"):
+            core.train.report_validation_metrics(1, {"loss": 1.0})
+        with pytest.raises(RuntimeError, match="shard=False.*rank 1"):  # noqa: SIM117
+            with core.checkpoint.store_path():
+                pass
+    finally:
+        core.close()
+
+
+def test_determined_accessors(local_dir: Path) -> None:
+    d = assay.core.DistributedContext(
+        rank=3, size=4, local_rank=1, local_size=2, cross_rank=1, cross_size=2
+    )
+    assert (d.get_rank(), d.get_size(), d.get_local_rank(), d.get_local_size()) == (3, 4, 1, 2)
+    assert (d.get_cross_rank(), d.get_cross_size()) == (1, 2)
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert assay.core.DistributedContext.from_env(env).rank == 1
+    with pytest.raises(AssayError, match="outside"):
+        assay.core.DistributedContext.from_env({"RANK": "2", "WORLD_SIZE": "2"})
+
+
+# --- commands and launchers -------------------------------------------------------------
+
+
+def test_commands_use_this_python_and_determineds_launcher_name() -> None:
+    argv = ["python3", "-m", "determined.launch.torch_distributed", "python3", "train.py"]
+
+    resolved = resolve_command(argv, python="/venv/bin/python")
+
+    assert resolved == [
+        "/venv/bin/python",
+        "-m",
+        "assay.launch.torch_distributed",
+        "python3",
+        "train.py",
+    ]
+    assert resolve_command(["./run.sh"]) == ["./run.sh"]
+    with pytest.raises(AssayError, match="deepspeed.*torch_distributed"):
+        resolve_command(["python3", "-m", "determined.launch.deepspeed", "python3", "t.py"])
+
+
+def test_launcher_trial_form() -> None:
+    argv = ["python3", "-m", "determined.launch.torch_distributed", "--trial", "model_def:T"]
+    assert launcher_trial(argv) == "model_def:T"
+    assert launcher_trial(["python3", "train.py", "--trial", "x"]) is None
+
+
+def test_launcher_by_hand_starts_processes_and_passes_the_exit_code(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
+        "sys.exit(3 if os.environ['RANK'] == '1' else 0)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    launcher = [sys.executable, "-m", "assay.launch.torch_distributed", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*launcher, "python3", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "[rank 0] rank 0 of 2" in done.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "assay.launch.torch_distributed"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode == 2
+    assert "give the command" in missing.stderr
+
+
+# --- scripts under run-local ------------------------------------------------------------
+
+
+def _config(entrypoint: str, **extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "entrypoint": entrypoint,
+        "hyperparameters": {"steps": 20, "every": 5},
+        "searcher": {"name": "single", "metric": "value", "max_length": {"batches": 20}},
+    }
+    config.update(extra)
+    return config
+
+
+def test_run_local_script_reports_checkpoints_and_resumes(tmp_path: Path) -> None:
+    ckpts = tmp_path / "ckpts"
+
+    result = run_local(config=_config("python3 loop.py"), model_dir=SCRIPTS, checkpoint_dir=ckpts)
+
+    assert result.total_batches == 20
+    assert result.validation_metrics == {"value": 20.0, "batches": 20.0}
+    assert [h["total_batches"] for h in result.training_history] == [5, 10, 15, 20]
+    assert result.checkpoint is not None
+    assert Path(result.checkpoint).parent == ckpts
+
+    longer = _config("python3 loop.py", hyperparameters={"steps": 30, "every": 5})
+    longer["searcher"]["max_length"] = {"batches": 30}
+    resumed = run_local(
+        config=longer,
+        model_dir=SCRIPTS,
+        checkpoint_dir=tmp_path / "b",
+        resume_from=result.checkpoint,
+    )
+    assert [h["total_batches"] for h in resumed.training_history] == [25, 30]
+
+
+def test_run_local_script_failure_names_the_exit_code(tmp_path: Path) -> None:
+    config = _config("python3 loop.py", hyperparameters={"steps": 5, "exit_code": 4})
+
+    with pytest.raises(TrainingError, match="exited with code 4"):
+        run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+
+
+def test_run_local_script_that_cannot_start(tmp_path: Path) -> None:
+    with pytest.raises(AssayError, match="cannot run the entrypoint"):
+        run_local(config=_config("./no-such-program"), model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+
+
+@pytest.mark.slow
+def test_two_processes_share_collectives_and_a_sharded_checkpoint(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    config = _config("python3 collectives.py", resources={"slots_per_trial": 2})
+    config["searcher"] = {"name": "single", "metric": "ok", "max_length": {"batches": 1}}
+
+    result = run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+
+    seen_line = next(x for x in capfd.readouterr().err.splitlines() if "SEEN " in x)
+    seen = json.loads(seen_line.split("SEEN ", 1)[1])
+    assert seen["allgather"] == [0, 1]
+    assert seen["gather"] == [0, 10]
+    assert seen["broadcast"] == "from 0"
+    assert seen["allgather_local"] == [0, 1]
+    assert seen["broadcast_local"] == 0
+    assert seen["preempt"] is False
+    assert result.checkpoint == str(tmp_path / seen["uuid"])
+    stored = sorted(p.name for p in Path(result.checkpoint).iterdir())
+    assert stored == ["metadata.json", "rank0.json", "rank1.json"]
+    manifest = json.loads((Path(result.checkpoint) / "metadata.json").read_text())
+    assert set(manifest["files"]) == {"rank0.json", "rank1.json"}
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_with_clashing_names_is_refused_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLASH", "1")
+    config = _config("python3 collectives.py", resources={"slots_per_trial": 2})
+
+    with pytest.raises(TrainingError, match="both wrote 'same.txt'"):
+        run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _weights(checkpoint: str) -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = torch.load(Path(checkpoint) / "state.pt", weights_only=True)
+    return state["model"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_a_scripts_two_slot_run_equals_its_one_slot_run(tmp_path: Path) -> None:
+    """Ground truth: 2 slots x 32 samples train the same weights as 1 slot x 64 (gloo)."""
+    import torch
+
+    config: dict[str, Any] = {
+        "entrypoint": "python3 torch_loop.py",
+        "hyperparameters": {"global_batch_size": 64, "lr": 0.1, "hidden": 16},
+        "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": 60}},
+    }
+    one = run_local(config=config, model_dir=CORE_EXAMPLES, checkpoint_dir=tmp_path / "one")
+    two = run_local(
+        config=config, model_dir=CORE_EXAMPLES, checkpoint_dir=tmp_path / "two", slots=2
+    )
+
+    assert one.checkpoint is not None
+    assert two.checkpoint is not None
+    a, b = _weights(one.checkpoint), _weights(two.checkpoint)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name], b[name], rtol=0, atol=1e-6), name
+    assert one.validation_metrics["validation_loss"] == pytest.approx(
+        two.validation_metrics["validation_loss"], abs=1e-6
+    )
+
+
+@pytest.mark.slow
+def test_a_lightning_fabric_loop_reports_through_core_on_two_slots(tmp_path: Path) -> None:
+    config: dict[str, Any] = {
+        "entrypoint": "python3 fabric_loop.py",
+        "hyperparameters": {},
+        "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 20}},
+        "resources": {"slots_per_trial": 2},
+    }
+
+    result = run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+
+    assert [h["total_batches"] for h in result.training_history] == [5, 10, 15, 20]
+    assert result.validation_metrics["loss"] < result.training_history[0]["metrics"]["loss"]
+    assert result.checkpoint is not None
+    assert (Path(result.checkpoint) / "model.pt").exists()

@@ -56,7 +56,7 @@ def test_bad_experiments_are_refused_with_what_to_fix(api: api_pb2_grpc.ApiStub)
                 searcher={"name": "single", "metric": "loss", "max_length": {"epochs": 2}}
             ),
             model_archive(),
-            "needs a length in batches",
+            "needs records_per_epoch",
         ),
         ("{unclosed", model_archive(), "not valid YAML"),
         # Over 1 MiB: checked on the thread pool rather than the event loop.

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from assay.core._info import get_cluster_info
 
 __version__ = "0.1.0"
+# Determined's `det.LOG_FORMAT`, for `logging.basicConfig(format=assay.LOG_FORMAT)`.
+LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 
 _LAZY = {
     "Trial": "assay._trial",
@@ -59,6 +61,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "LOG_FORMAT",
     "AssayError",
     "DistributedContext",
     "HyperparameterError",

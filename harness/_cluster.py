@@ -178,13 +178,16 @@ class ClusterSession:
             metadata.size_bytes / 1e6,
         )
 
-    def complete_target(self, total_batches: int, searcher_metric: float) -> None:
+    def complete_target(
+        self, total_batches: int, searcher_metric: float, *, stop_requested: bool = False
+    ) -> None:
         self.client.complete_operation(
             trial_pb2.CompleteOperationRequest(
                 trial_id=self.trial_id,
                 run_id=self.run_id,
                 total_batches=total_batches,
                 searcher_metric=searcher_metric,
+                stop_requested=stop_requested,
             )
         )
 

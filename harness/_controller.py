@@ -181,7 +181,7 @@ class TrialController:
             self._complete_target()
         return self._result()
 
-    def _complete_target(self) -> None:
+    def _complete_target(self, *, stop_requested: bool = False) -> None:
         """At a target: report, validate and checkpoint this batch, tell the session."""
         self._flush_training_metrics()
         if self.state.last_validation != self.state.total_batches or not self.last_validation:
@@ -190,12 +190,14 @@ class TrialController:
             self._checkpoint()
         if self.session is not None:
             metric = self.last_validation.get(self.config.searcher.metric, float("nan"))
-            self.session.complete_target(self.state.total_batches, metric)
+            self.session.complete_target(
+                self.state.total_batches, metric, stop_requested=stop_requested
+            )
 
     def _finish_on_request(self) -> RunResult:
         """`context.set_stop_requested(True)`: end here as if this batch were the target."""
         log.info("batch %d: the trial asked to stop", self.state.total_batches)
-        self._complete_target()
+        self._complete_target(stop_requested=True)
         return self._result()
 
     def _result(self) -> RunResult:

@@ -116,10 +116,10 @@ def run_local(
 
         if model_dir is None:
             raise InvalidConfigError(["<config>: a script entrypoint needs a model_dir"])
-        result: LocalResult = run_script_local(
+        scripted: LocalResult = run_script_local(
             raw, model_dir, checkpoint_dir=ckpt_dir, resume_from=resume_from
         )
-        return result
+        return scripted
     spec = WorkerSpec(
         config=raw,
         model_dir=str(Path(model_dir).resolve()) if model_dir is not None else None,

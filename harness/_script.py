@@ -165,7 +165,7 @@ def run_script_local(
     """`assay trial run-local` for a script entrypoint; returns a `LocalResult`."""
     from assay._local import LocalResult
     from assay._spec import LOCAL_SPEC_ENV, LocalSpec
-    from assay.config import parse_config, sample_hparams
+    from assay.config import environment_of, parse_config, sample_hparams
     from assay.core._backend import read_local_records
 
     config = parse_config(raw)
@@ -190,7 +190,7 @@ def run_script_local(
         spec_path = Path(tmp) / "spec.json"
         spec.write(spec_path)
         env = dict(os.environ)
-        env.update(config.environment_variables)
+        env.update(environment_of(raw, _device_kind()))
         env[LOCAL_SPEC_ENV] = str(spec_path)
         tails: list[list[str]] = []
         rank, code = spawn_ranks(
@@ -206,8 +206,15 @@ def run_script_local(
     return _result(records, hparams, LocalResult)
 
 
+def _device_kind() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _result(records: list[dict[str, Any]], hparams: dict[str, Any], result_type: Any) -> Any:
-    training, validation = [], []
+    training: list[dict[str, Any]] = []
+    validation: list[dict[str, Any]] = []
     checkpoint = None
     steps = 0
     for record in records:

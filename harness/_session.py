@@ -40,7 +40,11 @@ class Session(Protocol):
 
     def report_checkpoint(self, report: CheckpointReport) -> None: ...
 
-    def complete_target(self, total_batches: int, searcher_metric: float) -> None: ...
+    def complete_target(
+        self, total_batches: int, searcher_metric: float, *, stop_requested: bool = False
+    ) -> None:
+        """Trained and validated to `total_batches`; `stop_requested`: the trial's code
+        asked to end here (it ends as completed)."""
 
     def preempt_requested(self) -> bool: ...
 
@@ -81,7 +85,9 @@ class LocalSession:
                 report.metadata.size_bytes / 1e6,
             )
 
-    def complete_target(self, total_batches: int, searcher_metric: float) -> None:
+    def complete_target(
+        self, total_batches: int, searcher_metric: float, *, stop_requested: bool = False
+    ) -> None:
         self.completed.append((total_batches, searcher_metric))
 
     def preempt_requested(self) -> bool:

@@ -1095,11 +1095,27 @@ class Master:
         self.commit.wait(ticket)  # answer only what is durable
         return answer
 
-    def complete_operation(self, run: Run, total_batches: int, metric: float) -> None:
-        """The trial validated at its target: tell the searcher (a retry is a no-op)."""
+    def complete_operation(
+        self, run: Run, total_batches: int, metric: float, *, stop_requested: bool = False
+    ) -> None:
+        """The trial validated at its target: tell the searcher (a retry is a no-op).
+
+        `stop_requested`: the trial's code asked to end here (Determined's
+        `set_stop_requested`), at or before its target: it ends as completed once its
+        process exits, and the searcher counts it as a trial that ended early.
+        """
         with self.lock:
             trial = self.trials.get(run.trial_id)
             experiment = self.experiments.get(run.experiment_id)
+            if stop_requested and trial is not None and experiment is not None:
+                if not trial.closed:
+                    trial.target, trial.closed = None, True
+                    self._searcher_event(
+                        experiment, trial, "on_trial_exited_early", "user_canceled"
+                    )
+                    self._schedule()
+                self._commit_and_wait()
+                return
             if (
                 trial is None
                 or experiment is None

@@ -659,7 +659,12 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
     ) -> trial_pb2.CompleteOperationResponse:
         with rpc_errors(context):
             run = self._run(context, request.trial_id, request.run_id)
-            self.master.complete_operation(run, request.total_batches, request.searcher_metric)
+            self.master.complete_operation(
+                run,
+                request.total_batches,
+                request.searcher_metric,
+                stop_requested=request.stop_requested,
+            )
             return trial_pb2.CompleteOperationResponse()
         raise AssertionError("unreachable")
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from assay.proto import common_pb2 as assay_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61ssay/proto/trial.proto\x12\x08\x61ssay.v1\x1a\x18\x61ssay/proto/common.proto\"O\n\x14NextOperationRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12\x15\n\rtotal_batches\x18\x03 \x01(\x03\"0\n\tOperation\x12\x15\n\rtotal_batches\x18\x01 \x01(\x03\x12\x0c\n\x04stop\x18\x02 \x01(\x08\"l\n\x18\x43ompleteOperationRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12\x15\n\rtotal_batches\x18\x03 \x01(\x03\x12\x17\n\x0fsearcher_metric\x18\x04 \x01(\x01\"\x1b\n\x19\x43ompleteOperationResponse\"q\n\x14ReportMetricsRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12\r\n\x05group\x18\x03 \x01(\t\x12(\n\x07reports\x18\x04 \x03(\x0b\x32\x17.assay.v1.MetricsReport\"\'\n\x15ReportMetricsResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\"e\n\x17ReportCheckpointRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12(\n\ncheckpoint\x18\x03 \x01(\x0b\x32\x14.assay.v1.Checkpoint\"\x1a\n\x18ReportCheckpointResponse\"8\n\x14ShouldPreemptRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\"(\n\x15ShouldPreemptResponse\x12\x0f\n\x07preempt\x18\x01 \x01(\x08\"<\n\x18GetBestValidationRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\"9\n\x19GetBestValidationResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x01\"K\n\x15ReportProgressRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12\x10\n\x08progress\x18\x03 \x01(\x01\"\x18\n\x16ReportProgressResponse\"P\n\x1d\x44\x65leteTrialCheckpointsRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12\r\n\x05uuids\x18\x03 \x03(\t\"\xb7\x01\n\x1e\x44\x65leteTrialCheckpointsResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x03(\t\x12\x0f\n\x07missing\x18\x02 \x03(\t\x12\x44\n\x06\x66\x61iled\x18\x03 \x03(\x0b\x32\x34.assay.v1.DeleteTrialCheckpointsResponse.FailedEntry\x1a-\n\x0b\x46\x61iledEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xd1\x05\n\x0cTrialService\x12\x44\n\rNextOperation\x12\x1e.assay.v1.NextOperationRequest\x1a\x13.assay.v1.Operation\x12\\\n\x11\x43ompleteOperation\x12\".assay.v1.CompleteOperationRequest\x1a#.assay.v1.CompleteOperationResponse\x12P\n\rReportMetrics\x12\x1e.assay.v1.ReportMetricsRequest\x1a\x1f.assay.v1.ReportMetricsResponse\x12Y\n\x10ReportCheckpoint\x12!.assay.v1.ReportCheckpointRequest\x1a\".assay.v1.ReportCheckpointResponse\x12P\n\rShouldPreempt\x12\x1e.assay.v1.ShouldPreemptRequest\x1a\x1f.assay.v1.ShouldPreemptResponse\x12\\\n\x11GetBestValidation\x12\".assay.v1.GetBestValidationRequest\x1a#.assay.v1.GetBestValidationResponse\x12S\n\x0eReportProgress\x12\x1f.assay.v1.ReportProgressRequest\x1a .assay.v1.ReportProgressResponse\x12k\n\x16\x44\x65leteTrialCheckpoints\x12\'.assay.v1.DeleteTrialCheckpointsRequest\x1a(.assay.v1.DeleteTrialCheckpointsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61ssay/proto/trial.proto\x12\x08\x61ssay.v1\x1a\x18\x61ssay/proto/common.proto\"O\n\x14NextOperationRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12\x15\n\rtotal_batches\x18\x03 \x01(\x03\"0\n\tOperation\x12\x15\n\rtotal_batches\x18\x01 \x01(\x03\x12\x0c\n\x04stop\x18\x02 \x01(\x08\"\x84\x01\n\x18\x43ompleteOperationRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12\x15\n\rtotal_batches\x18\x03 \x01(\x03\x12\x17\n\x0fsearcher_metric\x18\x04 \x01(\x01\x12\x16\n\x0estop_requested\x18\x05 \x01(\x08\"\x1b\n\x19\x43ompleteOperationResponse\"q\n\x14ReportMetricsRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12\r\n\x05group\x18\x03 \x01(\t\x12(\n\x07reports\x18\x04 \x03(\x0b\x32\x17.assay.v1.MetricsReport\"\'\n\x15ReportMetricsResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\"e\n\x17ReportCheckpointRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12(\n\ncheckpoint\x18\x03 \x01(\x0b\x32\x14.assay.v1.Checkpoint\"\x1a\n\x18ReportCheckpointResponse\"8\n\x14ShouldPreemptRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\"(\n\x15ShouldPreemptResponse\x12\x0f\n\x07preempt\x18\x01 \x01(\x08\"<\n\x18GetBestValidationRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\"9\n\x19GetBestValidationResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x01\"K\n\x15ReportProgressRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12\x10\n\x08progress\x18\x03 \x01(\x01\"\x18\n\x16ReportProgressResponse\"P\n\x1d\x44\x65leteTrialCheckpointsRequest\x12\x10\n\x08trial_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x05\x12\r\n\x05uuids\x18\x03 \x03(\t\"\xb7\x01\n\x1e\x44\x65leteTrialCheckpointsResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x03(\t\x12\x0f\n\x07missing\x18\x02 \x03(\t\x12\x44\n\x06\x66\x61iled\x18\x03 \x03(\x0b\x32\x34.assay.v1.DeleteTrialCheckpointsResponse.FailedEntry\x1a-\n\x0b\x46\x61iledEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xd1\x05\n\x0cTrialService\x12\x44\n\rNextOperation\x12\x1e.assay.v1.NextOperationRequest\x1a\x13.assay.v1.Operation\x12\\\n\x11\x43ompleteOperation\x12\".assay.v1.CompleteOperationRequest\x1a#.assay.v1.CompleteOperationResponse\x12P\n\rReportMetrics\x12\x1e.assay.v1.ReportMetricsRequest\x1a\x1f.assay.v1.ReportMetricsResponse\x12Y\n\x10ReportCheckpoint\x12!.assay.v1.ReportCheckpointRequest\x1a\".assay.v1.ReportCheckpointResponse\x12P\n\rShouldPreempt\x12\x1e.assay.v1.ShouldPreemptRequest\x1a\x1f.assay.v1.ShouldPreemptResponse\x12\\\n\x11GetBestValidation\x12\".assay.v1.GetBestValidationRequest\x1a#.assay.v1.GetBestValidationResponse\x12S\n\x0eReportProgress\x12\x1f.assay.v1.ReportProgressRequest\x1a .assay.v1.ReportProgressResponse\x12k\n\x16\x44\x65leteTrialCheckpoints\x12\'.assay.v1.DeleteTrialCheckpointsRequest\x1a(.assay.v1.DeleteTrialCheckpointsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,36 +38,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NEXTOPERATIONREQUEST']._serialized_end=142
   _globals['_OPERATION']._serialized_start=144
   _globals['_OPERATION']._serialized_end=192
-  _globals['_COMPLETEOPERATIONREQUEST']._serialized_start=194
-  _globals['_COMPLETEOPERATIONREQUEST']._serialized_end=302
-  _globals['_COMPLETEOPERATIONRESPONSE']._serialized_start=304
-  _globals['_COMPLETEOPERATIONRESPONSE']._serialized_end=331
-  _globals['_REPORTMETRICSREQUEST']._serialized_start=333
-  _globals['_REPORTMETRICSREQUEST']._serialized_end=446
-  _globals['_REPORTMETRICSRESPONSE']._serialized_start=448
-  _globals['_REPORTMETRICSRESPONSE']._serialized_end=487
-  _globals['_REPORTCHECKPOINTREQUEST']._serialized_start=489
-  _globals['_REPORTCHECKPOINTREQUEST']._serialized_end=590
-  _globals['_REPORTCHECKPOINTRESPONSE']._serialized_start=592
-  _globals['_REPORTCHECKPOINTRESPONSE']._serialized_end=618
-  _globals['_SHOULDPREEMPTREQUEST']._serialized_start=620
-  _globals['_SHOULDPREEMPTREQUEST']._serialized_end=676
-  _globals['_SHOULDPREEMPTRESPONSE']._serialized_start=678
-  _globals['_SHOULDPREEMPTRESPONSE']._serialized_end=718
-  _globals['_GETBESTVALIDATIONREQUEST']._serialized_start=720
-  _globals['_GETBESTVALIDATIONREQUEST']._serialized_end=780
-  _globals['_GETBESTVALIDATIONRESPONSE']._serialized_start=782
-  _globals['_GETBESTVALIDATIONRESPONSE']._serialized_end=839
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=841
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=916
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=918
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=942
-  _globals['_DELETETRIALCHECKPOINTSREQUEST']._serialized_start=944
-  _globals['_DELETETRIALCHECKPOINTSREQUEST']._serialized_end=1024
-  _globals['_DELETETRIALCHECKPOINTSRESPONSE']._serialized_start=1027
-  _globals['_DELETETRIALCHECKPOINTSRESPONSE']._serialized_end=1210
-  _globals['_DELETETRIALCHECKPOINTSRESPONSE_FAILEDENTRY']._serialized_start=1165
-  _globals['_DELETETRIALCHECKPOINTSRESPONSE_FAILEDENTRY']._serialized_end=1210
-  _globals['_TRIALSERVICE']._serialized_start=1213
-  _globals['_TRIALSERVICE']._serialized_end=1934
+  _globals['_COMPLETEOPERATIONREQUEST']._serialized_start=195
+  _globals['_COMPLETEOPERATIONREQUEST']._serialized_end=327
+  _globals['_COMPLETEOPERATIONRESPONSE']._serialized_start=329
+  _globals['_COMPLETEOPERATIONRESPONSE']._serialized_end=356
+  _globals['_REPORTMETRICSREQUEST']._serialized_start=358
+  _globals['_REPORTMETRICSREQUEST']._serialized_end=471
+  _globals['_REPORTMETRICSRESPONSE']._serialized_start=473
+  _globals['_REPORTMETRICSRESPONSE']._serialized_end=512
+  _globals['_REPORTCHECKPOINTREQUEST']._serialized_start=514
+  _globals['_REPORTCHECKPOINTREQUEST']._serialized_end=615
+  _globals['_REPORTCHECKPOINTRESPONSE']._serialized_start=617
+  _globals['_REPORTCHECKPOINTRESPONSE']._serialized_end=643
+  _globals['_SHOULDPREEMPTREQUEST']._serialized_start=645
+  _globals['_SHOULDPREEMPTREQUEST']._serialized_end=701
+  _globals['_SHOULDPREEMPTRESPONSE']._serialized_start=703
+  _globals['_SHOULDPREEMPTRESPONSE']._serialized_end=743
+  _globals['_GETBESTVALIDATIONREQUEST']._serialized_start=745
+  _globals['_GETBESTVALIDATIONREQUEST']._serialized_end=805
+  _globals['_GETBESTVALIDATIONRESPONSE']._serialized_start=807
+  _globals['_GETBESTVALIDATIONRESPONSE']._serialized_end=864
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=866
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=941
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=943
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=967
+  _globals['_DELETETRIALCHECKPOINTSREQUEST']._serialized_start=969
+  _globals['_DELETETRIALCHECKPOINTSREQUEST']._serialized_end=1049
+  _globals['_DELETETRIALCHECKPOINTSRESPONSE']._serialized_start=1052
+  _globals['_DELETETRIALCHECKPOINTSRESPONSE']._serialized_end=1235
+  _globals['_DELETETRIALCHECKPOINTSRESPONSE_FAILEDENTRY']._serialized_start=1190
+  _globals['_DELETETRIALCHECKPOINTSRESPONSE_FAILEDENTRY']._serialized_end=1235
+  _globals['_TRIALSERVICE']._serialized_start=1238
+  _globals['_TRIALSERVICE']._serialized_end=1959
 # @@protoc_insertion_point(module_scope)

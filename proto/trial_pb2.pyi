@@ -76,10 +76,13 @@ class CompleteOperationRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     TOTAL_BATCHES_FIELD_NUMBER: _builtins.int
     SEARCHER_METRIC_FIELD_NUMBER: _builtins.int
+    STOP_REQUESTED_FIELD_NUMBER: _builtins.int
     trial_id: _builtins.int
     run_id: _builtins.int
     total_batches: _builtins.int
     searcher_metric: _builtins.float
+    stop_requested: _builtins.bool
+    """The trial asked to stop here (set_stop_requested): it ends as completed."""
     def __init__(
         self,
         *,
@@ -87,10 +90,11 @@ class CompleteOperationRequest(_message.Message):
         run_id: _builtins.int = ...,
         total_batches: _builtins.int = ...,
         searcher_metric: _builtins.float = ...,
+        stop_requested: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "searcher_metric", b"searcher_metric", "total_batches", b"total_batches", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "searcher_metric", b"searcher_metric", "stop_requested", b"stop_requested", "total_batches", b"total_batches", "trial_id", b"trial_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -113,6 +113,24 @@ class FakeTrialService(trial_pb2_grpc.TrialServiceServicer):
         self._enter("ShouldPreempt", request, context)
         return trial_pb2.ShouldPreemptResponse(preempt=self.preempt)
 
+    def GetBestValidation(  # noqa: N802
+        self, request: trial_pb2.GetBestValidationRequest, context: Any
+    ) -> trial_pb2.GetBestValidationResponse:
+        self._enter("GetBestValidation", request, context)
+        return trial_pb2.GetBestValidationResponse(found=False)
+
+    def ReportProgress(  # noqa: N802
+        self, request: trial_pb2.ReportProgressRequest, context: Any
+    ) -> trial_pb2.ReportProgressResponse:
+        self._enter("ReportProgress", request, context)
+        return trial_pb2.ReportProgressResponse()
+
+    def DeleteTrialCheckpoints(  # noqa: N802
+        self, request: trial_pb2.DeleteTrialCheckpointsRequest, context: Any
+    ) -> trial_pb2.DeleteTrialCheckpointsResponse:
+        self._enter("DeleteTrialCheckpoints", request, context)
+        return trial_pb2.DeleteTrialCheckpointsResponse(deleted=list(request.uuids))
+
 
 @contextmanager
 def serve(servicer: FakeTrialService) -> Iterator[str]:

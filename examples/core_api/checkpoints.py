@@ -37,6 +37,7 @@ def main(
     if latest_checkpoint is not None:
         with core_context.checkpoint.restore_path(latest_checkpoint) as path:
             x, starting_batch = load_state(trial_id, path)
+        logging.info("resumed at step %d", starting_batch)
     for batch in range(starting_batch, max_length):
         x += increment_by
         steps_completed = batch + 1
@@ -58,6 +59,7 @@ def main(
                 ):
                     save_state(x, steps_completed, trial_id, path)
             if core_context.preempt.should_preempt():
+                logging.info("stopping at step %d, to resume later", steps_completed)
                 return
 
 

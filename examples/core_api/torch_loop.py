@@ -61,7 +61,7 @@ def main() -> None:
             ]
             loss = nn.functional.cross_entropy(model(x_train[mine]), y_train[mine])
             optimizer.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             step += 1
             if step % 10 == 0:

@@ -52,7 +52,7 @@ class ClusterBackend:
         self.spec = spec
         budget = retry_budget_from_env() if retry_s is None else retry_s
         self.client = TrialClient(spec.trial_api, spec.token, retry_s=budget)
-        self._ids = {"trial_id": spec.trial_id, "run_id": spec.run_id}
+        self._ids: dict[str, Any] = {"trial_id": spec.trial_id, "run_id": spec.run_id}
 
     def report_metrics(self, group: str, steps: int, metrics: Mapping[str, float]) -> None:
         from assay.proto import common_pb2, trial_pb2

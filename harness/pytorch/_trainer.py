@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import random
 import shutil
 import sys
@@ -20,7 +19,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
@@ -29,17 +28,14 @@ from assay._context import TrialContext
 from assay._distributed import DistributedContext
 from assay._local import LocalResult
 from assay._precision import make_precision
-from assay._session import LocalSession, Session
+from assay._session import CheckpointReport, LocalSession, MetricsReport, Session
+from assay._spec import ClusterSpec, LocalSpec, spec_from_env
 from assay._trial import Trial, construct_trial
 from assay._worker import build_context, local_result, preempt_watcher, train_slot
 from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
 from assay.errors import AssayError, TrialLoadError, TrialPreempted
 
-if TYPE_CHECKING:
-    from assay._cluster import ClusterSpec  # type: ignore[attr-defined]
-
 log = logging.getLogger("assay")
-SPEC_ENV = "ASSAY_TRIAL_SPEC"  # the same name as assay._cluster.SPEC_ENV (kept light here)
 CHECKPOINTS = Path("checkpoints")
 
 
@@ -87,6 +83,7 @@ class _Origin:
     cluster: ClusterSpec | None
     metric_required: bool
     hparams: dict[str, Any]
+    local: LocalSpec | None = None  # under `assay trial run-local`
 
 
 _ORIGINS: weakref.WeakKeyDictionary[TrialContext, _Origin] = weakref.WeakKeyDictionary()
@@ -114,11 +111,21 @@ def init(
     """
     del enable_tensorboard_logging
     started_group = not torch.distributed.is_initialized()
-    spec_path = os.environ.get(SPEC_ENV)
-    if spec_path:
-        from assay._cluster import ClusterSpec  # type: ignore[attr-defined]
-
-        spec = ClusterSpec.load(spec_path)
+    spec = spec_from_env()
+    if isinstance(spec, LocalSpec):
+        world = distributed or DistributedContext.from_env()
+        raw = dict(spec.config)
+        raw["resources"] = {**dict(raw.get("resources") or {}), "slots_per_trial": world.size}
+        config = parse_config(raw)
+        origin = _Origin(None, True, dict(spec.hparams), local=spec)
+        context = build_context(
+            config,
+            env=None,
+            hparams=spec.hparams,
+            trial_seed=spec.trial_seed,
+            distributed=world,
+        )
+    elif spec is not None:
         if hparams is not None or exp_conf is not None:
             log.info("on a cluster: hparams and exp_conf come from the master, not init()")
         config = parse_config(spec.config)
@@ -249,14 +256,20 @@ class Trainer:
             return self._fit_on_cluster(origin.cluster, latest_checkpoint)
         if max_length is None and not test_mode and "searcher" not in config.raw:
             raise AssayError("Trainer.fit off-cluster needs max_length (pytorch.Epoch or Batch)")
-        session = LocalSession(max_batches=0) if context.distributed.is_chief else None
-        checkpoints = CHECKPOINTS.resolve()
+        local = origin.local
+        session: LocalSession | None = None
+        if context.distributed.is_chief:
+            session = LocalSession(max_batches=0) if local is None else _RecordingSession(local)
+        checkpoints = CHECKPOINTS.resolve() if local is None else Path(local.checkpoint_dir)
+        resume = _resolve_checkpoint(latest_checkpoint, checkpoints)
+        if resume is None and local is not None and local.latest_checkpoint is not None:
+            resume = Path(local.restore_dir or checkpoints) / local.latest_checkpoint
         result = train_slot(
             self.trial,
             context,
             session,
             checkpoints,
-            resume_from=_resolve_checkpoint(latest_checkpoint, checkpoints),
+            resume_from=resume,
             max_length=config.searcher.max_length,
             metric_required=origin.metric_required,
         )
@@ -328,6 +341,29 @@ def _fit_config(
             config.searcher, max_length=max_length.to_length()
         )
     return dataclasses.replace(config, **changes)
+
+
+class _RecordingSession(LocalSession):
+    """A `LocalSession` that also writes its reports where `assay trial run-local` reads
+    them (the records of `assay.core`'s local twin)."""
+
+    def __init__(self, spec: LocalSpec) -> None:
+        from assay.core._backend import LocalBackend
+
+        super().__init__(max_batches=0, echo=False)
+        self._backend = LocalBackend(Path(spec.metrics_path), None)
+
+    def report_training_metrics(self, report: MetricsReport) -> None:
+        super().report_training_metrics(report)
+        self._backend.report_metrics("training", report.total_batches, report.metrics)
+
+    def report_validation_metrics(self, report: MetricsReport) -> None:
+        super().report_validation_metrics(report)
+        self._backend.report_metrics("validation", report.total_batches, report.metrics)
+
+    def report_checkpoint(self, report: CheckpointReport) -> None:
+        super().report_checkpoint(report)
+        self._backend.report_checkpoint(report.metadata, str(report.path))
 
 
 def _resolve_checkpoint(latest: str | Path | None, checkpoints: Path) -> Path | None:

@@ -203,10 +203,12 @@ class Process:
         )
         return name
 
-    def complete(self, total: int, value: float) -> None:
-        ids = {"trial_id": self.trial_id, "run_id": self.run_id}
+    def complete(self, total: int, value: float, *, stop_requested: bool = False) -> None:
+        ids: dict[str, Any] = {"trial_id": self.trial_id, "run_id": self.run_id}
         self.stub.CompleteOperation(
-            trial_pb2.CompleteOperationRequest(total_batches=total, searcher_metric=value, **ids),
+            trial_pb2.CompleteOperationRequest(
+                total_batches=total, searcher_metric=value, stop_requested=stop_requested, **ids
+            ),
             metadata=self.meta,
         )
 

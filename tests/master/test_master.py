@@ -7,6 +7,7 @@ import queue
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -421,7 +422,7 @@ def test_a_restarted_master_re_adopts_a_running_trial(tmp_path: Path) -> None:
             api = api_pb2_grpc.ApiStub(channel)
             trials = trial_pb2_grpc.TrialServiceStub(channel)
             meta = (("x-assay-token", start.token),)  # the old token still works
-            ids = {"trial_id": start.trial_id, "run_id": start.run_id}
+            ids: dict[str, Any] = {"trial_id": start.trial_id, "run_id": start.run_id}
             op = trials.NextOperation(trial_pb2.NextOperationRequest(**ids), metadata=meta)
             assert op.total_batches == 100
             trials.CompleteOperation(

@@ -26,8 +26,8 @@ import pytest
 from google.protobuf.message import Message
 
 from assay._checkpoint import read_metadata
-from assay._spec import ClusterSpec
 from assay._local import free_port
+from assay._spec import ClusterSpec
 from assay._trial_client import (
     MasterUnreachableError,
     TrialAPIError,

@@ -63,6 +63,12 @@ def create_command(
     text = config.read_text()
     if not model_dir.is_dir():
         raise AssayError(f"model directory {model_dir} does not exist")
+    if parsed.command is not None:
+        from assay._script import missing_script
+
+        problem = missing_script(parsed.command, model_dir)
+        if problem is not None:
+            raise AssayError(problem)
     archive = pack_model_dir(model_dir)
     api = client()
     created = api.create_experiment(text, archive, activate=not paused)

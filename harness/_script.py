@@ -61,6 +61,40 @@ def resolve_command(argv: Sequence[str], python: str | None = None) -> list[str]
     return out
 
 
+def missing_script(argv: Sequence[str], model_dir: str | Path) -> str | None:
+    """What is wrong when `argv` runs a Python file the model directory lacks, else None.
+
+    Reads `python3 [options] FILE.py ...`, behind Assay's (or Determined's) launcher too;
+    other commands are not checked.
+    """
+    args = list(argv)
+    while args and _PYTHON.match(Path(args[0]).name):
+        rest = args[1:]
+        while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):
+            rest = rest[1:]
+        if not rest or rest[0] == "-c":
+            return None
+        if rest[0] == "-m":
+            if len(rest) < 2 or rest[1] not in _LAUNCHER_ALIASES:
+                return None
+            rest = rest[2:]  # the launcher's own options, then the command it runs
+            while rest and rest[0].startswith("-"):
+                if rest[0] == "--trial":
+                    return None
+                rest = rest[1:] if rest[0] == "--" or "=" in rest[0] else rest[2:]
+            args = rest
+            continue
+        script = rest[0]
+        if script.endswith(".py") and not (Path(model_dir) / script).is_file():
+            found = sorted(p.name for p in Path(model_dir).glob("*.py"))
+            return (
+                f"the entrypoint runs {script}, which is not in the model directory "
+                f"{model_dir} (Python files there: {', '.join(found) or 'none'})"
+            )
+        return None
+    return None
+
+
 def launcher_trial(argv: Sequence[str]) -> str | None:
     """The `module:Class` of `python3 -m <launcher> --trial module:Class`, else None."""
     args = list(argv)
@@ -170,6 +204,9 @@ def run_script_local(
 
     config = parse_config(raw)
     assert config.command is not None
+    problem = missing_script(config.command, model_dir)
+    if problem is not None:
+        raise AssayError(problem)
     slots = config.resources.slots_per_trial
     hparams = sample_hparams(config.hyperparameters, random.Random(config.experiment_seed))
     latest = restore_dir = None
@@ -242,6 +279,7 @@ __all__ = [
     "LAUNCHER",
     "exec_command",
     "launcher_trial",
+    "missing_script",
     "resolve_command",
     "run_script_local",
     "spawn_ranks",

@@ -17,7 +17,7 @@ import assay
 import assay.core
 from assay._checkpoint import CheckpointError
 from assay._local import run_local
-from assay._script import launcher_trial, resolve_command
+from assay._script import launcher_trial, missing_script, resolve_command
 from assay.errors import AssayError, TrainingError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,6 +199,25 @@ def test_commands_use_this_python_and_determineds_launcher_name() -> None:
     assert resolve_command(["./run.sh"]) == ["./run.sh"]
     with pytest.raises(AssayError, match="deepspeed.*torch_distributed"):
         resolve_command(["python3", "-m", "determined.launch.deepspeed", "python3", "t.py"])
+
+
+def test_a_missing_script_is_named_before_anything_runs(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+
+    assert missing_script(["python3", "train.py"], tmp_path) is None
+    assert missing_script(["python3", "-u", "train.py", "--x", "1"], tmp_path) is None
+    problem = missing_script(["python3", "trian.py"], tmp_path)
+    assert problem is not None
+    assert "trian.py" in problem
+    assert "train" in problem
+    launched = ["python3", "-m", "determined.launch.torch_distributed", "python3", "nope.py"]
+    assert "nope.py" in (missing_script(launched, tmp_path) or "")
+    with_option = ["python3", "-m", "assay.launch.torch_distributed", "--nproc_per_node", "2"]
+    assert missing_script([*with_option, "python3", "train.py"], tmp_path) is None
+    assert missing_script(["python3", "-m", "pkg.train"], tmp_path) is None
+    assert missing_script(["./run.sh"], tmp_path) is None
+    with pytest.raises(AssayError, match="trian.py"):
+        run_local(config=_config("python3 trian.py"), model_dir=tmp_path, checkpoint_dir=tmp_path)
 
 
 def test_launcher_trial_form() -> None:

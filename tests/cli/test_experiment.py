@@ -90,6 +90,18 @@ def test_create_missing_model_dir(master: FakeApi, config_file: Path, tmp_path: 
     assert master.requests == []
 
 
+def test_create_names_a_missing_script_before_uploading(
+    master: FakeApi, tmp_path: Path, model_dir: Path
+) -> None:
+    config = tmp_path / "script.yaml"
+    config.write_text(yaml.safe_dump(dict(CONFIG, entrypoint="python3 trian.py")))
+
+    done = run_cli("e", "create", config, model_dir, master=master)
+
+    assert_one_line_error(done, "trian.py", "not in the model directory")
+    assert master.requests == []
+
+
 def test_create_rejected_by_master_prints_its_details(
     master: FakeApi, config_file: Path, model_dir: Path
 ) -> None:

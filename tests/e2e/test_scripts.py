@@ -128,6 +128,23 @@ def test_trainer_api_port_on_one_slot_and_on_two_agents(cluster: Cluster, tmp_pa
         assert validation[-1]["metrics"]["accuracy"] > 0.8
 
 
+def test_determineds_launcher_with_a_trial_class(cluster: Cluster, tmp_path: Path) -> None:
+    digits = ROOT / "examples" / "digits"
+    config = yaml.safe_load((digits / "const.yaml").read_text())
+    config["entrypoint"] = (
+        "python3 -m determined.launch.torch_distributed --trial model_def:DigitsTrial"
+    )
+    config["searcher"]["max_length"] = {"batches": 20}
+    config.pop("min_validation_period", None)
+    config.pop("min_checkpoint_period", None)
+
+    described = _wait(cluster, _create(cluster, config, digits, tmp_path))
+
+    assert described["state"] == "COMPLETED", cluster.dump_logs()
+    [trial] = described["trials"]
+    assert trial["total_batches"] == 20
+
+
 def test_adaptive_asha_stops_scripts_at_a_rung_and_resumes_the_promoted(
     cluster: Cluster, tmp_path: Path
 ) -> None:

@@ -258,7 +258,9 @@ class Agent:
         if allocations:
             log.info("stopping %d allocation(s) (%s)", len(allocations), how)
         for allocation in allocations:
-            allocation.kill(graceful, self.config.grace, f"the agent is shutting down ({how})")
+            allocation.kill(
+                graceful, self.config.grace, f"the agent is shutting down ({how})", by_agent=True
+            )
 
     def _done(self, allocation_id: str) -> None:
         with self._lock:

@@ -27,7 +27,7 @@ from assay.agent._logs import LogBatcher
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
 from assay.config import environment_of
 from assay.core._distributed import torchrun_env
-from assay.errors import AssayError, InvalidConfigError
+from assay.errors import PREEMPTED_EXIT_CODE, AssayError, InvalidConfigError
 from assay.proto import agent_pb2
 
 # Variables of the agent's environment that its trial processes never see.
@@ -137,6 +137,7 @@ class Allocation:
         self._send = send
         self._on_done = on_done
         self._kill_reason: str | None = None
+        self._by_agent = False
         self._logs = LogBatcher(
             self.id,
             lambda batch: send(agent_pb2.AgentMessage(logs=batch)),
@@ -166,10 +167,16 @@ class Allocation:
         self._send(state_change(self.id, agent_pb2.ALLOCATION_STATE_RUNNING))
         threading.Thread(target=self._watch, name=f"watch-{self.id}", daemon=True).start()
 
-    def kill(self, graceful: bool, grace: float, reason: str) -> None:
-        """SIGTERM now and SIGKILL after `grace` seconds; or SIGKILL now if not graceful."""
+    def kill(self, graceful: bool, grace: float, reason: str, *, by_agent: bool = False) -> None:
+        """SIGTERM now and SIGKILL after `grace` seconds; or SIGKILL now if not graceful.
+
+        `by_agent`: the agent stops it on its own (shutting down), unknown to the master: a
+        process that then exits 0 is reported as stopped at a checkpoint (80), so the trial
+        is requeued, not ended (a script exits 0 when `should_preempt()` says so).
+        """
         if self.processes is None:
             return
+        self._by_agent = self._by_agent or by_agent
         if self._kill_reason is None:
             self._kill_reason = reason
         if graceful:
@@ -266,9 +273,10 @@ class Allocation:
             self._logs.close()
             message = self._exit_message(report)
             log.info("allocation %s: %s", self.id, message)
-            self._send(
-                state_change(self.id, agent_pb2.ALLOCATION_STATE_EXITED, report.codes, message)
-            )
+            codes = report.codes
+            if self._by_agent:
+                codes = [PREEMPTED_EXIT_CODE if c == 0 else c for c in codes]
+            self._send(state_change(self.id, agent_pb2.ALLOCATION_STATE_EXITED, codes, message))
         finally:
             self._remove_dir()
             self._on_done(self.id)

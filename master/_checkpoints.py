@@ -28,6 +28,7 @@ from assay.master.store import (
     ConflictError,
     ExperimentRecord,
     InvalidArgumentError,
+    NotFoundError,
     Store,
 )
 from assay.proto import api_pb2
@@ -47,23 +48,25 @@ def delete_checkpoints(
 
     `user`: the caller, who may delete the checkpoints of their own experiments only; None
     for an administrator. `trial_id`: a trial's own call (the Core API), which may delete
-    that trial's checkpoints only. `default_root`: the master's checkpoint root, where shared_fs
-    storage without a host_path keeps checkpoints.
+    that trial's checkpoints only (another trial's are NOT_FOUND to it). `default_root`:
+    the master's checkpoint root, where shared_fs storage without a host_path keeps
+    checkpoints.
     """
     wanted = normalise_uuids(uuids)
     records = [store.get_checkpoint(uuid) for uuid in wanted]  # NotFoundError names it
+    if trial_id is not None:
+        for record in records:
+            if record.trial_id != trial_id:
+                # As if it did not exist: a trial learns nothing of others' checkpoints.
+                raise NotFoundError(
+                    f"checkpoint {record.uuid} does not exist among this trial's checkpoints"
+                )
     trials = {r.trial_id: store.get_trial(r.trial_id) for r in records}
     experiments = {t.experiment_id: store.get_experiment(t.experiment_id) for t in trials.values()}
     if user is not None:
         for experiment in experiments.values():
             _check_owner(experiment, user)
-    if trial_id is not None:
-        for record in records:
-            if record.trial_id != trial_id:
-                raise PermissionDeniedError(
-                    f"checkpoint {record.uuid} belongs to trial {record.trial_id}: a trial "
-                    "may delete only its own checkpoints"
-                )
+
     to_delete: list[CheckpointRecord] = []
     already: list[str] = []
     for record in records:

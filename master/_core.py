@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -1109,6 +1110,13 @@ class Master:
             experiment = self.experiments.get(run.experiment_id)
             if stop_requested and trial is not None and experiment is not None:
                 if not trial.closed:
+                    target = trial.target
+                    if target is not None and total_batches >= target:
+                        # It finished its target first: the searcher gets that result.
+                        trial.target = None
+                        self._searcher_event(
+                            experiment, trial, "on_validation_completed", metric, target
+                        )
                     trial.target, trial.closed = None, True
                     self._searcher_event(
                         experiment, trial, "on_trial_exited_early", "user_canceled"
@@ -1142,7 +1150,7 @@ class Master:
             values = [
                 t.best_validation
                 for t in experiment.trials.values()
-                if t.best_validation is not None
+                if t.best_validation is not None and math.isfinite(t.best_validation)
             ]
             if not values:
                 return None
@@ -1176,7 +1184,11 @@ class Master:
             if latest > trial.total_batches:
                 fields["total_batches"] = latest
             if group == "validation":
-                values = [v for r in reports if (v := r.values.get(searcher.metric)) is not None]
+                values = [
+                    v
+                    for r in reports
+                    if (v := r.values.get(searcher.metric)) is not None and math.isfinite(v)
+                ]
                 if values:
                     best = min(values) if searcher.smaller_is_better else max(values)
                     old = trial.best_validation

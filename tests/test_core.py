@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -336,6 +337,22 @@ def test_sharded_checkpoint_with_clashing_names_is_refused_and_leaves_nothing(
 
     with pytest.raises(TrainingError, match="both wrote 'same.txt'"):
         run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_rank_failing_inside_a_sharded_store_fails_every_rank_without_a_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FAIL_RANK", "1")
+    config = _config("python3 collectives.py", resources={"slots_per_trial": 2})
+
+    started = time.monotonic()
+    with pytest.raises(TrainingError, match="exited with code 1"):
+        run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+
+    assert time.monotonic() - started < 60  # no rank waited in a collective for ever
+    assert "rank 1 failed while writing" in capfd.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

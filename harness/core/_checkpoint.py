@@ -91,20 +91,37 @@ class CheckpointContext:
             try:
                 yield own, uuid
             except BaseException:
-                shutil.rmtree(own, ignore_errors=True)
+                if shard:
+                    self._dist.any(True)  # the others learn it at their vote below
                 raise
-            try:
-                extra = self._merge_shards(own, merged, uuid) if shard else {}
-                if self._dist.is_chief:
+            if not shard:
+                self._seal(merged, uuid, metadata, {})
+                return
+            # Every step below ends in a vote, so that all processes fail together (none is
+            # left waiting in a collective the others never reach).
+            if self._dist.any(False):
+                raise CheckpointError(
+                    f"sharded checkpoint {uuid}: another process failed while writing its "
+                    "files; nothing was stored"
+                )
+            extra = self._merge_shards(own, merged, uuid)
+            failure: BaseException | None = None
+            if self._dist.is_chief:
+                try:
                     self._seal(merged, uuid, metadata, extra)
-            except BaseException:
-                if self._dist.is_chief:
-                    shutil.rmtree(merged, ignore_errors=True)
-                raise
-            if shard:
-                self._dist.barrier()  # nobody goes on before the checkpoint is reported
+                except BaseException as e:
+                    failure = e
+                    if extra_uploaded(self._storage):
+                        with contextlib.suppress(Exception):
+                            self._storage.delete(uuid)  # the shards the others uploaded
+            if self._dist.any(failure is not None):
+                raise failure or CheckpointError(
+                    f"sharded checkpoint {uuid}: the chief could not store it (see its log)"
+                )
         finally:
             shutil.rmtree(own, ignore_errors=True)
+            if self._dist.is_chief:
+                shutil.rmtree(merged, ignore_errors=True)  # renamed away when it succeeded
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
@@ -153,24 +170,30 @@ class CheckpointContext:
                 f"a checkpoint may not hold its own {MANIFEST}: Assay writes it (the "
                 "manifest); name that file differently"
             )
+        failure: BaseException | None = None
+        try:
+            if self._in_place:
+                for name in mine:
+                    target = merged / name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(own / name, target)
+            elif self._dist.is_chief:
+                shutil.copytree(own, merged, dirs_exist_ok=True)
+            else:
+                upload_part = getattr(self._storage, "upload_part", None)
+                if upload_part is None:
+                    raise CheckpointError(f"{self._storage!r} cannot store sharded checkpoints")
+                upload_part(own, uuid)
+        except BaseException as e:
+            failure = e
+        if self._dist.any(failure is not None):  # also: every part is in place
+            raise failure or CheckpointError(
+                f"sharded checkpoint {uuid}: another process could not store its files"
+            )
         if self._in_place:
-            for name in mine:
-                target = merged / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(own / name, target)
-            self._dist.barrier()
             return {}
-        if self._dist.is_chief:
-            shutil.copytree(own, merged, dirs_exist_ok=True)
-        else:
-            upload_part = getattr(self._storage, "upload_part", None)
-            if upload_part is None:
-                raise CheckpointError(f"{self._storage!r} cannot store sharded checkpoints")
-            upload_part(own, uuid)
-        self._dist.barrier()
-        return {
-            name: e for rank, entries in enumerate(everyone) if rank for name, e in entries.items()
-        }
+        others = everyone[1:]
+        return {name: entry for entries in others for name, entry in entries.items()}
 
     def _seal(
         self,
@@ -265,6 +288,11 @@ class CheckpointContext:
     def _local_roots(self) -> list[Path]:
         roots = [self._root] if self._in_place else []
         return roots + self._restore_roots
+
+
+def extra_uploaded(storage: StorageManager) -> bool:
+    """Whether other processes' shards went straight to `storage` (object storage)."""
+    return not isinstance(storage, SharedFSStorage)
 
 
 def _is_manifest(path: Path) -> bool:

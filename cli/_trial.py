@@ -155,3 +155,65 @@ def metrics_command(trial_id: int, group: str, as_json: bool) -> None:
             [[r["total_batches"], *(fmt.metric(r["metrics"].get(n)) for n in names)] for r in rows],
         )
     )
+
+
+@trial.command("download-tensorboard")
+@click.argument("trial_id", metavar="ID", type=int)
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@user_errors
+def download_tensorboard_command(trial_id: int, directory: Path) -> None:
+    """Copy a trial's TensorBoard event files into DIR, for `tensorboard --logdir DIR`.
+
+    A Trial's `context.get_tensorboard_writer()` writes them; they are kept beside the
+    experiment's checkpoints, in `tensorboard/trial-<ID>` of its checkpoint_storage
+    (shared_fs: read on this machine at the same path; s3: downloaded with the
+    experiment's settings or boto3's credentials).
+    """
+    import shutil
+
+    from assay._storage import TENSORBOARD, tensorboard_name
+
+    api = client()
+    t = api.get_trial(trial_id)
+    config = fmt.struct(api.get_experiment(t.experiment_id).experiment.config)
+    storage = config.get("checkpoint_storage") or {}
+    if directory.exists() and any(directory.iterdir()):
+        raise AssayError(f"{directory} already exists and is not empty")
+    if isinstance(storage, dict) and storage.get("type") == "s3":
+        from assay._s3 import S3Storage
+
+        from ._checkpoint import _storage_config
+
+        s3_config = _storage_config(t.experiment_id)
+        assert s3_config is not None
+        count = S3Storage.from_config(s3_config).download_tree(
+            TENSORBOARD, f"trial-{trial_id}", directory
+        )
+    else:
+        source = _shared_fs_root(api, t.experiment_id, trial_id, storage) / tensorboard_name(
+            trial_id
+        )
+        if not source.is_dir():
+            raise AssayError(
+                f"trial {trial_id} has no TensorBoard files at {source} (is the checkpoint "
+                "storage mounted here, and did the trial use get_tensorboard_writer()?)"
+            )
+        shutil.copytree(source, directory, dirs_exist_ok=True)
+        count = sum(1 for p in directory.rglob("*") if p.is_file())
+    if count == 0:
+        raise AssayError(f"trial {trial_id} stored no TensorBoard files")
+    click.echo(f"downloaded {count} TensorBoard files of trial {trial_id} to {directory}")
+    click.echo(f"view them with: tensorboard --logdir {directory}")
+
+
+def _shared_fs_root(api: Any, experiment_id: int, trial_id: int, storage: Any) -> Path:
+    """The shared_fs storage root: its host_path, else where the master put a checkpoint."""
+    if isinstance(storage, dict) and storage.get("host_path"):
+        return Path(storage["host_path"]) / str(storage.get("storage_path") or "")
+    for checkpoint in api.list_checkpoints(experiment_id, trial_id):
+        if checkpoint.location and "://" not in checkpoint.location:
+            return Path(checkpoint.location).parent
+    raise AssayError(
+        f"trial {trial_id} has no checkpoint, so where its storage is cannot be told; its "
+        "TensorBoard files are under <the master's checkpoint root>/tensorboard"
+    )

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING
 from assay._session import CheckpointReport, MetricsReport, _fmt
 from assay._spec import SPEC_ENV, ClusterSpec
 from assay._storage import (
+    TENSORBOARD,
+    StorageError,
     StorageManager,
     checkpoint_location,
     is_remote,
@@ -87,12 +89,21 @@ class ClusterSession:
     """The `Session` of rank 0 on a cluster: the master's TrialService over gRPC."""
 
     def __init__(
-        self, client: TrialClient, spec: ClusterSpec, storage: StorageManager | None = None
+        self,
+        client: TrialClient,
+        spec: ClusterSpec,
+        storage: StorageManager | None = None,
+        local_root: Path | None = None,
     ) -> None:
         """`storage`: where checkpoints are uploaded before they are reported (None: they
-        were written in place, on shared_fs)."""
+        were written in place, on shared_fs). `local_root`: where they are written first
+        then; its TensorBoard event files are uploaded with every checkpoint and at the
+        end (`tensorboard/trial-<id>` in the storage)."""
         self.client = client
         self.storage = storage
+        self.tensorboard = (
+            None if storage is None or local_root is None else Path(local_root) / TENSORBOARD
+        )
         self.storage_config = parse_config(spec.config).checkpoint_storage
         self.checkpoint_root = spec.checkpoint_root
         self.trial_id = spec.trial_id
@@ -171,6 +182,7 @@ class ClusterSession:
                 trial_id=self.trial_id, run_id=self.run_id, checkpoint=checkpoint
             )
         )
+        self.sync_tensorboard()
         log.info(
             "batch %d checkpoint: %s (%.1f MB)",
             metadata.total_batches,
@@ -197,7 +209,18 @@ class ClusterSession:
         )
         return bool(answer.preempt)
 
+    def sync_tensorboard(self) -> None:
+        """Upload this trial's TensorBoard event files (object storage only)."""
+        upload_part = getattr(self.storage, "upload_part", None)
+        if self.tensorboard is None or upload_part is None or not self.tensorboard.is_dir():
+            return
+        try:
+            upload_part(self.tensorboard, TENSORBOARD)
+        except StorageError as e:
+            log.warning("TensorBoard files were not uploaded: %s", e)
+
     def close(self) -> None:
+        self.sync_tensorboard()
         self.client.close()
 
 
@@ -231,7 +254,8 @@ def run_cluster_slot(
             spec.trial_api,
         )
         client = TrialClient(spec.trial_api, spec.token, retry_s=budget)
-        session = ClusterSession(client, spec, storage)
+        local_root = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        session = ClusterSession(client, spec, storage, local_root)
         sessions.append(session)
         return session
 

@@ -28,6 +28,7 @@ from assay._context import TrialContext
 from assay._data import ShardedLoader
 from assay._preempt import PreemptWatcher
 from assay._session import CheckpointReport, MetricsReport, Session
+from assay._storage import tensorboard_name
 from assay._trial import (
     BuiltinReducer,
     MetricReducer,
@@ -111,7 +112,7 @@ class TrialController:
         if self.batches_per_epoch is None and records and context._global_batch_size:
             self.batches_per_epoch = max(1, records // context._global_batch_size)
         context._batches_per_epoch = self.batches_per_epoch
-        tensorboard = checkpoint_root / "tensorboard" / f"trial-{context.get_trial_id()}"
+        tensorboard = checkpoint_root / tensorboard_name(context.get_trial_id())
         context._tensorboard_path = tensorboard if rank == 0 else tensorboard / f"rank-{rank}"
         if self.batches_per_epoch == 0:
             raise TrainingError(

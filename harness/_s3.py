@@ -126,6 +126,25 @@ class S3Storage:
         except Exception as e:
             raise self._fail("upload", uuid, e) from None
 
+    def download_tree(self, top: str, name: str, local_dir: Path) -> int:
+        """Copy every object under `top/name/` (e.g. `tensorboard`, `trial-7`) into
+        `local_dir`; return how many there were."""
+        prefix = self._key(top, safe_name(name).as_posix()).rstrip("/") + "/"
+        try:
+            keys: list[str] = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                keys.extend(obj["Key"] for obj in page.get("Contents", []))
+            for key in keys:
+                target = Path(local_dir).joinpath(*safe_name(key[len(prefix) :]).parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.client.download_file(self.bucket, key, str(target))
+        except StorageError:
+            raise
+        except Exception as e:
+            raise self._fail("download", top, e) from None
+        return len(keys)
+
     def _list(self, uuid: str) -> list[str]:
         prefix = self._key(uuid)
         keys: list[str] = []

@@ -188,6 +188,16 @@ def checkpoint_location(
     return storage_for(config, root).location(checkpoint_uuid(uuid))
 
 
+TENSORBOARD = "tensorboard"
+
+
+def tensorboard_name(trial_id: int) -> str:
+    """Where a trial's TensorBoard event files live in its experiment's checkpoint
+    storage, relative to the storage root: `tensorboard/trial-<id>` (beside the
+    checkpoints; never a checkpoint uuid, so garbage collection leaves it alone)."""
+    return f"{TENSORBOARD}/trial-{int(trial_id)}"
+
+
 def is_remote(location: str) -> bool:
     """Whether a checkpoint location is in object storage rather than on a filesystem."""
     return "://" in location

@@ -248,17 +248,6 @@ def parse_config(data: Any) -> ExperimentConfig:
     _check_global_batch_size(top, hparams, resources.slots_per_trial, script=script)
     units = _Units(_records_per_batch(hparams), script)
     searcher = _parse_searcher(top.section("searcher", required=True), hparams, units, warnings)
-    if (
-        script
-        and searcher.max_length.unit is LengthUnit.EPOCHS
-        and searcher.time_metric is None
-        and not problems
-    ):
-        warnings.append(
-            "searcher.max_length: a script's progress counts steps_completed; with a length "
-            "in epochs, report the epoch count as a validation metric named by "
-            "searcher.time_metric, or train to op.length of core.searcher.operations()"
-        )
     optimizations = _parse_optimizations(top.section("optimizations"))
     min_val = _parse_length(top, "min_validation_period", required=False, units=units)
     min_ckpt = _parse_length(top, "min_checkpoint_period", required=False, units=units)
@@ -430,9 +419,7 @@ def searcher_in_batches(config: ExperimentConfig) -> SearcherConfig:
     """
     searcher = config.searcher
     length = searcher.max_length
-    if length.unit is LengthUnit.BATCHES or config.is_script:
-        # A script's lengths stay in the units the script counts (its searcher targets,
-        # `op.length`, `info.trial.max_length` are the config's numbers).
+    if length.unit is LengthUnit.BATCHES:
         return searcher
     per_batch = _records_per_batch(config.hyperparameters)
     if config.records_per_epoch is None or per_batch is None:

@@ -116,7 +116,7 @@ def init(
             searcher = config.searcher if config is not None else None
             backend = LocalBackend(
                 metrics_path,
-                max_length=searcher.max_length.value if searcher is not None else None,
+                max_length=info.trial.max_length if info is not None else None,
                 metric=searcher.metric if searcher is not None else None,
                 smaller_is_better=searcher.smaller_is_better if searcher is not None else True,
             )
@@ -142,7 +142,7 @@ def init(
         steps=lambda: train._last_steps,
         restore_roots=restore_roots,
     )
-    unit = config.searcher.max_length.unit.value if config is not None else "batches"
+    unit = "batches"  # the master counts batches (epochs are converted)
     return Context(
         distributed=distributed,
         train=train,

@@ -28,9 +28,9 @@ class TrialInfo:
     hparams: dict[str, Any]
     config: dict[str, Any]
     run_id: int = 0
-    # `searcher.max_length` (or `max_time`) in its own units: how long the whole search
-    # may train a trial. The searcher's current target for this trial is
-    # `core.searcher.get_target()`.
+    # `searcher.max_length` (or `max_time`) as the searcher counts it (epochs become
+    # batches with `records_per_epoch`): how long the whole search may train a trial. The
+    # searcher's current target for this trial is `core.searcher.get_target()`.
     max_length: int = 0
 
     @property
@@ -63,13 +63,16 @@ class ClusterInfo:
 
 
 def _max_length(config: dict[str, Any]) -> int:
-    searcher = config.get("searcher") or {}
-    if "max_time" in searcher:
-        return int(searcher["max_time"])
-    length = searcher.get("max_length") or {}
-    if isinstance(length, dict) and length:
-        return int(next(iter(length.values())))
-    return int(length) if isinstance(length, int) else 0
+    """The searcher's length as the master counts it: batches (epochs converted with
+    `records_per_epoch`), or the config's own number when it cannot be converted."""
+    from assay.config import parse_config, searcher_in_batches
+    from assay.errors import InvalidConfigError
+
+    parsed = parse_config(config)
+    try:
+        return searcher_in_batches(parsed).max_length.value
+    except InvalidConfigError:
+        return parsed.searcher.max_length.value
 
 
 def info_from_spec(spec: ClusterSpec | LocalSpec) -> ClusterInfo:

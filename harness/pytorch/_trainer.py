@@ -107,7 +107,8 @@ def init(
     hyperparameters are sampled with its `experiment_seed`), or a minimal config.
     torch.distributed is initialised when WORLD_SIZE > 1 (or from `distributed`), and torn
     down on exit if this call started it. `enable_tensorboard_logging` is accepted for
-    compatibility (nothing is uploaded: event files stay where `get_tensorboard_path` says).
+    compatibility: event files written through `get_tensorboard_writer()` are always kept
+    (in the checkpoint storage's `tensorboard/trial-<id>`).
     """
     del enable_tensorboard_logging
     started_group = not torch.distributed.is_initialized()
@@ -405,7 +406,8 @@ def _cluster_session(
             resume = fetch_checkpoint(spec.restore_from, storage_config, scratch)
         if chief:
             client = TrialClient(spec.trial_api, spec.token, retry_s=retry_budget_from_env(None))
-            session = ClusterSession(client, spec, storage)
+            local_root = checkpoints if storage is not None else None
+            session = ClusterSession(client, spec, storage, local_root)
         yield session, checkpoints, resume
     finally:
         if session is not None:

@@ -145,6 +145,74 @@ def test_determineds_launcher_with_a_trial_class(cluster: Cluster, tmp_path: Pat
     assert trial["total_batches"] == 20
 
 
+TENSORBOARD_TRIAL = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from assay import Trial
+
+
+def data():
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+class TBTrial(Trial):
+    def __init__(self, context):
+        self.context = context
+        self.model = context.wrap_model(torch.nn.Linear(4, 1))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.05))
+
+    def build_training_data_loader(self):
+        return DataLoader(data(), batch_size=self.context.get_per_slot_batch_size())
+
+    def build_validation_data_loader(self):
+        return DataLoader(data(), batch_size=16)
+
+    def train_batch(self, batch, epoch_idx, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        self.context.get_tensorboard_writer().add_scalar("train/loss", loss.item(), batch_idx)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch):
+        x, y = batch
+        return {"loss": torch.nn.functional.mse_loss(self.model(x), y)}
+"""
+
+
+def test_tensorboard_events_are_kept_and_downloaded(cluster: Cluster, tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model_def.py").write_text(TENSORBOARD_TRIAL)
+    config = _loop()
+    config.update(
+        entrypoint="model_def:TBTrial",
+        hyperparameters={"global_batch_size": 8},
+        searcher={"name": "single", "metric": "loss", "max_length": {"batches": 12}},
+    )
+
+    described = _wait(cluster, _create(cluster, config, model, tmp_path))
+
+    assert described["state"] == "COMPLETED", cluster.dump_logs()
+    trial_id = str(described["trials"][0]["id"])
+    target = tmp_path / "tb"
+    done = cluster.cli("trial", "download-tensorboard", trial_id, str(target))
+    assert done.returncode == 0, done.stderr
+    assert f"tensorboard --logdir {target}" in done.stdout
+    events = EventAccumulator(str(target))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("train/loss")]
+    assert steps == list(range(12))
+    again = cluster.cli("trial", "download-tensorboard", trial_id, str(target))
+    assert again.returncode == 1
+    assert "not empty" in again.stderr
+
+
 def test_adaptive_asha_stops_scripts_at_a_rung_and_resumes_the_promoted(
     cluster: Cluster, tmp_path: Path
 ) -> None:

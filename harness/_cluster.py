@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from assay._session import CheckpointReport, MetricsReport, _fmt
+from assay._session import CheckpointReport, MetricsReport
 from assay._spec import SPEC_ENV, ClusterSpec
 from assay._storage import (
     TENSORBOARD,
@@ -56,7 +56,6 @@ from assay.errors import (
     InvalidHP,
     TrialPreempted,
 )
-from assay.proto import common_pb2, trial_pb2
 
 if TYPE_CHECKING:
     from assay._local import WorkerSpec
@@ -86,7 +85,10 @@ def worker_spec(
 
 
 class ClusterSession:
-    """The `Session` of rank 0 on a cluster: the master's TrialService over gRPC."""
+    """The `Session` of rank 0 on a cluster. Its calls to the master go through
+    `assay.core`'s `ClusterBackend`, the one client of the TrialService that Core API
+    scripts use too; this adds what the Trial harness needs (uploads, the validation of
+    a checkpoint's own weights, TensorBoard files)."""
 
     def __init__(
         self,
@@ -99,6 +101,9 @@ class ClusterSession:
         were written in place, on shared_fs). `local_root`: where they are written first
         then; its TensorBoard event files are uploaded with every checkpoint and at the
         end (`tensorboard/trial-<id>` in the storage)."""
+        from assay.core._backend import ClusterBackend
+
+        self.backend = ClusterBackend(spec, client=client)
         self.client = client
         self.storage = storage
         self.tensorboard = (
@@ -106,47 +111,24 @@ class ClusterSession:
         )
         self.storage_config = parse_config(spec.config).checkpoint_storage
         self.checkpoint_root = spec.checkpoint_root
-        self.trial_id = spec.trial_id
-        self.run_id = spec.run_id
-        self.experiment_id = spec.experiment_id
         self.last_validation: dict[str, float] = {}
         self.last_validation_batches = -1
 
     def next_target(self, total_batches: int) -> int | None:
-        op = self.client.next_operation(
-            trial_pb2.NextOperationRequest(
-                trial_id=self.trial_id, run_id=self.run_id, total_batches=total_batches
-            )
-        )
-        if op.stop:
+        target = self.backend.next_target(total_batches)
+        if target is None:
             log.info("batch %d: the master says stop", total_batches)
-            return None
-        log.info("batch %d: train to batch %d", total_batches, op.total_batches)
-        return int(op.total_batches)
+        else:
+            log.info("batch %d: train to batch %d", total_batches, target)
+        return target
 
     def report_training_metrics(self, report: MetricsReport) -> None:
-        self._report("training", report)
+        self.backend.report_metrics("training", report.total_batches, report.metrics)
 
     def report_validation_metrics(self, report: MetricsReport) -> None:
-        self._report("validation", report)
+        self.backend.report_metrics("validation", report.total_batches, report.metrics)
         self.last_validation = dict(report.metrics)
         self.last_validation_batches = report.total_batches
-        log.info("batch %d validation: %s", report.total_batches, _fmt(report.metrics))
-
-    def _report(self, group: str, report: MetricsReport) -> None:
-        self.client.report_metrics(
-            trial_pb2.ReportMetricsRequest(
-                trial_id=self.trial_id,
-                run_id=self.run_id,
-                group=group,
-                reports=[
-                    common_pb2.MetricsReport(
-                        total_batches=report.total_batches,
-                        metrics={k: float(v) for k, v in report.metrics.items()},
-                    )
-                ],
-            )
-        )
 
     def report_checkpoint(self, report: CheckpointReport) -> None:
         metadata = report.metadata
@@ -155,59 +137,21 @@ class ClusterSession:
         if self.storage is not None:
             self.storage.upload(report.path, metadata.uuid)
             shutil.rmtree(report.path, ignore_errors=True)  # stored: the local copy is spare
-        checkpoint = common_pb2.Checkpoint(
-            uuid=metadata.uuid,
-            trial_id=self.trial_id,
-            experiment_id=self.experiment_id,
-            run_id=self.run_id,
-            total_batches=metadata.total_batches,
-            state=common_pb2.CHECKPOINT_STATE_COMPLETED,
-            location=location,
-            files=[
-                common_pb2.CheckpointFile(name=name, size_bytes=entry.size, sha256=entry.sha256)
-                for name, entry in sorted(metadata.files.items())
-            ],
-            # Only a validation of these very weights describes the checkpoint (garbage
-            # collection ranks checkpoints by it); one taken at another batch does not.
-            validation_metrics=(
-                self.last_validation
-                if self.last_validation_batches == metadata.total_batches
-                else {}
-            ),
-        )
-        if metadata.user_metadata:
-            checkpoint.user_metadata.update(metadata.user_metadata)
-        self.client.report_checkpoint(
-            trial_pb2.ReportCheckpointRequest(
-                trial_id=self.trial_id, run_id=self.run_id, checkpoint=checkpoint
-            )
+        # Only a validation of these very weights describes the checkpoint (garbage
+        # collection ranks checkpoints by it); one taken at another batch does not.
+        same = self.last_validation_batches == metadata.total_batches
+        self.backend.report_checkpoint(
+            metadata, location, validation_metrics=self.last_validation if same else {}
         )
         self.sync_tensorboard()
-        log.info(
-            "batch %d checkpoint: %s (%.1f MB)",
-            metadata.total_batches,
-            location,
-            metadata.size_bytes / 1e6,
-        )
 
     def complete_target(
         self, total_batches: int, searcher_metric: float, *, stop_requested: bool = False
     ) -> None:
-        self.client.complete_operation(
-            trial_pb2.CompleteOperationRequest(
-                trial_id=self.trial_id,
-                run_id=self.run_id,
-                total_batches=total_batches,
-                searcher_metric=searcher_metric,
-                stop_requested=stop_requested,
-            )
-        )
+        self.backend.complete_target(total_batches, searcher_metric, stop_requested=stop_requested)
 
     def preempt_requested(self) -> bool:
-        answer = self.client.should_preempt(
-            trial_pb2.ShouldPreemptRequest(trial_id=self.trial_id, run_id=self.run_id)
-        )
-        return bool(answer.preempt)
+        return self.backend.preempt_requested()
 
     def sync_tensorboard(self) -> None:
         """Upload this trial's TensorBoard event files (object storage only)."""
@@ -221,7 +165,7 @@ class ClusterSession:
 
     def close(self) -> None:
         self.sync_tensorboard()
-        self.client.close()
+        self.backend.close()
 
 
 def run_cluster_slot(

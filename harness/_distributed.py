@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,16 +31,9 @@ class DistributedContext:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> DistributedContext:
         """Read `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` (torchrun's names)."""
-        env = os.environ if env is None else env
-        size = int(env.get("WORLD_SIZE", "1"))
-        rank = int(env.get("RANK", "0"))
-        local_rank = int(env.get("LOCAL_RANK", str(rank)))
-        local_size = int(env.get("LOCAL_WORLD_SIZE", str(size)))
-        cross_size = int(env.get("GROUP_WORLD_SIZE", str(max(1, size // max(1, local_size)))))
-        cross_rank = int(env.get("GROUP_RANK", str(rank // max(1, local_size))))
-        if not 0 <= rank < size:
-            raise ValueError(f"RANK={rank} is outside WORLD_SIZE={size}")
-        return cls(rank, size, local_rank, local_size, cross_rank, cross_size)
+        from assay.core._distributed import ranks_from_env
+
+        return cls(*ranks_from_env(env))
 
     @property
     def is_chief(self) -> bool:

@@ -12,11 +12,14 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from assay._checkpoint import CheckpointMetadata
 from assay._session import _fmt
 from assay._spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from assay._trial_client import TrialClient
 
 log = logging.getLogger("assay")
 
@@ -46,18 +49,25 @@ class Backend(Protocol):
 class ClusterBackend:
     """The chief's calls to the master's TrialService for one trial run."""
 
-    def __init__(self, spec: ClusterSpec, retry_s: float | None = None) -> None:
+    def __init__(
+        self, spec: ClusterSpec, retry_s: float | None = None, client: TrialClient | None = None
+    ) -> None:
+        """`client`: an open `TrialClient` to use (and close); by default one to the
+        spec's master, retrying for `retry_s` (`ASSAY_MASTER_RETRY_S`, else 15 min)."""
         from assay._trial_client import TrialClient, retry_budget_from_env
 
         self.spec = spec
-        budget = retry_budget_from_env() if retry_s is None else retry_s
-        self.client = TrialClient(spec.trial_api, spec.token, retry_s=budget)
+        if client is None:
+            budget = retry_budget_from_env() if retry_s is None else retry_s
+            client = TrialClient(spec.trial_api, spec.token, retry_s=budget)
+        self.client = client
         self._ids: dict[str, Any] = {"trial_id": spec.trial_id, "run_id": spec.run_id}
 
     def report_metrics(self, group: str, steps: int, metrics: Mapping[str, float]) -> None:
         from assay.proto import common_pb2, trial_pb2
 
-        report = common_pb2.MetricsReport(total_batches=steps, metrics=dict(metrics))
+        values = {k: float(v) for k, v in metrics.items()}
+        report = common_pb2.MetricsReport(total_batches=steps, metrics=values)
         self.client.report_metrics(
             trial_pb2.ReportMetricsRequest(**self._ids, group=group, reports=[report])
         )
@@ -72,16 +82,25 @@ class ClusterBackend:
         )
         return None if op.stop else int(op.total_batches)
 
-    def complete_target(self, target: int, metric: float) -> None:
+    def complete_target(self, target: int, metric: float, *, stop_requested: bool = False) -> None:
         from assay.proto import trial_pb2
 
         self.client.complete_operation(
             trial_pb2.CompleteOperationRequest(
-                **self._ids, total_batches=target, searcher_metric=metric
+                **self._ids,
+                total_batches=target,
+                searcher_metric=metric,
+                stop_requested=stop_requested,
             )
         )
 
-    def report_checkpoint(self, metadata: CheckpointMetadata, location: str) -> None:
+    def report_checkpoint(
+        self,
+        metadata: CheckpointMetadata,
+        location: str,
+        validation_metrics: Mapping[str, float] | None = None,
+    ) -> None:
+        """`validation_metrics`: those of these very weights, if they were validated."""
         from assay.proto import common_pb2, trial_pb2
 
         checkpoint = common_pb2.Checkpoint(
@@ -96,6 +115,7 @@ class ClusterBackend:
                 common_pb2.CheckpointFile(name=name, size_bytes=entry.size, sha256=entry.sha256)
                 for name, entry in sorted(metadata.files.items())
             ],
+            validation_metrics=dict(validation_metrics or {}),
         )
         user = json.loads(json.dumps(metadata.user_metadata, default=str))
         if user:
@@ -103,12 +123,7 @@ class ClusterBackend:
         self.client.report_checkpoint(
             trial_pb2.ReportCheckpointRequest(**self._ids, checkpoint=checkpoint)
         )
-        log.info(
-            "step %d checkpoint: %s (%.1f MB)",
-            metadata.total_batches,
-            location,
-            metadata.size_bytes / 1e6,
-        )
+        _log_checkpoint(metadata, location)
 
     def preempt_requested(self) -> bool:
         from assay.proto import trial_pb2
@@ -197,12 +212,7 @@ class LocalBackend:
                 "metadata": metadata.user_metadata,
             }
         )
-        log.info(
-            "step %d checkpoint: %s (%.1f MB)",
-            metadata.total_batches,
-            location,
-            metadata.size_bytes / 1e6,
-        )
+        _log_checkpoint(metadata, location)
 
     def preempt_requested(self) -> bool:
         return False
@@ -218,6 +228,15 @@ class LocalBackend:
 
     def close(self) -> None:
         pass
+
+
+def _log_checkpoint(metadata: CheckpointMetadata, location: str) -> None:
+    log.info(
+        "step %d checkpoint: %s (%.1f MB)",
+        metadata.total_batches,
+        location,
+        metadata.size_bytes / 1e6,
+    )
 
 
 def read_local_records(metrics_path: Path) -> list[dict[str, Any]]:

@@ -25,6 +25,10 @@ from assay.errors import AssayError
 T = TypeVar("T")
 
 
+class DistributedEnvError(AssayError, ValueError):
+    """torch.distributed's variables are malformed or contradict each other."""
+
+
 def ranks_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int, int, int, int, int]:
     """(rank, size, local_rank, local_size, cross_rank, cross_size) from torchrun's variables."""
     env = os.environ if env is None else env
@@ -36,9 +40,9 @@ def ranks_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int, int,
         cross_size = int(env.get("GROUP_WORLD_SIZE", str(max(1, size // max(1, local_size)))))
         cross_rank = int(env.get("GROUP_RANK", str(rank // max(1, local_size))))
     except ValueError as e:
-        raise AssayError(f"a torch.distributed variable is not an integer: {e}") from None
+        raise DistributedEnvError(f"a torch.distributed variable is not an integer: {e}") from None
     if not 0 <= rank < size:
-        raise AssayError(f"RANK={rank} is outside WORLD_SIZE={size}")
+        raise DistributedEnvError(f"RANK={rank} is outside WORLD_SIZE={size}")
     return rank, size, local_rank, local_size, cross_rank, cross_size
 
 

@@ -21,7 +21,8 @@ from assay.master._config import MasterConfig
 from assay.master._core import Master
 from assay.master._guard import Guard, GuardInterceptor
 from assay.master._http import HttpServer
-from assay.master._servicers import AgentServicer, ApiServicer, TrialServicer
+from assay.master._servicers import AgentServicer, ApiServicer
+from assay.master._trial_servicer import TrialServicer
 from assay.master.store import Store
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
 

@@ -1,0 +1,123 @@
+"""`TrialService`: the calls of a trial's processes (the Trial harness and Core API
+scripts), authenticated by their allocation's token; thin: parse, call `Master`, reply."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import grpc
+
+from assay.master import _checkpoints
+from assay.master._core import Master, Run
+from assay.master._errors import rpc_errors
+from assay.master.store import MetricReport
+from assay.proto import trial_pb2, trial_pb2_grpc
+
+TOKEN_HEADER = "x-assay-token"
+# Fault injection for the reliability tests: this fraction of ReportMetrics replies is
+# replaced by UNAVAILABLE after the metrics were stored, as a lost reply would be.
+DROP_METRIC_REPLIES = float(os.environ.get("ASSAY_FAULT_DROP_METRIC_REPLIES", "0") or 0)
+
+
+class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
+    def __init__(self, master: Master) -> None:
+        self.master = master
+
+    def _run(self, context: grpc.ServicerContext, trial_id: int, run_id: int) -> Run:
+        token = dict(context.invocation_metadata()).get(TOKEN_HEADER, "")
+        run = self.master.run_for_token(str(token), trial_id, run_id)
+        return run
+
+    def NextOperation(  # noqa: N802
+        self, request: trial_pb2.NextOperationRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.Operation:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            target = self.master.next_operation(run, request.total_batches)
+            if target is None:
+                return trial_pb2.Operation(stop=True)
+            return trial_pb2.Operation(total_batches=target)
+        raise AssertionError("unreachable")
+
+    def CompleteOperation(  # noqa: N802
+        self, request: trial_pb2.CompleteOperationRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.CompleteOperationResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            self.master.complete_operation(
+                run,
+                request.total_batches,
+                request.searcher_metric,
+                stop_requested=request.stop_requested,
+            )
+            return trial_pb2.CompleteOperationResponse()
+        raise AssertionError("unreachable")
+
+    def ReportMetrics(  # noqa: N802
+        self, request: trial_pb2.ReportMetricsRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.ReportMetricsResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            reports = [MetricReport(r.total_batches, dict(r.metrics)) for r in request.reports]
+            stored = self.master.report_metrics(run, request.group, reports)
+            if DROP_METRIC_REPLIES and random.random() < DROP_METRIC_REPLIES:
+                # Fault injection (tests only): the rows are committed, the reply is lost.
+                context.abort(grpc.StatusCode.UNAVAILABLE, "reply dropped (fault injection)")
+            return trial_pb2.ReportMetricsResponse(stored=stored)
+        raise AssertionError("unreachable")
+
+    def ReportCheckpoint(  # noqa: N802
+        self, request: trial_pb2.ReportCheckpointRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.ReportCheckpointResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            self.master.report_checkpoint(run, request.checkpoint)
+            return trial_pb2.ReportCheckpointResponse()
+        raise AssertionError("unreachable")
+
+    def ShouldPreempt(  # noqa: N802
+        self, request: trial_pb2.ShouldPreemptRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.ShouldPreemptResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            return trial_pb2.ShouldPreemptResponse(preempt=run.stopping is not None)
+        raise AssertionError("unreachable")
+
+    def GetBestValidation(  # noqa: N802
+        self, request: trial_pb2.GetBestValidationRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.GetBestValidationResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            best = self.master.best_validation(run)
+            if best is None:
+                return trial_pb2.GetBestValidationResponse(found=False)
+            return trial_pb2.GetBestValidationResponse(found=True, value=best)
+        raise AssertionError("unreachable")
+
+    def ReportProgress(  # noqa: N802
+        self, request: trial_pb2.ReportProgressRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.ReportProgressResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            self.master.report_progress(run, request.progress)
+            return trial_pb2.ReportProgressResponse()
+        raise AssertionError("unreachable")
+
+    def DeleteTrialCheckpoints(  # noqa: N802
+        self, request: trial_pb2.DeleteTrialCheckpointsRequest, context: grpc.ServicerContext
+    ) -> trial_pb2.DeleteTrialCheckpointsResponse:
+        with rpc_errors(context):
+            run = self._run(context, request.trial_id, request.run_id)
+            result = _checkpoints.delete_checkpoints(
+                self.master.store,
+                list(request.uuids),
+                trial_id=run.trial_id,
+                default_root=self.master.config.checkpoint_root,
+            )
+            return trial_pb2.DeleteTrialCheckpointsResponse(
+                deleted=list(result.deleted),
+                missing=list(result.missing),
+                failed=dict(result.failed),
+            )
+        raise AssertionError("unreachable")

@@ -1101,3 +1101,32 @@ def test_load_config_reports_schema_problems_with_paths(tmp_path: Path) -> None:
         "hyperparameters.global_batch_size: 32 is not divisible by "
         "resources.slots_per_trial (3); use a multiple of 3"
     ]
+
+
+@pytest.mark.parametrize("name", ["single", "random", "grid", "bayesian"])
+def test_a_script_may_leave_out_max_length_where_nothing_is_halved(name: str) -> None:
+    from assay.config._schema import UNBOUNDED_LENGTH
+
+    data: dict[str, Any] = {
+        "entrypoint": "python3 2_checkpoints.py",
+        "searcher": {"name": name, "metric": "x"},
+    }
+    if name in ("random", "bayesian"):
+        data["searcher"]["max_trials"] = 2
+    if name == "grid":
+        data["hyperparameters"] = {"a": {"type": "categorical", "vals": [1, 2]}}
+
+    config = parse_config(data)
+
+    assert config.searcher.max_length.value == UNBOUNDED_LENGTH
+
+
+def test_asha_and_trials_still_need_max_length() -> None:
+    script = {
+        "entrypoint": "python3 t.py",
+        "searcher": {"name": "asha", "metric": "x", "max_trials": 4},
+    }
+    assert_problem(problems_of(script), "searcher.max_length", "is required")
+    trial = minimal()
+    del trial["searcher"]["max_length"]
+    assert_problem(problems_of(trial), "searcher.max_length", "is required")

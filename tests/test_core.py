@@ -182,6 +182,70 @@ def test_determined_accessors(local_dir: Path) -> None:
         assay.core.DistributedContext.from_env({"RANK": "2", "WORLD_SIZE": "2"})
 
 
+def _local_spec(tmp: Path, monkeypatch: pytest.MonkeyPatch, **searcher: Any) -> None:
+    """As `assay trial run-local` starts a script: ASSAY_LOCAL_SPEC names the run's spec."""
+    from assay._spec import LocalSpec
+
+    config = {
+        "entrypoint": "python3 train.py",
+        "searcher": {"name": "single", "metric": "x", **searcher},
+    }
+    spec = LocalSpec(
+        config=config,
+        hparams={},
+        trial_seed=0,
+        checkpoint_dir=str(tmp / "ckpts"),
+        metrics_path=str(tmp / "metrics.jsonl"),
+    )
+    spec.write(tmp / "spec.json")
+    monkeypatch.setenv("ASSAY_LOCAL_SPEC", str(tmp / "spec.json"))
+    assay.core.get_cluster_info.cache_clear()
+
+
+def _operations(core: assay.core.Context) -> list[int]:
+    lengths = []
+    for op in core.searcher.operations():
+        lengths.append(op.length)
+        op.report_completed(0.5)
+    return lengths
+
+
+def test_searcher_operations_off_the_cluster(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with assay.core.init() as core:
+        assert _operations(core) == [1]  # no config: one operation of length 1
+
+    _local_spec(local_dir, monkeypatch, max_length={"batches": 30})
+    with assay.core.init() as core:
+        assert _operations(core) == [30]
+        assert core.searcher.get_configured_units() == "batches"
+
+
+def test_a_validation_at_the_target_stops_the_trial(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _local_spec(local_dir, monkeypatch, max_length={"batches": 30})
+    with assay.core.init() as core:
+        core.train.report_validation_metrics(20, {"x": 1.0})
+        assert not core.preempt.should_preempt()
+        core.train.report_validation_metrics(30, {"y": 1.0})  # not the searcher's metric
+        assert not core.preempt.should_preempt()
+        core.train.report_validation_metrics(31, {"x": 2.0})  # past the target: complete
+        assert core.preempt.should_preempt()
+        assert core.train.get_experiment_best_validation() == 1.0  # smaller is better
+
+
+def test_without_max_length_no_validation_stops_a_script(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _local_spec(local_dir, monkeypatch)
+    with assay.core.init() as core:
+        assert assay.get_cluster_info().trial.max_length == 0  # type: ignore[union-attr]
+        core.train.report_validation_metrics(10_000, {"x": 1.0})
+        assert not core.preempt.should_preempt()
+
+
 # --- commands and launchers -------------------------------------------------------------
 
 
@@ -290,6 +354,19 @@ def test_run_local_script_reports_checkpoints_and_resumes(tmp_path: Path) -> Non
         resume_from=result.checkpoint,
     )
     assert [h["total_batches"] for h in resumed.training_history] == [25, 30]
+
+
+def test_a_script_config_without_max_length_trains_as_the_script_decides(
+    tmp_path: Path,
+) -> None:
+    """Determined 0.38's Core API configs give a `single` searcher no max_length."""
+    config = _config("python3 loop.py", hyperparameters={"steps": 15, "every": 5})
+    del config["searcher"]["max_length"]
+
+    result = run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+
+    assert result.total_batches == 15
+    assert [h["total_batches"] for h in result.validation_history] == [5, 10, 15]
 
 
 def test_run_local_script_failure_names_the_exit_code(tmp_path: Path) -> None:

@@ -358,6 +358,11 @@ def _check_global_batch_size(
         )
 
 
+# `searcher.max_length` of a script that gives none: a target no trial reaches.
+UNBOUNDED_LENGTH = 2**62
+_UNBOUNDED_SEARCHERS = ("single", "random", "grid", "bayesian")
+
+
 @dataclass(frozen=True)
 class _Units:
     """What lengths are read against: `{records: N}` is N records in global batches of
@@ -457,6 +462,10 @@ def _parse_searcher(
                 "counts progress (e.g. batches)",
             )
         max_length = Length.batches(max_time) if max_time is not None else None
+    elif units.script and name in _UNBOUNDED_SEARCHERS and not s.has("max_length"):
+        # Determined 0.38's Core API configs leave it out: the script decides how long it
+        # trains, and exiting 0 ends the trial.
+        max_length = Length.batches(UNBOUNDED_LENGTH)
     else:
         max_length = _parse_length(s, "max_length", required=True, units=units)
     smaller = s.get_bool("smaller_is_better", True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from assay._checkpoint import CheckpointMetadata
 from assay._session import _fmt
 from assay._spec import ClusterSpec
+from assay.config._schema import UNBOUNDED_LENGTH
 
 if TYPE_CHECKING:
     from assay._trial_client import TrialClient
@@ -162,7 +163,7 @@ class LocalBackend:
     """Off the cluster: print every report and append it to `metrics_path` (JSON lines).
 
     `max_length`, when known (run-local gives the config), is the one target; otherwise
-    a script trains as long as it likes.
+    the target is never reached and a script trains as long as it likes.
     """
 
     def __init__(
@@ -196,9 +197,9 @@ class LocalBackend:
                 self._best = value
 
     def next_target(self, units: int) -> int | None:
-        if self.max_length is None or self._done:
+        if self._done:
             return None
-        return self.max_length
+        return UNBOUNDED_LENGTH if self.max_length is None else self.max_length
 
     def complete_target(self, target: int, metric: float) -> None:
         self._done = True

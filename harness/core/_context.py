@@ -116,7 +116,7 @@ def init(
             searcher = config.searcher if config is not None else None
             backend = LocalBackend(
                 metrics_path,
-                max_length=info.trial.max_length if info is not None else None,
+                max_length=info.trial.max_length or None if info is not None else None,
                 metric=searcher.metric if searcher is not None else None,
                 smaller_is_better=searcher.smaller_is_better if searcher is not None else True,
             )

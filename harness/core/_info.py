@@ -30,7 +30,8 @@ class TrialInfo:
     run_id: int = 0
     # `searcher.max_length` (or `max_time`) as the searcher counts it (epochs become
     # batches with `records_per_epoch`): how long the whole search may train a trial. The
-    # searcher's current target for this trial is `core.searcher.get_target()`.
+    # searcher's current target for this trial is `core.searcher.get_target()`. 0 when
+    # the config gives no length (a `single` search of a script that decides itself).
     max_length: int = 0
 
     @property
@@ -66,9 +67,12 @@ def _max_length(config: dict[str, Any]) -> int:
     """The searcher's length as the master counts it: batches (epochs converted with
     `records_per_epoch`), or the config's own number when it cannot be converted."""
     from assay.config import parse_config, searcher_in_batches
+    from assay.config._schema import UNBOUNDED_LENGTH
     from assay.errors import InvalidConfigError
 
     parsed = parse_config(config)
+    if parsed.searcher.max_length.value == UNBOUNDED_LENGTH:
+        return 0  # the config gives none: the script decides
     try:
         return searcher_in_batches(parsed).max_length.value
     except InvalidConfigError:

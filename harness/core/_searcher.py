@@ -20,8 +20,10 @@ import enum
 import logging
 from collections.abc import Callable, Iterator, Mapping
 
-from assay.core._backend import Backend
+from assay.config._schema import UNBOUNDED_LENGTH
+from assay.core._backend import Backend, LocalBackend
 from assay.core._distributed import DistributedContext
+from assay.errors import AssayError
 
 log = logging.getLogger("assay")
 
@@ -153,10 +155,21 @@ class SearcherContext:
         done = 0
         while True:
             target = self._state.target(done) if chief else None
+            if target == UNBOUNDED_LENGTH:
+                # No searcher.max_length: off the cluster, one operation of length 1, as
+                # Determined's local twin gives; on a cluster there is no length to give.
+                local = isinstance(self._state.backend, LocalBackend)
+                target = 1 if local else -1
             if searcher_mode is SearcherMode.WorkersAskChief:
                 target = self._dist.broadcast(target)
             if target is None:
                 return
+            if target == -1:
+                raise AssayError(
+                    "core.searcher.operations() needs a length: give searcher.max_length in "
+                    "the experiment config (or train as long as the script decides, without "
+                    "operations())"
+                )
             op = SearcherOperation(self, target, chief)
             yield op
             if not chief:

@@ -102,6 +102,24 @@ def test_a_script_that_exits_0_before_its_target_ends_completed(
     assert experiment.experiment.state == common_pb2.EXPERIMENT_STATE_COMPLETED
 
 
+def test_a_script_without_max_length_completes_when_it_exits_0(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    agent = ScriptedAgent(master.port, "a1", slots=1)
+    eid = _create(api, **_script(searcher={"name": "single", "metric": "loss"}))
+    start = agent.next("start").start
+    process = Process(master.port, start)
+    process.report(500, 0.2)
+    process.complete(500, 0.2)  # far short of no length at all: nothing happens
+    assert not process.next_op(500).stop
+    agent.exited(start.allocation_id, [0])
+    experiment = _ended(api, eid)
+    agent.close()
+    process.close()
+    assert experiment.experiment.state == common_pb2.EXPERIMENT_STATE_COMPLETED
+    assert experiment.trials[0].restarts == 0
+
+
 def test_best_validation_progress_and_own_checkpoint_deletion(
     master: MasterServer, api: api_pb2_grpc.ApiStub
 ) -> None:

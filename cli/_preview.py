@@ -24,6 +24,7 @@ from ._format import table
 def preview_search(config_file: Path, as_json: bool) -> None:
     """Show the trials, rung lengths and budget the searcher of CONFIG will use."""
     from assay.config import load_config, preview, searcher_in_batches
+    from assay.config._schema import UNBOUNDED_LENGTH
 
     config = load_config(config_file)
     for warning in config.warnings:
@@ -48,6 +49,11 @@ def preview_search(config_file: Path, as_json: bool) -> None:
         plan = preview(searcher, config.hyperparameters)
     except ValueError as e:  # a rule the parser already reports, or one of the conversion
         raise InvalidConfigError([str(e)]) from None
+    if searcher.max_length.value == UNBOUNDED_LENGTH:
+        note = (
+            "note: no searcher.max_length: each trial's script trains as long as it decides "
+            "(its lengths below stand for 'unbounded')"
+        )
     if note is not None:
         click.echo(note, err=True)
     if as_json:

@@ -103,7 +103,7 @@ class ClusterSession:
         end (`tensorboard/trial-<id>` in the storage)."""
         from assay.core._backend import ClusterBackend
 
-        self.backend = ClusterBackend(spec, client=client)
+        self.backend = ClusterBackend(spec, client=client, unit="batch")
         self.client = client
         self.storage = storage
         self.tensorboard = (

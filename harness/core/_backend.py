@@ -51,13 +51,19 @@ class ClusterBackend:
     """The chief's calls to the master's TrialService for one trial run."""
 
     def __init__(
-        self, spec: ClusterSpec, retry_s: float | None = None, client: TrialClient | None = None
+        self,
+        spec: ClusterSpec,
+        retry_s: float | None = None,
+        client: TrialClient | None = None,
+        unit: str = "step",
     ) -> None:
         """`client`: an open `TrialClient` to use (and close); by default one to the
-        spec's master, retrying for `retry_s` (`ASSAY_MASTER_RETRY_S`, else 15 min)."""
+        spec's master, retrying for `retry_s` (`ASSAY_MASTER_RETRY_S`, else 15 min).
+        `unit`: what the logs call a count ("step" for scripts, "batch" for Trials)."""
         from assay._trial_client import TrialClient, retry_budget_from_env
 
         self.spec = spec
+        self.unit = unit
         if client is None:
             budget = retry_budget_from_env() if retry_s is None else retry_s
             client = TrialClient(spec.trial_api, spec.token, retry_s=budget)
@@ -73,7 +79,7 @@ class ClusterBackend:
             trial_pb2.ReportMetricsRequest(**self._ids, group=group, reports=[report])
         )
         if group == "validation":
-            log.info("step %d validation: %s", steps, _fmt(dict(metrics)))
+            log.info("%s %d validation: %s", self.unit, steps, _fmt(dict(metrics)))
 
     def next_target(self, units: int) -> int | None:
         from assay.proto import trial_pb2
@@ -124,7 +130,7 @@ class ClusterBackend:
         self.client.report_checkpoint(
             trial_pb2.ReportCheckpointRequest(**self._ids, checkpoint=checkpoint)
         )
-        _log_checkpoint(metadata, location)
+        _log_checkpoint(metadata, location, self.unit)
 
     def preempt_requested(self) -> bool:
         from assay.proto import trial_pb2
@@ -231,9 +237,10 @@ class LocalBackend:
         pass
 
 
-def _log_checkpoint(metadata: CheckpointMetadata, location: str) -> None:
+def _log_checkpoint(metadata: CheckpointMetadata, location: str, unit: str = "step") -> None:
     log.info(
-        "step %d checkpoint: %s (%.1f MB)",
+        "%s %d checkpoint: %s (%.1f MB)",
+        unit,
         metadata.total_batches,
         location,
         metadata.size_bytes / 1e6,

@@ -67,14 +67,18 @@ class Context:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        # Leaving with an exception: the other processes may be inside a collective, so
+        # this one does not wait for them (its exit stops them).
+        self.close(together=exc_type is None)
 
-    def close(self) -> None:
-        """Stop the preemption watcher and close the connection to the master."""
+    def close(self, *, together: bool = True) -> None:
+        """Stop the preemption watcher, close the connection to the master, and leave the
+        process group if `init()` joined it: with every process (`together`), or alone."""
         self.preempt.close()
         if self._backend is not None:
             self._backend.close()
             self._backend = None
+        self.distributed.close(together=together)
 
 
 def init(

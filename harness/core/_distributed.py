@@ -239,12 +239,19 @@ class DistributedContext:
 
             dist.barrier(group=self._control())
 
-    def close(self) -> None:
-        """Leave the process group this context joined (not one the script joined)."""
+    def close(self, *, together: bool = True) -> None:
+        """Leave the process group this context joined (not one the script joined).
+
+        `together`: every process leaves at once (a barrier, then the group is destroyed):
+        a Gloo group left to the interpreter's teardown can abort a process ("terminate
+        called without an active exception") after its work is done. Otherwise (an error
+        on its way out) this process leaves without waiting for the others.
+        """
         if self._joined:
             import torch.distributed as dist
 
-            if dist.is_initialized():
+            if dist.is_initialized() and together:
+                dist.barrier()
                 dist.destroy_process_group()
             self._joined = False
         self._group, self._group_ready = None, False

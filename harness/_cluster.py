@@ -104,7 +104,6 @@ class ClusterSession:
         from assay.core._backend import ClusterBackend
 
         self.backend = ClusterBackend(spec, client=client, unit="batch")
-        self.client = client
         self.storage = storage
         self.tensorboard = (
             None if storage is None or local_root is None else Path(local_root) / TENSORBOARD

@@ -13,7 +13,6 @@ import binascii
 import datetime as dt
 import hashlib
 import hmac
-import math
 import re
 import secrets
 import threading
@@ -22,15 +21,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
-from assay.errors import AssayError
 from assay.master._secrets import mask_text
-from assay.master.store import (
+from assay.master.errors import (
+    AuthError,
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
-    Store,
-    UserRecord,
+    RateLimitedError,
 )
+from assay.master.store import Store, UserRecord
 
 Clock = Callable[[], dt.datetime]
 
@@ -53,18 +52,6 @@ _USERNAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 ADMIN = "admin"
 WRONG_LOGIN = "wrong username or password"
 _NO_SESSION = "the session token is not valid (logged out, revoked or never issued); log in again"
-
-
-class AuthError(AssayError):
-    """Not logged in, or a login failed (never saying which part was wrong)."""
-
-
-class RateLimitedError(AssayError):
-    """Too many failed logins for a user name or from an address: retry later."""
-
-    def __init__(self, retry_after_s: float) -> None:
-        self.retry_after_s = retry_after_s
-        super().__init__(f"too many failed logins; try again in {math.ceil(retry_after_s)} seconds")
 
 
 @dataclass(frozen=True)

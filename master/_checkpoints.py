@@ -20,17 +20,15 @@ from pathlib import Path
 from assay._storage import StorageError, checkpoint_uuid
 from assay.config import CheckpointStorageConfig, parse_config
 from assay.errors import InvalidConfigError
-from assay.master._errors import PermissionDeniedError
 from assay.master._gc import DELETED, GCResult, StorageCache, delete_records
 from assay.master._state import TERMINAL_TRIAL
-from assay.master.store import (
-    CheckpointRecord,
+from assay.master.errors import (
     ConflictError,
-    ExperimentRecord,
     InvalidArgumentError,
     NotFoundError,
-    Store,
+    PermissionDeniedError,
 )
+from assay.master.store import CheckpointRecord, ExperimentRecord, Store
 from assay.proto import api_pb2
 
 MAX_UUIDS = 1000

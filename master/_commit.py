@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from sqlalchemy.exc import OperationalError
 
-from assay.master._errors import StoreUnavailableError
+from assay.master.errors import StoreUnavailableError
 from assay.master.store import Store, WriteBatch
 
 log = logging.getLogger("assay.master")

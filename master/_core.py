@@ -35,7 +35,6 @@ from assay.errors import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE, InvalidConfi
 from assay.master._auth import mask_secrets
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
-from assay.master._errors import PermissionDeniedError
 from assay.master._gc import collect
 from assay.master._state import (
     TERMINAL_EXPERIMENT,
@@ -46,6 +45,12 @@ from assay.master._state import (
     TrialState,
     load_live,
     new_searcher,
+)
+from assay.master.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
 )
 from assay.master.scheduler import (
     Agent,
@@ -65,7 +70,6 @@ from assay.master.store import (
     Store,
     WriteBatch,
 )
-from assay.master.store.errors import ConflictError, InvalidArgumentError, NotFoundError
 from assay.proto import agent_pb2, common_pb2
 
 log = logging.getLogger("assay.master")

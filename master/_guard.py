@@ -22,7 +22,8 @@ from typing import Any
 
 import grpc
 
-from assay.master._auth import Authenticator, AuthError, Principal, RateLimitedError
+from assay.master._auth import Authenticator, Principal
+from assay.master.errors import AuthError, RateLimitedError
 
 AUTH_HEADER = "authorization"
 JOIN_TOKEN_HEADER = "x-assay-join-token"

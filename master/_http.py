@@ -31,7 +31,6 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from assay.errors import AssayError
-from assay.master._auth import AuthError
 from assay.master._guard import AUTH_HEADER, PUBLIC_RPC_NAMES, Guard
 from assay.master._http_calls import (
     INTERNAL_MESSAGE,
@@ -45,6 +44,7 @@ from assay.master._http_openapi import openapi_document
 from assay.master._http_params import ParamError, build_body_request, build_request
 from assay.master._http_routes import PREFIX, ROUTES, Route
 from assay.master._http_ui import WebUi
+from assay.master.errors import AuthError
 from assay.proto import api_pb2
 
 log = logging.getLogger("assay.master")

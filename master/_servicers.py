@@ -1,4 +1,4 @@
-"""gRPC servicers: parse, call the master, reply. Errors map to status in `_errors`."""
+"""gRPC servicers: parse, call the master, reply. Errors map to status in `_status`."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from assay.master import _checkpoints, _convert
 from assay.master._aio import LoopOutbox
 from assay.master._auth import Principal
 from assay.master._core import AgentHandle, Master
-from assay.master._errors import PermissionDeniedError, rpc_errors, status_of
 from assay.master._guard import Guard, bearer, metadata_dict
 from assay.master._state import TERMINAL_TRIAL
+from assay.master._status import rpc_errors, status_of
+from assay.master.errors import InvalidArgumentError, PermissionDeniedError
 from assay.master.store import UserRecord
-from assay.master.store.errors import InvalidArgumentError
 from assay.proto import (
     agent_pb2,
     agent_pb2_grpc,

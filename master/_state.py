@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assay.config import ExperimentConfig, parse_config, searcher_in_batches
+from assay.master.errors import NotFoundError
 from assay.master.searcher import Searcher, make_searcher, restore_searcher
-from assay.master.store import NotFoundError, Store
+from assay.master.store import Store
 
 TERMINAL_EXPERIMENT = frozenset({"COMPLETED", "CANCELED", "ERROR"})
 TERMINAL_TRIAL = frozenset({"COMPLETED", "CANCELED", "ERROR"})

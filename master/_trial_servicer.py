@@ -10,7 +10,7 @@ import grpc
 
 from assay.master import _checkpoints
 from assay.master._core import Master, Run
-from assay.master._errors import rpc_errors
+from assay.master._status import rpc_errors
 from assay.master.store import MetricReport
 from assay.proto import trial_pb2, trial_pb2_grpc
 

@@ -18,14 +18,6 @@ from assay.master.store._records import (
     UserRecord,
 )
 from assay.master.store._store import MAX_PAGE, SORT_COLUMNS, Store
-from assay.master.store.errors import (
-    ConflictError,
-    InvalidArgumentError,
-    NotFoundError,
-    SchemaError,
-    StaleRunError,
-    StoreError,
-)
 
 __all__ = [
     "MAX_PAGE",
@@ -33,17 +25,11 @@ __all__ = [
     "AgentRecord",
     "AllocationRecord",
     "CheckpointRecord",
-    "ConflictError",
     "ExperimentRecord",
-    "InvalidArgumentError",
     "LogLine",
     "MetricReport",
-    "NotFoundError",
     "Page",
-    "SchemaError",
-    "StaleRunError",
     "Store",
-    "StoreError",
     "TrialRecord",
     "UserRecord",
     "WriteBatch",

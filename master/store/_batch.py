@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Table, bindparam, insert, update
 from sqlalchemy.orm import Session
 
+from assay.master.errors import InvalidArgumentError
 from assay.master.store import _metrics
 from assay.master.store._models import (
     Agent,
@@ -31,7 +32,6 @@ from assay.master.store._models import (
     TaskLog,
     Trial,
 )
-from assay.master.store.errors import InvalidArgumentError
 
 _TABLE_ORDER = {table.name: i for i, table in enumerate(Base.metadata.sorted_tables)}
 _EXPERIMENTS: Table = Experiment.__table__  # type: ignore[assignment]

@@ -22,6 +22,12 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from assay.master.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    StaleRunError,
+)
 from assay.master.store._downsample import (
     Bucket,
     FloatArray,
@@ -33,12 +39,6 @@ from assay.master.store._downsample import (
 )
 from assay.master.store._models import Metric, MetricRollup, Trial
 from assay.master.store._records import MetricReport
-from assay.master.store.errors import (
-    ConflictError,
-    InvalidArgumentError,
-    NotFoundError,
-    StaleRunError,
-)
 
 METRICS = cast(Table, Metric.__table__)
 ROLLUPS = cast(Table, MetricRollup.__table__)

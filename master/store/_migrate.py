@@ -17,9 +17,9 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, delete, insert, inspect, select
 
 from assay import __version__
+from assay.master.errors import SchemaError
 from assay.master.store._engine import writer
 from assay.master.store._models import SchemaInfo
-from assay.master.store.errors import SchemaError
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Any constant works; two masters must use the same one.

@@ -17,6 +17,12 @@ from sqlalchemy import Engine, delete, exists, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from assay.master.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    StaleRunError,
+)
 from assay.master.store import _metrics
 from assay.master.store._batch import EXPERIMENT_FIELDS, TRIAL_FIELDS, WriteBatch
 from assay.master.store._engine import make_engine, writer
@@ -45,12 +51,6 @@ from assay.master.store._records import (
     SessionRecord,
     TrialRecord,
     UserRecord,
-)
-from assay.master.store.errors import (
-    ConflictError,
-    InvalidArgumentError,
-    NotFoundError,
-    StaleRunError,
 )
 
 # Columns the experiment list may be sorted by (user input never names a column).

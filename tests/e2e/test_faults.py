@@ -121,6 +121,9 @@ def test_the_master_killed_mid_trial_loses_nothing(
     cluster.procs[0].send_signal(signal.SIGKILL)
     cluster.procs[0].wait()
     time.sleep(down_s)  # the trial trains on; its reports wait and retry
+    # The restarted master waits longer than an agent's longest reconnect delay (10 s
+    # after 20 s away), as the default (30 s) does: a shorter wait requeues a live run.
+    cluster.env["ASSAY_AGENT_RECONNECT_WAIT_S"] = "15"
     cluster.restart_master()
     _eventually(_state(cluster, eid, "COMPLETED", "ERROR"), 180, cluster, "the end")
     trial = _assert_clean_end(cluster, eid)

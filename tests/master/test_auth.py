@@ -28,7 +28,8 @@ from assay.master._auth import (
     scrypt_parameters,
     verify_password,
 )
-from assay.master.store import ConflictError, InvalidArgumentError, NotFoundError, Store
+from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError
+from assay.master.store import Store
 
 FAST_N = 2**4  # scrypt's cost in tests; the default is SCRYPT_N
 PASSWORD = "correct horse"

@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from assay.master._commit import GroupCommit
-from assay.master._errors import StoreUnavailableError
 from assay.master._server import MasterServer
+from assay.master.errors import StoreUnavailableError
 from assay.master.store import Store, WriteBatch
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.credentials import authed_channel, master_config

@@ -6,7 +6,8 @@ import datetime as dt
 
 import pytest
 
-from assay.master.store import InvalidArgumentError, MetricReport, Store, WriteBatch
+from assay.master.errors import InvalidArgumentError
+from assay.master.store import MetricReport, Store, WriteBatch
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 

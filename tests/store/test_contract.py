@@ -8,16 +8,8 @@ import threading
 import pytest
 from sqlalchemy import func, select
 
-from assay.master.store import (
-    CheckpointRecord,
-    ConflictError,
-    InvalidArgumentError,
-    LogLine,
-    MetricReport,
-    NotFoundError,
-    StaleRunError,
-    Store,
-)
+from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError, StaleRunError
+from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store
 from assay.master.store._metrics import RAW_READ_LIMIT
 from assay.master.store._models import Metric
 

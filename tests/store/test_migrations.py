@@ -11,7 +11,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 
-from assay.master.store import SchemaError, Store, current_revision, head_revision, migrate
+from assay.master.errors import SchemaError
+from assay.master.store import Store, current_revision, head_revision, migrate
 from assay.master.store._engine import make_engine
 from assay.master.store._models import Base
 

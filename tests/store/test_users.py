@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from assay.master.store import ConflictError, NotFoundError, Store
+from assay.master.errors import ConflictError, NotFoundError
+from assay.master.store import Store
 
 T0 = dt.datetime(2030, 5, 1, 12, 0, 0, 123456, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)

@@ -10,25 +10,20 @@ import grpc
 from sqlalchemy.exc import DataError
 
 from assay.errors import AssayError
-from assay.master._auth import AuthError, RateLimitedError
-from assay.master.store.errors import (
+from assay.master.errors import (
+    AuthError,
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
+    PermissionDeniedError,
+    RateLimitedError,
     SchemaError,
     StaleRunError,
+    StoreUnavailableError,
 )
 
 log = logging.getLogger("assay.master")
 DATA_ERROR = "a value in the request cannot be stored or looked up (e.g. a NUL character)"
-
-
-class PermissionDeniedError(AssayError):
-    """A call without the credentials its target needs (e.g. an allocation's token)."""
-
-
-class StoreUnavailableError(AssayError):
-    """The master could not write to its database and must be restarted."""
 
 
 _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [

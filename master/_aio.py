@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from assay.proto import agent_pb2
+from assay.master._agents import AgentMessage
 
 
 class _Aborted(BaseException):
@@ -94,14 +94,14 @@ class LoopOutbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._queue: asyncio.Queue[agent_pb2.MasterMessage | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[AgentMessage | None] = asyncio.Queue()
 
-    def put(self, message: agent_pb2.MasterMessage | None) -> None:
+    def put(self, message: AgentMessage | None) -> None:
         # A closed loop means the server has stopped: nobody is left to read.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._queue.put_nowait, message)
 
-    async def get(self) -> agent_pb2.MasterMessage | None:
+    async def get(self) -> AgentMessage | None:
         return await self._queue.get()
 
 

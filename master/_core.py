@@ -24,14 +24,27 @@ from collections import deque
 from collections.abc import Callable, Sequence, Set
 from concurrent import futures
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
-from assay._archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
-from assay._storage import StorageError, checkpoint_location, checkpoint_uuid
+from assay.common.archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
+from assay.common.storage import StorageError, checkpoint_location, checkpoint_uuid
 from assay.config import ExperimentConfig, parse_config, searcher_in_batches
 from assay.errors import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE, InvalidConfigError
+from assay.master._agents import (
+    AgentHandle,
+    AgentMessage,
+    AgentView,
+    ClusterView,
+    KillRun,
+    Load,
+    Outbox,
+    QueuedView,
+    Registration,
+    SlotView,
+    StartRun,
+)
 from assay.master._auth import mask_secrets
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
@@ -70,7 +83,6 @@ from assay.master.store import (
     Store,
     WriteBatch,
 )
-from assay.proto import agent_pb2, common_pb2
 
 log = logging.getLogger("assay.master")
 REAP_INTERVAL_S = 1.0
@@ -78,29 +90,6 @@ REAP_INTERVAL_S = 1.0
 _STOPPING_OF = {"PAUSED": "pause", "STOPPING_CANCELED": "cancel", "STOPPING_KILLED": "kill"}
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class Outbox(Protocol):
-    """Where an agent's messages wait for its stream (None: close the stream)."""
-
-    def put(self, message: agent_pb2.MasterMessage | None) -> None: ...
-
-
-@dataclass
-class AgentHandle:
-    id: str
-    slot_type: str
-    slots: int
-    address: str
-    devices: list[common_pb2.Device]
-    memory_bytes: int
-    outbox: Outbox
-    connected: bool = True
-    enabled: bool = True
-    last_heartbeat: float = field(default_factory=time.time)
-    cpu_utilization: float = 0.0
-    memory_used_fraction: float = 0.0
-    disconnected_at: float | None = None  # monotonic; its slots wait for it until the window
 
 
 @dataclass(frozen=True)
@@ -674,13 +663,13 @@ class Master:
         for agent_id, slots in placement:
             ranks = list(range(rank, rank + len(slots)))
             rank += len(slots)
-            message = agent_pb2.StartAllocation(
+            message = StartRun(
                 allocation_id=allocation_id,
                 trial_id=trial.id,
                 run_id=run_id,
                 experiment_id=trial.experiment_id,
-                slots=list(slots),
-                ranks=ranks,
+                slots=slots,
+                ranks=tuple(ranks),
                 world_size=world,
                 master_addr=chief.address or "127.0.0.1",
                 master_port=port,
@@ -694,10 +683,10 @@ class Master:
                 trial_seed=trial.seed,
                 checkpoint_root=self._checkpoint_root(config),
             )
-            self._send(self.agents[agent_id], agent_pb2.MasterMessage(start=message))
+            self._send(self.agents[agent_id], message)
         log.info("trial %d run %d started on %s", trial.id, run_id, placement)
 
-    def _send(self, handle: AgentHandle, message: agent_pb2.MasterMessage) -> None:
+    def _send(self, handle: AgentHandle, message: AgentMessage) -> None:
         """Queue `message` for the agent once the changes recorded so far are committed."""
         outbox = handle.outbox
         self.commit.after(lambda: outbox.put(message))
@@ -707,7 +696,7 @@ class Master:
 
     def _send_kill(self, run: Run, *, graceful: bool) -> None:
         """Kill the run's processes on every agent that has not reported them gone."""
-        kill = agent_pb2.KillAllocation(
+        kill = KillRun(
             allocation_id=run.allocation_id,
             graceful=graceful,
             grace_seconds=int(self.config.kill_grace_s),
@@ -717,15 +706,13 @@ class Master:
                 continue
             handle = self.agents.get(agent_id)
             if handle is not None and handle.connected:
-                self._send(handle, agent_pb2.MasterMessage(kill=kill))
+                self._send(handle, kill)
 
     # --- agents ---------------------------------------------------------------------------
 
-    def register_agent(
-        self, register: agent_pb2.Register, peer_host: str, outbox: Outbox
-    ) -> AgentHandle:
+    def register_agent(self, register: Registration, peer_host: str, outbox: Outbox) -> AgentHandle:
         """A (re)connecting agent: its running allocations are kept, the rest forgotten."""
-        slot_type = "cuda" if register.slot_type == common_pb2.SLOT_TYPE_CUDA else "cpu"
+        slot_type = register.slot_type
         slots = len(register.devices)
         if slots < 1:
             raise InvalidArgumentError(f"agent {register.agent_id!r} offers no slots")
@@ -738,7 +725,7 @@ class Master:
                 slot_type=slot_type,
                 slots=slots,
                 address=register.address or peer_host,
-                devices=list(register.devices),
+                devices=register.devices,
                 memory_bytes=register.memory_bytes,
                 outbox=outbox,
             )
@@ -749,7 +736,7 @@ class Master:
             else:
                 if old is not None:
                     self._drop_agent(old.id)
-                self.scheduler.add_agent(Agent(handle.id, slots, slot_type))  # type: ignore[arg-type]
+                self.scheduler.add_agent(Agent(handle.id, slots, slot_type))
             self.agents[handle.id] = handle
             self._count_agent(slot_type, +1)
             self.batch.agent_registered(
@@ -786,8 +773,7 @@ class Master:
                 run.awaiting.discard(handle.id)
                 self._part_lost(run, handle.id)
         for allocation_id in running - self.runs.keys():
-            kill = agent_pb2.KillAllocation(allocation_id=allocation_id, graceful=False)
-            self._send(handle, agent_pb2.MasterMessage(kill=kill))
+            self._send(handle, KillRun(allocation_id=allocation_id, graceful=False))
 
     def _part_lost(self, run: Run, agent_id: str) -> None:
         run.lost = True
@@ -798,7 +784,7 @@ class Master:
         if all(a in run.exit_codes for a, _ in run.placement):
             self._finish_run(run)
 
-    def heartbeat(self, agent_id: str, beat: agent_pb2.Heartbeat) -> None:
+    def heartbeat(self, agent_id: str, beat: Load) -> None:
         with self.lock:
             handle = self.agents.get(agent_id)
             if handle is None:
@@ -807,7 +793,7 @@ class Master:
             handle.cpu_utilization = beat.cpu_utilization
             handle.memory_used_fraction = beat.memory_used_fraction
             if beat.devices:
-                handle.devices = list(beat.devices)
+                handle.devices = beat.devices
 
     def agent_disconnected(self, agent_id: str, handle: AgentHandle | None = None) -> None:
         """The stream of `handle` ended; a newer connection of the same agent is kept.
@@ -848,6 +834,59 @@ class Master:
             if allocation_id is not None:
                 self._part_lost(self.runs[allocation_id], agent_id)
         self._schedule()
+
+    def cluster_view(self) -> ClusterView:
+        """A copy of the agents and the queue for the read-only RPCs."""
+        with self.lock:
+            owners: dict[tuple[str, int], int] = {}
+            for request_id, placement in self.scheduler.allocations.items():
+                for agent_id, slots in placement:
+                    for slot in slots:
+                        owners[agent_id, slot] = int(request_id)
+            agents = tuple(
+                AgentView(
+                    id=a.id,
+                    address=a.address,
+                    slot_type=a.slot_type,
+                    devices=tuple(a.devices),
+                    slots=tuple(
+                        SlotView(
+                            index=i,
+                            enabled=a.enabled,
+                            allocation_id=self.run_of_trial.get(owners.get((a.id, i), 0), ""),
+                            trial_id=owners.get((a.id, i), 0),
+                        )
+                        for i in range(a.slots)
+                    ),
+                    connected=a.connected,
+                    enabled=a.enabled,
+                    last_heartbeat=a.last_heartbeat,
+                    memory_bytes=a.memory_bytes,
+                    memory_used_fraction=a.memory_used_fraction,
+                    cpu_utilization=a.cpu_utilization,
+                )
+                for a in sorted(self.agents.values(), key=lambda a: a.id)
+            )
+            queue = []
+            for request in sorted(self.queued.values(), key=lambda r: r.rank):
+                trial = self.trials[int(request.id)]
+                experiment = self.experiments[trial.experiment_id]
+                queue.append(
+                    QueuedView(
+                        trial.id,
+                        experiment.id,
+                        experiment.config.name,
+                        request.priority,
+                        request.slots,
+                    )
+                )
+            return ClusterView(self.cluster_id, self.cluster_slot_type(), agents, tuple(queue))
+
+    def close_streams(self) -> None:
+        """Close every agent's stream (the master is stopping)."""
+        with self.lock:
+            for handle in self.agents.values():
+                handle.outbox.put(None)
 
     # --- the window for lost agents -------------------------------------------------------
 
@@ -911,25 +950,35 @@ class Master:
                 self._schedule()
             self._commit_and_wait()
 
-    def allocation_state(self, agent_id: str, change: agent_pb2.AllocationStateChange) -> None:
-        """An agent's report on an allocation (not waited for: the agent needs no answer)."""
+    def allocation_running(self, agent_id: str, allocation_id: str) -> None:
+        """An agent started its part of an allocation (not waited for)."""
         with self.lock:
-            handle = self.agents.get(agent_id)
-            if handle is not None:
-                handle.last_heartbeat = time.time()  # any message shows it is alive
-            run = self.runs.get(change.allocation_id)
+            self._heard_from(agent_id)
+            run = self.runs.get(allocation_id)
             if run is None:
                 return
-            if change.state == agent_pb2.ALLOCATION_STATE_RUNNING:
-                self.batch.set_allocation(run.allocation_id, state="RUNNING")
-                self.commit.ticket()
+            self.batch.set_allocation(run.allocation_id, state="RUNNING")
+            self.commit.ticket()
+
+    def _heard_from(self, agent_id: str) -> None:
+        handle = self.agents.get(agent_id)
+        if handle is not None:
+            handle.last_heartbeat = time.time()  # any message shows it is alive
+
+    def allocation_exited(
+        self, agent_id: str, allocation_id: str, exit_codes: Sequence[int], message: str = ""
+    ) -> None:
+        """An agent's part of an allocation ended with these exit codes, one per rank (none:
+        its processes could not start). Not waited for: the agent needs no answer."""
+        with self.lock:
+            self._heard_from(agent_id)
+            run = self.runs.get(allocation_id)
+            if run is None:
                 return
-            if change.state != agent_pb2.ALLOCATION_STATE_EXITED:
-                return
-            run.exit_codes[agent_id] = list(change.exit_codes)
-            if change.message:
-                run.messages.append(f"{agent_id}: {change.message}")
-            failed = not change.exit_codes or any(c != 0 for c in change.exit_codes)
+            run.exit_codes[agent_id] = list(exit_codes)
+            if message:
+                run.messages.append(f"{agent_id}: {message}")
+            failed = not exit_codes or any(c != 0 for c in exit_codes)
             if failed and run.stopping is None:
                 # One part of the gang is gone: the other ranks cannot go on without it.
                 self._send_kill(run, graceful=False)
@@ -938,21 +987,14 @@ class Master:
                 self._schedule()
             self.commit.ticket()
 
-    def ship_logs(self, batch: agent_pb2.LogBatch) -> None:
-        run = self.runs.get(batch.allocation_id)
+    def ship_logs(self, allocation_id: str, lines: Sequence[LogLine]) -> None:
+        """Store an allocation's log lines (secrets masked); lines of no running
+        allocation are dropped."""
+        run = self.runs.get(allocation_id)
         if run is None:
             return
-        lines = [
-            LogLine(
-                message=mask_secrets(line.message),
-                rank=line.rank,
-                stream=line.stream or "stdout",
-                level=line.level or None,
-                timestamp=line.timestamp.ToDatetime(dt.UTC) if line.HasField("timestamp") else None,
-            )
-            for line in batch.lines
-        ]
-        self.store.append_logs(run.trial_id, run.run_id, lines)
+        masked = [replace(line, message=mask_secrets(line.message)) for line in lines]
+        self.store.append_logs(run.trial_id, run.run_id, masked)
 
     # --- the end of a run -----------------------------------------------------------------
 
@@ -1203,7 +1245,7 @@ class Master:
             self._commit_and_wait()
         return stored
 
-    def report_checkpoint(self, run: Run, checkpoint: common_pb2.Checkpoint) -> None:
+    def report_checkpoint(self, run: Run, checkpoint: CheckpointRecord) -> None:
         """Record a checkpoint the run wrote; refused unless it is where it must be.
 
         The trial runs its user's code, so a report may say anything: only a uuid is
@@ -1212,19 +1254,7 @@ class Master:
         """
         location = self._checkpoint_location(run.experiment_id, checkpoint)
         self.store.add_checkpoint(
-            CheckpointRecord(
-                uuid=checkpoint.uuid,
-                trial_id=run.trial_id,
-                run_id=run.run_id,
-                total_batches=checkpoint.total_batches,
-                state="COMPLETED",
-                location=location,
-                files={f.name: f.size_bytes for f in checkpoint.files},
-                user_metadata={
-                    "sha256": {f.name: f.sha256 for f in checkpoint.files},
-                    "validation_metrics": dict(checkpoint.validation_metrics),
-                },
-            )
+            replace(checkpoint, trial_id=run.trial_id, run_id=run.run_id, location=location)
         )
         with self.lock:
             trial = self.trials.get(run.trial_id)
@@ -1235,7 +1265,7 @@ class Master:
                 trial.checkpoint = Restore(checkpoint.uuid, checkpoint.total_batches, location)
                 trial.total_batches = checkpoint.total_batches
 
-    def _checkpoint_location(self, experiment_id: int, checkpoint: common_pb2.Checkpoint) -> str:
+    def _checkpoint_location(self, experiment_id: int, checkpoint: CheckpointRecord) -> str:
         """The reported checkpoint's location, checked against the one derived from the
         experiment's storage config; `InvalidArgumentError` for a bad uuid or location."""
         with self.lock:

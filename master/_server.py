@@ -12,8 +12,8 @@ from pathlib import Path
 
 import grpc
 
-from assay._archive import MAX_MODEL_DEF_BYTES
-from assay._tls import ServerTls
+from assay.common.archive import MAX_MODEL_DEF_BYTES
+from assay.common.tls import ServerTls
 from assay.errors import AssayError
 from assay.master._aio import LoopThread, SyncAdapter
 from assay.master._auth import Authenticator
@@ -164,9 +164,7 @@ class MasterServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        with self.master.lock:
-            for handle in self.master.agents.values():
-                handle.outbox.put(None)
+        self.master.close_streams()
         if self.http is not None:
             http = self.http
             with contextlib.suppress(Exception):

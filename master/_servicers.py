@@ -14,10 +14,12 @@ import grpc
 
 from assay import __version__
 from assay.errors import AssayError
+from assay.master import _agent_wire as wire
 from assay.master import _checkpoints, _convert
+from assay.master._agents import AgentHandle
 from assay.master._aio import LoopOutbox
 from assay.master._auth import Principal
-from assay.master._core import AgentHandle, Master
+from assay.master._core import Master
 from assay.master._guard import Guard, bearer, metadata_dict
 from assay.master._state import TERMINAL_TRIAL
 from assay.master._status import rpc_errors, status_of
@@ -167,18 +169,16 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def GetMasterInfo(  # noqa: N802 - gRPC method names
         self, request: api_pb2.GetMasterInfoRequest, context: grpc.ServicerContext
     ) -> api_pb2.MasterInfo:
-        with rpc_errors(context), self.master.lock:
-            agents = [a for a in self.master.agents.values() if a.connected]
-            slots = sum(a.slots for a in agents)
-            free = sum(len(self.master.scheduler.free_slots(a.id)) for a in agents)
+        with rpc_errors(context):
+            view = self.master.cluster_view()
             return api_pb2.MasterInfo(
                 version=__version__,
-                cluster_id=self.master.cluster_id,
+                cluster_id=view.cluster_id,
                 store=self.store.engine.dialect.name,
-                agents=len(agents),
-                slots=slots,
-                free_slots=free,
-                queued_trials=len(self.master.queued),
+                agents=len(view.connected),
+                slots=view.slots,
+                free_slots=view.free_slots,
+                queued_trials=len(view.queue),
             )
         raise AssertionError("unreachable")
 
@@ -419,77 +419,30 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def ListAgents(  # noqa: N802
         self, request: api_pb2.ListAgentsRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListAgentsResponse:
-        with rpc_errors(context), self.master.lock:
-            return api_pb2.ListAgentsResponse(
-                agents=[
-                    self._agent(a) for a in sorted(self.master.agents.values(), key=lambda a: a.id)
-                ]
-            )
+        with rpc_errors(context):
+            agents = self.master.cluster_view().agents
+            return api_pb2.ListAgentsResponse(agents=[wire.agent_message(a) for a in agents])
         raise AssertionError("unreachable")
 
     def GetQueue(  # noqa: N802
         self, request: api_pb2.GetQueueRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetQueueResponse:
-        with rpc_errors(context), self.master.lock:
-            waiting = sorted(self.master.queued.values(), key=lambda r: r.rank)
-            slot_type = (
-                common_pb2.SLOT_TYPE_CUDA
-                if self.master.cluster_slot_type() == "cuda"
-                else common_pb2.SLOT_TYPE_CPU
-            )
-            trials = []
-            for r in waiting:
-                trial = self.master.trials[int(r.id)]
-                experiment = self.master.experiments[trial.experiment_id]
-                trials.append(
-                    api_pb2.QueuedTrial(
-                        trial_id=trial.id,
-                        experiment_id=experiment.id,
-                        experiment_name=experiment.config.name,
-                        priority=r.priority,
-                        slots=r.slots,
-                        slot_type=slot_type,
-                    )
+        with rpc_errors(context):
+            view = self.master.cluster_view()
+            slot_type = wire.slot_type(view.slot_type)
+            trials = [
+                api_pb2.QueuedTrial(
+                    trial_id=q.trial_id,
+                    experiment_id=q.experiment_id,
+                    experiment_name=q.experiment_name,
+                    priority=q.priority,
+                    slots=q.slots,
+                    slot_type=slot_type,
                 )
+                for q in view.queue
+            ]
             return api_pb2.GetQueueResponse(trials=trials)
         raise AssertionError("unreachable")
-
-    def _agent(self, handle: AgentHandle) -> common_pb2.Agent:
-        owner: dict[int, str] = {}
-        for request_id, placement in self.master.scheduler.allocations.items():
-            for agent_id, slots in placement:
-                if agent_id == handle.id:
-                    for slot in slots:
-                        owner[slot] = request_id
-        slot_type = (
-            common_pb2.SLOT_TYPE_CUDA if handle.slot_type == "cuda" else common_pb2.SLOT_TYPE_CPU
-        )
-        slot_messages = []
-        for index in range(handle.slots):
-            trial_id = int(owner[index]) if index in owner else 0
-            slot_messages.append(
-                common_pb2.Slot(
-                    agent_id=handle.id,
-                    index=index,
-                    type=slot_type,
-                    enabled=handle.enabled,
-                    allocation_id=self.master.run_of_trial.get(trial_id, "") if trial_id else "",
-                    trial_id=trial_id,
-                )
-            )
-        return common_pb2.Agent(
-            id=handle.id,
-            address=handle.address,
-            slot_type=slot_type,
-            devices=handle.devices,
-            slots=slot_messages,
-            connected=handle.connected,
-            enabled=handle.enabled,
-            last_heartbeat=_convert.timestamp(_utc(handle.last_heartbeat)),
-            memory_bytes=handle.memory_bytes,
-            memory_used_fraction=handle.memory_used_fraction,
-            cpu_utilization=handle.cpu_utilization,
-        )
 
     def SetAgentEnabled(  # noqa: N802
         self, request: api_pb2.SetAgentEnabledRequest, context: grpc.ServicerContext
@@ -497,8 +450,8 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         with rpc_errors(context):
             self._admin(context, "enable or disable agents")
             self.master.set_agent_enabled(request.id, request.enabled)
-            with self.master.lock:
-                return self._agent(self.master.agents[request.id])
+            [agent] = [a for a in self.master.cluster_view().agents if a.id == request.id]
+            return wire.agent_message(agent)
         raise AssertionError("unreachable")
 
 
@@ -567,8 +520,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             )
         outbox = LoopOutbox(loop)
         peer = _peer_host(context.peer())
+        registration = wire.registration(first.register, peer)
         registering = loop.run_in_executor(
-            self.pool, self.master.register_agent, first.register, peer, outbox
+            self.pool, self.master.register_agent, registration, peer, outbox
         )
         try:
             handle = await asyncio.shield(registering)
@@ -596,7 +550,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 message = await outbox.get()
                 if message is None:
                     return
-                yield message
+                yield wire.master_message(message)
         finally:
             reader.cancel()
             self.master.agent_disconnected(handle.id, handle)
@@ -611,12 +565,18 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 kind = message.WhichOneof("message")
                 try:
                     if kind == "heartbeat":
-                        self.master.heartbeat(agent_id, message.heartbeat)
+                        self.master.heartbeat(agent_id, wire.load(message.heartbeat))
                     elif kind == "allocation_state":
-                        self.master.allocation_state(agent_id, message.allocation_state)
+                        self._allocation_state(agent_id, message.allocation_state)
                     elif kind == "logs":
                         # In order: the next message waits for this batch to be stored.
-                        await loop.run_in_executor(self.pool, self.master.ship_logs, message.logs)
+                        allocation_id, lines = (
+                            message.logs.allocation_id,
+                            wire.log_lines(message.logs),
+                        )
+                        await loop.run_in_executor(
+                            self.pool, self.master.ship_logs, allocation_id, lines
+                        )
                 except Exception:
                     log.exception("agent %s: handling %s failed", agent_id, kind)
         except (grpc.RpcError, asyncio.CancelledError):
@@ -624,6 +584,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         finally:
             # The agent hung up (or the stream broke): the writer's loop ends too.
             self.master.agent_disconnected(agent_id, handle)
+
+    def _allocation_state(self, agent_id: str, change: agent_pb2.AllocationStateChange) -> None:
+        if change.state == agent_pb2.ALLOCATION_STATE_RUNNING:
+            self.master.allocation_running(agent_id, change.allocation_id)
+        elif change.state == agent_pb2.ALLOCATION_STATE_EXITED:
+            self.master.allocation_exited(
+                agent_id, change.allocation_id, change.exit_codes, change.message
+            )
 
 
 def _peer_host(peer: str) -> str:

@@ -11,7 +11,7 @@ import grpc
 from assay.master import _checkpoints
 from assay.master._core import Master, Run
 from assay.master._status import rpc_errors
-from assay.master.store import MetricReport
+from assay.master.store import CheckpointRecord, MetricReport
 from assay.proto import trial_pb2, trial_pb2_grpc
 
 TOKEN_HEADER = "x-assay-token"
@@ -72,7 +72,22 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
     ) -> trial_pb2.ReportCheckpointResponse:
         with rpc_errors(context):
             run = self._run(context, request.trial_id, request.run_id)
-            self.master.report_checkpoint(run, request.checkpoint)
+            checkpoint = request.checkpoint
+            files = checkpoint.files
+            record = CheckpointRecord(
+                uuid=checkpoint.uuid,
+                trial_id=run.trial_id,
+                run_id=run.run_id,
+                total_batches=checkpoint.total_batches,
+                state="COMPLETED",
+                location=checkpoint.location,
+                files={f.name: f.size_bytes for f in files},
+                user_metadata={
+                    "sha256": {f.name: f.sha256 for f in files},
+                    "validation_metrics": dict(checkpoint.validation_metrics),
+                },
+            )
+            self.master.report_checkpoint(run, record)
             return trial_pb2.ReportCheckpointResponse()
         raise AssertionError("unreachable")
 

@@ -28,7 +28,6 @@ import psutil
 from google.protobuf.timestamp_pb2 import Timestamp
 
 import assay
-from assay._tls import ClientTls
 from assay.agent._allocation import (
     Allocation,
     AllocationError,
@@ -38,6 +37,7 @@ from assay.agent._allocation import (
 )
 from assay.agent._connection import Backoff, MasterConnection
 from assay.agent._devices import DeviceMonitor, SlotKind, detect_devices, slot_type_proto
+from assay.common.tls import ClientTls
 from assay.proto import agent_pb2
 
 log = logging.getLogger("assay.agent")

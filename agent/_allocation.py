@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from assay._archive import ModelDefinitionError, unpack_model_dir
-from assay._tls import ClientTls
 from assay.agent._devices import SlotKind
 from assay.agent._logs import LogBatcher
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
+from assay.common.archive import ModelDefinitionError, unpack_model_dir
+from assay.common.tls import ClientTls
 from assay.config import environment_of
 from assay.core._distributed import torchrun_env
 from assay.errors import PREEMPTED_EXIT_CODE, AssayError, InvalidConfigError

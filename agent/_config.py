@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import assay
-from assay._settings import (
+from assay.agent._agent import DEFAULT_GRACE, HARNESS_COMMAND, AgentConfig
+from assay.common.settings import (
     Boolean,
     Choice,
     Directory,
@@ -26,8 +27,7 @@ from assay._settings import (
     load_settings,
     setting,
 )
-from assay._tls import ClientTls, PemFile, TlsError
-from assay.agent._agent import DEFAULT_GRACE, HARNESS_COMMAND, AgentConfig
+from assay.common.tls import ClientTls, PemFile, TlsError
 
 DEFAULT_PATH = "/etc/assay/agent.yaml"
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from assay._tls import ClientTls
+from assay.common.tls import ClientTls
 from assay.proto import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("assay.agent")

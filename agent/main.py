@@ -26,10 +26,10 @@ from types import FrameType
 import click
 
 import assay
-from assay._settings import SettingsError, click_options, effective
 from assay.agent._agent import HARNESS_COMMAND, Agent
 from assay.agent._config import DEFAULT_PATH, AgentSettings, help_config, load_agent_settings
 from assay.agent._devices import NoGPUError
+from assay.common.settings import SettingsError, click_options, effective
 
 EXIT_REFUSED = 3
 

@@ -55,8 +55,8 @@ from typing import IO, Any
 import grpc
 import yaml
 
-from assay._archive import pack_model_dir
 from assay._local import free_port
+from assay.common.archive import pack_model_dir
 from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc, common_pb2
 
 # The masters started here take their first admin's password and join token from these,

@@ -19,7 +19,7 @@ from ._client import client
 from ._common import AliasedGroup, echo_json, user_errors
 
 if TYPE_CHECKING:
-    from assay._s3 import S3Storage
+    from assay.common.storage import S3Storage
     from assay.config import CheckpointStorageConfig
     from assay.proto import common_pb2
 
@@ -42,7 +42,7 @@ def checkpoint() -> None:
 @user_errors
 def list_command(experiment_id: int, trial_id: int | None, as_json: bool, show_all: bool) -> None:
     """List the checkpoints of an experiment (not the deleted ones, unless --all)."""
-    from assay._archive import format_bytes
+    from assay.common.archive import format_bytes
 
     checkpoints = [
         fmt.checkpoint_dict(c) for c in client().list_checkpoints(experiment_id, trial_id or 0)
@@ -118,7 +118,7 @@ def download_command(uuid: str, directory: Path) -> None:
     (endpoint_url, region, access_key/secret_key), or boto3's usual credentials (AWS_*
     variables, ~/.aws) when the config has none.
     """
-    from assay._archive import format_bytes
+    from assay.common.archive import format_bytes
 
     ckpt = client().get_checkpoint(uuid)
     if fmt.checkpoint_state(ckpt.state) == "DELETED":
@@ -170,7 +170,7 @@ def _shared_fs_fetcher(ckpt: common_pb2.Checkpoint) -> Fetch:
 
 
 def _s3_fetcher(ckpt: common_pb2.Checkpoint) -> Fetch:
-    from assay._storage import StorageError, storage_at
+    from assay.common.storage import StorageError, storage_at
 
     try:
         storage, uuid = storage_at(ckpt.location, _storage_config(ckpt.experiment_id))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from assay._tls import ClientTls
+from assay.common.tls import ClientTls
 from assay.errors import AssayError
 
 from . import _credentials

@@ -51,7 +51,7 @@ def create_command(
     and must stay under 96 MiB compressed. With --follow, exits 0 only if the experiment
     completes.
     """
-    from assay._archive import pack_model_dir
+    from assay.common.archive import pack_model_dir
     from assay.config import load_config, searcher_in_batches
 
     if follow and paused:

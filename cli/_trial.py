@@ -171,7 +171,7 @@ def download_tensorboard_command(trial_id: int, directory: Path) -> None:
     """
     import shutil
 
-    from assay._storage import TENSORBOARD, tensorboard_name
+    from assay.common.storage import TENSORBOARD, tensorboard_name
 
     api = client()
     t = api.get_trial(trial_id)
@@ -180,7 +180,7 @@ def download_tensorboard_command(trial_id: int, directory: Path) -> None:
     if directory.exists() and any(directory.iterdir()):
         raise AssayError(f"{directory} already exists and is not empty")
     if isinstance(storage, dict) and storage.get("type") == "s3":
-        from assay._s3 import S3Storage
+        from assay.common.storage import S3Storage
 
         from ._checkpoint import _storage_config
 

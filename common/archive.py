@@ -717,3 +717,20 @@ def _opened(
         raise ModelDefinitionError(f"{invalid}: too many extended headers in a row") from None
     finally:
         stream.close()
+
+
+__all__ = [
+    "IGNORE_FILE",
+    "MAX_DEPTH",
+    "MAX_LINK_DEPTH",
+    "MAX_MEMBERS",
+    "MAX_MODEL_DEF_BYTES",
+    "MAX_NAME_BYTES",
+    "MAX_PATH_CHARS",
+    "MAX_UNPACKED_BYTES",
+    "ModelDefinitionError",
+    "check_model_archive",
+    "format_bytes",
+    "pack_model_dir",
+    "unpack_model_dir",
+]

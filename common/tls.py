@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from assay._settings import Boolean, Kind
+from assay.common.settings import Boolean, Kind
 from assay.errors import AssayError
 
 TLS_ENV = "ASSAY_TLS"

@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING
 
 from assay._session import CheckpointReport, MetricsReport
 from assay._spec import SPEC_ENV, ClusterSpec
-from assay._storage import (
+from assay._trial_client import TrialClient, retry_budget_from_env
+from assay.common.storage import (
     TENSORBOARD,
     StorageError,
     StorageManager,
@@ -47,7 +48,6 @@ from assay._storage import (
     storage_at,
     storage_for,
 )
-from assay._trial_client import TrialClient, retry_budget_from_env
 from assay.config import CheckpointStorageConfig, ExperimentConfig, parse_config
 from assay.errors import (
     INVALID_HP_EXIT_CODE,

@@ -28,7 +28,6 @@ from assay._context import TrialContext
 from assay._data import ShardedLoader
 from assay._preempt import PreemptWatcher
 from assay._session import CheckpointReport, MetricsReport, Session
-from assay._storage import tensorboard_name
 from assay._trial import (
     BuiltinReducer,
     MetricReducer,
@@ -39,6 +38,7 @@ from assay._trial import (
     check_callbacks,
     evaluation_mode,
 )
+from assay.common.storage import tensorboard_name
 from assay.errors import TrainingError, TrialPreempted
 
 log = logging.getLogger("assay")

@@ -7,7 +7,7 @@ blip) is retried with exponential backoff (0.2 s doubling to 5 s) for up to `ret
 idempotent, so repeating a call whose answer was lost stores nothing twice. Any other
 status (a fenced run's FAILED_PRECONDITION, PERMISSION_DENIED, ...) raises a
 `TrialAPIError` carrying the master's message on one line. The channel is TLS when the
-agent that started the process connects with TLS (`assay._tls.ClientTls.from_env`).
+agent that started the process connects with TLS (`assay.common.tls.ClientTls.from_env`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from assay._tls import ClientTls
+from assay.common.tls import ClientTls
 from assay.errors import AssayError
 from assay.proto import trial_pb2, trial_pb2_grpc
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from assay._storage import StorageError, checkpoint_uuid
+from assay.common.storage import StorageError, checkpoint_uuid
 from assay.config import CheckpointStorageConfig, parse_config
 from assay.errors import InvalidConfigError
 from assay.master._gc import DELETED, GCResult, StorageCache, delete_records

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from assay._settings import (
+from assay.common.settings import (
     Boolean,
     Directory,
     Integer,
@@ -23,7 +23,7 @@ from assay._settings import (
     load_settings,
     setting,
 )
-from assay._tls import PemFile
+from assay.common.tls import PemFile
 
 PORT = Integer(0, 65535)
 DEFAULT_PATH = "/etc/assay/master.yaml"

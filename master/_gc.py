@@ -34,7 +34,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assay._storage import StorageError, StorageManager, checkpoint_uuid, storage_for
+from assay.common.storage import StorageError, StorageManager, checkpoint_uuid, storage_for
 from assay.config import CheckpointStorageConfig, ExperimentConfig
 from assay.master._state import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, Store

@@ -14,7 +14,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, MethodDescriptor
 from google.protobuf.message import Message
 
-from assay._archive import MAX_MODEL_DEF_BYTES
+from assay.common.archive import MAX_MODEL_DEF_BYTES
 from assay.proto import api_pb2
 
 PREFIX = "/api/v1"

@@ -18,7 +18,7 @@ from types import FrameType
 
 import click
 
-from assay._settings import click_options, effective
+from assay.common.settings import click_options, effective
 from assay.errors import AssayError
 from assay.master._config import DEFAULT_PATH, MasterConfig, help_config, load_master_config
 

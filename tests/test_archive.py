@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from assay._archive import (
+from assay.common.archive import (
     MAX_MODEL_DEF_BYTES,
     ModelDefinitionError,
     pack_model_dir,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from assay._archive import (
+from assay.common.archive import (
     MAX_DEPTH,
     MAX_LINK_DEPTH,
     MAX_MEMBERS,

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from assay._s3 import S3Storage, parse_s3_location
-from assay._storage import (
+from assay.common.storage import (
     MANIFEST,
+    S3Storage,
     SharedFSStorage,
     StorageError,
     StorageManager,
+    parse_s3_location,
     storage_at,
     storage_for,
 )
@@ -169,7 +170,7 @@ def test_unsafe_uuids_are_refused(tmp_path: Path) -> None:
 
 def test_cli_and_master_do_not_import_boto3_or_torch() -> None:
     code = (
-        "import sys, assay.cli.main, assay.master.main, assay._storage, assay._s3\n"
+        "import sys, assay.cli.main, assay.master.main, assay.common.storage\n"
         "print(sorted(m for m in ('boto3', 'botocore', 'torch') if m in sys.modules))"
     )
     done = subprocess.run(

@@ -24,9 +24,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from assay._settings import SettingsError
-from assay._tls import ClientTls, ServerTls, TlsError
 from assay.agent._config import load_agent_settings
+from assay.common.settings import SettingsError
+from assay.common.tls import ClientTls, ServerTls, TlsError
 from assay.master._config import MasterConfig, load_master_config
 from assay.master._server import MasterServer
 from assay.proto import api_pb2, api_pb2_grpc

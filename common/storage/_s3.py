@@ -11,7 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from assay._storage import MANIFEST, S3_SCHEME, StorageError, checkpoint_files, safe_name
+from assay.common.storage._base import (
+    MANIFEST,
+    S3_SCHEME,
+    StorageError,
+    checkpoint_files,
+    safe_name,
+)
 
 if TYPE_CHECKING:
     from assay.config import CheckpointStorageConfig
@@ -247,3 +253,6 @@ def _describe(error: Exception) -> str:
             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
         )
     return text
+
+
+__all__ = ["S3Storage", "parse_s3_location"]

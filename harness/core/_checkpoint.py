@@ -32,7 +32,7 @@ from assay._checkpoint import (
     seal_checkpoint,
     verify_checkpoint,
 )
-from assay._storage import SharedFSStorage, StorageError, StorageManager, checkpoint_uuid
+from assay.common.storage import SharedFSStorage, StorageError, StorageManager, checkpoint_uuid
 from assay.core._backend import Backend, LocalBackend
 from assay.core._distributed import DistributedContext
 

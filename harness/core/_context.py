@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from assay._spec import ClusterSpec, LocalSpec, spec_from_env
-from assay._storage import SharedFSStorage, StorageManager, storage_for
+from assay.common.storage import SharedFSStorage, StorageManager, storage_for
 from assay.core._backend import Backend, ClusterBackend, LocalBackend
 from assay.core._checkpoint import CheckpointContext
 from assay.core._distributed import DistributedContext

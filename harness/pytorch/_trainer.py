@@ -389,8 +389,8 @@ def _cluster_session(
     """Rank 0's `ClusterSession` (None on other ranks), where checkpoints are written, and
     the checkpoint to restore: as `assay._cluster.run_cluster_slot` sets them up."""
     from assay._cluster import ClusterSession, fetch_checkpoint
-    from assay._storage import is_remote, storage_for
     from assay._trial_client import TrialClient, retry_budget_from_env
+    from assay.common.storage import is_remote, storage_for
 
     storage_config = parse_config(spec.config).checkpoint_storage
     scratch = Path(tempfile.mkdtemp(prefix="assay-checkpoints-"))

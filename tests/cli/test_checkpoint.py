@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from assay._s3 import S3Storage
+from assay.common.storage import S3Storage
 from assay.proto import api_pb2, common_pb2
 from tests.conftest import S3Server
 

@@ -13,7 +13,7 @@ import grpc
 import pytest
 import yaml
 
-from assay._archive import unpack_model_dir
+from assay.common.archive import unpack_model_dir
 from assay.proto import api_pb2, common_pb2
 
 from .conftest import (

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from assay._settings import SettingsError, reference, settings_of
 from assay.agent._config import AgentSettings, load_agent_settings
+from assay.common.settings import SettingsError, reference, settings_of
 from assay.master._config import MasterConfig, load_master_config
 from tests.deploy.conftest import DEPLOY
 

@@ -17,8 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from assay._settings import settings_of
 from assay.agent._config import AgentSettings
+from assay.common.settings import settings_of
 from assay.master._config import MasterConfig
 from tests.deploy.conftest import DEPLOY, ROOT
 

@@ -17,8 +17,7 @@ import grpc
 import pytest
 import yaml
 
-from assay._s3 import S3Storage
-from assay._storage import StorageError, checkpoint_location, checkpoint_uuid
+from assay.common.storage import S3Storage, StorageError, checkpoint_location, checkpoint_uuid
 from assay.config import parse_config
 from assay.master._gc import delete_checkpoint
 from assay.master._server import MasterServer

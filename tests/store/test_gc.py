@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from assay._storage import SharedFSStorage, StorageManager, storage_for
+from assay.common.storage import SharedFSStorage, StorageManager, storage_for
 from assay.config import parse_config
 from assay.master._checkpoints import delete_checkpoints
 from assay.master._gc import collect

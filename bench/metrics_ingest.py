@@ -46,6 +46,7 @@ Human-readable lines first; the last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import gc
 import itertools
 import json
@@ -65,7 +66,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, insert, text
 
-from assay.master.store import MetricReport, Store
+from assay.master.store import MetricReport, Store, WriteBatch
 from assay.master.store._engine import writer
 from assay.master.store._models import Metric
 
@@ -173,10 +174,46 @@ def database(engine: str) -> Iterator[str]:
         admin.dispose()
 
 
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def new_experiment(store: Store, name: str) -> int:
+    """A fresh experiment, written as the master writes one (a `WriteBatch`)."""
+    experiment_id = store.reserve_id("experiments")
+    batch = WriteBatch()
+    batch.add_experiment(
+        experiment_id,
+        name=name,
+        owner_id=store.user_id("bench"),
+        config={},
+        model_definition=b"",
+        state="ACTIVE",
+        description="",
+        labels=(),
+        priority=42,
+        now=_now(),
+    )
+    store.apply(batch)
+    return experiment_id
+
+
 def new_trial(store: Store, experiment_id: int, request_id: str) -> tuple[int, int]:
-    """A fresh trial and its current run id."""
-    trial_id = store.create_trial(experiment_id, request_id=request_id, hparams={}, seed=0)
-    return trial_id, store.start_run(trial_id)
+    """A fresh trial on its first run, and that run's id."""
+    trial_id = store.reserve_id("trials")
+    batch = WriteBatch()
+    batch.add_trial(
+        trial_id,
+        experiment_id=experiment_id,
+        request_id=request_id,
+        hparams={},
+        seed=0,
+        state="RUNNING",
+        now=_now(),
+    )
+    batch.set_trial(trial_id, run_id=1, start_time=_now())
+    store.apply(batch)
+    return trial_id, 1
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -312,9 +349,7 @@ def curve_ok(
 
 
 def bench_experiment(store: Store, s: Settings, result: EngineResult) -> None:
-    experiment_id = store.create_experiment(
-        name="experiment-read", owner="bench", config={}, model_definition=b""
-    )
+    experiment_id = new_experiment(store, "experiment-read")
     rng = random.Random(3)
     extremes: dict[int, list[tuple[int, float]]] = {}
     t0 = time.perf_counter()
@@ -364,9 +399,7 @@ def run_engine(engine: str, s: Settings) -> EngineResult:
     with database(engine) as url:
         store = Store.open(url)
         try:
-            experiment_id = store.create_experiment(
-                name="metrics-ingest", owner="bench", config={}, model_definition=b""
-            )
+            experiment_id = new_experiment(store, "metrics-ingest")
             bench_ingest(store, experiment_id, s, result)
             print(
                 f"[{engine}] ingest ({BATCH_ROWS} rows/batch = "

@@ -1,12 +1,13 @@
 """Time from navigation to drawn learning curves on the web UI's experiment page.
 
 An experiment with 100 trials of 10,000 training-loss rows each (plus a validation
-accuracy every 100 batches) is written straight into a SQLite store through
-`Store.report_metrics`, as the master writes reports (rollups included). An `assay-master`
-process serves that store and the built web UI; headless Chromium (Debian's, driven by
-Playwright) opens `/experiments/{id}` in a fresh browser context each round, and the page
-records `window.__assayCurvesDrawnAt` (performance.now(), i.e. milliseconds since
-navigation began) when uPlot has drawn every trial's curve.
+accuracy every 100 batches) is written straight into a SQLite store as the master writes
+it: its rows through `WriteBatch`es, its reports through `Store.report_metrics` (rollups
+included). An `assay-master` process serves that store and the built web UI; headless
+Chromium (Debian's, driven by Playwright) opens `/experiments/{id}` in a fresh browser
+context each round, and the page records `window.__assayCurvesDrawnAt`
+(performance.now(), i.e. milliseconds since navigation began) when uPlot has drawn every
+trial's curve.
 
 Baseline, in the same round: a blank page of the same origin fetches the same two API
 calls the page makes (the experiment and its curves) with `fetch` + `JSON.parse` and
@@ -46,7 +47,7 @@ from typing import Any
 
 from assay._local import free_port
 from assay.master._http_ui import DEFAULT_UI_DIR
-from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store
+from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store, WriteBatch
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 1.5
@@ -101,15 +102,22 @@ def seed_experiment(
     return its id. Values form decaying noisy curves whose level depends on the hparams."""
     rng = random.Random(seed)
     config = dict(CONFIG, name=name)
-    experiment_id = store.create_experiment(
+    # Written as the master writes: rows in a WriteBatch, one transaction per batch.
+    experiment_id = store.reserve_id("experiments")
+    batch = WriteBatch()
+    batch.add_experiment(
+        experiment_id,
         name=name,
-        owner="admin",
+        owner_id=store.user_id("admin"),
         config=config,
         model_definition=b"",
         state=state,
         description=str(config["description"]),
         labels=list(config["labels"]),  # type: ignore[call-overload]
+        priority=42,
+        now=_now(),
     )
+    store.apply(batch)
     validation_every = max(1, min(100, rows // 10))
     for t in range(trials):
         lr = 10 ** rng.uniform(-4, -1.5)
@@ -119,21 +127,30 @@ def seed_experiment(
             "n_filters": rng.randint(4, 32),
             "dropout": round(rng.uniform(0.0, 0.5), 3),
         }
-        trial_id = store.create_trial(
-            experiment_id, request_id=f"seed-{t}", hparams=hparams, seed=rng.randrange(2**31)
+        trial_id, run_id = store.reserve_id("trials"), 1
+        batch = WriteBatch()
+        batch.add_trial(
+            trial_id,
+            experiment_id=experiment_id,
+            request_id=f"seed-{t}",
+            hparams=hparams,
+            seed=rng.randrange(2**31),
+            state="RUNNING",
+            now=_now(),
         )
-        run_id = store.start_run(trial_id)
+        batch.set_trial(trial_id, run_id=run_id)
+        store.apply(batch)
         quality = 1.0 - abs(math.log10(lr) + 2.5) / 2.0  # best near lr = 10^-2.5
         floor = 0.05 + 0.4 * (1 - quality) + 0.1 * hparams["dropout"]
-        batch: list[MetricReport] = []
+        reports: list[MetricReport] = []
         for b in range(1, rows + 1):
             loss = floor + 2.3 * math.exp(-b / (rows / 6)) + rng.gauss(0, 0.03)
-            batch.append(MetricReport(b, {"loss": loss}))
-            if len(batch) == 5000:
-                store.report_metrics(trial_id, run_id, "training", batch)
-                batch = []
-        if batch:
-            store.report_metrics(trial_id, run_id, "training", batch)
+            reports.append(MetricReport(b, {"loss": loss}))
+            if len(reports) == 5000:
+                store.report_metrics(trial_id, run_id, "training", reports)
+                reports = []
+        if reports:
+            store.report_metrics(trial_id, run_id, "training", reports)
         validations = [
             MetricReport(
                 b,
@@ -173,7 +190,8 @@ def seed_experiment(
             ],
         )
         trial_state = "COMPLETED" if state == "COMPLETED" else "ERROR" if t == 0 else "PAUSED"
-        store.update_trial(
+        batch = WriteBatch()
+        batch.set_trial(
             trial_id,
             state=trial_state,
             total_batches=rows,
@@ -183,8 +201,11 @@ def seed_experiment(
             end_time=_now() if trial_state in ("COMPLETED", "ERROR") else None,
             last_error="exit code 7" if trial_state == "ERROR" else None,
         )
+        store.apply(batch)
     ended = _now() if state in ("COMPLETED", "CANCELED", "ERROR") else None
-    store.update_experiment(experiment_id, progress=1.0 if ended else 0.4, end_time=ended)
+    batch = WriteBatch()
+    batch.set_experiment(experiment_id, progress=1.0 if ended else 0.4, end_time=ended)
+    store.apply(batch)
     return experiment_id
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,7 +24,7 @@ from assay.master.errors import (
     StaleRunError,
 )
 from assay.master.store import _metrics
-from assay.master.store._batch import EXPERIMENT_FIELDS, TRIAL_FIELDS, WriteBatch
+from assay.master.store._batch import EXPERIMENT_FIELDS, WriteBatch
 from assay.master.store._engine import make_engine, writer
 from assay.master.store._migrate import migrate
 from assay.master.store._models import (
@@ -67,8 +67,6 @@ SORT_COLUMNS: dict[str, Any] = {
 }
 MAX_PAGE = 1000
 _ID_BLOCK = 32
-# Set by start_run only (it fences older runs off).
-_TRIAL_FIELDS = TRIAL_FIELDS - {"run_id"}
 
 
 def _now() -> dt.datetime:
@@ -337,11 +335,6 @@ class Store:
             query = delete(LoginSession).where(LoginSession.token_hash == token_hash)
             return bool(s.execute(query).rowcount)  # type: ignore[attr-defined]
 
-    def delete_user_sessions(self, user_id: int, *, except_hash: str | None = None) -> int:
-        """End the user's sessions but the one with `except_hash`; return how many."""
-        with self.write() as s:
-            return _end_sessions(s, user_id, except_hash)
-
     def purge_expired_sessions(self, now: dt.datetime) -> int:
         """Delete sessions that expired before `now`; return how many (idempotent)."""
         with self.write() as s:
@@ -349,41 +342,6 @@ class Store:
             return int(s.execute(query).rowcount)  # type: ignore[attr-defined]
 
     # --- experiments ----------------------------------------------------------------------
-
-    def create_experiment(
-        self,
-        *,
-        name: str,
-        owner: str,
-        config: Mapping[str, Any],
-        model_definition: bytes,
-        state: str = "ACTIVE",
-        description: str = "",
-        labels: Sequence[str] = (),
-        priority: int = 42,
-    ) -> int:
-        """Store a new experiment (not idempotent: each call creates one)."""
-        owner_id = self.user_id(owner)
-        new_id = self.reserve_id("experiments")
-        with self.write() as s:
-            experiment = Experiment(
-                id=new_id,
-                name=name,
-                description=description,
-                owner_id=owner_id,
-                state=state,
-                config=dict(config),
-                model_definition=model_definition,
-                priority=priority,
-                progress=0.0,
-                archived=False,
-                start_time=_now(),
-            )
-            s.add(experiment)
-            s.flush()
-            for label in sorted(set(labels)):
-                s.add(ExperimentLabel(experiment_id=experiment.id, label=label))
-            return experiment.id
 
     def get_experiment(self, experiment_id: int) -> ExperimentRecord:
         with self.read() as s:
@@ -412,14 +370,6 @@ class Store:
                 raise NotFoundError(f"experiment {experiment_id} does not exist")
             for key, value in fields.items():
                 setattr(experiment, key, value)
-
-    def set_labels(self, experiment_id: int, labels: Sequence[str]) -> None:
-        with self.write() as s:
-            if s.get(Experiment, experiment_id) is None:
-                raise NotFoundError(f"experiment {experiment_id} does not exist")
-            s.query(ExperimentLabel).filter_by(experiment_id=experiment_id).delete()
-            for label in sorted(set(labels)):
-                s.add(ExperimentLabel(experiment_id=experiment_id, label=label))
 
     def list_experiments(
         self,
@@ -471,46 +421,6 @@ class Store:
 
     # --- trials ---------------------------------------------------------------------------
 
-    def create_trial(
-        self,
-        experiment_id: int,
-        *,
-        request_id: str,
-        hparams: Mapping[str, Any],
-        seed: int,
-        state: str = "ACTIVE",
-    ) -> int:
-        """Create the trial for a searcher request; a retry returns the same trial's id."""
-        new_id = self.reserve_id("trials")
-        try:
-            with self.write() as s:
-                if s.get(Experiment, experiment_id) is None:
-                    raise NotFoundError(f"experiment {experiment_id} does not exist")
-                trial = Trial(
-                    id=new_id,
-                    experiment_id=experiment_id,
-                    request_id=request_id,
-                    hparams=dict(hparams),
-                    seed=seed,
-                    state=state,
-                    run_id=0,
-                    restarts=0,
-                    total_batches=0,
-                )
-                s.add(trial)
-                s.flush()
-                return trial.id
-        except IntegrityError:
-            with self.read() as s:
-                found = s.execute(
-                    select(Trial.id).where(
-                        Trial.experiment_id == experiment_id, Trial.request_id == request_id
-                    )
-                ).scalar()
-            if found is None:
-                raise
-            return int(found)
-
     def get_trial(self, trial_id: int) -> TrialRecord:
         with self.read() as s:
             trial = s.get(Trial, trial_id)
@@ -524,34 +434,6 @@ class Store:
                 select(Trial).where(Trial.experiment_id == experiment_id).order_by(Trial.id)
             ).scalars()
             return [_trial(t) for t in trials]
-
-    def start_run(self, trial_id: int, *, restored_batches: int | None = None) -> int:
-        """Begin a new run of the trial and return its id; older runs are fenced off.
-
-        With `restored_batches`, the run resumes from a checkpoint at that batch count:
-        metrics reported past it are superseded. Not idempotent: each call is a new run.
-        """
-        with self.write() as s:
-            trial = s.get(Trial, trial_id, with_for_update=True)
-            if trial is None:
-                raise NotFoundError(f"trial {trial_id} does not exist")
-            trial.run_id += 1
-            if restored_batches is not None:
-                _metrics.supersede(s, trial_id, restored_batches)
-                trial.total_batches = restored_batches
-            return trial.run_id
-
-    def update_trial(self, trial_id: int, **fields: Any) -> None:
-        """Set the named fields (idempotent)."""
-        unknown = set(fields) - _TRIAL_FIELDS
-        if unknown:
-            raise InvalidArgumentError(f"cannot update trial fields {sorted(unknown)}")
-        with self.write() as s:
-            trial = s.get(Trial, trial_id)
-            if trial is None:
-                raise NotFoundError(f"trial {trial_id} does not exist")
-            for key, value in fields.items():
-                setattr(trial, key, value)
 
     # --- metrics --------------------------------------------------------------------------
 
@@ -574,11 +456,6 @@ class Store:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
-
-    def supersede_metrics(self, trial_id: int, after_batches: int) -> int:
-        """Hide metrics past `after_batches` from curves (kept, marked). Idempotent."""
-        with self.write() as s:
-            return _metrics.supersede(s, trial_id, after_batches)
 
     def trial_curve(
         self, trial_id: int, name: str, *, group: str = "validation", max_points: int = 1000
@@ -711,39 +588,6 @@ class Store:
 
     # --- agents and allocations -----------------------------------------------------------
 
-    def register_agent(
-        self, agent_id: str, *, slot_type: str, slots: int, devices: list[Any], address: str = ""
-    ) -> None:
-        """Insert or refresh an agent (idempotent: a reconnect re-registers)."""
-        for attempt in range(2):
-            try:
-                with self.write() as s:
-                    agent = s.get(Agent, agent_id)
-                    if agent is None:
-                        agent = Agent(id=agent_id)
-                        s.add(agent)
-                    agent.slot_type, agent.slots = slot_type, slots
-                    agent.devices, agent.address = list(devices), address
-                    agent.state, agent.last_heartbeat = "ACTIVE", _now()
-                return
-            except IntegrityError:
-                if attempt == 1:
-                    raise  # a concurrent first registration won: the retry updates it
-
-    def heartbeat(self, agent_id: str) -> None:
-        with self.write() as s:
-            agent = s.get(Agent, agent_id)
-            if agent is None:
-                raise NotFoundError(f"agent {agent_id!r} is not registered")
-            agent.last_heartbeat = _now()
-
-    def set_agent_state(self, agent_id: str, state: str) -> None:
-        with self.write() as s:
-            agent = s.get(Agent, agent_id)
-            if agent is None:
-                raise NotFoundError(f"agent {agent_id!r} is not registered")
-            agent.state = state
-
     def list_agents(self) -> list[AgentRecord]:
         with self.read() as s:
             return [
@@ -758,37 +602,6 @@ class Store:
                 )
                 for a in s.execute(select(Agent).order_by(Agent.id)).scalars()
             ]
-
-    def create_allocation(
-        self, allocation_id: str, *, trial_id: int, run_id: int, placement: list[Any]
-    ) -> None:
-        """Record slots given to a trial's run (a retry with the same id is a no-op)."""
-        try:
-            with self.write() as s:
-                if s.get(Allocation, allocation_id) is not None:
-                    return
-                s.add(
-                    Allocation(
-                        id=allocation_id,
-                        trial_id=trial_id,
-                        run_id=run_id,
-                        state="ASSIGNED",
-                        placement=placement,
-                    )
-                )
-        except IntegrityError:
-            with self.read() as s:
-                if s.get(Allocation, allocation_id) is None:
-                    raise
-
-    def set_allocation_state(self, allocation_id: str, state: str, *, ended: bool = False) -> None:
-        with self.write() as s:
-            allocation = s.get(Allocation, allocation_id)
-            if allocation is None:
-                raise NotFoundError(f"allocation {allocation_id} does not exist")
-            allocation.state = state
-            if ended and allocation.ended_at is None:
-                allocation.ended_at = _now()
 
     def active_allocations(self) -> list[AllocationRecord]:
         with self.read() as s:

@@ -8,6 +8,7 @@ import pytest
 
 from assay.master.errors import InvalidArgumentError
 from assay.master.store import MetricReport, Store, WriteBatch
+from tests.store import _seed as seed
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
@@ -131,13 +132,14 @@ def test_unknown_fields_are_refused_when_recorded() -> None:
     assert not batch
 
 
-def test_reserved_ids_are_unique_and_the_store_uses_them_too(store: Store) -> None:
+def test_reserved_ids_are_unique_and_rows_written_meanwhile_keep_them_so(store: Store) -> None:
     reserved = [store.reserve_id("experiments") for _ in range(40)]  # more than one block
     assert len(set(reserved)) == 40
-    made = store.create_experiment(name="e", owner="admin", config={}, model_definition=b"")
+    made = seed.experiment(store, owner="admin")
     assert made not in reserved
+    assert store.reserve_id("experiments") not in [*reserved, made]
     trial_ids = {store.reserve_id("trials") for _ in range(3)}
-    made_trial = store.create_trial(made, request_id="r", hparams={}, seed=0)
+    made_trial = seed.trial(store, made, request_id="r")
     assert made_trial not in trial_ids
     with pytest.raises(InvalidArgumentError, match="no ids are reserved"):
         store.reserve_id("users")

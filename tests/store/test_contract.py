@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import pytest
 from sqlalchemy import func, select
 
 from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError, StaleRunError
-from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store
+from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store, WriteBatch
 from assay.master.store._metrics import RAW_READ_LIMIT
 from assay.master.store._models import Metric
+from tests.store import _seed as seed
 
-
-def _trial(store: Store, name: str = "exp") -> tuple[int, int, int]:
-    eid = store.create_experiment(name=name, owner="alice", config={}, model_definition=b"")
-    tid = store.create_trial(eid, request_id=f"{name}-r1", hparams={"lr": 0.1}, seed=7)
-    return eid, tid, store.start_run(tid)
+_trial = seed.trial_with_run
 
 
 def _reports(batches: range, **values: float) -> list[MetricReport]:
@@ -33,7 +31,8 @@ def _metric_rows(store: Store, trial_id: int) -> int:
 
 
 def test_experiment_round_trip(store: Store) -> None:
-    eid = store.create_experiment(
+    eid = seed.experiment(
+        store,
         name="mnist",
         owner="alice",
         config={"searcher": {"name": "single"}},
@@ -71,11 +70,10 @@ def test_experiment_list_filters_sorts_and_pages(store: Store) -> None:
             ("Robert'); DROP TABLE experiments;--", "carol", "ACTIVE"),
         ]
     ):
-        eid = store.create_experiment(
+        eid = seed.experiment(
+            store,
             name=name,
             owner=owner,
-            config={},
-            model_definition=b"",
             state=state,
             labels=["vision"] if i < 3 else ["nlp"],
             priority=10 + i,
@@ -110,12 +108,13 @@ def test_experiment_list_filters_sorts_and_pages(store: Store) -> None:
 # --- trials ---------------------------------------------------------------------------------
 
 
-def test_trials_are_idempotent_per_request_and_runs_count_up(store: Store) -> None:
+def test_trials_are_unique_per_request_and_runs_count_up(store: Store) -> None:
     eid, tid, run = _trial(store)
-    assert store.create_trial(eid, request_id="exp-r1", hparams={}, seed=0) == tid
+    with pytest.raises(Exception, match="(?i)unique|duplicate"):
+        seed.trial(store, eid, request_id="exp-r1")
     assert run == 1
-    assert store.start_run(tid) == 2
-    store.update_trial(tid, state="COMPLETED", restarts=1, best_validation=0.25)
+    assert seed.start_run(store, tid) == 2
+    seed.set_trial(store, tid, state="COMPLETED", restarts=1, best_validation=0.25)
     t = store.get_trial(tid)
     assert (t.run_id, t.state, t.restarts, t.best_validation, t.hparams) == (
         2,
@@ -126,7 +125,7 @@ def test_trials_are_idempotent_per_request_and_runs_count_up(store: Store) -> No
     )
     assert [x.id for x in store.list_trials(eid)] == [tid]
     with pytest.raises(InvalidArgumentError):
-        store.update_trial(tid, run_id=9)
+        WriteBatch().set_trial(tid, experiment_id=9)
 
 
 # --- metrics: idempotent, fenced, superseded ------------------------------------------------
@@ -168,7 +167,7 @@ def test_conflicting_values_inside_one_request_are_refused(store: Store) -> None
 
 def test_reports_from_a_replaced_run_are_fenced_off(store: Store) -> None:
     _, tid, old = _trial(store)
-    new = store.start_run(tid)
+    new = seed.start_run(store, tid)
     with pytest.raises(StaleRunError, match=f"on run {new}; a report from run {old}"):
         store.report_metrics(tid, old, "training", [MetricReport(1, {"loss": 1.0})])
     with pytest.raises(ConflictError, match=f"has no run {new + 1}"):
@@ -212,14 +211,17 @@ def test_nan_is_stored_as_a_gap(store: Store) -> None:
 def test_restore_supersedes_metrics_past_the_checkpoint(store: Store) -> None:
     _, tid, run1 = _trial(store)
     store.report_metrics(tid, run1, "training", _reports(range(1, 11), loss=0.0))
-    run2 = store.start_run(tid, restored_batches=6)
+    run2 = seed.start_run(store, tid, restored_batches=6)
     assert store.get_trial(tid).total_batches == 6
     assert [b for b, _ in store.trial_curve(tid, "loss", group="training")] == [1, 2, 3, 4, 5, 6]
     store.report_metrics(tid, run2, "training", _reports(range(7, 11), loss=100.0))
     curve = store.trial_curve(tid, "loss", group="training")
     assert curve == [(b, float(b)) for b in range(1, 7)] + [(b, 100.0 + b) for b in range(7, 11)]
     assert _metric_rows(store, tid) == 14  # superseded rows are kept, not deleted
-    assert store.supersede_metrics(tid, 100) == 0  # idempotent: nothing past 100
+    again = WriteBatch()
+    again.supersede_metrics(tid, 100)  # idempotent: nothing past 100
+    store.apply(again)
+    assert store.trial_curve(tid, "loss", group="training") == curve
 
 
 def test_a_report_of_thousands_of_rows_is_one_transaction(store: Store) -> None:
@@ -265,7 +267,7 @@ def test_rollups_follow_a_restore_on_long_curves(store: Store) -> None:
     for start in range(0, rows, 10_000):
         store.report_metrics(tid, run, "training", reports[start : start + 10_000])
     cut = rows // 2  # past the spike at rows/3, before the dip at 2*rows/3
-    run2 = store.start_run(tid, restored_batches=cut)
+    run2 = seed.start_run(store, tid, restored_batches=cut)
     curve = store.trial_curve(tid, "loss", group="training", max_points=300)
     assert max(x for x, _ in curve) == cut
     assert min(y for _, y in curve) > -2  # the dip was superseded
@@ -280,8 +282,8 @@ def test_rollups_follow_a_restore_on_long_curves(store: Store) -> None:
 
 def test_experiment_curves_cover_every_trial(store: Store) -> None:
     eid, t1, r1 = _trial(store)
-    t2 = store.create_trial(eid, request_id="r2", hparams={}, seed=1)
-    r2 = store.start_run(t2)
+    t2 = seed.trial(store, eid, request_id="r2", seed=1)
+    r2 = seed.start_run(store, t2)
     store.report_metrics(t1, r1, "validation", _reports(range(3), acc=0.0))
     store.report_metrics(t2, r2, "validation", _reports(range(5), acc=1.0))
     curves = store.experiment_curves(eid, "acc", max_points=10)
@@ -312,7 +314,7 @@ def test_checkpoints_are_idempotent_and_fenced(store: Store) -> None:
     assert store.get_trial(tid).latest_checkpoint == "c1"
     with pytest.raises(ConflictError, match="already recorded"):
         store.add_checkpoint(CheckpointRecord("c1", tid, run, 200, "COMPLETED", "/other", {}))
-    store.start_run(tid)
+    seed.start_run(store, tid)
     with pytest.raises(StaleRunError):
         store.add_checkpoint(CheckpointRecord("c2", tid, run, 300, "COMPLETED", "/c2", {}))
     store.set_checkpoint_state("c1", "DELETED")
@@ -322,19 +324,25 @@ def test_checkpoints_are_idempotent_and_fenced(store: Store) -> None:
 
 def test_agents_and_allocations(store: Store) -> None:
     _, tid, run = _trial(store)
-    store.register_agent("gpu-1", slot_type="cuda", slots=8, devices=[{"uuid": "G0"}])
-    store.register_agent("gpu-1", slot_type="cuda", slots=8, devices=[{"uuid": "G0"}])
-    store.heartbeat("gpu-1")
-    store.set_agent_state("gpu-1", "DISABLED")
+    for _ in range(2):  # a reconnecting agent registers again: one row, refreshed
+        batch = WriteBatch()
+        batch.agent_registered(
+            "gpu-1", slot_type="cuda", slots=8, devices=[{"uuid": "G0"}], address="", now=seed.now()
+        )
+        store.apply(batch)
+    batch = WriteBatch()
+    batch.agent_state("gpu-1", "DISABLED")
+    batch.agent_state("nope", "DISABLED")  # an agent without a row: nothing to change
+    placement = [{"agent_id": "gpu-1", "slots": [0, 1]}]
+    batch.add_allocation("a1", trial_id=tid, run_id=run, placement=placement, now=seed.now())
+    store.apply(batch)
     [agent] = store.list_agents()
     assert (agent.id, agent.slots, agent.state) == ("gpu-1", 8, "DISABLED")
-    with pytest.raises(NotFoundError):
-        store.heartbeat("nope")
-    placement = [{"agent_id": "gpu-1", "slots": [0, 1]}]
-    store.create_allocation("a1", trial_id=tid, run_id=run, placement=placement)
-    store.create_allocation("a1", trial_id=tid, run_id=run, placement=placement)
-    assert [a.id for a in store.active_allocations()] == ["a1"]
-    store.set_allocation_state("a1", "TERMINATED", ended=True)
+    [allocation] = store.active_allocations()
+    assert (allocation.id, allocation.state, allocation.placement) == ("a1", "ASSIGNED", placement)
+    batch = WriteBatch()
+    batch.set_allocation("a1", state="TERMINATED", ended_at=seed.now())
+    store.apply(batch)
     assert store.active_allocations() == []
 
 
@@ -355,8 +363,8 @@ def test_logs_tail_and_follow(store: Store) -> None:
 
 def test_concurrent_writers_never_see_a_locked_database(store: Store) -> None:
     eid, tid, run = _trial(store)
-    others = [store.create_trial(eid, request_id=f"t{i}", hparams={}, seed=i) for i in range(3)]
-    runs = {t: store.start_run(t) for t in others}
+    others = [seed.trial(store, eid, request_id=f"t{i}", seed=i) for i in range(3)]
+    runs = {t: seed.start_run(store, t) for t in others}
     errors: list[BaseException] = []
 
     def writer(trial_id: int, run_id: int, offset: int) -> None:
@@ -383,23 +391,34 @@ def test_concurrent_writers_never_see_a_locked_database(store: Store) -> None:
 # --- edge cases found in review -----------------------------------------------------------
 
 
-def test_concurrent_restarts_get_distinct_run_ids(store: Store) -> None:
-    _, tid, first = _trial(store)
-    runs: list[int] = []
-    lock = threading.Lock()
+def test_reports_racing_a_restart_are_superseded_or_refused(store: Store) -> None:
+    _, tid, run = _trial(store)
+    cut = 20
+    reported = threading.Event()
+    outcome: list[BaseException] = []
 
-    def restart() -> None:
-        run = store.start_run(tid)
-        with lock:
-            runs.append(run)
+    def report() -> None:
+        # Reports from run 1 until the restart fences it off.
+        try:
+            for start in range(0, 1_000_000, 10):
+                store.report_metrics(tid, run, "training", _reports(range(start, start + 10), x=0))
+                if start > cut:
+                    reported.set()
+                time.sleep(0.001)  # as a training loop does: the restart gets its turn
+        except BaseException as e:
+            outcome.append(e)
+        reported.set()
 
-    threads = [threading.Thread(target=restart) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(runs) == list(range(first + 1, first + 9))
-    assert store.get_trial(tid).run_id == first + 8
+    thread = threading.Thread(target=report)
+    thread.start()
+    reported.wait()
+    seed.start_run(store, tid, restored_batches=cut)
+    thread.join()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], StaleRunError)
+    # Whatever passed the fence before the restart was superseded with the rest.
+    curve = store.trial_curve(tid, "x", group="training", max_points=100_000)
+    assert curve == [(b, float(b)) for b in range(cut + 1)]
 
 
 def test_short_curves_keep_their_extremes_too(store: Store) -> None:
@@ -431,15 +450,15 @@ def test_checkpoint_retries_after_a_restart_are_still_noops(store: Store) -> Non
     _, tid, run = _trial(store)
     record = CheckpointRecord("c1", tid, run, 10, "COMPLETED", "/c1", {"m.pt": 1})
     store.add_checkpoint(record)
-    store.start_run(tid)
+    seed.start_run(store, tid)
     store.add_checkpoint(record)  # the same content: fine, though run 1 is over
     with pytest.raises(ConflictError, match="other content"):
         store.add_checkpoint(CheckpointRecord("c1", tid, run, 10, "COMPLETED", "/c1", {"m.pt": 2}))
 
 
 def test_sorting_places_missing_values_last_on_every_engine(store: Store) -> None:
-    done = store.create_experiment(name="done", owner="a", config={}, model_definition=b"")
-    running = store.create_experiment(name="running", owner="a", config={}, model_definition=b"")
+    done = seed.experiment(store, name="done", owner="a")
+    running = seed.experiment(store, name="running", owner="a")
     import datetime as dt
 
     store.update_experiment(done, end_time=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))

@@ -17,6 +17,7 @@ from assay.master.store import MetricReport, Store
 from assay.master.store import _metrics as metrics
 from assay.master.store._metrics import LEVELS, RAW_READ_LIMIT, TOP, _plan
 from assay.master.store._models import MetricRollup
+from tests.store import _seed as seed
 
 ALL = list(LEVELS.items())
 WITHOUT_LEVEL_0 = [(level, shift) for level, shift in ALL if level > 0]
@@ -61,10 +62,10 @@ def test_a_long_sparse_curve_is_drawn_coarsely_rather_than_slowly() -> None:
 
 def _trials(store: Store) -> Iterator[tuple[int, int]]:
     """Fresh (trial, run) pairs of one experiment."""
-    eid = store.create_experiment(name="curves", owner="a", config={}, model_definition=b"")
+    eid = seed.experiment(store, name="curves", owner="a")
     for k in itertools.count():
-        tid = store.create_trial(eid, request_id=f"r{k}", hparams={}, seed=k)
-        yield tid, store.start_run(tid)
+        tid = seed.trial(store, eid, request_id=f"r{k}", seed=k)
+        yield tid, seed.start_run(store, tid)
 
 
 def _write(store: Store, tid: int, run: int, points: list[tuple[int, float]], chunk: int) -> None:
@@ -219,7 +220,7 @@ def test_level_0_follows_a_restore(store: Store) -> None:
     _write(store, tid, run, points, 1000)
     assert _level_counts(store, tid) == dict.fromkeys(LEVELS, 6000)
     cut = 3500  # past the spike at batch 2001, before the dip at batch 4001
-    run2 = store.start_run(tid, restored_batches=cut)
+    run2 = seed.start_run(store, tid, restored_batches=cut)
     assert _level_counts(store, tid) == dict.fromkeys(LEVELS, cut)
     curve = store.trial_curve(tid, "loss", group="training", max_points=200)
     _check(curve, dict(points[:cut]), 200)

@@ -18,6 +18,7 @@ from assay.master._gc import collect
 from assay.master.errors import ConflictError, NotFoundError
 from assay.master.store import CheckpointRecord, Store
 from tests.conftest import S3Server, regression_config
+from tests.store import _seed as seed
 
 
 @dataclass
@@ -59,7 +60,7 @@ def setup(request: pytest.FixtureRequest, store: Store, tmp_path: Path) -> Setup
         server: S3Server = request.getfixturevalue("s3_server")
         config["checkpoint_storage"] = server.storage_config(server.new_bucket())
     storage = storage_for(parse_config(config).checkpoint_storage)
-    eid = store.create_experiment(name="gc", owner="alice", config=config, model_definition=b"")
+    eid = seed.experiment(store, name="gc", owner="alice", config=config)
     uuids: dict[str, str] = {}
     trials: dict[str, int] = {}
     plan: dict[str, list[tuple[int, float | None]]] = {
@@ -67,8 +68,8 @@ def setup(request: pytest.FixtureRequest, store: Store, tmp_path: Path) -> Setup
         "b": [(10, 0.1), (20, 0.2)],
     }
     for trial, checkpoints in plan.items():
-        tid = trials[trial] = store.create_trial(eid, request_id=trial, hparams={}, seed=1)
-        run = store.start_run(tid)
+        tid = trials[trial] = seed.trial(store, eid, request_id=trial, seed=1)
+        run = seed.start_run(store, tid)
         for batches, metric in checkpoints:
             name = f"{trial}{batches}"
             uuid = uuids[name] = str(uuidlib.uuid4())
@@ -88,8 +89,8 @@ def setup(request: pytest.FixtureRequest, store: Store, tmp_path: Path) -> Setup
                     },
                 )
             )
-    store.update_trial(trials["a"], state="COMPLETED")
-    store.update_trial(trials["b"], state="RUNNING")
+    seed.set_trial(store, trials["a"], state="COMPLETED")
+    seed.set_trial(store, trials["b"], state="RUNNING")
     return Setup(store, storage, config, eid, uuids, trials)
 
 
@@ -138,7 +139,7 @@ def test_experiment_end_with_experiment_best(setup: Setup) -> None:
         "save_trial_latest": 0,
         "save_experiment_best": 2,
     }
-    setup.store.update_trial(setup.trials["b"], state="COMPLETED")
+    seed.set_trial(setup.store, setup.trials["b"], state="COMPLETED")
 
     result = collect(setup.store, setup.experiment_id, parse_config(config), experiment_ended=True)
 

@@ -15,6 +15,7 @@ from assay.master.errors import SchemaError
 from assay.master.store import Store, current_revision, head_revision, migrate
 from assay.master.store._engine import make_engine
 from assay.master.store._models import Base
+from tests.store import _seed as seed
 
 
 def test_an_empty_database_gets_the_schema_at_head(db_url: str) -> None:
@@ -37,7 +38,7 @@ def test_the_migrated_schema_equals_the_models(db_url: str) -> None:
 
 def test_a_newer_schema_is_refused_and_left_alone(db_url: str) -> None:
     store = Store.open(db_url)
-    eid = store.create_experiment(name="keep", owner="a", config={}, model_definition=b"")
+    eid = seed.experiment(store, name="keep", owner="a")
     with store.write() as s:
         s.execute(text("UPDATE alembic_version SET version_num = 'f00d'"))
         s.execute(text("UPDATE schema_info SET value = '9.9.9' WHERE key = 'assay_version'"))
@@ -93,9 +94,7 @@ def _write_many(url: str, trial_id: int, run_id: int, start: int) -> None:
 def test_processes_writing_one_sqlite_file_at_once(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     store = Store.open(url)
-    eid = store.create_experiment(name="e", owner="a", config={}, model_definition=b"")
-    tid = store.create_trial(eid, request_id="r", hparams={}, seed=0)
-    run = store.start_run(tid)
+    _, tid, run = seed.trial_with_run(store)
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_write_many, args=(url, tid, run, k * 1000)) for k in range(4)]
     for p in procs:
@@ -154,11 +153,9 @@ def test_a_table_rebuilding_upgrade_keeps_child_rows(tmp_path: Path, db_url: str
         "    pass\n"
     )
     store = Store.open(db_url)
-    eid = store.create_experiment(name="e", owner="a", config={}, model_definition=b"")
-    tid = store.create_trial(eid, request_id="r", hparams={}, seed=0)
-    run = store.start_run(tid)
+    _, tid, run = seed.trial_with_run(store)
     store.report_metrics(tid, run, "training", [MetricReport(b, {"loss": 1.0}) for b in range(5)])
     assert migrate(store.engine, location) == "9999"
     assert len(store.trial_curve(tid, "loss", group="training")) == 5
-    assert store.get_trial(tid).request_id == "r"
+    assert store.get_trial(tid).request_id == "exp-r1"
     store.close()

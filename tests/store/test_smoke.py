@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from assay.master.store import MetricReport, Store
+from tests.store import _seed as seed
 
 
 def test_round_trip(store: Store) -> None:
-    eid = store.create_experiment(name="e", owner="alice", config={"a": 1}, model_definition=b"x")
-    tid = store.create_trial(eid, request_id="r1", hparams={"lr": 0.1}, seed=1)
-    run = store.start_run(tid)
+    eid = seed.experiment(store, name="e", owner="alice", config={"a": 1}, model_definition=b"x")
+    tid = seed.trial(store, eid, request_id="r1", hparams={"lr": 0.1}, seed=1)
+    run = seed.start_run(store, tid)
     n = store.report_metrics(
         tid, run, "training", [MetricReport(i, {"loss": 1.0 / (i + 1)}) for i in range(100)]
     )

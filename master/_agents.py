@@ -7,9 +7,13 @@ protobuf (`_servicers.py`); the core and its lifecycles never see a wire type.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from assay.master.lifecycle import TrialState
+    from assay.master.scheduler import Request
 
 SlotKind = Literal["cpu", "cuda"]
 
@@ -162,3 +166,54 @@ class ClusterView:
     def free_slots(self) -> int:
         """Slots no trial holds, disabled agents' included."""
         return sum(1 for a in self.connected for s in a.slots if not s.trial_id)
+
+
+def cluster_view(
+    cluster_id: str,
+    slot_type: SlotKind,
+    agents: Iterable[AgentHandle],
+    allocations: Mapping[str, tuple[tuple[str, tuple[int, ...]], ...]],
+    allocation_of_trial: Mapping[int, str],
+    queue: Iterable[tuple[Request, TrialState]],
+    experiment_names: Mapping[int, str],
+) -> ClusterView:
+    """The snapshot `Master.cluster_view` takes under its lock (`allocations`: the
+    scheduler's placements by request id, which is the trial id)."""
+    owners: dict[tuple[str, int], int] = {}
+    for request_id, placement in allocations.items():
+        for agent_id, slots in placement:
+            for slot in slots:
+                owners[agent_id, slot] = int(request_id)
+
+    def slot_of(agent: AgentHandle, index: int) -> SlotView:
+        trial_id = owners.get((agent.id, index), 0)
+        allocation_id = allocation_of_trial.get(trial_id, "") if trial_id else ""
+        return SlotView(index, agent.enabled, allocation_id, trial_id)
+
+    views = tuple(
+        AgentView(
+            id=a.id,
+            address=a.address,
+            slot_type=a.slot_type,
+            devices=tuple(a.devices),
+            slots=tuple(slot_of(a, i) for i in range(a.slots)),
+            connected=a.connected,
+            enabled=a.enabled,
+            last_heartbeat=a.last_heartbeat,
+            memory_bytes=a.memory_bytes,
+            memory_used_fraction=a.memory_used_fraction,
+            cpu_utilization=a.cpu_utilization,
+        )
+        for a in sorted(agents, key=lambda a: a.id)
+    )
+    queued = tuple(
+        QueuedView(
+            trial.id,
+            trial.experiment_id,
+            experiment_names.get(trial.experiment_id, ""),
+            request.priority,
+            request.slots,
+        )
+        for request, trial in queue
+    )
+    return ClusterView(cluster_id, slot_type, views, queued)

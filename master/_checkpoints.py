@@ -17,17 +17,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from assay.common.storage import StorageError, checkpoint_uuid
-from assay.config import CheckpointStorageConfig, parse_config
+from assay.common.storage import StorageError, checkpoint_location, checkpoint_uuid
+from assay.config import CheckpointStorageConfig, ExperimentConfig, parse_config
 from assay.errors import InvalidConfigError
 from assay.master._gc import DELETED, GCResult, StorageCache, delete_records
-from assay.master._state import TERMINAL_TRIAL
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
 )
+from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, ExperimentRecord, Store
 from assay.proto import api_pb2
 
@@ -147,3 +147,29 @@ def delete_response(
     return api_pb2.DeleteCheckpointsResponse(
         deleted=list(result.deleted), missing=list(result.missing), failed=dict(result.failed)
     )
+
+
+def reported_location(
+    store: Store,
+    experiment_id: int,
+    config: ExperimentConfig | None,
+    checkpoint: CheckpointRecord,
+    default_root: Path,
+) -> str:
+    """The location a trial's checkpoint report must give: the one its experiment's
+    storage derives from the uuid (`config`: the live experiment's, None when it ended
+    and the stored one is read). `InvalidArgumentError` for a bad uuid or location."""
+    if config is None:  # ended meanwhile: a late report of its last run
+        config = parse_config(store.get_experiment(experiment_id).config)
+    try:
+        expected = checkpoint_location(
+            config.checkpoint_storage, checkpoint_uuid(checkpoint.uuid), default_root
+        )
+    except StorageError as e:
+        raise InvalidArgumentError(f"checkpoint report refused: {e}") from None
+    if checkpoint.location != expected:
+        raise InvalidArgumentError(
+            f"checkpoint report refused: checkpoint {checkpoint.uuid} of experiment "
+            f"{experiment_id} must be at {expected}, not {checkpoint.location!r}"
+        )
+    return expected

@@ -1,10 +1,11 @@
-"""The master's brain: experiments -> trials -> gang requests -> allocations on agents.
+"""The master's shell: it holds the lock, applies the lifecycles' effects, and commits.
 
-All state transitions happen in memory under one lock and reach the store in group
-commits before the master acts on them (DESIGN.md: "The database is the truth";
-_commit.py). Placement decisions come from the pure `Scheduler`; this module turns them
-into messages for agents. Metric rows bypass the lock: the store fences and
-deduplicates them by itself.
+Every decision about experiments, trials, runs and agents is made in `lifecycle/` over
+plain data and comes back as effects; placement comes from the pure `Scheduler`. This
+module applies effects to memory, to the open `WriteBatch` and to the agents' outboxes,
+and every change reaches the store in a group commit before the master acts on it
+(DESIGN.md: "The database is the truth"; _commit.py). Metric rows bypass the lock: the
+store fences and deduplicates them by itself.
 """
 
 from __future__ import annotations
@@ -13,67 +14,59 @@ import base64
 import datetime as dt
 import hashlib
 import hmac
-import json
 import logging
-import math
 import random
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-import yaml
-
-from assay.common.archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
-from assay.common.storage import StorageError, checkpoint_location, checkpoint_uuid
-from assay.config import ExperimentConfig, parse_config, searcher_in_batches
-from assay.errors import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE, InvalidConfigError
+from assay.master import _agents
 from assay.master._agents import (
     AgentHandle,
     AgentMessage,
-    AgentView,
     ClusterView,
     KillRun,
     Load,
     Outbox,
-    QueuedView,
     Registration,
-    SlotView,
-    StartRun,
 )
 from assay.master._auth import mask_secrets
+from assay.master._checkpoints import reported_location
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._gc import collect
-from assay.master._state import (
-    TERMINAL_EXPERIMENT,
-    TERMINAL_TRIAL,
-    ExperimentState,
-    ModelCache,
-    Restore,
-    TrialState,
-    load_live,
-    new_searcher,
-)
+from assay.master._state import ModelCache, load_live
+from assay.master._submission import PreparedExperiment, check_submission
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
 )
-from assay.master.scheduler import (
-    Agent,
-    Request,
-    Running,
-    Scheduler,
-    SlotType,
-    choose_victims,
+from assay.master.lifecycle import (
+    MEMORY_ONLY,
+    STOP_OF_EXPERIMENT,
+    ExperimentState,
+    ExperimentStatus,
+    Restore,
+    Run,
+    TrialState,
+    TrialStatus,
+    finish_run,
+    run_end,
 )
-from assay.master.searcher import Close, Create, Operation, Searcher, Shutdown, ValidateAfter
+from assay.master.lifecycle import _effects as fx
+from assay.master.lifecycle import agent as agent_life
+from assay.master.lifecycle import experiment as experiment_life
+from assay.master.lifecycle import trial as trial_life
+from assay.master.lifecycle.run import end_trial
+from assay.master.scheduler import Agent, Request, Running, Scheduler, SlotType, choose_victims
+from assay.master.searcher import Create, Operation
 from assay.master.store import (
     AllocationRecord,
     CheckpointRecord,
@@ -86,42 +79,7 @@ from assay.master.store import (
 
 log = logging.getLogger("assay.master")
 REAP_INTERVAL_S = 1.0
-# The stop a restarted master finishes for a run of an experiment in each state.
-_STOPPING_OF = {"PAUSED": "pause", "STOPPING_CANCELED": "cancel", "STOPPING_KILLED": "kill"}
-
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-@dataclass(frozen=True)
-class PreparedExperiment:
-    """A submission that passed every check, ready to be recorded."""
-
-    config: ExperimentConfig
-    model_definition: bytes
-    owner: str
-    owner_id: int
-    searcher: Searcher
-
-
-@dataclass
-class Run:
-    """One allocation: a trial's run on its slots."""
-
-    allocation_id: str
-    trial_id: int
-    run_id: int
-    experiment_id: int
-    placement: tuple[tuple[str, tuple[int, ...]], ...]
-    token: str
-    exit_codes: dict[str, list[int]] = field(default_factory=dict)
-    messages: list[str] = field(default_factory=list)
-    stopping: str | None = None  # pause | cancel | kill
-    lost: bool = False  # an agent vanished: not the user's fault
-    # Found running by a restarted master: the agents whose part has not been confirmed
-    # yet, and until when (monotonic) they may confirm it.
-    awaiting: set[str] = field(default_factory=set)
-    deadline: float = 0.0
-    released: bool = False  # the master answered "stop": its processes may exit 0
+E, T = ExperimentStatus, TrialStatus
 
 
 class Master:
@@ -202,25 +160,7 @@ class Master:
                 if not self._await_run(allocation):
                     self.batch.set_allocation(allocation.id, state="TERMINATED", ended_at=_now())
             for experiment in list(self.experiments.values()):
-                stopping = experiment.state.startswith("STOPPING_")
-                for trial in experiment.trials.values():
-                    if trial.id in self.run_of_trial:
-                        continue  # still running, we hope: its agent will say
-                    if trial.state not in ("RUNNING", "QUEUED", "STOPPING", "PAUSED"):
-                        continue
-                    if stopping:
-                        # A cancel or kill was under way: finish it rather than resume.
-                        self._set_trial(trial, state="CANCELED", end_time=_now())
-                    elif trial.state == "PAUSED" and (
-                        trial.target is None or experiment.state != "ACTIVE"
-                    ):
-                        continue
-                    elif experiment.state == "ACTIVE":
-                        self._set_trial(trial, state="QUEUED")
-                        self._enqueue(trial)
-                    else:
-                        self._set_trial(trial, state="PAUSED")
-                self._settle_experiment(experiment)
+                self._do(trial_life.after_restart(experiment, self.run_of_trial, _now()))
             self._schedule()
         self.commit.flush()
 
@@ -229,7 +169,7 @@ class Master:
         trial = self.trials.get(allocation.trial_id)
         if trial is None or trial.run_id != allocation.run_id:
             return False
-        if trial.state not in ("RUNNING", "STOPPING") or self.config.agent_reconnect_wait_s <= 0:
+        if trial.state not in (T.RUNNING, T.STOPPING) or self.config.agent_reconnect_wait_s <= 0:
             return False
         experiment = self.experiments[trial.experiment_id]
         placement = tuple(
@@ -243,13 +183,11 @@ class Master:
             trial.experiment_id,
             placement,
             self._token(allocation.id),
-            stopping=_STOPPING_OF.get(experiment.state),
+            stopping=STOP_OF_EXPERIMENT.get(experiment.state),
             awaiting={agent_id for agent_id, _ in placement},
             deadline=time.monotonic() + self.config.agent_reconnect_wait_s,
         )
-        self.runs[run.allocation_id] = run
-        self.run_of_trial[trial.id] = run.allocation_id
-        self.tokens[run.token] = run.allocation_id
+        self._add_run(run)
         log.info("trial %d run %d: waiting for its agents to confirm it", trial.id, run.run_id)
         return True
 
@@ -274,26 +212,81 @@ class Master:
                 trial.request_id = op.request_id
                 experiment.by_request[op.request_id] = trial
                 self.batch.rename_trial_request(trial.id, op.request_id)
-        self._apply(experiment, ops)
+        self._search(experiment, ops)
 
-    # --- memory and store together --------------------------------------------------------
+    # --- effects --------------------------------------------------------------------------
 
-    def _set_trial(self, trial: TrialState, **fields: Any) -> None:
+    def _do(self, effects: Iterable[fx.Effect]) -> None:
+        """Apply a lifecycle decision's effects, in order."""
+        for effect in effects:
+            self._apply(effect)
+
+    def _apply(self, effect: fx.Effect) -> None:
+        if isinstance(effect, fx.SetTrial):
+            trial = self.trials.get(effect.trial_id)
+            if trial is not None:
+                self._set_trial(trial, effect.fields)
+        elif isinstance(effect, fx.SetExperiment):
+            self._set_experiment(self.experiments[effect.experiment_id], **effect.fields)
+        elif isinstance(effect, fx.Enqueue):
+            self._enqueue(self.trials[effect.trial_id], to_back=effect.to_back)
+        elif isinstance(effect, fx.Dequeue):
+            self.queued.pop(effect.trial_id, None)
+        elif isinstance(effect, fx.Kill):
+            run = self.runs.get(effect.allocation_id)
+            if run is not None:
+                if effect.stopping is not None:
+                    run.stopping = effect.stopping
+                self._send_kill(run, graceful=effect.graceful)
+        elif isinstance(effect, fx.Log):
+            level = logging.getLevelName(effect.level)
+            log.log(level, "trial %d: %s", effect.trial_id, effect.message)
+            self.batch.log(
+                effect.trial_id, effect.run_id, effect.message, level=effect.level, now=_now()
+            )
+        elif isinstance(effect, fx.Tell):
+            self._tell(effect)
+        elif isinstance(effect, fx.Search):
+            self._search(self.experiments[effect.experiment_id], effect.operations)
+        elif isinstance(effect, fx.Settle):
+            self._settle(effect.experiment_id)
+        elif isinstance(effect, fx.CollectGarbage):
+            self._collect_garbage(effect)
+        elif isinstance(effect, fx.Drop):
+            self._drop_experiment(effect.experiment_id)
+        elif isinstance(effect, fx.NewTrial):
+            self._new_trial(effect)
+        elif isinstance(effect, fx.StartRun):
+            self._start_run(effect)
+        elif isinstance(effect, fx.Adopt):
+            self._adopt(effect)
+        elif isinstance(effect, fx.PartLost):
+            self._part_lost(effect.allocation_id, effect.agent_id, effect.why)
+        elif isinstance(effect, fx.DropAgent):
+            self._drop_agent(effect.agent_id, effect.why)
+        elif isinstance(effect, fx.KillUnknown):
+            handle = self.agents.get(effect.agent_id)
+            if handle is not None:
+                self._send(handle, KillRun(allocation_id=effect.allocation_id, graceful=False))
+
+    def _set_trial(self, trial: TrialState, fields: Mapping[str, Any]) -> None:
         for key, value in fields.items():
             setattr(trial, key, value)
-        self.batch.set_trial(trial.id, **fields)
-        if fields.get("state") in TERMINAL_TRIAL and trial.checkpointed:
-            # A trial that never checkpointed leaves nothing to collect: no store reads.
-            self._collect_garbage(trial.experiment_id, ended_trial_ids=(trial.id,))
+        stored = {k: v for k, v in fields.items() if k not in MEMORY_ONLY}
+        if stored:
+            self.batch.set_trial(trial.id, **stored)
 
-    def _collect_garbage(
-        self,
-        experiment_id: int,
-        *,
-        ended_trial_ids: Sequence[int] = (),
-        experiment_ended: bool = False,
-    ) -> None:
+    def _set_experiment(self, experiment: ExperimentState, **fields: Any) -> None:
+        for key in ("state", "progress", "shutdown"):
+            if key in fields:
+                setattr(experiment, key, fields[key])
+        stored = {k: v for k, v in fields.items() if k != "shutdown"}
+        if stored:
+            self.batch.set_experiment(experiment.id, **stored)
+
+    def _collect_garbage(self, effect: fx.CollectGarbage) -> None:
         """Once the end is committed, delete the checkpoints the policy does not keep."""
+        experiment_id = effect.experiment_id
         config = self.experiments[experiment_id].config
 
         def run() -> None:
@@ -302,8 +295,8 @@ class Master:
                     self.store,
                     experiment_id,
                     config,
-                    ended_trial_ids=ended_trial_ids,
-                    experiment_ended=experiment_ended,
+                    ended_trial_ids=effect.ended_trial_ids,
+                    experiment_ended=effect.experiment_ended,
                     default_root=self.config.checkpoint_root,
                     storage_cache=self._storages,
                 )
@@ -318,14 +311,75 @@ class Master:
 
         self.commit.after(submit)
 
-    def _set_experiment(self, experiment: ExperimentState, **fields: Any) -> None:
-        for key in ("state", "progress"):
-            if key in fields:
-                setattr(experiment, key, fields[key])
-        self.batch.set_experiment(experiment.id, **fields)
+    def _search(self, experiment: ExperimentState, ops: Sequence[Operation]) -> None:
+        """Carry out the searcher's operations (and those they lead to), then record it."""
+        pending = deque(ops)
+        while pending:
+            op = pending.popleft()
+            for effect in experiment_life.apply_operation(
+                experiment, op, self.run_of_trial, _now()
+            ):
+                if isinstance(effect, fx.Tell) and effect.event in (
+                    "on_trial_created",
+                    "on_trial_closed",
+                ):
+                    # The searcher's answers join the queue of operations.
+                    handler = getattr(experiment.searcher, effect.event)
+                    pending.extend(handler(effect.request_id, *effect.args))
+                else:
+                    self._apply(effect)
+        progress = max(experiment.progress, experiment.searcher.progress())
+        self._set_experiment(
+            experiment, searcher_state=experiment.search_state(), progress=progress
+        )
 
-    def _live_experiment(self, experiment_id: int) -> ExperimentState | None:
-        return self.experiments.get(experiment_id)
+    def _tell(self, tell: fx.Tell) -> None:
+        """Tell the searcher what became of a trial, and carry out its answer."""
+        experiment = self.experiments.get(tell.experiment_id)
+        if experiment is None or experiment.state not in (E.ACTIVE, E.PAUSED):
+            return  # the experiment is being canceled or killed: the search is over
+        handler = getattr(experiment.searcher, tell.event)
+        self._search(experiment, handler(tell.request_id, *tell.args))
+
+    def _new_trial(self, new: fx.NewTrial) -> None:
+        experiment = self.experiments[new.experiment_id]
+        trial = TrialState(
+            id=self.store.reserve_id("trials"),
+            experiment_id=experiment.id,
+            request_id=new.request_id,
+            hparams=new.hparams,
+            seed=new.seed,
+            state=new.state,
+        )
+        self.batch.add_trial(
+            trial.id,
+            experiment_id=experiment.id,
+            request_id=trial.request_id,
+            hparams=trial.hparams,
+            seed=trial.seed,
+            state=trial.state,
+            now=_now(),
+        )
+        experiment.add_trial(trial)
+        self.trials[trial.id] = trial
+        if trial.state == T.QUEUED:
+            self._enqueue(trial)
+
+    def _settle(self, experiment_id: int) -> None:
+        experiment = self.experiments.get(experiment_id)
+        if experiment is None:
+            return
+        effects, problem = experiment_life.settle(experiment, self.queued, _now())
+        if problem:
+            log.error("%s", problem)
+        self._do(effects)
+
+    def _drop_experiment(self, experiment_id: int) -> None:
+        experiment = self.experiments.pop(experiment_id)
+        for trial_id in experiment.trials:
+            self.trials.pop(trial_id, None)
+            self.queued.pop(trial_id, None)
+        self.models.drop(experiment_id)
 
     # --- experiments ----------------------------------------------------------------------
 
@@ -342,24 +396,9 @@ class Master:
         self, config_yaml: str, model_definition: bytes, *, owner: str = "admin"
     ) -> PreparedExperiment:
         """Check a submission (no lock taken); `InvalidArgumentError` says what to fix."""
-        _check_config_text(config_yaml)
-        try:
-            raw = yaml.load(config_yaml, Loader=_YAML_LOADER)  # a safe loader (C if built)
-        except yaml.YAMLError as e:
-            raise InvalidArgumentError(f"the config is not valid YAML: {e}") from None
-        try:
-            config = parse_config(raw)
-        except InvalidConfigError as e:
-            raise InvalidArgumentError(str(e)) from None
-        _check_cluster_config(config)
-        try:
-            searcher = new_searcher(config)
-        except ValueError as e:
-            raise InvalidArgumentError(str(e)) from None
-        _check_model_definition(model_definition)
-        return PreparedExperiment(
-            config, model_definition, owner, self.store.user_id(owner), searcher
-        )
+        config, searcher = check_submission(config_yaml, model_definition)
+        owner_id = self.store.user_id(owner)
+        return PreparedExperiment(config, model_definition, owner, owner_id, searcher)
 
     def add_experiment(
         self, prepared: PreparedExperiment, *, activate: bool
@@ -369,7 +408,7 @@ class Master:
         config, model_definition = prepared.config, prepared.model_definition
         experiment_id = self.store.reserve_id("experiments")
         now = _now()
-        state = "ACTIVE" if activate else "PAUSED"
+        state = E.ACTIVE if activate else E.PAUSED
         with self.lock:
             self.batch.add_experiment(
                 experiment_id,
@@ -388,7 +427,7 @@ class Master:
             )
             self._add_experiment(experiment)
             self.models.put(experiment_id, model_definition)
-            self._apply(experiment, experiment.searcher.initial_operations())
+            self._search(experiment, experiment.searcher.initial_operations())
             self._schedule()
             ticket = self.commit.ticket()
         record = ExperimentRecord(
@@ -399,7 +438,7 @@ class Master:
             state=state,
             labels=tuple(sorted(set(config.labels))),
             priority=config.resources.priority,
-            progress=0.0,
+            progress=experiment.progress,
             archived=False,
             config=dict(config.raw),
             searcher_state=None,
@@ -407,147 +446,28 @@ class Master:
             start_time=now,
             end_time=None,
         )
-        return replace(record, progress=experiment.progress), ticket
-
-    # --- the search -----------------------------------------------------------------------
-
-    def _apply(self, experiment: ExperimentState, ops: Sequence[Operation]) -> None:
-        """Carry out the searcher's operations (and those they lead to), then record it."""
-        pending = deque(ops)
-        searcher = experiment.searcher
-        while pending:
-            op = pending.popleft()
-            if isinstance(op, Create):
-                if op.request_id not in experiment.by_request:  # (adopted ones exist)
-                    self._new_trial(experiment, op)
-                pending.extend(searcher.on_trial_created(op.request_id))
-            elif isinstance(op, ValidateAfter):
-                trial = experiment.by_request[op.request_id]
-                trial.target = op.length
-                waiting = trial.state == "PAUSED" and trial.id not in self.run_of_trial
-                if waiting and experiment.state == "ACTIVE":
-                    # A promotion: the trial resumes from its checkpoint.
-                    self._set_trial(trial, state="QUEUED")
-                    self._enqueue(trial)
-            elif isinstance(op, Close):
-                trial = experiment.by_request[op.request_id]
-                trial.closed, trial.target = True, None
-                if trial.id not in self.run_of_trial and trial.state not in TERMINAL_TRIAL:
-                    # Not running: nothing to stop. A running one stops at its next question.
-                    self.queued.pop(trial.id, None)
-                    self._set_trial(trial, state="COMPLETED", end_time=_now())
-                    pending.extend(searcher.on_trial_closed(op.request_id))
-            elif isinstance(op, Shutdown):
-                experiment.shutdown = True
-        self._save_search(experiment)
-
-    def _save_search(self, experiment: ExperimentState) -> None:
-        progress = max(experiment.progress, experiment.searcher.progress())
-        self._set_experiment(
-            experiment, searcher_state=experiment.search_state(), progress=progress
-        )
-
-    def _new_trial(self, experiment: ExperimentState, op: Create) -> TrialState:
-        trial = TrialState(
-            id=self.store.reserve_id("trials"),
-            experiment_id=experiment.id,
-            request_id=op.request_id,
-            hparams=op.hparams,
-            seed=op.seed,
-            state="QUEUED" if experiment.state == "ACTIVE" else "PAUSED",
-        )
-        self.batch.add_trial(
-            trial.id,
-            experiment_id=experiment.id,
-            request_id=trial.request_id,
-            hparams=trial.hparams,
-            seed=trial.seed,
-            state=trial.state,
-            now=_now(),
-        )
-        experiment.add_trial(trial)
-        self.trials[trial.id] = trial
-        if trial.state == "QUEUED":
-            self._enqueue(trial)
-        return trial
-
-    def _searcher_event(
-        self, experiment: ExperimentState, trial: TrialState, event: str, *args: Any
-    ) -> None:
-        """Tell the searcher what became of a trial, and carry out its answer."""
-        if experiment.state not in ("ACTIVE", "PAUSED"):
-            return  # the experiment is being canceled or killed: the search is over
-        handler = getattr(experiment.searcher, event)
-        self._apply(experiment, handler(trial.request_id, *args))
+        return record, ticket
 
     def experiment_action(self, experiment_id: int, action: str) -> None:
-        allowed = _ALLOWED_ACTIONS[action]
         with self.lock:
-            experiment = self._live_experiment(experiment_id)
+            experiment = self.experiments.get(experiment_id)
             if experiment is not None:
-                self._check_action(experiment_id, experiment.state, action, allowed)
-                getattr(self, f"_{action}")(experiment)
+                runs = {t: self.runs[a] for t, a in self.run_of_trial.items()}
+                self._do(experiment_life.act(experiment, action, runs, _now()))
+                self._schedule()
                 self._commit_and_wait()
                 return
         # A finished experiment (or none): only its stored row can change.
         self.commit.flush()
         record = self.store.get_experiment(experiment_id)
-        self._check_action(experiment_id, record.state, action, allowed)
+        experiment_life.check_action(experiment_id, record.state, action)
         self.store.update_experiment(experiment_id, archived=action == "archive")
-
-    @staticmethod
-    def _check_action(experiment_id: int, state: str, action: str, allowed: Set[str]) -> None:
-        if state not in allowed:
-            raise ConflictError(
-                f"cannot {action} experiment {experiment_id}: it is {state}; {action} "
-                f"applies to {', '.join(sorted(allowed))} experiments"
-            )
-
-    def _pause(self, experiment: ExperimentState) -> None:
-        self._set_experiment(experiment, state="PAUSED")
-        self._stop_trials(experiment, "pause", queued_state="PAUSED")
-
-    def _activate(self, experiment: ExperimentState) -> None:
-        self._set_experiment(experiment, state="ACTIVE")
-        for trial in experiment.trials.values():
-            # Trials waiting for a promotion stay paused until the searcher asks for more.
-            if trial.state == "PAUSED" and trial.target is not None:
-                self._set_trial(trial, state="QUEUED")
-                self._enqueue(trial)
-        self._settle_experiment(experiment)  # its last trial may have ended while paused
-        if experiment.id in self.experiments:
-            self._schedule()
-
-    def _cancel(self, experiment: ExperimentState) -> None:
-        self._set_experiment(experiment, state="STOPPING_CANCELED")
-        self._stop_trials(experiment, "cancel", queued_state="CANCELED")
-        self._settle_experiment(experiment)
-
-    def _kill(self, experiment: ExperimentState) -> None:
-        self._set_experiment(experiment, state="STOPPING_KILLED")
-        self._stop_trials(experiment, "kill", queued_state="CANCELED")
-        self._settle_experiment(experiment)
-
-    def _stop_trials(self, experiment: ExperimentState, how: str, *, queued_state: str) -> None:
-        for trial in experiment.trials.values():
-            if trial.state in TERMINAL_TRIAL:
-                continue
-            allocation_id = self.run_of_trial.get(trial.id)
-            if allocation_id is not None:
-                run = self.runs[allocation_id]
-                run.stopping = how
-                self._set_trial(trial, state="STOPPING")
-                self._send_kill(run, graceful=how != "kill")
-            else:
-                self.queued.pop(trial.id, None)
-                end = {"end_time": _now()} if queued_state in TERMINAL_TRIAL else {}
-                self._set_trial(trial, state=queued_state, **end)
 
     # --- scheduling -----------------------------------------------------------------------
 
-    def _enqueue(self, trial: TrialState) -> None:
+    def _enqueue(self, trial: TrialState, *, to_back: bool = False) -> None:
         config = self.experiments[trial.experiment_id].config
-        if not trial.order:  # requeued trials keep their place: first come, first served
+        if to_back or not trial.order:  # requeued trials keep their place otherwise
             self._order += 1
             trial.order = self._order
         self.queued[trial.id] = Request(
@@ -593,127 +513,97 @@ class Master:
                 if run is not None:
                     self.tokens.pop(run.token, None)
                     self._send_kill(run, graceful=False)
-                self._set_trial(trial, state="ERROR", end_time=_now())
-                self._settle_experiment(self.experiments[trial.experiment_id])
+                self._do([*end_trial(trial, T.ERROR, _now()), fx.Settle(trial.experiment_id)])
 
     def _preempt_for(self, request: Request) -> None:
         """Stop lower-priority runs (gracefully) so that `request` fits when they are gone."""
         if any(run.stopping == "preempt" for run in self.runs.values()):
             return  # one wave at a time: the slots it frees go to the queue first
-        running: list[Running] = []
-        for run in self.runs.values():
-            experiment = self.experiments.get(run.experiment_id)
-            if run.stopping is None and experiment is not None and not run.awaiting:
-                running.append(
-                    Running(str(run.trial_id), experiment.priority, run.trial_id, run.placement)
-                )
+        running = [
+            Running(str(run.trial_id), experiment.priority, run.trial_id, run.placement)
+            for run in self.runs.values()
+            if run.stopping is None
+            and not run.awaiting
+            and (experiment := self.experiments.get(run.experiment_id)) is not None
+        ]
         free = {
             a.id: len(self.scheduler.free_slots(a.id))
             for a in self.scheduler.agents
             if a.enabled and a.slot_type == request.slot_type
         }
-        victims = choose_victims(request, running, free)
-        for victim in victims or []:
+        for victim in choose_victims(request, running, free) or []:
             run = self.runs[self.run_of_trial[int(victim)]]
-            trial = self.trials[run.trial_id]
-            run.stopping = "preempt"
-            self._set_trial(trial, state="STOPPING")
             message = (
                 f"assay: run {run.run_id} preempted for trial {request.id} (priority "
                 f"{request.priority}); it checkpoints and requeues"
             )
-            log.info("trial %d: %s", trial.id, message)
-            self.batch.log(trial.id, run.run_id, message, level="WARNING", now=_now())
-            self._send_kill(run, graceful=True)
+            self._do(
+                [
+                    fx.SetTrial(run.trial_id, {"state": T.STOPPING}),
+                    fx.Log(run.trial_id, run.run_id, message),
+                    fx.Kill(run.allocation_id, graceful=True, stopping="preempt"),
+                ]
+            )
 
     def _start(self, trial: TrialState, placement: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
         experiment = self.experiments[trial.experiment_id]
-        config = experiment.config
-        restore = trial.checkpoint
-        now = _now()
-        fields: dict[str, Any] = {"run_id": trial.run_id + 1, "state": "RUNNING"}
-        if trial.start_time is None:
-            fields["start_time"] = now
-        if restore is not None:
-            # Metrics the failed run reported past its checkpoint leave the curves.
-            fields["total_batches"] = restore.total_batches
-            self.batch.supersede_metrics(trial.id, restore.total_batches)
-        self._set_trial(trial, **fields)
-        run_id = trial.run_id
-        allocation_id = f"{trial.id}.{run_id}.{uuid.uuid4().hex[:8]}"
-        token = self._token(allocation_id)
-        self.batch.add_allocation(
-            allocation_id,
-            trial_id=trial.id,
-            run_id=run_id,
-            placement=[{"agent_id": a, "slots": list(s)} for a, s in placement],
-            now=now,
+        allocation_id = f"{trial.id}.{trial.run_id + 1}.{uuid.uuid4().hex[:8]}"
+        root = experiment.config.checkpoint_storage.host_directory or self.config.checkpoint_root
+        effects = trial_life.start(
+            trial,
+            experiment,
+            placement,
+            allocation_id=allocation_id,
+            token=self._token(allocation_id),
+            addresses={a: self.agents[a].address for a, _ in placement},
+            port=20000 + random.randrange(20000),
+            model=self.models.get(trial.experiment_id),
+            trial_api=self.trial_api,
+            checkpoint_root=str(root),
+            now=_now(),
         )
-        run = Run(allocation_id, trial.id, run_id, trial.experiment_id, placement, token)
-        self.runs[allocation_id] = run
-        self.run_of_trial[trial.id] = allocation_id
-        self.tokens[token] = allocation_id
-        model = self.models.get(trial.experiment_id)
-        world = sum(len(slots) for _, slots in placement)
-        chief = self.agents[placement[0][0]]
-        port = 20000 + random.randrange(20000)
-        config_json = json.dumps(dict(config.raw))
-        hparams_json = json.dumps(dict(trial.hparams))
-        rank = 0
-        for agent_id, slots in placement:
-            ranks = list(range(rank, rank + len(slots)))
-            rank += len(slots)
-            message = StartRun(
-                allocation_id=allocation_id,
-                trial_id=trial.id,
-                run_id=run_id,
-                experiment_id=trial.experiment_id,
-                slots=slots,
-                ranks=tuple(ranks),
-                world_size=world,
-                master_addr=chief.address or "127.0.0.1",
-                master_port=port,
-                model_definition=model,
-                config_json=config_json,
-                checkpoint_uuid=restore.uuid if restore else "",
-                checkpoint_location=restore.location if restore else "",
-                trial_api=self.trial_api,
-                token=token,
-                hparams_json=hparams_json,
-                trial_seed=trial.seed,
-                checkpoint_root=self._checkpoint_root(config),
-            )
+        self._do(effects)
+        log.info("trial %d run %d started on %s", trial.id, trial.run_id, placement)
+
+    def _start_run(self, start: fx.StartRun) -> None:
+        run = start.run
+        if start.restore_batches is not None:
+            # Metrics the failed run reported past its checkpoint leave the curves.
+            self.batch.supersede_metrics(run.trial_id, start.restore_batches)
+        self.batch.add_allocation(
+            run.allocation_id,
+            trial_id=run.trial_id,
+            run_id=run.run_id,
+            placement=[{"agent_id": a, "slots": list(s)} for a, s in run.placement],
+            now=_now(),
+        )
+        self._add_run(run)
+        for agent_id, message in start.messages:
             self._send(self.agents[agent_id], message)
-        log.info("trial %d run %d started on %s", trial.id, run_id, placement)
+
+    def _add_run(self, run: Run) -> None:
+        self.runs[run.allocation_id] = run
+        self.run_of_trial[run.trial_id] = run.allocation_id
+        self.tokens[run.token] = run.allocation_id
 
     def _send(self, handle: AgentHandle, message: AgentMessage) -> None:
         """Queue `message` for the agent once the changes recorded so far are committed."""
         outbox = handle.outbox
         self.commit.after(lambda: outbox.put(message))
 
-    def _checkpoint_root(self, config: ExperimentConfig) -> str:
-        return str(config.checkpoint_storage.host_directory or self.config.checkpoint_root)
-
     def _send_kill(self, run: Run, *, graceful: bool) -> None:
         """Kill the run's processes on every agent that has not reported them gone."""
-        kill = KillRun(
-            allocation_id=run.allocation_id,
-            graceful=graceful,
-            grace_seconds=int(self.config.kill_grace_s),
-        )
-        for agent_id, _ in run.placement:
-            if agent_id in run.exit_codes:
-                continue
+        kill = KillRun(run.allocation_id, graceful, int(self.config.kill_grace_s))
+        for agent_id in run.agents:
             handle = self.agents.get(agent_id)
-            if handle is not None and handle.connected:
+            if agent_id not in run.exit_codes and handle is not None and handle.connected:
                 self._send(handle, kill)
 
     # --- agents ---------------------------------------------------------------------------
 
     def register_agent(self, register: Registration, peer_host: str, outbox: Outbox) -> AgentHandle:
         """A (re)connecting agent: its running allocations are kept, the rest forgotten."""
-        slot_type = register.slot_type
-        slots = len(register.devices)
+        slot_type, slots = register.slot_type, len(register.devices)
         if slots < 1:
             raise InvalidArgumentError(f"agent {register.agent_id!r} offers no slots")
         with self.lock:
@@ -747,41 +637,33 @@ class Master:
                 address=handle.address,
                 now=_now(),
             )
-            self._reconcile(handle, set(register.running_allocations))
+            running = register.running_allocations
+            self._do(agent_life.reconcile(handle.id, running, list(self.runs.values())))
             log.info("agent %s connected with %d %s slots", handle.id, slots, slot_type)
             self._schedule()
             self._commit_and_wait()
             return handle
 
-    def _reconcile(self, handle: AgentHandle, running: set[str]) -> None:
-        """Match what the agent runs with what the master expects it to run."""
-        for run in list(self.runs.values()):
-            part = next((slots for a, slots in run.placement if a == handle.id), None)
-            if part is None or handle.id in run.exit_codes:
-                continue
-            if run.allocation_id in running:
-                if handle.id in run.awaiting:
-                    run.awaiting.discard(handle.id)
-                    self.scheduler.adopt(str(run.trial_id), handle.id, part)
-                    log.info(
-                        "trial %d run %d re-adopted on %s", run.trial_id, run.run_id, handle.id
-                    )
-                if run.stopping is not None:
-                    self._send_kill(run, graceful=run.stopping != "kill")
-            else:
-                # The agent lost it (or it exited while nobody listened): not the user's doing.
-                run.awaiting.discard(handle.id)
-                self._part_lost(run, handle.id)
-        for allocation_id in running - self.runs.keys():
-            self._send(handle, KillRun(allocation_id=allocation_id, graceful=False))
+    def _adopt(self, adopt: fx.Adopt) -> None:
+        run = self.runs[adopt.allocation_id]
+        run.awaiting.discard(adopt.agent_id)
+        slots = dict(run.placement)[adopt.agent_id]
+        self.scheduler.adopt(str(run.trial_id), adopt.agent_id, slots)
+        log.info("trial %d run %d re-adopted on %s", run.trial_id, run.run_id, adopt.agent_id)
 
-    def _part_lost(self, run: Run, agent_id: str) -> None:
+    def _part_lost(self, allocation_id: str, agent_id: str, why: str = "") -> None:
+        run = self.runs.get(allocation_id)
+        if run is None:
+            return
+        if why:
+            log.warning("trial %d run %d: agent %s %s", run.trial_id, run.run_id, agent_id, why)
+        run.awaiting.discard(agent_id)
         run.lost = True
         run.exit_codes[agent_id] = []  # gone: nothing more will come from it
         self._send_kill(run, graceful=False)
         # The other agents' parts keep their slots until those agents report the
         # processes gone, so no new run is placed onto slots still in use.
-        if all(a in run.exit_codes for a, _ in run.placement):
+        if run.over:
             self._finish_run(run)
 
     def heartbeat(self, agent_id: str, beat: Load) -> None:
@@ -799,96 +681,42 @@ class Master:
         """The stream of `handle` ended; a newer connection of the same agent is kept.
 
         The agent's trials keep their slots for `agent_reconnect_wait_s`: an agent back in
-        time keeps them running; after that they are requeued (see `_reap`).
+        time keeps them running; after that they are requeued (see `reap`).
         """
         with self.lock:
             current = self.agents.get(agent_id)
             if current is None or (handle is not None and current is not handle):
                 return
-            handle = current
-            if not handle.connected:
+            if not current.connected:
                 return
-            handle.connected = False
-            handle.disconnected_at = time.monotonic()
-            handle.outbox.put(None)
-            self._count_agent(handle.slot_type, -1)
+            current.connected = False
+            current.disconnected_at = time.monotonic()
+            current.outbox.put(None)
+            self._count_agent(current.slot_type, -1)
             wait = self.config.agent_reconnect_wait_s
             if wait <= 0:
-                log.warning("agent %s disconnected", agent_id)
-                self._drop_agent(agent_id)
+                self._drop_agent(agent_id, "disconnected")
             else:
                 log.warning("agent %s disconnected; its trials wait %g s for it", agent_id, wait)
                 self.scheduler.set_agent_enabled(agent_id, False)  # no new work meanwhile
                 self.batch.agent_state(agent_id, "DISCONNECTED")
             self.commit.ticket()
 
-    def _drop_agent(self, agent_id: str) -> None:
-        # The gang's other parts keep their slots until their processes are gone.
-        affected = self.scheduler.remove_agent(agent_id, keep_other_parts=True)
+    def _drop_agent(self, agent_id: str, why: str = "") -> None:
+        if why:
+            log.warning("agent %s %s", agent_id, why)
         dropped = self.agents.pop(agent_id, None)
         if dropped is not None and dropped.connected:
+            dropped.outbox.put(None)  # close its stream; it may register again
             self._count_agent(dropped.slot_type, -1)
+        # The gang's other parts keep their slots until their processes are gone.
+        affected = self.scheduler.remove_agent(agent_id, keep_other_parts=True)
         self.batch.agent_state(agent_id, "DISCONNECTED")
         for request_id in affected:
             allocation_id = self.run_of_trial.get(int(request_id))
             if allocation_id is not None:
-                self._part_lost(self.runs[allocation_id], agent_id)
+                self._part_lost(allocation_id, agent_id)
         self._schedule()
-
-    def cluster_view(self) -> ClusterView:
-        """A copy of the agents and the queue for the read-only RPCs."""
-        with self.lock:
-            owners: dict[tuple[str, int], int] = {}
-            for request_id, placement in self.scheduler.allocations.items():
-                for agent_id, slots in placement:
-                    for slot in slots:
-                        owners[agent_id, slot] = int(request_id)
-            agents = tuple(
-                AgentView(
-                    id=a.id,
-                    address=a.address,
-                    slot_type=a.slot_type,
-                    devices=tuple(a.devices),
-                    slots=tuple(
-                        SlotView(
-                            index=i,
-                            enabled=a.enabled,
-                            allocation_id=self.run_of_trial.get(owners.get((a.id, i), 0), ""),
-                            trial_id=owners.get((a.id, i), 0),
-                        )
-                        for i in range(a.slots)
-                    ),
-                    connected=a.connected,
-                    enabled=a.enabled,
-                    last_heartbeat=a.last_heartbeat,
-                    memory_bytes=a.memory_bytes,
-                    memory_used_fraction=a.memory_used_fraction,
-                    cpu_utilization=a.cpu_utilization,
-                )
-                for a in sorted(self.agents.values(), key=lambda a: a.id)
-            )
-            queue = []
-            for request in sorted(self.queued.values(), key=lambda r: r.rank):
-                trial = self.trials[int(request.id)]
-                experiment = self.experiments[trial.experiment_id]
-                queue.append(
-                    QueuedView(
-                        trial.id,
-                        experiment.id,
-                        experiment.config.name,
-                        request.priority,
-                        request.slots,
-                    )
-                )
-            return ClusterView(self.cluster_id, self.cluster_slot_type(), agents, tuple(queue))
-
-    def close_streams(self) -> None:
-        """Close every agent's stream (the master is stopping)."""
-        with self.lock:
-            for handle in self.agents.values():
-                handle.outbox.put(None)
-
-    # --- the window for lost agents -------------------------------------------------------
 
     def _reap_loop(self) -> None:
         while not self._stop_reaper.wait(REAP_INTERVAL_S):
@@ -899,42 +727,21 @@ class Master:
 
     def reap(self) -> None:
         """Give up on agents silent or gone for longer than the window, and their runs."""
-        wait = self.config.agent_reconnect_wait_s
-        # Silence: no message for the window, and for at least three heartbeats.
-        silence = max(wait, 3 * self.config.heartbeat_interval_s)
-        now = time.monotonic()
-        wall = time.time()
         with self.lock:
-            changed = False
-            for handle in list(self.agents.values()):
-                gone = handle.disconnected_at is not None and now - handle.disconnected_at > wait
-                silent = handle.connected and wall - handle.last_heartbeat > silence
-                if silent:
-                    log.warning(
-                        "agent %s sent nothing for %.0f s: treating it as lost",
-                        handle.id,
-                        wall - handle.last_heartbeat,
-                    )
-                    handle.outbox.put(None)  # close its stream; it may register again
-                if gone or silent:
-                    if gone:
-                        log.warning("agent %s did not come back in %g s", handle.id, wait)
-                    self._drop_agent(handle.id)
-                    changed = True
-            for run in list(self.runs.values()):
-                if run.awaiting and now > run.deadline:
-                    for agent_id in sorted(run.awaiting):
-                        log.warning(
-                            "trial %d run %d: agent %s did not confirm it; requeued",
-                            run.trial_id,
-                            run.run_id,
-                            agent_id,
-                        )
-                        run.awaiting.discard(agent_id)
-                        if run.allocation_id in self.runs:
-                            self._part_lost(run, agent_id)
-                    changed = True
-            if changed:
+            clocks = [
+                agent_life.AgentClock(a.id, a.connected, a.last_heartbeat, a.disconnected_at)
+                for a in self.agents.values()
+            ]
+            effects = agent_life.reap(
+                clocks,
+                list(self.runs.values()),
+                now=time.monotonic(),
+                wall=time.time(),
+                wait_s=self.config.agent_reconnect_wait_s,
+                heartbeat_s=self.config.heartbeat_interval_s,
+            )
+            if effects:
+                self._do(effects)
                 self._schedule()
                 self.commit.ticket()
 
@@ -954,11 +761,9 @@ class Master:
         """An agent started its part of an allocation (not waited for)."""
         with self.lock:
             self._heard_from(agent_id)
-            run = self.runs.get(allocation_id)
-            if run is None:
-                return
-            self.batch.set_allocation(run.allocation_id, state="RUNNING")
-            self.commit.ticket()
+            if allocation_id in self.runs:
+                self.batch.set_allocation(allocation_id, state="RUNNING")
+                self.commit.ticket()
 
     def _heard_from(self, agent_id: str) -> None:
         handle = self.agents.get(agent_id)
@@ -977,12 +782,12 @@ class Master:
                 return
             run.exit_codes[agent_id] = list(exit_codes)
             if message:
-                run.messages.append(f"{agent_id}: {message}")
+                run.messages.append(mask_secrets(f"{agent_id}: {message}"))
             failed = not exit_codes or any(c != 0 for c in exit_codes)
             if failed and run.stopping is None:
                 # One part of the gang is gone: the other ranks cannot go on without it.
                 self._send_kill(run, graceful=False)
-            if all(a in run.exit_codes for a, _ in run.placement):
+            if run.over:
                 self._finish_run(run)
                 self._schedule()
             self.commit.ticket()
@@ -996,120 +801,48 @@ class Master:
         masked = [replace(line, message=mask_secrets(line.message)) for line in lines]
         self.store.append_logs(run.trial_id, run.run_id, masked)
 
+    def cluster_view(self) -> ClusterView:
+        """A copy of the agents and the queue for the read-only RPCs."""
+        with self.lock:
+            queue = sorted(self.queued.values(), key=lambda r: r.rank)
+            return _agents.cluster_view(
+                self.cluster_id,
+                self.cluster_slot_type(),
+                self.agents.values(),
+                self.scheduler.allocations,
+                self.run_of_trial,
+                [(r, self.trials[int(r.id)]) for r in queue],
+                {e.id: e.config.name for e in self.experiments.values()},
+            )
+
+    def close_streams(self) -> None:
+        """Close every agent's stream (the master is stopping)."""
+        with self.lock:
+            for handle in self.agents.values():
+                handle.outbox.put(None)
+
     # --- the end of a run -----------------------------------------------------------------
 
     def _finish_run(self, run: Run) -> None:
-        if run.allocation_id not in self.runs:
+        if self.runs.pop(run.allocation_id, None) is None:
             return
-        del self.runs[run.allocation_id]
         self.tokens.pop(run.token, None)
         self.run_of_trial.pop(run.trial_id, None)
         self.scheduler.release(str(run.trial_id))
         self.batch.set_allocation(run.allocation_id, state="TERMINATED", ended_at=_now())
-        codes = [c for codes in run.exit_codes.values() for c in codes]
         trial = self.trials[run.trial_id]
         experiment = self.experiments[run.experiment_id]
-        ok = bool(codes) and all(c == 0 for c in codes)
-        preempted = PREEMPTED_EXIT_CODE in codes and all(
-            c in (0, PREEMPTED_EXIT_CODE) for c in codes
+        config = experiment.config
+        end = run_end(
+            run,
+            trial,
+            experiment.state,
+            is_script=config.is_script,
+            max_restarts=config.max_restarts,
         )
-        if run.stopping in ("cancel", "kill"):
-            self._set_trial(trial, state="CANCELED", end_time=_now())
-        elif ok and trial.closed:
-            # Done: the searcher closed it, whatever stop was landing as it exited.
-            self._set_trial(trial, state="COMPLETED", end_time=_now())
-            self._searcher_event(experiment, trial, "on_trial_closed")
-        elif run.stopping == "preempt":
-            self._set_trial(trial, state="QUEUED")  # resumes from its checkpoint later
-            self._enqueue(trial)
-        elif run.stopping == "pause":
-            if experiment.state == "ACTIVE":
-                # Activated again while the pause was landing: run on.
-                self._set_trial(trial, state="QUEUED")
-                self._enqueue(trial)
-            else:
-                self._set_trial(trial, state="PAUSED")
-        elif run.lost:
-            message = f"assay: run {run.run_id} lost its agent; requeued (not a restart)"
-            self.batch.log(trial.id, run.run_id, message, level="WARNING", now=_now())
-            self._set_trial(trial, state="QUEUED")
-            self._enqueue(trial)
-        elif ok and trial.target is None:
-            # Validated at its rung and not promoted (yet): it waits, checkpointed.
-            self._set_trial(trial, state="PAUSED")
-        elif ok and run.released:
-            # Told to stop at its rung, then promoted while it was on its way out.
-            self._set_trial(trial, state="QUEUED")
-            self._enqueue(trial)
-        elif ok and experiment.config.is_script:
-            # A script that exits 0 has finished, as in Determined: its code decided so,
-            # and running it again would decide the same. The searcher learns it ended
-            # before the length it asked for.
-            message = (
-                f"assay: run {run.run_id} exited 0 at batch {trial.total_batches}, before "
-                f"its searcher target {trial.target}: the trial ends as completed"
-            )
-            log.info("trial %d: %s", trial.id, message)
-            self.batch.log(trial.id, run.run_id, message, level="WARNING", now=_now())
-            self._set_trial(trial, state="COMPLETED", end_time=_now())
-            self._searcher_event(experiment, trial, "on_trial_exited_early", "user_canceled")
-        elif preempted:
-            # Stopped at a checkpoint when asked to (SIGTERM, e.g. its agent shutting
-            # down, or the master): not the user's failure.
-            log.info("trial %d stopped at a checkpoint before batch %s", trial.id, trial.target)
-            self._set_trial(trial, state="QUEUED")
-            self._enqueue(trial)
-        elif INVALID_HP_EXIT_CODE in codes:
-            log.warning("trial %d: its hyperparameters are unusable (InvalidHP)", trial.id)
-            self._set_trial(trial, state="CANCELED", end_time=_now())
-            self._searcher_event(experiment, trial, "on_trial_exited_early", "invalid_hp")
-        else:
-            restarts = trial.restarts + 1
-            why = mask_secrets("; ".join(run.messages)) or f"exit codes {codes}"
-            if ok:
-                why = f"its process exited 0 before training to batch {trial.target}"
-            limit = experiment.config.max_restarts
-            self._set_trial(trial, last_error=f"run {run.run_id}: {why}")
-            if restarts <= limit:
-                what = f"restart {restarts} of {limit} from the latest checkpoint"
-                self._set_trial(trial, state="QUEUED", restarts=restarts)
-                trial.order = 0  # a failing trial goes to the back; others keep their place
-                self._enqueue(trial)
-            else:
-                what = f"no restarts left (max_restarts: {limit}): the trial ends in ERROR"
-                self._set_trial(trial, state="ERROR", end_time=_now())
-                self._searcher_event(experiment, trial, "on_trial_exited_early", "errored")
-            message = f"assay: run {run.run_id} failed ({why}); {what}"
-            log.warning("trial %d: %s", trial.id, message)
-            self.batch.log(trial.id, run.run_id, message, level="ERROR", now=_now())
-        self._settle_experiment(experiment)
-
-    def _settle_experiment(self, experiment: ExperimentState) -> None:
-        """End the experiment when its search is over and every trial has ended."""
-        trials = experiment.trials.values()
-        if experiment.state == "PAUSED" or any(t.state not in TERMINAL_TRIAL for t in trials):
-            return
-        states = {t.state for t in trials}
-        if experiment.state.startswith("STOPPING_"):
-            final = "CANCELED"
-        elif not experiment.shutdown:
-            if self.queued.keys() & experiment.trials.keys():
-                return
-            # Every trial has ended and the searcher asks for nothing more, yet has not
-            # said it is done: end here rather than wait for ever.
-            log.error("experiment %d: the searcher stopped without finishing", experiment.id)
-            final = "COMPLETED" if "COMPLETED" in states else "ERROR"
-        else:
-            final = "COMPLETED" if "COMPLETED" in states else "ERROR"
-        progress = 1.0 if final == "COMPLETED" else experiment.progress
-        self._set_experiment(experiment, state=final, end_time=_now(), progress=progress)
-        if any(t.checkpointed for t in experiment.trials.values()):
-            self._collect_garbage(experiment.id, experiment_ended=True)
-        del self.experiments[experiment.id]
-        for trial_id in experiment.trials:
-            self.trials.pop(trial_id, None)
-            self.queued.pop(trial_id, None)
-        self.models.drop(experiment.id)
+        outcome, effects = finish_run(run, trial, end, _now())
+        log.debug("trial %d run %d ended: %s", trial.id, run.run_id, outcome.value)
+        self._do(effects)
 
     # --- the harness's calls --------------------------------------------------------------
 
@@ -1132,11 +865,7 @@ class Master:
         back, validates and reports it.
         """
         with self.lock:
-            trial = self.trials.get(run.trial_id)
-            if run.stopping is not None or trial is None or trial.closed:
-                answer = None
-            else:
-                answer = trial.target
+            answer = trial_life.next_target(run, self.trials.get(run.trial_id))
             run.released = answer is None
             ticket = self.commit.ticket()
         self.commit.wait(ticket)  # answer only what is durable
@@ -1154,67 +883,31 @@ class Master:
         with self.lock:
             trial = self.trials.get(run.trial_id)
             experiment = self.experiments.get(run.experiment_id)
-            if stop_requested and trial is not None and experiment is not None:
-                if not trial.closed:
-                    target = trial.target
-                    if target is not None and total_batches >= target:
-                        # It finished its target first: the searcher gets that result.
-                        trial.target = None
-                        self._searcher_event(
-                            experiment, trial, "on_validation_completed", metric, target
-                        )
-                    trial.target, trial.closed = None, True
-                    self._searcher_event(
-                        experiment, trial, "on_trial_exited_early", "user_canceled"
-                    )
+            if trial is not None and experiment is not None:
+                effects = trial_life.validated(
+                    trial, experiment, total_batches, metric, stop_requested=stop_requested
+                )
+                self._do(effects)
+                if effects:
                     self._schedule()
-                self._commit_and_wait()
-                return
-            if (
-                trial is None
-                or experiment is None
-                or trial.target is None
-                or total_batches < trial.target
-            ):
-                # Reported already (a retry), short of the target, or the experiment has
-                # ended: once what the first report changed is durable, nothing to do.
-                self._commit_and_wait()
-                return
-            # A script may validate past its target (it validates on its own schedule):
-            # the searcher's rung is the target it asked for.
-            target, trial.target = trial.target, None
-            self._searcher_event(experiment, trial, "on_validation_completed", metric, target)
-            self._schedule()
+            # Once what the first report changed is durable, a retry has nothing to do.
             self._commit_and_wait()
 
     def best_validation(self, run: Run) -> float | None:
         """The best searcher-metric value any trial of `run`'s experiment has reported."""
         with self.lock:
             experiment = self.experiments.get(run.experiment_id)
-            if experiment is None:
-                return None
-            values = [
-                t.best_validation
-                for t in experiment.trials.values()
-                if t.best_validation is not None and math.isfinite(t.best_validation)
-            ]
-            if not values:
-                return None
-            smaller = experiment.config.searcher.smaller_is_better
-            return min(values) if smaller else max(values)
+            return trial_life.experiment_best(experiment) if experiment else None
 
     def report_progress(self, run: Run, progress: float) -> None:
-        """A script's own estimate of how far it is (0..1). It is the experiment's progress
-        when the experiment is that one trial (`single`); a search's progress is the
-        searcher's budget spent, which a trial's estimate does not change."""
+        """A script's own estimate of how far it is (0..1): see `progress_reported`."""
         if not 0.0 <= progress <= 1.0:
             raise InvalidArgumentError(f"progress must be between 0 and 1, got {progress!r}")
         with self.lock:
             experiment = self.experiments.get(run.experiment_id)
             if experiment is None or experiment.config.searcher.name != "single":
                 return
-            if progress > experiment.progress:
-                self._set_experiment(experiment, progress=min(progress, 0.99))
+            self._do(trial_life.progress_reported(experiment, progress))
             self._commit_and_wait()
 
     def report_metrics(self, run: Run, group: str, reports: Sequence[MetricReport]) -> int:
@@ -1225,23 +918,11 @@ class Master:
             experiment = self.experiments.get(run.experiment_id)
             if trial is None or experiment is None:
                 return stored  # the experiment ended meanwhile (a kill)
-            searcher = experiment.config.searcher
-            fields: dict[str, Any] = {}
-            if latest > trial.total_batches:
-                fields["total_batches"] = latest
-            if group == "validation":
-                values = [
-                    v
-                    for r in reports
-                    if (v := r.values.get(searcher.metric)) is not None and math.isfinite(v)
-                ]
-                if values:
-                    best = min(values) if searcher.smaller_is_better else max(values)
-                    old = trial.best_validation
-                    if old is None or (best < old if searcher.smaller_is_better else best > old):
-                        fields["best_validation"] = best
+            metric = experiment.config.searcher.metric
+            values = [v for r in reports if (v := r.values.get(metric)) is not None]
+            fields = trial_life.metrics_reported(trial, experiment, group, latest, values)
             if fields:
-                self._set_trial(trial, **fields)
+                self._set_trial(trial, fields)
             self._commit_and_wait()
         return stored
 
@@ -1252,7 +933,12 @@ class Master:
         accepted, and only at the location the experiment's storage gives that uuid, the
         one garbage collection and `DeleteCheckpoints` will delete.
         """
-        location = self._checkpoint_location(run.experiment_id, checkpoint)
+        with self.lock:
+            experiment = self.experiments.get(run.experiment_id)
+            config = experiment.config if experiment is not None else None
+        location = reported_location(
+            self.store, run.experiment_id, config, checkpoint, self.config.checkpoint_root
+        )
         self.store.add_checkpoint(
             replace(checkpoint, trial_id=run.trial_id, run_id=run.run_id, location=location)
         )
@@ -1265,82 +951,9 @@ class Master:
                 trial.checkpoint = Restore(checkpoint.uuid, checkpoint.total_batches, location)
                 trial.total_batches = checkpoint.total_batches
 
-    def _checkpoint_location(self, experiment_id: int, checkpoint: CheckpointRecord) -> str:
-        """The reported checkpoint's location, checked against the one derived from the
-        experiment's storage config; `InvalidArgumentError` for a bad uuid or location."""
-        with self.lock:
-            experiment = self.experiments.get(experiment_id)
-            config = experiment.config if experiment is not None else None
-        if config is None:  # ended meanwhile: a late report of its last run
-            config = parse_config(self.store.get_experiment(experiment_id).config)
-        try:
-            expected = checkpoint_location(
-                config.checkpoint_storage,
-                checkpoint_uuid(checkpoint.uuid),
-                self.config.checkpoint_root,
-            )
-        except StorageError as e:
-            raise InvalidArgumentError(f"checkpoint report refused: {e}") from None
-        if checkpoint.location != expected:
-            raise InvalidArgumentError(
-                f"checkpoint report refused: checkpoint {checkpoint.uuid} of experiment "
-                f"{experiment_id} must be at {expected}, not {checkpoint.location!r}"
-            )
-        return expected
-
-
-_ALLOWED_ACTIONS: dict[str, Set[str]] = {
-    "pause": {"ACTIVE"},
-    "activate": {"PAUSED"},
-    "cancel": {"ACTIVE", "PAUSED"},
-    "kill": {"ACTIVE", "PAUSED", "STOPPING_CANCELED", "STOPPING_KILLED"},
-    "archive": TERMINAL_EXPERIMENT,
-    "unarchive": TERMINAL_EXPERIMENT,
-}
-
-
-def _check_cluster_config(config: ExperimentConfig) -> None:
-    """The searcher counts batches: a length in epochs must convert (records_per_epoch)."""
-    try:
-        searcher_in_batches(config)
-    except InvalidConfigError as e:
-        raise InvalidArgumentError(str(e)) from None
-
-
-def _check_model_definition(data: bytes) -> None:
-    """The archive checks an agent applies before unpacking, done before it is stored."""
-    try:
-        check_model_archive(data)
-    except ModelDefinitionError as e:
-        raise InvalidArgumentError(
-            f"{e}; exclude data and checkpoints with .assayignore"
-            if len(data) > MAX_MODEL_DEF_BYTES
-            else str(e)
-        ) from None
-
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-MAX_CONFIG_BYTES = 2**20
-
-
-def _check_config_text(config_yaml: str) -> None:
-    """Refuse configs whose size or YAML aliases could make loading them, or anything
-    done with them later, cost far more than their length (a "billion laughs")."""
-    if len(config_yaml) > MAX_CONFIG_BYTES:
-        raise InvalidArgumentError(
-            f"the config is {len(config_yaml)} characters; at most {MAX_CONFIG_BYTES} are taken"
-        )
-    if "*" not in config_yaml:
-        return
-    try:
-        for token in yaml.scan(config_yaml):
-            if isinstance(token, yaml.AliasToken):
-                raise InvalidArgumentError(
-                    f"the config uses the YAML alias *{token.value}; write the value out "
-                    "instead (aliases are not accepted)"
-                )
-    except yaml.YAMLError as e:
-        raise InvalidArgumentError(f"the config is not valid YAML: {e}") from None
+__all__ = ["Master", "Run"]

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from assay.common.storage import StorageError, StorageManager, checkpoint_uuid, storage_for
 from assay.config import CheckpointStorageConfig, ExperimentConfig
-from assay.master._state import TERMINAL_TRIAL
+from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, Store
 
 log = logging.getLogger("assay.master")

@@ -21,9 +21,9 @@ from assay.master._aio import LoopOutbox
 from assay.master._auth import Principal
 from assay.master._core import Master
 from assay.master._guard import Guard, bearer, metadata_dict
-from assay.master._state import TERMINAL_TRIAL
 from assay.master._status import rpc_errors, status_of
 from assay.master.errors import InvalidArgumentError, PermissionDeniedError
+from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import UserRecord
 from assay.proto import (
     agent_pb2,

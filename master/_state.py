@@ -8,81 +8,22 @@ about. `load_live` rebuilds memory from the store when the master starts.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from assay.config import ExperimentConfig, parse_config, searcher_in_batches
 from assay.master.errors import NotFoundError
+from assay.master.lifecycle import (
+    LIVE_EXPERIMENT,
+    ExperimentState,
+    ExperimentStatus,
+    Restore,
+    TrialState,
+    TrialStatus,
+)
 from assay.master.searcher import Searcher, make_searcher, restore_searcher
 from assay.master.store import Store
-
-TERMINAL_EXPERIMENT = frozenset({"COMPLETED", "CANCELED", "ERROR"})
-TERMINAL_TRIAL = frozenset({"COMPLETED", "CANCELED", "ERROR"})
-LIVE_EXPERIMENT = ("ACTIVE", "PAUSED", "STOPPING_CANCELED", "STOPPING_KILLED")
-
-
-@dataclass(frozen=True)
-class Restore:
-    """The checkpoint a trial's next run starts from."""
-
-    uuid: str
-    total_batches: int
-    location: str
-
-
-@dataclass
-class TrialState:
-    id: int
-    experiment_id: int
-    request_id: str
-    hparams: Mapping[str, Any]
-    seed: int
-    state: str
-    run_id: int = 0
-    restarts: int = 0
-    total_batches: int = 0
-    best_validation: float | None = None
-    checkpoint: Restore | None = None
-    start_time: dt.datetime | None = None
-    target: int | None = None  # batches of the searcher's outstanding ValidateAfter
-    closed: bool = False  # the searcher closed it: it stops for good at its next question
-    last_error: str | None = None  # why its last run failed
-    order: int = 0  # its place in the queue, kept when it is requeued (0: not queued yet)
-    # Some checkpoint of it was recorded (so its end may leave some to collect).
-    checkpointed: bool = False
-
-
-@dataclass
-class ExperimentState:
-    id: int
-    config: ExperimentConfig
-    state: str
-    priority: int
-    searcher: Searcher
-    progress: float = 0.0
-    trials: dict[int, TrialState] = field(default_factory=dict)
-    by_request: dict[str, TrialState] = field(default_factory=dict)
-    shutdown: bool = False  # the searcher has nothing more to run
-    # Stored without a searcher state (by an older master): its searcher's first
-    # operations are still to be matched to its trials.
-    needs_start: bool = False
-
-    def add_trial(self, trial: TrialState) -> None:
-        self.trials[trial.id] = trial
-        self.by_request[trial.request_id] = trial
-
-    def search_state(self) -> dict[str, Any]:
-        """What the store keeps of the search: the searcher and the master's side of it."""
-        return {
-            "searcher": self.searcher.snapshot(),
-            "shutdown": self.shutdown,
-            "trials": {
-                t.request_id: {"target": t.target, "closed": t.closed} for t in self.trials.values()
-            },
-        }
 
 
 def new_searcher(config: ExperimentConfig) -> Searcher:
@@ -152,7 +93,7 @@ def load_live(store: Store) -> list[ExperimentState]:
             experiment = ExperimentState(
                 id=record.id,
                 config=config,
-                state=record.state,
+                state=ExperimentStatus(record.state),
                 priority=record.priority,
                 searcher=searcher,
                 progress=record.progress,
@@ -168,7 +109,7 @@ def load_live(store: Store) -> list[ExperimentState]:
                     request_id=t.request_id,
                     hparams=t.hparams,
                     seed=t.seed,
-                    state=t.state,
+                    state=TrialStatus(t.state),
                     run_id=t.run_id,
                     restarts=t.restarts,
                     total_batches=t.total_batches,

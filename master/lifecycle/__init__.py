@@ -6,3 +6,47 @@ holds the lock, applies the effects to the write batch and the agents' outboxes,
 commits. `simulate.py` drives the shell through a seeded fake cluster and checks the
 invariants at every step, as `searcher/simulate.py` does for search.
 """
+
+from assay.master.lifecycle import _effects as effects
+from assay.master.lifecycle._model import (
+    EXPERIMENT_EDGES,
+    LIVE_EXPERIMENT,
+    MEMORY_ONLY,
+    STOP_OF_EXPERIMENT,
+    TERMINAL_EXPERIMENT,
+    TERMINAL_TRIAL,
+    TRIAL_EDGES,
+    ExperimentState,
+    ExperimentStatus,
+    Placement,
+    Restore,
+    Run,
+    StopKind,
+    TrialState,
+    TrialStatus,
+)
+from assay.master.lifecycle.run import Outcome, RunEnd, finish_run, run_end, run_outcome
+
+__all__ = [
+    "EXPERIMENT_EDGES",
+    "LIVE_EXPERIMENT",
+    "MEMORY_ONLY",
+    "STOP_OF_EXPERIMENT",
+    "TERMINAL_EXPERIMENT",
+    "TERMINAL_TRIAL",
+    "TRIAL_EDGES",
+    "ExperimentState",
+    "ExperimentStatus",
+    "Outcome",
+    "Placement",
+    "Restore",
+    "Run",
+    "RunEnd",
+    "StopKind",
+    "TrialState",
+    "TrialStatus",
+    "effects",
+    "finish_run",
+    "run_end",
+    "run_outcome",
+]

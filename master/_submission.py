@@ -1,0 +1,88 @@
+"""An experiment submission checked before anything is stored or locked.
+
+Each check raises `InvalidArgumentError` with what to fix: the config text (size, YAML
+aliases), the config itself, its searcher, and the model archive as an agent will
+check it before unpacking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from assay.common.archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
+from assay.config import ExperimentConfig, parse_config, searcher_in_batches
+from assay.errors import InvalidConfigError
+from assay.master._state import new_searcher
+from assay.master.errors import InvalidArgumentError
+from assay.master.searcher import Searcher
+
+MAX_CONFIG_BYTES = 2**20
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@dataclass(frozen=True)
+class PreparedExperiment:
+    """A submission that passed every check, ready to be recorded."""
+
+    config: ExperimentConfig
+    model_definition: bytes
+    owner: str
+    owner_id: int
+    searcher: Searcher
+
+
+def check_submission(
+    config_yaml: str, model_definition: bytes
+) -> tuple[ExperimentConfig, Searcher]:
+    """The parsed config and its new searcher, or `InvalidArgumentError`."""
+    _check_config_text(config_yaml)
+    try:
+        raw = yaml.load(config_yaml, Loader=_YAML_LOADER)  # a safe loader (C if built)
+    except yaml.YAMLError as e:
+        raise InvalidArgumentError(f"the config is not valid YAML: {e}") from None
+    try:
+        config = parse_config(raw)
+        # The searcher counts batches: a length in epochs must convert (records_per_epoch).
+        searcher_in_batches(config)
+    except InvalidConfigError as e:
+        raise InvalidArgumentError(str(e)) from None
+    try:
+        searcher = new_searcher(config)
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
+    _check_model_definition(model_definition)
+    return config, searcher
+
+
+def _check_model_definition(data: bytes) -> None:
+    """The archive checks an agent applies before unpacking, done before it is stored."""
+    try:
+        check_model_archive(data)
+    except ModelDefinitionError as e:
+        raise InvalidArgumentError(
+            f"{e}; exclude data and checkpoints with .assayignore"
+            if len(data) > MAX_MODEL_DEF_BYTES
+            else str(e)
+        ) from None
+
+
+def _check_config_text(config_yaml: str) -> None:
+    """Refuse configs whose size or YAML aliases could make loading them, or anything
+    done with them later, cost far more than their length (a "billion laughs")."""
+    if len(config_yaml) > MAX_CONFIG_BYTES:
+        raise InvalidArgumentError(
+            f"the config is {len(config_yaml)} characters; at most {MAX_CONFIG_BYTES} are taken"
+        )
+    if "*" not in config_yaml:
+        return
+    try:
+        for token in yaml.scan(config_yaml):
+            if isinstance(token, yaml.AliasToken):
+                raise InvalidArgumentError(
+                    f"the config uses the YAML alias *{token.value}; write the value out "
+                    "instead (aliases are not accepted)"
+                )
+    except yaml.YAMLError as e:
+        raise InvalidArgumentError(f"the config is not valid YAML: {e}") from None

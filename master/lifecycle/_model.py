@@ -1,0 +1,169 @@
+"""The master's live state as plain data: states, their allowed moves, trials, runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from assay.config import ExperimentConfig
+from assay.master.searcher import Searcher
+
+
+class ExperimentStatus(StrEnum):
+    """An experiment's state; the value is what the store and the API say."""
+
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    STOPPING_CANCELED = "STOPPING_CANCELED"
+    STOPPING_KILLED = "STOPPING_KILLED"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+    ERROR = "ERROR"
+
+
+class TrialStatus(StrEnum):
+    """A trial's state; the value is what the store and the API say."""
+
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    PAUSED = "PAUSED"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+    ERROR = "ERROR"
+
+
+E, T = ExperimentStatus, TrialStatus
+TERMINAL_EXPERIMENT = frozenset({E.COMPLETED, E.CANCELED, E.ERROR})
+TERMINAL_TRIAL = frozenset({T.COMPLETED, T.CANCELED, T.ERROR})
+LIVE_EXPERIMENT = (E.ACTIVE, E.PAUSED, E.STOPPING_CANCELED, E.STOPPING_KILLED)
+
+# Every move a state may make (a state may also be written again unchanged).
+EXPERIMENT_EDGES: Mapping[ExperimentStatus, frozenset[ExperimentStatus]] = {
+    E.ACTIVE: frozenset({E.PAUSED, E.STOPPING_CANCELED, E.STOPPING_KILLED, E.COMPLETED, E.ERROR}),
+    E.PAUSED: frozenset({E.ACTIVE, E.STOPPING_CANCELED, E.STOPPING_KILLED}),
+    E.STOPPING_CANCELED: frozenset({E.STOPPING_KILLED, E.CANCELED}),
+    E.STOPPING_KILLED: frozenset({E.CANCELED}),
+    E.COMPLETED: frozenset(),
+    E.CANCELED: frozenset(),
+    E.ERROR: frozenset(),
+}
+TRIAL_EDGES: Mapping[TrialStatus, frozenset[TrialStatus]] = {
+    T.QUEUED: frozenset({T.RUNNING, T.PAUSED, T.COMPLETED, T.CANCELED, T.ERROR}),
+    T.RUNNING: frozenset({T.STOPPING, T.QUEUED, T.PAUSED, T.COMPLETED, T.CANCELED, T.ERROR}),
+    T.STOPPING: frozenset({T.QUEUED, T.PAUSED, T.COMPLETED, T.CANCELED, T.ERROR}),
+    T.PAUSED: frozenset({T.QUEUED, T.COMPLETED, T.CANCELED}),
+    T.COMPLETED: frozenset(),
+    T.CANCELED: frozenset(),
+    T.ERROR: frozenset(),
+}
+
+StopKind = Literal["pause", "cancel", "kill", "preempt"]
+# The stop a restarted master finishes for a run of an experiment in each state.
+STOP_OF_EXPERIMENT: Mapping[ExperimentStatus, StopKind] = {
+    E.PAUSED: "pause",
+    E.STOPPING_CANCELED: "cancel",
+    E.STOPPING_KILLED: "kill",
+}
+
+
+@dataclass(frozen=True)
+class Restore:
+    """The checkpoint a trial's next run starts from."""
+
+    uuid: str
+    total_batches: int
+    location: str
+
+
+@dataclass
+class TrialState:
+    id: int
+    experiment_id: int
+    request_id: str
+    hparams: Mapping[str, Any]
+    seed: int
+    state: TrialStatus
+    run_id: int = 0
+    restarts: int = 0
+    total_batches: int = 0
+    best_validation: float | None = None
+    checkpoint: Restore | None = None
+    start_time: dt.datetime | None = None
+    target: int | None = None  # batches of the searcher's outstanding ValidateAfter
+    closed: bool = False  # the searcher closed it: it stops for good at its next question
+    last_error: str | None = None  # why its last run failed
+    order: int = 0  # its place in the queue, kept when it is requeued (0: not queued yet)
+    # Some checkpoint of it was recorded (so its end may leave some to collect).
+    checkpointed: bool = False
+
+
+# Fields of `TrialState` the store does not keep as columns: the search state holds
+# `target` and `closed`, and the queue order is rebuilt at start-up.
+MEMORY_ONLY = frozenset({"target", "closed", "order", "checkpoint", "checkpointed"})
+
+
+@dataclass
+class ExperimentState:
+    id: int
+    config: ExperimentConfig
+    state: ExperimentStatus
+    priority: int
+    searcher: Searcher
+    progress: float = 0.0
+    trials: dict[int, TrialState] = field(default_factory=dict)
+    by_request: dict[str, TrialState] = field(default_factory=dict)
+    shutdown: bool = False  # the searcher has nothing more to run
+    # Stored without a searcher state (by an older master): its searcher's first
+    # operations are still to be matched to its trials.
+    needs_start: bool = False
+
+    def add_trial(self, trial: TrialState) -> None:
+        self.trials[trial.id] = trial
+        self.by_request[trial.request_id] = trial
+
+    def search_state(self) -> dict[str, Any]:
+        """What the store keeps of the search: the searcher and the master's side of it."""
+        return {
+            "searcher": self.searcher.snapshot(),
+            "shutdown": self.shutdown,
+            "trials": {
+                t.request_id: {"target": t.target, "closed": t.closed} for t in self.trials.values()
+            },
+        }
+
+
+Placement = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass
+class Run:
+    """One allocation: a trial's run on its slots."""
+
+    allocation_id: str
+    trial_id: int
+    run_id: int
+    experiment_id: int
+    placement: Placement
+    token: str
+    exit_codes: dict[str, list[int]] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+    stopping: StopKind | None = None
+    lost: bool = False  # an agent vanished: not the user's fault
+    # Found running by a restarted master: the agents whose part has not been confirmed
+    # yet, and until when (monotonic) they may confirm it.
+    awaiting: set[str] = field(default_factory=set)
+    deadline: float = 0.0
+    released: bool = False  # the master answered "stop": its processes may exit 0
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        return tuple(agent_id for agent_id, _ in self.placement)
+
+    @property
+    def over(self) -> bool:
+        """Every agent has reported its part gone (or was given up on)."""
+        return all(a in self.exit_codes for a in self.agents)

@@ -1,0 +1,165 @@
+"""An experiment's transitions: the user's actions, the search's operations, its end."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection, Mapping, Set
+
+from assay.master.errors import ConflictError
+from assay.master.lifecycle._effects import (
+    CollectGarbage,
+    Dequeue,
+    Drop,
+    Effect,
+    Kill,
+    NewTrial,
+    SetExperiment,
+    Settle,
+    SetTrial,
+    Tell,
+)
+from assay.master.lifecycle._model import (
+    TERMINAL_EXPERIMENT,
+    TERMINAL_TRIAL,
+    ExperimentState,
+    ExperimentStatus,
+    Run,
+    StopKind,
+    TrialStatus,
+)
+from assay.master.lifecycle.run import end_trial, requeue
+from assay.master.searcher import Close, Create, Operation, Shutdown, ValidateAfter
+
+E, T = ExperimentStatus, TrialStatus
+
+ALLOWED_ACTIONS: Mapping[str, Set[ExperimentStatus]] = {
+    "pause": {E.ACTIVE},
+    "activate": {E.PAUSED},
+    "cancel": {E.ACTIVE, E.PAUSED},
+    "kill": {E.ACTIVE, E.PAUSED, E.STOPPING_CANCELED, E.STOPPING_KILLED},
+    "archive": TERMINAL_EXPERIMENT,
+    "unarchive": TERMINAL_EXPERIMENT,
+}
+
+
+def check_action(experiment_id: int, state: str, action: str) -> None:
+    """`ConflictError` unless `action` applies to an experiment in `state`."""
+    allowed = ALLOWED_ACTIONS[action]
+    if state not in allowed:
+        raise ConflictError(
+            f"cannot {action} experiment {experiment_id}: it is {state}; {action} "
+            f"applies to {', '.join(sorted(allowed))} experiments"
+        )
+
+
+def act(
+    experiment: ExperimentState, action: str, runs: Mapping[int, Run], now: dt.datetime
+) -> list[Effect]:
+    """A user's pause, activate, cancel or kill of a live experiment (`runs`: the running
+    trials' runs, by trial id)."""
+    check_action(experiment.id, experiment.state, action)
+    if action == "pause":
+        return [
+            SetExperiment(experiment.id, {"state": E.PAUSED}),
+            *_stop(experiment, "pause", T.PAUSED, runs, now),
+        ]
+    if action == "activate":
+        effects: list[Effect] = [SetExperiment(experiment.id, {"state": E.ACTIVE})]
+        for trial in experiment.trials.values():
+            # Trials waiting for a promotion stay paused until the searcher asks for more.
+            if trial.state == T.PAUSED and trial.target is not None:
+                effects += requeue(trial)
+        return [*effects, Settle(experiment.id)]  # its last trial may have ended meanwhile
+    how: StopKind = "cancel" if action == "cancel" else "kill"
+    state = E.STOPPING_CANCELED if how == "cancel" else E.STOPPING_KILLED
+    return [
+        SetExperiment(experiment.id, {"state": state}),
+        *_stop(experiment, how, T.CANCELED, runs, now),
+        Settle(experiment.id),
+    ]
+
+
+def _stop(
+    experiment: ExperimentState,
+    how: StopKind,
+    queued_state: TrialStatus,
+    runs: Mapping[int, Run],
+    now: dt.datetime,
+) -> list[Effect]:
+    """Stop every trial that has not ended: running ones at a checkpoint (or killed)."""
+    effects: list[Effect] = []
+    for trial in experiment.trials.values():
+        if trial.state in TERMINAL_TRIAL:
+            continue
+        run = runs.get(trial.id)
+        if run is not None:
+            effects.append(SetTrial(trial.id, {"state": T.STOPPING}))
+            effects.append(Kill(run.allocation_id, graceful=how != "kill", stopping=how))
+        else:
+            effects.append(Dequeue(trial.id))
+            if queued_state in TERMINAL_TRIAL:
+                effects += end_trial(trial, queued_state, now)
+            else:
+                effects.append(SetTrial(trial.id, {"state": queued_state}))
+    return effects
+
+
+def apply_operation(
+    experiment: ExperimentState, op: Operation, running: Collection[int], now: dt.datetime
+) -> list[Effect]:
+    """One searcher operation (`running`: ids of trials with a run)."""
+    if isinstance(op, Create):
+        created = Tell(experiment.id, op.request_id, "on_trial_created")
+        if op.request_id in experiment.by_request:  # adopted at start-up
+            return [created]
+        state = T.QUEUED if experiment.state == E.ACTIVE else T.PAUSED
+        return [NewTrial(experiment.id, op.request_id, op.hparams, op.seed, state), created]
+    if isinstance(op, ValidateAfter):
+        trial = experiment.by_request[op.request_id]
+        effects: list[Effect] = [SetTrial(trial.id, {"target": op.length})]
+        waiting = trial.state == T.PAUSED and trial.id not in running
+        if waiting and experiment.state == E.ACTIVE:
+            effects += requeue(trial)  # a promotion: it resumes from its checkpoint
+        return effects
+    if isinstance(op, Close):
+        trial = experiment.by_request[op.request_id]
+        effects = [SetTrial(trial.id, {"closed": True, "target": None})]
+        if trial.id not in running and trial.state not in TERMINAL_TRIAL:
+            # Not running: nothing to stop. A running one stops at its next question.
+            effects.append(Dequeue(trial.id))
+            effects += end_trial(trial, T.COMPLETED, now)
+            effects.append(Tell(experiment.id, op.request_id, "on_trial_closed"))
+        return effects
+    if isinstance(op, Shutdown):
+        return [SetExperiment(experiment.id, {"shutdown": True})]
+    return []
+
+
+def settle(
+    experiment: ExperimentState, queued: Collection[int], now: dt.datetime
+) -> tuple[list[Effect], str | None]:
+    """End the experiment when its search is over and every trial has ended; the second
+    value is an error to log (a searcher that stopped without finishing)."""
+    trials = experiment.trials.values()
+    if experiment.state == E.PAUSED or any(t.state not in TERMINAL_TRIAL for t in trials):
+        return [], None
+    states = {t.state for t in trials}
+    problem = None
+    if experiment.state in (E.STOPPING_CANCELED, E.STOPPING_KILLED):
+        final = E.CANCELED
+    else:
+        if not experiment.shutdown:
+            if any(t in queued for t in experiment.trials):
+                return [], None
+            # Every trial has ended and the searcher asks for nothing more, yet has not
+            # said it is done: end here rather than wait for ever.
+            problem = f"experiment {experiment.id}: the searcher stopped without finishing"
+        final = E.COMPLETED if T.COMPLETED in states else E.ERROR
+    progress = 1.0 if final == E.COMPLETED else experiment.progress
+    effects: list[Effect] = [
+        SetExperiment(experiment.id, {"state": final, "end_time": now, "progress": progress})
+    ]
+    if any(t.checkpointed for t in trials):
+        effects.append(CollectGarbage(experiment.id, experiment_ended=True))
+    effects.append(Drop(experiment.id))
+    return effects, problem

@@ -1,0 +1,203 @@
+"""A run's end: what becomes of its trial (`run_outcome`), and the effects of that.
+
+`run_outcome` is the whole table of how a run can end, in order of precedence: the
+first row whose condition holds decides. It reads plain facts only, so the table is
+tested row by row (tests/lifecycle/test_run_outcome.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from enum import Enum
+
+from assay.errors import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
+from assay.master.lifecycle._effects import (
+    CollectGarbage,
+    Effect,
+    Enqueue,
+    Log,
+    Settle,
+    SetTrial,
+    Tell,
+)
+from assay.master.lifecycle._model import (
+    ExperimentStatus,
+    Run,
+    StopKind,
+    TrialState,
+    TrialStatus,
+)
+
+
+class Outcome(Enum):
+    """What a run's end makes of its trial."""
+
+    CANCELED = "canceled: its experiment was canceled or killed"
+    COMPLETED = "completed: the searcher closed it"
+    PREEMPTED = "requeued: preempted for a higher-priority trial"
+    PAUSED = "paused: its experiment was paused"
+    RESUMED = "requeued: its experiment was activated while the pause landed"
+    LOST = "requeued: an agent of the run was lost (not a restart)"
+    AT_RUNG = "paused: validated at its rung, waiting for a promotion"
+    PROMOTED = "requeued: promoted while it stopped at its rung"
+    SCRIPT_DONE = "completed: a script exited 0 before its target"
+    STOPPED = "requeued: stopped at a checkpoint when asked (SIGTERM)"
+    INVALID_HP = "canceled: its hyperparameters are unusable (InvalidHP)"
+    RESTART = "requeued: failed, with restarts left"
+    ERROR = "error: failed, with no restarts left"
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """What is known when the last part of a run is gone."""
+
+    exit_codes: tuple[int, ...]  # every rank's, of every agent
+    stopping: StopKind | None = None
+    lost: bool = False
+    released: bool = False
+    # The trial's side.
+    closed: bool = False
+    target: int | None = None
+    restarts: int = 0
+    # The experiment's side.
+    experiment_active: bool = True
+    is_script: bool = False
+    max_restarts: int = 5
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.exit_codes) and all(c == 0 for c in self.exit_codes)
+
+    @property
+    def preempted(self) -> bool:
+        codes = self.exit_codes
+        return PREEMPTED_EXIT_CODE in codes and all(c in (0, PREEMPTED_EXIT_CODE) for c in codes)
+
+
+def run_outcome(end: RunEnd) -> Outcome:
+    """The first row that applies, in this order."""
+    if end.stopping in ("cancel", "kill"):
+        return Outcome.CANCELED
+    if end.ok and end.closed:
+        # Done: the searcher closed it, whatever stop was landing as it exited.
+        return Outcome.COMPLETED
+    if end.stopping == "preempt":
+        return Outcome.PREEMPTED  # resumes from its checkpoint later
+    if end.stopping == "pause":
+        return Outcome.RESUMED if end.experiment_active else Outcome.PAUSED
+    if end.lost:
+        return Outcome.LOST
+    if end.ok and end.target is None:
+        return Outcome.AT_RUNG  # validated at its rung and not promoted (yet)
+    if end.ok and end.released:
+        return Outcome.PROMOTED  # told to stop at its rung, then promoted on its way out
+    if end.ok and end.is_script:
+        # As in Determined: a script that exits 0 has finished; its code decided so, and
+        # running it again would decide the same.
+        return Outcome.SCRIPT_DONE
+    if end.preempted:
+        return Outcome.STOPPED  # e.g. its agent shutting down: not the user's failure
+    if INVALID_HP_EXIT_CODE in end.exit_codes:
+        return Outcome.INVALID_HP
+    return Outcome.RESTART if end.restarts + 1 <= end.max_restarts else Outcome.ERROR
+
+
+def run_end(
+    run: Run,
+    trial: TrialState,
+    experiment_state: ExperimentStatus,
+    *,
+    is_script: bool,
+    max_restarts: int,
+) -> RunEnd:
+    return RunEnd(
+        exit_codes=tuple(c for codes in run.exit_codes.values() for c in codes),
+        stopping=run.stopping,
+        lost=run.lost,
+        released=run.released,
+        closed=trial.closed,
+        target=trial.target,
+        restarts=trial.restarts,
+        experiment_active=experiment_state == ExperimentStatus.ACTIVE,
+        is_script=is_script,
+        max_restarts=max_restarts,
+    )
+
+
+def end_trial(trial: TrialState, state: TrialStatus, now: dt.datetime) -> list[Effect]:
+    """A trial's end; a trial that checkpointed leaves checkpoints to collect."""
+    effects: list[Effect] = [SetTrial(trial.id, {"state": state, "end_time": now})]
+    if trial.checkpointed:
+        effects.append(CollectGarbage(trial.experiment_id, ended_trial_ids=(trial.id,)))
+    return effects
+
+
+def requeue(trial: TrialState, **fields: object) -> list[Effect]:
+    return [SetTrial(trial.id, {"state": TrialStatus.QUEUED, **fields}), Enqueue(trial.id)]
+
+
+def finish_run(
+    run: Run, trial: TrialState, end: RunEnd, now: dt.datetime
+) -> tuple[Outcome, list[Effect]]:
+    """The outcome of a run whose every part is gone, and its effects on the trial,
+    the searcher and the experiment."""
+    outcome = run_outcome(end)
+    O, T = Outcome, TrialStatus  # noqa: E741, N806 - the table's row and state names
+    exp, req = run.experiment_id, trial.request_id
+    effects: list[Effect] = []
+    if outcome is O.CANCELED:
+        effects += end_trial(trial, T.CANCELED, now)
+    elif outcome is O.COMPLETED:
+        effects += end_trial(trial, T.COMPLETED, now)
+        effects.append(Tell(exp, req, "on_trial_closed"))
+    elif outcome in (O.PREEMPTED, O.RESUMED, O.PROMOTED, O.STOPPED):
+        effects += requeue(trial)
+    elif outcome in (O.PAUSED, O.AT_RUNG):
+        effects.append(SetTrial(trial.id, {"state": T.PAUSED}))
+    elif outcome is O.LOST:
+        message = f"assay: run {run.run_id} lost its agent; requeued (not a restart)"
+        effects.append(Log(trial.id, run.run_id, message))
+        effects += requeue(trial)
+    elif outcome is O.SCRIPT_DONE:
+        message = (
+            f"assay: run {run.run_id} exited 0 at batch {trial.total_batches}, before "
+            f"its searcher target {trial.target}: the trial ends as completed"
+        )
+        effects.append(Log(trial.id, run.run_id, message))
+        effects += end_trial(trial, T.COMPLETED, now)
+        effects.append(Tell(exp, req, "on_trial_exited_early", ("user_canceled",)))
+    elif outcome is O.INVALID_HP:
+        message = f"assay: run {run.run_id}: its hyperparameters are unusable (InvalidHP)"
+        effects.append(Log(trial.id, run.run_id, message))
+        effects += end_trial(trial, T.CANCELED, now)
+        effects.append(Tell(exp, req, "on_trial_exited_early", ("invalid_hp",)))
+    else:
+        effects += _failed(run, trial, end, outcome, now)
+    effects.append(Settle(exp))
+    return outcome, effects
+
+
+def _failed(
+    run: Run, trial: TrialState, end: RunEnd, outcome: Outcome, now: dt.datetime
+) -> list[Effect]:
+    restarts, limit = trial.restarts + 1, end.max_restarts
+    why = "; ".join(run.messages) or f"exit codes {list(end.exit_codes)}"
+    if end.ok:
+        why = f"its process exited 0 before training to batch {trial.target}"
+    effects: list[Effect] = [SetTrial(trial.id, {"last_error": f"run {run.run_id}: {why}"})]
+    if outcome is Outcome.RESTART:
+        source = "its latest checkpoint" if trial.checkpoint else "the start (no checkpoint yet)"
+        what = f"restart {restarts} of {limit} from {source}"
+        effects.append(SetTrial(trial.id, {"state": TrialStatus.QUEUED, "restarts": restarts}))
+        # A failing trial goes to the back; the others keep their place.
+        effects.append(Enqueue(trial.id, to_back=True))
+    else:
+        what = f"no restarts left (max_restarts: {limit}): the trial ends in ERROR"
+        effects += end_trial(trial, TrialStatus.ERROR, now)
+        effects.append(
+            Tell(run.experiment_id, trial.request_id, "on_trial_exited_early", ("errored",))
+        )
+    message = f"assay: run {run.run_id} failed ({why}); {what}"
+    effects.append(Log(trial.id, run.run_id, message, level="ERROR"))
+    return effects

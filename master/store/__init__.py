@@ -5,6 +5,7 @@ the same contract tests (tests/store/).
 """
 
 from assay.master.store._batch import WriteBatch
+from assay.master.store._experiments import MAX_PAGE, SORT_COLUMNS
 from assay.master.store._migrate import current_revision, head_revision, migrate
 from assay.master.store._records import (
     AgentRecord,
@@ -17,7 +18,7 @@ from assay.master.store._records import (
     TrialRecord,
     UserRecord,
 )
-from assay.master.store._store import MAX_PAGE, SORT_COLUMNS, Store
+from assay.master.store._store import Store
 
 __all__ = [
     "MAX_PAGE",

@@ -22,7 +22,7 @@ from sqlalchemy import Table, bindparam, insert, update
 from sqlalchemy.orm import Session
 
 from assay.master.errors import InvalidArgumentError
-from assay.master.store import _metrics
+from assay.master.store import _rollups
 from assay.master.store._models import (
     Agent,
     Allocation,
@@ -212,7 +212,7 @@ class WriteBatch:
 
     def supersede_metrics(self, trial_id: int, after_batches: int) -> None:
         """Hide the trial's metrics past `after_batches` (a run restored from a checkpoint)."""
-        self.call(lambda s: _metrics.supersede(s, trial_id, after_batches))
+        self.call(lambda s: _rollups.supersede(s, trial_id, after_batches))
 
     def log(
         self, trial_id: int, run_id: int, message: str, *, level: str, now: dt.datetime

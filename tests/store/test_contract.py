@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError, StaleRunError
 from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store, WriteBatch
-from assay.master.store._metrics import RAW_READ_LIMIT
+from assay.master.store._curves import RAW_READ_LIMIT
 from assay.master.store._models import Metric
 from tests.store import _seed as seed
 

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, func, select
 
-from assay.master.store import MetricReport, Store
-from assay.master.store import _metrics as metrics
-from assay.master.store._metrics import LEVELS, RAW_READ_LIMIT, TOP, _plan
+from assay.master.store import MetricReport, Store, _curves
+from assay.master.store._curves import RAW_READ_LIMIT, _plan
 from assay.master.store._models import MetricRollup
+from assay.master.store._rollups import LEVELS, TOP
 from tests.store import _seed as seed
 
 ALL = list(LEVELS.items())
@@ -97,13 +97,13 @@ def _check(curve: list[tuple[int, float]], live: dict[int, float], max_points: i
 def _sources(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The SQL of every curve query from now on."""
     seen: list[str] = []
-    fetch = metrics._fetch
+    fetch = _curves._fetch
 
     def spy(session: Any, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         seen.append(sql)
         return fetch(session, sql, params)
 
-    monkeypatch.setattr(metrics, "_fetch", spy)
+    monkeypatch.setattr(_curves, "_fetch", spy)
     return seen
 
 
@@ -169,7 +169,7 @@ def test_a_dense_curve_reads_level_0_not_the_raw_rows(
     _write(store, tid, run, points, 2500)
     seen = _sources(monkeypatch)
     curve = store.trial_curve(tid, "loss", group="training", max_points=200)
-    assert seen == [metrics._EXTENT_SQL, metrics._ROLLUP_SQL]
+    assert seen == [_curves._EXTENT_SQL, _curves._ROLLUP_SQL]
     # M4 of 50 groups of level-0 buckets: up to 4 points each, 2 at least.
     assert 150 <= len(curve) <= 200
     _check(curve, dict(points), 200)
@@ -190,7 +190,7 @@ def test_a_store_written_before_level_0_falls_back_to_the_raw_rows(
         s.execute(gone)
     seen = _sources(monkeypatch)
     curve = store.trial_curve(tid, "loss", group="training", max_points=200)
-    assert seen[-1] == metrics._RAW_SQL
+    assert seen[-1] == _curves._RAW_SQL
     assert len(curve) == 200
     _check(curve, dict(points), 200)
     spike = points[2000]
@@ -201,7 +201,7 @@ def test_a_store_written_before_level_0_falls_back_to_the_raw_rows(
     _write(store, tid, run, _sawtooth(100, start=6001), 100)
     seen.clear()
     store.trial_curve(tid, "loss", group="training", max_points=200)
-    assert seen[-1] == metrics._RAW_SQL
+    assert seen[-1] == _curves._RAW_SQL
 
 
 def _level_counts(store: Store, tid: int) -> dict[int, int]:

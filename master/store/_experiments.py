@@ -1,0 +1,220 @@
+"""Experiments and their trials: reads, the fields set outside the group commit, and ids.
+
+The master writes experiments and trials through `WriteBatch` (its group commit); here
+are the reads the CLI and web UI make (the experiment list filters, sorts and pages on
+indexed columns), the one update made outside a batch (archiving) and the ids a batch's
+new rows take.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Engine, exists, func, select, text
+from sqlalchemy.orm import Session
+
+from assay.master.errors import InvalidArgumentError, NotFoundError
+from assay.master.store._base import StoreBase
+from assay.master.store._batch import EXPERIMENT_FIELDS
+from assay.master.store._models import Experiment, ExperimentLabel, Trial, User
+from assay.master.store._records import ExperimentRecord, Page, TrialRecord
+
+# Columns the experiment list may be sorted by (user input never names a column).
+SORT_COLUMNS: dict[str, Any] = {
+    "id": Experiment.id,
+    "name": Experiment.name,
+    "state": Experiment.state,
+    "owner": User.username,
+    "priority": Experiment.priority,
+    "progress": Experiment.progress,
+    "created_at": Experiment.created_at,
+    "start_time": Experiment.start_time,
+    "end_time": Experiment.end_time,
+}
+MAX_PAGE = 1000
+_ID_BLOCK = 32
+
+
+class ExperimentQueries(StoreBase):
+    """Experiments and trials."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self._ids: dict[str, list[int]] = {}  # reserved, unused ids per table
+        self._id_lock = threading.Lock()
+        self._sqlite_top: dict[str, int] = {}  # the largest id handed out per table
+
+    def reserve_id(self, table: str) -> int:
+        """A new id for a row of `table` (experiments, trials), before the row is written.
+
+        The master records rows in a `WriteBatch` and writes them later, so it needs ids
+        up front. PostgreSQL hands them out from the table's sequence (in blocks, so
+        most calls need no round trip; a crash leaves a gap, never a duplicate). SQLite
+        counts on from the largest id: one master owns a SQLite file.
+        """
+        with self._id_lock:
+            free = self._ids.get(table)
+            if not free:
+                free = self._ids[table] = self._fetch_ids(table)
+            return free.pop()
+
+    def _fetch_ids(self, table: str) -> list[int]:
+        if table not in ("experiments", "trials"):
+            raise InvalidArgumentError(f"no ids are reserved for table {table!r}")
+        with self.engine.connect() as c:
+            if self.engine.dialect.name == "postgresql":
+                rows = c.execute(
+                    text(
+                        "SELECT nextval(pg_get_serial_sequence(:table, 'id')) "
+                        "FROM generate_series(1, :n)"
+                    ),
+                    {"table": table, "n": _ID_BLOCK},
+                ).scalars()
+                return sorted((int(i) for i in rows), reverse=True)
+            top = c.execute(text(f"SELECT coalesce(max(id), 0) FROM {table}")).scalar_one()
+            known = self._sqlite_top.get(table, 0)
+            start = max(int(top), known) + 1
+            self._sqlite_top[table] = start + _ID_BLOCK - 1
+            return list(range(start + _ID_BLOCK - 1, start - 1, -1))
+
+    def get_experiment(self, experiment_id: int) -> ExperimentRecord:
+        with self.read() as s:
+            row = s.execute(_experiment_query().where(Experiment.id == experiment_id)).first()
+            if row is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            return _experiment(s, row[0], row[1])
+
+    def get_model_definition(self, experiment_id: int) -> bytes:
+        with self.read() as s:
+            data = s.execute(
+                select(Experiment.model_definition).where(Experiment.id == experiment_id)
+            ).scalar()
+            if data is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            return bytes(data)
+
+    def update_experiment(self, experiment_id: int, **fields: Any) -> None:
+        """Set the named fields (idempotent)."""
+        unknown = set(fields) - EXPERIMENT_FIELDS
+        if unknown:
+            raise InvalidArgumentError(f"cannot update experiment fields {sorted(unknown)}")
+        with self.write() as s:
+            experiment = s.get(Experiment, experiment_id)
+            if experiment is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            for key, value in fields.items():
+                setattr(experiment, key, value)
+
+    def list_experiments(
+        self,
+        *,
+        states: Sequence[str] = (),
+        name: str | None = None,
+        label: str | None = None,
+        owner: str | None = None,
+        archived: bool | None = None,
+        sort: str = "id",
+        descending: bool = True,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> Page[ExperimentRecord]:
+        """Filter, sort (a whitelisted column) and paginate; values are bound, never spliced."""
+        if sort not in SORT_COLUMNS:
+            allowed = ", ".join(sorted(SORT_COLUMNS))
+            raise InvalidArgumentError(f"cannot sort by {sort!r}; sort by one of: {allowed}")
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidArgumentError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+        if offset < 0:
+            raise InvalidArgumentError(f"offset must not be negative, got {offset}")
+        query = _experiment_query()
+        if states:
+            query = query.where(Experiment.state.in_(list(states)))
+        if name:
+            query = query.where(func.lower(Experiment.name).contains(name.lower(), autoescape=True))
+        if label:
+            query = query.where(
+                exists().where(
+                    ExperimentLabel.experiment_id == Experiment.id, ExperimentLabel.label == label
+                )
+            )
+        if owner:
+            query = query.where(User.username == owner)
+        if archived is not None:
+            query = query.where(Experiment.archived.is_(archived))
+        column = SORT_COLUMNS[sort]
+        # Explicit NULL placement: SQLite and PostgreSQL disagree by default.
+        if descending:
+            order = [column.desc().nulls_last(), Experiment.id.desc()]
+        else:
+            order = [column.asc().nulls_last(), Experiment.id]
+        with self.read() as s:
+            total = s.execute(select(func.count()).select_from(query.subquery())).scalar_one()
+            rows = s.execute(query.order_by(*order).limit(limit).offset(offset)).all()
+            items = [_experiment(s, row[0], row[1]) for row in rows]
+        return Page(items=items, total=total, offset=offset, limit=limit)
+
+    def get_trial(self, trial_id: int) -> TrialRecord:
+        with self.read() as s:
+            trial = s.get(Trial, trial_id)
+            if trial is None:
+                raise NotFoundError(f"trial {trial_id} does not exist")
+            return _trial(trial)
+
+    def list_trials(self, experiment_id: int) -> list[TrialRecord]:
+        with self.read() as s:
+            trials = s.execute(
+                select(Trial).where(Trial.experiment_id == experiment_id).order_by(Trial.id)
+            ).scalars()
+            return [_trial(t) for t in trials]
+
+
+def _experiment_query() -> Any:  # Select[Experiment, str]; its spelling differs in 2.0/2.1
+    return select(Experiment, User.username).join(User, User.id == Experiment.owner_id)
+
+
+def _experiment(s: Session, e: Experiment, owner: str) -> ExperimentRecord:
+    labels = s.execute(
+        select(ExperimentLabel.label)
+        .where(ExperimentLabel.experiment_id == e.id)
+        .order_by(ExperimentLabel.label)
+    ).scalars()
+    return ExperimentRecord(
+        id=e.id,
+        name=e.name,
+        description=e.description,
+        owner=owner,
+        state=e.state,
+        labels=tuple(labels),
+        priority=e.priority,
+        progress=e.progress,
+        archived=e.archived,
+        config=e.config,
+        searcher_state=e.searcher_state,
+        created_at=e.created_at,
+        start_time=e.start_time,
+        end_time=e.end_time,
+    )
+
+
+def _trial(t: Trial) -> TrialRecord:
+    return TrialRecord(
+        id=t.id,
+        experiment_id=t.experiment_id,
+        request_id=t.request_id,
+        hparams=t.hparams,
+        seed=t.seed,
+        state=t.state,
+        run_id=t.run_id,
+        restarts=t.restarts,
+        total_batches=t.total_batches,
+        best_validation=t.best_validation,
+        latest_checkpoint=t.latest_checkpoint,
+        start_time=t.start_time,
+        end_time=t.end_time,
+        last_error=t.last_error,
+    )
+
+
+__all__ = ["MAX_PAGE", "SORT_COLUMNS", "ExperimentQueries"]

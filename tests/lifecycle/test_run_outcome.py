@@ -1,0 +1,130 @@
+"""`run_outcome`: one row per way a run can end, and the precedence between rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from assay.errors import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
+from assay.master.lifecycle import (
+    Outcome,
+    Restore,
+    Run,
+    RunEnd,
+    TrialState,
+    TrialStatus,
+    finish_run,
+    run_outcome,
+)
+from assay.master.lifecycle import effects as fx
+
+P = PREEMPTED_EXIT_CODE
+NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+
+# (id, RunEnd, outcome): each row is the first that applies for its facts.
+ROWS = [
+    ("cancel", RunEnd((0,), stopping="cancel", closed=True), Outcome.CANCELED),
+    ("kill", RunEnd((-9,), stopping="kill"), Outcome.CANCELED),
+    ("closed-and-ok", RunEnd((0, 0), stopping="pause", closed=True), Outcome.COMPLETED),
+    ("preempt", RunEnd((P,), stopping="preempt", target=100), Outcome.PREEMPTED),
+    ("preempt-failed", RunEnd((1,), stopping="preempt"), Outcome.PREEMPTED),
+    ("pause", RunEnd((P,), stopping="pause", experiment_active=False), Outcome.PAUSED),
+    ("pause-reactivated", RunEnd((P,), stopping="pause"), Outcome.RESUMED),
+    ("lost", RunEnd((), lost=True, target=100), Outcome.LOST),
+    ("lost-ok", RunEnd((0,), lost=True), Outcome.LOST),
+    ("at-rung", RunEnd((0,), target=None), Outcome.AT_RUNG),
+    ("promoted", RunEnd((0,), target=200, released=True), Outcome.PROMOTED),
+    ("script-exit-0", RunEnd((0,), target=200, is_script=True), Outcome.SCRIPT_DONE),
+    ("sigterm-checkpoint", RunEnd((P, 0), target=200), Outcome.STOPPED),
+    ("invalid-hp", RunEnd((INVALID_HP_EXIT_CODE,), target=200), Outcome.INVALID_HP),
+    ("failed", RunEnd((1,), target=200, restarts=0, max_restarts=1), Outcome.RESTART),
+    ("no-codes", RunEnd((), target=200), Outcome.RESTART),
+    ("exit-0-short", RunEnd((0,), target=200), Outcome.RESTART),
+    ("no-restarts-left", RunEnd((1,), target=200, restarts=1, max_restarts=1), Outcome.ERROR),
+    ("never-restart", RunEnd((1,), max_restarts=0), Outcome.ERROR),
+]
+
+
+@pytest.mark.parametrize(("end", "outcome"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_each_way_a_run_ends(end: RunEnd, outcome: Outcome) -> None:
+    assert run_outcome(end) is outcome
+
+
+def test_every_outcome_has_a_row() -> None:
+    assert {r[2] for r in ROWS} == set(Outcome)
+
+
+def _trial(**fields: object) -> TrialState:
+    base: dict[str, object] = {
+        "id": 7,
+        "experiment_id": 3,
+        "request_id": "r7",
+        "hparams": {},
+        "seed": 1,
+        "state": TrialStatus.RUNNING,
+        "run_id": 2,
+        "target": 200,
+    }
+    return TrialState(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def _run(**fields: object) -> Run:
+    run = Run("7.2.x", 7, 2, 3, (("a0", (0,)),), "token")
+    for key, value in fields.items():
+        setattr(run, key, value)
+    return run
+
+
+def _states(effects: list[fx.Effect]) -> list[object]:
+    return [
+        e.fields["state"] for e in effects if isinstance(e, fx.SetTrial) and "state" in e.fields
+    ]
+
+
+def test_a_failure_with_restarts_left_requeues_at_the_back_and_says_where_from() -> None:
+    trial = _trial(checkpoint=Restore("u", 100, "/c/u"))
+    end = RunEnd((1,), target=200, restarts=0, max_restarts=2)
+    outcome, effects = finish_run(_run(messages=["a0: boom"]), trial, end, NOW)
+    assert outcome is Outcome.RESTART
+    assert _states(effects) == [TrialStatus.QUEUED]
+    assert fx.Enqueue(7, to_back=True) in effects
+    [line] = [e for e in effects if isinstance(e, fx.Log)]
+    assert line.level == "ERROR"
+    assert line.message == (
+        "assay: run 2 failed (a0: boom); restart 1 of 2 from its latest checkpoint"
+    )
+    assert isinstance(effects[-1], fx.Settle)
+
+
+def test_a_restart_without_a_checkpoint_does_not_claim_one() -> None:
+    end = RunEnd((1,), target=200, restarts=0, max_restarts=2)
+    _, effects = finish_run(_run(), _trial(), end, NOW)
+    [line] = [e for e in effects if isinstance(e, fx.Log)]
+    assert "restart 1 of 2 from the start (no checkpoint yet)" in line.message
+    assert "latest checkpoint" not in line.message
+
+
+def test_the_last_failure_ends_the_trial_and_tells_the_searcher() -> None:
+    trial = _trial(checkpointed=True)
+    end = RunEnd((1,), target=200, restarts=1, max_restarts=1)
+    outcome, effects = finish_run(_run(), trial, end, NOW)
+    assert outcome is Outcome.ERROR
+    assert _states(effects) == [TrialStatus.ERROR]
+    assert fx.CollectGarbage(3, ended_trial_ids=(7,)) in effects
+    assert fx.Tell(3, "r7", "on_trial_exited_early", ("errored",)) in effects
+
+
+def test_a_closed_trial_completes_and_the_searcher_learns_it() -> None:
+    _, effects = finish_run(_run(), _trial(closed=True), RunEnd((0,), closed=True), NOW)
+    assert _states(effects) == [TrialStatus.COMPLETED]
+    assert fx.Tell(3, "r7", "on_trial_closed") in effects
+    # It never checkpointed: nothing to collect.
+    assert not [e for e in effects if isinstance(e, fx.CollectGarbage)]
+
+
+def test_a_lost_agent_requeues_without_counting_a_restart() -> None:
+    _, effects = finish_run(_run(lost=True), _trial(), RunEnd((), lost=True, target=200), NOW)
+    assert _states(effects) == [TrialStatus.QUEUED]
+    assert not any("restarts" in e.fields for e in effects if isinstance(e, fx.SetTrial))
+    assert fx.Enqueue(7) in effects

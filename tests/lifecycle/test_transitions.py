@@ -1,0 +1,268 @@
+"""The lifecycles' transitions on plain data: each returns the effects the shell applies."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from assay.config import parse_config
+from assay.master._state import new_searcher
+from assay.master.errors import ConflictError
+from assay.master.lifecycle import (
+    EXPERIMENT_EDGES,
+    TERMINAL_EXPERIMENT,
+    TERMINAL_TRIAL,
+    TRIAL_EDGES,
+    ExperimentState,
+    ExperimentStatus,
+    Run,
+    TrialState,
+    TrialStatus,
+)
+from assay.master.lifecycle import agent as agent_life
+from assay.master.lifecycle import effects as fx
+from assay.master.lifecycle import experiment as experiment_life
+from assay.master.lifecycle import trial as trial_life
+from assay.master.searcher import Close, Create, Shutdown, ValidateAfter
+
+E, T = ExperimentStatus, TrialStatus
+NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+
+
+def _experiment(state: ExperimentStatus = E.ACTIVE, **searcher: Any) -> ExperimentState:
+    config = parse_config(
+        {
+            "name": "t",
+            "entrypoint": "model_def:T",
+            "hyperparameters": {"lr": 0.1, "global_batch_size": 8},
+            "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 10}}
+            | searcher,
+        }
+    )
+    return ExperimentState(1, config, state, 0, new_searcher(config))
+
+
+def _trial(experiment: ExperimentState, id: int, state: TrialStatus, **kw: Any) -> TrialState:
+    trial = TrialState(id, experiment.id, f"r{id}", {}, 0, state, **kw)
+    experiment.add_trial(trial)
+    return trial
+
+
+def _run(trial: TrialState, agent: str = "a0") -> Run:
+    return Run(f"{trial.id}.1.x", trial.id, 1, trial.experiment_id, ((agent, (0,)),), "tok")
+
+
+def _states(effects: list[fx.Effect]) -> dict[int, object]:
+    return {
+        e.trial_id: e.fields["state"]
+        for e in effects
+        if isinstance(e, fx.SetTrial) and "state" in e.fields
+    }
+
+
+def test_terminal_states_have_no_way_out() -> None:
+    assert all(not EXPERIMENT_EDGES[s] for s in TERMINAL_EXPERIMENT)
+    assert all(not TRIAL_EDGES[s] for s in TERMINAL_TRIAL)
+    assert set(EXPERIMENT_EDGES) == set(ExperimentStatus)
+    assert set(TRIAL_EDGES) == set(TrialStatus)
+
+
+@pytest.mark.parametrize(
+    ("action", "state"),
+    [("pause", E.PAUSED), ("activate", E.ACTIVE), ("cancel", E.ACTIVE), ("archive", E.ACTIVE)],
+)
+def test_an_action_refused_says_which_states_it_applies_to(
+    action: str, state: ExperimentStatus
+) -> None:
+    experiment = _experiment(state)
+    if action == "cancel":
+        experiment.state = E.CANCELED
+    with pytest.raises(ConflictError, match=f"cannot {action} experiment 1: it is"):
+        experiment_life.act(experiment, action, {}, NOW)
+
+
+def test_pause_stops_running_trials_at_a_checkpoint_and_parks_queued_ones() -> None:
+    experiment = _experiment()
+    running = _trial(experiment, 1, T.RUNNING)
+    queued = _trial(experiment, 2, T.QUEUED)
+    _trial(experiment, 3, T.COMPLETED)
+    run = _run(running)
+    effects = experiment_life.act(experiment, "pause", {1: run}, NOW)
+    assert effects[0] == fx.SetExperiment(1, {"state": E.PAUSED})
+    assert _states(effects) == {1: T.STOPPING, 2: T.PAUSED}
+    assert fx.Kill(run.allocation_id, graceful=True, stopping="pause") in effects
+    assert fx.Dequeue(queued.id) in effects
+
+
+def test_kill_is_not_graceful_and_cancels_queued_trials() -> None:
+    experiment = _experiment()
+    running = _trial(experiment, 1, T.RUNNING)
+    _trial(experiment, 2, T.QUEUED, checkpointed=True)
+    effects = experiment_life.act(experiment, "kill", {1: _run(running)}, NOW)
+    assert effects[0] == fx.SetExperiment(1, {"state": E.STOPPING_KILLED})
+    assert fx.Kill("1.1.x", graceful=False, stopping="kill") in effects
+    assert _states(effects) == {1: T.STOPPING, 2: T.CANCELED}
+    assert fx.CollectGarbage(1, ended_trial_ids=(2,)) in effects
+    assert effects[-1] == fx.Settle(1)
+
+
+def test_activate_requeues_only_trials_with_a_target() -> None:
+    experiment = _experiment(E.PAUSED)
+    _trial(experiment, 1, T.PAUSED, target=10)
+    _trial(experiment, 2, T.PAUSED, target=None)  # waits for a promotion
+    effects = experiment_life.act(experiment, "activate", {}, NOW)
+    assert _states(effects) == {1: T.QUEUED}
+    assert fx.Enqueue(1) in effects
+
+
+def test_searcher_operations() -> None:
+    experiment = _experiment()
+    new = experiment_life.apply_operation(experiment, Create("r9", {"lr": 1}, 5), set(), NOW)
+    assert new == [
+        fx.NewTrial(1, "r9", {"lr": 1}, 5, T.QUEUED),
+        fx.Tell(1, "r9", "on_trial_created"),
+    ]
+    paused = _trial(experiment, 2, T.PAUSED)
+    promoted = experiment_life.apply_operation(experiment, ValidateAfter("r2", 40), set(), NOW)
+    assert promoted == [
+        fx.SetTrial(2, {"target": 40}),
+        fx.SetTrial(2, {"state": T.QUEUED}),
+        fx.Enqueue(2),
+    ]
+    closed = experiment_life.apply_operation(experiment, Close("r2"), set(), NOW)
+    assert _states(closed) == {paused.id: T.COMPLETED}
+    assert fx.Tell(1, "r2", "on_trial_closed") in closed
+    running = _trial(experiment, 3, T.RUNNING)
+    # A running trial is closed in memory and stops at its next question.
+    assert experiment_life.apply_operation(experiment, Close("r3"), {running.id}, NOW) == [
+        fx.SetTrial(3, {"closed": True, "target": None})
+    ]
+    assert experiment_life.apply_operation(experiment, Shutdown(), set(), NOW) == [
+        fx.SetExperiment(1, {"shutdown": True})
+    ]
+
+
+def test_an_experiment_ends_when_its_search_is_over_and_its_trials_have_ended() -> None:
+    experiment = _experiment()
+    _trial(experiment, 1, T.COMPLETED, checkpointed=True)
+    waiting = _trial(experiment, 2, T.RUNNING)
+    assert experiment_life.settle(experiment, set(), NOW) == ([], None)
+    waiting.state = T.ERROR
+    experiment.shutdown = True
+    effects, problem = experiment_life.settle(experiment, set(), NOW)
+    assert problem is None
+    assert effects == [
+        fx.SetExperiment(1, {"state": E.COMPLETED, "end_time": NOW, "progress": 1.0}),
+        fx.CollectGarbage(1, experiment_ended=True),
+        fx.Drop(1),
+    ]
+
+
+def test_a_searcher_that_stops_without_finishing_ends_its_experiment_with_a_warning() -> None:
+    experiment = _experiment()
+    _trial(experiment, 1, T.ERROR)
+    effects, problem = experiment_life.settle(experiment, set(), NOW)
+    assert problem is not None
+    assert "stopped without finishing" in problem
+    assert effects[0] == fx.SetExperiment(1, {"state": E.ERROR, "end_time": NOW, "progress": 0.0})
+    # A queued trial of it keeps it going.
+    assert experiment_life.settle(experiment, {1}, NOW) == ([], None)
+
+
+def test_a_paused_or_stopping_experiment() -> None:
+    experiment = _experiment(E.PAUSED)
+    _trial(experiment, 1, T.CANCELED)
+    assert experiment_life.settle(experiment, set(), NOW) == ([], None)
+    experiment.state = E.STOPPING_CANCELED
+    effects, _ = experiment_life.settle(experiment, set(), NOW)
+    assert effects[0] == fx.SetExperiment(
+        1, {"state": E.CANCELED, "end_time": NOW, "progress": 0.0}
+    )
+
+
+def test_reconcile_adopts_kills_and_loses() -> None:
+    experiment = _experiment()
+    adopted = _run(_trial(experiment, 1, T.RUNNING))
+    adopted.awaiting = {"a0"}
+    stopping = _run(_trial(experiment, 2, T.STOPPING))
+    stopping.stopping = "kill"
+    gone = _run(_trial(experiment, 3, T.RUNNING))
+    elsewhere = _run(_trial(experiment, 4, T.RUNNING), agent="a1")
+    effects = agent_life.reconcile(
+        "a0",
+        {adopted.allocation_id, stopping.allocation_id, "stranger"},
+        [adopted, stopping, gone, elsewhere],
+    )
+    assert effects == [
+        fx.Adopt(adopted.allocation_id, "a0"),
+        fx.Kill(stopping.allocation_id, graceful=False),
+        fx.PartLost(gone.allocation_id, "a0"),
+        fx.KillUnknown("a0", "stranger"),
+    ]
+
+
+def test_reap_gives_up_on_silent_and_gone_agents_and_unconfirmed_runs() -> None:
+    clocks = [
+        agent_life.AgentClock("quiet", True, last_heartbeat=0.0, disconnected_at=None),
+        agent_life.AgentClock("gone", False, last_heartbeat=95.0, disconnected_at=60.0),
+        agent_life.AgentClock("fine", True, last_heartbeat=99.0, disconnected_at=None),
+        agent_life.AgentClock("away", False, last_heartbeat=99.0, disconnected_at=95.0),
+    ]
+    experiment = _experiment()
+    run = _run(_trial(experiment, 1, T.RUNNING))
+    run.awaiting, run.deadline = {"a0"}, 99.0
+    effects = agent_life.reap(clocks, [run], now=100.0, wall=100.0, wait_s=30, heartbeat_s=5)
+    assert [type(e).__name__ for e in effects] == ["DropAgent", "DropAgent", "PartLost"]
+    assert [e.agent_id for e in effects] == ["quiet", "gone", "a0"]  # type: ignore[union-attr]
+
+
+def test_validation_at_the_target_tells_the_searcher_once() -> None:
+    experiment = _experiment()
+    trial = _trial(experiment, 1, T.RUNNING, target=10)
+    assert trial_life.validated(trial, experiment, 9, 0.5, stop_requested=False) == []
+    effects = trial_life.validated(trial, experiment, 12, 0.5, stop_requested=False)
+    assert effects == [
+        fx.SetTrial(1, {"target": None}),
+        fx.Tell(1, "r1", "on_validation_completed", (0.5, 10)),
+    ]
+    trial.target = None
+    assert trial_life.validated(trial, experiment, 12, 0.5, stop_requested=False) == []
+
+
+def test_a_stop_requested_at_the_target_reports_it_first() -> None:
+    experiment = _experiment()
+    trial = _trial(experiment, 1, T.RUNNING, target=10)
+    effects = trial_life.validated(trial, experiment, 10, 0.5, stop_requested=True)
+    assert [e.event for e in effects if isinstance(e, fx.Tell)] == [
+        "on_validation_completed",
+        "on_trial_exited_early",
+    ]
+    assert effects[-2] == fx.SetTrial(1, {"target": None, "closed": True})
+
+
+def test_metrics_move_batches_up_and_best_validation_only_when_better() -> None:
+    experiment = _experiment()
+    trial = _trial(experiment, 1, T.RUNNING, total_batches=20, best_validation=0.3)
+    assert trial_life.metrics_reported(trial, experiment, "training", 10, [0.1]) == {}
+    assert trial_life.metrics_reported(trial, experiment, "validation", 30, [0.5]) == {
+        "total_batches": 30
+    }
+    better = trial_life.metrics_reported(trial, experiment, "validation", 20, [float("nan"), 0.2])
+    assert better == {"best_validation": 0.2}
+
+
+def test_after_a_restart_trials_resume_pause_or_finish_the_stop() -> None:
+    experiment = _experiment()
+    _trial(experiment, 1, T.RUNNING)
+    _trial(experiment, 2, T.RUNNING)  # its run awaits its agent
+    _trial(experiment, 3, T.PAUSED, target=None)  # at its rung
+    effects = trial_life.after_restart(experiment, {2}, NOW)
+    assert _states(effects) == {1: T.QUEUED}
+    experiment.state = E.STOPPING_KILLED
+    assert _states(trial_life.after_restart(experiment, set(), NOW)) == {
+        1: T.CANCELED,
+        2: T.CANCELED,
+        3: T.CANCELED,
+    }

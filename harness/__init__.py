@@ -22,7 +22,8 @@ from assay.errors import (
 if TYPE_CHECKING:
     from assay._context import StepMode, TrialContext
     from assay._distributed import DistributedContext
-    from assay._local import LocalResult, run_local
+    from assay._local import run_local
+    from assay._spec import LocalResult
     from assay._trial import MetricReducer, Reducer, Trial
     from assay.core._info import get_cluster_info
 
@@ -39,7 +40,7 @@ _LAZY = {
     "DistributedContext": "assay._distributed",
     "run_local": "assay._local",
     "get_cluster_info": "assay.core._info",
-    "LocalResult": "assay._local",
+    "LocalResult": "assay._spec",
 }
 
 

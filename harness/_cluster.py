@@ -34,10 +34,9 @@ import tempfile
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from assay._session import CheckpointReport, MetricsReport
-from assay._spec import SPEC_ENV, ClusterSpec
+from assay._spec import SPEC_ENV, ClusterSpec, WorkerSpec
 from assay._trial_client import TrialClient, retry_budget_from_env
 from assay.common.storage import (
     TENSORBOARD,
@@ -57,9 +56,6 @@ from assay.errors import (
     TrialPreempted,
 )
 
-if TYPE_CHECKING:
-    from assay._local import WorkerSpec
-
 log = logging.getLogger("assay")
 
 
@@ -71,8 +67,6 @@ def worker_spec(
     resume_from: str | None = None,
 ) -> WorkerSpec:
     """The `WorkerSpec` of this slot of `spec`'s trial run."""
-    from assay._local import WorkerSpec
-
     return WorkerSpec(
         config=spec.config,
         model_dir=str(Path(model_dir).resolve()),

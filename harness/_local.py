@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -18,52 +17,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from assay._spec import LocalResult, WorkerSpec
 from assay._trial import Trial
 from assay.config import ExperimentConfig, environment_of, load_config, parse_config
 from assay.errors import AssayError, InvalidConfigError, TrainingError
 
 log = logging.getLogger("assay")
-
-
-@dataclass(frozen=True)
-class LocalResult:
-    """What `run_local` returns (and `assay trial run-local --json` prints)."""
-
-    total_batches: int
-    validation_metrics: dict[str, float]
-    checkpoint: str | None
-    hparams: dict[str, Any] = field(default_factory=dict)
-    training_history: list[dict[str, Any]] = field(default_factory=list)
-    validation_history: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "total_batches": self.total_batches,
-            "validation_metrics": self.validation_metrics,
-            "checkpoint": self.checkpoint,
-            "hparams": self.hparams,
-            "training_history": self.training_history,
-            "validation_history": self.validation_history,
-        }
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything one slot's process needs; serialised as JSON for launched workers."""
-
-    config: dict[str, Any]
-    model_dir: str | None
-    checkpoint_dir: str
-    resume_from: str | None = None
-    result_path: str | None = None
-    trial_id: int = 0
-    # Given by the master on a cluster; None samples them from `experiment_seed` (run_local).
-    hparams: dict[str, Any] | None = None
-    trial_seed: int | None = None
 
 
 def _with_slots(raw: Mapping[str, Any], slots: int | None) -> dict[str, Any]:
@@ -127,7 +89,7 @@ def run_local(
         resume_from=str(Path(resume_from).resolve()) if resume_from is not None else None,
     )
     if parsed.resources.slots_per_trial == 1:
-        from assay._worker import run_worker
+        from assay._worker import run_worker  # here, not at the top: it imports torch
 
         with _environment(_config_environment(raw)):
             result = run_worker(spec, trial_class=trial, env={})
@@ -314,13 +276,4 @@ def _failure_message(tmp: Path, rank: int, code: int, tail: list[str]) -> str:
     return f"rank {rank} exited with code {code}; its last output:\n{last}"
 
 
-def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-__all__ = ["LocalResult", "WorkerSpec", "free_port", "run_local", "seed_everything"]
+__all__ = ["free_port", "run_local"]

@@ -197,8 +197,7 @@ def run_script_local(
     resume_from: str | Path | None = None,
 ) -> Any:
     """`assay trial run-local` for a script entrypoint; returns a `LocalResult`."""
-    from assay._local import LocalResult
-    from assay._spec import LOCAL_SPEC_ENV, LocalSpec
+    from assay._spec import LOCAL_SPEC_ENV, LocalResult, LocalSpec
     from assay.config import environment_of, parse_config, sample_hparams
     from assay.core._backend import read_local_records
 

@@ -1,10 +1,13 @@
-"""The specs a trial's processes start from, read without importing torch.
+"""The specs a trial's processes start from, and what a local run hands back: plain JSON,
+read and written without importing torch.
 
 - `ClusterSpec`: the JSON file the agent writes for every allocation and names in
   `ASSAY_TRIAL_SPEC` (config, hyperparameters, ids, the master's address and the
   allocation's token, where to restore from).
 - `LocalSpec`: what `assay trial run-local` gives a script entrypoint in
   `ASSAY_LOCAL_SPEC` (config, hyperparameters, where checkpoints and metrics go).
+- `WorkerSpec`: what one slot's process of a Trial needs (`python -m assay._worker
+  SPEC.json`, or `run_worker` in-process); `LocalResult`: what rank 0 hands back.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +118,43 @@ class LocalSpec:
             raise AssayError(f"cannot read the local run spec {path}: {e}") from None
 
 
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one slot's process needs; serialised as JSON for launched workers."""
+
+    config: dict[str, Any]
+    model_dir: str | None
+    checkpoint_dir: str
+    resume_from: str | None = None
+    result_path: str | None = None
+    trial_id: int = 0
+    # Given by the master on a cluster; None samples them from `experiment_seed` (run_local).
+    hparams: dict[str, Any] | None = None
+    trial_seed: int | None = None
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """What `run_local` returns (and `assay trial run-local --json` prints)."""
+
+    total_batches: int
+    validation_metrics: dict[str, float]
+    checkpoint: str | None
+    hparams: dict[str, Any] = field(default_factory=dict)
+    training_history: list[dict[str, Any]] = field(default_factory=list)
+    validation_history: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total_batches": self.total_batches,
+            "validation_metrics": self.validation_metrics,
+            "checkpoint": self.checkpoint,
+            "hparams": self.hparams,
+            "training_history": self.training_history,
+            "validation_history": self.validation_history,
+        }
+
+
 def spec_from_env(
     env: Mapping[str, str] | None = None,
 ) -> ClusterSpec | LocalSpec | None:
@@ -127,4 +167,12 @@ def spec_from_env(
     return None
 
 
-__all__ = ["LOCAL_SPEC_ENV", "SPEC_ENV", "ClusterSpec", "LocalSpec", "spec_from_env"]
+__all__ = [
+    "LOCAL_SPEC_ENV",
+    "SPEC_ENV",
+    "ClusterSpec",
+    "LocalResult",
+    "LocalSpec",
+    "WorkerSpec",
+    "spec_from_env",
+]

@@ -22,10 +22,10 @@ from assay._context import TrialContext
 from assay._controller import RunResult, TrialController
 from assay._distributed import DistributedContext, default_device
 from assay._loader import load_trial_class
-from assay._local import LocalResult, WorkerSpec, seed_everything
 from assay._precision import make_precision
 from assay._preempt import POLL_INTERVAL_S, PreemptWatcher
 from assay._session import LocalSession, Session
+from assay._spec import LocalResult, WorkerSpec
 from assay._trial import Trial, construct_trial
 from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
 from assay.errors import AssayError
@@ -184,6 +184,15 @@ def local_result(result: RunResult, session: Session, hparams: Mapping[str, Any]
             for r in history.validation
         ],
     )
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def main(argv: list[str]) -> int:

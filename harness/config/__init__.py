@@ -17,15 +17,13 @@ from assay.config._hparams import (
     grid_values,
     sample_hparams,
 )
+from assay.config._length import Length, LengthUnit
 from assay.config._schema import (
     CheckpointStorageConfig,
     ExperimentConfig,
-    Length,
-    LengthUnit,
     OptimizationsConfig,
     Precision,
     ResourcesConfig,
-    SearcherConfig,
     load_config,
     parse_config,
     searcher_in_batches,
@@ -35,6 +33,7 @@ from assay.config._search import (
     BracketSpec,
     Preview,
     RungPreview,
+    SearcherConfig,
     SearchSpec,
     preview,
     rung_lengths,

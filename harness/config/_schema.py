@@ -7,7 +7,6 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,46 +14,10 @@ import yaml
 
 from assay.config import _determined
 from assay.config._hparams import Const, HParam, parse_hparams
+from assay.config._length import Length, LengthUnit
 from assay.config._reader import REQUIRED, Section, type_name
-from assay.config._search import searcher_problems
+from assay.config._search import SearcherConfig, searcher_problems
 from assay.errors import InvalidConfigError
-
-
-class LengthUnit(StrEnum):
-    BATCHES = "batches"
-    EPOCHS = "epochs"
-
-
-@dataclass(frozen=True)
-class Length:
-    """A training length, in dataloader batches (global batches) or epochs."""
-
-    unit: LengthUnit
-    value: int
-
-    @classmethod
-    def batches(cls, n: int) -> Length:
-        return cls(LengthUnit.BATCHES, n)
-
-    @classmethod
-    def epochs(cls, n: int) -> Length:
-        return cls(LengthUnit.EPOCHS, n)
-
-    def to_batches(self, batches_per_epoch: int | None) -> int:
-        if self.unit is LengthUnit.BATCHES:
-            return self.value
-        if batches_per_epoch is None:
-            raise InvalidConfigError(
-                [
-                    "a length in epochs needs a training data loader with a known length; "
-                    "give lengths in batches (e.g. {batches: 1000}) for iterable datasets"
-                ]
-            )
-        return self.value * batches_per_epoch
-
-    def to_dict(self) -> dict[str, int]:
-        return {self.unit.value: self.value}
-
 
 Precision = Literal["off", "fp16", "bf16"]
 # `bayesian` is an alias: random search with the tpe sampler; `async_halving` is
@@ -98,23 +61,6 @@ _COMMON_SEARCHER_KEYS = (
     "time_metric",
     "max_time",
 )
-
-
-@dataclass(frozen=True)
-class SearcherConfig:
-    """`searcher`: which search, on which metric, how long; `options` keeps the searcher's
-    own keys (divisor, num_rungs, max_rungs, mode, bracket_rungs, sampler) as given."""
-
-    name: str
-    metric: str
-    max_length: Length
-    smaller_is_better: bool = True
-    max_trials: int | None = None
-    max_concurrent_trials: int = 0
-    options: Mapping[str, Any] = field(default_factory=dict)
-    # Determined 0.38's `time_metric`: the validation metric that measures how far a trial
-    # has trained (scripts report it); lengths are then in its units (`max_time`).
-    time_metric: str | None = None
 
 
 @dataclass(frozen=True)

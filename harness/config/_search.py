@@ -3,7 +3,9 @@
 This is the arithmetic of successive halving on plain integers, shared by the master's
 searchers (`assay.master.searcher`) and by `assay preview-search`, which must show the
 plan without importing the master. It lives beside the schema because the rules that make
-an option valid (a rung must train longer than the one below it) are the same rules.
+an option valid (a rung must train longer than the one below it) are the same rules: the
+schema parses the `searcher` section into `SearcherConfig` (defined here) and reports
+`searcher_problems` with the rest of the config.
 
 Rung rule: with `R` rungs and divisor `d`, rung `k` (0 = bottom) trains to
 `floor(max_length / d**(R-1-k))` units, at least 1; the top rung is `max_length`. The rungs
@@ -21,9 +23,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from assay.config._hparams import (
     MAX_GRID_POINTS,
@@ -34,9 +36,7 @@ from assay.config._hparams import (
     grid_size,
     leaves,
 )
-
-if TYPE_CHECKING:
-    from assay.config._schema import SearcherConfig
+from assay.config._length import Length, LengthUnit
 
 MODES = ("aggressive", "standard", "conservative")
 SAMPLERS = ("random", "tpe")
@@ -48,6 +48,23 @@ _NEEDS_MAX_TRIALS = ("random", "asha", "adaptive_asha", "bayesian")
 
 Divisor = int | float
 """A successive-halving divisor: an integer >= 2 or a finite number > 1 (e.g. 2.5)."""
+
+
+@dataclass(frozen=True)
+class SearcherConfig:
+    """`searcher`: which search, on which metric, how long; `options` keeps the searcher's
+    own keys (divisor, num_rungs, max_rungs, mode, bracket_rungs, sampler) as given."""
+
+    name: str
+    metric: str
+    max_length: Length
+    smaller_is_better: bool = True
+    max_trials: int | None = None
+    max_concurrent_trials: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+    # Determined 0.38's `time_metric`: the validation metric that measures how far a trial
+    # has trained (scripts report it); lengths are then in its units (`max_time`).
+    time_metric: str | None = None
 
 
 # --- rung arithmetic ---------------------------------------------------------------------
@@ -173,7 +190,7 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
     divisor = options.get("divisor", DEFAULT_DIVISOR)
     if problems:
         return problems
-    batches = config.max_length.value if config.max_length.unit.value == "batches" else None
+    batches = config.max_length.value if config.max_length.unit is LengthUnit.BATCHES else None
     num_rungs, max_rungs = options.get("num_rungs"), options.get("max_rungs")
     if num_rungs is not None and max_rungs is not None and num_rungs > max_rungs:
         bad("num_rungs", f"({num_rungs}) must not exceed max_rungs ({max_rungs})")

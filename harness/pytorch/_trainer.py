@@ -26,10 +26,9 @@ import torch
 from assay._checkpoint import load_file, verify_checkpoint
 from assay._context import TrialContext
 from assay._distributed import DistributedContext
-from assay._local import LocalResult
 from assay._precision import make_precision
 from assay._session import CheckpointReport, LocalSession, MetricsReport, Session
-from assay._spec import ClusterSpec, LocalSpec, spec_from_env
+from assay._spec import ClusterSpec, LocalResult, LocalSpec, spec_from_env
 from assay._trial import Trial, construct_trial
 from assay._worker import build_context, local_result, preempt_watcher, train_slot
 from assay.config import ExperimentConfig, Length, parse_config, sample_hparams

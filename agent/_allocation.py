@@ -1,9 +1,9 @@
 """One allocation on this agent: its directory, trial spec, processes, logs and exit.
 
 Layout: `<work-dir>/allocations/<allocation_id>/` holds `model/` (the extracted model
-definition, the processes' working directory) and `trial.json` (what the harness reads,
-named by `ASSAY_TRIAL_SPEC`). It is deleted once the processes have exited, unless the
-agent keeps work directories for debugging.
+definition, the processes' working directory) and `trial.json` (the harness's
+`ClusterSpec`, named by `ASSAY_TRIAL_SPEC`). It is deleted once the processes have
+exited, unless the agent keeps work directories for debugging.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from assay._spec import ClusterSpec
 from assay.agent._devices import SlotKind
 from assay.agent._logs import LogBatcher
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
@@ -98,6 +99,23 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def trial_spec(start: agent_pb2.StartAllocation) -> ClusterSpec:
+    """The spec the harness reads from ASSAY_TRIAL_SPEC, built from the master's start."""
+    return ClusterSpec(
+        config=_json_or_empty(start.config_json, "config_json"),
+        hparams=_json_or_empty(start.hparams_json, "hparams_json"),
+        trial_seed=start.trial_seed,
+        trial_id=start.trial_id,
+        run_id=start.run_id,
+        experiment_id=start.experiment_id,
+        allocation_id=start.allocation_id,
+        checkpoint_root=start.checkpoint_root,
+        restore_from=start.checkpoint_location or None,
+        trial_api=start.trial_api,
+        token=start.token,
+    )
 
 
 def validate(start: agent_pb2.StartAllocation, slot_count: int, busy: set[int]) -> None:
@@ -197,24 +215,8 @@ class Allocation:
                 model_dir.mkdir()
         except ModelDefinitionError as e:
             raise AllocationError(f"refused the model definition: {e}") from None
-        spec = {
-            "config": _json_or_empty(start.config_json, "config_json"),
-            "hparams": _json_or_empty(start.hparams_json, "hparams_json"),
-            "trial_seed": start.trial_seed,
-            "trial_id": start.trial_id,
-            "run_id": start.run_id,
-            "experiment_id": start.experiment_id,
-            "allocation_id": start.allocation_id,
-            "checkpoint_root": start.checkpoint_root,
-            "restore_from": start.checkpoint_location or None,
-            "trial_api": start.trial_api,
-            "token": start.token,
-        }
         spec_path = self.dir / "trial.json"
-        # The token authenticates the harness: readable by the agent's user only.
-        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(spec, f, indent=2)
+        trial_spec(start).write(spec_path)  # readable by the agent's user only
         port = start.master_port
         if port == 0 and len(start.slots) == start.world_size:
             port = _free_port()  # every rank is here: any free port will do
@@ -302,4 +304,11 @@ class Allocation:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-__all__ = ["Allocation", "AllocationError", "LaunchSettings", "state_change", "validate"]
+__all__ = [
+    "Allocation",
+    "AllocationError",
+    "LaunchSettings",
+    "state_change",
+    "trial_spec",
+    "validate",
+]

@@ -3,7 +3,8 @@ read and written without importing torch.
 
 - `ClusterSpec`: the JSON file the agent writes for every allocation and names in
   `ASSAY_TRIAL_SPEC` (config, hyperparameters, ids, the master's address and the
-  allocation's token, where to restore from).
+  allocation's token, where to restore from). The agent builds it with this class and
+  `write`s it; the harness `load`s it: one definition of its keys.
 - `LocalSpec`: what `assay trial run-local` gives a script entrypoint in
   `ASSAY_LOCAL_SPEC` (config, hyperparameters, where checkpoints and metrics go).
 - `WorkerSpec`: what one slot's process of a Trial needs (`python -m assay._worker
@@ -58,22 +59,35 @@ class ClusterSpec:
                 problems.append(f"{key}: expected {_kind_name(kind)}, got {value!r}")
             return value
 
-        spec = {
-            "config": get("config", dict),
-            "hparams": get("hparams", dict),
-            "trial_seed": get("trial_seed", int),
-            "trial_id": get("trial_id", int),
-            "run_id": get("run_id", int),
-            "experiment_id": get("experiment_id", int),
-            "allocation_id": get("allocation_id", str),
-            "checkpoint_root": get("checkpoint_root", str),
-            "restore_from": get("restore_from", str, nullable=True),
-            "trial_api": get("trial_api", str),
-            "token": get("token", str),
-        }
+        # Keyword arguments, not a dict: a field renamed, or added without a default, is a
+        # type error here.
+        spec = cls(
+            config=get("config", dict),
+            hparams=get("hparams", dict),
+            trial_seed=get("trial_seed", int),
+            trial_id=get("trial_id", int),
+            run_id=get("run_id", int),
+            experiment_id=get("experiment_id", int),
+            allocation_id=get("allocation_id", str),
+            checkpoint_root=get("checkpoint_root", str),
+            restore_from=get("restore_from", str, nullable=True),
+            trial_api=get("trial_api", str),
+            token=get("token", str),
+        )
         if problems:
             raise AssayError(f"{source} is invalid: {'; '.join(problems)}")
-        return cls(**spec)
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object `from_dict` reads back."""
+        return asdict(self)
+
+    def write(self, path: Path) -> None:
+        """Write the spec to `path`, readable by its owner only (it holds the token that
+        authenticates the trial's processes to the master)."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
 
     @classmethod
     def load(cls, path: str | Path) -> ClusterSpec:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from assay._spec import ClusterSpec
 from assay.agent import Agent
 from assay.proto import agent_pb2, common_pb2
 from tests.agent.conftest import FakeMaster, FakeNVML, kill_message, start_message
@@ -123,6 +124,7 @@ def test_two_slots_get_the_distributed_environment_and_the_model(
         "trial_api": "127.0.0.1:9999",
         "token": "secret-token",
     }
+    assert ClusterSpec.from_dict(spec).to_dict() == spec  # what the harness reads
     # The directory goes once the processes are done.
     deadline = time.monotonic() + 5
     while (agent.work_dir / "allocations" / "a1").exists() and time.monotonic() < deadline:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from assay._spec import SPEC_ENV, ClusterSpec, spec_from_env
 from assay.agent import NoGPUError, detect_devices
-from assay.agent._allocation import AllocationError, validate
+from assay.agent._allocation import AllocationError, trial_spec, validate
 from assay.agent._connection import Backoff, Outbox
 from assay.agent._devices import cpu_devices, cpu_model_name
 from assay.agent._logs import LogBatcher, parse_level
@@ -156,3 +160,47 @@ def test_exits_still_queued_are_listed_as_unreported() -> None:
     outbox.get(0.1)
     outbox.get(0.1)  # handed to a stream: the master hears of it there
     assert outbox.unreported_exits() == set()
+
+
+@pytest.mark.parametrize("location", ["", "s3://bucket/runs/abc"])
+def test_the_spec_the_agent_writes_is_the_one_the_harness_reads(
+    tmp_path: Path, location: str
+) -> None:
+    start = agent_pb2.StartAllocation(
+        allocation_id="a.7",
+        trial_id=11,
+        run_id=2,
+        experiment_id=5,
+        config_json=json.dumps({"name": "spec", "searcher": {"name": "single"}}),
+        hparams_json=json.dumps({"lr": 0.1, "layers": [2, 3]}),
+        trial_seed=77,
+        checkpoint_root="/checkpoints",
+        checkpoint_location=location,
+        trial_api="127.0.0.1:9999",
+        token="secret-token",
+    )
+    path = tmp_path / "trial.json"
+
+    trial_spec(start).write(path)
+    read = spec_from_env({SPEC_ENV: str(path)})
+
+    assert read == ClusterSpec(
+        config={"name": "spec", "searcher": {"name": "single"}},
+        hparams={"lr": 0.1, "layers": [2, 3]},
+        trial_seed=77,
+        trial_id=11,
+        run_id=2,
+        experiment_id=5,
+        allocation_id="a.7",
+        checkpoint_root="/checkpoints",
+        restore_from=location or None,
+        trial_api="127.0.0.1:9999",
+        token="secret-token",
+    )
+    assert os.stat(path).st_mode & 0o777 == 0o600  # it holds the allocation's token
+
+
+def test_a_spec_with_a_bad_config_is_refused_before_anything_runs() -> None:
+    start = agent_pb2.StartAllocation(allocation_id="a", config_json="{not json")
+    with pytest.raises(AllocationError, match="config_json is not valid JSON"):
+        trial_spec(start)

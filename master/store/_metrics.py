@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import Table, and_, case, not_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -25,9 +25,11 @@ from assay.master.errors import (
 from assay.master.store._base import StoreBase
 from assay.master.store._curves import read_curve
 from assay.master.store._models import Experiment, Metric, MetricRollup, Trial
-from assay.master.store._records import MetricReport
+from assay.master.store._records import MetricReport, MetricsReported
 from assay.master.store._rollups import Row, merge_rollups
 
+TRIALS = cast(Table, Trial.__table__)
+VALIDATION = "validation"  # the group whose searcher metric ranks trials
 MAX_GROUP_LEN = 64
 MAX_BATCHES = 2**63 - 1
 MAX_NAME_LEN = 255
@@ -41,15 +43,48 @@ class MetricQueries(StoreBase):
     ) -> int:
         """Store a batch of reports in one transaction; return how many values were new.
 
-        Idempotent: values already stored identically are skipped; a different value for
-        a stored (trial, run, group, batch, metric) is refused with `ConflictError`. A
-        report from an older run than the trial's current one raises `StaleRunError`.
+        `report_metrics_and_progress` without a searcher metric, less what it returns.
         """
+        return self.report_metrics_and_progress(trial_id, run_id, group, reports).stored
+
+    def report_metrics_and_progress(
+        self,
+        trial_id: int,
+        run_id: int,
+        group: str,
+        reports: Sequence[MetricReport],
+        *,
+        searcher_metric: str | None = None,
+        smaller_is_better: bool = True,
+    ) -> MetricsReported:
+        """Store a batch of reports and the trial's progress, all in one transaction.
+
+        The trial's `total_batches` rises to the largest batch count reported. In the
+        validation group, its `best_validation` moves to the best finite value of
+        `searcher_metric` reported, where that is better than the stored one. Neither
+        ever goes back: a report racing another cannot lower them. What is returned is
+        the trial's row after the report, for the master to update its memory with.
+
+        Idempotent: values already stored identically are skipped, and a retry leaves the
+        trial's progress as it was; a different value for a stored (trial, run, group,
+        batch, metric) is refused with `ConflictError`. A report from an older run than
+        the trial's current one raises `StaleRunError`, and writes nothing.
+        """
+        _check_group(group)
         rows = flatten_reports(reports)
+        latest = max((r.total_batches for r in reports), default=0)
+        best = None
+        if group == VALIDATION and searcher_metric is not None:
+            best = _best(rows, searcher_metric, smaller_is_better)
         for attempt in range(3):
             try:
                 with self.write() as s:
-                    return insert_metrics(s, trial_id, run_id, group, rows)
+                    check_run(s, trial_id, run_id)
+                    stored = insert_metrics(s, trial_id, run_id, group, rows)
+                    total, best_validation = advance_trial(
+                        s, trial_id, latest, best, smaller_is_better
+                    )
+                    return MetricsReported(stored, total, best_validation)
             except IntegrityError:
                 # A concurrent identical report won the race; the retry sees its rows.
                 if attempt == 2:
@@ -159,12 +194,27 @@ def _same(a: float | None, b: float | None) -> bool:
     return a == b or (a is None and b is None)
 
 
+def _check_group(group: str) -> None:
+    if not group or len(group) > MAX_GROUP_LEN:
+        raise InvalidArgumentError(f"metric group must be 1-{MAX_GROUP_LEN} characters: {group!r}")
+
+
+def _best(rows: Sequence[Row], metric: str, smaller_is_better: bool) -> float | None:
+    """The best finite value of `metric` among `rows`, or None."""
+    values = [v for _, name, v in rows if name == metric and v is not None and math.isfinite(v)]
+    if not values:
+        return None
+    return min(values) if smaller_is_better else max(values)
+
+
 def check_run(session: Session, trial_id: int, run_id: int) -> None:
-    """Fence: only the trial's current run may write."""
-    # FOR SHARE (PostgreSQL): a restart that moves the trial to a new run waits for this
-    # transaction, so a report that passed the fence is superseded, never left live.
+    """Fence: only the trial's current run may write. Locks the trial's row."""
+    # FOR NO KEY UPDATE (PostgreSQL): a restart that moves the trial to a new run waits
+    # for this transaction, so a report that passed the fence is superseded, never left
+    # live; and reports of one trial take turns at raising its progress. (The metric
+    # rows' foreign keys take KEY SHARE locks, which do not wait for it.)
     current = session.execute(
-        select(Trial.run_id).where(Trial.id == trial_id).with_for_update(read=True)
+        select(Trial.run_id).where(Trial.id == trial_id).with_for_update(key_share=True)
     ).scalar()
     if current is None:
         raise NotFoundError(f"trial {trial_id} does not exist")
@@ -177,15 +227,45 @@ def check_run(session: Session, trial_id: int, run_id: int) -> None:
         raise ConflictError(f"trial {trial_id} has no run {run_id} (current run: {current})")
 
 
+def advance_trial(
+    session: Session,
+    trial_id: int,
+    latest: int,
+    best: float | None,
+    smaller_is_better: bool,
+) -> tuple[int, float | None]:
+    """Raise the trial's total_batches to `latest` and move its best_validation to `best`
+    where that is better (or where the stored one is missing or not finite); return both
+    as they are now. Each is computed in the UPDATE itself, so it never goes back."""
+    t = TRIALS.c
+    values: dict[str, Any] = {
+        "total_batches": case((t.total_batches < latest, latest), else_=t.total_batches)
+    }
+    if best is not None:
+        # Not NULL, infinite or NaN (which PostgreSQL sorts above infinity).
+        usable = and_(t.best_validation > -math.inf, t.best_validation < math.inf)
+        better = t.best_validation > best if smaller_is_better else t.best_validation < best
+        values["best_validation"] = case(
+            (and_(usable, not_(better)), t.best_validation), else_=best
+        )
+    row = session.execute(
+        update(TRIALS)
+        .where(t.id == trial_id)
+        .values(values)
+        .returning(t.total_batches, t.best_validation)
+    ).one()
+    return int(row[0]), None if row[1] is None else float(row[1])
+
+
 def insert_metrics(
     session: Session, trial_id: int, run_id: int, group: str, rows: Sequence[Row]
 ) -> int:
-    """Insert the rows not already stored; identical re-sends are no-ops. Returns the count."""
-    if not group or len(group) > MAX_GROUP_LEN:
-        raise InvalidArgumentError(f"metric group must be 1-{MAX_GROUP_LEN} characters: {group!r}")
+    """Insert the rows not already stored; identical re-sends are no-ops. Returns the count.
+
+    The caller has checked the group and fenced the run (`check_run`).
+    """
     if not rows:
         return 0
-    check_run(session, trial_id, run_id)
     # Most reports are new: insert them all under a savepoint, and compare with what is
     # stored only when the unique key says part of the report is already there.
     try:

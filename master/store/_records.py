@@ -88,6 +88,16 @@ class MetricReport:
 
 
 @dataclass(frozen=True)
+class MetricsReported:
+    """What a metric report did, read in its own transaction: how many values were new to
+    the store, and the trial's progress after it (neither field ever goes back)."""
+
+    stored: int
+    total_batches: int
+    best_validation: float | None
+
+
+@dataclass(frozen=True)
 class CheckpointRecord:
     uuid: str
     trial_id: int

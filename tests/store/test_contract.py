@@ -10,7 +10,14 @@ import pytest
 from sqlalchemy import func, select
 
 from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError, StaleRunError
-from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store, WriteBatch
+from assay.master.store import (
+    CheckpointRecord,
+    LogLine,
+    MetricReport,
+    MetricsReported,
+    Store,
+    WriteBatch,
+)
 from assay.master.store._curves import RAW_READ_LIMIT
 from assay.master.store._models import Metric
 from tests.store import _seed as seed
@@ -232,6 +239,96 @@ def test_a_report_of_thousands_of_rows_is_one_transaction(store: Store) -> None:
         store.report_metrics(tid, run, "training", batch)
     assert _metric_rows(store, tid) == 1
     assert store.report_metrics(tid, run, "training", batch[:2999]) == 2999
+
+
+# --- metrics: the trial's progress, in the report's transaction ------------------------------
+
+
+def _validate(
+    store: Store, tid: int, run: int, *points: tuple[int, float], smaller: bool = True
+) -> MetricsReported:
+    reports = [MetricReport(b, {"loss": v, "other": -1e9}) for b, v in points]
+    return store.report_metrics_and_progress(
+        tid, run, "validation", reports, searcher_metric="loss", smaller_is_better=smaller
+    )
+
+
+def test_a_report_raises_total_batches_and_keeps_the_best_validation(store: Store) -> None:
+    _, tid, run = _trial(store)
+    assert _validate(store, tid, run, (10, 0.5), (20, 0.3)) == MetricsReported(4, 20, 0.3)
+    assert _validate(store, tid, run, (30, 0.4)) == MetricsReported(2, 30, 0.3)
+    # Training reports move total_batches only; a smaller count never lowers it.
+    training = [MetricReport(25, {"loss": 0.01})]
+    done = store.report_metrics_and_progress(tid, run, "training", training, searcher_metric="loss")
+    assert done == MetricsReported(1, 30, 0.3)
+    assert _validate(store, tid, run, (40, 0.2)) == MetricsReported(2, 40, 0.2)
+    trial = store.get_trial(tid)
+    assert (trial.total_batches, trial.best_validation) == (40, 0.2)
+    # Without a searcher metric (or for a larger-is-better one) as told.
+    assert store.report_metrics(tid, run, "training", [MetricReport(50, {"x": 1.0})]) == 1
+    assert store.get_trial(tid).total_batches == 50
+    _, other, other_run = _trial(store, "larger")
+    assert (
+        _validate(store, other, other_run, (1, 0.5), (2, 0.7), smaller=False).best_validation == 0.7
+    )
+    assert _validate(store, other, other_run, (3, 0.6), smaller=False).best_validation == 0.7
+
+
+def test_non_finite_values_never_become_the_best(store: Store) -> None:
+    _, tid, run = _trial(store)
+    nothing = _validate(store, tid, run, (1, math.nan), (2, math.inf), (3, -math.inf))
+    assert nothing == MetricsReported(6, 3, None)
+    assert _validate(store, tid, run, (4, 0.5), (5, -math.inf)).best_validation == 0.5
+    # A non-finite best stored by an older release gives way to the next finite value.
+    seed.set_trial(store, tid, best_validation=-math.inf)
+    assert _validate(store, tid, run, (6, 0.9)).best_validation == 0.9
+    assert store.get_trial(tid).best_validation == 0.9
+
+
+def test_a_stale_report_moves_nothing(store: Store) -> None:
+    _, tid, old = _trial(store)
+    _validate(store, tid, old, (10, 0.5))
+    seed.start_run(store, tid)
+    with pytest.raises(StaleRunError):
+        _validate(store, tid, old, (20, 0.1))
+    trial = store.get_trial(tid)
+    assert (trial.total_batches, trial.best_validation) == (10, 0.5)
+    assert _metric_rows(store, tid) == 2
+
+
+def test_a_retried_report_leaves_the_progress_as_it_was(store: Store) -> None:
+    _, tid, run = _trial(store)
+    first = _validate(store, tid, run, (10, 0.5), (20, 0.3))
+    _validate(store, tid, run, (30, 0.4))
+    again = _validate(store, tid, run, (10, 0.5), (20, 0.3))
+    assert (first.stored, again.stored) == (4, 0)
+    assert again == MetricsReported(0, 30, 0.3)
+    with pytest.raises(ConflictError):
+        _validate(store, tid, run, (20, 0.1), (50, 0.05))
+    assert store.get_trial(tid).best_validation == 0.3
+    assert store.get_trial(tid).total_batches == 30
+
+
+def test_concurrent_reports_never_lower_the_progress(store: Store) -> None:
+    _, tid, run = _trial(store)
+    errors: list[BaseException] = []
+    values = {b: 1.0 + ((b * 7919) % 101) / 100 for b in range(1, 201)}
+
+    def report(offset: int) -> None:
+        try:
+            for b in range(offset, 201, 4):  # each thread its own batches, in order
+                _validate(store, tid, run, (b, values[b]))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=report, args=(k,)) for k in range(1, 5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    trial = store.get_trial(tid)
+    assert (trial.total_batches, trial.best_validation) == (200, min(values.values()))
 
 
 # --- curves ---------------------------------------------------------------------------------

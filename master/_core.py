@@ -28,7 +28,6 @@ from typing import Any
 from assay.master import _agents
 from assay.master._agents import (
     AgentHandle,
-    AgentMessage,
     ClusterView,
     KillRun,
     Load,
@@ -39,18 +38,16 @@ from assay.master._auth import mask_secrets
 from assay.master._checkpoints import reported_location
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
-from assay.master._gc import collect
+from assay.master._fleet import Fleet
+from assay.master._gc import collect_later
 from assay.master._state import ModelCache, load_live
-from assay.master._submission import PreparedExperiment, check_submission
+from assay.master._submission import PreparedExperiment, check_submission, new_record
 from assay.master.errors import (
-    ConflictError,
     InvalidArgumentError,
-    NotFoundError,
     PermissionDeniedError,
 )
 from assay.master.lifecycle import (
     MEMORY_ONLY,
-    STOP_OF_EXPERIMENT,
     ExperimentState,
     ExperimentStatus,
     Restore,
@@ -64,8 +61,8 @@ from assay.master.lifecycle import _effects as fx
 from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
-from assay.master.lifecycle.run import end_trial
-from assay.master.scheduler import Agent, Request, Running, Scheduler, SlotType, choose_victims
+from assay.master.lifecycle.run import end_trial, preemption
+from assay.master.scheduler import Request, Running, Scheduler, choose_victims
 from assay.master.searcher import Create, Operation
 from assay.master.store import (
     AllocationRecord,
@@ -102,7 +99,9 @@ class Master:
         self.lock = threading.RLock()
         self.commit = GroupCommit(store, self.lock, on_fatal)
         self.scheduler = Scheduler()
-        self.agents: dict[str, AgentHandle] = {}
+        self.fleet = Fleet(
+            self.scheduler, lambda: self.commit.batch, self.commit.after, config.kill_grace_s
+        )
         self.experiments: dict[int, ExperimentState] = {}  # the live ones
         self.trials: dict[int, TrialState] = {}  # of live experiments
         self.runs: dict[str, Run] = {}  # by allocation id
@@ -110,7 +109,6 @@ class Master:
         self.tokens: dict[str, str] = {}  # token -> allocation id
         self.queued: dict[int, Request] = {}  # trial id -> request
         self.models = ModelCache(store)
-        self._connected_types: dict[str, int] = {}  # slot type -> connected agents
         self._order = 0
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
         # Allocation tokens derive from a secret in the store, so a restarted master
@@ -127,6 +125,10 @@ class Master:
     @property
     def batch(self) -> WriteBatch:
         return self.commit.batch
+
+    @property
+    def agents(self) -> dict[str, AgentHandle]:
+        return self.fleet.agents
 
     def close(self) -> None:
         self._stop_reaper.set()
@@ -167,26 +169,24 @@ class Master:
     def _await_run(self, allocation: AllocationRecord) -> bool:
         """Keep a run found in the store for its agents to confirm; False if it is over."""
         trial = self.trials.get(allocation.trial_id)
-        if trial is None or trial.run_id != allocation.run_id:
+        wait = self.config.agent_reconnect_wait_s
+        if trial is None or wait <= 0:
             return False
-        if trial.state not in (T.RUNNING, T.STOPPING) or self.config.agent_reconnect_wait_s <= 0:
-            return False
-        experiment = self.experiments[trial.experiment_id]
         placement = tuple(
             (str(part["agent_id"]), tuple(int(s) for s in part["slots"]))
             for part in allocation.placement
         )
-        run = Run(
+        run = trial_life.awaited_run(
             allocation.id,
-            trial.id,
-            trial.run_id,
-            trial.experiment_id,
+            allocation.run_id,
             placement,
-            self._token(allocation.id),
-            stopping=STOP_OF_EXPERIMENT.get(experiment.state),
-            awaiting={agent_id for agent_id, _ in placement},
-            deadline=time.monotonic() + self.config.agent_reconnect_wait_s,
+            trial,
+            self.experiments[trial.experiment_id],
+            token=self._token(allocation.id),
+            deadline=time.monotonic() + wait,
         )
+        if run is None:
+            return False
         self._add_run(run)
         log.info("trial %d run %d: waiting for its agents to confirm it", trial.id, run.run_id)
         return True
@@ -237,7 +237,7 @@ class Master:
             if run is not None:
                 if effect.stopping is not None:
                     run.stopping = effect.stopping
-                self._send_kill(run, graceful=effect.graceful)
+                self.fleet.kill(run, graceful=effect.graceful)
         elif isinstance(effect, fx.Log):
             level = logging.getLevelName(effect.level)
             log.log(level, "trial %d: %s", effect.trial_id, effect.message)
@@ -265,9 +265,7 @@ class Master:
         elif isinstance(effect, fx.DropAgent):
             self._drop_agent(effect.agent_id, effect.why)
         elif isinstance(effect, fx.KillUnknown):
-            handle = self.agents.get(effect.agent_id)
-            if handle is not None:
-                self._send(handle, KillRun(allocation_id=effect.allocation_id, graceful=False))
+            self.fleet.send(effect.agent_id, KillRun(effect.allocation_id, graceful=False))
 
     def _set_trial(self, trial: TrialState, fields: Mapping[str, Any]) -> None:
         for key, value in fields.items():
@@ -286,30 +284,17 @@ class Master:
 
     def _collect_garbage(self, effect: fx.CollectGarbage) -> None:
         """Once the end is committed, delete the checkpoints the policy does not keep."""
-        experiment_id = effect.experiment_id
-        config = self.experiments[experiment_id].config
-
-        def run() -> None:
-            try:
-                result = collect(
-                    self.store,
-                    experiment_id,
-                    config,
-                    ended_trial_ids=effect.ended_trial_ids,
-                    experiment_ended=effect.experiment_ended,
-                    default_root=self.config.checkpoint_root,
-                    storage_cache=self._storages,
-                )
-            except Exception:
-                log.exception("checkpoint collection of experiment %d failed", experiment_id)
-                return
-            if result.deleted or result.failed:
-                log.info("experiment %d: %s", experiment_id, result)
-
-        def submit() -> None:
-            self._gc.submit(run)
-
-        self.commit.after(submit)
+        collect = collect_later(
+            self._gc,
+            self.store,
+            effect.experiment_id,
+            self.experiments[effect.experiment_id].config,
+            ended_trial_ids=effect.ended_trial_ids,
+            experiment_ended=effect.experiment_ended,
+            default_root=self.config.checkpoint_root,
+            storage_cache=self._storages,
+        )
+        self.commit.after(collect)
 
     def _search(self, experiment: ExperimentState, ops: Sequence[Operation]) -> None:
         """Carry out the searcher's operations (and those they lead to), then record it."""
@@ -430,23 +415,7 @@ class Master:
             self._search(experiment, experiment.searcher.initial_operations())
             self._schedule()
             ticket = self.commit.ticket()
-        record = ExperimentRecord(
-            id=experiment_id,
-            name=config.name,
-            description=config.description,
-            owner=prepared.owner,
-            state=state,
-            labels=tuple(sorted(set(config.labels))),
-            priority=config.resources.priority,
-            progress=experiment.progress,
-            archived=False,
-            config=dict(config.raw),
-            searcher_state=None,
-            created_at=now,
-            start_time=now,
-            end_time=None,
-        )
-        return record, ticket
+        return new_record(prepared, experiment_id, state, now, experiment.progress), ticket
 
     def experiment_action(self, experiment_id: int, action: str) -> None:
         with self.lock:
@@ -473,24 +442,16 @@ class Master:
         self.queued[trial.id] = Request(
             id=str(trial.id),
             slots=config.resources.slots_per_trial,
-            slot_type=self.cluster_slot_type(),
+            slot_type=self.fleet.slot_type(),
             priority=config.resources.priority,
             order=trial.order,
         )
-
-    def cluster_slot_type(self) -> SlotType:
-        """cuda when every connected agent offers GPUs, else cpu."""
-        cuda = self._connected_types.get("cuda", 0)
-        return "cuda" if cuda and cuda == sum(self._connected_types.values()) else "cpu"
-
-    def _count_agent(self, slot_type: str, delta: int) -> None:
-        self._connected_types[slot_type] = self._connected_types.get(slot_type, 0) + delta
 
     def _schedule(self) -> None:
         if not self.queued:
             return
         # Agents may have joined or left since a request was queued: one pass sets its type.
-        slot_type = self.cluster_slot_type()
+        slot_type = self.fleet.slot_type()
         pending = [
             r if r.slot_type == slot_type else replace(r, slot_type=slot_type)
             for r in self.queued.values()
@@ -512,7 +473,7 @@ class Master:
                 run = self.runs.pop(allocation_id, None) if allocation_id else None
                 if run is not None:
                     self.tokens.pop(run.token, None)
-                    self._send_kill(run, graceful=False)
+                    self.fleet.kill(run, graceful=False)
                 self._do([*end_trial(trial, T.ERROR, _now()), fx.Settle(trial.experiment_id)])
 
     def _preempt_for(self, request: Request) -> None:
@@ -531,19 +492,9 @@ class Master:
             for a in self.scheduler.agents
             if a.enabled and a.slot_type == request.slot_type
         }
-        for victim in choose_victims(request, running, free) or []:
-            run = self.runs[self.run_of_trial[int(victim)]]
-            message = (
-                f"assay: run {run.run_id} preempted for trial {request.id} (priority "
-                f"{request.priority}); it checkpoints and requeues"
-            )
-            self._do(
-                [
-                    fx.SetTrial(run.trial_id, {"state": T.STOPPING}),
-                    fx.Log(run.trial_id, run.run_id, message),
-                    fx.Kill(run.allocation_id, graceful=True, stopping="preempt"),
-                ]
-            )
+        victims = choose_victims(request, running, free) or []
+        runs = [self.runs[self.run_of_trial[int(v)]] for v in victims]
+        self._do(preemption(request.id, request.priority, runs))
 
     def _start(self, trial: TrialState, placement: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
         experiment = self.experiments[trial.experiment_id]
@@ -555,7 +506,7 @@ class Master:
             placement,
             allocation_id=allocation_id,
             token=self._token(allocation_id),
-            addresses={a: self.agents[a].address for a, _ in placement},
+            addresses=self.fleet.addresses(a for a, _ in placement),
             port=20000 + random.randrange(20000),
             model=self.models.get(trial.experiment_id),
             trial_api=self.trial_api,
@@ -579,67 +530,22 @@ class Master:
         )
         self._add_run(run)
         for agent_id, message in start.messages:
-            self._send(self.agents[agent_id], message)
+            self.fleet.send(agent_id, message)
 
     def _add_run(self, run: Run) -> None:
         self.runs[run.allocation_id] = run
         self.run_of_trial[run.trial_id] = run.allocation_id
         self.tokens[run.token] = run.allocation_id
 
-    def _send(self, handle: AgentHandle, message: AgentMessage) -> None:
-        """Queue `message` for the agent once the changes recorded so far are committed."""
-        outbox = handle.outbox
-        self.commit.after(lambda: outbox.put(message))
-
-    def _send_kill(self, run: Run, *, graceful: bool) -> None:
-        """Kill the run's processes on every agent that has not reported them gone."""
-        kill = KillRun(run.allocation_id, graceful, int(self.config.kill_grace_s))
-        for agent_id in run.agents:
-            handle = self.agents.get(agent_id)
-            if agent_id not in run.exit_codes and handle is not None and handle.connected:
-                self._send(handle, kill)
-
     # --- agents ---------------------------------------------------------------------------
 
     def register_agent(self, register: Registration, peer_host: str, outbox: Outbox) -> AgentHandle:
         """A (re)connecting agent: its running allocations are kept, the rest forgotten."""
-        slot_type, slots = register.slot_type, len(register.devices)
-        if slots < 1:
-            raise InvalidArgumentError(f"agent {register.agent_id!r} offers no slots")
         with self.lock:
-            old = self.agents.get(register.agent_id)
-            if old is not None and old.connected:
-                raise ConflictError(f"an agent named {register.agent_id!r} is already connected")
-            handle = AgentHandle(
-                id=register.agent_id,
-                slot_type=slot_type,
-                slots=slots,
-                address=register.address or peer_host,
-                devices=register.devices,
-                memory_bytes=register.memory_bytes,
-                outbox=outbox,
-            )
-            if old is not None and (old.slots, old.slot_type) == (slots, slot_type):
-                # Back within the window: it keeps its slots and its running trials.
-                handle.enabled = old.enabled
-                self.scheduler.set_agent_enabled(handle.id, handle.enabled)
-            else:
-                if old is not None:
-                    self._drop_agent(old.id)
-                self.scheduler.add_agent(Agent(handle.id, slots, slot_type))
-            self.agents[handle.id] = handle
-            self._count_agent(slot_type, +1)
-            self.batch.agent_registered(
-                handle.id,
-                slot_type=slot_type,
-                slots=slots,
-                devices=[{"name": d.name, "uuid": d.uuid} for d in register.devices],
-                address=handle.address,
-                now=_now(),
-            )
+            handle, lost = self.fleet.register(register, peer_host, outbox, _now())
+            self._parts_lost(register.agent_id, lost)
             running = register.running_allocations
             self._do(agent_life.reconcile(handle.id, running, list(self.runs.values())))
-            log.info("agent %s connected with %d %s slots", handle.id, slots, slot_type)
             self._schedule()
             self._commit_and_wait()
             return handle
@@ -660,7 +566,7 @@ class Master:
         run.awaiting.discard(agent_id)
         run.lost = True
         run.exit_codes[agent_id] = []  # gone: nothing more will come from it
-        self._send_kill(run, graceful=False)
+        self.fleet.kill(run, graceful=False)
         # The other agents' parts keep their slots until those agents report the
         # processes gone, so no new run is placed onto slots still in use.
         if run.over:
@@ -668,14 +574,7 @@ class Master:
 
     def heartbeat(self, agent_id: str, beat: Load) -> None:
         with self.lock:
-            handle = self.agents.get(agent_id)
-            if handle is None:
-                return
-            handle.last_heartbeat = time.time()
-            handle.cpu_utilization = beat.cpu_utilization
-            handle.memory_used_fraction = beat.memory_used_fraction
-            if beat.devices:
-                handle.devices = beat.devices
+            self.fleet.heard_from(agent_id, beat)
 
     def agent_disconnected(self, agent_id: str, handle: AgentHandle | None = None) -> None:
         """The stream of `handle` ended; a newer connection of the same agent is kept.
@@ -684,39 +583,25 @@ class Master:
         time keeps them running; after that they are requeued (see `reap`).
         """
         with self.lock:
-            current = self.agents.get(agent_id)
-            if current is None or (handle is not None and current is not handle):
+            if not self.fleet.disconnected(agent_id, handle):
                 return
-            if not current.connected:
-                return
-            current.connected = False
-            current.disconnected_at = time.monotonic()
-            current.outbox.put(None)
-            self._count_agent(current.slot_type, -1)
             wait = self.config.agent_reconnect_wait_s
             if wait <= 0:
                 self._drop_agent(agent_id, "disconnected")
             else:
                 log.warning("agent %s disconnected; its trials wait %g s for it", agent_id, wait)
-                self.scheduler.set_agent_enabled(agent_id, False)  # no new work meanwhile
-                self.batch.agent_state(agent_id, "DISCONNECTED")
             self.commit.ticket()
 
-    def _drop_agent(self, agent_id: str, why: str = "") -> None:
-        if why:
-            log.warning("agent %s %s", agent_id, why)
-        dropped = self.agents.pop(agent_id, None)
-        if dropped is not None and dropped.connected:
-            dropped.outbox.put(None)  # close its stream; it may register again
-            self._count_agent(dropped.slot_type, -1)
-        # The gang's other parts keep their slots until their processes are gone.
-        affected = self.scheduler.remove_agent(agent_id, keep_other_parts=True)
-        self.batch.agent_state(agent_id, "DISCONNECTED")
-        for request_id in affected:
+    def _drop_agent(self, agent_id: str, why: str) -> None:
+        log.warning("agent %s %s", agent_id, why)
+        self._parts_lost(agent_id, self.fleet.drop(agent_id))
+        self._schedule()
+
+    def _parts_lost(self, agent_id: str, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
             allocation_id = self.run_of_trial.get(int(request_id))
             if allocation_id is not None:
                 self._part_lost(allocation_id, agent_id)
-        self._schedule()
 
     def _reap_loop(self) -> None:
         while not self._stop_reaper.wait(REAP_INTERVAL_S):
@@ -728,12 +613,8 @@ class Master:
     def reap(self) -> None:
         """Give up on agents silent or gone for longer than the window, and their runs."""
         with self.lock:
-            clocks = [
-                agent_life.AgentClock(a.id, a.connected, a.last_heartbeat, a.disconnected_at)
-                for a in self.agents.values()
-            ]
             effects = agent_life.reap(
-                clocks,
+                self.fleet.clocks(),
                 list(self.runs.values()),
                 now=time.monotonic(),
                 wall=time.time(),
@@ -747,12 +628,7 @@ class Master:
 
     def set_agent_enabled(self, agent_id: str, enabled: bool) -> None:
         with self.lock:
-            handle = self.agents.get(agent_id)
-            if handle is None:
-                raise NotFoundError(f"agent {agent_id!r} is not connected")
-            handle.enabled = enabled
-            self.scheduler.set_agent_enabled(agent_id, enabled)
-            self.batch.agent_state(agent_id, "ACTIVE" if enabled else "DISABLED")
+            self.fleet.set_enabled(agent_id, enabled)
             if enabled:
                 self._schedule()
             self._commit_and_wait()
@@ -760,15 +636,10 @@ class Master:
     def allocation_running(self, agent_id: str, allocation_id: str) -> None:
         """An agent started its part of an allocation (not waited for)."""
         with self.lock:
-            self._heard_from(agent_id)
+            self.fleet.heard_from(agent_id)
             if allocation_id in self.runs:
                 self.batch.set_allocation(allocation_id, state="RUNNING")
                 self.commit.ticket()
-
-    def _heard_from(self, agent_id: str) -> None:
-        handle = self.agents.get(agent_id)
-        if handle is not None:
-            handle.last_heartbeat = time.time()  # any message shows it is alive
 
     def allocation_exited(
         self, agent_id: str, allocation_id: str, exit_codes: Sequence[int], message: str = ""
@@ -776,7 +647,7 @@ class Master:
         """An agent's part of an allocation ended with these exit codes, one per rank (none:
         its processes could not start). Not waited for: the agent needs no answer."""
         with self.lock:
-            self._heard_from(agent_id)
+            self.fleet.heard_from(agent_id)
             run = self.runs.get(allocation_id)
             if run is None:
                 return
@@ -786,7 +657,7 @@ class Master:
             failed = not exit_codes or any(c != 0 for c in exit_codes)
             if failed and run.stopping is None:
                 # One part of the gang is gone: the other ranks cannot go on without it.
-                self._send_kill(run, graceful=False)
+                self.fleet.kill(run, graceful=False)
             if run.over:
                 self._finish_run(run)
                 self._schedule()
@@ -807,7 +678,7 @@ class Master:
             queue = sorted(self.queued.values(), key=lambda r: r.rank)
             return _agents.cluster_view(
                 self.cluster_id,
-                self.cluster_slot_type(),
+                self.fleet.slot_type(),
                 self.agents.values(),
                 self.scheduler.allocations,
                 self.run_of_trial,
@@ -818,8 +689,7 @@ class Master:
     def close_streams(self) -> None:
         """Close every agent's stream (the master is stopping)."""
         with self.lock:
-            for handle in self.agents.values():
-                handle.outbox.put(None)
+            self.fleet.close_streams()
 
     # --- the end of a run -----------------------------------------------------------------
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -317,3 +318,40 @@ __all__ = [
     "delete_records",
     "searcher_metric",
 ]
+
+
+def collect_later(
+    executor: futures.Executor,
+    store: Store,
+    experiment_id: int,
+    config: ExperimentConfig,
+    *,
+    ended_trial_ids: Collection[int] = (),
+    experiment_ended: bool = False,
+    default_root: Path | None = None,
+    storage_cache: dict[str, StorageManager] | None = None,
+) -> Callable[[], None]:
+    """What to run once an end is committed: `collect` on `executor`, off the master's
+    lock, with failures logged rather than raised."""
+
+    def run() -> None:
+        try:
+            result = collect(
+                store,
+                experiment_id,
+                config,
+                ended_trial_ids=ended_trial_ids,
+                experiment_ended=experiment_ended,
+                default_root=default_root,
+                storage_cache=storage_cache,
+            )
+        except Exception:
+            log.exception("checkpoint collection of experiment %d failed", experiment_id)
+            return
+        if result.deleted or result.failed:
+            log.info("experiment %d: %s", experiment_id, result)
+
+    def submit() -> None:
+        executor.submit(run)
+
+    return submit

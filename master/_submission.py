@@ -7,6 +7,7 @@ check it before unpacking.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 import yaml
@@ -17,6 +18,7 @@ from assay.errors import InvalidConfigError
 from assay.master._state import new_searcher
 from assay.master.errors import InvalidArgumentError
 from assay.master.searcher import Searcher
+from assay.master.store import ExperimentRecord
 
 MAX_CONFIG_BYTES = 2**20
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -86,3 +88,30 @@ def _check_config_text(config_yaml: str) -> None:
                 )
     except yaml.YAMLError as e:
         raise InvalidArgumentError(f"the config is not valid YAML: {e}") from None
+
+
+def new_record(
+    prepared: PreparedExperiment,
+    experiment_id: int,
+    state: str,
+    now: dt.datetime,
+    progress: float,
+) -> ExperimentRecord:
+    """The stored row of a just-recorded experiment, as `get_experiment` would read it."""
+    config = prepared.config
+    return ExperimentRecord(
+        id=experiment_id,
+        name=config.name,
+        description=config.description,
+        owner=prepared.owner,
+        state=state,
+        labels=tuple(sorted(set(config.labels))),
+        priority=config.resources.priority,
+        progress=progress,
+        archived=False,
+        config=dict(config.raw),
+        searcher_state=None,
+        created_at=now,
+        start_time=now,
+        end_time=None,
+    )

@@ -8,6 +8,7 @@ tested row by row (tests/lifecycle/test_run_outcome.py).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -16,6 +17,7 @@ from assay.master.lifecycle._effects import (
     CollectGarbage,
     Effect,
     Enqueue,
+    Kill,
     Log,
     Settle,
     SetTrial,
@@ -200,4 +202,18 @@ def _failed(
         )
     message = f"assay: run {run.run_id} failed ({why}); {what}"
     effects.append(Log(trial.id, run.run_id, message, level="ERROR"))
+    return effects
+
+
+def preemption(request_id: str, priority: int, victims: Iterable[Run]) -> list[Effect]:
+    """Stop `victims` at a checkpoint so that `request_id` fits once they are gone."""
+    effects: list[Effect] = []
+    for run in victims:
+        message = (
+            f"assay: run {run.run_id} preempted for trial {request_id} (priority "
+            f"{priority}); it checkpoints and requeues"
+        )
+        effects.append(SetTrial(run.trial_id, {"state": TrialStatus.STOPPING}))
+        effects.append(Log(run.trial_id, run.run_id, message))
+        effects.append(Kill(run.allocation_id, graceful=True, stopping="preempt"))
     return effects

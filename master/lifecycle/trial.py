@@ -18,6 +18,7 @@ from assay.master.lifecycle._effects import (
     Tell,
 )
 from assay.master.lifecycle._model import (
+    STOP_OF_EXPERIMENT,
     ExperimentState,
     ExperimentStatus,
     Placement,
@@ -86,6 +87,33 @@ def start(
     run = Run(allocation_id, trial.id, run_id, trial.experiment_id, placement, token)
     restored = restore.total_batches if restore is not None else None
     return [SetTrial(trial.id, fields), StartRun(run, tuple(messages), restored)]
+
+
+def awaited_run(
+    allocation_id: str,
+    run_id: int,
+    placement: Placement,
+    trial: TrialState,
+    experiment: ExperimentState,
+    *,
+    token: str,
+    deadline: float,
+) -> Run | None:
+    """A run a restarted master found in the store, kept for its agents to confirm until
+    `deadline`; None when its trial has moved on (the run is over)."""
+    if trial.run_id != run_id or trial.state not in (T.RUNNING, T.STOPPING):
+        return None
+    return Run(
+        allocation_id,
+        trial.id,
+        trial.run_id,
+        trial.experiment_id,
+        placement,
+        token,
+        stopping=STOP_OF_EXPERIMENT.get(experiment.state),
+        awaiting={agent_id for agent_id, _ in placement},
+        deadline=deadline,
+    )
 
 
 def next_target(run: Run, trial: TrialState | None) -> int | None:

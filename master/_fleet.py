@@ -1,0 +1,169 @@
+"""The agents' connections: who is connected with which slots, and their outboxes.
+
+`Fleet` keeps the agents' handles and the scheduler's view of their slots in step, and
+sends messages once the changes recorded so far are committed. It is used under the
+master's lock and never calls the master: what an agent's arrival or loss means for
+runs is decided in `lifecycle/agent.py` and applied by `Master`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from assay.master._agents import (
+    AgentHandle,
+    AgentMessage,
+    KillRun,
+    Load,
+    Outbox,
+    Registration,
+)
+from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError
+from assay.master.lifecycle import Run
+from assay.master.lifecycle.agent import AgentClock
+from assay.master.scheduler import Agent, Scheduler, SlotType
+from assay.master.store import WriteBatch
+
+log = logging.getLogger("assay.master")
+
+
+class Fleet:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        batch: Callable[[], WriteBatch],
+        after_commit: Callable[[Callable[[], None]], None],
+        kill_grace_s: float,
+    ) -> None:
+        self.scheduler = scheduler
+        self._batch = batch
+        self._after_commit = after_commit
+        self._kill_grace_s = int(kill_grace_s)
+        self.agents: dict[str, AgentHandle] = {}
+        self._connected_types: dict[str, int] = {}  # slot type -> connected agents
+
+    def slot_type(self) -> SlotType:
+        """cuda when every connected agent offers GPUs, else cpu."""
+        cuda = self._connected_types.get("cuda", 0)
+        return "cuda" if cuda and cuda == sum(self._connected_types.values()) else "cpu"
+
+    def _count(self, slot_type: str, delta: int) -> None:
+        self._connected_types[slot_type] = self._connected_types.get(slot_type, 0) + delta
+
+    def register(
+        self, register: Registration, peer_host: str, outbox: Outbox, now: dt.datetime
+    ) -> tuple[AgentHandle, list[str]]:
+        """A (re)connecting agent's handle, and the requests that lost their slots on
+        it (an agent back with other slots is a new agent)."""
+        slot_type, slots = register.slot_type, len(register.devices)
+        if slots < 1:
+            raise InvalidArgumentError(f"agent {register.agent_id!r} offers no slots")
+        old = self.agents.get(register.agent_id)
+        if old is not None and old.connected:
+            raise ConflictError(f"an agent named {register.agent_id!r} is already connected")
+        handle = AgentHandle(
+            id=register.agent_id,
+            slot_type=slot_type,
+            slots=slots,
+            address=register.address or peer_host,
+            devices=register.devices,
+            memory_bytes=register.memory_bytes,
+            outbox=outbox,
+        )
+        lost: list[str] = []
+        if old is not None and (old.slots, old.slot_type) == (slots, slot_type):
+            # Back within the window: it keeps its slots and its running trials.
+            handle.enabled = old.enabled
+            self.scheduler.set_agent_enabled(handle.id, handle.enabled)
+        else:
+            if old is not None:
+                lost = self.drop(old.id)
+            self.scheduler.add_agent(Agent(handle.id, slots, slot_type))
+        self.agents[handle.id] = handle
+        self._count(slot_type, +1)
+        self._batch().agent_registered(
+            handle.id,
+            slot_type=slot_type,
+            slots=slots,
+            devices=[{"name": d.name, "uuid": d.uuid} for d in register.devices],
+            address=handle.address,
+            now=now,
+        )
+        log.info("agent %s connected with %d %s slots", handle.id, slots, slot_type)
+        return handle, lost
+
+    def heard_from(self, agent_id: str, load: Load | None = None) -> None:
+        handle = self.agents.get(agent_id)
+        if handle is None:
+            return
+        handle.last_heartbeat = time.time()  # any message shows it is alive
+        if load is not None:
+            handle.cpu_utilization = load.cpu_utilization
+            handle.memory_used_fraction = load.memory_used_fraction
+            if load.devices:
+                handle.devices = load.devices
+
+    def disconnected(self, agent_id: str, handle: AgentHandle | None) -> bool:
+        """The stream of `handle` ended (a newer connection of the agent is kept); True
+        if that was the agent's current connection. Its slots wait for it, disabled."""
+        current = self.agents.get(agent_id)
+        if current is None or (handle is not None and current is not handle):
+            return False
+        if not current.connected:
+            return False
+        current.connected = False
+        current.disconnected_at = time.monotonic()
+        current.outbox.put(None)
+        self._count(current.slot_type, -1)
+        self.scheduler.set_agent_enabled(agent_id, False)  # no new work meanwhile
+        self._batch().agent_state(agent_id, "DISCONNECTED")
+        return True
+
+    def drop(self, agent_id: str) -> list[str]:
+        """Forget the agent; the requests that had slots on it (the gang's other parts
+        keep theirs until their processes are gone)."""
+        dropped = self.agents.pop(agent_id, None)
+        if dropped is not None and dropped.connected:
+            dropped.outbox.put(None)  # close its stream; it may register again
+            self._count(dropped.slot_type, -1)
+        self._batch().agent_state(agent_id, "DISCONNECTED")
+        return self.scheduler.remove_agent(agent_id, keep_other_parts=True)
+
+    def set_enabled(self, agent_id: str, enabled: bool) -> None:
+        handle = self.agents.get(agent_id)
+        if handle is None:
+            raise NotFoundError(f"agent {agent_id!r} is not connected")
+        handle.enabled = enabled
+        self.scheduler.set_agent_enabled(agent_id, enabled)
+        self._batch().agent_state(agent_id, "ACTIVE" if enabled else "DISABLED")
+
+    def clocks(self) -> list[AgentClock]:
+        return [
+            AgentClock(a.id, a.connected, a.last_heartbeat, a.disconnected_at)
+            for a in self.agents.values()
+        ]
+
+    def send(self, agent_id: str, message: AgentMessage) -> None:
+        """Queue `message` for the agent once the changes recorded so far are committed."""
+        handle = self.agents.get(agent_id)
+        if handle is not None:
+            outbox = handle.outbox
+            self._after_commit(lambda: outbox.put(message))
+
+    def kill(self, run: Run, *, graceful: bool) -> None:
+        """Kill the run's processes on every agent that has not reported them gone."""
+        kill = KillRun(run.allocation_id, graceful, self._kill_grace_s)
+        for agent_id in run.agents:
+            handle = self.agents.get(agent_id)
+            if agent_id not in run.exit_codes and handle is not None and handle.connected:
+                self.send(agent_id, kill)
+
+    def close_streams(self) -> None:
+        for handle in self.agents.values():
+            handle.outbox.put(None)
+
+    def addresses(self, agent_ids: Iterable[str]) -> dict[str, str]:
+        return {a: self.agents[a].address for a in agent_ids}

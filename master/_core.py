@@ -781,20 +781,24 @@ class Master:
             self._commit_and_wait()
 
     def report_metrics(self, run: Run, group: str, reports: Sequence[MetricReport]) -> int:
-        stored = self.store.report_metrics(run.trial_id, run.run_id, group, reports)
-        latest = max((r.total_batches for r in reports), default=0)
+        """Store a run's metrics and the trial's progress in one transaction (the store
+        fences stale runs and makes retries no-ops), then update memory with it."""
+        experiment = self.experiments.get(run.experiment_id)  # one read: no lock needed
+        searcher = experiment.config.searcher if experiment is not None else None
+        done = self.store.report_metrics_and_progress(
+            run.trial_id,
+            run.run_id,
+            group,
+            reports,
+            searcher_metric=searcher.metric if searcher is not None else None,
+            smaller_is_better=searcher.smaller_is_better if searcher is not None else True,
+        )
         with self.lock:
             trial = self.trials.get(run.trial_id)
-            experiment = self.experiments.get(run.experiment_id)
-            if trial is None or experiment is None:
-                return stored  # the experiment ended meanwhile (a kill)
-            metric = experiment.config.searcher.metric
-            values = [v for r in reports if (v := r.values.get(metric)) is not None]
-            fields = trial_life.metrics_reported(trial, experiment, group, latest, values)
-            if fields:
-                self._set_trial(trial, fields)
-            self._commit_and_wait()
-        return stored
+            if trial is not None:
+                trial.total_batches = max(trial.total_batches, done.total_batches)
+                trial.best_validation = done.best_validation
+        return done.stored
 
     def report_checkpoint(self, run: Run, checkpoint: CheckpointRecord) -> None:
         """Record a checkpoint the run wrote; refused unless it is where it must be.

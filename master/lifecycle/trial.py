@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from assay.master._agents import StartRun as AgentStart
@@ -157,28 +157,6 @@ def validated(
 
 def _told(experiment: ExperimentState, trial: TrialState, event: Any, *args: Any) -> Tell:
     return Tell(experiment.id, trial.request_id, event, args)
-
-
-def metrics_reported(
-    trial: TrialState,
-    experiment: ExperimentState,
-    group: str,
-    latest: int,
-    values: Sequence[float],
-) -> dict[str, Any]:
-    """The trial fields a metrics report moves: its batch count up, and its best value
-    of the searcher's metric (`values`, reported in a validation) if it is better."""
-    searcher = experiment.config.searcher
-    fields: dict[str, Any] = {}
-    if latest > trial.total_batches:
-        fields["total_batches"] = latest
-    finite = [v for v in values if math.isfinite(v)]
-    if group == "validation" and finite:
-        best = min(finite) if searcher.smaller_is_better else max(finite)
-        old = trial.best_validation
-        if old is None or (best < old if searcher.smaller_is_better else best > old):
-            fields["best_validation"] = best
-    return fields
 
 
 def experiment_best(experiment: ExperimentState) -> float | None:

@@ -242,17 +242,6 @@ def test_a_stop_requested_at_the_target_reports_it_first() -> None:
     assert effects[-2] == fx.SetTrial(1, {"target": None, "closed": True})
 
 
-def test_metrics_move_batches_up_and_best_validation_only_when_better() -> None:
-    experiment = _experiment()
-    trial = _trial(experiment, 1, T.RUNNING, total_batches=20, best_validation=0.3)
-    assert trial_life.metrics_reported(trial, experiment, "training", 10, [0.1]) == {}
-    assert trial_life.metrics_reported(trial, experiment, "validation", 30, [0.5]) == {
-        "total_batches": 30
-    }
-    better = trial_life.metrics_reported(trial, experiment, "validation", 20, [float("nan"), 0.2])
-    assert better == {"best_validation": 0.2}
-
-
 def test_after_a_restart_trials_resume_pause_or_finish_the_stop() -> None:
     experiment = _experiment()
     _trial(experiment, 1, T.RUNNING)

@@ -25,8 +25,8 @@ from assay.master.store._models import Metric, MetricRollup
 ROLLUPS = cast(Table, MetricRollup.__table__)
 
 # Rollup level -> log2 of its bucket width in batches, finest first. Level 0 came after
-# the others: a store written before it lacks level-0 rows for the metrics it held then,
-# so a read first checks that a level counts every row of the curve.
+# the others; migration 0004 built it for the rows stored before. A read still checks
+# that a level counts every row of the curve before drawing from it.
 LEVELS = {0: 4, 1: 8, 2: 12, 3: 16, 4: 20, 5: 24}
 TOP = 5
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
+import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import text
+from sqlalchemy import delete, select, text
 
 from assay.master.errors import SchemaError
 from assay.master.store import Store, current_revision, head_revision, migrate
@@ -124,6 +127,9 @@ def test_databases_of_past_schema_versions_upgrade_with_their_data(
     curve = store.trial_curve(trial.id, "loss")
     assert len(curve) == 50
     assert curve[0] == (1, 1.0)
+    with store.read() as s:  # the 16-batch rollup level is there for the old rows too
+        level_0 = text("SELECT sum(count) FROM metric_rollups WHERE level = 0")
+        assert s.execute(level_0).scalar() == 50
     assert store.get_checkpoint("c-0001").files == {"models.pt": 123}
     assert [line.message for line in store.tail_logs(trial.id)] == ["hello from 0001"]
     store.close()
@@ -158,4 +164,140 @@ def test_a_table_rebuilding_upgrade_keeps_child_rows(tmp_path: Path, db_url: str
     assert migrate(store.engine, location) == "9999"
     assert len(store.trial_curve(tid, "loss", group="training")) == 5
     assert store.get_trial(tid).request_id == "exp-r1"
+    store.close()
+
+
+# --- 0004: rollup level 0 rebuilt for the metrics stored before it existed ------------------
+
+
+def _at_0003(tmp_path: Path, db_url: str) -> Store:
+    """A store on a database migrated to 0003 only, as the release before 0004 left it."""
+    import shutil
+
+    from assay.master.store._migrate import MIGRATIONS
+
+    location = tmp_path / "migrations-0003"
+    shutil.copytree(MIGRATIONS, location)
+    for later in (location / "versions").glob("0004_*.py"):
+        later.unlink()
+    engine = make_engine(db_url)
+    assert migrate(engine, location) == "0003"
+    engine.dispose()
+    return Store.open(db_url, migrate_schema=False)
+
+
+def _live(store: Store, trial_id: int) -> dict[tuple[str, str], list[tuple[int, float | None]]]:
+    """(group, name) -> the trial's live points, NaN as None."""
+    from assay.master.store._models import Metric
+
+    out: dict[tuple[str, str], list[tuple[int, float | None]]] = {}
+    with store.read() as s:
+        rows = s.execute(
+            select(Metric.group, Metric.name, Metric.total_batches, Metric.value)
+            .where(Metric.trial_id == trial_id, Metric.superseded.is_(False))
+            .order_by(Metric.group, Metric.name, Metric.total_batches)
+        )
+        for group, name, batches, value in rows:
+            out.setdefault((group, name), []).append((batches, value))
+    return out
+
+
+def _rollups(store: Store, trial_id: int) -> list[tuple[Any, ...]]:
+    """The trial's rollup rows, every level, without the trial id."""
+    from assay.master.store._models import MetricRollup
+
+    columns = [c for c in MetricRollup.__table__.columns if c.name != "trial_id"]
+    with store.read() as s:
+        rows = s.execute(
+            select(*columns)
+            .where(MetricRollup.trial_id == trial_id)
+            .order_by(
+                MetricRollup.group, MetricRollup.name, MetricRollup.level, MetricRollup.bucket
+            )
+        )
+        return [tuple(row) for row in rows]
+
+
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
+    """(SQL, parameters) of every curve query from now on."""
+    from assay.master.store import _curves
+
+    seen: list[tuple[str, tuple[Any, ...]]] = []
+    fetch = _curves._fetch
+
+    def spy(session: Any, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        seen.append((sql, params))
+        return fetch(session, sql, params)
+
+    monkeypatch.setattr(_curves, "_fetch", spy)
+    return seen
+
+
+def test_level_0_is_rebuilt_for_metrics_stored_before_it(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from assay.master.store import MetricReport, _curves
+    from assay.master.store._models import MetricRollup
+
+    store = _at_0003(tmp_path, db_url)
+    eid, old, run = seed.trial_with_run(store, "old")
+    rng = random.Random(4)
+
+    def loss(b: int) -> float:
+        return 50.0 if b == 2001 else -50.0 if b == 3999 else math.sin(b / 300) + rng.gauss(0, 0.1)
+
+    def accuracy(b: int) -> float:
+        return [math.nan, math.inf, -math.inf, 0.5, 0.5][b % 5] if b % 50 == 0 else b / 10_000
+
+    def report(trial: int, run_id: int, batches: range) -> None:
+        store.report_metrics(
+            trial, run_id, "training", [MetricReport(b, {"loss": loss(b)}) for b in batches]
+        )
+        store.report_metrics(
+            trial,
+            run_id,
+            "validation",
+            [MetricReport(b, {"acc": accuracy(b)}) for b in batches if b % 10 == 0],
+        )
+
+    # Reported before level 0 existed: the level has none of these rows.
+    report(old, run, range(1, 4001))
+    with store.write() as s:
+        s.execute(delete(MetricRollup).where(MetricRollup.level == 0))
+    # Then by a release with level 0 but no migration: partial buckets (4000-4015 holds
+    # batch 4000 from before), a restore that supersedes past 4500, a second run.
+    report(old, run, range(4001, 5001))
+    run2 = seed.start_run(store, old, restored_batches=4500)
+    report(old, run2, range(4501, 6501))
+    reads = _reads(monkeypatch)
+    before = store.trial_curve(old, "loss", group="training", max_points=250)
+    level_0 = (_curves._ROLLUP_SQL, (old, "training", "loss", 0))
+    assert level_0 in reads  # tried, found short of rows, and left for a coarser source
+    assert reads[-1] != level_0
+
+    assert migrate(store.engine) == "0004" == head_revision()
+
+    # A fresh trial given the same live points writes what the store computes itself.
+    fresh = seed.trial(store, eid, request_id="fresh")
+    fresh_run = seed.start_run(store, fresh)
+    live = _live(store, old)
+    for (group, name), points in live.items():
+        reports = [MetricReport(b, {name: math.nan if v is None else v}) for b, v in points]
+        store.report_metrics(fresh, fresh_run, group, reports)
+    assert _live(store, fresh) == live
+    assert _rollups(store, old) == _rollups(store, fresh)
+    reads.clear()
+    curve = store.trial_curve(old, "loss", group="training", max_points=250)
+    assert [sql for sql, _ in reads] == [_curves._EXTENT_SQL, _curves._ROLLUP_SQL]
+    assert reads[-1] == level_0
+    assert curve != before  # drawn finer than the fallback could
+    for group, name in live:
+        curve = store.trial_curve(old, name, group=group, max_points=250)
+        assert curve == store.trial_curve(fresh, name, group=group, max_points=250)
+    with store.read() as s:
+        count = len(live[("training", "loss")])
+        drawn = _curves._read_rollups(s, (old, "training", "loss"), 0, count, 250)
+        assert drawn == _curves._read_rollups(s, (fresh, "training", "loss"), 0, count, 250)
+    assert drawn is not None
+    assert (2001, 50.0) in drawn
     store.close()

@@ -20,7 +20,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,58 +27,15 @@ import psutil
 from google.protobuf.timestamp_pb2 import Timestamp
 
 import assay
-from assay.agent._allocation import (
-    Allocation,
-    AllocationError,
-    LaunchSettings,
-    state_change,
-    validate,
-)
+from assay.agent._allocation import Allocation, AllocationError, state_change, validate
+from assay.agent._config import AgentSettings
 from assay.agent._connection import Backoff, MasterConnection
-from assay.agent._devices import DeviceMonitor, SlotKind, detect_devices, slot_type_proto
-from assay.common.tls import ClientTls
+from assay.agent._devices import DeviceMonitor, detect_devices, slot_type_proto
 from assay.proto import agent_pb2
 
 log = logging.getLogger("assay.agent")
 
 HARNESS_COMMAND = (sys.executable, "-m", "assay._cluster")
-DEFAULT_GRACE = 30.0
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """Everything `assay-agent`'s options set; see `assay-agent --help`."""
-
-    master: str
-    agent_id: str = field(default_factory=socket.gethostname)
-    slot_type: SlotKind | None = None
-    slots: int | None = None
-    work_dir: Path | None = None
-    address: str | None = None
-    heartbeat_timeout: float = 30.0
-    keep_work_dirs: bool = False
-    harness_command: Sequence[str] = HARNESS_COMMAND
-    # SIGTERM-to-SIGKILL grace: for a KillAllocation without one, the other ranks of a
-    # failed rank, and the allocations still running when the agent stops.
-    grace: float = DEFAULT_GRACE
-    # The secret this agent joins with (the master's join_token), for a master that
-    # requires one.
-    join_token: str | None = None
-    # How to reach the master (plain or TLS); trial processes get the same.
-    tls: ClientTls = field(default_factory=ClientTls)
-    # The version reported to the master; the installed one except in the version tests.
-    version: str = assay.__version__
-
-    def __post_init__(self) -> None:
-        host, sep, port = self.master.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"master must be HOST:PORT, got {self.master!r}")
-        if self.slots is not None and self.slots < 1:
-            raise ValueError(f"slots must be at least 1, got {self.slots}")
-        if self.heartbeat_timeout <= 0:
-            raise ValueError(f"heartbeat_timeout must be positive, got {self.heartbeat_timeout}")
-        if not self.harness_command:
-            raise ValueError("harness_command must not be empty")
 
 
 def guess_address(master: str) -> str:
@@ -103,33 +59,39 @@ class Agent:
     """One agent daemon. Raises `NoGPUError` at construction for cuda without GPUs."""
 
     def __init__(
-        self, config: AgentConfig, *, nvml: Any | None = None, backoff: Backoff | None = None
+        self,
+        settings: AgentSettings,
+        *,
+        harness_command: Sequence[str] = HARNESS_COMMAND,
+        version: str = assay.__version__,
+        nvml: Any | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
-        self.config = config
-        self.devices: DeviceMonitor = detect_devices(config.slot_type, config.slots, nvml)
-        self.address = config.address or guess_address(config.master)
-        self.work_dir = (config.work_dir or default_work_dir(config.agent_id)).resolve()
-        self.settings = LaunchSettings(
-            work_dir=self.work_dir,
-            harness_command=tuple(config.harness_command),
-            slot_kind=self.devices.kind,
-            slot_count=len(self.devices.devices),
-            address=self.address,
-            keep_work_dirs=config.keep_work_dirs,
-            failure_grace=config.grace,
-            tls=config.tls,
-        )
+        """`harness_command` is what each rank runs and `version` what the agent reports
+        to the master (assay-agent's hidden --harness-command and --reported-version, for
+        debugging and tests); `nvml` and `backoff` replace NVML and the reconnect delays
+        in tests."""
+        if not harness_command:
+            raise ValueError("harness_command must not be empty")
+        self.settings = settings
+        self.harness_command = tuple(harness_command)
+        self.version = version
+        self.devices: DeviceMonitor = detect_devices(settings.slot_type, settings.slots, nvml)
+        # What the settings leave to the agent, decided once, at start.
+        self.address = settings.address or guess_address(settings.master)
+        self.work_dir = (settings.work_dir or default_work_dir(settings.agent_id)).resolve()
+        self.tls = settings.client_tls  # trial processes reach the master as the agent does
         self._events: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
         self.connection = MasterConnection(
-            config.master,
+            settings.master,
             register=self._register,
             heartbeat=self._heartbeat,
             on_message=self._enqueue,
-            timeout=config.heartbeat_timeout,
+            timeout=settings.heartbeat_timeout,
             backoff=backoff,
             on_refused=lambda reason: self.stop(),
-            join_token=config.join_token,
-            tls=config.tls,
+            join_token=settings.join_token,
+            tls=self.tls,
         )
         self._lock = threading.Lock()
         self._allocations: dict[str, Allocation] = {}
@@ -152,13 +114,13 @@ class Agent:
         thread.start()
         log.info(
             "agent %s: %d %s slot(s) (%s), address %s, work dir %s, master %s",
-            self.config.agent_id,
+            self.settings.agent_id,
             len(self.devices.devices),
             self.devices.kind,
             self.devices.devices[0].name,
             self.address,
             self.work_dir,
-            self.config.master,
+            self.settings.master,
         )
         stopping = forced = False
         try:
@@ -177,7 +139,7 @@ class Agent:
             self.connection.close()
             thread.join(timeout=5)
             self.devices.close()
-            log.info("agent %s stopped", self.config.agent_id)
+            log.info("agent %s stopped", self.settings.agent_id)
 
     def _enqueue(self, message: agent_pb2.MasterMessage) -> None:
         self._events.put(message)
@@ -203,11 +165,22 @@ class Agent:
             list(start.slots),
         )
         busy = self._wait_for_slots(set(start.slots), busy)
-        allocation = Allocation(start, self.settings, self.connection.send, self._done)
+        allocation = Allocation(
+            start,
+            self.connection.send,
+            self._done,
+            work_dir=self.work_dir,
+            harness_command=self.harness_command,
+            slot_kind=self.devices.kind,
+            address=self.address,
+            tls=self.tls,
+            grace=self.settings.grace,
+            keep_dir=self.settings.keep_work_dirs,
+        )
         try:
             if stopping:
                 raise AllocationError("the agent is shutting down")
-            validate(start, self.settings.slot_count, busy)
+            validate(start, len(self.devices.devices), busy)
             with self._lock:
                 self._allocations[allocation_id] = allocation
             allocation.launch()
@@ -226,7 +199,7 @@ class Agent:
         once (after its own restart, or when a gang loses an agent); the killed processes
         need up to the grace period to go.
         """
-        deadline = time.monotonic() + self.config.grace + 5.0
+        deadline = time.monotonic() + self.settings.grace + 5.0
         while wanted & busy and time.monotonic() < deadline:
             time.sleep(0.05)
             with self._lock:
@@ -246,7 +219,7 @@ class Agent:
                 )
             )
             return
-        grace = float(kill.grace_seconds) if kill.grace_seconds > 0 else self.config.grace
+        grace = float(kill.grace_seconds) if kill.grace_seconds > 0 else self.settings.grace
         how = f"SIGTERM, then SIGKILL after {grace:g}s" if kill.graceful else "SIGKILL"
         log.info("killing allocation %s (%s)", kill.allocation_id, how)
         allocation.kill(kill.graceful, grace, f"killed by the master ({how})")
@@ -254,12 +227,12 @@ class Agent:
     def _stop_all(self, graceful: bool) -> None:
         with self._lock:
             allocations = list(self._allocations.values())
-        how = f"SIGTERM, then SIGKILL after {self.config.grace:g}s" if graceful else "SIGKILL"
+        how = f"SIGTERM, then SIGKILL after {self.settings.grace:g}s" if graceful else "SIGKILL"
         if allocations:
             log.info("stopping %d allocation(s) (%s)", len(allocations), how)
         for allocation in allocations:
             allocation.kill(
-                graceful, self.config.grace, f"the agent is shutting down ({how})", by_agent=True
+                graceful, self.settings.grace, f"the agent is shutting down ({how})", by_agent=True
             )
 
     def _done(self, allocation_id: str) -> None:
@@ -268,8 +241,8 @@ class Agent:
 
     def _register(self) -> agent_pb2.Register:
         return agent_pb2.Register(
-            agent_id=self.config.agent_id,
-            version=self.config.version,
+            agent_id=self.settings.agent_id,
+            version=self.version,
             slot_type=slot_type_proto(self.devices.kind),
             devices=[d.to_proto() for d in self.devices.sample()],
             address=self.address,
@@ -296,16 +269,9 @@ class Agent:
         """Remove allocation directories left by an earlier run (their processes died
         with it), unless they are kept for debugging."""
         leftovers = self.work_dir / "allocations"
-        if leftovers.exists() and not self.config.keep_work_dirs:
+        if leftovers.exists() and not self.settings.keep_work_dirs:
             shutil.rmtree(leftovers, ignore_errors=True)
         leftovers.mkdir(parents=True, exist_ok=True)
 
 
-__all__ = [
-    "DEFAULT_GRACE",
-    "HARNESS_COMMAND",
-    "Agent",
-    "AgentConfig",
-    "default_work_dir",
-    "guess_address",
-]
+__all__ = ["HARNESS_COMMAND", "Agent", "default_work_dir", "guess_address"]

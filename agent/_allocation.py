@@ -16,7 +16,6 @@ import shutil
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,21 +49,6 @@ Send = Callable[[agent_pb2.AgentMessage], None]
 
 class AllocationError(AssayError):
     """A StartAllocation this agent cannot carry out; the message goes to the master."""
-
-
-@dataclass(frozen=True)
-class LaunchSettings:
-    """What every allocation of this agent shares."""
-
-    work_dir: Path
-    harness_command: Sequence[str]
-    slot_kind: SlotKind
-    slot_count: int
-    address: str  # MASTER_ADDR when the master leaves it empty
-    keep_work_dirs: bool = False
-    failure_grace: float = 30.0
-    # How trial processes reach the master: as the agent does.
-    tls: ClientTls = field(default_factory=ClientTls)
 
 
 def state_change(
@@ -143,15 +127,32 @@ class Allocation:
     def __init__(
         self,
         start: agent_pb2.StartAllocation,
-        settings: LaunchSettings,
         send: Send,
         on_done: Callable[[str], None],
+        *,
+        work_dir: Path,
+        harness_command: Sequence[str],
+        slot_kind: SlotKind,
+        address: str,
+        tls: ClientTls,
+        grace: float,
+        keep_dir: bool = False,
     ) -> None:
+        """`work_dir`: the agent's (this allocation's directory goes under it);
+        `harness_command`: what each rank runs; `address`: MASTER_ADDR when the master
+        leaves it empty; `tls`: how the processes reach the master (as the agent does);
+        `grace`: SIGTERM-to-SIGKILL for the other ranks when one fails; `keep_dir`: keep
+        the directory after the exit (debugging)."""
         self.start_msg = start
         self.id = start.allocation_id
         self.slots = list(start.slots)
-        self.settings = settings
-        self.dir = settings.work_dir / "allocations" / self.id
+        self.dir = work_dir / "allocations" / self.id
+        self.harness_command = tuple(harness_command)
+        self.slot_kind = slot_kind
+        self.address = address
+        self.tls = tls
+        self.grace = grace
+        self.keep_dir = keep_dir
         self._send = send
         self._on_done = on_done
         self._kill_reason: str | None = None
@@ -224,7 +225,7 @@ class Allocation:
             RankSpec(rank, self._env(k, slot, rank, port, spec_path))
             for k, (slot, rank) in enumerate(zip(start.slots, start.ranks, strict=True))
         ]
-        return RankProcesses(self.settings.harness_command, model_dir, specs, self._logs.add)
+        return RankProcesses(self.harness_command, model_dir, specs, self._logs.add)
 
     def _env(
         self, local_rank: int, slot: int, rank: int, port: int, spec_path: Path
@@ -241,14 +242,14 @@ class Allocation:
         env = {k: v for k, v in os.environ.items() if k not in AGENT_SECRETS}
         # The config's environment_variables; those set below win (the config may not name
         # them, and this order keeps it so).
-        env.update(_config_environment(start.config_json, self.settings.slot_kind))
+        env.update(_config_environment(start.config_json, self.slot_kind))
         env.update(
             torchrun_env(
                 rank=rank,
                 world_size=start.world_size,
                 local_rank=local_rank,
                 local_world_size=local_world,
-                master_addr=start.master_addr or self.settings.address,
+                master_addr=start.master_addr or self.address,
                 master_port=port,
                 run_id=self.id,
             )
@@ -256,12 +257,12 @@ class Allocation:
         env.update(
             ASSAY_TRIAL_SPEC=str(spec_path),
             ASSAY_ALLOCATION_ID=self.id,
-            ASSAY_SLOT_TYPE=self.settings.slot_kind,
+            ASSAY_SLOT_TYPE=self.slot_kind,
             PYTHONUNBUFFERED="1",
         )
-        self.settings.tls.export(env)
+        self.tls.export(env)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_world)))
-        if self.settings.slot_kind == "cuda":
+        if self.slot_kind == "cuda":
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = str(slot)
         else:
@@ -271,7 +272,7 @@ class Allocation:
     def _watch(self) -> None:
         assert self.processes is not None
         try:
-            report = self.processes.wait(self.settings.failure_grace)
+            report = self.processes.wait(self.grace)
             self._logs.close()
             message = self._exit_message(report)
             log.info("allocation %s: %s", self.id, message)
@@ -300,14 +301,13 @@ class Allocation:
         return message
 
     def _remove_dir(self) -> None:
-        if not self.settings.keep_work_dirs:
+        if not self.keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
 __all__ = [
     "Allocation",
     "AllocationError",
-    "LaunchSettings",
     "state_change",
     "trial_spec",
     "validate",

@@ -1,20 +1,22 @@
 """`assay-agent` settings: each key is defined once here, with its default and its help.
 
-`assay-agent --help-config` prints the reference; a value comes from the first of the
-flag, the ASSAY_* variable, the YAML file (`--config`, /etc/assay/agent.yaml when
-installed by deploy/install-agent.sh) and the default.
+`AgentSettings` is the one object the agent is set up with: `assay-agent` loads it,
+`Agent` takes it, and the agent's parts are handed the fields they use. Every field is a
+key of the file (tests/deploy checks it). `assay-agent
+--help-config` prints the reference; a value comes from the first of the flag, the
+ASSAY_* variable, the YAML file (`--config`, /etc/assay/agent.yaml when installed by
+deploy/install-agent.sh) and the default.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import assay
-from assay.agent._agent import DEFAULT_GRACE, HARNESS_COMMAND, AgentConfig
+from assay.agent._devices import SlotKind
 from assay.common.settings import (
     Boolean,
     Choice,
@@ -34,6 +36,12 @@ DEFAULT_PATH = "/etc/assay/agent.yaml"
 
 @dataclass(frozen=True)
 class AgentSettings:
+    """Everything `assay-agent` is set up with (see `assay-agent --help-config`).
+
+    Construction checks what a key's kind cannot: `master` is HOST:PORT and the CA file
+    holds certificates; `SettingsError` says which key is wrong.
+    """
+
     master: str = setting(
         kind=Text("HOST:PORT", "HOST:PORT"),
         required=True,
@@ -51,7 +59,7 @@ class AgentSettings:
         default_text="this machine's host name",
         help="This agent's name in the cluster (`assay agent list`); unique per machine.",
     )
-    slot_type: str | None = setting(
+    slot_type: SlotKind | None = setting(  # noqa: RUF009 - setting() makes a dataclasses.field
         kind=Choice(("cpu", "cuda")),
         default_text="cuda when NVML finds a GPU, else cpu",
         help="Offer GPUs (cuda: refuse to start without one) or CPUs.",
@@ -98,8 +106,10 @@ class AgentSettings:
         kind=Seconds(),
         help="Seconds to wait for the master's reply to registering before trying again.",
     )
+    # SIGTERM-to-SIGKILL grace: for a KillAllocation without one, the other ranks of a
+    # failed rank, and the allocations still running when the agent stops.
     grace: float = setting(
-        DEFAULT_GRACE,
+        30.0,
         kind=Seconds(positive=False),
         help="Seconds between SIGTERM and SIGKILL when stopping trials.",
     )
@@ -114,34 +124,23 @@ class AgentSettings:
         help="The least severe log messages to print.",
     )
 
-    def agent_config(
-        self,
-        *,
-        harness_command: Sequence[str] = HARNESS_COMMAND,
-        version: str = assay.__version__,
-    ) -> AgentConfig:
-        """The agent's config; raises ValueError for a value only the agent can judge
-        (a master that is not HOST:PORT), `SettingsError` for a CA file it cannot use."""
-        tls = ClientTls.of(self.tls, self.ca_file, self.tls_server_name)
+    def __post_init__(self) -> None:
+        host, sep, port = self.master.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise SettingsError(f"master must be HOST:PORT, got {self.master!r}")
+        if self.slots is not None and self.slots < 1:
+            raise SettingsError(f"slots must be at least 1, got {self.slots}")
+        if self.heartbeat_timeout <= 0:
+            raise SettingsError(f"heartbeat_timeout must be positive, got {self.heartbeat_timeout}")
         try:
-            tls.root_certificates()
+            self.client_tls.root_certificates()
         except TlsError as e:
             raise SettingsError(str(e)) from None
-        return AgentConfig(
-            master=self.master,
-            agent_id=self.agent_id,
-            slot_type="cuda" if self.slot_type == "cuda" else "cpu" if self.slot_type else None,
-            slots=self.slots,
-            work_dir=self.work_dir,
-            address=self.address,
-            heartbeat_timeout=self.heartbeat_timeout,
-            keep_work_dirs=self.keep_work_dirs,
-            harness_command=harness_command,
-            grace=self.grace,
-            join_token=self.join_token,
-            tls=tls,
-            version=version,
-        )
+
+    @property
+    def client_tls(self) -> ClientTls:
+        """How the agent, and the trial processes it starts, reach the master."""
+        return ClientTls.of(self.tls, self.ca_file, self.tls_server_name)
 
 
 def load_agent_settings(
@@ -154,3 +153,6 @@ def load_agent_settings(
 
 
 help_config = help_config_option(AgentSettings, program="assay-agent", path=DEFAULT_PATH)
+
+
+__all__ = ["DEFAULT_PATH", "AgentSettings", "help_config", "load_agent_settings"]

@@ -72,10 +72,6 @@ def main(
     """Run the Assay agent: register this machine's slots and run the trials it is given."""
     try:
         settings = load_agent_settings(config_file, flags)
-        config = settings.agent_config(
-            harness_command=shlex.split(harness_command) if harness_command else HARNESS_COMMAND,
-            version=reported_version or assay.__version__,
-        )
     except (SettingsError, ValueError) as e:
         click.echo(f"assay-agent: error: {e}", err=True)
         sys.exit(1)
@@ -86,7 +82,11 @@ def main(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        agent = Agent(config)
+        agent = Agent(
+            settings,
+            harness_command=shlex.split(harness_command) if harness_command else HARNESS_COMMAND,
+            version=reported_version or assay.__version__,
+        )
     except (ValueError, NoGPUError) as e:
         click.echo(f"assay-agent: error: {e}", err=True)
         sys.exit(1)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from assay.agent._allocation import Allocation, LaunchSettings
+from assay.agent._allocation import Allocation
 from assay.cli.main import cli
 from assay.config import Const, ExperimentConfig, parse_config, searcher_in_batches
 from assay.config._search import search_spec

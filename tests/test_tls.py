@@ -287,14 +287,13 @@ def test_the_daemons_take_the_tls_keys_from_file_environment_and_flags(
 
     flags = {"master": "127.0.0.1:1", "ca_file": str(pki.ca), "tls_server_name": "localhost"}
     settings = load_agent_settings(None, flags, env={})
-    assert settings.agent_config().tls == ClientTls(True, pki.ca, "localhost")
+    assert settings.client_tls == ClientTls(True, pki.ca, "localhost")
     off = load_agent_settings(None, {**flags, "tls": "false"}, env={})
-    assert off.agent_config().tls == ClientTls()
+    assert off.client_tls == ClientTls()
     plain = load_agent_settings(None, {"master": "127.0.0.1:1"}, env={"ASSAY_TLS": "1"})
-    assert plain.agent_config().tls == ClientTls(True)
-    bad = load_agent_settings(None, {**flags, "ca_file": str(pki.junk)}, env={})
+    assert plain.client_tls == ClientTls(True)
     with pytest.raises(SettingsError, match=r"ca_file \(ASSAY_CA_FILE\) .*: no PEM certificate"):
-        bad.agent_config()
+        load_agent_settings(None, {**flags, "ca_file": str(pki.junk)}, env={})
 
 
 def _refused(pki: Pki, tmp_path: Path, cert: Path | None, key: Path | None) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from assay.agent import Agent, AgentConfig
+from assay.agent import Agent, AgentSettings
 from assay.proto import agent_pb2, agent_pb2_grpc
 
 # The stand-in for `python -m assay._cluster`: run from the extracted model directory,
@@ -281,12 +281,11 @@ def run_agent(master: FakeMaster, tmp_path: Path) -> Iterator[Callable[..., Agen
             "slot_type": "cpu",
             "slots": 2,
             "work_dir": tmp_path / "work",
-            "harness_command": HARNESS,
             "grace": 5.0,
             "address": "127.0.0.1",
         }
         options.update(overrides)
-        agent = Agent(AgentConfig(**options), nvml=nvml)
+        agent = Agent(AgentSettings(**options), harness_command=HARNESS, nvml=nvml)
         thread = threading.Thread(target=agent.run, daemon=True)
         thread.start()
         started.append((agent, thread))

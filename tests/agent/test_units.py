@@ -13,9 +13,11 @@ import pytest
 from assay._spec import SPEC_ENV, ClusterSpec, spec_from_env
 from assay.agent import NoGPUError, detect_devices
 from assay.agent._allocation import AllocationError, trial_spec, validate
+from assay.agent._config import AgentSettings
 from assay.agent._connection import Backoff, Outbox
 from assay.agent._devices import cpu_devices, cpu_model_name
 from assay.agent._logs import LogBatcher, parse_level
+from assay.common.settings import SettingsError
 from assay.proto import agent_pb2, common_pb2
 from tests.agent.conftest import BrokenNVML, FakeNVML
 
@@ -204,3 +206,18 @@ def test_a_spec_with_a_bad_config_is_refused_before_anything_runs() -> None:
     start = agent_pb2.StartAllocation(allocation_id="a", config_json="{not json")
     with pytest.raises(AllocationError, match="config_json is not valid JSON"):
         trial_spec(start)
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"master": "nohost"}, "master must be HOST:PORT, got 'nohost'"),
+        ({"master": "m:1", "slots": 0}, "slots must be at least 1, got 0"),
+        ({"master": "m:1", "heartbeat_timeout": 0.0}, "heartbeat_timeout must be positive"),
+    ],
+)
+def test_agent_settings_refuse_what_a_key_kind_cannot_judge(
+    values: dict[str, object], problem: str
+) -> None:
+    with pytest.raises(SettingsError, match=problem):
+        AgentSettings(**values)  # type: ignore[arg-type]

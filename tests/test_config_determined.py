@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from assay.agent._allocation import Allocation
 from assay.cli.main import cli
+from assay.common.tls import ClientTls
 from assay.config import Const, ExperimentConfig, parse_config, searcher_in_batches
 from assay.config._search import search_spec
 from assay.errors import InvalidConfigError
@@ -494,14 +495,17 @@ def test_agent_sets_the_variables_in_every_rank(tmp_path: Path) -> None:
         world_size=2,
         master_port=29500,
     )
-    settings = LaunchSettings(
+    allocation = Allocation(
+        start,
+        lambda message: None,
+        lambda allocation_id: None,
         work_dir=tmp_path,
         harness_command=["true"],
         slot_kind="cpu",
-        slot_count=2,
         address="127.0.0.1",
+        tls=ClientTls(),
+        grace=30.0,
     )
-    allocation = Allocation(start, settings, lambda message: None, lambda allocation_id: None)
 
     envs = [allocation._env(k, k, k, 29500, tmp_path / "trial.json") for k in (0, 1)]
 

@@ -41,11 +41,11 @@ def test_the_agent_config_carries_every_setting(tmp_path: Path) -> None:
         f"work_dir: {tmp_path}\naddress: 10.1.1.1\nagent_id: '42'\n",
     )
 
-    config = load_agent_settings(file, {}, {}).agent_config(version="9.9.9")
+    config = load_agent_settings(file, {}, {})
 
     assert config.join_token == "0123"
     assert (config.agent_id, config.slot_type, config.slots) == ("42", "cpu", 2)
-    assert (config.work_dir, config.address, config.version) == (tmp_path, "10.1.1.1", "9.9.9")
+    assert (config.work_dir, config.address) == (tmp_path, "10.1.1.1")
 
 
 def test_an_unknown_key_names_the_file_and_the_known_keys(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import threading
 from collections.abc import Callable
@@ -81,8 +82,10 @@ class SyncAdapter:
         async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             shim = SyncContext(context)
             loop = asyncio.get_running_loop()
+            # In a copy of the call's context: what the guard recorded (the caller) goes along.
+            call = contextvars.copy_context().run
             try:
-                return await loop.run_in_executor(pool, method, request, shim)
+                return await loop.run_in_executor(pool, call, method, request, shim)
             except _Aborted as a:
                 await context.abort(a.code, a.details)
 

@@ -10,14 +10,20 @@ the same `Guard` in its middleware. The rules, by service:
 - `TrialService`: the allocation token of a running allocation (`x-assay-token`); the
   servicer then checks that it belongs to the trial the call names.
 - Anything else (an unknown service or method) is refused.
+
+The guard resolves an Api call's session token once: handlers read the user it found
+with `caller()` (a context variable, so it travels with the call to the thread pool,
+and no other call sees it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent import futures
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -34,6 +40,27 @@ TRIALS = "/assay.v1.TrialService/"
 PUBLIC_RPCS = frozenset({API + "Login"})
 # The same, as descriptors name them (assay.v1.Api.Login): what HTTP routes know.
 PUBLIC_RPC_NAMES = frozenset(name.strip("/").replace("/", ".") for name in PUBLIC_RPCS)
+
+
+# Who makes the Api call being served (set by the guard; None: not an Api call, or a
+# handler called without the guard in front, as some tests do).
+_CALLER: ContextVar[Principal | None] = ContextVar("assay_caller", default=None)
+
+
+def caller() -> Principal | None:
+    """The user the guard let the current call in as, or None."""
+    return _CALLER.get()
+
+
+@contextmanager
+def calling_as(who: Principal | None) -> Iterator[None]:
+    """`caller()` is `who` inside the block (for a server that serves several calls in
+    one task, as aiohttp does on a kept-alive connection)."""
+    token = _CALLER.set(who)
+    try:
+        yield
+    finally:
+        _CALLER.reset(token)
 
 
 class RefusedError(Exception):
@@ -91,23 +118,33 @@ class Guard:
     ) -> Principal:
         """`principal` for a coroutine: from the cache when it can, else on `pool` (a
         cache miss reads the store, which must not block the event loop)."""
-        found = self.auth.cached(bearer(metadata))
+        token = bearer(metadata)
+        found = self.auth.cached(token) if token else None
         if found is not None:
             return found
+        if not token:
+            return self.principal(metadata)  # refused without reading anything
         return await asyncio.get_running_loop().run_in_executor(pool, self.principal, metadata)
 
     def join_token_ok(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self._join_token)
 
-    def check(self, method: str, metadata: Mapping[str, str]) -> None:
-        """Let the call through, or raise `RefusedError`."""
+    async def admit(self, method: str, metadata: Mapping[str, str], pool: futures.Executor) -> None:
+        """Let the call through, or raise `RefusedError`. An Api call's user is what
+        `caller()` gives for the rest of the call (`pool`: where a token this process has
+        not seen lately is looked up)."""
         if method.startswith(API):
             if method not in PUBLIC_RPCS:
                 try:
-                    self.principal(metadata)
+                    _CALLER.set(await self.principal_async(metadata, pool))
                 except AuthError as e:
                     raise RefusedError(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
             return
+        self.check(method, metadata)
+
+    def check(self, method: str, metadata: Mapping[str, str]) -> None:
+        """`admit` for the calls of agents and trials (no database read): let the call
+        through, or raise `RefusedError`."""
         if method.startswith(AGENTS):
             if not self.join_token_ok(metadata.get(JOIN_TOKEN_HEADER, "")):
                 raise RefusedError(
@@ -125,17 +162,9 @@ class Guard:
             return
         raise RefusedError(grpc.StatusCode.UNIMPLEMENTED, f"no such method: {method}")
 
-    def needs_thread(self, method: str, metadata: Mapping[str, str]) -> bool:
-        """Whether checking the call may read the database: an Api call whose session
-        token this process has not seen lately."""
-        if not method.startswith(API) or method in PUBLIC_RPCS:
-            return False
-        token = bearer(metadata)
-        return bool(token) and self.auth.cached(token) is None
-
 
 class GuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Runs `Guard.check` before every handler of the aio server; a refused call gets the
+    """Runs `Guard.admit` before every handler of the aio server; a refused call gets the
     refusal's status and the handler never runs."""
 
     def __init__(self, guard: Guard, pool: futures.Executor) -> None:
@@ -150,11 +179,8 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method = str(handler_call_details.method)
         metadata = metadata_dict(handler_call_details.invocation_metadata)
         try:
-            if self.guard.needs_thread(method, metadata):
-                loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self.pool, self.guard.check, method, metadata)
-            else:
-                self.guard.check(method, metadata)
+            # In the call's own task: what `admit` records is the handler's `caller()`.
+            await self.guard.admit(method, metadata, self.pool)
         except RefusedError as e:
             return _refusal(await continuation(handler_call_details), e)
         return await continuation(handler_call_details)
@@ -185,4 +211,12 @@ def _refusal(handler: grpc.RpcMethodHandler | None, refused: RefusedError) -> gr
     return grpc.unary_unary_rpc_method_handler(deny, **args)
 
 
-__all__ = ["AuthError", "Guard", "GuardInterceptor", "RateLimitedError", "RefusedError"]
+__all__ = [
+    "AuthError",
+    "Guard",
+    "GuardInterceptor",
+    "RateLimitedError",
+    "RefusedError",
+    "caller",
+    "calling_as",
+]

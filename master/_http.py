@@ -31,7 +31,8 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from assay.errors import AssayError
-from assay.master._guard import AUTH_HEADER, PUBLIC_RPC_NAMES, Guard
+from assay.master._auth import Principal
+from assay.master._guard import AUTH_HEADER, PUBLIC_RPC_NAMES, Guard, calling_as
 from assay.master._http_calls import (
     INTERNAL_MESSAGE,
     AsyncHttpContext,
@@ -140,48 +141,60 @@ class HttpServer:
         await self._credentials(request)
         return web.Response(text=self._openapi, content_type="application/json")
 
-    async def _credentials(self, request: web.Request) -> tuple[tuple[str, str], ...]:
-        """The request's session token as gRPC metadata, once the guard has accepted it
-        (it may read the database: on the pool); `CallError` (401) otherwise."""
+    async def _credentials(
+        self, request: web.Request
+    ) -> tuple[tuple[tuple[str, str], ...], Principal]:
+        """The request's session token as gRPC metadata and its user, once the guard has
+        accepted it (it may read the database: on the pool); `CallError` (401) otherwise."""
         header = request.headers.get("Authorization", "")
         metadata = {AUTH_HEADER: header}
         try:
-            await self.guard.principal_async(metadata, self.pool)
+            who = await self.guard.principal_async(metadata, self.pool)
         except AuthError as e:
             raise CallError(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
-        return ((AUTH_HEADER, header),)
+        return ((AUTH_HEADER, header),), who
 
     def _handler(self, route: Route) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
             public = route.descriptor.full_name in PUBLIC_RPC_NAMES
-            metadata = () if public else await self._credentials(request)
-            body = b""
-            if request.method == "POST":
-                _refuse_other_sites(request)
-                body = await _read_body(request, route.max_body)
-            path = dict(request.match_info)
-            if route.body:
-                message = build_body_request(
-                    route.request_class, path, request.query, body, route.taken
-                )
-            else:
-                message = build_request(route.request_class, path, request.query, route.taken)
-            for name, value in route.fixed:
-                setattr(message, name, value)
-            given = [name for name in route.one_of if name in request.query]
-            if route.one_of and len(given) != 1:
-                raise ParamError(
-                    "/".join(route.one_of), f"give exactly one of {' or '.join(route.one_of)}"
-                )
-            if route.streams:
-                return await self._stream(request, route, message, metadata)
-            response = await call_unary(
-                self.api, route.rpc, message, self.pool, _peer(request), metadata
-            )
-            return web.json_response(to_json(response))
+            metadata: tuple[tuple[str, str], ...] = ()
+            who: Principal | None = None
+            if not public:
+                metadata, who = await self._credentials(request)
+            with calling_as(who):  # the handler's `caller()`, as the gRPC guard sets it
+                return await self._call(request, route, metadata)
 
         handle.__name__ = route.rpc
         return handle
+
+    async def _call(
+        self, request: web.Request, route: Route, metadata: tuple[tuple[str, str], ...]
+    ) -> web.StreamResponse:
+        """The route's call, its credentials accepted."""
+        body = b""
+        if request.method == "POST":
+            _refuse_other_sites(request)
+            body = await _read_body(request, route.max_body)
+        path = dict(request.match_info)
+        if route.body:
+            message = build_body_request(
+                route.request_class, path, request.query, body, route.taken
+            )
+        else:
+            message = build_request(route.request_class, path, request.query, route.taken)
+        for name, value in route.fixed:
+            setattr(message, name, value)
+        given = [name for name in route.one_of if name in request.query]
+        if route.one_of and len(given) != 1:
+            raise ParamError(
+                "/".join(route.one_of), f"give exactly one of {' or '.join(route.one_of)}"
+            )
+        if route.streams:
+            return await self._stream(request, route, message, metadata)
+        response = await call_unary(
+            self.api, route.rpc, message, self.pool, _peer(request), metadata
+        )
+        return web.json_response(to_json(response))
 
     async def _stream(
         self,

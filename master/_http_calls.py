@@ -10,6 +10,7 @@ the event loop with `AsyncHttpContext`, whose `abort` is a coroutine as grpc.aio
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,8 @@ from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import Message
+
+from assay.master._status import CallAbortedError
 
 log = logging.getLogger("assay.master")
 INTERNAL_MESSAGE = "internal error; the master's log has details"
@@ -33,7 +36,7 @@ HTTP_STATUS = {
 }
 
 
-class CallError(Exception):
+class CallError(CallAbortedError):
     """An RPC that ended with a status other than OK, as an HTTP status and message."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
@@ -113,8 +116,11 @@ async def call_unary(
                 async_context.done()
             return result
         context = HttpContext(peer, metadata)
+        call = contextvars.copy_context().run  # the caller the guard found goes along
         try:
-            pending = asyncio.get_running_loop().run_in_executor(pool, method, request, context)
+            pending = asyncio.get_running_loop().run_in_executor(
+                pool, call, method, request, context
+            )
         except RuntimeError:  # the pool is shut down: the master is stopping
             raise CallError(grpc.StatusCode.UNAVAILABLE, "the master is shutting down") from None
         try:

@@ -20,8 +20,8 @@ from assay.master._agents import AgentHandle
 from assay.master._aio import LoopOutbox
 from assay.master._auth import Principal
 from assay.master._core import Master
-from assay.master._guard import Guard, bearer, metadata_dict
-from assay.master._status import rpc_errors, status_of
+from assay.master._guard import Guard, bearer, caller, metadata_dict
+from assay.master._status import maps_errors, maps_errors_async, maps_errors_stream, status_of
 from assay.master.errors import InvalidArgumentError, PermissionDeniedError
 from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import UserRecord
@@ -63,7 +63,11 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     # --- who is calling -------------------------------------------------------------
 
     def _who(self, context: Any) -> Principal:
-        """The caller (the guard has let the call in, so its token is valid and cached)."""
+        """The caller: as the guard found it when it let the call in (looked up again
+        only for a call that did not pass the guard)."""
+        found = caller()
+        if found is not None:
+            return found
         return self.guard.principal(metadata_dict(context.invocation_metadata()))
 
     def _admin(self, context: Any, what: str) -> Principal:
@@ -85,103 +89,94 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
 
     # --- users ----------------------------------------------------------------------
 
+    @maps_errors
     def Login(  # noqa: N802
         self, request: api_pb2.LoginRequest, context: grpc.ServicerContext
     ) -> api_pb2.LoginResponse:
-        with rpc_errors(context):
-            token, who, expires = self.auth.login(
-                request.username, request.password, _address(context.peer())
-            )
-            response = api_pb2.LoginResponse(token=token, user=self._user(who.username))
-            response.expires_at.FromDatetime(expires)
-            return response
-        raise AssertionError("unreachable")
+        token, who, expires = self.auth.login(
+            request.username, request.password, _address(context.peer())
+        )
+        response = api_pb2.LoginResponse(token=token, user=self._user(who.username))
+        response.expires_at.FromDatetime(expires)
+        return response
 
+    @maps_errors
     def Logout(  # noqa: N802
         self, request: api_pb2.LogoutRequest, context: grpc.ServicerContext
     ) -> api_pb2.LogoutResponse:
-        with rpc_errors(context):
-            self.auth.logout(bearer(metadata_dict(context.invocation_metadata())))
-            return api_pb2.LogoutResponse()
-        raise AssertionError("unreachable")
+        self.auth.logout(bearer(metadata_dict(context.invocation_metadata())))
+        return api_pb2.LogoutResponse()
 
+    @maps_errors
     def WhoAmI(  # noqa: N802
         self, request: api_pb2.WhoAmIRequest, context: grpc.ServicerContext
     ) -> api_pb2.User:
-        with rpc_errors(context):
-            return self._user(self._who(context).username)
-        raise AssertionError("unreachable")
+        return self._user(self._who(context).username)
 
+    @maps_errors
     def ListUsers(  # noqa: N802
         self, request: api_pb2.ListUsersRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListUsersResponse:
-        with rpc_errors(context):
-            return api_pb2.ListUsersResponse(
-                users=[_user_message(u) for u in self.store.list_users()]
-            )
-        raise AssertionError("unreachable")
+        return api_pb2.ListUsersResponse(users=[_user_message(u) for u in self.store.list_users()])
 
+    @maps_errors
     def CreateUser(  # noqa: N802
         self, request: api_pb2.CreateUserRequest, context: grpc.ServicerContext
     ) -> api_pb2.User:
-        with rpc_errors(context):
-            self._admin(context, "create users")
-            created = self.auth.create_user(request.username, request.password, admin=request.admin)
-            return _user_message(created)
-        raise AssertionError("unreachable")
+        self._admin(context, "create users")
+        created = self.auth.create_user(request.username, request.password, admin=request.admin)
+        return _user_message(created)
 
+    @maps_errors
     def ChangePassword(  # noqa: N802
         self, request: api_pb2.ChangePasswordRequest, context: grpc.ServicerContext
     ) -> api_pb2.User:
-        with rpc_errors(context):
-            who = self._who(context)
-            target = request.username or who.username
-            if target == who.username:
-                token = bearer(metadata_dict(context.invocation_metadata()))
-                self.auth.change_password(
-                    target,
-                    request.old_password,
-                    request.new_password,
-                    current_token=token,
-                    peer=_address(context.peer()),
-                )
-            else:
-                self._admin(context, "change another user's password")
-                self.auth.set_password(target, request.new_password)
-            return self._user(target)
-        raise AssertionError("unreachable")
+        who = self._who(context)
+        target = request.username or who.username
+        if target == who.username:
+            token = bearer(metadata_dict(context.invocation_metadata()))
+            self.auth.change_password(
+                target,
+                request.old_password,
+                request.new_password,
+                current_token=token,
+                peer=_address(context.peer()),
+            )
+        else:
+            self._admin(context, "change another user's password")
+            self.auth.set_password(target, request.new_password)
+        return self._user(target)
 
+    @maps_errors
     def SetUserActive(  # noqa: N802
         self, request: api_pb2.SetUserActiveRequest, context: grpc.ServicerContext
     ) -> api_pb2.User:
-        with rpc_errors(context):
-            self._admin(context, "activate or deactivate users")
-            if request.active:
-                self.auth.activate(request.username)
-            else:
-                self.auth.deactivate(request.username)
-            return self._user(request.username)
-        raise AssertionError("unreachable")
+        self._admin(context, "activate or deactivate users")
+        if request.active:
+            self.auth.activate(request.username)
+        else:
+            self.auth.deactivate(request.username)
+        return self._user(request.username)
 
     def _user(self, username: str) -> api_pb2.User:
         return _user_message(self.store.get_user(username))
 
+    @maps_errors
     def GetMasterInfo(  # noqa: N802 - gRPC method names
         self, request: api_pb2.GetMasterInfoRequest, context: grpc.ServicerContext
     ) -> api_pb2.MasterInfo:
-        with rpc_errors(context):
-            view = self.master.cluster_view()
-            return api_pb2.MasterInfo(
-                version=__version__,
-                cluster_id=view.cluster_id,
-                store=self.store.engine.dialect.name,
-                agents=len(view.connected),
-                slots=view.slots,
-                free_slots=view.free_slots,
-                queued_trials=len(view.queue),
-            )
-        raise AssertionError("unreachable")
+        view = self.master.cluster_view()
+        return api_pb2.MasterInfo(
+            version=__version__,
+            cluster_id=view.cluster_id,
+            store=self.store.engine.dialect.name,
+            agents=len(view.connected),
+            slots=view.slots,
+            free_slots=view.free_slots,
+            queued_trials=len(view.queue),
+        )
 
+    @maps_errors_async
     async def CreateExperiment(  # noqa: N802
         self,
         request: api_pb2.CreateExperimentRequest,
@@ -192,27 +187,23 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         """On the event loop: submissions are the hot path, and thread hops cost most."""
         loop = asyncio.get_running_loop()
         args = (request.config_yaml, request.model_definition)
-        try:
+        who = caller()
+        if who is None:
+            # Not let in by the guard (a test calling the servicer): the token's user.
+            # A miss reads the store: off the loop.
             metadata = metadata_dict(context.invocation_metadata())
-            # An upload may outlast the token cache: a miss reads the store off the loop.
-            owner = (await self.guard.principal_async(metadata, self.pool)).username
-            inline = len(request.model_definition) <= INLINE_ARCHIVE_BYTES
-            if not inline or len(request.config_yaml) > INLINE_CONFIG_CHARS:
-                # Checking a big archive takes a while: not on the loop the agents use.
-                prepared = await loop.run_in_executor(
-                    self.pool, partial(self.master.prepare_experiment, owner=owner), *args
-                )
-            else:
-                prepared = self.master.prepare_experiment(*args, owner=owner)
-            record, ticket = self.master.add_experiment(prepared, activate=request.activate)
-            await self.master.commit.wait_async(ticket)
-        except AssayError as e:
-            await context.abort(status_of(e), str(e))
-        except Exception:
-            log.exception("internal error")
-            await context.abort(
-                grpc.StatusCode.INTERNAL, "internal error; the master's log has details"
+            who = await self.guard.principal_async(metadata, self.pool)
+        owner = who.username
+        inline = len(request.model_definition) <= INLINE_ARCHIVE_BYTES
+        if not inline or len(request.config_yaml) > INLINE_CONFIG_CHARS:
+            # Checking a big archive takes a while: not on the loop the agents use.
+            prepared = await loop.run_in_executor(
+                self.pool, partial(self.master.prepare_experiment, owner=owner), *args
             )
+        else:
+            prepared = self.master.prepare_experiment(*args, owner=owner)
+        record, ticket = self.master.add_experiment(prepared, activate=request.activate)
+        await self.master.commit.wait_async(ticket)
         experiment = _convert.experiment(record, num_trials=1, best=None)
         return api_pb2.CreateExperimentResponse(experiment=experiment)
 
@@ -224,109 +215,102 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         best = (min(bests) if smaller else max(bests)) if bests else None
         return _convert.experiment(record, num_trials=len(trials), best=best)
 
+    @maps_errors
     def GetExperiment(  # noqa: N802
         self, request: api_pb2.GetExperimentRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetExperimentResponse:
-        with rpc_errors(context):
-            experiment = self._experiment(request.id)
-            trials = [_convert.trial(t) for t in self.store.list_trials(request.id)]
-            names = [
-                api_pb2.MetricName(group=group, name=name)
-                for group, name in self.store.experiment_metric_names(request.id)
-            ]
-            return api_pb2.GetExperimentResponse(
-                experiment=experiment, trials=trials, metric_names=names
-            )
-        raise AssertionError("unreachable")
+        experiment = self._experiment(request.id)
+        trials = [_convert.trial(t) for t in self.store.list_trials(request.id)]
+        names = [
+            api_pb2.MetricName(group=group, name=name)
+            for group, name in self.store.experiment_metric_names(request.id)
+        ]
+        return api_pb2.GetExperimentResponse(
+            experiment=experiment, trials=trials, metric_names=names
+        )
 
+    @maps_errors
     def ListExperiments(  # noqa: N802
         self, request: api_pb2.ListExperimentsRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListExperimentsResponse:
-        with rpc_errors(context):
-            states = [
-                common_pb2.ExperimentState.Name(s).removeprefix("EXPERIMENT_STATE_")
-                for s in request.states
-            ]
-            page = self.store.list_experiments(
-                states=states,
-                name=request.name or None,
-                label=request.label or None,
-                owner=request.owner or None,
-                archived=request.archived if request.HasField("archived") else None,
-                sort=request.sort_by or "id",
-                descending=not request.ascending,
-                limit=request.limit or 50,
-                offset=request.offset,
-            )
-            return api_pb2.ListExperimentsResponse(
-                experiments=[self._experiment(e.id) for e in page.items], total=page.total
-            )
-        raise AssertionError("unreachable")
+        states = [
+            common_pb2.ExperimentState.Name(s).removeprefix("EXPERIMENT_STATE_")
+            for s in request.states
+        ]
+        page = self.store.list_experiments(
+            states=states,
+            name=request.name or None,
+            label=request.label or None,
+            owner=request.owner or None,
+            archived=request.archived if request.HasField("archived") else None,
+            sort=request.sort_by or "id",
+            descending=not request.ascending,
+            limit=request.limit or 50,
+            offset=request.offset,
+        )
+        return api_pb2.ListExperimentsResponse(
+            experiments=[self._experiment(e.id) for e in page.items], total=page.total
+        )
 
+    @maps_errors
     def ExperimentAction(  # noqa: N802
         self, request: api_pb2.ExperimentActionRequest, context: grpc.ServicerContext
     ) -> common_pb2.Experiment:
-        with rpc_errors(context):
-            action = _ACTIONS.get(request.action)
-            if action is None:
-                raise InvalidArgumentError(
-                    "unknown experiment action; give one of pause, "
-                    "activate, cancel, kill, archive, unarchive"
-                )
-            self._may_change(self._who(context), request.id, action)
-            self.master.experiment_action(request.id, action)
-            return self._experiment(request.id)
-        raise AssertionError("unreachable")
+        action = _ACTIONS.get(request.action)
+        if action is None:
+            raise InvalidArgumentError(
+                "unknown experiment action; give one of pause, "
+                "activate, cancel, kill, archive, unarchive"
+            )
+        self._may_change(self._who(context), request.id, action)
+        self.master.experiment_action(request.id, action)
+        return self._experiment(request.id)
 
+    @maps_errors
     def GetExperimentMetrics(  # noqa: N802
         self, request: api_pb2.GetExperimentMetricsRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetExperimentMetricsResponse:
-        with rpc_errors(context):
-            curves = self.store.experiment_curves(
-                request.id,
-                request.name,
-                group=request.group or "validation",
-                max_points=request.max_points or 1000,
-            )
-            return api_pb2.GetExperimentMetricsResponse(
-                curves=[
-                    api_pb2.Curve(
-                        trial_id=t, total_batches=[b for b, _ in c], values=[v for _, v in c]
-                    )
-                    for t, c in curves.items()
-                ]
-            )
-        raise AssertionError("unreachable")
+        curves = self.store.experiment_curves(
+            request.id,
+            request.name,
+            group=request.group or "validation",
+            max_points=request.max_points or 1000,
+        )
+        return api_pb2.GetExperimentMetricsResponse(
+            curves=[
+                api_pb2.Curve(trial_id=t, total_batches=[b for b, _ in c], values=[v for _, v in c])
+                for t, c in curves.items()
+            ]
+        )
 
+    @maps_errors
     def GetTrial(  # noqa: N802
         self, request: api_pb2.GetTrialRequest, context: grpc.ServicerContext
     ) -> common_pb2.Trial:
-        with rpc_errors(context):
-            return _convert.trial(self.store.get_trial(request.id))
-        raise AssertionError("unreachable")
+        return _convert.trial(self.store.get_trial(request.id))
 
+    @maps_errors
     def GetTrialMetrics(  # noqa: N802
         self, request: api_pb2.GetTrialMetricsRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetTrialMetricsResponse:
-        with rpc_errors(context):
-            self.store.get_trial(request.id)
-            group = request.group or "validation"
-            names = self.store.metric_names(request.id).get(group, [])
-            by_batch: dict[int, dict[str, float]] = {}
-            for name in names:
-                curve = self.store.trial_curve(
-                    request.id, name, group=group, max_points=request.max_points or 100_000
-                )
-                for batches, value in curve:
-                    by_batch.setdefault(batches, {})[name] = value
-            return api_pb2.GetTrialMetricsResponse(
-                reports=[
-                    common_pb2.MetricsReport(total_batches=b, metrics=m)
-                    for b, m in sorted(by_batch.items())
-                ]
+        self.store.get_trial(request.id)
+        group = request.group or "validation"
+        names = self.store.metric_names(request.id).get(group, [])
+        by_batch: dict[int, dict[str, float]] = {}
+        for name in names:
+            curve = self.store.trial_curve(
+                request.id, name, group=group, max_points=request.max_points or 100_000
             )
-        raise AssertionError("unreachable")
+            for batches, value in curve:
+                by_batch.setdefault(batches, {})[name] = value
+        return api_pb2.GetTrialMetricsResponse(
+            reports=[
+                common_pb2.MetricsReport(total_batches=b, metrics=m)
+                for b, m in sorted(by_batch.items())
+            ]
+        )
 
+    @maps_errors_stream
     async def StreamTrialLogs(  # noqa: N802
         self,
         request: api_pb2.StreamTrialLogsRequest,
@@ -341,118 +325,109 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         async def read(call: Callable[[], _T]) -> _T:
             return await loop.run_in_executor(self.pool, call)
 
-        try:
-            await read(partial(self.store.get_trial, trial_id))
-            checked = loop.time()
-            after = request.after_id
-            if request.tail > 0:
-                lines = await read(
+        await read(partial(self.store.get_trial, trial_id))
+        checked = loop.time()
+        after = request.after_id
+        if request.tail > 0:
+            lines = await read(
+                partial(self.store.tail_logs, trial_id, after_id=after, limit=100_000)
+            )
+            lines = lines[-request.tail :]
+            after = lines[0].id - 1 if lines else after
+        while True:
+            lines = await read(partial(self.store.tail_logs, trial_id, after_id=after))
+            for line in lines:
+                yield _convert.log_line(line, trial_id)
+                after = line.id
+            if len(lines) == 1000:
+                continue
+            if not request.follow:
+                return
+            if loop.time() - checked > _RECHECK_S:
+                # A follow may last days: a logout or deactivation ends it too.
+                await read(partial(self.guard.principal, metadata))
+                checked = loop.time()
+            trial = await read(partial(self.store.get_trial, trial_id))
+            if trial.state in TERMINAL_TRIAL:
+                final = await read(
                     partial(self.store.tail_logs, trial_id, after_id=after, limit=100_000)
                 )
-                lines = lines[-request.tail :]
-                after = lines[0].id - 1 if lines else after
-            while True:
-                lines = await read(partial(self.store.tail_logs, trial_id, after_id=after))
-                for line in lines:
+                for line in final:
                     yield _convert.log_line(line, trial_id)
-                    after = line.id
-                if len(lines) == 1000:
-                    continue
-                if not request.follow:
-                    return
-                if loop.time() - checked > _RECHECK_S:
-                    # A follow may last days: a logout or deactivation ends it too.
-                    await read(partial(self.guard.principal, metadata))
-                    checked = loop.time()
-                trial = await read(partial(self.store.get_trial, trial_id))
-                if trial.state in TERMINAL_TRIAL:
-                    final = await read(
-                        partial(self.store.tail_logs, trial_id, after_id=after, limit=100_000)
-                    )
-                    for line in final:
-                        yield _convert.log_line(line, trial_id)
-                    return
-                await asyncio.sleep(0.25)
-        except AssayError as e:
-            await context.abort(status_of(e), str(e))
+                return
+            await asyncio.sleep(0.25)
 
+    @maps_errors
     def ListCheckpoints(  # noqa: N802
         self, request: api_pb2.ListCheckpointsRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListCheckpointsResponse:
-        with rpc_errors(context):
-            if request.trial_id:
-                trials = [self.store.get_trial(request.trial_id)]
-            else:
-                self.store.get_experiment(request.experiment_id)
-                trials = self.store.list_trials(request.experiment_id)
-            return api_pb2.ListCheckpointsResponse(
-                checkpoints=[
-                    _convert.checkpoint(c, t.experiment_id)
-                    for t in trials
-                    for c in self.store.list_checkpoints(t.id)
-                ]
-            )
-        raise AssertionError("unreachable")
+        if request.trial_id:
+            trials = [self.store.get_trial(request.trial_id)]
+        else:
+            self.store.get_experiment(request.experiment_id)
+            trials = self.store.list_trials(request.experiment_id)
+        return api_pb2.ListCheckpointsResponse(
+            checkpoints=[
+                _convert.checkpoint(c, t.experiment_id)
+                for t in trials
+                for c in self.store.list_checkpoints(t.id)
+            ]
+        )
 
+    @maps_errors
     def DeleteCheckpoints(  # noqa: N802
         self, request: api_pb2.DeleteCheckpointsRequest, context: grpc.ServicerContext
     ) -> api_pb2.DeleteCheckpointsResponse:
-        with rpc_errors(context):
-            who = self._who(context)
-            return _checkpoints.delete_response(
-                self.store,
-                request,
-                user=None if who.admin else who.username,
-                default_root=self.master.config.checkpoint_root,
-            )
-        raise AssertionError("unreachable")
+        who = self._who(context)
+        return _checkpoints.delete_response(
+            self.store,
+            request,
+            user=None if who.admin else who.username,
+            default_root=self.master.config.checkpoint_root,
+        )
 
+    @maps_errors
     def GetCheckpoint(  # noqa: N802
         self, request: api_pb2.GetCheckpointRequest, context: grpc.ServicerContext
     ) -> common_pb2.Checkpoint:
-        with rpc_errors(context):
-            record = self.store.get_checkpoint(request.uuid)
-            trial = self.store.get_trial(record.trial_id)
-            return _convert.checkpoint(record, trial.experiment_id)
-        raise AssertionError("unreachable")
+        record = self.store.get_checkpoint(request.uuid)
+        trial = self.store.get_trial(record.trial_id)
+        return _convert.checkpoint(record, trial.experiment_id)
 
+    @maps_errors
     def ListAgents(  # noqa: N802
         self, request: api_pb2.ListAgentsRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListAgentsResponse:
-        with rpc_errors(context):
-            agents = self.master.cluster_view().agents
-            return api_pb2.ListAgentsResponse(agents=[wire.agent_message(a) for a in agents])
-        raise AssertionError("unreachable")
+        agents = self.master.cluster_view().agents
+        return api_pb2.ListAgentsResponse(agents=[wire.agent_message(a) for a in agents])
 
+    @maps_errors
     def GetQueue(  # noqa: N802
         self, request: api_pb2.GetQueueRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetQueueResponse:
-        with rpc_errors(context):
-            view = self.master.cluster_view()
-            slot_type = wire.slot_type(view.slot_type)
-            trials = [
-                api_pb2.QueuedTrial(
-                    trial_id=q.trial_id,
-                    experiment_id=q.experiment_id,
-                    experiment_name=q.experiment_name,
-                    priority=q.priority,
-                    slots=q.slots,
-                    slot_type=slot_type,
-                )
-                for q in view.queue
-            ]
-            return api_pb2.GetQueueResponse(trials=trials)
-        raise AssertionError("unreachable")
+        view = self.master.cluster_view()
+        slot_type = wire.slot_type(view.slot_type)
+        trials = [
+            api_pb2.QueuedTrial(
+                trial_id=q.trial_id,
+                experiment_id=q.experiment_id,
+                experiment_name=q.experiment_name,
+                priority=q.priority,
+                slots=q.slots,
+                slot_type=slot_type,
+            )
+            for q in view.queue
+        ]
+        return api_pb2.GetQueueResponse(trials=trials)
 
+    @maps_errors
     def SetAgentEnabled(  # noqa: N802
         self, request: api_pb2.SetAgentEnabledRequest, context: grpc.ServicerContext
     ) -> common_pb2.Agent:
-        with rpc_errors(context):
-            self._admin(context, "enable or disable agents")
-            self.master.set_agent_enabled(request.id, request.enabled)
-            [agent] = [a for a in self.master.cluster_view().agents if a.id == request.id]
-            return wire.agent_message(agent)
-        raise AssertionError("unreachable")
+        self._admin(context, "enable or disable agents")
+        self.master.set_agent_enabled(request.id, request.enabled)
+        [agent] = [a for a in self.master.cluster_view().agents if a.id == request.id]
+        return wire.agent_message(agent)
 
 
 def _user_message(user: UserRecord) -> api_pb2.User:

@@ -1,10 +1,17 @@
-"""Domain errors -> gRPC status, in one place, so servicers stay thin."""
+"""Domain errors -> gRPC status, in one place, so servicers stay thin.
+
+A handler is decorated with `maps_errors` (a plain method, run on the thread pool),
+`maps_errors_async` (a coroutine) or `maps_errors_stream` (an async generator): a
+domain error it raises reaches the caller as its status and message, anything else as
+INTERNAL with a generic message (the details go to the master's log).
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from sqlalchemy.exc import DataError
@@ -24,6 +31,24 @@ from assay.master.errors import (
 
 log = logging.getLogger("assay.master")
 DATA_ERROR = "a value in the request cannot be stored or looked up (e.g. a NUL character)"
+INTERNAL_ERROR = "internal error; the master's log has details"
+
+
+class _Context(Protocol):
+    """What the decorators need of a context: grpc's (sync or aio) or an HTTP shim's."""
+
+    def abort(self, code: grpc.StatusCode, details: str) -> Any: ...
+
+
+_S = TypeVar("_S")  # the servicer
+_Q = TypeVar("_Q")  # the request (or request iterator)
+_C = TypeVar("_C", bound=_Context)
+_R = TypeVar("_R")  # the response
+
+
+class CallAbortedError(Exception):
+    """Raised by a context's `abort` where it is an ordinary exception (the HTTP shims):
+    the call's status is set already, so it passes through the decorators untouched."""
 
 
 _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
@@ -38,6 +63,8 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (SchemaError, grpc.StatusCode.FAILED_PRECONDITION),
     (AssayError, grpc.StatusCode.INVALID_ARGUMENT),
 ]
+# What a context's abort raises: the status is on its way already.
+_ABORTS = (CallAbortedError, grpc.aio.AbortError)
 
 
 def status_of(error: BaseException) -> grpc.StatusCode:
@@ -47,16 +74,79 @@ def status_of(error: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-@contextmanager
-def rpc_errors(context: grpc.ServicerContext) -> Iterator[None]:
-    """Turn a domain error into its status and public message; log anything else."""
-    try:
-        yield
-    except AssayError as e:
-        context.abort(status_of(e), str(e))
-    except DataError:
+def _answer(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status and public message for `error`; logged when it is not a domain error.
+    Called in the `except` block, so the log has the traceback."""
+    if isinstance(error, AssayError):
+        return status_of(error), str(error)
+    if isinstance(error, DataError):
         # A value the database cannot hold (a NUL character, say): the caller's to fix.
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, DATA_ERROR)
-    except Exception:
-        log.exception("internal error")
-        context.abort(grpc.StatusCode.INTERNAL, "internal error; the master's log has details")
+        return grpc.StatusCode.INVALID_ARGUMENT, DATA_ERROR
+    log.exception("internal error")
+    return grpc.StatusCode.INTERNAL, INTERNAL_ERROR
+
+
+def maps_errors(method: Callable[[_S, _Q, _C], _R]) -> Callable[[_S, _Q, _C], _R]:
+    """For a plain handler: its errors become the call's status (`context.abort`)."""
+
+    @functools.wraps(method)
+    def handler(self: _S, request: _Q, context: _C) -> _R:
+        try:
+            return method(self, request, context)
+        except _ABORTS:
+            raise
+        except Exception as e:
+            code, message = _answer(e)
+        context.abort(code, message)
+        raise AssertionError("context.abort returned")  # it raises
+
+    return handler
+
+
+def maps_errors_async(
+    method: Callable[[_S, _Q, _C], Coroutine[Any, Any, _R]],
+) -> Callable[[_S, _Q, _C], Coroutine[Any, Any, _R]]:
+    """For a coroutine handler (grpc.aio's `abort` is awaited)."""
+
+    @functools.wraps(method)
+    async def handler(self: _S, request: _Q, context: _C) -> _R:
+        try:
+            return await method(self, request, context)
+        except _ABORTS:
+            raise
+        except Exception as e:
+            code, message = _answer(e)
+        await context.abort(code, message)
+        raise AssertionError("context.abort returned")  # it raises
+
+    return handler
+
+
+def maps_errors_stream(
+    method: Callable[[_S, _Q, _C], AsyncIterator[_R]],
+) -> Callable[[_S, _Q, _C], AsyncIterator[_R]]:
+    """For an async generator handler (a server stream): an error ends the stream with
+    its status, after the items sent so far."""
+
+    @functools.wraps(method)
+    async def handler(self: _S, request: _Q, context: _C) -> AsyncIterator[_R]:
+        items = method(self, request, context)
+        try:
+            async for item in items:
+                yield item
+            return
+        except _ABORTS:
+            raise
+        except Exception as e:
+            code, message = _answer(e)
+        finally:
+            await _aclose(items)
+        await context.abort(code, message)
+
+    return handler
+
+
+async def _aclose(items: AsyncIterator[Any]) -> None:
+    close = getattr(items, "aclose", None)
+    if close is not None:
+        await close()

@@ -10,7 +10,7 @@ import grpc
 
 from assay.master import _checkpoints
 from assay.master._core import Master, Run
-from assay.master._status import rpc_errors
+from assay.master._status import maps_errors
 from assay.master.store import CheckpointRecord, MetricReport
 from assay.proto import trial_pb2, trial_pb2_grpc
 
@@ -29,110 +29,102 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
         run = self.master.run_for_token(str(token), trial_id, run_id)
         return run
 
+    @maps_errors
     def NextOperation(  # noqa: N802
         self, request: trial_pb2.NextOperationRequest, context: grpc.ServicerContext
     ) -> trial_pb2.Operation:
-        with rpc_errors(context):
-            run = self._run(context, request.trial_id, request.run_id)
-            target = self.master.next_operation(run, request.total_batches)
-            if target is None:
-                return trial_pb2.Operation(stop=True)
-            return trial_pb2.Operation(total_batches=target)
-        raise AssertionError("unreachable")
+        run = self._run(context, request.trial_id, request.run_id)
+        target = self.master.next_operation(run, request.total_batches)
+        if target is None:
+            return trial_pb2.Operation(stop=True)
+        return trial_pb2.Operation(total_batches=target)
 
+    @maps_errors
     def CompleteOperation(  # noqa: N802
         self, request: trial_pb2.CompleteOperationRequest, context: grpc.ServicerContext
     ) -> trial_pb2.CompleteOperationResponse:
-        with rpc_errors(context):
-            run = self._run(context, request.trial_id, request.run_id)
-            self.master.complete_operation(
-                run,
-                request.total_batches,
-                request.searcher_metric,
-                stop_requested=request.stop_requested,
-            )
-            return trial_pb2.CompleteOperationResponse()
-        raise AssertionError("unreachable")
+        run = self._run(context, request.trial_id, request.run_id)
+        self.master.complete_operation(
+            run,
+            request.total_batches,
+            request.searcher_metric,
+            stop_requested=request.stop_requested,
+        )
+        return trial_pb2.CompleteOperationResponse()
 
+    @maps_errors
     def ReportMetrics(  # noqa: N802
         self, request: trial_pb2.ReportMetricsRequest, context: grpc.ServicerContext
     ) -> trial_pb2.ReportMetricsResponse:
-        with rpc_errors(context):
-            run = self._run(context, request.trial_id, request.run_id)
-            reports = [MetricReport(r.total_batches, dict(r.metrics)) for r in request.reports]
-            stored = self.master.report_metrics(run, request.group, reports)
-            if DROP_METRIC_REPLIES and random.random() < DROP_METRIC_REPLIES:
-                # Fault injection (tests only): the rows are committed, the reply is lost.
-                context.abort(grpc.StatusCode.UNAVAILABLE, "reply dropped (fault injection)")
-            return trial_pb2.ReportMetricsResponse(stored=stored)
-        raise AssertionError("unreachable")
+        run = self._run(context, request.trial_id, request.run_id)
+        reports = [MetricReport(r.total_batches, dict(r.metrics)) for r in request.reports]
+        stored = self.master.report_metrics(run, request.group, reports)
+        if DROP_METRIC_REPLIES and random.random() < DROP_METRIC_REPLIES:
+            # Fault injection (tests only): the rows are committed, the reply is lost.
+            context.abort(grpc.StatusCode.UNAVAILABLE, "reply dropped (fault injection)")
+        return trial_pb2.ReportMetricsResponse(stored=stored)
 
+    @maps_errors
     def ReportCheckpoint(  # noqa: N802
         self, request: trial_pb2.ReportCheckpointRequest, context: grpc.ServicerContext
     ) -> trial_pb2.ReportCheckpointResponse:
-        with rpc_errors(context):
-            run = self._run(context, request.trial_id, request.run_id)
-            checkpoint = request.checkpoint
-            files = checkpoint.files
-            record = CheckpointRecord(
-                uuid=checkpoint.uuid,
-                trial_id=run.trial_id,
-                run_id=run.run_id,
-                total_batches=checkpoint.total_batches,
-                state="COMPLETED",
-                location=checkpoint.location,
-                files={f.name: f.size_bytes for f in files},
-                user_metadata={
-                    "sha256": {f.name: f.sha256 for f in files},
-                    "validation_metrics": dict(checkpoint.validation_metrics),
-                },
-            )
-            self.master.report_checkpoint(run, record)
-            return trial_pb2.ReportCheckpointResponse()
-        raise AssertionError("unreachable")
+        run = self._run(context, request.trial_id, request.run_id)
+        checkpoint = request.checkpoint
+        files = checkpoint.files
+        record = CheckpointRecord(
+            uuid=checkpoint.uuid,
+            trial_id=run.trial_id,
+            run_id=run.run_id,
+            total_batches=checkpoint.total_batches,
+            state="COMPLETED",
+            location=checkpoint.location,
+            files={f.name: f.size_bytes for f in files},
+            user_metadata={
+                "sha256": {f.name: f.sha256 for f in files},
+                "validation_metrics": dict(checkpoint.validation_metrics),
+            },
+        )
+        self.master.report_checkpoint(run, record)
+        return trial_pb2.ReportCheckpointResponse()
 
+    @maps_errors
     def ShouldPreempt(  # noqa: N802
         self, request: trial_pb2.ShouldPreemptRequest, context: grpc.ServicerContext
     ) -> trial_pb2.ShouldPreemptResponse:
-        with rpc_errors(context):
-            run = self._run(context, request.trial_id, request.run_id)
-            return trial_pb2.ShouldPreemptResponse(preempt=run.stopping is not None)
-        raise AssertionError("unreachable")
+        run = self._run(context, request.trial_id, request.run_id)
+        return trial_pb2.ShouldPreemptResponse(preempt=run.stopping is not None)
 
+    @maps_errors
     def GetBestValidation(  # noqa: N802
         self, request: trial_pb2.GetBestValidationRequest, context: grpc.ServicerContext
     ) -> trial_pb2.GetBestValidationResponse:
-        with rpc_errors(context):
-            run = self._run(context, request.trial_id, request.run_id)
-            best = self.master.best_validation(run)
-            if best is None:
-                return trial_pb2.GetBestValidationResponse(found=False)
-            return trial_pb2.GetBestValidationResponse(found=True, value=best)
-        raise AssertionError("unreachable")
+        run = self._run(context, request.trial_id, request.run_id)
+        best = self.master.best_validation(run)
+        if best is None:
+            return trial_pb2.GetBestValidationResponse(found=False)
+        return trial_pb2.GetBestValidationResponse(found=True, value=best)
 
+    @maps_errors
     def ReportProgress(  # noqa: N802
         self, request: trial_pb2.ReportProgressRequest, context: grpc.ServicerContext
     ) -> trial_pb2.ReportProgressResponse:
-        with rpc_errors(context):
-            run = self._run(context, request.trial_id, request.run_id)
-            self.master.report_progress(run, request.progress)
-            return trial_pb2.ReportProgressResponse()
-        raise AssertionError("unreachable")
+        run = self._run(context, request.trial_id, request.run_id)
+        self.master.report_progress(run, request.progress)
+        return trial_pb2.ReportProgressResponse()
 
+    @maps_errors
     def DeleteTrialCheckpoints(  # noqa: N802
         self, request: trial_pb2.DeleteTrialCheckpointsRequest, context: grpc.ServicerContext
     ) -> trial_pb2.DeleteTrialCheckpointsResponse:
-        with rpc_errors(context):
-            run = self._run(context, request.trial_id, request.run_id)
-            result = _checkpoints.delete_checkpoints(
-                self.master.store,
-                list(request.uuids),
-                trial_id=run.trial_id,
-                default_root=self.master.config.checkpoint_root,
-            )
-            return trial_pb2.DeleteTrialCheckpointsResponse(
-                deleted=list(result.deleted),
-                missing=list(result.missing),
-                failed=dict(result.failed),
-            )
-        raise AssertionError("unreachable")
+        run = self._run(context, request.trial_id, request.run_id)
+        result = _checkpoints.delete_checkpoints(
+            self.master.store,
+            list(request.uuids),
+            trial_id=run.trial_id,
+            default_root=self.master.config.checkpoint_root,
+        )
+        return trial_pb2.DeleteTrialCheckpointsResponse(
+            deleted=list(result.deleted),
+            missing=list(result.missing),
+            failed=dict(result.failed),
+        )

@@ -353,3 +353,47 @@ def test_a_short_join_token_is_refused_and_the_state_dir_is_private(tmp_path: An
     with pytest.raises(AssayError, match="join_token is 5 characters; use at least 16"):
         MasterServer(config)
     assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_call_looks_its_session_token_up_once(
+    guarded: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard finds the caller; the handler uses what it found (gRPC, sync and async
+    handlers, and HTTP), and each call sees its own caller."""
+    master = guarded.master
+    address = f"127.0.0.1:{master.port}"
+    master.auth.create_user("dave", "dave-password-1")
+    dave, channel = authed_api(address, login(address, "dave", "dave-password-1"))
+    lookups: list[str] = []
+    auth = master.auth
+    for name in ("cached", "authenticate"):
+        original = getattr(auth, name)
+
+        def counted(token: str, _original: Any = original, _name: str = name) -> Any:
+            found = _original(token)
+            if found is not None:  # a miss in the cache is followed by `authenticate`
+                lookups.append(_name)
+            return found
+
+        monkeypatch.setattr(auth, name, counted)
+    try:
+        for _ in range(3):
+            lookups.clear()
+            assert dave.WhoAmI(api_pb2.WhoAmIRequest()).username == "dave"
+            assert len(lookups) == 1, lookups
+            lookups.clear()
+            assert guarded.api.WhoAmI(api_pb2.WhoAmIRequest()).username == "admin"
+            assert len(lookups) == 1, lookups
+        lookups.clear()
+        request = api_pb2.CreateExperimentRequest(
+            config_yaml=experiment_yaml(), model_definition=model_archive(), activate=False
+        )
+        assert dave.CreateExperiment(request).experiment.owner == "dave"
+        assert len(lookups) == 1, lookups
+    finally:
+        channel.close()
+    lookups.clear()
+    reply = guarded.get("/api/v1/me")
+    assert reply.status == 200
+    assert reply.json()["username"] == "admin"
+    assert len(lookups) == 1, lookups

@@ -1,0 +1,181 @@
+"""Bugs of the master the simulation found, each played by hand on a real `Master`.
+
+Each test is a strict xfail: the fix makes it pass, and then the matching entry of
+`simulate.KNOWN_BUGS` goes too, so that the simulation enforces the invariant again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from assay.common.storage import checkpoint_location
+from assay.config import parse_config
+from assay.errors import PREEMPTED_EXIT_CODE
+from assay.master._agents import KillRun, StartRun
+from assay.master.lifecycle.simulate import KNOWN_BUGS, MasterAdapter, Outbox, model_archive
+from assay.master.store import CheckpointRecord, MetricReport
+
+CONFIG: dict[str, Any] = {
+    "name": "bug",
+    "entrypoint": "model_def:T",
+    "hyperparameters": {"global_batch_size": 8},
+    "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 8}},
+    "max_restarts": 2,
+}
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[MasterAdapter]:
+    adapter = MasterAdapter(tmp_path, reconnect_wait_s=0, preemption=False)
+    yield adapter
+    adapter.close()
+
+
+@pytest.fixture
+def outbox(master: MasterAdapter) -> Outbox:
+    """One agent with one CPU slot."""
+    box = Outbox()
+    master.register("a0", "cpu", 1, frozenset(), box)
+    return box
+
+
+def _received(master: MasterAdapter, outbox: Outbox) -> list[StartRun | KillRun | None]:
+    master.flush()
+    messages, outbox.messages = outbox.messages, []
+    return messages
+
+
+def _started(master: MasterAdapter, outbox: Outbox) -> StartRun:
+    [start] = _received(master, outbox)
+    assert isinstance(start, StartRun)
+    return start
+
+
+def _checkpoint(master: MasterAdapter, start: StartRun, batches: int) -> str:
+    name = str(uuid.uuid4())
+    storage = parse_config(CONFIG).checkpoint_storage
+    record = CheckpointRecord(
+        uuid=name,
+        trial_id=start.trial_id,
+        run_id=start.run_id,
+        total_batches=batches,
+        state="COMPLETED",
+        location=checkpoint_location(storage, name, start.checkpoint_root),
+        files={"model.pt": 1},
+    )
+    master.report_checkpoint(start.token, start.trial_id, start.run_id, record)
+    return name
+
+
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["restore-shadowed"])
+def test_a_checkpoint_of_a_run_that_started_from_scratch_is_restored(
+    master: MasterAdapter, outbox: Outbox
+) -> None:
+    master.create(yaml.safe_dump(CONFIG), model_archive(), activate=True)
+    first = _started(master, outbox)
+    ids = (first.token, first.trial_id, first.run_id)
+    assert master.next_operation(*ids, 0) == 8
+    master.report_metrics(*ids, "training", MetricReport(3, {"loss": 1.0}))
+    master.exited("a0", first.allocation_id, [1], "crashed before any checkpoint")
+
+    second = _started(master, outbox)
+    assert second.checkpoint_uuid == ""  # nothing to restore: from scratch
+    ids = (second.token, second.trial_id, second.run_id)
+    assert master.next_operation(*ids, 0) == 8
+    master.report_metrics(*ids, "training", MetricReport(2, {"loss": 1.0}))
+    name = _checkpoint(master, second, 2)
+    master.exited("a0", second.allocation_id, [1], "crashed after its checkpoint at batch 2")
+
+    # The third run must resume from batch 2; it starts from scratch, because the trial
+    # still counts the 3 batches of the first run and took the checkpoint for an old one.
+    assert _started(master, outbox).checkpoint_uuid == name
+
+
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["closed-paused"])
+def test_a_trial_closed_while_its_pause_lands_completes(
+    master: MasterAdapter, outbox: Outbox
+) -> None:
+    experiment_id = master.create(yaml.safe_dump(CONFIG), model_archive(), activate=True)
+    start = _started(master, outbox)
+    ids = (start.token, start.trial_id, start.run_id)
+    assert master.next_operation(*ids, 0) == 8
+    master.action(experiment_id, "pause")
+    [kill] = _received(master, outbox)
+    assert isinstance(kill, KillRun)
+    assert kill.graceful
+    # The process validates at its target before the SIGTERM lands: the searcher closes
+    # the trial (its last length) and says it is done.
+    master.report_metrics(*ids, "validation", MetricReport(8, {"loss": 0.5}))
+    _checkpoint(master, start, 8)
+    master.complete_operation(*ids, 8, 0.5)
+    # Then it stops at its checkpoint, as asked.
+    master.exited("a0", start.allocation_id, [PREEMPTED_EXIT_CODE], "")
+    master.action(experiment_id, "activate")
+    master.flush()
+
+    # The trial stays PAUSED, closed, with nothing left to run: the experiment never ends.
+    assert experiment_id not in master.snapshot().experiments
+    assert master.final_states(experiment_id) == ("COMPLETED", {start.trial_id: "COMPLETED"})
+
+
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["zombie-part"])
+def test_an_agent_back_with_a_part_the_master_gave_up_on_is_told_to_kill_it(
+    master: MasterAdapter,
+) -> None:
+    boxes = {"a0": Outbox(), "a1": Outbox()}
+    handles = {a: master.register(a, "cpu", 1, frozenset(), box) for a, box in boxes.items()}
+    gang = {**CONFIG, "resources": {"slots_per_trial": 2}}
+    master.create(yaml.safe_dump(gang), model_archive(), activate=True)
+    [start] = _received(master, boxes["a1"])
+    assert isinstance(start, StartRun)
+    assert _received(master, boxes["a0"])  # the gang spans both agents
+    master.running("a1", start.allocation_id)
+    # a1's stream breaks (no reconnect window: its part is given up on); a0's part of the
+    # gang runs on, so the run stays. a1's processes run on too, and a1 comes back
+    # saying so.
+    master.disconnected("a1", handles["a1"])
+    back = Outbox()
+    master.register("a1", "cpu", 1, frozenset({start.allocation_id}), back)
+    # A trial waits for a1's slot 0, which the master now counts as free.
+    single = {**CONFIG, "resources": {"priority": 1}}
+    master.create(yaml.safe_dump(single), model_archive(), activate=True)
+    messages = _received(master, back)
+
+    # The part a1 still runs must be killed before anything else starts on its slot.
+    kills = [m for m in messages if isinstance(m, KillRun)]
+    assert [k.allocation_id for k in kills] == [start.allocation_id]
+    assert messages.index(kills[0]) < max(
+        i for i, m in enumerate(messages) if isinstance(m, StartRun)
+    )
+
+
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["preempt-forgotten"])
+def test_a_restarted_master_finishes_the_preemption_under_way(tmp_path: Path) -> None:
+    master = MasterAdapter(tmp_path, reconnect_wait_s=1e9, preemption=True)
+    try:
+        box = Outbox()
+        master.register("a0", "cpu", 1, frozenset(), box)
+        low = {**CONFIG, "resources": {"priority": 80}}
+        master.create(yaml.safe_dump(low), model_archive(), activate=True)
+        start = _started(master, box)
+        master.running("a0", start.allocation_id)
+        high = {**CONFIG, "resources": {"priority": 10}}
+        master.create(yaml.safe_dump(high), model_archive(), activate=True)
+        [kill] = _received(master, box)  # the low-priority run stops at a checkpoint
+        assert isinstance(kill, KillRun)
+        assert master.snapshot().trials[start.trial_id].state == "STOPPING"
+
+        master.restart()
+
+        # The trial still says STOPPING: its run, awaiting a0, must still be stopping.
+        restored = master.snapshot()
+        assert restored.trials[start.trial_id].state == "STOPPING"
+        assert restored.runs[start.trial_id].stopping == "preempt"
+    finally:
+        master.close()

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from dataclasses import replace
 from typing import Any
@@ -40,14 +40,12 @@ from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._fleet import Fleet
 from assay.master._gc import collect_later
-from assay.master._state import ModelCache, load_live
+from assay.master._state import Ledger, ModelCache, load_live
 from assay.master._submission import PreparedExperiment, check_submission, new_record
 from assay.master.errors import (
     InvalidArgumentError,
-    PermissionDeniedError,
 )
 from assay.master.lifecycle import (
-    MEMORY_ONLY,
     ExperimentState,
     ExperimentStatus,
     Restore,
@@ -102,14 +100,15 @@ class Master:
         self.fleet = Fleet(
             self.scheduler, lambda: self.commit.batch, self.commit.after, config.kill_grace_s
         )
-        self.experiments: dict[int, ExperimentState] = {}  # the live ones
-        self.trials: dict[int, TrialState] = {}  # of live experiments
-        self.runs: dict[str, Run] = {}  # by allocation id
-        self.run_of_trial: dict[int, str] = {}
-        self.tokens: dict[str, str] = {}  # token -> allocation id
-        self.queued: dict[int, Request] = {}  # trial id -> request
+        # Memory of the live experiments: the ledger's own dicts, read here, changed there.
+        self.ledger = ledger = Ledger(lambda: self.commit.batch)
+        self.experiments, self.trials, self.tokens = (
+            ledger.experiments,
+            ledger.trials,
+            ledger.tokens,
+        )
+        self.runs, self.run_of_trial, self.queued = ledger.runs, ledger.run_of_trial, ledger.queued
         self.models = ModelCache(store)
-        self._order = 0
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
         # Allocation tokens derive from a secret in the store, so a restarted master
         # recognises the trial processes that kept running.
@@ -155,7 +154,7 @@ class Master:
         with self.lock:
             active = self.store.active_allocations()
             for experiment in load_live(self.store):
-                self._add_experiment(experiment)
+                self.ledger.add_experiment(experiment)
                 if experiment.needs_start:
                     self._adopt_trials(experiment)
             for allocation in active:
@@ -187,13 +186,9 @@ class Master:
         )
         if run is None:
             return False
-        self._add_run(run)
+        self.ledger.add_run(run)
         log.info("trial %d run %d: waiting for its agents to confirm it", trial.id, run.run_id)
         return True
-
-    def _add_experiment(self, experiment: ExperimentState) -> None:
-        self.experiments[experiment.id] = experiment
-        self.trials.update(experiment.trials)
 
     def _adopt_trials(self, experiment: ExperimentState) -> None:
         """Start the search of an experiment stored without one, on the trials it has.
@@ -223,13 +218,11 @@ class Master:
 
     def _apply(self, effect: fx.Effect) -> None:
         if isinstance(effect, fx.SetTrial):
-            trial = self.trials.get(effect.trial_id)
-            if trial is not None:
-                self._set_trial(trial, effect.fields)
+            self.ledger.set_trial(effect.trial_id, effect.fields)
         elif isinstance(effect, fx.SetExperiment):
-            self._set_experiment(self.experiments[effect.experiment_id], **effect.fields)
+            self.ledger.set_experiment(effect.experiment_id, effect.fields)
         elif isinstance(effect, fx.Enqueue):
-            self._enqueue(self.trials[effect.trial_id], to_back=effect.to_back)
+            self.ledger.enqueue(effect.trial_id, self.fleet.slot_type(), to_back=effect.to_back)
         elif isinstance(effect, fx.Dequeue):
             self.queued.pop(effect.trial_id, None)
         elif isinstance(effect, fx.Kill):
@@ -246,14 +239,13 @@ class Master:
             )
         elif isinstance(effect, fx.Tell):
             self._tell(effect)
-        elif isinstance(effect, fx.Search):
-            self._search(self.experiments[effect.experiment_id], effect.operations)
         elif isinstance(effect, fx.Settle):
             self._settle(effect.experiment_id)
         elif isinstance(effect, fx.CollectGarbage):
             self._collect_garbage(effect)
         elif isinstance(effect, fx.Drop):
-            self._drop_experiment(effect.experiment_id)
+            self.ledger.drop_experiment(effect.experiment_id)
+            self.models.drop(effect.experiment_id)
         elif isinstance(effect, fx.NewTrial):
             self._new_trial(effect)
         elif isinstance(effect, fx.StartRun):
@@ -266,21 +258,6 @@ class Master:
             self._drop_agent(effect.agent_id, effect.why)
         elif isinstance(effect, fx.KillUnknown):
             self.fleet.send(effect.agent_id, KillRun(effect.allocation_id, graceful=False))
-
-    def _set_trial(self, trial: TrialState, fields: Mapping[str, Any]) -> None:
-        for key, value in fields.items():
-            setattr(trial, key, value)
-        stored = {k: v for k, v in fields.items() if k not in MEMORY_ONLY}
-        if stored:
-            self.batch.set_trial(trial.id, **stored)
-
-    def _set_experiment(self, experiment: ExperimentState, **fields: Any) -> None:
-        for key in ("state", "progress", "shutdown"):
-            if key in fields:
-                setattr(experiment, key, fields[key])
-        stored = {k: v for k, v in fields.items() if k != "shutdown"}
-        if stored:
-            self.batch.set_experiment(experiment.id, **stored)
 
     def _collect_garbage(self, effect: fx.CollectGarbage) -> None:
         """Once the end is committed, delete the checkpoints the policy does not keep."""
@@ -314,9 +291,8 @@ class Master:
                 else:
                     self._apply(effect)
         progress = max(experiment.progress, experiment.searcher.progress())
-        self._set_experiment(
-            experiment, searcher_state=experiment.search_state(), progress=progress
-        )
+        search = {"searcher_state": experiment.search_state(), "progress": progress}
+        self.ledger.set_experiment(experiment.id, search)
 
     def _tell(self, tell: fx.Tell) -> None:
         """Tell the searcher what became of a trial, and carry out its answer."""
@@ -327,28 +303,13 @@ class Master:
         self._search(experiment, handler(tell.request_id, *tell.args))
 
     def _new_trial(self, new: fx.NewTrial) -> None:
-        experiment = self.experiments[new.experiment_id]
+        trial_id = self.store.reserve_id("trials")
         trial = TrialState(
-            id=self.store.reserve_id("trials"),
-            experiment_id=experiment.id,
-            request_id=new.request_id,
-            hparams=new.hparams,
-            seed=new.seed,
-            state=new.state,
+            trial_id, new.experiment_id, new.request_id, new.hparams, new.seed, new.state
         )
-        self.batch.add_trial(
-            trial.id,
-            experiment_id=experiment.id,
-            request_id=trial.request_id,
-            hparams=trial.hparams,
-            seed=trial.seed,
-            state=trial.state,
-            now=_now(),
-        )
-        experiment.add_trial(trial)
-        self.trials[trial.id] = trial
+        self.ledger.add_trial(trial, _now())
         if trial.state == T.QUEUED:
-            self._enqueue(trial)
+            self.ledger.enqueue(trial.id, self.fleet.slot_type())
 
     def _settle(self, experiment_id: int) -> None:
         experiment = self.experiments.get(experiment_id)
@@ -358,13 +319,6 @@ class Master:
         if problem:
             log.error("%s", problem)
         self._do(effects)
-
-    def _drop_experiment(self, experiment_id: int) -> None:
-        experiment = self.experiments.pop(experiment_id)
-        for trial_id in experiment.trials:
-            self.trials.pop(trial_id, None)
-            self.queued.pop(trial_id, None)
-        self.models.drop(experiment_id)
 
     # --- experiments ----------------------------------------------------------------------
 
@@ -410,7 +364,7 @@ class Master:
             experiment = ExperimentState(
                 experiment_id, config, state, config.resources.priority, prepared.searcher
             )
-            self._add_experiment(experiment)
+            self.ledger.add_experiment(experiment)
             self.models.put(experiment_id, model_definition)
             self._search(experiment, experiment.searcher.initial_operations())
             self._schedule()
@@ -421,7 +375,7 @@ class Master:
         with self.lock:
             experiment = self.experiments.get(experiment_id)
             if experiment is not None:
-                runs = {t: self.runs[a] for t, a in self.run_of_trial.items()}
+                runs = self.ledger.runs_by_trial()
                 self._do(experiment_life.act(experiment, action, runs, _now()))
                 self._schedule()
                 self._commit_and_wait()
@@ -433,19 +387,6 @@ class Master:
         self.store.update_experiment(experiment_id, archived=action == "archive")
 
     # --- scheduling -----------------------------------------------------------------------
-
-    def _enqueue(self, trial: TrialState, *, to_back: bool = False) -> None:
-        config = self.experiments[trial.experiment_id].config
-        if to_back or not trial.order:  # requeued trials keep their place otherwise
-            self._order += 1
-            trial.order = self._order
-        self.queued[trial.id] = Request(
-            id=str(trial.id),
-            slots=config.resources.slots_per_trial,
-            slot_type=self.fleet.slot_type(),
-            priority=config.resources.priority,
-            order=trial.order,
-        )
 
     def _schedule(self) -> None:
         if not self.queued:
@@ -469,10 +410,8 @@ class Master:
             except Exception:
                 log.exception("could not start trial %d", trial.id)
                 self.scheduler.release(assignment.request_id)
-                allocation_id = self.run_of_trial.pop(trial.id, None)
-                run = self.runs.pop(allocation_id, None) if allocation_id else None
-                if run is not None:
-                    self.tokens.pop(run.token, None)
+                run = self.ledger.runs_by_trial().get(trial.id)
+                if run is not None and self.ledger.end_run(run):
                     self.fleet.kill(run, graceful=False)
                 self._do([*end_trial(trial, T.ERROR, _now()), fx.Settle(trial.experiment_id)])
 
@@ -528,14 +467,9 @@ class Master:
             placement=[{"agent_id": a, "slots": list(s)} for a, s in run.placement],
             now=_now(),
         )
-        self._add_run(run)
+        self.ledger.add_run(run)
         for agent_id, message in start.messages:
             self.fleet.send(agent_id, message)
-
-    def _add_run(self, run: Run) -> None:
-        self.runs[run.allocation_id] = run
-        self.run_of_trial[run.trial_id] = run.allocation_id
-        self.tokens[run.token] = run.allocation_id
 
     # --- agents ---------------------------------------------------------------------------
 
@@ -694,10 +628,8 @@ class Master:
     # --- the end of a run -----------------------------------------------------------------
 
     def _finish_run(self, run: Run) -> None:
-        if self.runs.pop(run.allocation_id, None) is None:
+        if not self.ledger.end_run(run):
             return
-        self.tokens.pop(run.token, None)
-        self.run_of_trial.pop(run.trial_id, None)
         self.scheduler.release(str(run.trial_id))
         self.batch.set_allocation(run.allocation_id, state="TERMINATED", ended_at=_now())
         trial = self.trials[run.trial_id]
@@ -718,14 +650,7 @@ class Master:
 
     def run_for_token(self, token: str, trial_id: int, run_id: int) -> Run:
         with self.lock:
-            allocation_id = self.tokens.get(token)
-            run = self.runs.get(allocation_id) if allocation_id else None
-        if run is None or run.trial_id != trial_id:
-            raise PermissionDeniedError(
-                f"this call for trial {trial_id} does not carry the token of a running "
-                "allocation of that trial"
-            )
-        return run
+            return self.ledger.run_for_token(token, trial_id)
 
     def next_operation(self, run: Run, total_batches: int) -> int | None:
         """The batch count to train to next, or None: checkpointed, the process may exit.

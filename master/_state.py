@@ -1,29 +1,129 @@
-"""The master's in-memory view of its live experiments and trials.
+"""The master's in-memory view of its live experiments, trials, runs and queue.
 
 The master decides from memory and writes every change through a `WriteBatch` (see
-_commit.py), so its hot paths never read the database. Memory holds the experiments
-that are not finished yet; a finished one is dropped and read from the store when asked
-about. `load_live` rebuilds memory from the store when the master starts.
+_commit.py), so its hot paths never read the database. `Ledger` holds the experiments
+that are not finished yet, and writes each change to them through to the open batch; a
+finished one is dropped and read from the store when asked about. `load_live` rebuilds
+memory from the store when the master starts.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from assay.config import ExperimentConfig, parse_config, searcher_in_batches
-from assay.master.errors import NotFoundError
+from assay.master.errors import NotFoundError, PermissionDeniedError
 from assay.master.lifecycle import (
     LIVE_EXPERIMENT,
+    MEMORY_ONLY,
     ExperimentState,
     ExperimentStatus,
     Restore,
+    Run,
     TrialState,
     TrialStatus,
 )
+from assay.master.scheduler import Request, SlotType
 from assay.master.searcher import Searcher, make_searcher, restore_searcher
-from assay.master.store import Store
+from assay.master.store import Store, WriteBatch
+
+
+class Ledger:
+    """The live experiments, their trials, the runs and the queue (used under the
+    master's lock); every change to a stored field is written to the open batch too."""
+
+    def __init__(self, batch: Callable[[], WriteBatch]) -> None:
+        self._batch = batch
+        self.experiments: dict[int, ExperimentState] = {}
+        self.trials: dict[int, TrialState] = {}  # of live experiments
+        self.runs: dict[str, Run] = {}  # by allocation id
+        self.run_of_trial: dict[int, str] = {}
+        self.tokens: dict[str, str] = {}  # token -> allocation id
+        self.queued: dict[int, Request] = {}  # trial id -> request
+        self._order = 0
+
+    def add_experiment(self, experiment: ExperimentState) -> None:
+        self.experiments[experiment.id] = experiment
+        self.trials.update(experiment.trials)
+
+    def drop_experiment(self, experiment_id: int) -> None:
+        """Forget an ended experiment."""
+        experiment = self.experiments.pop(experiment_id)
+        for trial_id in experiment.trials:
+            self.trials.pop(trial_id, None)
+            self.queued.pop(trial_id, None)
+
+    def add_trial(self, trial: TrialState, now: dt.datetime) -> None:
+        self._batch().add_trial(
+            trial.id,
+            experiment_id=trial.experiment_id,
+            request_id=trial.request_id,
+            hparams=trial.hparams,
+            seed=trial.seed,
+            state=trial.state,
+            now=now,
+        )
+        self.experiments[trial.experiment_id].add_trial(trial)
+        self.trials[trial.id] = trial
+
+    def set_trial(self, trial_id: int, fields: Mapping[str, Any]) -> None:
+        trial = self.trials.get(trial_id)
+        if trial is None:
+            return
+        for key, value in fields.items():
+            setattr(trial, key, value)
+        stored = {k: v for k, v in fields.items() if k not in MEMORY_ONLY}
+        if stored:
+            self._batch().set_trial(trial_id, **stored)
+
+    def set_experiment(self, experiment_id: int, fields: Mapping[str, Any]) -> None:
+        experiment = self.experiments[experiment_id]
+        for key in ("state", "progress", "shutdown"):
+            if key in fields:
+                setattr(experiment, key, fields[key])
+        stored = {k: v for k, v in fields.items() if k != "shutdown"}
+        if stored:
+            self._batch().set_experiment(experiment_id, **stored)
+
+    def enqueue(self, trial_id: int, slot_type: SlotType, *, to_back: bool = False) -> None:
+        """Queue the trial; a requeued trial keeps its place unless sent `to_back`."""
+        trial = self.trials[trial_id]
+        resources = self.experiments[trial.experiment_id].config.resources
+        if to_back or not trial.order:
+            self._order += 1
+            trial.order = self._order
+        self.queued[trial.id] = Request(
+            str(trial.id), resources.slots_per_trial, slot_type, resources.priority, trial.order
+        )
+
+    def add_run(self, run: Run) -> None:
+        self.runs[run.allocation_id] = run
+        self.run_of_trial[run.trial_id] = run.allocation_id
+        self.tokens[run.token] = run.allocation_id
+
+    def end_run(self, run: Run) -> bool:
+        """Forget a run; False if it had ended already."""
+        if self.runs.pop(run.allocation_id, None) is None:
+            return False
+        self.tokens.pop(run.token, None)
+        self.run_of_trial.pop(run.trial_id, None)
+        return True
+
+    def run_for_token(self, token: str, trial_id: int) -> Run:
+        allocation_id = self.tokens.get(token)
+        run = self.runs.get(allocation_id) if allocation_id else None
+        if run is None or run.trial_id != trial_id:
+            raise PermissionDeniedError(
+                f"this call for trial {trial_id} does not carry the token of a running "
+                "allocation of that trial"
+            )
+        return run
+
+    def runs_by_trial(self) -> dict[int, Run]:
+        return {t: self.runs[a] for t, a in self.run_of_trial.items()}
 
 
 def new_searcher(config: ExperimentConfig) -> Searcher:

@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 from assay.master._agents import StartRun as AgentStart
 from assay.master.lifecycle._model import Run, StopKind, TrialStatus
-from assay.master.searcher import Operation
 
 
 @dataclass(frozen=True)
@@ -73,14 +72,6 @@ class Tell:
         "on_trial_created", "on_validation_completed", "on_trial_closed", "on_trial_exited_early"
     ]
     args: tuple[Any, ...] = ()
-
-
-@dataclass(frozen=True)
-class Search:
-    """Carry out searcher operations for the experiment."""
-
-    experiment_id: int
-    operations: tuple[Operation, ...]
 
 
 @dataclass(frozen=True)
@@ -168,7 +159,6 @@ Effect = (
     | Kill
     | Log
     | Tell
-    | Search
     | Settle
     | CollectGarbage
     | Drop

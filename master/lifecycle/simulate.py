@@ -156,6 +156,7 @@ class ExperimentView:
     shutdown: bool
     search: str  # the searcher's snapshot as JSON ("" unless asked for)
     trials: tuple[int, ...]
+    max_restarts: int
 
 
 @dataclass(frozen=True)
@@ -238,8 +239,14 @@ def check_runs(s: Snapshot) -> None:
         if running != (trial_id in s.runs):
             has = "has" if trial_id in s.runs else "has no"
             raise InvariantError(f"trial {trial_id} is {trial.state} and {has} run")
-        if trial.experiment_id not in s.experiments:
+        experiment = s.experiments.get(trial.experiment_id)
+        if experiment is None or trial_id not in experiment.trials:
             raise InvariantError(f"trial {trial_id} belongs to no live experiment")
+        if trial.restarts > experiment.max_restarts:
+            raise InvariantError(
+                f"trial {trial_id} restarted {trial.restarts} times; its experiment allows "
+                f"{experiment.max_restarts}"
+            )
     for trial_id in s.runs:
         if trial_id not in s.trials:
             raise InvariantError(f"a run of trial {trial_id}, which is not live")
@@ -270,6 +277,23 @@ def trial_breaches(s: Snapshot) -> dict[str, list[int]]:
     ]
     closed = [trial_id for trial_id, t in s.trials.items() if t.closed and t.state == "PAUSED"]
     return {"closed-paused": closed, "preempt-forgotten": stopping}
+
+
+def check_progress(old: Snapshot, new: Snapshot) -> None:
+    """What only grows: an experiment's progress, a trial's run number and restarts."""
+    for experiment_id, experiment in new.experiments.items():
+        was = old.experiments.get(experiment_id)
+        if was is not None and experiment.progress < was.progress:
+            raise InvariantError(
+                f"experiment {experiment_id}'s progress fell from {was.progress} to "
+                f"{experiment.progress}"
+            )
+    for trial_id, trial in new.trials.items():
+        before = old.trials.get(trial_id)
+        if before is not None and (
+            trial.run_id < before.run_id or trial.restarts < before.restarts
+        ):
+            raise InvariantError(f"trial {trial_id} went back from {before} to {trial}")
 
 
 def check_snapshot(s: Snapshot, *, tolerate: Collection[str] = ()) -> None:
@@ -380,9 +404,9 @@ def check_restart(old: Snapshot, new: Snapshot, *, keep_runs: bool) -> None:
         for trial_id, state in states.items():
             was = old.trials[trial_id]
             now, wanted = new.trials.get(trial_id), replace(was, state=state)
-            if now is not None and state in TERMINAL:
-                # An ended trial's target and closed mark are not kept up to date in the
-                # stored search (a stopping experiment's search is over): not compared.
+            if now is not None and (state in TERMINAL or stopping):
+                # The stored search keeps no target or closed mark up to date once a trial
+                # has ended or its experiment's search is over (it is being stopped).
                 now = replace(now, target=was.target, closed=was.closed)
             if now != wanted:
                 raise InvariantError(f"trial {trial_id} was {was}, restored {now}")
@@ -555,11 +579,20 @@ class MasterAdapter:
         master.report_checkpoint(master.run_for_token(token, trial_id, run_id), checkpoint)
 
     def complete_operation(
-        self, token: str, trial_id: int, run_id: int, total: int, metric: float
+        self, token: str, trial_id: int, run_id: int, total: int, metric: float, *, stop: bool
     ) -> None:
         master = self.master
-        master.complete_operation(master.run_for_token(token, trial_id, run_id), total, metric)
+        run = master.run_for_token(token, trial_id, run_id)
+        master.complete_operation(run, total, metric, stop_requested=stop)
         self._waited()
+
+    def report_progress(self, token: str, trial_id: int, run_id: int, progress: float) -> None:
+        master, self.pending = self.master, True
+        master.report_progress(master.run_for_token(token, trial_id, run_id), progress)
+
+    def best_validation(self, token: str, trial_id: int, run_id: int) -> float | None:
+        master = self.master
+        return master.best_validation(master.run_for_token(token, trial_id, run_id))
 
     def moves(self) -> list[Move]:
         """The states written since the last call, in order."""
@@ -577,6 +610,7 @@ class MasterAdapter:
                     e.shutdown,
                     json.dumps(e.searcher.snapshot(), sort_keys=True) if search else "",
                     tuple(sorted(e.trials)),
+                    e.config.max_restarts,
                 )
                 for e in m.experiments.values()
             }
@@ -711,9 +745,11 @@ def experiment_config(rng: random.Random) -> dict[str, Any]:
         searcher["max_trials"] = rng.randint(2, 5)
         searcher["max_length"] = {"batches": 16}
         searcher["num_rungs" if name == "asha" else "max_rungs"] = 2
+    # A Trial class, or now and then a script (exiting 0 before its target ends it).
+    script = rng.random() < 0.2
     return {
         "name": f"sim-{name}",
-        "entrypoint": "model_def:T",
+        "entrypoint": "python3 model_def.py" if script else "model_def:T",
         "hyperparameters": {
             "global_batch_size": 8,
             "lr": {"type": "double", "minval": 0.001, "maxval": 0.1, "count": 2},
@@ -824,6 +860,7 @@ class Simulation:
             check_move(kind, key, old, state, TRIAL_EDGES if kind == "trial" else EXPERIMENT_EDGES)
         new = self.adapter.snapshot()
         check_snapshot(new, tolerate=KNOWN_BUGS.keys())
+        check_progress(self.snapshot, new)
         for name, trials in trial_breaches(new).items():
             for trial_id in trials:
                 if (name, trial_id) not in self.breaches:
@@ -979,7 +1016,10 @@ class Simulation:
         for allocation_id in list(agent.parts):
             process = self.processes[allocation_id]
             if process.chief == agent.id:
-                self._checkpoint(process)
+                try:
+                    self._checkpoint(process)
+                except (PermissionDeniedError, StaleRunError) as e:
+                    self._refused(process, e)
             self._part_exit(agent, allocation_id, PREEMPTED_EXIT_CODE)
         self._disconnect(agent)
 
@@ -1125,6 +1165,8 @@ class Simulation:
                 values = {"loss": 1.0 / process.total}
                 adapter.report_metrics(*ids, "training", MetricReport(process.total, values))
                 self._reported(process)
+                if self.rng.random() < 0.1:  # a script's own estimate
+                    adapter.report_progress(*ids, min(1.0, process.total / 32))
                 if process.total >= process.target:
                     process.phase = "validate"
             elif process.phase == "validate":
@@ -1132,16 +1174,24 @@ class Simulation:
                 adapter.report_metrics(*ids, "validation", MetricReport(process.total, values))
                 self._reported(process)
                 self._checkpoint(process)
+                adapter.best_validation(*ids)  # as a user's early stopping would ask
                 process.phase = "complete"
             else:
-                adapter.complete_operation(*ids, process.total, self._metric(process))
+                # Now and then the trial's code asks to stop here (set_stop_requested).
+                stop = self.rng.random() < 0.05
+                adapter.complete_operation(*ids, process.total, self._metric(process), stop=stop)
                 process.phase = "ask"
-        except (PermissionDeniedError, StaleRunError):
-            # The master gave this run up (a restart, a lost agent): the process gives up.
-            if any(r.allocation_id == process.allocation_id for r in self.snapshot.runs.values()):
-                raise
-            self.stats.events["harness-refused"] += 1
-            self._exit_all(process, 1)
+        except (PermissionDeniedError, StaleRunError) as e:
+            self._refused(process, e)
+            self._exit_all(process, 1)  # the process gives up
+
+    def _refused(self, process: Process, error: Exception) -> None:
+        """A call of `process` was refused: only right if the master gave its run up (a
+        restart, a lost agent)."""
+        runs = self.adapter.snapshot().runs.values()
+        if any(r.allocation_id == process.allocation_id for r in runs):
+            raise InvariantError(f"a call of {process.allocation_id}, which runs, failed: {error}")
+        self.stats.events["harness-refused"] += 1
 
     def _reported(self, process: Process) -> None:
         self.high[process.trial_id] = max(self.high.get(process.trial_id, 0), process.total)

@@ -113,7 +113,7 @@ def test_a_trial_closed_while_its_pause_lands_completes(
     # the trial (its last length) and says it is done.
     master.report_metrics(*ids, "validation", MetricReport(8, {"loss": 0.5}))
     _checkpoint(master, start, 8)
-    master.complete_operation(*ids, 8, 0.5)
+    master.complete_operation(*ids, 8, 0.5, stop=False)
     # Then it stops at its checkpoint, as asked.
     master.exited("a0", start.allocation_id, [PREEMPTED_EXIT_CODE], "")
     master.action(experiment_id, "activate")

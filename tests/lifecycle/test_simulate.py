@@ -33,6 +33,7 @@ from assay.master.lifecycle.simulate import (
     Stats,
     TrialView,
     check_move,
+    check_progress,
     check_queue,
     check_restart,
     check_restore,
@@ -60,7 +61,9 @@ def test_any_seed_plays_to_a_clean_end(seed: int) -> None:
 
 
 def test_the_same_seed_plays_the_same_cluster() -> None:
-    first, second = simulate(11, 250), simulate(11, 250)
+    # Seed 11 keeps lost agents' runs waiting for them, and restarts the master 3 times.
+    first, second = simulate(11, 300), simulate(11, 300)
+    assert first.restarts == 3
     assert (first.events, first.trials, first.experiments) == (
         second.events,
         second.trials,
@@ -107,8 +110,8 @@ def healthy() -> Snapshot:
     """Two experiments: trial 1 runs on a0/0, trial 2 on a0/1 and a1/0, trial 3 waits."""
     return Snapshot(
         experiments={
-            1: ExperimentView("ACTIVE", 0.0, False, "", (1, 2)),
-            2: ExperimentView("ACTIVE", 0.0, False, "", (3,)),
+            1: ExperimentView("ACTIVE", 0.0, False, "", (1, 2), max_restarts=1),
+            2: ExperimentView("ACTIVE", 0.5, False, "", (3,), max_restarts=0),
         },
         trials={1: _trial(), 2: _trial(), 3: _trial(2, "QUEUED", run_id=0)},
         runs={1: _run("1.1", ("a0", (0,))), 2: _run("2.1", ("a0", (1,)), ("a1", (0,)))},
@@ -170,6 +173,19 @@ def test_running_trials_have_runs_and_live_experiments_are_not_over(healthy: Sna
     over = {**healthy.trials, 3: _trial(2, "COMPLETED")}
     with pytest.raises(InvariantError, match="experiment 2 is ACTIVE with every trial ended"):
         check_runs(replace(healthy, trials=over, queue=frozenset()))
+
+
+def test_restarts_stay_within_the_limit_and_nothing_goes_back(healthy: Snapshot) -> None:
+    restarted = {**healthy.trials, 3: _trial(2, "QUEUED", run_id=1, restarts=1)}
+    with pytest.raises(InvariantError, match="restarted 1 times; its experiment allows 0"):
+        check_runs(replace(healthy, trials=restarted))
+    check_progress(healthy, healthy)
+    fell = {**healthy.experiments, 2: replace(healthy.experiments[2], progress=0.25)}
+    with pytest.raises(InvariantError, match="progress fell from 0.5 to 0.25"):
+        check_progress(healthy, replace(healthy, experiments=fell))
+    back = {**healthy.trials, 1: _trial(run_id=2), 2: _trial(run_id=0)}
+    with pytest.raises(InvariantError, match="trial 2 went back"):
+        check_progress(healthy, replace(healthy, trials=back))
 
 
 def test_a_trial_paused_after_its_searcher_closed_it_is_caught(healthy: Snapshot) -> None:

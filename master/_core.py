@@ -457,9 +457,8 @@ class Master:
 
     def _start_run(self, start: fx.StartRun) -> None:
         run = start.run
-        if start.restore_batches is not None:
-            # Metrics the failed run reported past its checkpoint leave the curves.
-            self.batch.supersede_metrics(run.trial_id, start.restore_batches)
+        if start.supersede_after is not None:
+            self.batch.supersede_metrics(run.trial_id, start.supersede_after)
         self.batch.add_allocation(
             run.allocation_id,
             trial_id=run.trial_id,

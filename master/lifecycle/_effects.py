@@ -115,7 +115,7 @@ class StartRun:
 
     run: Run
     messages: tuple[tuple[str, AgentStart], ...]  # (agent id, its part)
-    restore_batches: int | None  # metrics past the checkpoint restored leave the curves
+    supersede_after: int | None  # metrics past this batch count leave the curves
 
 
 @dataclass(frozen=True)

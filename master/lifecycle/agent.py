@@ -22,7 +22,13 @@ def reconcile(agent_id: str, running: Set[str], runs: Iterable[Run]) -> list[Eff
     known: set[str] = set()
     for run in runs:
         known.add(run.allocation_id)
-        if agent_id not in run.agents or agent_id in run.exit_codes:
+        if agent_id not in run.agents:
+            continue
+        if agent_id in run.exit_codes:
+            if run.allocation_id in running:
+                # Given up on while it was away, yet still running: it must not hold the
+                # slots the master counts as free.
+                effects.append(KillUnknown(agent_id, run.allocation_id))
             continue
         if run.allocation_id in running:
             if agent_id in run.awaiting:

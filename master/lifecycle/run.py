@@ -81,8 +81,9 @@ def run_outcome(end: RunEnd) -> Outcome:
     """The first row that applies, in this order."""
     if end.stopping in ("cancel", "kill"):
         return Outcome.CANCELED
-    if end.ok and end.closed:
-        # Done: the searcher closed it, whatever stop was landing as it exited.
+    if end.closed and (end.ok or end.preempted):
+        # Done: the searcher closed it, whatever stop was landing as it exited (a pause
+        # or preemption that stopped it at a checkpoint leaves nothing more to run).
         return Outcome.COMPLETED
     if end.stopping == "preempt":
         return Outcome.PREEMPTED  # resumes from its checkpoint later

@@ -23,6 +23,7 @@ from assay.master.lifecycle._model import (
     ExperimentStatus,
     Placement,
     Run,
+    StopKind,
     TrialState,
     TrialStatus,
 )
@@ -52,8 +53,9 @@ def start(
     fields: dict[str, Any] = {"run_id": run_id, "state": T.RUNNING}
     if trial.start_time is None:
         fields["start_time"] = now
-    if restore is not None:
-        fields["total_batches"] = restore.total_batches
+    # A run starts where its checkpoint left off, or from scratch: either way the batches
+    # counted past that point are not the trial's any more.
+    fields["total_batches"] = restore.total_batches if restore is not None else 0
     world = sum(len(slots) for _, slots in placement)
     config_json = json.dumps(dict(experiment.config.raw))
     hparams_json = json.dumps(dict(trial.hparams))
@@ -85,8 +87,9 @@ def start(
         )
         messages.append((agent_id, part))
     run = Run(allocation_id, trial.id, run_id, trial.experiment_id, placement, token)
-    restored = restore.total_batches if restore is not None else None
-    return [SetTrial(trial.id, fields), StartRun(run, tuple(messages), restored)]
+    # Metrics an earlier run reported past that point leave the curves.
+    superseded = fields["total_batches"] if trial.run_id else None
+    return [SetTrial(trial.id, fields), StartRun(run, tuple(messages), superseded)]
 
 
 def awaited_run(
@@ -103,6 +106,8 @@ def awaited_run(
     `deadline`; None when its trial has moved on (the run is over)."""
     if trial.run_id != run_id or trial.state not in (T.RUNNING, T.STOPPING):
         return None
+    # A STOPPING trial of an experiment that is not stopping was being preempted.
+    preempted: StopKind | None = "preempt" if trial.state == T.STOPPING else None
     return Run(
         allocation_id,
         trial.id,
@@ -110,7 +115,7 @@ def awaited_run(
         trial.experiment_id,
         placement,
         token,
-        stopping=STOP_OF_EXPERIMENT.get(experiment.state),
+        stopping=STOP_OF_EXPERIMENT.get(experiment.state, preempted),
         awaiting={agent_id for agent_id, _ in placement},
         deadline=deadline,
     )

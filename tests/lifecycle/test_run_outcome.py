@@ -27,6 +27,12 @@ ROWS = [
     ("cancel", RunEnd((0,), stopping="cancel", closed=True), Outcome.CANCELED),
     ("kill", RunEnd((-9,), stopping="kill"), Outcome.CANCELED),
     ("closed-and-ok", RunEnd((0, 0), stopping="pause", closed=True), Outcome.COMPLETED),
+    (
+        "closed-as-its-pause-landed",
+        RunEnd((P,), stopping="pause", closed=True, experiment_active=False),
+        Outcome.COMPLETED,
+    ),
+    ("closed-then-crashed", RunEnd((1,), closed=True), Outcome.RESTART),
     ("preempt", RunEnd((P,), stopping="preempt", target=100), Outcome.PREEMPTED),
     ("preempt-failed", RunEnd((1,), stopping="preempt"), Outcome.PREEMPTED),
     ("pause", RunEnd((P,), stopping="pause", experiment_active=False), Outcome.PAUSED),

@@ -190,15 +190,18 @@ def test_reconcile_adopts_kills_and_loses() -> None:
     stopping.stopping = "kill"
     gone = _run(_trial(experiment, 3, T.RUNNING))
     elsewhere = _run(_trial(experiment, 4, T.RUNNING), agent="a1")
+    given_up = _run(_trial(experiment, 5, T.RUNNING))
+    given_up.exit_codes["a0"] = []  # the master stopped waiting for it
     effects = agent_life.reconcile(
         "a0",
-        {adopted.allocation_id, stopping.allocation_id, "stranger"},
-        [adopted, stopping, gone, elsewhere],
+        {adopted.allocation_id, stopping.allocation_id, given_up.allocation_id, "stranger"},
+        [adopted, stopping, gone, elsewhere, given_up],
     )
     assert effects == [
         fx.Adopt(adopted.allocation_id, "a0"),
         fx.Kill(stopping.allocation_id, graceful=False),
         fx.PartLost(gone.allocation_id, "a0"),
+        fx.KillUnknown("a0", given_up.allocation_id),
         fx.KillUnknown("a0", "stranger"),
     ]
 

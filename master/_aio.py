@@ -15,7 +15,8 @@ import contextlib
 import contextvars
 import inspect
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -92,17 +93,81 @@ class SyncAdapter:
         return handler
 
 
+class LoopMail:
+    """Calls posted to an event loop from other threads, in order. One wake-up of the
+    loop runs every call posted since the last: a commit that sends a thousand agents
+    their messages wakes the loop once, not a thousand times."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._calls: list[tuple[Callable[[Any], object], Any]] = []
+
+    def post(self, call: Callable[[Any], object], arg: Any) -> None:
+        with self._lock:
+            self._calls.append((call, arg))
+            if len(self._calls) > 1:
+                return  # the wake-up for the first is on its way
+        held: set[LoopMail] | None = getattr(_HELD, "mail", None)
+        if held is not None:
+            held.add(self)  # woken when this thread's `one_wakeup` block ends
+        else:
+            self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: the server has stopped, nobody reads
+            with self._lock:
+                self._calls.clear()
+
+    def _deliver(self) -> None:
+        with self._lock:
+            calls, self._calls = self._calls, []
+        for call, arg in calls:
+            call(arg)
+
+
+_MAIL: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopMail] = weakref.WeakKeyDictionary()
+_MAIL_LOCK = threading.Lock()
+
+
+_HELD = threading.local()
+
+
+@contextlib.contextmanager
+def one_wakeup() -> Iterator[None]:
+    """Posts this thread makes inside the block wake each loop once, when it ends (a
+    wake-up is a system call, and each lets the loop's thread take the GIL for a
+    moment: the group commit posts all a commit's messages and answers in one)."""
+    held: set[LoopMail] = set()
+    _HELD.mail = held
+    try:
+        yield
+    finally:
+        _HELD.mail = None
+        for mail in held:
+            mail._wake()
+
+
+def loop_mail(loop: asyncio.AbstractEventLoop) -> LoopMail:
+    """The one `LoopMail` of `loop`."""
+    with _MAIL_LOCK:
+        mail = _MAIL.get(loop)
+        if mail is None:
+            mail = _MAIL[loop] = LoopMail(loop)
+        return mail
+
+
 class LoopOutbox:
     """An agent's outgoing messages: put from any thread, read on the event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._mail = loop_mail(loop)
         self._queue: asyncio.Queue[AgentMessage | None] = asyncio.Queue()
 
     def put(self, message: AgentMessage | None) -> None:
-        # A closed loop means the server has stopped: nobody is left to read.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, message)
+        self._mail.post(self._queue.put_nowait, message)
 
     async def get(self) -> AgentMessage | None:
         return await self._queue.get()

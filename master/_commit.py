@@ -8,6 +8,12 @@ fills, so a busy master writes hundreds of changes per transaction instead of on
 transaction per change, and nothing is sent to an agent or answered to a client before
 the change it reports is durable (DESIGN.md: "The database is the truth").
 
+A batch costs about as much to write for one change as for a dozen (a transaction and a
+statement per kind of row), so under load the committer gathers: when the last batch
+was asked for by more than one change (concurrent callers, agents' reports) it starts
+the next one no sooner than `gather_s` after the last one started. A lone caller is
+never held back, and an idle master commits at once.
+
 If a batch cannot be written after a few tries, memory is ahead of the store with no
 way back: the committer stops, every waiter gets `StoreUnavailableError`, and
 `on_fatal` tells the process to exit so a restart recovers from the store.
@@ -24,11 +30,15 @@ from collections.abc import Callable
 
 from sqlalchemy.exc import OperationalError
 
+from assay.master._aio import loop_mail, one_wakeup
 from assay.master.errors import StoreUnavailableError
 from assay.master.store import Store, WriteBatch
 
 log = logging.getLogger("assay.master")
 RETRIES = 5
+# How long a busy committer lets the next batch fill, from the start of the last one: a
+# waiter's answer comes up to this much later, and each batch carries that much more.
+GATHER_S = 0.02
 
 
 class GroupCommit:
@@ -39,15 +49,22 @@ class GroupCommit:
         store: Store,
         lock: threading.RLock,
         on_fatal: Callable[[BaseException], None] = lambda e: None,
+        gather_s: float = GATHER_S,
     ) -> None:
+        if gather_s < 0:
+            raise ValueError(f"gather_s must be 0 or more, got {gather_s}")
         self.store = store
         self.lock = lock  # the master's: batch and actions change only under it
         self.on_fatal = on_fatal
+        self.gather_s = gather_s
         self.batch = WriteBatch()
         self._actions: list[Callable[[], None]] = []
         self._open = 1  # number of the batch being filled
         self._done = 0  # number of the last batch committed and acted on
         self._requested = 0  # the last batch a caller waits for
+        self._asked = 0  # tickets taken on the open batch: how many changes want it
+        self._busy = False  # the last batch was asked for by more than one change
+        self._last_start = 0.0  # when (monotonic) the committer took the last batch
         self._failed: BaseException | None = None
         self._async_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._stopping = False
@@ -66,6 +83,7 @@ class GroupCommit:
     def ticket(self) -> int:
         """The number of the open batch: `wait(ticket)` returns once it is committed."""
         self._requested = self._open
+        self._asked += 1
         self._wake()
         return self._open
 
@@ -132,10 +150,16 @@ class GroupCommit:
                 self._work.wait()
                 self._work.clear()
                 continue  # look again: a change may have come between the wait and the clear
+            if self._busy and not self._stopping:
+                left = self._last_start + self.gather_s - time.monotonic()
+                if left > 0:
+                    time.sleep(left)  # the next changes join this batch meanwhile
             with self.lock:
                 batch, actions, number = self.batch, self._actions, self._open
                 self.batch, self._actions = WriteBatch(), []
                 self._open += 1
+                self._busy, self._asked = self._asked > 1, 0
+            self._last_start = time.monotonic()
             try:
                 self._write(batch)
             except BaseException as e:
@@ -145,23 +169,22 @@ class GroupCommit:
                     self._cond.notify_all()
                     waiters, self._async_waiters = self._async_waiters, []
                 error = StoreUnavailableError(f"the master could not write to its database ({e})")
-                for _, loop, future in waiters:
-                    _settle(loop, future, error)
+                _settle_all(waiters, error)
                 self.on_fatal(e)
                 return
-            for action in actions:
-                try:
-                    action()
-                except Exception:
-                    log.exception("an action after a commit failed")
-            with self._cond:
-                self._done = number
-                self._cond.notify_all()
-                ready = [w for w in self._async_waiters if w[0] <= number]
-                if ready:
-                    self._async_waiters = [w for w in self._async_waiters if w[0] > number]
-            for _, loop, future in ready:
-                _settle(loop, future, None)
+            with one_wakeup():  # the messages and the answers leave together
+                for action in actions:
+                    try:
+                        action()
+                    except Exception:
+                        log.exception("an action after a commit failed")
+                with self._cond:
+                    self._done = number
+                    self._cond.notify_all()
+                    ready = [w for w in self._async_waiters if w[0] <= number]
+                    if ready:
+                        self._async_waiters = [w for w in self._async_waiters if w[0] > number]
+                _settle_all(ready, None)
 
     def _has_work(self) -> bool:
         # Read without the master's lock: a change made after this check sets _work
@@ -181,12 +204,14 @@ class GroupCommit:
                 time.sleep(min(2.0, 0.1 * 2**attempt))
 
 
-def _settle(
-    loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], error: BaseException | None
+def _settle_all(
+    waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]],
+    error: BaseException | None,
 ) -> None:
-    """Complete `future` on its own loop (asyncio futures are not thread-safe)."""
+    """Complete the waiters' futures, each on its own loop (asyncio futures are not
+    thread-safe), with the messages this commit sent there: one wake-up per loop."""
 
-    def settle() -> None:
+    def settle(future: asyncio.Future[None]) -> None:
         if future.done():
             return
         if error is None:
@@ -194,5 +219,5 @@ def _settle(
         else:
             future.set_exception(error)
 
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-        loop.call_soon_threadsafe(settle)
+    for _, loop, future in waiters:
+        loop_mail(loop).post(settle, future)

@@ -15,15 +15,18 @@ from assay.master._secrets import masked
 from assay.master.store import CheckpointRecord, ExperimentRecord, LogLine, TrialRecord
 from assay.proto import common_pb2
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
 
 def timestamp(value: dt.datetime | None) -> Timestamp | None:
+    """`value` (naive: UTC) as a Timestamp; what `Timestamp.FromDatetime` gives, without
+    its time-tuple round trip (every record in every answer has two or three)."""
     if value is None:
         return None
     if value.tzinfo is None:
         value = value.replace(tzinfo=dt.UTC)
-    out = Timestamp()
-    out.FromDatetime(value)
-    return out
+    since = value - _EPOCH
+    return Timestamp(seconds=since.days * 86_400 + since.seconds, nanos=since.microseconds * 1000)
 
 
 def experiment(

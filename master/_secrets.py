@@ -13,6 +13,7 @@ variables are written in.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -42,8 +43,11 @@ _YAML = re.compile(
 _TRIGGERS = ("pass", "secret", "credential", "token", "key")
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
-    """Whether a key named `name` holds a secret (case-insensitive, any word style)."""
+    """Whether a key named `name` holds a secret (case-insensitive, any word style).
+
+    Remembered per name: configs repeat the same few dozen keys in every answer."""
     lower = name.lower()
     if any(part in lower for part in _SECRET_PARTS):
         return True

@@ -85,6 +85,67 @@ def test_async_waiters_are_woken_by_the_commit(store: Store) -> None:
         store.close()
 
 
+def _timed_applies(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """When (monotonic) each batch's write started."""
+    starts: list[float] = []
+    apply = store.apply
+
+    def timed(batch: WriteBatch) -> None:
+        starts.append(time.monotonic())
+        apply(batch)
+
+    monkeypatch.setattr(store, "apply", timed)
+    return starts
+
+
+def test_a_lone_caller_is_never_held_back(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    starts = _timed_applies(store, monkeypatch)
+    lock = threading.RLock()
+    commit = GroupCommit(store, lock, gather_s=30.0)
+    try:
+        began = time.monotonic()
+        for _ in range(5):
+            with lock:
+                _record_experiment(commit.batch, store)
+                ticket = commit.ticket()
+            commit.wait(ticket, timeout=10)
+        assert len(starts) == 5
+        assert time.monotonic() - began < 10  # nowhere near one gathering window
+    finally:
+        commit.close()
+        store.close()
+
+
+def test_a_busy_committer_gathers_the_next_batch(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that more than one change asked for is followed by one that starts no
+    sooner than `gather_s` after it; everything recorded meanwhile joins it."""
+    starts = _timed_applies(store, monkeypatch)
+    lock = threading.RLock()
+    commit = GroupCommit(store, lock, gather_s=0.5)
+    try:
+        with lock:
+            _record_experiment(commit.batch, store)
+            commit.ticket()
+            _record_experiment(commit.batch, store)
+            first = commit.ticket()
+        commit.wait(first, timeout=10)
+        tickets = []
+        for _ in range(3):
+            with lock:
+                _record_experiment(commit.batch, store)
+                tickets.append(commit.ticket())
+        commit.wait(tickets[-1], timeout=10)
+        assert len(starts) == 2  # the three changes went in one batch
+        assert starts[1] - starts[0] >= 0.45
+        assert len(set(tickets)) == 1
+        assert store.list_experiments().total == 5
+    finally:
+        commit.close()
+        store.close()
+
+
 def test_a_store_that_keeps_failing_fails_every_waiter_and_calls_on_fatal(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -307,19 +307,6 @@ def collect(
     return result
 
 
-__all__ = [
-    "GCPolicy",
-    "GCResult",
-    "StorageCache",
-    "TrialCheckpoints",
-    "checkpoints_to_delete",
-    "collect",
-    "delete_checkpoint",
-    "delete_records",
-    "searcher_metric",
-]
-
-
 def collect_later(
     executor: futures.Executor,
     store: Store,
@@ -355,3 +342,17 @@ def collect_later(
         executor.submit(run)
 
     return submit
+
+
+__all__ = [
+    "GCPolicy",
+    "GCResult",
+    "StorageCache",
+    "TrialCheckpoints",
+    "checkpoints_to_delete",
+    "collect",
+    "collect_later",
+    "delete_checkpoint",
+    "delete_records",
+    "searcher_metric",
+]

@@ -1,0 +1,234 @@
+"""Every call into the master: `MasterAdapter` wraps a real `Master` on a SQLite store and
+takes its memory as a `Snapshot`; nothing else in the simulation touches `Master`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from assay.master._agents import AgentHandle, Device, KillRun, Load, Registration, StartRun
+from assay.master._config import MasterConfig
+from assay.master._core import Master
+from assay.master.lifecycle import effects as fx
+from assay.master.lifecycle.simulate._snapshot import (
+    ExperimentView,
+    InvariantError,
+    Move,
+    RunView,
+    Snapshot,
+    TrialView,
+)
+from assay.master.store import CheckpointRecord, MetricReport, Store
+
+
+class Outbox:
+    """An agent's stream: what the master sent and the agent has not read yet."""
+
+    def __init__(self) -> None:
+        self.messages: list[StartRun | KillRun | None] = []
+
+    def put(self, message: StartRun | KillRun | None) -> None:
+        self.messages.append(message)
+
+
+class WatchedMaster(Master):
+    """A `Master` that records every state its lifecycles set, in order (its recovery's
+    too): one call may move a trial several times, and each move must be an edge."""
+
+    def __init__(self, config: MasterConfig, store: Store) -> None:
+        self.moves: list[Move] = []
+        super().__init__(config, store)
+
+    def _apply(self, effect: fx.Effect) -> None:
+        if isinstance(effect, fx.SetTrial) and "state" in effect.fields:
+            trial = self.trials.get(effect.trial_id)
+            if trial is not None:
+                self.moves.append(
+                    ("trial", trial.id, str(trial.state), str(effect.fields["state"]))
+                )
+        elif isinstance(effect, fx.SetExperiment) and "state" in effect.fields:
+            experiment = self.experiments[effect.experiment_id]
+            state = str(effect.fields["state"])
+            self.moves.append(("experiment", experiment.id, str(experiment.state), state))
+        super()._apply(effect)
+
+
+class MasterAdapter:
+    """The one place that calls `Master` (and reads its memory for `snapshot`)."""
+
+    def __init__(self, directory: Path, *, reconnect_wait_s: float, preemption: bool) -> None:
+        self.url = f"sqlite:///{directory / 'assay.db'}"
+        self.config = MasterConfig(
+            state_dir=directory,
+            agent_reconnect_wait_s=reconnect_wait_s,
+            heartbeat_interval_s=1e6,  # silence never counts: agents die by a step
+            kill_grace_s=1.0,
+            preemption=preemption,
+        )
+        self.store = Store.open(self.url)
+        self.master = WatchedMaster(self.config, self.store)
+        self.pending = False  # changes recorded that no call has waited for yet
+
+    def restart(self) -> None:
+        """Stop this master and start another on the same database, as a new process."""
+        self.close()
+        self.store = Store.open(self.url)
+        self.master = WatchedMaster(self.config, self.store)  # it commits its recovery
+        self.pending = False
+
+    def close(self) -> None:
+        self.master.close()
+        # Checkpoint collection runs on the master's own thread: let it finish with the
+        # store it was given (the next master, or the next simulation, has its own).
+        self.master._gc.shutdown(wait=True)
+        self.store.close()
+
+    def flush(self) -> None:
+        """Wait until every change so far is committed and its messages are sent."""
+        if self.pending:
+            self.master.commit.flush()
+            self.pending = False
+
+    def _waited(self) -> None:
+        """The last call waited for the commit of everything recorded so far."""
+        self.pending = False
+
+    # agents (the calls an agent's stream makes are not waited for: `pending`)
+    def register(
+        self, agent_id: str, slot_type: str, slots: int, running: frozenset[str], outbox: Any
+    ) -> AgentHandle:
+        devices = tuple(Device(i, name=slot_type) for i in range(slots))
+        kind: Any = slot_type
+        registration = Registration(agent_id, kind, devices, "10.0.0.1", 0, running)
+        handle = self.master.register_agent(registration, "10.0.0.1", outbox)
+        self._waited()
+        return handle
+
+    def disconnected(self, agent_id: str, handle: AgentHandle) -> None:
+        self.pending = True
+        self.master.agent_disconnected(agent_id, handle)
+
+    def heartbeat(self, agent_id: str) -> None:
+        self.pending = True
+        self.master.heartbeat(agent_id, Load())
+
+    def set_enabled(self, agent_id: str, enabled: bool) -> None:
+        self.master.set_agent_enabled(agent_id, enabled)
+        self._waited()
+
+    def running(self, agent_id: str, allocation_id: str) -> None:
+        self.pending = True
+        self.master.allocation_running(agent_id, allocation_id)
+
+    def exited(self, agent_id: str, allocation_id: str, codes: list[int], message: str) -> None:
+        self.pending = True
+        self.master.allocation_exited(agent_id, allocation_id, codes, message)
+
+    def reap(self) -> None:
+        self.pending = True
+        self.master.reap()
+
+    # users
+    def create(self, config_yaml: str, archive: bytes, *, activate: bool) -> int:
+        experiment_id = self.master.create_experiment(config_yaml, archive, activate=activate).id
+        self._waited()
+        return experiment_id
+
+    def action(self, experiment_id: int, action: str) -> None:
+        self.master.experiment_action(experiment_id, action)
+        self._waited()
+
+    def final_states(self, experiment_id: int) -> tuple[str, dict[int, str]]:
+        """An ended experiment's state and its trials' as stored."""
+        state = self.store.get_experiment(experiment_id).state
+        return state, {t.id: t.state for t in self.store.list_trials(experiment_id)}
+
+    # a trial's rank 0 (each call carries the allocation's token, as over gRPC)
+    def next_operation(self, token: str, trial_id: int, run_id: int, total: int) -> int | None:
+        master = self.master
+        target = master.next_operation(master.run_for_token(token, trial_id, run_id), total)
+        self._waited()
+        return target
+
+    def should_preempt(self, token: str, trial_id: int, run_id: int) -> bool:
+        return self.master.run_for_token(token, trial_id, run_id).stopping is not None
+
+    def report_metrics(
+        self, token: str, trial_id: int, run_id: int, group: str, report: MetricReport
+    ) -> None:
+        master, self.pending = self.master, True
+        master.report_metrics(master.run_for_token(token, trial_id, run_id), group, [report])
+
+    def report_checkpoint(
+        self, token: str, trial_id: int, run_id: int, checkpoint: CheckpointRecord
+    ) -> None:
+        master, self.pending = self.master, True
+        master.report_checkpoint(master.run_for_token(token, trial_id, run_id), checkpoint)
+
+    def complete_operation(
+        self, token: str, trial_id: int, run_id: int, total: int, metric: float, *, stop: bool
+    ) -> None:
+        master = self.master
+        run = master.run_for_token(token, trial_id, run_id)
+        master.complete_operation(run, total, metric, stop_requested=stop)
+        self._waited()
+
+    def report_progress(self, token: str, trial_id: int, run_id: int, progress: float) -> None:
+        master, self.pending = self.master, True
+        master.report_progress(master.run_for_token(token, trial_id, run_id), progress)
+
+    def best_validation(self, token: str, trial_id: int, run_id: int) -> float | None:
+        master = self.master
+        return master.best_validation(master.run_for_token(token, trial_id, run_id))
+
+    def moves(self) -> list[Move]:
+        """The states written since the last call, in order."""
+        moves, self.master.moves = self.master.moves, []
+        return moves
+
+    def snapshot(self, *, search: bool = False) -> Snapshot:
+        """The master's memory as plain data; with the searchers' state if `search`."""
+        m = self.master
+        with m.lock:
+            experiments = {
+                e.id: ExperimentView(
+                    str(e.state),
+                    e.progress,
+                    e.shutdown,
+                    json.dumps(e.searcher.snapshot(), sort_keys=True) if search else "",
+                    tuple(sorted(e.trials)),
+                    e.config.max_restarts,
+                )
+                for e in m.experiments.values()
+            }
+            trials = {
+                t.id: TrialView(
+                    t.experiment_id,
+                    str(t.state),
+                    t.run_id,
+                    t.restarts,
+                    t.total_batches,
+                    t.best_validation,
+                    t.target,
+                    t.closed,
+                    t.checkpoint.uuid if t.checkpoint else None,
+                )
+                for t in m.trials.values()
+            }
+            runs = {
+                r.trial_id: RunView(
+                    r.allocation_id,
+                    r.run_id,
+                    r.placement,
+                    frozenset(r.exit_codes),
+                    frozenset(r.awaiting),
+                    r.stopping,
+                )
+                for r in m.runs.values()
+            }
+            if len(runs) != len(m.runs):
+                raise InvariantError("two runs of one trial")
+            allocations = {int(k): p for k, p in m.scheduler.allocations.items()}
+            agents = {a.id: a.slots for a in m.scheduler.agents}
+            return Snapshot(experiments, trials, runs, frozenset(m.queued), allocations, agents)

@@ -25,6 +25,7 @@ from assay.master.lifecycle._model import (
     ExperimentStatus,
     Run,
     StopKind,
+    TrialState,
     TrialStatus,
 )
 from assay.master.lifecycle.run import end_trial, requeue
@@ -66,8 +67,12 @@ def act(
     if action == "activate":
         effects: list[Effect] = [SetExperiment(experiment.id, {"state": E.ACTIVE})]
         for trial in experiment.trials.values():
-            # Trials waiting for a promotion stay paused until the searcher asks for more.
-            if trial.state == T.PAUSED and trial.target is not None:
+            if trial.state != T.PAUSED:
+                continue
+            if trial.closed:
+                effects += close_paused(experiment, trial, now)
+            elif trial.target is not None:
+                # Trials waiting for a promotion stay paused until the searcher asks for more.
                 effects += requeue(trial)
         return [*effects, Settle(experiment.id)]  # its last trial may have ended meanwhile
     how: StopKind = "cancel" if action == "cancel" else "kill"
@@ -76,6 +81,15 @@ def act(
         SetExperiment(experiment.id, {"state": state}),
         *_stop(experiment, how, T.CANCELED, runs, now),
         Settle(experiment.id),
+    ]
+
+
+def close_paused(experiment: ExperimentState, trial: TrialState, now: dt.datetime) -> list[Effect]:
+    """A paused trial the searcher has closed has nothing left to run: it completes (its
+    run ended, or it waited in the queue, while its experiment was paused)."""
+    return [
+        *end_trial(trial, T.COMPLETED, now),
+        Tell(experiment.id, trial.request_id, "on_trial_closed"),
     ]
 
 

@@ -27,6 +27,7 @@ from assay.master.lifecycle._model import (
     TrialState,
     TrialStatus,
 )
+from assay.master.lifecycle.experiment import close_paused
 from assay.master.lifecycle.run import end_trial, requeue
 
 E, T = ExperimentStatus, TrialStatus
@@ -199,6 +200,8 @@ def after_restart(
         if stopping:
             # A cancel or kill was under way: finish it rather than resume.
             effects += end_trial(trial, T.CANCELED, now)
+        elif trial.state == T.PAUSED and trial.closed and experiment.state == E.ACTIVE:
+            effects += close_paused(experiment, trial, now)
         elif trial.state == T.PAUSED and (trial.target is None or experiment.state != E.ACTIVE):
             continue
         elif experiment.state == E.ACTIVE:

@@ -189,14 +189,6 @@ def test_a_restarted_master_finishes_the_preemption_under_way(tmp_path: Path) ->
 # The simulation enforces the invariant these break (no trial its searcher closed is
 # PAUSED), so until the fix lands it fails on the seeds that reach one of these paths.
 
-CLOSED_PAUSED_AGAIN = (
-    "a trial the searcher closed can still become PAUSED: its run ends otherwise than at "
-    "a checkpoint (it fails, its agent is lost) while a pause lands, or it waits in the "
-    "queue (its run failed after the searcher closed it) when the experiment is paused; "
-    "activation only requeues paused trials with a target, so it stays PAUSED for good "
-    "and its experiment never ends"
-)
-
 
 def _closed_by_the_searcher(master: MasterAdapter, outbox: Outbox) -> tuple[int, StartRun]:
     """An experiment whose one trial validated at its last length: the searcher closed it
@@ -227,7 +219,6 @@ def _ends(master: MasterAdapter, outbox: Outbox, experiment_id: int) -> bool:
     return False
 
 
-@pytest.mark.xfail(strict=True, reason=CLOSED_PAUSED_AGAIN)
 def test_a_closed_trial_whose_run_fails_while_its_pause_lands_ends(
     master: MasterAdapter, outbox: Outbox
 ) -> None:
@@ -243,7 +234,6 @@ def test_a_closed_trial_whose_run_fails_while_its_pause_lands_ends(
     assert _ends(master, outbox, experiment_id), master.snapshot().trials
 
 
-@pytest.mark.xfail(strict=True, reason=CLOSED_PAUSED_AGAIN)
 def test_a_closed_trial_queued_when_its_experiment_is_paused_ends(
     master: MasterAdapter, outbox: Outbox
 ) -> None:

@@ -100,13 +100,15 @@ def check_runs(s: Snapshot) -> None:
 
 
 def check_trials(s: Snapshot) -> None:
-    """A STOPPING trial's run is being stopped, and a trial its searcher closed is not
-    PAUSED (nothing would end it)."""
+    """A STOPPING trial's run is being stopped, and a trial its searcher closed is PAUSED
+    only while its experiment is (activation ends it; nothing else would)."""
     for trial_id, trial in s.trials.items():
         run = s.runs.get(trial_id)
         if trial.state == "STOPPING" and run is not None and run.stopping is None:
             raise InvariantError(f"trial {trial_id} is STOPPING but its run is not stopped")
-        if trial.closed and trial.state == "PAUSED":
+        experiment = s.experiments.get(trial.experiment_id)
+        paused = experiment is not None and experiment.state == "PAUSED"
+        if trial.closed and trial.state == "PAUSED" and not paused:
             raise InvariantError(
                 f"trial {trial_id} is PAUSED after its searcher closed it: nothing will end it"
             )

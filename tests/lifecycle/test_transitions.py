@@ -117,6 +117,14 @@ def test_activate_requeues_only_trials_with_a_target() -> None:
     assert fx.Enqueue(1) in effects
 
 
+def test_activate_completes_a_paused_trial_its_searcher_closed() -> None:
+    experiment = _experiment(E.PAUSED)
+    _trial(experiment, 1, T.PAUSED, closed=True)
+    effects = experiment_life.act(experiment, "activate", {}, NOW)
+    assert _states(effects) == {1: T.COMPLETED}
+    assert fx.Tell(1, "r1", "on_trial_closed") in effects
+
+
 def test_searcher_operations() -> None:
     experiment = _experiment()
     new = experiment_life.apply_operation(experiment, Create("r9", {"lr": 1}, 5), set(), NOW)

@@ -10,9 +10,11 @@ the change it reports is durable (DESIGN.md: "The database is the truth").
 
 A batch costs about as much to write for one change as for a dozen (a transaction and a
 statement per kind of row), so under load the committer gathers: when the last batch
-was asked for by more than one change (concurrent callers, agents' reports) it starts
-the next one no sooner than `gather_s` after the last one started. A lone caller is
-never held back, and an idle master commits at once.
+was asked for by more than one change (concurrent callers, agents' reports), the next
+one waits until as many callers wait for it as waited for the last one (the callers
+answered by a commit come back at about the same time), for at most `gather_s` after
+the last one started. A lone caller is never held back, and an idle master commits at
+once.
 
 If a batch cannot be written after a few tries, memory is ahead of the store with no
 way back: the committer stops, every waiter gets `StoreUnavailableError`, and
@@ -36,8 +38,8 @@ from assay.master.store import Store, WriteBatch
 
 log = logging.getLogger("assay.master")
 RETRIES = 5
-# How long a busy committer lets the next batch fill, from the start of the last one: a
-# waiter's answer comes up to this much later, and each batch carries that much more.
+# How long a busy committer may let the next batch fill, from the start of the last one:
+# a waiter's answer comes up to this much later, and each batch carries that much more.
 GATHER_S = 0.02
 
 
@@ -65,6 +67,10 @@ class GroupCommit:
         self._asked = 0  # tickets taken on the open batch: how many changes want it
         self._busy = False  # the last batch was asked for by more than one change
         self._last_start = 0.0  # when (monotonic) the committer took the last batch
+        self._waiting: dict[int, int] = {}  # batch number -> callers waiting for it
+        self._expected = 1  # callers a gathering batch waits for: as many as the last had
+        self._gathered = threading.Event()  # the committer: they are all there
+        self._hurry = False  # a flush wants the open batch committed without gathering
         self._failed: BaseException | None = None
         self._async_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._stopping = False
@@ -97,6 +103,8 @@ class GroupCommit:
         """Block until batch `ticket` is committed; raise if the store has failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            if self._done < ticket:
+                self._arrived(ticket)
             while self._done < ticket:
                 if self._failed is not None:
                     raise StoreUnavailableError(
@@ -117,14 +125,23 @@ class GroupCommit:
             if self._failed is None:
                 future: asyncio.Future[None] = loop.create_future()
                 self._async_waiters.append((ticket, loop, future))
+                self._arrived(ticket)
         if self._failed is not None:
             self.wait(ticket, 0)  # raises StoreUnavailableError
         await future
 
+    def _arrived(self, ticket: int) -> None:
+        """A caller waits for batch `ticket` (under `_cond`)."""
+        count = self._waiting[ticket] = self._waiting.get(ticket, 0) + 1
+        if count >= self._expected:
+            self._gathered.set()
+
     def flush(self, timeout: float | None = None) -> None:
-        """Commit what has been recorded so far."""
+        """Commit what has been recorded so far (now: a gathering batch goes at once)."""
         with self.lock:
             ticket = self.ticket()
+            self._hurry = True
+        self._gathered.set()
         self.wait(ticket, timeout)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -134,6 +151,7 @@ class GroupCommit:
                 self.flush(timeout)
         self._stopping = True
         self._work.set()
+        self._gathered.set()
         self._thread.join(timeout)
 
     @property
@@ -150,15 +168,13 @@ class GroupCommit:
                 self._work.wait()
                 self._work.clear()
                 continue  # look again: a change may have come between the wait and the clear
-            if self._busy and not self._stopping:
-                left = self._last_start + self.gather_s - time.monotonic()
-                if left > 0:
-                    time.sleep(left)  # the next changes join this batch meanwhile
+            if self._busy:
+                self._gather()
             with self.lock:
                 batch, actions, number = self.batch, self._actions, self._open
                 self.batch, self._actions = WriteBatch(), []
                 self._open += 1
-                self._busy, self._asked = self._asked > 1, 0
+                self._busy, self._asked, self._hurry = self._asked > 1, 0, False
             self._last_start = time.monotonic()
             try:
                 self._write(batch)
@@ -181,10 +197,25 @@ class GroupCommit:
                 with self._cond:
                     self._done = number
                     self._cond.notify_all()
+                    self._expected = max(1, self._waiting.pop(number, 0))
                     ready = [w for w in self._async_waiters if w[0] <= number]
                     if ready:
                         self._async_waiters = [w for w in self._async_waiters if w[0] > number]
                 _settle_all(ready, None)
+
+    def _gather(self) -> None:
+        """Let the open batch fill: until as many callers wait for it as waited for the
+        last one, or `gather_s` after the last one started."""
+        deadline = self._last_start + self.gather_s
+        while not (self._stopping or self._hurry):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._gathered.clear()  # before looking: a caller arriving now sets it again
+            with self._cond:
+                if self._waiting.get(self._open, 0) >= self._expected:
+                    return
+            self._gathered.wait(left)
 
     def _has_work(self) -> bool:
         # Read without the master's lock: a change made after this check sets _work

@@ -116,31 +116,63 @@ def test_a_lone_caller_is_never_held_back(store: Store, monkeypatch: pytest.Monk
         store.close()
 
 
+def _changes_waited_for(commit: GroupCommit, store: Store, callers: int) -> list[int]:
+    """`callers` threads each record a change and wait for its commit, all in one batch;
+    their tickets."""
+    tickets: list[int] = []
+    threads = []
+    with commit.lock:  # the committer cannot take the batch before they all wait
+        for _ in range(callers):
+            _record_experiment(commit.batch, store)
+            ticket = commit.ticket()
+            tickets.append(ticket)
+            threads.append(threading.Thread(target=commit.wait, args=(ticket, 10)))
+        for thread in threads:
+            thread.start()
+        time.sleep(0.2)
+    for thread in threads:
+        thread.join(10)
+    return tickets
+
+
 def test_a_busy_committer_gathers_the_next_batch(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A batch that more than one change asked for is followed by one that starts no
-    sooner than `gather_s` after it; everything recorded meanwhile joins it."""
+    """After a batch two callers waited for, the next one waits for two callers too, for
+    at most `gather_s` from the start of the last: what is recorded meanwhile joins it."""
     starts = _timed_applies(store, monkeypatch)
     lock = threading.RLock()
     commit = GroupCommit(store, lock, gather_s=0.5)
     try:
-        with lock:
-            _record_experiment(commit.batch, store)
-            commit.ticket()
-            _record_experiment(commit.batch, store)
-            first = commit.ticket()
-        commit.wait(first, timeout=10)
+        first = _changes_waited_for(commit, store, 2)
+        assert len(set(first)) == 1
         tickets = []
         for _ in range(3):
             with lock:
                 _record_experiment(commit.batch, store)
                 tickets.append(commit.ticket())
-        commit.wait(tickets[-1], timeout=10)
+        commit.wait(tickets[-1], timeout=10)  # one caller of the two expected
         assert len(starts) == 2  # the three changes went in one batch
         assert starts[1] - starts[0] >= 0.45
         assert len(set(tickets)) == 1
         assert store.list_experiments().total == 5
+    finally:
+        commit.close()
+        store.close()
+
+
+def test_a_gathering_batch_goes_once_its_callers_are_back(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    starts = _timed_applies(store, monkeypatch)
+    lock = threading.RLock()
+    commit = GroupCommit(store, lock, gather_s=30.0)
+    try:
+        _changes_waited_for(commit, store, 3)
+        began = time.monotonic()
+        _changes_waited_for(commit, store, 3)
+        assert time.monotonic() - began < 10  # not the 30 s window
+        assert len(starts) == 2
     finally:
         commit.close()
         store.close()

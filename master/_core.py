@@ -516,9 +516,9 @@ class Master:
         time keeps them running; after that they are requeued (see `reap`).
         """
         with self.lock:
-            if not self.fleet.disconnected(agent_id, handle):
-                return
             wait = self.config.agent_reconnect_wait_s
+            if not self.fleet.disconnected(agent_id, handle, keep=wait > 0):
+                return
             if wait <= 0:
                 self._drop_agent(agent_id, "disconnected")
             else:

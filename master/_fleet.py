@@ -106,9 +106,10 @@ class Fleet:
             if load.devices:
                 handle.devices = load.devices
 
-    def disconnected(self, agent_id: str, handle: AgentHandle | None) -> bool:
+    def disconnected(self, agent_id: str, handle: AgentHandle | None, *, keep: bool) -> bool:
         """The stream of `handle` ended (a newer connection of the agent is kept); True
-        if that was the agent's current connection. Its slots wait for it, disabled."""
+        if that was the agent's current connection. With `keep`, its slots wait for it,
+        disabled; without, the caller drops it."""
         current = self.agents.get(agent_id)
         if current is None or (handle is not None and current is not handle):
             return False
@@ -118,8 +119,9 @@ class Fleet:
         current.disconnected_at = time.monotonic()
         current.outbox.put(None)
         self._count(current.slot_type, -1)
-        self.scheduler.set_agent_enabled(agent_id, False)  # no new work meanwhile
-        self._batch().agent_state(agent_id, "DISCONNECTED")
+        if keep:
+            self.scheduler.set_agent_enabled(agent_id, False)  # no new work meanwhile
+            self._batch().agent_state(agent_id, "DISCONNECTED")
         return True
 
     def drop(self, agent_id: str) -> list[str]:

@@ -110,6 +110,51 @@ def test_wheel_contains_every_module(tmp_path: Path) -> None:
     assert ui_files <= names, sorted(ui_files - names)
 
 
+def _files(root: Path) -> dict[str, bytes]:
+    return {f.relative_to(root).as_posix(): f.read_bytes() for f in root.rglob("*") if f.is_file()}
+
+
+@pytest.mark.slow
+def test_committed_web_ui_is_the_build_of_its_sources(tmp_path: Path) -> None:
+    """master/webui_dist is committed so that a clone serves the UI without Node.js.
+
+    It must be what `cd webui && npm run build` makes of webui/src now: built again here
+    and compared byte for byte, and (in a git checkout) equal to what is committed, since
+    the test command itself rebuilds it in place before pytest runs.
+    """
+    webui, built = ROOT / "webui", ROOT / "master" / "webui_dist"
+    vite = webui / "node_modules" / ".bin" / "vite"
+    assert vite.is_file(), "install the web UI's tools first: cd webui && npm ci"
+    fresh = tmp_path / "dist"
+
+    done = subprocess.run(
+        [str(vite), "build", "--outDir", str(fresh), "--emptyOutDir", "--logLevel", "warn"],
+        cwd=webui,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+    assert done.returncode == 0, f"vite build failed:\n{done.stdout}\n{done.stderr}"
+    want, have = _files(fresh), _files(built)
+    differing = sorted(
+        name for name in want.keys() | have.keys() if want.get(name) != have.get(name)
+    )
+    rebuild = "rebuild and commit it: cd webui && npm run build; git add -A master/webui_dist"
+    assert not differing, f"master/webui_dist is stale ({differing}); {rebuild}"
+    if (ROOT / ".git").exists():
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", "master/webui_dist"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert status.stdout == "", f"the committed web UI differs from its build; {rebuild}"
+
+
 HEAVY = ("torch", "grpc", "assay.proto")
 
 

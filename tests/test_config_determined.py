@@ -483,10 +483,8 @@ def test_bad_environment_variables(value: Any, fragments: tuple[str, ...]) -> No
     one_problem(base(environment={"environment_variables": value}), *fragments)
 
 
-def test_agent_sets_the_variables_in_every_rank(tmp_path: Path) -> None:
-    config = base(
-        environment={"environment_variables": {"cpu": ["SEEN=cpu"], "cuda": ["SEEN=cuda"]}}
-    )
+def _allocation(tmp_path: Path, config: dict[str, Any]) -> Allocation:
+    """A two-slot allocation on a CPU agent, as the agent builds it from StartAllocation."""
     start = agent_pb2.StartAllocation(
         allocation_id="a1",
         config_json=json.dumps(config),
@@ -495,7 +493,7 @@ def test_agent_sets_the_variables_in_every_rank(tmp_path: Path) -> None:
         world_size=2,
         master_port=29500,
     )
-    allocation = Allocation(
+    return Allocation(
         start,
         lambda message: None,
         lambda allocation_id: None,
@@ -507,12 +505,37 @@ def test_agent_sets_the_variables_in_every_rank(tmp_path: Path) -> None:
         grace=30.0,
     )
 
+
+def test_agent_sets_the_variables_in_every_rank(tmp_path: Path) -> None:
+    config = base(
+        environment={"environment_variables": {"cpu": ["SEEN=cpu"], "cuda": ["SEEN=cuda"]}}
+    )
+    allocation = _allocation(tmp_path, config)
+
     envs = [allocation._env(k, k, k, 29500, tmp_path / "trial.json") for k in (0, 1)]
 
     assert [(e["SEEN"], e["RANK"], e["WORLD_SIZE"]) for e in envs] == [
         ("cpu", "0", "2"),
         ("cpu", "1", "2"),
     ]
+
+
+def test_agent_passes_nccl_and_gloo_variables_and_torchruns_to_every_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth2")
+    monkeypatch.setenv("ASSAY_JOIN_TOKEN", "the-agents-own")
+    allocation = _allocation(tmp_path, base())
+
+    envs = [allocation._env(k, k, k, 29501, tmp_path / "trial.json") for k in (0, 1)]
+
+    for rank, env in enumerate(envs):
+        assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("eth1", "eth2")
+        assert "ASSAY_JOIN_TOKEN" not in env
+        torchrun = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT")
+        assert [env[k] for k in torchrun] == [str(rank), "2", str(rank), "2", "29501"]
+        assert env["MASTER_ADDR"] == "127.0.0.1"
 
 
 # --- keys Assay does not have -------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +21,16 @@ from assay._checkpoint import CheckpointError
 from assay._local import run_local
 from assay._script import launcher_trial, missing_script, resolve_command
 from assay.errors import AssayError, TrainingError
+from assay.proto import trial_pb2
+from tests.conftest import S3Server
+from tests.test_cluster_session import (
+    EXPERIMENT_ID,
+    TOKEN,
+    TRIAL_ID,
+    FakeTrialService,
+    serve,
+    sha256,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
@@ -244,6 +255,170 @@ def test_without_max_length_no_validation_stops_a_script(
         assert assay.get_cluster_info().trial.max_length == 0  # type: ignore[union-attr]
         core.train.report_validation_metrics(10_000, {"x": 1.0})
         assert not core.preempt.should_preempt()
+
+
+# --- on a cluster: the chief's calls to the master --------------------------------------
+
+
+class _Master(FakeTrialService):
+    """Answers NextOperation as the master does: the first target not yet completed,
+    whatever count the trial gives."""
+
+    def NextOperation(  # noqa: N802
+        self, request: trial_pb2.NextOperationRequest, context: Any
+    ) -> trial_pb2.Operation:
+        self._enter("NextOperation", request, context)
+        done = {r.total_batches for r in self.of("CompleteOperation")}
+        for target in self.targets:
+            if target not in done:
+                return trial_pb2.Operation(total_batches=target)
+        return trial_pb2.Operation(stop=True)
+
+
+def _cluster_spec(
+    tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    api: str,
+    *,
+    run_id: int = 1,
+    storage: dict[str, Any] | None = None,
+    restore_from: str | None = None,
+) -> None:
+    """As the agent starts a script's slot: ASSAY_TRIAL_SPEC names the trial's spec."""
+    config: dict[str, Any] = {
+        "entrypoint": "python3 train.py",
+        "hyperparameters": {"lr": 0.1},
+        "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 16}},
+    }
+    if storage is not None:
+        config["checkpoint_storage"] = storage
+    spec = {
+        "config": config,
+        "hparams": {"lr": 0.1},
+        "trial_seed": 11,
+        "trial_id": TRIAL_ID,
+        "run_id": run_id,
+        "experiment_id": EXPERIMENT_ID,
+        "allocation_id": f"alloc-{run_id}",
+        "checkpoint_root": str(tmp / "root"),
+        "restore_from": restore_from,
+        "trial_api": api,
+        "token": TOKEN,
+    }
+    path = tmp / f"spec-{run_id}.json"
+    path.write_text(json.dumps(spec))
+    monkeypatch.setenv("ASSAY_TRIAL_SPEC", str(path))
+    monkeypatch.setenv("ASSAY_MASTER_RETRY_S", "5")
+    assay.core.get_cluster_info.cache_clear()
+
+
+def test_on_a_cluster_the_chief_follows_targets_and_reports_to_the_master(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = _Master(targets=[8, 16])
+    with serve(service) as api:
+        _cluster_spec(local_dir, monkeypatch, api)
+        info = assay.get_cluster_info()
+        assert info is not None
+        assert (info.trial.trial_id, info.trial.experiment_id) == (TRIAL_ID, EXPERIMENT_ID)
+        assert (info.trial.hparams, info.trial.max_length, info.latest_checkpoint) == (
+            {"lr": 0.1},
+            16,
+            None,
+        )
+        with assay.core.init() as core:
+            assert core.searcher.get_target() == 8
+            core.train.report_training_metrics(4, {"loss": 2.0})
+            core.train.report_validation_metrics(8, {"loss": 1.0})
+            assert core.searcher.get_target() == 16
+            assert not core.preempt.should_preempt()
+            core.train.report_progress(0.5)
+            assert core.train.get_experiment_best_validation() is None
+            with core.checkpoint.store_path({"steps_completed": 8}) as (path, uuid):
+                (path / "w.bin").write_bytes(b"\x01" * 10)
+            core.checkpoint.delete(uuid)
+            core.train.report_validation_metrics(16, {"loss": 0.5})  # the last target
+            assert core.preempt.should_preempt()
+
+    assert {(c.token, c.request.trial_id, c.request.run_id) for c in service.calls} == {
+        (TOKEN, TRIAL_ID, 1)
+    }
+    completed = [(r.total_batches, r.searcher_metric) for r in service.of("CompleteOperation")]
+    assert completed == [(8, 1.0), (16, 0.5)]
+    assert [r.progress for r in service.of("ReportProgress")] == [0.5]
+    [report] = service.of("ReportCheckpoint")
+    location = Path(report.checkpoint.location)
+    assert location == local_dir / "root" / uuid
+    assert report.checkpoint.total_batches == 8
+    assert [(f.name, f.sha256) for f in report.checkpoint.files] == [
+        ("w.bin", sha256(location / "w.bin"))
+    ]
+    assert [list(r.uuids) for r in service.of("DeleteTrialCheckpoints")] == [[uuid]]
+
+
+def test_on_a_cluster_sigterm_and_the_masters_answer_turn_should_preempt_true(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = _Master(targets=[100])
+    monkeypatch.setenv("ASSAY_PREEMPT_POLL_S", "0.1")
+    with serve(service) as api:
+        _cluster_spec(local_dir, monkeypatch, api)
+        before = signal.getsignal(signal.SIGTERM)
+        with assay.core.init() as core:
+            assert not core.preempt.should_preempt()
+            os.kill(os.getpid(), signal.SIGTERM)  # what the agent sends first
+            assert core.preempt.should_preempt()
+        assert signal.getsignal(signal.SIGTERM) is before  # handed back on close
+
+        _cluster_spec(local_dir, monkeypatch, api, run_id=2)
+        with assay.core.init() as core:
+            time.sleep(0.3)
+            assert not core.preempt.should_preempt()
+            service.preempt = True  # a pause, a cancel, a preemption for a higher priority
+            deadline = time.monotonic() + 10
+            while not core.preempt.should_preempt():
+                assert time.monotonic() < deadline, "should_preempt() stayed False"
+                time.sleep(0.05)
+    assert service.of("ShouldPreempt")
+
+
+def test_on_a_cluster_with_s3_a_checkpoint_is_uploaded_and_resumed_from(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch, s3_server: S3Server
+) -> None:
+    bucket = s3_server.new_bucket()
+    storage = s3_server.storage_config(bucket)
+    service = _Master(targets=[16])
+    with serve(service) as api:
+        _cluster_spec(local_dir, monkeypatch, api, storage=storage)
+        core = assay.core.init()
+        with core, core.checkpoint.store_path({"steps_completed": 8, "note": "s3"}) as stored:
+            path, uuid = stored
+            (path / "state.json").write_text(json.dumps({"step": 8}))
+        [report] = service.of("ReportCheckpoint")
+        assert report.checkpoint.location == f"s3://{bucket}/runs/{uuid}"
+        assert s3_server.keys(bucket) == [f"runs/{uuid}/metadata.json", f"runs/{uuid}/state.json"]
+        assert not (local_dir / "root").exists()  # nothing left on the local disk
+
+        # The next run (after a pause, a restart, a promotion) resumes from it.
+        _cluster_spec(
+            local_dir,
+            monkeypatch,
+            api,
+            run_id=2,
+            storage=storage,
+            restore_from=report.checkpoint.location,
+        )
+        info = assay.get_cluster_info()
+        assert info is not None
+        assert info.latest_checkpoint == uuid
+        with assay.core.init() as core:
+            with core.checkpoint.restore_path(info.latest_checkpoint) as path:
+                assert json.loads((path / "state.json").read_text()) == {"step": 8}
+            assert core.checkpoint.get_metadata(uuid) == {"steps_completed": 8, "note": "s3"}
+            unknown = "123e4567-e89b-42d3-a456-426614174000"
+            with pytest.raises(CheckpointError, match=f"checkpoint {unknown} cannot be"):  # noqa: SIM117
+                with core.checkpoint.restore_path(unknown):
+                    pass
 
 
 # --- commands and launchers -------------------------------------------------------------

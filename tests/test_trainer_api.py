@@ -14,7 +14,7 @@ import torch
 
 from assay import pytorch
 from assay._local import free_port
-from assay.errors import AssayError, TrialLoadError
+from assay.errors import AssayError, TrainingError, TrialLoadError
 
 TRAINER_DIR = Path(__file__).parent / "fixtures" / "trainer"
 sys.path.insert(0, str(TRAINER_DIR))
@@ -114,6 +114,67 @@ def test_minimal_config_step_zero_validation_and_policy_all(tmp_path: Path) -> N
     assert result is not None
     assert [v["total_batches"] for v in result.validation_history] == [0, 2, 4, 6]
     assert len(list((tmp_path / "checkpoints").iterdir())) == 4
+
+
+def test_lr_scheduler_frequency_and_backward_passes_per_step(tmp_path: Path) -> None:
+    from torch.optim.lr_scheduler import StepLR
+
+    StepMode = pytorch.LRScheduler.StepMode  # noqa: N806
+
+    class Stepped(pytorch.PyTorchTrial):
+        """Two optimizers, each with a scheduler that steps every few of its events."""
+
+        def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+            self.context = context
+            self.model = context.wrap_model(torch.nn.Linear(1, 1))
+            params = list(self.model.parameters())
+            self.a = context.wrap_optimizer(torch.optim.SGD(params, lr=1.0))
+            self.b = context.wrap_optimizer(
+                torch.optim.SGD(params, lr=1.0), backward_passes_per_step=2
+            )
+            # Every 4th batch; and Determined's LRScheduler bringing its own frequency.
+            context.wrap_lr_scheduler(
+                StepLR(self.a, step_size=1, gamma=0.5), StepMode.STEP_EVERY_BATCH, frequency=4
+            )
+            context.wrap_lr_scheduler(
+                pytorch.LRScheduler(
+                    StepLR(self.b, step_size=1, gamma=0.5), StepMode.STEP_EVERY_EPOCH, frequency=2
+                )
+            )
+
+        def build_training_data_loader(self) -> pytorch.DataLoader[Any]:
+            data = torch.utils.data.TensorDataset(torch.ones(6, 1))
+            return pytorch.DataLoader(data, batch_size=2)  # 3 batches an epoch
+
+        def build_validation_data_loader(self) -> pytorch.DataLoader[Any]:
+            return self.build_training_data_loader()
+
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+            loss: torch.Tensor = self.model(batch[0]).pow(2).mean() * 1e-3
+            self.context.backward(loss)
+            self.context.step_optimizer(self.a)
+            self.context.step_optimizer(self.b)
+            return loss
+
+        def evaluate_batch(self, batch: Any) -> dict[str, Any]:
+            return {"validation_loss": self.model(batch[0]).pow(2).mean()}
+
+    with pytorch.init() as context:
+        result = pytorch.Trainer(Stepped(context), context).fit(max_length=pytorch.Epoch(4))
+    assert result is not None
+    assert result.total_batches == 12
+    states = torch.load(Path(str(result.checkpoint)) / "lr_schedulers.pt", weights_only=True)
+    # 12 batches: every 4th steps (3 steps); 4 epochs: every 2nd steps (2 steps).
+    assert [s["last_epoch"] for s in states] == [3, 2]
+    assert [s["_last_lr"] for s in states] == [[0.125], [0.25]]
+
+    with pytorch.init() as context:
+        model = context.wrap_model(torch.nn.Linear(1, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        with pytest.raises(TrainingError, match="backward_passes_per_step must be a positive"):
+            context.wrap_optimizer(opt, backward_passes_per_step=0)
+        with pytest.raises(TrainingError, match="frequency must be a positive integer"):
+            context.wrap_lr_scheduler(StepLR(opt, step_size=1), frequency=0)
 
 
 @pytest.mark.slow

@@ -356,6 +356,36 @@ def test_on_a_cluster_the_chief_follows_targets_and_reports_to_the_master(
     assert [list(r.uuids) for r in service.of("DeleteTrialCheckpoints")] == [[uuid]]
 
 
+def test_on_a_cluster_searcher_operations_follow_the_masters_targets(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scripts written before Determined 0.38: train to op.length, report_completed."""
+    service = _Master(targets=[8, 16])
+    with serve(service) as api:
+        _cluster_spec(local_dir, monkeypatch, api)
+        with assay.core.init() as core:
+            lengths = []
+            for op in core.searcher.operations():
+                lengths.append(op.length)
+                op.report_progress(op.length / 2)
+                core.train.report_validation_metrics(op.length, {"loss": 1.0 / op.length})
+                op.report_completed(1.0 / op.length)
+            assert core.preempt.should_preempt()  # the searcher has nothing more for it
+    assert lengths == [8, 16]
+    completed = [(r.total_batches, r.searcher_metric) for r in service.of("CompleteOperation")]
+    assert completed == [(8, 1 / 8), (16, 1 / 16)]  # once each: not again for the report
+    assert [r.progress for r in service.of("ReportProgress")] == [0.5, 0.5]
+
+    forgetful = _Master(targets=[8])
+    with serve(forgetful) as api:
+        _cluster_spec(local_dir, monkeypatch, api, run_id=2)
+        core = assay.core.init()
+        with core, pytest.raises(RuntimeError, match="to 8 ended without op.report_completed"):
+            for _ in core.searcher.operations():
+                pass
+    assert not forgetful.of("CompleteOperation")
+
+
 def test_on_a_cluster_sigterm_and_the_masters_answer_turn_should_preempt_true(
     local_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

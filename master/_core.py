@@ -111,8 +111,10 @@ class Master:
         self.models = ModelCache(store)
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
         # Allocation tokens derive from a secret in the store, so a restarted master
-        # recognises the trial processes that kept running.
-        self._token_key = store.secret("allocation-tokens")
+        # recognises the trial processes that kept running. The HMAC's keyed state is
+        # built once and copied per token (building it costs more than the digest).
+        self._token_mac = hmac.new(store.secret("allocation-tokens"), digestmod=hashlib.sha256)
+        self._checkpoint_root = str(config.checkpoint_root)
         # Checkpoint deletions, one at a time, off the master's lock (storage I/O).
         self._gc = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gc")
         self._storages: dict[str, Any] = {}
@@ -135,7 +137,9 @@ class Master:
         self._gc.shutdown(wait=False, cancel_futures=True)
 
     def _token(self, allocation_id: str) -> str:
-        digest = hmac.new(self._token_key, allocation_id.encode(), hashlib.sha256).digest()
+        mac = self._token_mac.copy()
+        mac.update(allocation_id.encode())
+        digest = mac.digest()
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
     def _commit_and_wait(self) -> None:
@@ -232,8 +236,10 @@ class Master:
                     run.stopping = effect.stopping
                 self.fleet.kill(run, graceful=effect.graceful)
         elif isinstance(effect, fx.Log):
+            # The trial's log has the line; the master's own log repeats what went wrong.
             level = logging.getLevelName(effect.level)
-            log.log(level, "trial %d: %s", effect.trial_id, effect.message)
+            shown = level if level >= logging.WARNING else logging.DEBUG
+            log.log(shown, "trial %d: %s", effect.trial_id, effect.message)
             self.batch.log(
                 effect.trial_id, effect.run_id, effect.message, level=effect.level, now=_now()
             )
@@ -437,8 +443,10 @@ class Master:
 
     def _start(self, trial: TrialState, placement: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
         experiment = self.experiments[trial.experiment_id]
-        allocation_id = f"{trial.id}.{trial.run_id + 1}.{uuid.uuid4().hex[:8]}"
-        root = experiment.config.checkpoint_storage.host_directory or self.config.checkpoint_root
+        # The suffix only tells runs of restarted masters apart; the token is the secret.
+        allocation_id = f"{trial.id}.{trial.run_id + 1}.{random.getrandbits(32):08x}"
+        host = experiment.config.checkpoint_storage.host_directory
+        root = str(host) if host is not None else self._checkpoint_root
         effects = trial_life.start(
             trial,
             experiment,
@@ -449,11 +457,11 @@ class Master:
             port=20000 + random.randrange(20000),
             model=self.models.get(trial.experiment_id),
             trial_api=self.trial_api,
-            checkpoint_root=str(root),
+            checkpoint_root=root,
             now=_now(),
         )
         self._do(effects)
-        log.info("trial %d run %d started on %s", trial.id, trial.run_id, placement)
+        log.info("trial %d run %d started on %s", trial.id, trial.run_id, _where(placement))
 
     def _start_run(self, start: fx.StartRun) -> None:
         run = start.run
@@ -748,6 +756,14 @@ class Master:
             if trial is not None and checkpoint.total_batches >= trial.total_batches:
                 trial.checkpoint = Restore(checkpoint.uuid, checkpoint.total_batches, location)
                 trial.total_batches = checkpoint.total_batches
+
+
+def _where(placement: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
+    """`agent-1 (slots 0, 1), agent-2 (slot 0)`: a placement as a person reads it."""
+    return ", ".join(
+        f"{agent} (slot{'s' if len(slots) != 1 else ''} {', '.join(map(str, slots))})"
+        for agent, slots in placement
+    )
 
 
 def _now() -> dt.datetime:

@@ -8,6 +8,10 @@ check it before unpacking.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import yaml
@@ -38,7 +42,26 @@ class PreparedExperiment:
 def check_submission(
     config_yaml: str, model_definition: bytes
 ) -> tuple[ExperimentConfig, Searcher]:
-    """The parsed config and its new searcher, or `InvalidArgumentError`."""
+    """The parsed config and its new searcher, or `InvalidArgumentError`.
+
+    Both checks are pure functions of their input, so the master remembers recent
+    answers: the last 256 config texts that parsed (the config is frozen; each
+    submission still gets a searcher of its own) and the SHA-256 of the last 1,024
+    archives that passed. Teams resubmit the same config and model directory often;
+    a changed byte is checked in full.
+    """
+    config = _parsed_config(config_yaml)
+    try:
+        searcher = new_searcher(config)
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
+    _check_model_definition(model_definition)
+    return config, searcher
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_config(config_yaml: str) -> ExperimentConfig:
+    """The config a text parses to (refusals raise, and are not remembered)."""
     _check_config_text(config_yaml)
     try:
         raw = yaml.load(config_yaml, Loader=_YAML_LOADER)  # a safe loader (C if built)
@@ -50,16 +73,21 @@ def check_submission(
         searcher_in_batches(config)
     except InvalidConfigError as e:
         raise InvalidArgumentError(str(e)) from None
-    try:
-        searcher = new_searcher(config)
-    except ValueError as e:
-        raise InvalidArgumentError(str(e)) from None
-    _check_model_definition(model_definition)
-    return config, searcher
+    return config
+
+
+_PASSED_ARCHIVES: OrderedDict[bytes, None] = OrderedDict()
+_PASSED_LIMIT = 1024
+_passed_lock = threading.Lock()
 
 
 def _check_model_definition(data: bytes) -> None:
     """The archive checks an agent applies before unpacking, done before it is stored."""
+    digest = hashlib.sha256(data).digest()
+    with _passed_lock:
+        if digest in _PASSED_ARCHIVES:
+            _PASSED_ARCHIVES.move_to_end(digest)
+            return
     try:
         check_model_archive(data)
     except ModelDefinitionError as e:
@@ -68,6 +96,10 @@ def _check_model_definition(data: bytes) -> None:
             if len(data) > MAX_MODEL_DEF_BYTES
             else str(e)
         ) from None
+    with _passed_lock:
+        _PASSED_ARCHIVES[digest] = None
+        if len(_PASSED_ARCHIVES) > _PASSED_LIMIT:
+            _PASSED_ARCHIVES.popitem(last=False)
 
 
 def _check_config_text(config_yaml: str) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -124,6 +126,11 @@ class ExperimentState:
     def add_trial(self, trial: TrialState) -> None:
         self.trials[trial.id] = trial
         self.by_request[trial.request_id] = trial
+
+    @functools.cached_property
+    def config_json(self) -> str:
+        """The config as every run's start message carries it (the config never changes)."""
+        return json.dumps(dict(self.config.raw))
 
     def search_state(self) -> dict[str, Any]:
         """What the store keeps of the search: the searcher and the master's side of it."""

@@ -58,7 +58,7 @@ def start(
     # counted past that point are not the trial's any more.
     fields["total_batches"] = restore.total_batches if restore is not None else 0
     world = sum(len(slots) for _, slots in placement)
-    config_json = json.dumps(dict(experiment.config.raw))
+    config_json = experiment.config_json
     hparams_json = json.dumps(dict(trial.hparams))
     chief = addresses[placement[0][0]] or "127.0.0.1"
     messages = []

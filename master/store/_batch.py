@@ -8,8 +8,9 @@ updates of the same row merge, so a trial created, started and finished between 
 commits costs one insert.
 
 Order within a batch: inserts (parents before children), then updates, then the ordered
-`call`s. A call may therefore rely on the rows the batch inserts; the master uses calls
-for writes whose order matters among themselves (agent rows, superseding metrics).
+`call`s, then the master's log lines (one statement for all of them). A call may
+therefore rely on the rows the batch inserts; the master uses calls for writes whose
+order matters among themselves (agent rows, superseding metrics).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from assay.master.errors import InvalidArgumentError
@@ -72,15 +73,17 @@ class WriteBatch:
         self._inserts: dict[str, dict[Any, dict[str, Any]]] = {}
         self._updates: dict[str, dict[Any, dict[str, Any]]] = {}
         self._calls: list[Callable[[Session], object]] = []
+        self._logs: list[dict[str, Any]] = []
 
     def __bool__(self) -> bool:
-        return bool(self._inserts or self._updates or self._calls)
+        return bool(self._inserts or self._updates or self._calls or self._logs)
 
     def __len__(self) -> int:
         return (
             sum(len(rows) for rows in self._inserts.values())
             + sum(len(rows) for rows in self._updates.values())
             + len(self._calls)
+            + len(self._logs)
         )
 
     def insert(self, table: Table, row: Mapping[str, Any]) -> None:
@@ -218,22 +221,17 @@ class WriteBatch:
         self, trial_id: int, run_id: int, message: str, *, level: str, now: dt.datetime
     ) -> None:
         """Add a line of the master's own to the trial's logs (what happened to a run)."""
-        row = {
-            "trial_id": trial_id,
-            "run_id": run_id,
-            "rank": 0,
-            "stream": "stderr",
-            "level": level,
-            "timestamp": now,
-            "message": message,
-        }
-
-        def write(s: Session) -> None:
-            # Serialised with the agents' appends, as `Store.append_logs` does.
-            s.get(Trial, trial_id, with_for_update=True)
-            s.execute(insert(TaskLog), [row])
-
-        self.call(write)
+        self._logs.append(
+            {
+                "trial_id": trial_id,
+                "run_id": run_id,
+                "rank": 0,
+                "stream": "stderr",
+                "level": level,
+                "timestamp": now,
+                "message": message,
+            }
+        )
 
     def agent_registered(
         self,
@@ -296,6 +294,26 @@ class WriteBatch:
                 session.connection().execute(statement, params_list)
         for fn in self._calls:
             fn(session)
+        if self._logs:
+            _write_logs(session, self._logs)
+
+
+def _write_logs(session: Session, rows: list[dict[str, Any]]) -> None:
+    """The master's log lines, after everything else: one statement for the whole batch.
+
+    Serialised with the agents' appends of the same trials, as `Store.append_logs` is (on
+    PostgreSQL the trials' rows are locked in id order, so two writers cannot deadlock;
+    SQLite has one writer at a time anyway).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        trial_ids = sorted({row["trial_id"] for row in rows})
+        session.execute(
+            select(_TRIALS.c.id)
+            .where(_TRIALS.c.id.in_(trial_ids))
+            .order_by(_TRIALS.c.id)
+            .with_for_update()
+        )
+    session.execute(insert(TaskLog), rows)
 
 
 def _check_fields(kind: str, fields: Mapping[str, Any], allowed: frozenset[str]) -> None:

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from assay.master.errors import InvalidArgumentError
-from assay.master.store import MetricReport, Store, WriteBatch
+from assay.master.store import LogLine, MetricReport, Store, WriteBatch
 from tests.store import _seed as seed
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
@@ -158,3 +158,45 @@ def test_a_second_store_on_the_same_database_continues_after_the_largest_id(db_u
         assert second.reserve_id("experiments") > experiment_id
     finally:
         second.close()
+
+
+def test_the_masters_log_lines_of_a_batch_keep_their_order_after_trials_and_appends(
+    store: Store,
+) -> None:
+    batch = WriteBatch()
+    experiment_id = _experiment(batch, store)
+    first, second = _trial(batch, store, experiment_id), _trial(batch, store, experiment_id, "r1")
+    # Lines of trials the same batch inserts, interleaved between two trials.
+    batch.log(first, 1, "first 1", level="INFO", now=NOW)
+    batch.log(second, 1, "second 1", level="WARNING", now=NOW)
+    batch.log(first, 1, "first 2", level="ERROR", now=NOW)
+    store.apply(batch)
+    store.append_logs(first, 1, [LogLine(message="from the trial", rank=0)])
+    later = WriteBatch()
+    later.log(first, 2, "first 3", level="INFO", now=NOW)
+    store.apply(later)
+
+    lines = store.tail_logs(first)
+    assert [(line.message, line.level, line.run_id) for line in lines] == [
+        ("first 1", "INFO", 1),
+        ("first 2", "ERROR", 1),
+        ("from the trial", None, 1),
+        ("first 3", "INFO", 2),
+    ]
+    assert [line.id for line in lines] == sorted(line.id for line in lines)
+    assert [(line.message, line.stream) for line in store.tail_logs(second)] == [
+        ("second 1", "stderr")
+    ]
+
+
+def test_a_log_line_of_an_unknown_trial_fails_its_whole_batch(store: Store) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    experiment_id = seed.experiment(store, description="kept")
+    batch = WriteBatch()
+    batch.set_experiment(experiment_id, description="changed")
+    batch.log(987654, 1, "nobody's", level="INFO", now=NOW)
+    with pytest.raises(IntegrityError):
+        store.apply(batch)
+    assert store.tail_logs(987654) == []
+    assert store.get_experiment(experiment_id).description == "kept"

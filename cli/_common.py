@@ -16,7 +16,8 @@ from assay.errors import AssayError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DEFAULT_MASTER = "localhost:8090"
+# Where `assay deploy local up` starts the master.
+DEFAULT_MASTER = "127.0.0.1:8090"
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 `assay user login` stores one; every later command to the same master sends it. With
 `ASSAY_USER` and `ASSAY_PASSWORD` set, the CLI logs in by itself when it has no valid
 token (scripts, CI). The file holds tokens only, never passwords; `ASSAY_AUTH_FILE`
-moves it.
+moves it. Sessions are kept by master address as `master_key` writes it, so
+`localhost:8090`, `127.0.0.1:8090` and `[::1]:8090` find the same one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from assay.errors import AssayError
+
+DEFAULT_PORT = 8090
+# Names of this machine's loopback interface: one master, whichever a user types.
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
 
 
 @dataclass(frozen=True)
@@ -65,9 +70,35 @@ def _write(data: dict[str, Any]) -> None:
         raise AssayError(f"cannot write {path}: {e}") from None
 
 
+def master_key(master: str) -> str:
+    """`master` as sessions are stored: HOST:PORT, lower case, the default port filled in,
+    and this machine's loopback names written 127.0.0.1."""
+    text = master.strip().lower()
+    host, port = text, ""
+    if text.startswith("["):  # [::1]:8090
+        host, _, rest = text[1:].partition("]")
+        port = rest.removeprefix(":")
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    host = "127.0.0.1" if host in _LOOPBACK else host
+    port = port or str(DEFAULT_PORT)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _matching(sessions: dict[str, Any], master: str) -> list[str]:
+    """The stored keys that name `master` (older files kept addresses as typed)."""
+    key = master_key(master)
+    return [k for k in sessions if master_key(k) == key]
+
+
 def load(master: str) -> Session | None:
     """The stored session for `master` (HOST:PORT), or None."""
-    entry = _read().get("sessions", {}).get(master)
+    sessions = _read().get("sessions", {})
+    if not isinstance(sessions, dict):
+        return None
+    keys = _matching(sessions, master)
+    key = master_key(master)
+    entry = sessions.get(key if key in keys else (keys[0] if keys else key))
     if not isinstance(entry, dict):
         return None
     try:
@@ -80,7 +111,9 @@ def load(master: str) -> Session | None:
 def save(master: str, session: Session) -> None:
     data = _read()
     sessions = data.setdefault("sessions", {})
-    sessions[master] = {
+    for old in _matching(sessions, master):
+        del sessions[old]
+    sessions[master_key(master)] = {
         "username": session.username,
         "token": session.token,
         "expires_at": session.expires_at.isoformat(),
@@ -91,9 +124,11 @@ def save(master: str, session: Session) -> None:
 def forget(master: str) -> bool:
     data = _read()
     sessions = data.get("sessions", {})
-    if master not in sessions:
+    found = _matching(sessions, master)
+    if not found:
         return False
-    del sessions[master]
+    for key in found:
+        del sessions[key]
     _write(data)
     return True
 

@@ -1,7 +1,9 @@
-"""`assay deploy local up|down`: a master and agents on this machine, as background processes.
+"""`assay deploy local up|demo|down`: a master and agents on this machine, as background
+processes.
 
-State (the SQLite store, checkpoints, logs, pids) lives under --state-dir, so `down` finds
-what `up` started, and `up` again resumes the same experiments.
+State (the SQLite store, checkpoints, logs, pids, the admin's password) lives under
+--state-dir, so `down` finds what `up` started, and `up` again resumes the same
+experiments with the same login.
 """
 
 from __future__ import annotations
@@ -9,19 +11,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
 from ._common import user_errors
 
 DEFAULT_STATE = Path.home() / ".assay" / "local"
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group()
@@ -34,30 +42,63 @@ def local() -> None:
     """A master and agents on this machine."""
 
 
+PASSWORD_FILE = "admin-password"
+CLUSTER_FILE = "cluster.json"
+DEMO_CONFIG = Path("examples/digits/adaptive_asha.yaml")
+DEMO_MODEL_DIR = Path("examples/digits")
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    """Where a local cluster answers: the gRPC address and the web UI's URL."""
+
+    master: str
+    ui_url: str | None
+
+
+def _state_dir_option(func: F) -> F:
+    return click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=DEFAULT_STATE,
+        show_default=True,
+    )(func)
+
+
+def _cluster_options(func: F) -> F:
+    for option in reversed(
+        [
+            click.option("--agents", type=click.IntRange(min=0), default=1, show_default=True),
+            click.option(
+                "--slots-per-agent",
+                type=click.IntRange(min=1),
+                default=None,
+                help="CPU slots per agent (default: one per CPU core)",
+            ),
+            click.option(
+                "--slot-type",
+                type=click.Choice(["cpu", "cuda"]),
+                default="cpu",
+                show_default=True,
+            ),
+            click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True),
+            click.option(
+                "--http-port",
+                type=click.IntRange(0, 65535),
+                default=8080,
+                show_default=True,
+                help="the web UI and HTTP API (0: any free port)",
+            ),
+            _state_dir_option,
+            click.option("--db-url", default=None, help="a PostgreSQL URL instead of SQLite"),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
 @local.command("up")
-@click.option("--agents", type=click.IntRange(min=0), default=1, show_default=True)
-@click.option(
-    "--slots-per-agent",
-    type=click.IntRange(min=1),
-    default=None,
-    help="CPU slots per agent (default: the agent's own choice)",
-)
-@click.option("--slot-type", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True)
-@click.option(
-    "--http-port",
-    type=click.IntRange(0, 65535),
-    default=8080,
-    show_default=True,
-    help="the web UI and HTTP API (0: any free port, named in the master's log)",
-)
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_STATE,
-    show_default=True,
-)
-@click.option("--db-url", default=None, help="a PostgreSQL URL instead of SQLite")
+@_cluster_options
 @user_errors
 def up(
     agents: int,
@@ -68,7 +109,122 @@ def up(
     state_dir: Path,
     db_url: str | None,
 ) -> None:
-    """Start a master and AGENTS agents in the background."""
+    """Start a master and AGENTS agents in the background, and log in as admin.
+
+    The master listens on 127.0.0.1:PORT, the CLI's default, so no ASSAY_MASTER is
+    needed. The admin's password is made on the first start and kept (mode 0600) in
+    STATE_DIR/admin-password.
+    """
+    _start(agents, slots_per_agent, slot_type, port, http_port, state_dir, db_url)
+
+
+@local.command("demo")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path), default=DEMO_CONFIG)
+@click.argument(
+    "model_dir", type=click.Path(file_okay=False, path_type=Path), default=DEMO_MODEL_DIR
+)
+@_cluster_options
+@user_errors
+def demo(
+    config: Path,
+    model_dir: Path,
+    agents: int,
+    slots_per_agent: int | None,
+    slot_type: str,
+    port: int,
+    http_port: int,
+    state_dir: Path,
+    db_url: str | None,
+) -> None:
+    """Run an experiment on the local cluster, started first if it is not running.
+
+    The same as `assay deploy local up` then `assay experiment create CONFIG MODEL_DIR
+    --follow`, ending with where to look in the web UI. CONFIG and MODEL_DIR default to
+    the hyperparameter search of examples/digits in an Assay checkout.
+    """
+    from assay.errors import AssayError
+
+    if not config.is_file() or not model_dir.is_dir():
+        raise AssayError(
+            f"{config} or {model_dir} is missing: run this from the root of an Assay "
+            "checkout, or name a config and a model directory"
+        )
+    cluster = _running(state_dir)
+    if cluster is None:
+        cluster = _start(agents, slots_per_agent, slot_type, port, http_port, state_dir, db_url)
+    else:
+        click.echo(f"using the local cluster already running from {state_dir}")
+    click.echo(f"$ assay experiment create {config} {model_dir} --follow")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "assay.cli.main",
+            "--master",
+            cluster.master,
+            "experiment",
+            "create",
+            str(config),
+            str(model_dir),
+            "--follow",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    experiment_id = _created_id(done.stdout)
+    if experiment_id is None:
+        raise AssayError("the experiment was not created (see above)")
+    if cluster.ui_url is not None:
+        click.echo(
+            f"\nSee it in the web UI: {cluster.ui_url}experiments/{experiment_id} "
+            f"(log in as admin with the password in {state_dir / PASSWORD_FILE}):\n"
+            "  the learning curves of every trial, the hyperparameter plots (which lr and\n"
+            "  n_filters reached the best accuracy), each trial's logs and checkpoints;\n"
+            f"  and the cluster's agents and queue at {cluster.ui_url}cluster"
+        )
+    click.echo(
+        f"Next: assay experiment describe {experiment_id}; "
+        f"assay checkpoint list {experiment_id}; "
+        f"stop the cluster with assay deploy local down"
+    )
+    if done.returncode != 0:
+        sys.exit(done.returncode)
+
+
+def _created_id(stdout: str) -> int | None:
+    """The id in `create --json`'s last line ({"id": N}), if it got that far."""
+    for line in reversed(stdout.strip().splitlines()):
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            return int(json.loads(line)["id"])
+    return None
+
+
+def _running(state_dir: Path) -> LocalCluster | None:
+    """The cluster `up` started from `state_dir`, if its master still runs."""
+    pids_file, cluster_file = state_dir / "pids.json", state_dir / CLUSTER_FILE
+    try:
+        pids = json.loads(pids_file.read_text())
+        found = json.loads(cluster_file.read_text())
+        return (
+            LocalCluster(str(found["master"]), found.get("ui_url"))
+            if _alive(int(pids["master"]))
+            else None
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _start(
+    agents: int,
+    slots_per_agent: int | None,
+    slot_type: str,
+    port: int,
+    http_port: int,
+    state_dir: Path,
+    db_url: str | None,
+) -> LocalCluster:
     from assay.errors import AssayError
 
     pids_file = state_dir / "pids.json"
@@ -76,8 +232,14 @@ def up(
         raise AssayError(f"a local cluster from {state_dir} is already running; run down first")
     if _port_taken(port):
         raise AssayError(f"port {port} is in use; pick another with --port")
+    if http_port and _port_taken(http_port):
+        raise AssayError(
+            f"port {http_port} is in use; pick another with --http-port (0: any free port)"
+        )
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    master_log = logs / "master.log"
+    log_start = master_log.stat().st_size if master_log.exists() else 0
     pids: dict[str, int] = {}
     master_cmd = [
         sys.executable,
@@ -94,16 +256,14 @@ def up(
     ]
     if db_url:
         master_cmd += ["--db-url", db_url]
-    # The first admin's password: the caller's, or one made here and kept next to the logs.
-    password = os.environ.get("ASSAY_INITIAL_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
-    secret_env = {"ASSAY_INITIAL_ADMIN_PASSWORD": password}
-    pids["master"] = _spawn(master_cmd, logs / "master.log", secret_env)
+    password, secret_env = _admin_password(state_dir, fresh_store=db_url is None)
+    pids["master"] = _spawn(master_cmd, master_log, secret_env)
     pids_file.write_text(json.dumps(pids))  # so that `down` can stop it whatever happens next
     address = f"127.0.0.1:{port}"
     if not _wait_for_port(port, pids["master"], timeout=60):
         _stop(pids["master"])
         pids_file.unlink(missing_ok=True)
-        raise AssayError(f"the master did not start; see {logs / 'master.log'}")
+        raise AssayError(f"the master did not start; see {master_log}")
     join_token = os.environ.get("ASSAY_JOIN_TOKEN") or _read_join_token(state_dir / "master")
     for i in range(agents):
         cmd = [
@@ -123,9 +283,68 @@ def up(
             cmd += ["--slots", str(slots_per_agent)]
         pids[f"agent-{i}"] = _spawn(cmd, logs / f"agent-{i}.log", {"ASSAY_JOIN_TOKEN": join_token})
     pids_file.write_text(json.dumps(pids))
+    cluster = LocalCluster(address, _ui_url(master_log, log_start, pids["master"]))
+    (state_dir / CLUSTER_FILE).write_text(json.dumps(asdict(cluster)))
     click.echo(f"master at {address} (logs in {logs}); {agents} agent(s) started")
-    _log_in(address, password)
-    click.echo(f"export ASSAY_MASTER={address}")
+    click.echo(_ui_line(cluster.ui_url, master_log))
+    _log_in(address, password, state_dir / PASSWORD_FILE)
+    return cluster
+
+
+def _admin_password(state_dir: Path, fresh_store: bool) -> tuple[str | None, dict[str, str]]:
+    """The admin password to log in with (None: unknown here) and the master's env.
+
+    ASSAY_INITIAL_ADMIN_PASSWORD wins; else the one kept in STATE_DIR/admin-password;
+    else, for a store that does not exist yet, a new one written there (0600). The master
+    uses it only when its store has no admin yet.
+    """
+    path = state_dir / PASSWORD_FILE
+    given = os.environ.get("ASSAY_INITIAL_ADMIN_PASSWORD")
+    if given:
+        return given, {"ASSAY_INITIAL_ADMIN_PASSWORD": given}
+    if path.is_file():
+        kept = path.read_text().strip()
+        return kept, {"ASSAY_INITIAL_ADMIN_PASSWORD": kept}
+    if fresh_store and not (state_dir / "master" / "assay.db").exists():
+        made = secrets.token_urlsafe(12)
+        _write_private(path, made + "\n")
+        return made, {"ASSAY_INITIAL_ADMIN_PASSWORD": made}
+    # A store from before keeps its own admin: the master's log showed that password.
+    return None, {}
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(path, 0o600)
+
+
+def _ui_url(master_log: Path, offset: int, pid: int, timeout: float = 20.0) -> str | None:
+    """The web UI's URL, as the master logs it once it serves HTTP (None: it did not)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(pid):
+        with master_log.open("rb") as log:
+            log.seek(offset)
+            found = re.search(rb"HTTP API and web UI on (\S+)", log.read())
+        if found:
+            return found.group(1).decode()
+        time.sleep(0.2)
+    return None
+
+
+def _ui_line(url: str | None, master_log: Path) -> str:
+    """Where the web UI is, and whether this master has one to serve."""
+    if url is None:
+        return f"web UI: not served (see {master_log})"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            page = answer.read(65536).decode(errors="replace")
+    except (OSError, ValueError) as e:
+        return f"web UI: {url} does not answer ({e})"
+    if "<script" in page:
+        return f"web UI: {url}"
+    return f"web UI: {url} serves no UI: this install has no built web UI (master/webui_dist)"
 
 
 def _read_join_token(master_state: Path) -> str:
@@ -139,28 +358,38 @@ def _read_join_token(master_state: Path) -> str:
     raise AssayError(f"the master wrote no join token to {path}")
 
 
-def _log_in(address: str, password: str) -> None:
+def _log_in(address: str, password: str | None, password_file: Path) -> None:
     """Log this user in as admin, so the next commands work without `assay user login`."""
     from ._client import Client, MasterError
 
+    how = "log in with `assay user login admin`"
+    if password is None:
+        click.echo(
+            f"not logged in: this state directory's admin password is not kept in "
+            f"{password_file} (the master's log showed it when it was made); {how}"
+        )
+        return
     c = Client(address)
     try:
         c.login("admin", password)
-        click.echo(f"logged in as admin (password: {password})")
-    except MasterError as e:
-        # A state directory from before keeps its own admin password.
-        click.echo(f"not logged in ({e}); run `assay -m {address} user login admin`")
+    except MasterError:
+        click.echo(
+            f"not logged in: admin's password was changed since it was kept in "
+            f"{password_file}; {how}"
+        )
+        return
     finally:
         c.close()
+    shown = (
+        "ASSAY_INITIAL_ADMIN_PASSWORD"
+        if os.environ.get("ASSAY_INITIAL_ADMIN_PASSWORD")
+        else password_file
+    )
+    click.echo(f"logged in as admin (password: {password}, kept in {shown})")
 
 
 @local.command("down")
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_STATE,
-    show_default=True,
-)
+@_state_dir_option
 @user_errors
 def down(state_dir: Path) -> None:
     """Stop what `up` started (agents first, then the master)."""
@@ -173,6 +402,7 @@ def down(state_dir: Path) -> None:
     for name in order:
         _stop(pids[name])
     pids_file.unlink()
+    (state_dir / CLUSTER_FILE).unlink(missing_ok=True)
     click.echo(f"stopped {', '.join(order)}")
 
 

@@ -188,6 +188,6 @@ def test_unreachable_master_is_one_line() -> None:
 def test_default_master_address_is_named() -> None:
     done = run_cli("--help")
     assert_ok(done)
-    assert "localhost:8090" in done.stdout
+    assert "127.0.0.1:8090" in done.stdout
     for alias in ("experiment (e)", "trial (t)", "agent (a)", "slot (s)", "checkpoint (c)"):
         assert alias in done.stdout

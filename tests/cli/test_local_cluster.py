@@ -1,0 +1,279 @@
+"""`assay deploy local up|demo`: the newcomer's cluster, with real daemons on loopback.
+
+Each test runs the CLI as a subprocess in a fresh HOME with no ASSAY_* variables, as a
+new shell would, so what it finds is only what `up` left behind.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from assay._local import free_port
+from assay.cli import _credentials
+from assay.cli._common import DEFAULT_MASTER
+from assay.cli._deploy import _ui_line, up
+
+from .conftest import CONFIG, REGRESSION_DIR
+
+pytestmark = pytest.mark.slow
+
+
+class Shell:
+    """A new shell: its own HOME, no ASSAY_* variables, the CLI as a subprocess."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+        self.env["HOME"] = str(home)
+
+    def run(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "assay.cli.main", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            check=False,
+        )
+
+
+@pytest.fixture
+def shell(tmp_path: Path) -> Iterator[Shell]:
+    home = tmp_path / "home"
+    home.mkdir()
+    sh = Shell(home)
+    yield sh
+    sh.run("deploy", "local", "down", "--state-dir", str(home / "state"))
+
+
+def _up(sh: Shell, port: int, http_port: int) -> subprocess.CompletedProcess[str]:
+    state = str(sh.home / "state")
+    args = ["--port", str(port), "--http-port", str(http_port), "--state-dir", state]
+    return sh.run("deploy", "local", "up", "--agents", "1", "--slots-per-agent", "1", *args)
+
+
+def test_the_cli_default_master_is_the_one_up_starts() -> None:
+    port = next(p for p in up.params if p.name == "port")
+
+    assert f"127.0.0.1:{port.default}" == DEFAULT_MASTER
+    assert _credentials.master_key("localhost") == _credentials.master_key(DEFAULT_MASTER)
+
+
+def test_up_logs_in_every_new_shell_and_serves_the_ui(shell: Shell) -> None:
+    port, http_port = free_port(), free_port()
+
+    started = _up(shell, port, http_port)
+
+    assert started.returncode == 0, started.stderr
+    assert f"web UI: http://127.0.0.1:{http_port}/\n" in started.stdout
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/", timeout=10) as page:
+        assert "<script" in page.read().decode()
+    kept = shell.home / "state" / "admin-password"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    password = kept.read_text().strip()
+    assert f"password: {password}, kept in {kept}" in started.stdout
+    # Another shell, the address written another way: the same master, the same session.
+    for address in (f"localhost:{port}", f"127.0.0.1:{port}", f"LOCALHOST:{port}"):
+        who = shell.run("-m", address, "user", "whoami")
+        assert who.returncode == 0, who.stderr
+        assert who.stdout.startswith("admin")
+
+
+def test_a_second_up_logs_in_with_the_kept_password(shell: Shell) -> None:
+    port, http_port = free_port(), free_port()
+    assert _up(shell, port, http_port).returncode == 0
+    assert (
+        shell.run("deploy", "local", "down", "--state-dir", str(shell.home / "state")).returncode
+        == 0
+    )
+    (shell.home / ".assay" / "auth.json").unlink()  # as on another account's first day
+
+    again = _up(shell, port, http_port)
+
+    assert again.returncode == 0, again.stderr
+    assert "logged in as admin" in again.stdout
+    assert "wrong" not in again.stdout + again.stderr
+    assert shell.run("-m", f"localhost:{port}", "user", "whoami").returncode == 0
+
+
+def test_a_store_without_a_kept_password_says_how_to_log_in(shell: Shell) -> None:
+    port, http_port = free_port(), free_port()
+    assert _up(shell, port, http_port).returncode == 0
+    assert (
+        shell.run("deploy", "local", "down", "--state-dir", str(shell.home / "state")).returncode
+        == 0
+    )
+    (shell.home / "state" / "admin-password").unlink()
+    (shell.home / ".assay" / "auth.json").unlink()
+
+    again = _up(shell, port, http_port)
+
+    assert again.returncode == 0, again.stderr
+    assert "not logged in" in again.stdout
+    assert "assay user login admin" in again.stdout
+    assert "wrong" not in again.stdout + again.stderr
+    assert not (shell.home / "state" / "admin-password").exists()  # no password it cannot know
+
+
+def test_up_refuses_a_taken_http_port_and_starts_nothing(shell: Shell) -> None:
+    port = free_port()
+    with http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler) as busy:
+        refused = _up(shell, port, busy.server_address[1])
+
+    assert refused.returncode == 1
+    assert refused.stderr.startswith(f"error: port {busy.server_address[1]} is in use")
+    assert not (shell.home / "state" / "pids.json").exists()
+
+
+def test_demo_runs_an_experiment_to_the_end_then_names_its_page(
+    shell: Shell, tmp_path: Path
+) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    port, http_port = free_port(), free_port()
+    state = ["--state-dir", str(shell.home / "state")]
+    ports = ["--port", str(port), "--http-port", str(http_port)]
+
+    first = shell.run("deploy", "local", "demo", str(config), str(REGRESSION_DIR), *ports, *state)
+    second = shell.run("deploy", "local", "demo", str(config), str(REGRESSION_DIR), *state)
+
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"web UI: http://127.0.0.1:{http_port}/\n" in first.stdout
+    assert re.search(
+        rf"See it in the web UI: http://127.0.0.1:{http_port}/experiments/1 ", first.stdout
+    )
+    assert "COMPLETED" in first.stderr  # --follow's progress, shown as it runs
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "using the local cluster already running" in second.stdout
+    assert "/experiments/2 " in second.stdout
+    listed = shell.run("-m", f"localhost:{port}", "experiment", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [e["state"] for e in json.loads(listed.stdout.splitlines()[-1])] == ["COMPLETED"] * 2
+
+
+def test_demo_outside_a_checkout_starts_nothing(shell: Shell, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "assay.cli.main",
+            "deploy",
+            "local",
+            "demo",
+            "--state-dir",
+            str(shell.home / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=shell.env,
+        cwd=tmp_path,
+        check=False,
+    )
+
+    assert done.returncode == 1
+    assert "run this from the root of an Assay checkout" in done.stderr
+    assert not (shell.home / "state" / "pids.json").exists()
+
+
+class _Page(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"<html><h1>Assay master</h1><p>The web UI is not built</p></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_ui_line_tells_a_missing_build_and_a_silent_port(tmp_path: Path) -> None:
+    with http.server.HTTPServer(("127.0.0.1", 0), _Page) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/"
+            unbuilt = _ui_line(url, tmp_path / "master.log")
+        finally:
+            server.shutdown()
+    silent = _ui_line(f"http://127.0.0.1:{free_port()}/", tmp_path / "master.log")
+    absent = _ui_line(None, tmp_path / "master.log")
+
+    assert (
+        unbuilt
+        == f"web UI: {url} serves no UI: this install has no built web UI (master/webui_dist)"
+    )
+    assert silent.startswith("web UI: http://127.0.0.1:")
+    assert "does not answer" in silent
+    assert absent == f"web UI: not served (see {tmp_path / 'master.log'})"
+
+
+@pytest.mark.parametrize(
+    ("typed", "key"),
+    [
+        ("localhost:8090", "127.0.0.1:8090"),
+        ("LocalHost", "127.0.0.1:8090"),
+        ("127.0.0.1", "127.0.0.1:8090"),
+        ("[::1]:8090", "127.0.0.1:8090"),
+        ("::1", "127.0.0.1:8090"),
+        ("10.0.0.5", "10.0.0.5:8090"),
+        ("Master.Example:9000", "master.example:9000"),
+        ("[fe80::1]:9000", "[fe80::1]:9000"),
+        ("127.0.0.2:8090", "127.0.0.2:8090"),
+    ],
+)
+def test_master_key(typed: str, key: str) -> None:
+    assert _credentials.master_key(typed) == key
+
+
+def test_sessions_stored_under_another_spelling_are_found_and_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime as dt
+
+    auth = tmp_path / "auth.json"
+    monkeypatch.setenv("ASSAY_AUTH_FILE", str(auth))
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    # A file written before keys were normalised.
+    auth.write_text(
+        json.dumps(
+            {
+                "sessions": {
+                    "localhost:8090": {
+                        "username": "a",
+                        "token": "t1",
+                        "expires_at": later.isoformat(),
+                    },
+                    "other:8090": {"username": "b", "token": "t2", "expires_at": later.isoformat()},
+                }
+            }
+        )
+    )
+
+    found = _credentials.load("127.0.0.1:8090")
+    _credentials.save("[::1]:8090", _credentials.Session("c", "t3", later))
+    stored = json.loads(auth.read_text())["sessions"]
+    forgotten = _credentials.forget("localhost")
+    after = json.loads(auth.read_text())["sessions"]
+
+    assert found is not None
+    assert found.token == "t1"
+    assert sorted(stored) == ["127.0.0.1:8090", "other:8090"]
+    assert stored["127.0.0.1:8090"]["token"] == "t3"
+    assert forgotten
+    assert sorted(after) == ["other:8090"]
+    assert _credentials.load("localhost:8090") is None

@@ -8,8 +8,9 @@ checkpoint and exits 0 (or 80); a later run resumes from
 `get_cluster_info().latest_checkpoint`. With several processes the answer is one
 collective, so every process gets the same answer at the same call: call it from every
 process, at the same points (in every mode but `ChiefOnly`, which only the chief calls;
-`WorkersAskMaster` is answered the same way as `WorkersAskChief`). Off the cluster it is
-always False.
+`WorkersAskMaster` is answered the same way as `WorkersAskChief`). Under `assay trial
+run-local` it turns True once a validation reaches `searcher.max_length` (the one target
+there); with plain `python` it is always False.
 """
 
 from __future__ import annotations

@@ -272,10 +272,13 @@ class Client:
         trial: common_pb2.Trial = self._unary("GetTrial", api_pb2.GetTrialRequest(id=trial_id))
         return trial
 
-    def get_trial_metrics(self, trial_id: int, group: str) -> api_pb2.GetTrialMetricsResponse:
+    def get_trial_metrics(
+        self, trial_id: int, group: str, max_points: int = 0
+    ) -> api_pb2.GetTrialMetricsResponse:
+        """`max_points` 0: every report."""
         from assay.proto import api_pb2
 
-        request = api_pb2.GetTrialMetricsRequest(id=trial_id, group=group, max_points=0)
+        request = api_pb2.GetTrialMetricsRequest(id=trial_id, group=group, max_points=max_points)
         response: api_pb2.GetTrialMetricsResponse = self._unary("GetTrialMetrics", request)
         return response
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar
@@ -68,12 +68,30 @@ def echo_json(value: Any) -> None:
     click.echo(json.dumps(value))
 
 
+def usage_error_line(error: click.UsageError) -> str:
+    """`Missing argument 'CONFIG'.` as one line that names the help to read."""
+    message = error.format_message().strip().replace("\n", " ")
+    message = (message[:1].lower() + message[1:]).rstrip(".")
+    if error.ctx is not None:
+        message += f" (see `{error.ctx.command_path} --help`)"
+    return f"error: {message}"
+
+
 class AliasedGroup(click.Group):
-    """A group whose commands also answer to short aliases (`experiment` = `e`)."""
+    """A group whose commands also answer to short aliases (`experiment` = `e`).
+
+    Without a command it prints its help and exits 0 (`assay`, `assay e`).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.aliases: dict[str, str] = {}
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
 
     def add_aliased(self, cmd: click.Command, *aliases: str) -> None:
         self.add_command(cmd)
@@ -105,3 +123,31 @@ class AliasedGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+class RootGroup(AliasedGroup):
+    """The `assay` command: a usage mistake is one `error:` line and exit 1, like every
+    other error, instead of click's usage block and exit 2."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as e:
+            click.echo(usage_error_line(e), err=True)
+            sys.exit(1)
+        except click.ClickException as e:
+            click.echo(f"error: {e.format_message()}", err=True)
+            sys.exit(1)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,7 +12,8 @@ from assay.errors import AssayError
 
 from . import _format as fmt
 from ._client import Client, client
-from ._common import AliasedGroup, echo_json, poll_seconds, user_errors
+from ._common import AliasedGroup, echo_json, user_errors
+from ._watch import Watcher, summarize
 
 if TYPE_CHECKING:
     from assay.proto import api_pb2
@@ -38,18 +38,26 @@ def experiment() -> None:
 @experiment.command("create")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("-f", "--follow", is_flag=True, help="Stream trial states and logs until it ends.")
+@click.option(
+    "-f", "--follow", is_flag=True, help="Print progress, trial states and logs until it ends."
+)
 @click.option("--paused", is_flag=True, help="Create it paused (start with `experiment activate`).")
-@click.option("--json", "as_json", is_flag=True, help='Print {"id": N} as the last line.')
+@click.option("-q", "--quiet", is_flag=True, help="With --follow: print only the final summary.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print {"id": N}; with --follow, the summary as the last line.',
+)
 @user_errors
 def create_command(
-    config: Path, model_dir: Path, follow: bool, paused: bool, as_json: bool
+    config: Path, model_dir: Path, follow: bool, paused: bool, quiet: bool, as_json: bool
 ) -> None:
     """Upload MODEL_DIR with the experiment CONFIG and start searching.
 
     The config is validated here first; MODEL_DIR is packed (honouring `.assayignore`)
     and must stay under 96 MiB compressed. With --follow, exits 0 only if the experiment
-    completes.
+    completes; it ends with one line: the state, the best metric and its checkpoint.
     """
     from assay.common.archive import pack_model_dir
     from assay.config import load_config, searcher_in_batches
@@ -63,12 +71,11 @@ def create_command(
     text = config.read_text()
     if not model_dir.is_dir():
         raise AssayError(f"model directory {model_dir} does not exist")
-    if parsed.command is not None:
-        from assay._script import missing_script
+    from assay._precheck import entrypoint_problem
 
-        problem = missing_script(parsed.command, model_dir)
-        if problem is not None:
-            raise AssayError(problem)
+    problem = entrypoint_problem(parsed, model_dir)  # read, not imported: no torch here
+    if problem is not None:
+        raise AssayError(problem)
     archive = pack_model_dir(model_dir)
     api = client()
     created = api.create_experiment(text, archive, activate=not paused)
@@ -78,52 +85,43 @@ def create_command(
         click.echo(f"Created experiment {created.id}" + (" (paused)" if paused else ""))
     if not follow:
         return
-    # With --json, stdout stays one JSON document; the progress goes to stderr.
+    watch(api, created.id, logs=True, quiet=quiet, as_json=as_json, verb="following")
+
+
+def watch(
+    api: Client,
+    experiment_id: int,
+    *,
+    logs: bool,
+    quiet: bool,
+    as_json: bool,
+    verb: str,
+    timeout: float | None = None,
+) -> None:
+    """Watch until the experiment ends, print the summary, and fail unless it COMPLETED.
+
+    With --json, stdout holds only JSON (the summary last); what people read goes to stderr.
+    """
+
+    def out(line: str) -> None:
+        click.echo(line, err=as_json)
+
     try:
-        final = follow_experiment(api, created.id, err=as_json)
+        response = Watcher(api, experiment_id, out, logs=logs, quiet=quiet).run(timeout)
     except KeyboardInterrupt:
         click.echo(
-            f"stopped following; experiment {created.id} keeps running "
-            f"(assay experiment describe {created.id})",
+            f"stopped {verb}; experiment {experiment_id} keeps running "
+            f"(assay experiment describe {experiment_id})",
             err=True,
         )
         sys.exit(130)
-    if final != "COMPLETED":
-        raise AssayError(f"experiment {created.id} ended in state {final}")
-
-
-def follow_experiment(api: Client, experiment_id: int, *, err: bool = False) -> str:
-    """Print trial state changes and new log lines until the experiment ends; its state."""
-
-    def out(line: str) -> None:
-        click.echo(line, err=err)
-
-    trial_states: dict[int, str] = {}
-    last_log: dict[int, int] = {}
-    drained: set[int] = set()
-    state = ""
-    while True:
-        response = api.get_experiment(experiment_id)
-        new_state = fmt.experiment_state(response.experiment.state)
-        if new_state != state:
-            out(f"experiment {experiment_id}: {new_state}")
-            state = new_state
-        finished = state in fmt.TERMINAL_EXPERIMENT_STATES
-        for t in sorted(response.trials, key=lambda t: t.id):
-            t_state = fmt.trial_state(t.state)
-            if trial_states.get(t.id) != t_state:
-                out(f"trial {t.id}: {t_state}")
-                trial_states[t.id] = t_state
-            if t.id in drained:
-                continue
-            for line in api.stream_trial_logs(t.id, after_id=last_log.get(t.id, 0)):
-                out(f"[trial {t.id} rank {line.rank}] {line.message.rstrip(chr(10))}")
-                last_log[t.id] = max(last_log.get(t.id, 0), line.id)
-            if t_state in fmt.TERMINAL_TRIAL_STATES:
-                drained.add(t.id)  # its logs are complete: no need to ask again
-        if finished:
-            return state
-        time.sleep(poll_seconds())
+    summary = summarize(api, response)
+    if as_json:
+        echo_json(summary.to_json())
+    else:
+        click.echo(summary.line())
+    if summary.state != "COMPLETED":
+        raise AssayError(f"experiment {experiment_id} ended in state {summary.state}")
 
 
 def _list_request(
@@ -137,7 +135,7 @@ def _list_request(
         label=label or "",
         limit=limit,
         sort_by="id",
-        ascending=True,
+        ascending=False,  # the newest `limit`; shown oldest first
     )
     if not show_all:
         request.archived = False
@@ -166,10 +164,12 @@ def list_command(
     limit: int,
     as_json: bool,
 ) -> None:
-    """List experiments (archived ones only with --all)."""
+    """List the newest experiments, oldest first (archived ones only with --all)."""
     request = _list_request(show_all, states, name, label, limit)
     response = client().list_experiments(request)
-    experiments = [fmt.experiment_summary(e) for e in response.experiments]
+    experiments = sorted(
+        (fmt.experiment_summary(e) for e in response.experiments), key=lambda e: e["id"]
+    )
     if as_json:
         echo_json(experiments)
         return
@@ -178,7 +178,7 @@ def list_command(
             e["id"],
             e["name"],
             e["state"] + (" (archived)" if e["archived"] else ""),
-            f"{100 * e['progress']:.0f}%",
+            fmt.progress(e["state"], e["progress"]),
             e["num_trials"],
             fmt.metric(e["best_validation"]),
             e["owner"] or None,
@@ -190,7 +190,7 @@ def list_command(
     headers = ["ID", "NAME", "STATE", "PROGRESS", "TRIALS", "BEST", "OWNER", "LABELS", "STARTED"]
     click.echo(fmt.table(headers, rows))
     if response.total > len(experiments):
-        click.echo(f"({len(experiments)} of {response.total}; use --limit to see more)")
+        click.echo(f"(the newest {len(experiments)} of {response.total}; --limit N shows more)")
 
 
 @experiment.command("describe")
@@ -198,7 +198,8 @@ def list_command(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
 def describe_command(experiment_id: int, as_json: bool) -> None:
-    """Show an experiment, its config and its trials."""
+    """Show an experiment's state, progress and best trial, then a table of its trials
+    (HPARAMS: the searched hyperparameters). --json adds its config."""
     response = client().get_experiment(experiment_id)
     if as_json:
         echo_json(fmt.experiment_detail(response))
@@ -210,7 +211,7 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
         ("Name", e["name"]),
         ("State", e["state"] + (" (archived)" if e["archived"] else "")),
         ("Searcher", e["searcher"] or None),
-        ("Progress", f"{100 * e['progress']:.0f}%"),
+        ("Progress", fmt.progress(e["state"], e["progress"])),
         ("Best validation", fmt.metric(e["best_validation"])),
         ("Best trial", best["id"] if best else None),
         ("Owner", e["owner"] or None),
@@ -221,7 +222,7 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
     for key, value in fields:
         click.echo(f"{key + ':':17}{'-' if value is None else value}")
     click.echo("")
-    click.echo(fmt.trial_rows(list(response.trials)))
+    click.echo(fmt.trial_rows(list(response.trials), fmt.struct(response.experiment.config)))
 
 
 @experiment.command("list-trials")
@@ -234,7 +235,8 @@ def list_trials_command(experiment_id: int, as_json: bool) -> None:
     if as_json:
         echo_json([fmt.trial_dict(t) for t in response.trials])
     else:
-        click.echo(fmt.trial_rows(list(response.trials)))
+        config = fmt.struct(response.experiment.config)
+        click.echo(fmt.trial_rows(list(response.trials), config))
 
 
 def _action_command(action: str) -> click.Command:
@@ -275,21 +277,20 @@ for _action in ACTIONS:
 @experiment.command("wait")
 @click.argument("experiment_id", metavar="ID", type=int)
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up after this many seconds.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the final summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @user_errors
-def wait_command(experiment_id: int, timeout: float | None) -> None:
-    """Wait until an experiment ends; exit 0 only if it COMPLETED."""
-    api = client()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        state = fmt.experiment_state(api.get_experiment(experiment_id).experiment.state)
-        if state in fmt.TERMINAL_EXPERIMENT_STATES:
-            break
-        if deadline is not None and time.monotonic() >= deadline:
-            raise AssayError(f"experiment {experiment_id} is still {state} after {timeout:g} s")
-        pause = poll_seconds()
-        if deadline is not None:
-            pause = min(pause, deadline - time.monotonic())
-        time.sleep(max(0.0, pause))
-    if state != "COMPLETED":
-        raise AssayError(f"experiment {experiment_id} ended in state {state}")
-    click.echo(f"experiment {experiment_id} {state}")
+def wait_command(experiment_id: int, timeout: float | None, quiet: bool, as_json: bool) -> None:
+    """Wait until an experiment ends, printing its progress; exit 0 only if it COMPLETED.
+
+    The last line says how it ended: the state, the best metric and its checkpoint.
+    """
+    watch(
+        client(),
+        experiment_id,
+        logs=False,
+        quiet=quiet,
+        as_json=as_json,
+        verb="waiting",
+        timeout=timeout,
+    )

@@ -121,6 +121,19 @@ def trial_detail_dict(t: common_pb2.Trial) -> dict[str, Any]:
     }
 
 
+def log_line_dict(line: common_pb2.LogLine) -> dict[str, Any]:
+    return {
+        "id": line.id,
+        "trial_id": line.trial_id,
+        "run_id": line.run_id,
+        "rank": line.rank,
+        "stream": line.stream,
+        "level": line.level or None,
+        "timestamp": timestamp(line, "timestamp"),
+        "message": line.message.rstrip("\n"),
+    }
+
+
 def experiment_summary(e: common_pb2.Experiment) -> dict[str, Any]:
     return {
         "id": e.id,
@@ -167,12 +180,58 @@ def best_trial(
     return {"id": best.id, "best_validation": best.best_validation}
 
 
-def hparams_text(hparams: Mapping[str, Any], limit: int = 60) -> str:
-    text = " ".join(f"{k}={v}" for k, v in sorted(hparams.items()))
+def searched_names(config: Mapping[str, Any]) -> set[str] | None:
+    """The dotted names of the hyperparameters a search varies (not its constants);
+    None when the config says nothing (then every hyperparameter is shown)."""
+    space = config.get("hyperparameters")
+    if not isinstance(space, Mapping):
+        return None
+    names: set[str] = set()
+
+    def walk(prefix: str, node: Mapping[str, Any]) -> None:
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, Mapping) and "type" in value:
+                if value["type"] != "const":
+                    names.add(name)
+            elif isinstance(value, Mapping):
+                walk(name + ".", value)
+
+    walk("", space)
+    return names
+
+
+def _flat(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in hparams.items():
+        if isinstance(value, Mapping):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def hparam_value(value: Any) -> str:
+    """Numbers with 4 significant digits (`0.0003162`, `1.235e+05`); the rest as is."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def hparams_text(
+    hparams: Mapping[str, Any], searched: set[str] | None = None, limit: int = 60
+) -> str:
+    """`lr=0.003162 n_filters=32`: the searched hyperparameters only, when known."""
+    flat = _flat(hparams)
+    shown = sorted(k for k in flat if searched is None or k in searched)
+    text = " ".join(f"{k}={hparam_value(flat[k])}" for k in shown)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def trial_rows(trials: Sequence[common_pb2.Trial]) -> str:
+def trial_rows(trials: Sequence[common_pb2.Trial], config: Mapping[str, Any] | None = None) -> str:
+    """The trials as a table; HPARAMS shows what the search varies (all of them when
+    `config` is not given)."""
+    searched = searched_names(config) if config is not None else None
     rows = []
     for t in trials:
         d = trial_dict(t)
@@ -184,7 +243,7 @@ def trial_rows(trials: Sequence[common_pb2.Trial]) -> str:
                 metric(d["best_validation"]),
                 d["restarts"],
                 d["latest_checkpoint"],
-                hparams_text(d["hparams"]),
+                hparams_text(d["hparams"], searched) or None,
             ]
         )
     headers = ["ID", "STATE", "BATCHES", "BEST", "RESTARTS", "CHECKPOINT", "HPARAMS"]
@@ -250,3 +309,10 @@ def agent_dict(a: common_pb2.Agent) -> dict[str, Any]:
 
 def percent(fraction: float) -> str:
     return f"{100 * fraction:.0f}%"
+
+
+def progress(state: str, fraction: float) -> str:
+    """`45%`; only an experiment that COMPLETED shows 100%."""
+    if state == "COMPLETED":
+        return "100%"
+    return percent(min(fraction, 0.99))

@@ -13,7 +13,7 @@ import click
 from assay.errors import AssayError
 
 from . import _format as fmt
-from ._client import client
+from ._client import Client, client
 from ._common import AliasedGroup, echo_json, user_errors
 
 
@@ -37,6 +37,12 @@ def trial() -> None:
     help="Continue from this checkpoint directory (counters, data position, RNG).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the result last.")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="When the Trial's code raises, print the whole traceback (or set ASSAY_TRACEBACK=1).",
+)
 @user_errors
 def run_local_command(
     config: Path,
@@ -45,11 +51,16 @@ def run_local_command(
     checkpoint_dir: Path | None,
     resume_from: Path | None,
     as_json: bool,
+    verbose: bool,
 ) -> None:
     """Train one trial on this machine exactly as a cluster slot would.
 
-    CONFIG is the experiment YAML; MODEL_DIR holds the code its `entrypoint` names.
+    CONFIG is the experiment YAML; MODEL_DIR holds the code its `entrypoint` names. An
+    error in the Trial's code ends with one line naming its file, line and function.
     """
+    import os
+
+    from assay._precheck import entrypoint_problem
     from assay.config import load_config, parse_config
 
     parsed = load_config(config)  # validate everything before importing torch
@@ -60,16 +71,24 @@ def run_local_command(
         parsed = parse_config({**parsed.raw, "resources": resources})
     if not model_dir.is_dir():
         raise AssayError(f"model directory {model_dir} does not exist")
+    problem = entrypoint_problem(parsed, model_dir)
+    if problem is not None:
+        raise AssayError(problem)
+    if verbose:
+        os.environ["ASSAY_TRACEBACK"] = "1"  # the worker processes of --slots N read it
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    from assay._local import run_local
+    from assay._local import run_local  # light: it logs its first line before torch loads
 
-    result = run_local(
-        config=parsed,
-        model_dir=model_dir,
-        slots=slots,
-        checkpoint_dir=checkpoint_dir,
-        resume_from=resume_from,
-    )
+    try:
+        result = run_local(
+            config=parsed,
+            model_dir=model_dir,
+            slots=slots,
+            checkpoint_dir=checkpoint_dir,
+            resume_from=resume_from,
+        )
+    except Exception as e:
+        _exit_with_one_line(e)
     if as_json:
         summary = {
             "total_batches": result.total_batches,
@@ -81,6 +100,26 @@ def run_local_command(
         metrics = " ".join(f"{k}={v:.6g}" for k, v in sorted(result.validation_metrics.items()))
         click.echo(f"trained {result.total_batches} batches; validation: {metrics}")
         click.echo(f"checkpoint: {result.checkpoint}")
+
+
+def _exit_with_one_line(error: Exception) -> None:
+    """End a failed local run with one line naming the user's frame; the traceback before
+    it with --verbose, or when no frame is the user's (the error is then Assay's)."""
+    import traceback
+
+    from assay._user_frame import describe, user_frame
+    from assay._worker import show_tracebacks
+
+    verbose = show_tracebacks()
+    if isinstance(error, AssayError):
+        if verbose and error.__cause__ is not None:
+            traceback.print_exception(error.__cause__)
+        raise error  # already one line: user_errors prints `error: ...`
+    if verbose or user_frame(error) is None:
+        traceback.print_exception(error)
+    hint = "" if verbose else " (--verbose shows the traceback)"
+    click.echo(f"error: {describe(error)}{hint}", err=True)
+    sys.exit(1)
 
 
 @trial.command("describe")
@@ -118,11 +157,17 @@ def describe_command(trial_id: int, as_json: bool) -> None:
 @click.argument("trial_id", metavar="ID", type=int)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the trial ends.")
 @click.option("--tail", type=click.IntRange(min=1), help="Only the last N lines (then follow).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per line (JSON Lines), as they come."
+)
 @user_errors
-def logs_command(trial_id: int, follow: bool, tail: int | None) -> None:
+def logs_command(trial_id: int, follow: bool, tail: int | None, as_json: bool) -> None:
     """Print a trial's logs, every rank's, as `[rank R] message`."""
     for line in client().stream_trial_logs(trial_id, follow=follow, tail=tail or 0):
-        click.echo(f"[rank {line.rank}] {line.message.rstrip(chr(10))}")
+        if as_json:
+            echo_json(fmt.log_line_dict(line))
+        else:
+            click.echo(f"[rank {line.rank}] {line.message.rstrip(chr(10))}")
 
 
 @trial.command("metrics")
@@ -138,9 +183,10 @@ def logs_command(trial_id: int, follow: bool, tail: int | None) -> None:
 @user_errors
 def metrics_command(trial_id: int, group: str, as_json: bool) -> None:
     """Print every metrics report of a trial in one group."""
-    reports = sorted(
-        client().get_trial_metrics(trial_id, group).reports, key=lambda r: r.total_batches
-    )
+    api = client()
+    reports = sorted(api.get_trial_metrics(trial_id, group).reports, key=lambda r: r.total_batches)
+    if not reports:
+        _check_group(api, trial_id, group)
     rows: list[dict[str, Any]] = [
         {"total_batches": r.total_batches, "metrics": dict(sorted(r.metrics.items()))}
         for r in reports
@@ -155,6 +201,20 @@ def metrics_command(trial_id: int, group: str, as_json: bool) -> None:
             [[r["total_batches"], *(fmt.metric(r["metrics"].get(n)) for n in names)] for r in rows],
         )
     )
+
+
+def _check_group(api: Client, trial_id: int, group: str) -> None:
+    """A group the trial has no reports in: name the groups it has, unless it has none
+    yet and the group is one every trial reports (then the answer is just empty)."""
+    experiment_id = api.get_trial(trial_id).experiment_id
+    candidates = sorted({m.group for m in api.get_experiment(experiment_id).metric_names} - {group})
+    has = [g for g in candidates if api.get_trial_metrics(trial_id, g, max_points=1).reports]
+    if has:
+        raise AssayError(
+            f"trial {trial_id} has no {group!r} metrics; its groups are: {', '.join(has)}"
+        )
+    if group not in ("training", "validation"):
+        raise AssayError(f"trial {trial_id} has no {group!r} metrics; it has reported none yet")
 
 
 @trial.command("download-tensorboard")

@@ -12,7 +12,7 @@ from assay import __version__
 
 from ._agent import agent, master, slot
 from ._checkpoint import checkpoint
-from ._common import DEFAULT_MASTER, AliasedGroup, Settings
+from ._common import DEFAULT_MASTER, RootGroup, Settings
 from ._deploy import deploy
 from ._experiment import experiment
 from ._preview import preview_search
@@ -22,7 +22,7 @@ from ._user import user
 __all__ = ["cli", "main", "run_local_command"]
 
 
-@click.group(cls=AliasedGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "-m",
     "--master",
@@ -40,7 +40,7 @@ def cli(ctx: click.Context, master_address: str) -> None:
     ctx.obj = Settings(master=master_address)
 
 
-assert isinstance(cli, AliasedGroup)
+assert isinstance(cli, RootGroup)
 cli.add_aliased(experiment, "e")
 cli.add_aliased(trial, "t")
 cli.add_aliased(agent, "a")

@@ -40,7 +40,7 @@ def experiment(
         state=common_pb2.ExperimentState.Value(f"EXPERIMENT_STATE_{record.state}"),
         labels=list(record.labels),
         priority=record.priority,
-        progress=record.progress,
+        progress=_progress(record),
         archived=record.archived,
         searcher=str(record.config.get("searcher", {}).get("name", "")),
         num_trials=num_trials,
@@ -51,6 +51,14 @@ def experiment(
     if best is not None:
         message.best_validation = best
     return message
+
+
+def _progress(record: ExperimentRecord) -> float:
+    """1.0 means the experiment COMPLETED. A search that ended early (every trial failed,
+    or it was canceled) may have spent its budget on paper; it shows at most 0.99."""
+    if record.state == "COMPLETED":
+        return 1.0
+    return min(record.progress, 0.99)
 
 
 def trial(record: TrialRecord) -> common_pb2.Trial:

@@ -18,9 +18,13 @@ reported, and removed locally; an `s3://` `restore_from` is downloaded by every 
 temporary directory and verified against its sha256 manifest before it is loaded. This
 process does the transfers with its own credentials (the config's, or AWS_* variables).
 
-Exit status: 0 once the master says stop and training finished; 2 with one line
-`error: <message>` on stderr for an `AssayError` (a fenced run, a refused token, an
-unreachable master, a bad config); 1 with the traceback for anything else (user code).
+Exit status: 0 once the master says stop and training finished; 78 with a last line
+`error: <message>` for a `PermanentError` (an entrypoint that names no Trial or a script
+that is missing or does not compile, a Trial whose construction fails on a programming
+error, a validation without `searcher.metric`): the master ends the trial in ERROR without
+a restart; 2 with one line `error: <message>` on stderr for another `AssayError` (a fenced
+run, a refused token, an unreachable master); 1 with the traceback, then a line naming the
+user's frame, for anything else (user code).
 """
 
 from __future__ import annotations
@@ -32,10 +36,10 @@ import shutil
 import sys
 import tempfile
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from assay._session import CheckpointReport, MetricsReport
+from assay._session import CheckpointReport, MetricsReport, log_metrics
 from assay._spec import SPEC_ENV, ClusterSpec, WorkerSpec
 from assay._trial_client import TrialClient, retry_budget_from_env
 from assay.common.storage import (
@@ -50,9 +54,12 @@ from assay.common.storage import (
 from assay.config import CheckpointStorageConfig, ExperimentConfig, parse_config
 from assay.errors import (
     INVALID_HP_EXIT_CODE,
+    PERMANENT_ERROR_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     AssayError,
+    EntrypointError,
     InvalidHP,
+    PermanentError,
     TrialPreempted,
 )
 
@@ -116,9 +123,11 @@ class ClusterSession:
         return target
 
     def report_training_metrics(self, report: MetricsReport) -> None:
+        log_metrics("training", report)  # the logs show what run-local prints
         self.backend.report_metrics("training", report.total_batches, report.metrics)
 
     def report_validation_metrics(self, report: MetricsReport) -> None:
+        log_metrics("validation", report)
         self.backend.report_metrics("validation", report.total_batches, report.metrics)
         self.last_validation = dict(report.metrics)
         self.last_validation_batches = report.total_batches
@@ -135,6 +144,12 @@ class ClusterSession:
         same = self.last_validation_batches == metadata.total_batches
         self.backend.report_checkpoint(
             metadata, location, validation_metrics=self.last_validation if same else {}
+        )
+        log.info(
+            "batch %d checkpoint: %s (%.1f MB)",
+            metadata.total_batches,
+            location,
+            metadata.size_bytes / 1e6,
         )
         self.sync_tensorboard()
 
@@ -222,6 +237,16 @@ def fetch_checkpoint(location: str, config: CheckpointStorageConfig, scratch: Pa
     return target
 
 
+def check_script(command: Sequence[str], model_dir: Path) -> None:
+    """Refuse, before it runs, a script that is missing or does not compile: every run
+    would fail the same way (a script's later failures are its own to report)."""
+    from assay._script import script_problem
+
+    problem = script_problem(command, model_dir)
+    if problem is not None:
+        raise EntrypointError(problem)
+
+
 def main(argv: list[str], *, entrypoint: str | None = None) -> int:
     """One slot: a Trial class trained here, or a script entrypoint exec'd in its place.
 
@@ -240,6 +265,7 @@ def main(argv: list[str], *, entrypoint: str | None = None) -> int:
 
             entrypoint = launcher_trial(command)
             if entrypoint is None:
+                check_script(command, Path.cwd())
                 exec_command(command)  # the script takes this process's place
         if entrypoint is not None:
             spec = dataclasses.replace(spec, config={**spec.config, "entrypoint": entrypoint})
@@ -253,11 +279,20 @@ def main(argv: list[str], *, entrypoint: str | None = None) -> int:
     except InvalidHP as e:
         print(f"error: the trial's hyperparameters are unusable: {e}", file=sys.stderr)
         return INVALID_HP_EXIT_CODE
+    except PermanentError as e:
+        if e.__cause__ is not None:
+            traceback.print_exception(e.__cause__)
+        print(f"error: {e}; a restart would fail the same way", file=sys.stderr)
+        return PERMANENT_ERROR_EXIT_CODE
     except AssayError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception:
+    except Exception as e:
+        from assay._user_frame import describe
+
         traceback.print_exc()
+        # The last line is what the trial's last_error quotes: name the user's frame.
+        print(f"error: {describe(e)}", file=sys.stderr)
         return 1
     from assay._worker import leave_process_group
 

@@ -39,7 +39,7 @@ from assay._trial import (
     evaluation_mode,
 )
 from assay.common.storage import tensorboard_name
-from assay.errors import TrainingError, TrialPreempted
+from assay.errors import SearcherMetricError, TrainingError, TrialPreempted
 
 log = logging.getLogger("assay")
 # Distributed ranks agree on stopping every this many batches (one small CPU collective).
@@ -436,7 +436,7 @@ class TrialController:
         searcher_metric = self.config.searcher.metric
         if searcher_metric not in metrics and self.metric_required:
             source = "evaluate_full_dataset" if full is not None else "evaluate_batch"
-            raise TrainingError(
+            raise SearcherMetricError(
                 f"searcher.metric {searcher_metric!r} is not among the validation metrics "
                 f"that {source} returned ({', '.join(sorted(metrics))})"
             )

@@ -8,7 +8,11 @@ import traceback
 from pathlib import Path
 
 from assay._trial import Trial
-from assay.errors import TrialLoadError
+from assay.errors import EntrypointError, TrialLoadError
+
+# Errors that importing the model definition raises the same way on every run (its code
+# or its imports are wrong), as opposed to, say, an OSError while it reads a file.
+REPEATABLE_IMPORT_ERRORS = (SyntaxError, ImportError, NameError, AttributeError, TypeError)
 
 
 def load_trial_class(model_dir: str | Path, entrypoint: str) -> type[Trial]:
@@ -18,7 +22,7 @@ def load_trial_class(model_dir: str | Path, entrypoint: str) -> type[Trial]:
         raise TrialLoadError(f"model directory {model_dir} does not exist or is not a directory")
     module_name, _, qualname = entrypoint.partition(":")
     if not module_name or not qualname:
-        raise TrialLoadError(
+        raise EntrypointError(
             f"entrypoint {entrypoint!r} must look like 'module:ClassName' (e.g. model_def:MyTrial)"
         )
     if str(model_dir) in sys.path:
@@ -30,17 +34,16 @@ def load_trial_class(model_dir: str | Path, entrypoint: str) -> type[Trial]:
     except ModuleNotFoundError as e:
         if e.name == module_name.split(".")[0]:
             found = sorted(p.stem for p in model_dir.glob("*.py"))
-            raise TrialLoadError(
+            raise EntrypointError(
                 f"entrypoint {entrypoint!r}: no module {module_name!r} in {model_dir} "
                 f"(Python files there: {', '.join(found) or 'none'})"
             ) from None
-        raise TrialLoadError(
+        raise EntrypointError(
             f"importing {module_name!r} from {model_dir} failed: {_where(e)}"
         ) from None
     except Exception as e:
-        raise TrialLoadError(
-            f"importing {module_name!r} from {model_dir} failed: {_where(e)}"
-        ) from None
+        kind = EntrypointError if isinstance(e, REPEATABLE_IMPORT_ERRORS) else TrialLoadError
+        raise kind(f"importing {module_name!r} from {model_dir} failed: {_where(e)}") from None
     obj: object = module
     for part in qualname.split("."):
         if not hasattr(obj, part):
@@ -50,12 +53,12 @@ def load_trial_class(model_dir: str | Path, entrypoint: str) -> type[Trial]:
                 if isinstance(value, type) and issubclass(value, Trial) and value is not Trial
             )
             hint = f"; Trial classes there: {', '.join(candidates)}" if candidates else ""
-            raise TrialLoadError(
+            raise EntrypointError(
                 f"entrypoint {entrypoint!r}: module {module_name!r} has no {qualname!r}{hint}"
             )
         obj = getattr(obj, part)
     if not (isinstance(obj, type) and issubclass(obj, Trial)):
-        raise TrialLoadError(
+        raise EntrypointError(
             f"entrypoint {entrypoint!r} names {obj!r}, which is not a subclass of assay.Trial"
         )
     return obj

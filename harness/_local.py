@@ -18,12 +18,15 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from assay._banner import banner
 from assay._spec import LocalResult, WorkerSpec
-from assay._trial import Trial
 from assay.config import ExperimentConfig, environment_of, load_config, parse_config
 from assay.errors import AssayError, InvalidConfigError, TrainingError
+
+if TYPE_CHECKING:
+    from assay._trial import Trial
 
 log = logging.getLogger("assay")
 
@@ -60,11 +63,49 @@ def run_local(
     `slots` overrides `resources.slots_per_trial`; with more than one slot, one process per
     slot is launched (gloo on CPU, NCCL on GPUs). `resume_from` is a checkpoint directory to
     continue from (counters, data position and RNG included).
+
+    Progress (a first line saying what it trains, then metrics and checkpoints) is logged
+    to the `assay` logger at INFO; when logging is not configured (a notebook), it goes to
+    stderr for the duration of the call.
     """
     if config is None:
         raise InvalidConfigError(["<config>: run_local needs an experiment config"])
     raw = _with_slots(_coerce_config(config), slots)
     parsed = parse_config(raw)
+    with progress_logging():
+        log.info("%s", banner(parsed))  # before torch is imported: it takes seconds
+        return _run(trial, raw, parsed, model_dir, checkpoint_dir, resume_from)
+
+
+@contextlib.contextmanager
+def progress_logging() -> Iterator[None]:
+    """Show the `assay` logger's INFO lines on stderr while a local run lasts, unless
+    logging is configured (a handler on it or the root logger): as Lightning does, so a
+    notebook shows progress without `logging.basicConfig`."""
+    if log.hasHandlers():
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = log.level
+    log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
+def _run(
+    trial: type[Trial] | None,
+    raw: dict[str, Any],
+    parsed: ExperimentConfig,
+    model_dir: str | Path | None,
+    checkpoint_dir: str | Path | None,
+    resume_from: str | Path | None,
+) -> LocalResult:
     if trial is not None and model_dir is None and parsed.resources.slots_per_trial > 1:
         model_dir, entry = _entrypoint_of(trial)
         raw["entrypoint"] = entry

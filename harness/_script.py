@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,9 @@ def resolve_command(argv: Sequence[str], python: str | None = None) -> list[str]
     return out
 
 
-def missing_script(argv: Sequence[str], model_dir: str | Path) -> str | None:
-    """What is wrong when `argv` runs a Python file the model directory lacks, else None.
-
-    Reads `python3 [options] FILE.py ...`, behind Assay's (or Determined's) launcher too;
-    other commands are not checked.
-    """
+def script_file(argv: Sequence[str]) -> str | None:
+    """The Python file `argv` runs (`python3 [options] FILE.py ...`, behind Assay's or
+    Determined's launcher too), relative to the model directory; None for other commands."""
     args = list(argv)
     while args and _PYTHON.match(Path(args[0]).name):
         rest = args[1:]
@@ -84,14 +82,38 @@ def missing_script(argv: Sequence[str], model_dir: str | Path) -> str | None:
                 rest = rest[1:] if rest[0] == "--" or "=" in rest[0] else rest[2:]
             args = rest
             continue
-        script = rest[0]
-        if script.endswith(".py") and not (Path(model_dir) / script).is_file():
-            found = sorted(p.name for p in Path(model_dir).glob("*.py"))
-            return (
-                f"the entrypoint runs {script}, which is not in the model directory "
-                f"{model_dir} (Python files there: {', '.join(found) or 'none'})"
-            )
+        return rest[0] if rest[0].endswith(".py") else None
+    return None
+
+
+def missing_script(argv: Sequence[str], model_dir: str | Path) -> str | None:
+    """What is wrong when `argv` runs a Python file the model directory lacks, else None."""
+    script = script_file(argv)
+    if script is None or (Path(model_dir) / script).is_file():
         return None
+    found = sorted(p.name for p in Path(model_dir).glob("*.py"))
+    return (
+        f"the entrypoint runs {script}, which is not in the model directory "
+        f"{model_dir} (Python files there: {', '.join(found) or 'none'})"
+    )
+
+
+def script_problem(argv: Sequence[str], model_dir: str | Path) -> str | None:
+    """`missing_script`, or the syntax error that stops the script `argv` runs from
+    compiling (a failure every run would repeat), else None."""
+    problem = missing_script(argv, model_dir)
+    script = script_file(argv)
+    if problem is not None or script is None:
+        return problem
+    path = Path(model_dir) / script
+    try:
+        with warnings.catch_warnings():  # an invalid escape is Python's to warn of, later
+            warnings.simplefilter("ignore")
+            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return f"the entrypoint's {script} does not compile: {e.msg} ({script}, line {e.lineno})"
+    except (OSError, ValueError):
+        return None  # unreadable here, or NUL bytes: let Python say so when it runs
     return None
 
 
@@ -280,6 +302,8 @@ __all__ = [
     "launcher_trial",
     "missing_script",
     "resolve_command",
+    "script_file",
+    "script_problem",
     "run_script_local",
     "spawn_ranks",
 ]

@@ -68,12 +68,12 @@ class LocalSession:
     def report_training_metrics(self, report: MetricsReport) -> None:
         self.training.append(report)
         if self.echo:
-            log.info("batch %d training: %s", report.total_batches, _fmt(report.metrics))
+            log_metrics("training", report)
 
     def report_validation_metrics(self, report: MetricsReport) -> None:
         self.validation.append(report)
         if self.echo:
-            log.info("batch %d validation: %s", report.total_batches, _fmt(report.metrics))
+            log_metrics("validation", report)
 
     def report_checkpoint(self, report: CheckpointReport) -> None:
         self.checkpoints.append(report)
@@ -92,6 +92,12 @@ class LocalSession:
 
     def preempt_requested(self) -> bool:
         return False
+
+
+def log_metrics(group: str, report: MetricsReport) -> None:
+    """`batch 100 training: loss=0.27853`: the line a report makes in a local run's output
+    and in a cluster trial's logs alike."""
+    log.info("batch %d %s: %s", report.total_batches, group, _fmt(report.metrics))
 
 
 def _fmt(metrics: dict[str, Any]) -> str:

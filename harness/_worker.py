@@ -28,7 +28,7 @@ from assay._session import LocalSession, Session
 from assay._spec import LocalResult, WorkerSpec
 from assay._trial import Trial, construct_trial
 from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
-from assay.errors import AssayError
+from assay.errors import AssayError, PermanentError, TrainingError
 
 log = logging.getLogger("assay")
 
@@ -65,7 +65,7 @@ def run_worker(
     context = build_context(
         config, env=env, hparams=hparams, trial_seed=seed, trial_id=spec.trial_id
     )
-    trial = construct_trial(trial_class, context)
+    trial = construct(trial_class, context)
     session: Session | None = None
     local: LocalSession | None = None
     if context.distributed.is_chief:
@@ -87,6 +87,35 @@ def run_worker(
     if session is None:
         return None
     return local_result(result, session, hparams)
+
+
+# What constructing a Trial raises the same way on every run: the Trial's contract broken
+# (TrainingError), a hyperparameter of the wrong type or name (TypeError, KeyError), a
+# programming error. Anything else (an OSError reading data, a CUDA error) may pass.
+REPEATABLE_CONSTRUCTION_ERRORS = (
+    TrainingError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    NameError,
+    ImportError,
+    SyntaxError,
+)
+
+
+def construct(trial_class: type[Trial], context: TrialContext) -> Trial:
+    """`construct_trial`, with a failure that would recur on every run raised as a
+    `PermanentError` that names the user's frame (the original is its `__cause__`)."""
+    from assay._user_frame import describe
+
+    try:
+        return construct_trial(trial_class, context)
+    except REPEATABLE_CONSTRUCTION_ERRORS as e:
+        if isinstance(e, TrainingError):
+            raise PermanentError(str(e)) from e
+        raise PermanentError(
+            f"constructing {trial_class.__qualname__} failed: {describe(e)}"
+        ) from e
 
 
 def build_context(
@@ -206,11 +235,19 @@ def main(argv: list[str]) -> int:
     try:
         result = run_worker(spec, env=None)
     except AssayError as e:
+        if e.__cause__ is not None and show_tracebacks():
+            traceback.print_exception(e.__cause__)
         error_file.write_text(f"rank {rank}: {e}")
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception:
-        traceback.print_exc()
+    except Exception as e:
+        from assay._user_frame import describe, user_frame
+
+        # The launcher ends with this one line; the whole traceback on request, or when
+        # the error is not in the user's code (then it is Assay's to fix).
+        if show_tracebacks() or user_frame(e) is None:
+            traceback.print_exc()
+        error_file.write_text(f"rank {rank}: {describe(e)}")
         return 1
     if result is not None and result_path:
         tmp = Path(result_path + ".tmp")
@@ -218,6 +255,15 @@ def main(argv: list[str]) -> int:
         tmp.rename(result_path)
     leave_process_group()
     return 0
+
+
+TRACEBACK_ENV = "ASSAY_TRACEBACK"
+
+
+def show_tracebacks(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a local run prints whole tracebacks (`run-local --verbose` sets
+    ASSAY_TRACEBACK=1) rather than the one line naming the user's frame."""
+    return (os.environ if env is None else env).get(TRACEBACK_ENV, "") not in ("", "0")
 
 
 def leave_process_group(code: int = 0) -> None:

@@ -22,8 +22,25 @@ class InvalidConfigError(AssayError):
         super().__init__(f"invalid experiment config:\n{lines}")
 
 
+class PermanentError(AssayError):
+    """A failure that running the trial again would repeat, whatever the machine.
+
+    Raised (as one of its subclasses, or wrapping the original error) for an entrypoint
+    that names no importable Trial, a Trial whose construction fails on a programming
+    error (a `TypeError` from a hyperparameter of the wrong type, an unknown
+    hyperparameter), and a validation that lacks `searcher.metric`. On a cluster the
+    trial's process exits with `PERMANENT_ERROR_EXIT_CODE` and the trial ends in ERROR at
+    once, without using its restarts.
+    """
+
+
 class TrialLoadError(AssayError):
     """The model directory or entrypoint could not be turned into a Trial class."""
+
+
+class EntrypointError(TrialLoadError, PermanentError):
+    """The entrypoint names no Trial class that can be imported: a missing module or
+    class, a syntax or import error in the model definition, not a Trial subclass."""
 
 
 class HyperparameterError(AssayError, KeyError):
@@ -46,6 +63,9 @@ INVALID_HP_EXIT_CODE = 77
 # The exit code of a cluster trial process that stopped at a checkpoint when asked to
 # (SIGTERM or the master's preemption request): it resumes later, not counted as a failure.
 PREEMPTED_EXIT_CODE = 80
+# The exit code of a cluster trial process that failed with a `PermanentError`: the trial
+# ends in ERROR without a restart (sysexits' EX_CONFIG).
+PERMANENT_ERROR_EXIT_CODE = 78
 
 
 class TrialPreempted(AssayError):  # noqa: N818 - a stop asked for, not a failure
@@ -54,3 +74,7 @@ class TrialPreempted(AssayError):  # noqa: N818 - a stop asked for, not a failur
 
 class TrainingError(AssayError):
     """Training could not run: a worker failed, or the Trial broke a contract."""
+
+
+class SearcherMetricError(TrainingError, PermanentError):
+    """A validation did not return the metric `searcher.metric` names."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from assay.errors import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
+from assay.errors import INVALID_HP_EXIT_CODE, PERMANENT_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE
 from assay.master.lifecycle._effects import (
     CollectGarbage,
     Effect,
@@ -46,6 +46,7 @@ class Outcome(Enum):
     SCRIPT_DONE = "completed: a script exited 0 before its target"
     STOPPED = "requeued: stopped at a checkpoint when asked (SIGTERM)"
     INVALID_HP = "canceled: its hyperparameters are unusable (InvalidHP)"
+    PERMANENT = "error: failed in a way every run would repeat (not restarted)"
     RESTART = "requeued: failed, with restarts left"
     ERROR = "error: failed, with no restarts left"
 
@@ -103,6 +104,10 @@ def run_outcome(end: RunEnd) -> Outcome:
         return Outcome.STOPPED  # e.g. its agent shutting down: not the user's failure
     if INVALID_HP_EXIT_CODE in end.exit_codes:
         return Outcome.INVALID_HP
+    if PERMANENT_ERROR_EXIT_CODE in end.exit_codes:
+        # The harness exits 78 only for what a restart would repeat (its entrypoint, its
+        # construction, a validation without searcher.metric): restarts would be wasted.
+        return Outcome.PERMANENT
     return Outcome.RESTART if end.restarts + 1 <= end.max_restarts else Outcome.ERROR
 
 
@@ -196,7 +201,10 @@ def _failed(
         # A failing trial goes to the back; the others keep their place.
         effects.append(Enqueue(trial.id, to_back=True))
     else:
-        what = f"no restarts left (max_restarts: {limit}): the trial ends in ERROR"
+        if outcome is Outcome.PERMANENT:
+            what = "every run would fail the same way: the trial ends in ERROR, not restarted"
+        else:
+            what = f"no restarts left (max_restarts: {limit}): the trial ends in ERROR"
         effects += end_trial(trial, TrialStatus.ERROR, now)
         effects.append(
             Tell(run.experiment_id, trial.request_id, "on_trial_exited_early", ("errored",))

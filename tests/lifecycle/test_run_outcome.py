@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from assay.errors import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
+from assay.errors import INVALID_HP_EXIT_CODE, PERMANENT_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE
 from assay.master.lifecycle import (
     Outcome,
     Restore,
@@ -20,6 +20,7 @@ from assay.master.lifecycle import (
 from assay.master.lifecycle import effects as fx
 
 P = PREEMPTED_EXIT_CODE
+E = PERMANENT_ERROR_EXIT_CODE
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
 # (id, RunEnd, outcome): each row is the first that applies for its facts.
@@ -44,6 +45,18 @@ ROWS = [
     ("script-exit-0", RunEnd((0,), target=200, is_script=True), Outcome.SCRIPT_DONE),
     ("sigterm-checkpoint", RunEnd((P, 0), target=200), Outcome.STOPPED),
     ("invalid-hp", RunEnd((INVALID_HP_EXIT_CODE,), target=200), Outcome.INVALID_HP),
+    ("permanent", RunEnd((E,), target=200), Outcome.PERMANENT),
+    ("permanent-others-stopped", RunEnd((E, -15, 1), target=200), Outcome.PERMANENT),
+    ("permanent-script", RunEnd((E,), target=200, is_script=True), Outcome.PERMANENT),
+    # A permanent failure overrides what is left of the restarts, never a stop under way.
+    (
+        "permanent-first-run",
+        RunEnd((E,), target=200, restarts=0, max_restarts=5),
+        Outcome.PERMANENT,
+    ),
+    ("permanent-as-preempted", RunEnd((E,), stopping="preempt", target=200), Outcome.PREEMPTED),
+    ("permanent-agent-lost", RunEnd((E,), lost=True, target=200), Outcome.LOST),
+    ("permanent-when-canceled", RunEnd((E,), stopping="cancel"), Outcome.CANCELED),
     ("failed", RunEnd((1,), target=200, restarts=0, max_restarts=1), Outcome.RESTART),
     ("no-codes", RunEnd((), target=200), Outcome.RESTART),
     ("exit-0-short", RunEnd((0,), target=200), Outcome.RESTART),
@@ -119,6 +132,26 @@ def test_the_last_failure_ends_the_trial_and_tells_the_searcher() -> None:
     assert _states(effects) == [TrialStatus.ERROR]
     assert fx.CollectGarbage(3, ended_trial_ids=(7,)) in effects
     assert fx.Tell(3, "r7", "on_trial_exited_early", ("errored",)) in effects
+
+
+def test_a_permanent_failure_ends_the_trial_at_its_first_run_with_its_cause() -> None:
+    trial = _trial(checkpoint=Restore("u", 100, "/c/u"), checkpointed=True)
+    end = RunEnd((E,), target=200, restarts=0, max_restarts=5)
+    cause = "a0: rank 0 exited with code 78; its last output: error: entrypoint 'm:T': ..."
+    outcome, effects = finish_run(_run(messages=[cause]), trial, end, NOW)
+    assert outcome is Outcome.PERMANENT
+    assert _states(effects) == [TrialStatus.ERROR]
+    assert not any("restarts" in e.fields for e in effects if isinstance(e, fx.SetTrial))
+    assert not [e for e in effects if isinstance(e, fx.Enqueue)]
+    assert fx.SetTrial(7, {"last_error": f"run 2: {cause}"}) in effects
+    assert fx.Tell(3, "r7", "on_trial_exited_early", ("errored",)) in effects
+    assert fx.CollectGarbage(3, ended_trial_ids=(7,)) in effects
+    [line] = [e for e in effects if isinstance(e, fx.Log)]
+    assert line.level == "ERROR"
+    assert line.message == (
+        f"assay: run 2 failed ({cause}); every run would fail the same way: the trial ends "
+        "in ERROR, not restarted"
+    )
 
 
 def test_a_closed_trial_completes_and_the_searcher_learns_it() -> None:

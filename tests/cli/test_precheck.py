@@ -1,0 +1,160 @@
+"""`assay experiment create` refuses an entrypoint that cannot exist, before uploading,
+without importing torch or the user's module; the checks themselves on small trees."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from assay._precheck import trial_problem
+from tests.conftest import REGRESSION_DIR
+
+from .conftest import CONFIG, FakeApi, assert_ok, assert_one_line_error, run_cli
+from .test_experiment import created
+
+# Importing this "torch" fails loudly: a check that imports torch cannot pass unnoticed.
+FAKE_TORCH = 'raise ImportError("torch was imported")\n'
+
+
+@pytest.fixture
+def no_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "fake-site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_TORCH)
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+
+
+def _model(tmp_path: Path, extra: str = "") -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(REGRESSION_DIR / "model_def.py", model / "model_def.py")
+    if extra:
+        with (model / "model_def.py").open("a") as f:
+            f.write(extra)
+    return model
+
+
+def _config(tmp_path: Path, **overrides: object) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(dict(CONFIG, **overrides)))
+    return path
+
+
+def test_a_misspelt_class_is_refused_naming_the_classes_there(
+    master: FakeApi, tmp_path: Path, no_torch: None
+) -> None:
+    config = _config(tmp_path, entrypoint="model_def:RegresionTrial")
+
+    done = run_cli("e", "create", config, _model(tmp_path), master=master)
+
+    line = assert_one_line_error(done, "'model_def:RegresionTrial'", "model_def.py has no")
+    assert "RegressionTrial" in line
+    assert "did you mean 'RegressionTrial'" in line
+    assert master.requests == []
+
+
+def test_a_missing_module_is_refused_naming_the_files_there(
+    master: FakeApi, tmp_path: Path, no_torch: None
+) -> None:
+    config = _config(tmp_path, entrypoint="model:RegressionTrial")
+
+    done = run_cli("e", "create", config, _model(tmp_path), master=master)
+
+    assert_one_line_error(done, "no module 'model'", "model_def.py")
+    assert master.requests == []
+
+
+def test_a_model_definition_that_does_not_compile_is_refused_with_its_line(
+    master: FakeApi, tmp_path: Path, no_torch: None
+) -> None:
+    model = _model(tmp_path, "\ndef broken(:\n    pass\n")
+
+    done = run_cli("e", "create", _config(tmp_path), model, master=master)
+
+    assert_one_line_error(done, "model_def.py does not compile", "line")
+    assert master.requests == []
+
+
+def test_a_script_that_does_not_compile_is_refused(
+    master: FakeApi, tmp_path: Path, no_torch: None
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "train.py").write_text("print('hi'\n")
+    config = _config(tmp_path, entrypoint="python3 train.py")
+
+    done = run_cli("e", "create", config, model, master=master)
+
+    assert_one_line_error(done, "train.py does not compile", "line 1")
+    assert master.requests == []
+
+
+def test_a_good_entrypoint_is_uploaded_without_importing_torch(
+    master: FakeApi, tmp_path: Path, no_torch: None
+) -> None:
+    # An import the CLI's machine lacks is no reason to refuse: agents may have it.
+    model = _model(tmp_path, "\nimport package_only_on_the_agents  # noqa\n")
+    master.responses["CreateExperiment"] = created(5)
+
+    done = run_cli("e", "create", _config(tmp_path), model, master=master)
+
+    assert_ok(done)
+    assert len(master.calls("CreateExperiment")) == 1
+
+
+def test_names_bound_at_the_top_level_in_any_way_count(tmp_path: Path) -> None:
+    source = """
+import os
+from base import Imported as Renamed
+try:
+    from fast import Tried
+except ImportError:
+    Tried = None
+if os.environ.get("X"):
+    class InIf: ...
+else:
+    InElse = object
+with open(__file__) as Opened:
+    pass
+Assigned, (Unpacked, _) = 1, (2, 3)
+Annotated: type = object
+def Function(): ...
+class Defined:
+    class Nested: ...
+"""
+    (tmp_path / "m.py").write_text(source)
+    names = ["Renamed", "Tried", "InIf", "InElse", "Opened", "Assigned", "Unpacked"]
+    for name in [*names, "Annotated", "Function", "Defined", "Defined.Nested"]:
+        assert trial_problem(f"m:{name}", tmp_path) is None, name
+    problem = trial_problem("m:Nested", tmp_path)
+    assert problem is not None
+    assert "m.py has no 'Nested'" in problem
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from helpers import *\n",
+        "def __getattr__(name):\n    return name\n",
+        "globals()['Made'] = type('Made', (), {})\n",
+    ],
+    ids=["star-import", "module-getattr", "globals"],
+)
+def test_what_only_running_the_module_would_tell_passes(tmp_path: Path, source: str) -> None:
+    (tmp_path / "m.py").write_text(source)
+    assert trial_problem("m:Made", tmp_path) is None
+
+
+def test_packages_and_installed_modules(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("class T: ...\n")
+    (tmp_path / "pkg" / "mod.py").write_text("class U: ...\n")
+    assert trial_problem("pkg.sub:T", tmp_path) is None
+    assert trial_problem("pkg.mod:U", tmp_path) is None
+    assert "pkg/mod.py has no 'T'" in (trial_problem("pkg.mod:T", tmp_path) or "")
+    assert trial_problem("yaml:Anything", tmp_path) is None  # installed: not checked
+    assert "no module 'nowhere'" in (trial_problem("nowhere:T", tmp_path) or "")

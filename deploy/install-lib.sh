@@ -15,7 +15,7 @@ DRY_RUN=0
 UNINSTALL=0
 PURGE=0
 OVERWRITE_CONFIG=0
-PACKAGE=assay
+PACKAGE=""  # default: the Assay checkout this deploy/ folder sits in
 PYTHON=""
 VENV=/opt/assay/venv
 VENV_ARGS=""
@@ -63,8 +63,10 @@ need_value() {
 }
 
 COMMON_USAGE="Installation:
-  --package SPEC       what pip installs (default: assay): assay==X.Y.Z, a wheel file or a
-                       source checkout
+  --package SPEC       what pip installs: a wheel file, a source checkout, or assay==X.Y.Z
+                       from your own package index (default: the Assay checkout this
+                       deploy/ folder sits in; required when it sits in none. PyPI's
+                       'assay' is another project)
   --pip-args ARGS      more pip install arguments, e.g. '--extra-index-url URL' for a torch
                        build, or '--no-index --find-links DIR' on a machine without internet
   --no-deps            install Assay alone: its dependencies (torch, grpcio, ...) must already
@@ -97,6 +99,10 @@ finish_common_options() {
     check_unit_path "$VENV" --venv
     [[ "$SERVICE_USER" =~ ^[a-z_][a-z0-9_-]*$ ]] || die "--user: '$SERVICE_USER' is not an account name"
     [ "$PURGE" = 0 ] || [ "$UNINSTALL" = 1 ] || die "--purge goes with --uninstall"
+    [ -n "$PACKAGE" ] || [ "$UNINSTALL" = 1 ] || PACKAGE=$(enclosing_checkout) ||
+        die "--package is required: $DEPLOY_DIR is not inside an Assay checkout. Pass a wheel \
+(pip wheel --no-deps -w dist /path/to/assay), a checkout, or assay==X.Y.Z from your own \
+package index; PyPI's 'assay' is another project"
     if [ -z "$R" ] && [ "$DRY_RUN" = 0 ] && [ "$(id -u)" != 0 ]; then
         die "run as root (sudo $0 ...), or try --dry-run first"
     fi
@@ -110,6 +116,15 @@ check_unit_path() {
 }
 
 on_real_root() { [ -z "$R" ]; }
+
+# The source checkout deploy/ sits in, when its pyproject.toml is Assay's.
+enclosing_checkout() {
+    local checkout
+    checkout=$(cd "$DEPLOY_DIR/.." && pwd)
+    grep -qx 'name = "assay"' "$checkout/pyproject.toml" 2>/dev/null || return 1
+    [ -d "$checkout/harness" ] || return 1
+    printf '%s\n' "$checkout"
+}
 
 # Run a command, or print it under --dry-run.
 run() {

@@ -4,6 +4,7 @@ cluster with PostgreSQL."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from assay._local import free_port
-from tests.deploy.conftest import DEPLOY, VENV, Installer, stop, wait_for_agents
+from tests.deploy.conftest import DEPLOY, ROOT, VENV, Installer, stop, wait_for_agents
 
 AGENT_CONFIG = "/etc/assay/agent.yaml"
 AGENT_UNIT = "/etc/systemd/system/assay-agent.service"
@@ -106,6 +107,38 @@ def test_bad_arguments_are_refused_before_anything_changes(
 
     assert done.returncode == 1
     assert message in done.stderr
+    assert not installer.root.exists()
+
+
+def test_the_default_package_is_the_checkout_the_installer_sits_in(installer: Installer) -> None:
+    done = installer.run("install-agent.sh", "--dry-run", "--master", "10.0.0.5:8090")
+
+    pip = next(line for line in done.stdout.splitlines() if "-m pip install" in line)
+    assert pip.endswith(f" {ROOT}")
+    assert not installer.root.exists()
+
+
+def test_outside_a_checkout_the_package_must_be_named(installer: Installer, tmp_path: Path) -> None:
+    copy = tmp_path / "copy" / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    run = functools.partial(
+        subprocess.run, capture_output=True, text=True, env=installer.env, timeout=60, check=False
+    )
+    root = ["--root", str(installer.root), "--dry-run"]
+
+    refused = run(["bash", str(copy / "install-agent.sh"), *root, "--master", "h:8090"])
+    named = run(
+        ["bash", str(copy / "install-agent.sh"), *root, "--master", "h:8090", "--package", "/w.whl"]
+    )
+    uninstall = run(["bash", str(copy / "install-master.sh"), *root, "--uninstall"])
+
+    assert refused.returncode == 1
+    assert f"--package is required: {copy} is not inside an Assay checkout" in refused.stderr
+    assert "PyPI's 'assay' is another project" in refused.stderr
+    assert "pip install" not in refused.stdout
+    assert named.returncode == 0, named.stderr
+    assert "--disable-pip-version-check /w.whl\n" in named.stdout
+    assert uninstall.returncode == 0, uninstall.stderr  # nothing to install, nothing to name
     assert not installer.root.exists()
 
 

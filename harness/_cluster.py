@@ -282,7 +282,7 @@ def main(argv: list[str], *, entrypoint: str | None = None) -> int:
     except PermanentError as e:
         if e.__cause__ is not None:
             traceback.print_exception(e.__cause__)
-        print(f"error: {e}; a restart would fail the same way", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return PERMANENT_ERROR_EXIT_CODE
     except AssayError as e:
         print(f"error: {e}", file=sys.stderr)

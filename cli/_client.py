@@ -96,6 +96,8 @@ class Client:
         code = error.code()
         name = getattr(code, "name", str(code))
         details = (error.details() or "").strip()
+        if name == "UNAVAILABLE" and "http1" in details.lower().replace(".", ""):
+            return MasterError(http_port_message(self.address))
         if name == "UNAVAILABLE":
             return MasterError(
                 f"cannot reach the master at {self.address} "
@@ -336,6 +338,28 @@ class Client:
         request = api_pb2.SetAgentEnabledRequest(id=agent_id, enabled=enabled)
         agent: common_pb2.Agent = self._unary("SetAgentEnabled", request)
         return agent
+
+
+def http_port_message(address: str) -> str:
+    """What to say when `address` answered in HTTP/1: most likely the master's web UI
+    port, whose health check names the gRPC port (a header)."""
+    import urllib.request
+
+    host = address.rsplit(":", 1)[0]
+    grpc_port = ""
+    url = f"http://{address}/api/v1/health"
+    # No answer: say what is known without it.
+    with contextlib.suppress(Exception), urllib.request.urlopen(url, timeout=3) as reply:
+        grpc_port = reply.headers.get("Assay-Grpc-Port", "")
+    if grpc_port.isdigit():
+        return (
+            f"{address} is the web UI's port (HTTP); the gRPC port is {grpc_port}: use "
+            f"--master {host}:{grpc_port} (or set ASSAY_MASTER)"
+        )
+    return (
+        f"{address} answers HTTP, not gRPC: is it the web UI's port? Give --master the "
+        "master's gRPC port (8090 unless its --grpc-port says otherwise)"
+    )
 
 
 def client() -> Client:

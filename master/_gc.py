@@ -297,14 +297,24 @@ def collect(
         return GCResult()
     storages = StorageCache(default_root, cache=storage_cache)
     result = delete_records(store, records, config.checkpoint_storage, storages)
-    log.info(
-        "experiment %d: checkpoint GC deleted %d (%d already gone), %d failed",
-        experiment_id,
-        len(result.deleted),
-        len(result.missing),
-        len(result.failed),
-    )
+    log.info("experiment %d: %s", experiment_id, gc_sentence(result))
     return result
+
+
+def gc_sentence(result: GCResult) -> str:
+    """`deleted 3 checkpoints its checkpoint_storage policy no longer keeps (1 was already
+    gone); 1 could not be deleted and is retried later`: a collection, for the log."""
+    count = len(result.deleted)
+    text = (
+        f"deleted {count} checkpoint{'s' if count != 1 else ''} its checkpoint_storage "
+        "policy no longer keeps"
+    )
+    if result.missing:
+        gone = len(result.missing)
+        text += f" ({gone} {'was' if gone == 1 else 'were'} already gone)"
+    if result.failed:
+        text += f"; {len(result.failed)} could not be deleted and are tried again later"
+    return text
 
 
 def collect_later(
@@ -335,8 +345,10 @@ def collect_later(
         except Exception:
             log.exception("checkpoint collection of experiment %d failed", experiment_id)
             return
-        if result.deleted or result.failed:
-            log.info("experiment %d: %s", experiment_id, result)
+        if result.deleted:
+            log.debug(
+                "experiment %d: deleted checkpoints %s", experiment_id, " ".join(result.deleted)
+            )
 
     def submit() -> None:
         executor.submit(run)

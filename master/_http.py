@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 import grpc
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
@@ -56,6 +58,7 @@ _POLL_S = 0.5
 _KEEPALIVE_S = 15.0
 _SHUTDOWN_S = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+GRPC_PORT_HEADER = "Assay-Grpc-Port"
 
 
 def to_json(message: Message) -> dict[str, Any]:
@@ -84,8 +87,11 @@ class HttpServer:
         port: int,
         guard: Guard,
         ui_dir: Path | None = None,
+        grpc_port: int = 0,
     ) -> None:
+        """`grpc_port`: the master's gRPC port, named to clients that call this one."""
         self.api = api
+        self.grpc_port = grpc_port
         self.pool = pool
         self.guard = guard
         self.host = host
@@ -109,7 +115,12 @@ class HttpServer:
 
     async def start(self, ssl_context: ssl.SSLContext | None = None) -> None:
         """Listen on host:port: HTTPS with `ssl_context` (the master's `tls_cert`)."""
-        runner = web.AppRunner(self.app, shutdown_timeout=_SHUTDOWN_S)
+        runner = web.AppRunner(
+            self.app,
+            shutdown_timeout=_SHUTDOWN_S,
+            access_log_class=_AccessLog,
+            logger=_ProtocolLog(self),
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, ssl_context=ssl_context)
         try:
@@ -135,7 +146,9 @@ class HttpServer:
     # -- routes --------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        # The CLI asks for this when it was pointed here instead of at the gRPC port.
+        headers = {GRPC_PORT_HEADER: str(self.grpc_port)} if self.grpc_port else None
+        return web.json_response({"status": "ok"}, headers=headers)
 
     async def _openapi_json(self, request: web.Request) -> web.Response:
         await self._credentials(request)
@@ -345,12 +358,58 @@ async def start_http(
     port: int,
     guard: Guard,
     ui_dir: Path | None = None,
+    grpc_port: int = 0,
 ) -> HttpServer:
     """Serve the HTTP API for `api` (an `ApiServicer`) on host:port; port 0 picks a free
     port (then `server.port`). Call on the event loop the server is to run on."""
-    server = HttpServer(api, pool, host, port, guard, ui_dir)
+    server = HttpServer(api, pool, host, port, guard, ui_dir, grpc_port)
     await server.start()
     return server
+
+
+class _AccessLog(AbstractAccessLogger):
+    """One DEBUG line per request: the web UI polls every few seconds, and a line for
+    each poll at INFO would bury what people need to read."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.DEBUG)
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.debug(
+            "%s %s %s: %d in %.1f ms",
+            request.remote,
+            request.method,
+            request.path_qs,
+            response.status,
+            time * 1000,
+        )
+
+
+class _ProtocolLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's connection logger. Bytes that are not HTTP/1 (a gRPC client pointed at
+    this port, a scanner) get one line saying what came, not a traceback; anything else
+    goes to `aiohttp.server` as before."""
+
+    def __init__(self, server: HttpServer) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+        self.server = server
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info")
+        if not isinstance(error, HttpProcessingError):
+            super().log(level, msg, *args, **kwargs)
+            return
+        peer = args[0] if args else "a client"
+        if "PRI" in str(error) and self.server.grpc_port:
+            log.info(
+                "%s called the HTTP port %d with gRPC; the gRPC port is %d",
+                peer,
+                self.server.port,
+                self.server.grpc_port,
+            )
+        else:
+            log.debug("%s sent what is not HTTP/1 to port %d", peer, self.server.port)
 
 
 def _peer(request: web.Request) -> str:

@@ -156,7 +156,14 @@ class MasterServer:
 
     async def _serve_http(self) -> HttpServer:
         config = self.config
-        http = HttpServer(self.api_servicer, self.pool, config.host, config.http_port, self.guard)
+        http = HttpServer(
+            self.api_servicer,
+            self.pool,
+            config.host,
+            config.http_port,
+            self.guard,
+            grpc_port=self.port,
+        )
         await http.start(self.tls.ssl_context if self.tls else None)
         return http
 
@@ -164,7 +171,7 @@ class MasterServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self.master.close_streams()
+        self.master.agent_calls.close_streams()
         if self.http is not None:
             http = self.http
             with contextlib.suppress(Exception):

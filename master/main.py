@@ -43,6 +43,9 @@ def command(config_file: Path | None, check_config: bool, **flags: object) -> No
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Alembic names each of its plugins and its SQL dialect at every start: not for people.
+    # The store says which migrations it ran (store/migrations/env.py).
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         config = load_master_config(config_file, flags)
         if check_config:

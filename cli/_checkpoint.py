@@ -15,7 +15,7 @@ import click
 from assay.errors import AssayError
 
 from . import _format as fmt
-from ._client import client
+from ._client import Client, client
 from ._common import AliasedGroup, echo_json, user_errors
 
 if TYPE_CHECKING:
@@ -120,10 +120,19 @@ def download_command(uuid: str, directory: Path) -> None:
     """
     from assay.common.archive import format_bytes
 
-    ckpt = client().get_checkpoint(uuid)
+    count, total = download(client(), uuid, directory)
+    click.echo(
+        f"downloaded checkpoint {uuid} ({count} files, {format_bytes(total)}) to {directory}"
+    )
+
+
+def download(api: Client, uuid: str, directory: Path) -> tuple[int, int]:
+    """Copy checkpoint `uuid` into `directory` (new or empty), every file verified against
+    what the master recorded; (files, bytes). Nothing is left behind on failure."""
+    ckpt = api.get_checkpoint(uuid)
     if fmt.checkpoint_state(ckpt.state) == "DELETED":
         raise AssayError(f"checkpoint {uuid} was deleted")
-    fetch = _s3_fetcher(ckpt) if "://" in ckpt.location else _shared_fs_fetcher(ckpt)
+    fetch = _s3_fetcher(ckpt, api) if "://" in ckpt.location else _shared_fs_fetcher(ckpt)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise AssayError(f"{directory} already exists and is not empty")
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -135,9 +144,7 @@ def download_command(uuid: str, directory: Path) -> None:
         os.replace(staging, directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    click.echo(
-        f"downloaded checkpoint {uuid} ({count} files, {format_bytes(total)}) to {directory}"
-    )
+    return count, total
 
 
 def _shared_fs_fetcher(ckpt: common_pb2.Checkpoint) -> Fetch:
@@ -169,11 +176,11 @@ def _shared_fs_fetcher(ckpt: common_pb2.Checkpoint) -> Fetch:
     return fetch
 
 
-def _s3_fetcher(ckpt: common_pb2.Checkpoint) -> Fetch:
+def _s3_fetcher(ckpt: common_pb2.Checkpoint, api: Client) -> Fetch:
     from assay.common.storage import StorageError, storage_at
 
     try:
-        storage, uuid = storage_at(ckpt.location, _storage_config(ckpt.experiment_id))
+        storage, uuid = storage_at(ckpt.location, _storage_config(ckpt.experiment_id, api))
     except StorageError as e:
         raise AssayError(f"checkpoint {ckpt.uuid}: {e}") from None
     s3: S3Storage = storage  # type: ignore[assignment]  # storage_at gives S3 for s3://
@@ -195,11 +202,13 @@ def _s3_fetcher(ckpt: common_pb2.Checkpoint) -> Fetch:
     return fetch
 
 
-def _storage_config(experiment_id: int) -> CheckpointStorageConfig | None:
+def _storage_config(
+    experiment_id: int, api: Client | None = None
+) -> CheckpointStorageConfig | None:
     """The experiment's S3 settings (endpoint, region, keys), as far as they are set."""
     from assay.config import CheckpointStorageConfig
 
-    config = fmt.struct(client().get_experiment(experiment_id).experiment.config)
+    config = fmt.struct((api or client()).get_experiment(experiment_id).experiment.config)
     storage = config.get("checkpoint_storage")
     if not isinstance(storage, dict) or storage.get("type") != "s3":
         return None

@@ -39,6 +39,7 @@ _LAZY = {
     "StepMode": "assay._context",
     "DistributedContext": "assay._distributed",
     "run_local": "assay._local",
+    "load_checkpoint": "assay._load",
     "get_cluster_info": "assay.core._info",
     "LocalResult": "assay._spec",
 }

@@ -19,12 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+import assay
 from assay._local import free_port
 from assay.cli import _credentials
 from assay.cli._common import DEFAULT_MASTER
 from assay.cli._deploy import _ui_line, up
+from tests.fixtures.regression.model_def import RegressionTrial
 
 from .conftest import CONFIG, REGRESSION_DIR
 
@@ -162,6 +165,40 @@ def test_demo_runs_an_experiment_to_the_end_then_names_its_page(
     listed = shell.run("-m", f"localhost:{port}", "experiment", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert [e["state"] for e in json.loads(listed.stdout.splitlines()[-1])] == ["COMPLETED"] * 2
+
+
+def test_a_trained_model_is_loaded_by_uuid_and_downloaded(
+    shell: Shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    port = free_port()
+    ports = ["--port", str(port), "--http-port", "0", "--state-dir", str(shell.home / "state")]
+    ran = shell.run("deploy", "local", "demo", str(config), str(REGRESSION_DIR), *ports)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    master = ["-m", f"localhost:{port}"]
+    listed = shell.run(*master, "checkpoint", "list", "1", "--json")
+    assert listed.returncode == 0, listed.stderr
+    uuid = json.loads(listed.stdout.splitlines()[-1])[-1]["uuid"]
+    # This process is the notebook: it finds the login `up` stored for that shell.
+    monkeypatch.setenv("ASSAY_AUTH_FILE", str(shell.home / ".assay" / "auth.json"))
+    monkeypatch.delenv("ASSAY_MASTER", raising=False)
+
+    downloaded = shell.run(*master, "checkpoint", "download", uuid, str(tmp_path / "model"))
+    by_uuid = assay.load_checkpoint(uuid, master=f"localhost:{port}")
+    by_dir = assay.load_checkpoint(tmp_path / "model")
+    missing = str(uuid[:-1]) + ("0" if uuid[-1] != "0" else "1")
+
+    assert downloaded.returncode == 0, downloaded.stderr
+    assert by_uuid.uuid == by_dir.uuid == uuid
+    assert by_uuid.path != by_dir.path  # shared_fs: read where it is mounted
+    assert by_uuid.models[0].keys() == by_dir.models[0].keys()
+    for name, tensor in by_uuid.models[0].items():
+        assert torch.equal(tensor, by_dir.models[0][name])
+    trial = by_dir.load_trial(RegressionTrial)
+    assert not trial.model.training
+    with pytest.raises(assay.AssayError, match=missing):
+        assay.load_checkpoint(missing, master=f"localhost:{port}")
 
 
 def test_demo_outside_a_checkout_starts_nothing(shell: Shell, tmp_path: Path) -> None:

@@ -112,11 +112,18 @@ def login_response(username: str = "admin") -> api_pb2.LoginResponse:
 
 
 def run_cli(
-    *args: object, master: FakeApi | str | None = None, timeout: float = 60
+    *args: object,
+    master: FakeApi | str | None = None,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`assay [-m ADDRESS] ARGS...` in a fresh interpreter; ASSAY_MASTER is unset."""
+    """`assay [-m ADDRESS] ARGS...` in a fresh interpreter; ASSAY_MASTER is unset.
+    `env`: variables to set on top (polls are every 0.05 s, progress lines unthrottled)."""
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if k != "ASSAY_MASTER"}
     env["ASSAY_POLL_SECONDS"] = "0.05"
+    env["ASSAY_PROGRESS_SECONDS"] = "0"
+    env.update(extra)
     address = master.address if isinstance(master, FakeApi) else master
     prefix = ["-m", address] if address else []
     return subprocess.run(

@@ -64,7 +64,7 @@ def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
 
 
 def test_every_reading_command_takes_json() -> None:
-    commands = _commands(cli)  # type: ignore[arg-type]
+    commands = _commands(cli)
     assert set(commands) >= READERS, READERS - set(commands)
     missing = [
         path

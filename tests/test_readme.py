@@ -55,7 +55,7 @@ def test_the_first_command_runs_a_search_on_a_local_cluster() -> None:
 def _python_block_after(heading: str) -> str:
     text = (ROOT / "README.md").read_text()
     section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    return str(re.findall(r"```python\n(.*?)```", section, flags=re.S)[0])
 
 
 @pytest.mark.slow

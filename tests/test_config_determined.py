@@ -588,11 +588,14 @@ def test_debug_workspace_and_project_warn() -> None:
 
 
 def test_tensorboard_storage_is_refused() -> None:
-    one_problem(
+    problem = one_problem(
         base(tensorboard_storage={"type": "shared_fs", "host_path": "/tmp"}),
         "tensorboard_storage: ",
         "assay trial metrics",
     )
+
+    assert "get_tensorboard_path()" in problem
+    assert "tensorboard/trial-<id>" in problem
 
 
 @pytest.mark.parametrize(
@@ -616,28 +619,8 @@ def test_pool_keys_are_refused(key: str) -> None:
     )
 
 
-NOT_MAPPED = [
-    ("optimizations", "average_training_metrics", True),
-    ("optimizations", "average_aggregated_gradients", True),
-    ("optimizations", "gradient_compression", False),
-    ("optimizations", "tensor_fusion_threshold", 64),
-    ("optimizations", "tensor_fusion_cycle_time", 5),
-    ("optimizations", "auto_tune_tensor_fusion", False),
-    ("environment", "ports", {"web": 8080}),
-    ("environment", "proxy_ports", []),
-    ("resources", "is_single_node", True),
-    ("resources", "native_parallel", False),
-    ("checkpoint_storage", "propagation", "rprivate"),
-    (None, "log_policies", [{"pattern": "CUDA out of memory"}]),
-    (None, "retention_policy", {"log_retention_days": 10}),
-    (None, "preemption_timeout", 3600),
-    (None, "integrations", {"pachyderm": {}}),
-]
-
-
-@pytest.mark.parametrize(("section", "key", "value"), NOT_MAPPED)
-def test_keys_not_mapped_yet_are_refused_by_name(section: str | None, key: str, value: Any) -> None:
-    """The README's porting table lists these as refused: each is named, nothing else."""
+def with_key(section: str | None, key: str, value: Any) -> tuple[dict[str, Any], str]:
+    """`base()` with `key: value` in `section` (None: top level), and the key's path."""
     data = base()
     if section is None:
         data[key] = value
@@ -645,9 +628,169 @@ def test_keys_not_mapped_yet_are_refused_by_name(section: str | None, key: str, 
         data[section] = {"type": "shared_fs", "host_path": "/tmp", key: value}
     else:
         data[section] = {key: value}
-    path = key if section is None else f"{section}.{key}"
+    return data, key if section is None else f"{section}.{key}"
 
-    one_problem(data, f"{path}: unknown key")
+
+# Determined 0.38 keys whose value Assay cannot honour: (section, key, value, what the
+# message says to do instead).
+REFUSED = [
+    ("optimizations", "average_aggregated_gradients", False, "multiply your loss"),
+    ("environment", "proxy_ports", [{"proxy_port": 8888}], "directly"),
+    ("resources", "is_single_node", True, "spreads it over agents"),
+    ("resources", "native_parallel", True, "one process per slot"),
+    ("checkpoint_storage", "checkpoint_path", "/ckpt", "write storage_path"),
+    ("checkpoint_storage", "tensorboard_path", "/tb", "tensorboard/trial-<id>"),
+    (None, "log_policies", [{"pattern": "CUDA out of memory"}], "max_restarts: 0"),
+    (None, "retention_policy", {"log_retention_days": 10}, "save_trial_best"),
+    (None, "preemption_timeout", 3600, "kill_grace_s"),
+    (None, "integrations", {"pachyderm": {"dataset": {}}}, "under data"),
+    (None, "slurm", {"slots_per_node": 8}, "assay-agent"),
+    (None, "pbs", {"pbsbatch_args": ["-l walltime=1:00:00"]}, "assay-agent"),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "value", "instead"), REFUSED)
+def test_determined_keys_assay_cannot_honour_are_refused_with_what_to_do(
+    section: str | None, key: str, value: Any, instead: str
+) -> None:
+    data, path = with_key(section, key, value)
+
+    problem = one_problem(data, f"{path}: ", instead)
+
+    assert "unknown key" not in problem
+    assert "remove it" in problem or "write" in problem or "multiply" in problem
+
+
+# Determined 0.38 keys that change nothing here: (section, key, value, what the warning
+# says).
+WARNED = [
+    ("optimizations", "average_training_metrics", False, "averaged over every slot"),
+    ("optimizations", "gradient_compression", True, "uncompressed"),
+    ("optimizations", "tensor_fusion_threshold", 64, "bucket_cap_mb"),
+    ("optimizations", "tensor_fusion_cycle_time", 5, "as soon as it is ready"),
+    ("optimizations", "auto_tune_tensor_fusion", True, "bucket_cap_mb"),
+    ("optimizations", "grad_updates_size_file", "/tmp/sizes", "no file"),
+    ("environment", "ports", {"web": 8080}, "the agent's own ports"),
+    ("environment", "proxy_ports", [], "proxies no ports"),
+    ("checkpoint_storage", "propagation", "rprivate", "nothing is mounted"),
+    ("checkpoint_storage", "container_path", "/ckpt", "host_path/storage_path"),
+    (None, "log_policies", [], "no log policies"),
+    (None, "retention_policy", {"log_retention_days": -1}, "as long as its experiment"),
+    (None, "integrations", {}, "no integrations"),
+    (None, "slurm", {}, "does not launch through slurm"),
+    (None, "security", {"kerberos": {"config_file": "/etc/krb5.conf"}}, "Kerberos"),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "value", "says"), WARNED)
+def test_determined_keys_that_change_nothing_warn(
+    section: str | None, key: str, value: Any, says: str
+) -> None:
+    data, path = with_key(section, key, value)
+
+    (warning,) = parse_config(data).warnings
+
+    assert warning.startswith(f"{path}: ")
+    assert says in warning
+
+
+# What Assay does anyway: accepted as it is, with no warning.
+ACCEPTED: list[tuple[str | None, str, Any]] = [
+    ("optimizations", "average_training_metrics", True),
+    ("optimizations", "average_aggregated_gradients", True),
+    ("optimizations", "gradient_compression", False),
+    ("optimizations", "auto_tune_tensor_fusion", False),
+    ("optimizations", "grad_updates_size_file", None),
+    ("environment", "ports", {}),
+    ("resources", "is_single_node", False),
+    ("resources", "native_parallel", False),
+    (None, "preemption_timeout", None),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "value"), ACCEPTED)
+def test_determined_keys_set_as_assay_works_are_accepted_quietly(
+    section: str | None, key: str, value: Any
+) -> None:
+    data, _ = with_key(section, key, value)
+
+    assert parse_config(data).warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("resources", "is_single_node"),
+        ("resources", "native_parallel"),
+        ("optimizations", "average_training_metrics"),
+        ("optimizations", "average_aggregated_gradients"),
+    ],
+)
+def test_determined_flags_must_be_true_or_false(section: str, key: str) -> None:
+    data, path = with_key(section, key, "yes")
+
+    one_problem(data, f"{path}: expected true or false")
+
+
+def test_environment_ports_must_be_a_mapping() -> None:
+    one_problem(base(environment={"ports": [8080]}), "environment.ports: expected a mapping")
+
+
+def test_a_config_exported_from_determined_with_every_default_parses() -> None:
+    """`det experiment describe --json` writes every key with its default."""
+    config = parse_config(
+        base(
+            optimizations={
+                "aggregation_frequency": 1,
+                "auto_tune_tensor_fusion": False,
+                "average_aggregated_gradients": True,
+                "average_training_metrics": True,
+                "grad_updates_size_file": None,
+                "gradient_compression": False,
+                "mixed_precision": "O0",
+                "tensor_fusion_cycle_time": 5,
+                "tensor_fusion_threshold": 64,
+            },
+            environment={"ports": {}, "proxy_ports": None, "force_pull_image": False},
+            resources={"slots_per_trial": 1, "is_single_node": None, "native_parallel": False},
+            checkpoint_storage={
+                "type": "shared_fs",
+                "host_path": "/tmp",
+                "storage_path": "ckpt",
+                "propagation": "rprivate",
+                "container_path": None,
+            },
+            log_policies=[],
+            retention_policy={"log_retention_days": None},
+            preemption_timeout=None,
+            integrations=None,
+        )
+    )
+
+    assert [w.split(":")[0] for w in config.warnings] == [
+        "optimizations.tensor_fusion_threshold",
+        "optimizations.tensor_fusion_cycle_time",
+        "checkpoint_storage.propagation",
+        "environment.force_pull_image",
+        "environment.proxy_ports",
+        "log_policies",
+        "retention_policy",
+        "integrations",
+    ]
+
+
+@pytest.mark.parametrize("command", [["experiment", "create"], ["trial", "run-local"]])
+def test_warnings_reach_create_and_run_local(tmp_path: Path, command: list[str]) -> None:
+    data, _ = with_key("optimizations", "tensor_fusion_threshold", 32)
+    config = write(tmp_path, yaml.safe_dump(data))
+
+    result = CliRunner().invoke(cli, [*command, str(config), str(tmp_path / "missing")])
+
+    assert (
+        "warning: optimizations.tensor_fusion_threshold: has no effect: a Horovod setting"
+        in result.stderr
+    )
+    assert result.exit_code != 0  # the model directory does not exist
 
 
 def test_const_hyperparameters_hold_nested_values() -> None:

@@ -1,7 +1,8 @@
 """Determined 0.38's config keys that Assay has no counterpart for, and Determined's forms
 of keys it does have (`environment.environment_variables`).
 
-A ported config is never met with "unknown key" and never half-read: a key that changes
+A key of Determined 0.38's experiment config is never met with "unknown key" and never
+half-read: a value that is what Assay does anyway is accepted as it is, one that changes
 nothing here is accepted with a warning that says so, and one whose meaning Assay cannot
 honour is refused with what Assay does instead. Warnings and problems both carry the key
 path (`environment.image: ...`).
@@ -58,6 +59,19 @@ _RESOURCE_KEYS = ("max_slots", "weight", "resource_pool", "agent_label")
 _FLAT_LIST = (
     "projects and workspaces come with a later release; the experiment goes to the flat list"
 )
+_NO_HOROVOD = (
+    "a Horovod setting: under Assay gradients are all-reduced by torch "
+    "DistributedDataParallel (the Trial API's, or a script's own)"
+)
+# Horovod's tuning keys under `optimizations`: none changes what is computed.
+_HOROVOD_KEYS = {
+    "tensor_fusion_threshold": "DDP buckets gradients itself (bucket_cap_mb)",
+    "tensor_fusion_cycle_time": "DDP starts each bucket's all-reduce as soon as it is ready",
+    "auto_tune_tensor_fusion": "DDP buckets gradients itself (bucket_cap_mb)",
+    "grad_updates_size_file": "no file of gradient update sizes is written",
+    "gradient_compression": "gradients are all-reduced uncompressed, in their own precision",
+}
+_NO_CONTAINERS_AT_ALL = "trials run on the agents without containers"
 
 
 @dataclass(frozen=True)
@@ -78,9 +92,34 @@ def parse_environment(s: Section, warnings: list[str]) -> Environment:
             warnings.append(f"{s.key_path(key)}: has no effect: {_NO_CONTAINERS}")
         else:
             s.error(key, f"{_NO_CONTAINERS}: {fix}")
+    _check_ports(s, warnings)
     env = environment_variables(s.raw("environment_variables"), s, warnings)
     s.finish()
     return env
+
+
+def _check_ports(s: Section, warnings: list[str]) -> None:
+    if "ports" in s.data:
+        ports = s.raw("ports")
+        if ports not in (None, {}) and not isinstance(ports, Mapping):
+            s.error("ports", f"expected a mapping of names to port numbers, got {type_name(ports)}")
+        elif ports:
+            warnings.append(
+                f"{s.key_path('ports')}: not needed: {_NO_CONTAINERS_AT_ALL} and listen on "
+                "the agent's own ports, so nothing is exposed or mapped"
+            )
+    if "proxy_ports" in s.data:
+        proxied = s.raw("proxy_ports")
+        if proxied in (None, []):
+            warnings.append(
+                f"{s.key_path('proxy_ports')}: has no effect: the master proxies no ports to trials"
+            )
+        else:
+            s.error(
+                "proxy_ports",
+                "the master does not proxy to a trial's ports: reach a service a trial "
+                "starts at its agent's address and port directly; remove it",
+            )
 
 
 def environment_variables(value: Any, s: Section, warnings: list[str]) -> Environment:
@@ -180,12 +219,87 @@ def check_top_level(top: Section, warnings: list[str]) -> None:
         top.raw("tensorboard_storage")
         top.error(
             "tensorboard_storage",
-            "Assay has no TensorBoard storage: the metrics trials report are kept by the "
-            "master and shown by the web UI and `assay trial metrics`; remove it (a Trial "
-            "may still write TensorBoard files to a path of its own)",
+            "Assay has no separate TensorBoard storage: the metrics trials report are kept "
+            "by the master (web UI, `assay trial metrics`), and the event files written to "
+            "get_tensorboard_path() (Trial and Core API) are kept in the checkpoint storage "
+            "under tensorboard/trial-<id> (`assay trial download-tensorboard`); remove it",
         )
     _check_profiling(top, warnings)
     _check_bind_mounts(top, warnings)
+    _check_policies(top, warnings)
+    _check_launchers(top, warnings)
+
+
+def _empty(value: Any) -> bool:
+    return value in (None, False, "", [], {})
+
+
+def _check_policies(top: Section, warnings: list[str]) -> None:
+    """log_policies, retention_policy, preemption_timeout, integrations."""
+    if "log_policies" in top.data:
+        if _empty(top.raw("log_policies")):
+            warnings.append("log_policies: has no effect: Assay has no log policies")
+        else:
+            top.error(
+                "log_policies",
+                "Assay has no log policies: a failure every run would repeat (a missing "
+                "entrypoint, an import error, a wrong hyperparameter type) already ends the "
+                "trial in ERROR at its first run, other failures restart it up to "
+                "max_restarts times (set max_restarts: 0 to never retry), and no agent is "
+                "excluded; remove it",
+            )
+    if "retention_policy" in top.data:
+        policy = top.raw("retention_policy")
+        days = policy.get("log_retention_days") if isinstance(policy, Mapping) else policy
+        if days in (None, -1) or _empty(policy):
+            warnings.append(
+                "retention_policy: has no effect: Assay keeps a trial's logs as long as "
+                "its experiment"
+            )
+        else:
+            top.error(
+                "retention_policy",
+                "Assay keeps a trial's logs as long as its experiment and deletes none "
+                "after a number of days; remove it (checkpoints are kept by "
+                "checkpoint_storage's save_trial_best, save_trial_latest and "
+                "save_experiment_best)",
+            )
+    if "preemption_timeout" in top.data and top.raw("preemption_timeout") is not None:
+        top.error(
+            "preemption_timeout",
+            "a trial's time to stop after should_preempt() turns True is the master's "
+            "kill_grace_s (30 s unless the operator sets it in master.yaml), the same for "
+            "every experiment; remove it (a trial that checkpoints and exits when asked is "
+            "never killed)",
+        )
+    if "integrations" in top.data:
+        if _empty(top.raw("integrations")):
+            warnings.append("integrations: has no effect: Assay has no integrations")
+        else:
+            top.error(
+                "integrations",
+                "Assay has no Pachyderm or webhook integrations: put what your Trial reads "
+                "(e.g. a dataset's repo and commit) under data, and follow an experiment "
+                "with `assay experiment wait`; remove it",
+            )
+
+
+def _check_launchers(top: Section, warnings: list[str]) -> None:
+    """Determined's Slurm, PBS and Kerberos settings."""
+    for key in ("slurm", "pbs"):
+        if key not in top.data:
+            continue
+        if _empty(top.raw(key)):
+            warnings.append(f"{key}: has no effect: Assay does not launch through {key}")
+        else:
+            top.error(
+                key,
+                f"Assay does not launch trials through {key}: it runs them on its own agents "
+                "(start `assay-agent` on the nodes, e.g. as a batch job); remove it",
+            )
+    if "security" in top.data:
+        top.raw("security")
+        warnings.append("security: has no effect: Assay reads no Kerberos settings")
 
 
 def _check_profiling(top: Section, warnings: list[str]) -> None:
@@ -243,6 +357,55 @@ def check_resources(s: Section) -> None:
         if key in s.data:
             s.raw(key)
             s.error(key, f"{_NO_CONTAINERS}: remove it")
+    if _flag(s, "is_single_node"):
+        s.error(
+            "is_single_node",
+            "Assay cannot hold a trial to one agent: it puts a trial on one agent when one "
+            "has slots_per_trial free slots, and spreads it over agents with equal slots "
+            "on each otherwise; remove it, or set it to false",
+        )
+    if _flag(s, "native_parallel"):
+        s.error(
+            "native_parallel",
+            "Assay starts one process per slot; to start your own processes, use a command "
+            "entrypoint with slots_per_trial: 1; remove it, or set it to false",
+        )
+
+
+def _flag(s: Section, key: str) -> bool:
+    """Whether a true/false key is true; a value of another type is reported."""
+    if key not in s.data:
+        return False
+    value = s.raw(key)
+    if value is not None and not isinstance(value, bool):
+        s.error(key, f"expected true or false, got {type_name(value)} ({value!r})")
+        return False
+    return value is True
+
+
+def check_optimizations(s: Section, warnings: list[str]) -> None:
+    """Determined's Horovod keys under `optimizations` (what Assay does anyway passes)."""
+    key = "average_training_metrics"
+    if key in s.data and not _flag(s, key) and s.data[key] is False:
+        warnings.append(
+            f"{s.key_path('average_training_metrics')}: Assay reports a Trial's "
+            "training metrics averaged over every slot, not the chief's alone"
+        )
+    key = "average_aggregated_gradients"
+    if key in s.data and not _flag(s, key) and s.data[key] is False:
+        s.error(
+            key,
+            "Assay averages the gradients of the aggregation_frequency batches of one "
+            "optimizer step (context.backward divides the loss by it); to sum them, "
+            "multiply your loss by aggregation_frequency and remove the key",
+        )
+    for key, instead in _HOROVOD_KEYS.items():
+        if key not in s.data:
+            continue
+        value = s.raw(key)
+        if value is None or value is False:
+            continue  # off, as in Assay
+        warnings.append(f"{s.key_path(key)}: has no effect: {_NO_HOROVOD}; {instead}")
 
 
 def check_searcher(s: Section, warnings: list[str], *, stop_once: bool) -> None:
@@ -265,6 +428,33 @@ def check_searcher(s: Section, warnings: list[str], *, stop_once: bool) -> None:
                 "promoted at once and may promote and resume it later (stop_once: false); "
                 "the search runs that way"
             )
+
+
+def check_storage_keys(s: Section, warnings: list[str]) -> None:
+    """Determined's shared_fs keys for containers and its older path keys."""
+    if s.raw("propagation") is not None:
+        warnings.append(
+            f"{s.key_path('propagation')}: has no effect: {_NO_CONTAINERS_AT_ALL}, so "
+            "nothing is mounted"
+        )
+    if s.raw("container_path") is not None:
+        warnings.append(
+            f"{s.key_path('container_path')}: has no effect: {_NO_CONTAINERS_AT_ALL} and "
+            "write checkpoints to host_path/storage_path directly"
+        )
+    if s.raw("checkpoint_path") is not None:
+        s.error(
+            "checkpoint_path",
+            "is Determined's older name: write storage_path (a directory under host_path, "
+            "or a path relative to it)",
+        )
+    if s.raw("tensorboard_path") is not None:
+        s.error(
+            "tensorboard_path",
+            "TensorBoard event files are kept in the checkpoint storage itself, under "
+            "tensorboard/trial-<id> (`assay trial download-tensorboard` fetches them); "
+            "remove it",
+        )
 
 
 CHECKPOINT_TYPES = ("shared_fs", "s3")

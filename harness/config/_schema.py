@@ -194,10 +194,10 @@ def parse_config(data: Any) -> ExperimentConfig:
     _check_global_batch_size(top, hparams, resources.slots_per_trial, script=script)
     units = _Units(_records_per_batch(hparams), script)
     searcher = _parse_searcher(top.section("searcher", required=True), hparams, units, warnings)
-    optimizations = _parse_optimizations(top.section("optimizations"))
+    optimizations = _parse_optimizations(top.section("optimizations"), warnings)
     min_val = _parse_length(top, "min_validation_period", required=False, units=units)
     min_ckpt = _parse_length(top, "min_checkpoint_period", required=False, units=units)
-    storage = _parse_storage(top.section("checkpoint_storage"))
+    storage = _parse_storage(top.section("checkpoint_storage"), warnings)
     repro = top.section("reproducibility")
     seed = repro.get_int("experiment_seed", 0, minimum=0, maximum=2**31 - 1)
     repro.finish()
@@ -460,8 +460,9 @@ def _parse_resources(s: Section) -> ResourcesConfig:
     return ResourcesConfig(slots_per_trial=slots, priority=priority)
 
 
-def _parse_optimizations(s: Section) -> OptimizationsConfig:
+def _parse_optimizations(s: Section, warnings: list[str]) -> OptimizationsConfig:
     freq = s.get_int("aggregation_frequency", 1, minimum=1) or 1
+    _determined.check_optimizations(s, warnings)
     apex = s.data.get("mixed_precision")
     if apex == "O0":  # Apex's "off", as Determined configs write it
         precision = "off"
@@ -484,9 +485,10 @@ _SHARED_FS_KEYS = ("host_path", "storage_path")
 _S3_KEYS = ("bucket", "prefix", "endpoint_url", "region", "access_key", "secret_key")
 
 
-def _parse_storage(s: Section) -> CheckpointStorageConfig:
+def _parse_storage(s: Section, warnings: list[str]) -> CheckpointStorageConfig:
     if not _determined.check_storage_type(s):
         return CheckpointStorageConfig()  # refused: its other keys belong to that type
+    _determined.check_storage_keys(s, warnings)
     kind = s.get_choice("type", ("shared_fs", "s3"), "shared_fs")
     values = {key: s.get_str(key, None) for key in (*_SHARED_FS_KEYS, *_S3_KEYS)}
     best = s.get_int("save_trial_best", 1, minimum=0)

@@ -82,8 +82,7 @@ class AgentCalls:
     def set_agent_enabled(self, agent_id: str, enabled: bool) -> None:
         with self._m.lock:
             self._m.fleet.set_enabled(agent_id, enabled)
-            if enabled:
-                self._m.schedule()
+            self._m.schedule()  # disabled: what waits may now never fit, and says so
             self._m.commit_and_wait()
 
     def allocation_running(self, agent_id: str, allocation_id: str) -> None:
@@ -137,6 +136,7 @@ class AgentCalls:
                 self._m.run_of_trial,
                 [(r, self._m.trials[int(r.id)]) for r in queue],
                 {e.id: e.config.name for e in self._m.experiments.values()},
+                self._m.unplaceable,
             )
 
     def close_streams(self) -> None:

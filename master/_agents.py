@@ -143,6 +143,8 @@ class QueuedView:
     experiment_name: str
     priority: int
     slots: int
+    # Why it cannot be placed even on an idle cluster ("" when it waits for free slots).
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,7 @@ def cluster_view(
     allocation_of_trial: Mapping[int, str],
     queue: Iterable[tuple[Request, TrialState]],
     experiment_names: Mapping[int, str],
+    reasons: Mapping[int, str],
 ) -> ClusterView:
     """The snapshot `Master.cluster_view` takes under its lock (`allocations`: the
     scheduler's placements by request id, which is the trial id)."""
@@ -213,6 +216,7 @@ def cluster_view(
             experiment_names.get(trial.experiment_id, ""),
             request.priority,
             request.slots,
+            reasons.get(trial.id, ""),
         )
         for request, trial in queue
     )

@@ -95,6 +95,8 @@ class Master:
         )
         self.runs, self.run_of_trial, self.queued = ledger.runs, ledger.run_of_trial, ledger.queued
         self.models = ModelCache(store)
+        # Queued trials that cannot be placed even on an idle cluster, and why.
+        self.unplaceable: dict[int, str] = {}
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
         # Allocation tokens derive from a secret in the store, so a restarted master
         # recognises the trial processes that kept running. The HMAC's keyed state is
@@ -329,6 +331,7 @@ class Master:
 
     def schedule(self) -> None:
         if not self.queued:
+            self.unplaceable.clear()
             return
         # Agents may have joined or left since a request was queued: one pass sets its type.
         slot_type = self.fleet.slot_type()
@@ -337,6 +340,7 @@ class Master:
             for r in self.queued.values()
         ]
         decision = self.scheduler.schedule(pending)
+        self._note_unplaceable(decision.unschedulable)
         placed = {a.request_id for a in decision.assignments}
         if self.config.preemption and len(placed) < len(pending):
             unplaced = (r for r in pending if r.id not in placed)
@@ -353,6 +357,23 @@ class Master:
                 if run is not None and self.ledger.end_run(run):
                     self.fleet.kill(run, graceful=False)
                 self.do([*end_trial(trial, T.ERROR, _now()), fx.Settle(trial.experiment_id)])
+
+    def why_never(self, slots: int) -> str | None:
+        """Why a trial of `slots` slots could not start even on this cluster idle (None:
+        it can, once slots are free)."""
+        with self.lock:
+            return self.scheduler.why_never(slots, self.fleet.slot_type())
+
+    def _note_unplaceable(self, unschedulable: Sequence[tuple[str, str]]) -> None:
+        """Remember why queued trials cannot be placed on the cluster as it is; a trial's
+        log says so once (and again when the reason changes)."""
+        now = {int(request_id): why for request_id, why in unschedulable}
+        for trial_id, why in now.items():
+            if self.unplaceable.get(trial_id) != why:
+                trial = self.trials[trial_id]
+                self.do([fx.Log(trial_id, trial.run_id, f"waiting: {why}", "WARNING")])
+        self.unplaceable.clear()
+        self.unplaceable.update(now)
 
     def _preempt_for(self, request: Request) -> None:
         """Stop lower-priority runs (gracefully) so that `request` fits when they are gone."""

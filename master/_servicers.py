@@ -205,7 +205,16 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         record, ticket = self.master.add_experiment(prepared, activate=request.activate)
         await self.master.commit.wait_async(ticket)
         experiment = _convert.experiment(record, num_trials=1, best=None)
-        return api_pb2.CreateExperimentResponse(experiment=experiment)
+        why = self.master.why_never(prepared.config.resources.slots_per_trial)
+        warnings = (
+            [
+                f"its trials cannot start on this cluster as it is: each {why}; they wait until "
+                "agents that can hold them connect or are enabled"
+            ]
+            if why
+            else []
+        )
+        return api_pb2.CreateExperimentResponse(experiment=experiment, warnings=warnings)
 
     def _experiment(self, experiment_id: int) -> common_pb2.Experiment:
         record = self.store.get_experiment(experiment_id)
@@ -221,6 +230,10 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     ) -> api_pb2.GetExperimentResponse:
         experiment = self._experiment(request.id)
         trials = [_convert.trial(t) for t in self.store.list_trials(request.id)]
+        waiting = self.master.unplaceable
+        for trial in trials:
+            if trial.state == common_pb2.TRIAL_STATE_QUEUED:
+                trial.waiting = waiting.get(trial.id, "")
         names = [
             api_pb2.MetricName(group=group, name=name)
             for group, name in self.store.experiment_metric_names(request.id)
@@ -415,6 +428,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                 priority=q.priority,
                 slots=q.slots,
                 slot_type=slot_type,
+                reason=q.reason,
             )
             for q in view.queue
         ]

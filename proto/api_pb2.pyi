@@ -133,16 +133,22 @@ class CreateExperimentResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EXPERIMENT_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def experiment(self) -> _common_pb2.Experiment: ...
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the submitter should know, e.g. that no agent can hold a trial of it yet."""
+
     def __init__(
         self,
         *,
         experiment: _common_pb2.Experiment | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -680,6 +686,7 @@ class QueuedTrial(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     SLOTS_FIELD_NUMBER: _builtins.int
     SLOT_TYPE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     trial_id: _builtins.int
     experiment_id: _builtins.int
     experiment_name: _builtins.str
@@ -688,6 +695,10 @@ class QueuedTrial(_message.Message):
     slots: _builtins.int
     """needed all at once"""
     slot_type: _common_pb2.SlotType.ValueType
+    reason: _builtins.str
+    """Why it cannot start on the cluster as it is, even idle ("" when it waits for
+    slots to free up).
+    """
     def __init__(
         self,
         *,
@@ -697,10 +708,11 @@ class QueuedTrial(_message.Message):
         priority: _builtins.int = ...,
         slots: _builtins.int = ...,
         slot_type: _common_pb2.SlotType.ValueType = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment_id", b"experiment_id", "experiment_name", b"experiment_name", "priority", b"priority", "slot_type", b"slot_type", "slots", b"slots", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment_id", b"experiment_id", "experiment_name", b"experiment_name", "priority", b"priority", "reason", b"reason", "slot_type", b"slot_type", "slots", b"slots", "trial_id", b"trial_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

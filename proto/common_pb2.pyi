@@ -197,6 +197,7 @@ class Trial(_message.Message):
     START_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     experiment_id: _builtins.int
     state: Global___TrialState.ValueType
@@ -208,6 +209,10 @@ class Trial(_message.Message):
     latest_checkpoint: _builtins.str
     last_error: _builtins.str
     """Why its last run failed (empty if none did)."""
+    waiting: _builtins.str
+    """Queued and unable to start on the cluster as it is: why, with the numbers
+    ("needs 6 CPU slots; the cluster has 4 (1 agent)"). Empty otherwise.
+    """
     @_builtins.property
     def hparams(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -230,10 +235,11 @@ class Trial(_message.Message):
         start_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
         last_error: _builtins.str = ...,
+        waiting: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "hparams", b"hparams", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "experiment_id", b"experiment_id", "hparams", b"hparams", "id", b"id", "last_error", b"last_error", "latest_checkpoint", b"latest_checkpoint", "restarts", b"restarts", "run_id", b"run_id", "seed", b"seed", "start_time", b"start_time", "state", b"state", "total_batches", b"total_batches"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "experiment_id", b"experiment_id", "hparams", b"hparams", "id", b"id", "last_error", b"last_error", "latest_checkpoint", b"latest_checkpoint", "restarts", b"restarts", "run_id", b"run_id", "seed", b"seed", "start_time", b"start_time", "state", b"state", "total_batches", b"total_batches", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__best_validation: _TypeAlias = _typing.Literal["best_validation"]  # noqa: Y015
     _WhichOneofArgType__best_validation: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation"]  # noqa: Y015

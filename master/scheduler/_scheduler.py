@@ -9,6 +9,7 @@ from typing import Any
 
 from assay.master.scheduler import _snapshot
 from assay.master.scheduler._index import FreeIndex
+from assay.master.scheduler._placement import choose_agents, largest_placement
 from assay.master.scheduler._types import (
     SLOT_TYPES,
     Agent,
@@ -16,6 +17,7 @@ from assay.master.scheduler._types import (
     Decision,
     Placement,
     Request,
+    SlotType,
 )
 
 
@@ -147,7 +149,8 @@ class Scheduler:
         for request in sorted(pending, key=lambda r: r.rank):
             index = self._index[request.slot_type]
             if not index.fits_idle(request.slots):
-                decision.unschedulable.append((request.id, _why(request, index.largest())))
+                why = self.why_never(request.slots, request.slot_type)
+                decision.unschedulable.append((request.id, why or "cannot be placed"))
                 continue
             if request.slots > index.total_free:
                 continue
@@ -158,6 +161,15 @@ class Scheduler:
             self._hold(request.id, placement)
             decision.assignments.append(Assignment(request.id, placement))
         return decision
+
+    def why_never(self, slots: int, slot_type: SlotType) -> str | None:
+        """Why a request of `slots` slots could not be placed even if every agent were
+        idle, or None if it could (it only waits for slots to free up)."""
+        if self._index[slot_type].fits_idle(slots):
+            return None
+        agents = [a for a in self._agents.values() if a.slot_type == slot_type]
+        capacities = [a.slots for a in agents if a.enabled]
+        return _why(slots, slot_type, capacities, len(agents) - len(capacities))
 
     # -- snapshots -----------------------------------------------------------------------
 
@@ -229,13 +241,32 @@ class Scheduler:
             seen.add(request.id)
 
 
-def _why(request: Request, largest: int) -> str:
-    need = f"needs {request.slots} {request.slot_type} slots"
-    if largest == 0:
-        return f"{need}; the cluster has no enabled {request.slot_type} agents"
-    if request.slots > largest:
-        return f"{need}; the largest placement the cluster allows is {largest}"
+_KIND_NAMES = {"cpu": "CPU", "cuda": "GPU"}
+
+
+def _why(slots: int, slot_type: str, capacities: Sequence[int], disabled: int) -> str:
+    """Why `slots` slots of `slot_type` cannot be placed even on an idle cluster, with the
+    numbers: what is asked, what the enabled agents have, and what the largest placement is."""
+    kind = _KIND_NAMES.get(slot_type, slot_type)
+    need = f"needs {slots} {kind} slot{'s' if slots != 1 else ''}"
+    if not capacities:
+        if disabled:
+            return f"{need}; every {kind} agent is disabled ({disabled})"
+        return f"{need}; no {kind} agent is connected"
+    total = sum(capacities)
+    agents = f"{len(capacities)} agent{'s' if len(capacities) != 1 else ''}"
+    has = f"the cluster has {total} ({agents}"
+    has += f", {disabled} more disabled)" if disabled else ")"
+    if slots > total:
+        return f"{need}; {has}"
+    # Fewer slots that would fit, the nearest first (a trial's agents give equal shares).
+    pairs = [(str(i), c) for i, c in enumerate(capacities)]
+    below = next(
+        n
+        for n in range(min(slots, largest_placement(capacities)), 0, -1)
+        if choose_agents(n, pairs) is not None
+    )
     return (
-        f"{need}; they cannot be split equally over the enabled {request.slot_type} agents "
-        f"(the largest placement the cluster allows is {largest})"
+        f"{need}; {has}, but a trial's slots are split equally over its agents, which "
+        f"{slots} cannot be here ({below} could)"
     )

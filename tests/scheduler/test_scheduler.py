@@ -100,9 +100,7 @@ def test_requests_the_cluster_can_never_hold_are_reported_and_stay_pending() -> 
     decision = scheduler.schedule([huge, _req("ok", 8, priority=99)])
     assert decision == Decision(
         assignments=decision.assignments,
-        unschedulable=[
-            ("huge", "needs 16 cuda slots; the largest placement the cluster allows is 8")
-        ],
+        unschedulable=[("huge", "needs 16 GPU slots; the cluster has 8 (1 agent)")],
     )
     assert [a.request_id for a in decision.assignments] == ["ok"]
     scheduler.release("ok")
@@ -115,10 +113,18 @@ def test_unschedulable_reasons_name_missing_agents_and_unequal_splits() -> None:
     decision = scheduler.schedule([_req("gpu", 1), Request("odd", 5, "cpu")])
     assert decision.assignments == []
     assert dict(decision.unschedulable) == {
-        "gpu": "needs 1 cuda slots; the cluster has no enabled cuda agents",
-        "odd": "needs 5 cpu slots; they cannot be split equally over the enabled cpu agents "
-        "(the largest placement the cluster allows is 8)",
+        "gpu": "needs 1 GPU slot; no GPU agent is connected",
+        "odd": "needs 5 CPU slots; the cluster has 8 (2 agents), but a trial's slots are split "
+        "equally over its agents, which 5 cannot be here (4 could)",
     }
+    scheduler.set_agent_enabled("b", False)
+    assert (
+        scheduler.why_never(6, "cpu")
+        == "needs 6 CPU slots; the cluster has 4 (1 agent, 1 more disabled)"
+    )
+    assert scheduler.why_never(4, "cpu") is None  # it fits: it only waits for free slots
+    scheduler.set_agent_enabled("a", False)
+    assert scheduler.why_never(1, "cpu") == "needs 1 CPU slot; every CPU agent is disabled (2)"
 
 
 # -- agents ----------------------------------------------------------------------------------

@@ -1,0 +1,95 @@
+"""An experiment the cluster can never run says so: at create, in describe, in the queue,
+in the trial's log; and stops saying so once agents that fit it are there."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from assay.master._server import MasterServer
+from assay.proto import api_pb2, api_pb2_grpc, common_pb2
+from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
+
+
+def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def _create(api: api_pb2_grpc.ApiStub, slots: int) -> api_pb2.CreateExperimentResponse:
+    response: api_pb2.CreateExperimentResponse = api.CreateExperiment(
+        api_pb2.CreateExperimentRequest(
+            config_yaml=experiment_yaml(
+                resources={"slots_per_trial": slots},
+                hyperparameters={"global_batch_size": 12 * slots, "lr": 0.1},
+            ),
+            model_definition=model_archive(),
+            activate=True,
+        )
+    )
+    return response
+
+
+def _trial(api: api_pb2_grpc.ApiStub, experiment_id: int) -> common_pb2.Trial:
+    response = api.GetExperiment(api_pb2.GetExperimentRequest(id=experiment_id))
+    [trial] = response.trials
+    return trial
+
+
+def _log(api: api_pb2_grpc.ApiStub, trial_id: int) -> list[str]:
+    lines = api.StreamTrialLogs(api_pb2.StreamTrialLogsRequest(trial_id=trial_id, follow=False))
+    return [line.message for line in lines]
+
+
+def test_a_trial_larger_than_the_cluster_says_so_everywhere_until_it_fits(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    a1 = ScriptedAgent(master.port, "a1", slots=2)
+    a2 = ScriptedAgent(master.port, "a2", slots=2)
+    why = "needs 6 CPU slots; the cluster has 4 (2 agents)"
+    created = _create(api, 6)
+    assert [w for w in created.warnings if why in w], created.warnings
+    trial = _trial(api, created.experiment.id)
+    assert (trial.state, trial.waiting) == (common_pb2.TRIAL_STATE_QUEUED, why)
+    [queued] = api.GetQueue(api_pb2.GetQueueRequest()).trials
+    assert (queued.trial_id, queued.reason) == (trial.id, why)
+    _eventually(lambda: f"waiting: {why}" in _log(api, trial.id))
+    # A trial that fits says nothing, even while it waits for slots held by another.
+    fits = _create(api, 4)
+    assert list(fits.warnings) == []
+    a1.next("start")
+    a2.next("start")
+    # A third agent makes 6 possible (3 agents x 2): the reason goes, the trial waits
+    # only for free slots now.
+    a3 = ScriptedAgent(master.port, "a3", slots=2)
+    _eventually(lambda: _trial(api, created.experiment.id).waiting == "")
+    assert all(q.reason == "" for q in api.GetQueue(api_pb2.GetQueueRequest()).trials)
+    assert _log(api, trial.id).count(f"waiting: {why}") == 1  # said once
+    for agent in (a1, a2, a3):
+        agent.close()
+
+
+def test_every_agent_disabled_is_the_reason_and_enabling_one_starts_the_trial(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    agent = ScriptedAgent(master.port, "a1", slots=1)
+    api.SetAgentEnabled(api_pb2.SetAgentEnabledRequest(id="a1", enabled=False))
+    created = _create(api, 1)
+    why = "needs 1 CPU slot; every CPU agent is disabled (1)"
+    assert [w for w in created.warnings if why in w], created.warnings
+    assert _trial(api, created.experiment.id).waiting == why
+    api.SetAgentEnabled(api_pb2.SetAgentEnabledRequest(id="a1", enabled=True))
+    agent.next("start")
+    trial = _trial(api, created.experiment.id)
+    assert (trial.state, trial.waiting) == (common_pb2.TRIAL_STATE_RUNNING, "")
+    agent.close()
+
+
+def test_no_agent_at_all_is_the_reason(master: MasterServer, api: api_pb2_grpc.ApiStub) -> None:
+    created = _create(api, 2)
+    why = "needs 2 CPU slots; no CPU agent is connected"
+    assert [w for w in created.warnings if why in w], created.warnings
+    assert _trial(api, created.experiment.id).waiting == why

@@ -686,3 +686,66 @@ def test_a_lightning_fabric_loop_reports_through_core_on_two_slots(tmp_path: Pat
     assert result.validation_metrics["loss"] < result.training_history[0]["metrics"]["loss"]
     assert result.checkpoint is not None
     assert (Path(result.checkpoint) / "model.pt").exists()
+
+
+# --- TensorBoard files ------------------------------------------------------------------
+
+
+def test_plain_run_keeps_tensorboard_files_beside_its_checkpoints(local_dir: Path) -> None:
+    with assay.core.init() as core:
+        path = core.train.get_tensorboard_path()
+        (path / "events.out.tfevents.1").write_bytes(b"e")
+
+    assert path == local_dir / "checkpoints" / "tensorboard" / "trial-0"
+    assert (path / "events.out.tfevents.1").read_bytes() == b"e"  # kept after close
+
+
+def test_on_a_cluster_with_s3_tensorboard_files_go_up_with_checkpoints_and_at_the_end(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch, s3_server: S3Server
+) -> None:
+    bucket = s3_server.new_bucket()
+    service = _Master(targets=[16])
+    events = f"runs/tensorboard/trial-{TRIAL_ID}/events.out.tfevents.1"
+    with serve(service) as api:
+        _cluster_spec(local_dir, monkeypatch, api, storage=s3_server.storage_config(bucket))
+        with assay.core.init() as core:
+            path = core.train.get_tensorboard_path()
+            (path / "events.out.tfevents.1").write_bytes(b"first")
+            assert events not in s3_server.keys(bucket)  # nothing before a checkpoint
+            with core.checkpoint.store_path({"steps_completed": 8}) as (ckpt, uuid):
+                (ckpt / "state.json").write_text("{}")
+            assert events in s3_server.keys(bucket)  # with the checkpoint
+            (path / "events.out.tfevents.1").write_bytes(b"first and more")
+
+    assert sorted(s3_server.keys(bucket)) == sorted(
+        [events, f"runs/{uuid}/metadata.json", f"runs/{uuid}/state.json"]
+    )
+    from assay.common.storage import S3Storage, storage_for
+    from assay.config import parse_config
+
+    config = {**_config("python3 x.py"), "checkpoint_storage": s3_server.storage_config(bucket)}
+    storage = storage_for(parse_config(config).checkpoint_storage)
+    assert isinstance(storage, S3Storage)
+    back = local_dir / "back"
+    assert storage.download_tree("tensorboard", f"trial-{TRIAL_ID}", back) == 1
+    assert (back / "events.out.tfevents.1").read_bytes() == b"first and more"  # at the end
+    assert not path.exists()  # the local copy is gone
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_run_local_script_keeps_every_ranks_tensorboard_files(tmp_path: Path, slots: int) -> None:
+    ckpts = tmp_path / "ckpts"
+
+    run_local(
+        config=_config("python3 tensorboard_loop.py", resources={"slots_per_trial": slots}),
+        model_dir=SCRIPTS,
+        checkpoint_dir=ckpts,
+    )
+
+    files = sorted(p.relative_to(ckpts).as_posix() for p in ckpts.glob("tensorboard/**/events*"))
+    (trial,) = {f.split("/")[1] for f in files}
+    expected = [f"tensorboard/{trial}/events.out.tfevents.test"]
+    if slots == 2:
+        expected.insert(0, f"tensorboard/{trial}/rank-1/events.out.tfevents.test")
+    assert files == sorted(expected)
+    assert (ckpts / expected[-1]).read_text() == "rank 0\n"

@@ -52,10 +52,12 @@ class CheckpointContext:
         hparams: Mapping[str, Any],
         steps: Callable[[], int],
         restore_roots: Sequence[Path] = (),
+        after_store: Callable[[], None] = lambda: None,
     ) -> None:
         """`steps`: the latest steps_completed reported, for metadata that gives none;
         `restore_roots`: more directories to look for checkpoints in (run-local's
-        --resume-from)."""
+        --resume-from); `after_store`: called on the chief once a checkpoint is stored
+        and reported (the TensorBoard files' upload)."""
         self._dist = distributed
         self._backend = backend
         self._storage = storage
@@ -63,6 +65,7 @@ class CheckpointContext:
         self._hparams = dict(hparams)
         self._steps = steps
         self._restore_roots = list(restore_roots)
+        self._after_store = after_store
 
     # --- storing ------------------------------------------------------------------------
 
@@ -227,6 +230,7 @@ class CheckpointContext:
             raise
         assert self._backend is not None
         self._backend.report_checkpoint(record, location)
+        self._after_store()
 
     # --- reading ------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from assay.core._distributed import DistributedContext
 from assay.core._info import ClusterInfo, info_from_spec
 from assay.core._preempt import PreemptContext, PreemptMode
 from assay.core._searcher import SearcherContext, _SearchState
+from assay.core._tensorboard import TensorBoardFiles
 from assay.core._train import TrainContext
 
 log = logging.getLogger("assay")
@@ -49,6 +50,7 @@ class Context:
         searcher: SearcherContext,
         info: ClusterInfo | None,
         backend: Backend | None,
+        tensorboard: TensorBoardFiles,
     ) -> None:
         self.distributed = distributed
         self.train = train
@@ -57,6 +59,7 @@ class Context:
         self.searcher = searcher
         self.info = info
         self._backend = backend
+        self._tensorboard = tensorboard
 
     def __enter__(self) -> Context:
         return self
@@ -72,9 +75,12 @@ class Context:
         self.close(together=exc_type is None)
 
     def close(self, *, together: bool = True) -> None:
-        """Stop the preemption watcher, close the connection to the master, and leave the
-        process group if `init()` joined it: with every process (`together`), or alone."""
+        """Stop the preemption watcher, upload the TensorBoard files written since the
+        last checkpoint (object storage), close the connection to the master, and leave
+        the process group if `init()` joined it: with every process (`together`), or
+        alone."""
         self.preempt.close()
+        self._tensorboard.close()
         if self._backend is not None:
             self._backend.close()
             self._backend = None
@@ -136,15 +142,18 @@ def init(
         time_metric=config.searcher.time_metric if config is not None else None,
         on_stop=preempt._searcher_stop,
     )
-    train = TrainContext(distributed, backend, search)
+    trial_id = info.trial.trial_id if info is not None else 0
+    tensorboard = TensorBoardFiles(storage, trial_id=trial_id, rank=distributed.rank)
+    train = TrainContext(distributed, backend, search, tensorboard)
     checkpoint = CheckpointContext(
         distributed,
         backend,
         storage,
-        trial_id=info.trial.trial_id if info is not None else 0,
+        trial_id=trial_id,
         hparams=info.trial.hparams if info is not None else {},
         steps=lambda: train._last_steps,
         restore_roots=restore_roots,
+        after_store=tensorboard.sync,
     )
     unit = "batches"  # the master counts batches (epochs are converted)
     return Context(
@@ -155,6 +164,7 @@ def init(
         searcher=SearcherContext(search, distributed, unit),
         info=info,
         backend=backend,
+        tensorboard=tensorboard,
     )
 
 

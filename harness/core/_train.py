@@ -4,17 +4,21 @@ Reports come from the chief (rank 0) only, as in Determined: gather what the oth
 processes measured with `core.distributed.gather` and report it from rank 0. A report
 from another rank raises at once rather than being lost. Values are numbers (Python,
 NumPy or one-element torch tensors); other values are left out with a warning.
+`get_tensorboard_path()` is the directory whose TensorBoard event files are kept with the
+trial (see `assay.core._tensorboard`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from assay.core._backend import Backend
 from assay.core._distributed import DistributedContext
 from assay.core._searcher import _SearchState
+from assay.core._tensorboard import TensorBoardFiles
 from assay.errors import AssayError
 
 log = logging.getLogger("assay")
@@ -24,11 +28,16 @@ class TrainContext:
     """Metric reports of one trial (see the module docstring)."""
 
     def __init__(
-        self, distributed: DistributedContext, backend: Backend | None, search: _SearchState
+        self,
+        distributed: DistributedContext,
+        backend: Backend | None,
+        search: _SearchState,
+        tensorboard: TensorBoardFiles,
     ) -> None:
         self._dist = distributed
         self._backend = backend
         self._search = search
+        self._tensorboard = tensorboard
         self._skipped: set[str] = set()
         self._last_steps = 0
 
@@ -81,6 +90,14 @@ class TrainContext:
         """The best value of the searcher's metric any trial of this experiment reported
         (None before the first validation)."""
         return self._chief("get_experiment_best_validation").best_validation()
+
+    def get_tensorboard_path(self) -> Path:
+        """The directory to write TensorBoard event files into (e.g. `SummaryWriter(
+        log_dir=...)`): they are kept in the checkpoint storage under
+        `tensorboard/trial-<id>`, uploaded with every checkpoint and at the end on object
+        storage. Every process may call it; ranks other than 0 get a `rank-<n>`
+        subdirectory."""
+        return self._tensorboard.path()
 
     def set_status(self, status: str) -> None:
         """Determined's free-form status line: logged."""

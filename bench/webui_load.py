@@ -9,11 +9,13 @@ context each round, and the page records `window.__assayCurvesDrawnAt`
 (performance.now(), i.e. milliseconds since navigation began) when uPlot has drawn every
 trial's curve.
 
-Baseline, in the same round: a blank page of the same origin fetches the same two API
-calls the page makes (the experiment and its curves) with `fetch` + `JSON.parse` and
-nothing else, timed the same way. The ratio (page / baseline) is what rendering and the
-app cost on top of moving the data. Rounds alternate the order of the two. Target: the
-curves drawn within 1.5 s (MLflow's and Determined's UIs are known to lag at this size).
+Baseline, in the same round: a blank page of the same origin fetches exactly the API
+requests the page made before its curves arrived (recorded from the page in the warm-up
+round: the session, the master, the experiment and its curves with the page's
+`max_points`) with `fetch` + `JSON.parse`, all at once and nothing else, timed the same
+way. The ratio (page / baseline) is what rendering and the app cost on top of moving the
+data. Rounds alternate the order of the two. Target: the curves drawn within 1.5 s
+(MLflow's and Determined's UIs are known to lag at this size).
 
     python bench/webui_load.py [--quick] [--rounds N]
     python bench/webui_load.py --serve [--port 8080] [--trials 20] [--rows 2000]
@@ -262,18 +264,44 @@ def _wait_http(base: str, proc: subprocess.Popen[bytes], timeout: float = 60) ->
     raise SystemExit("the master's HTTP port did not answer in 60 s")
 
 
-def _baseline_script(experiment_id: int, token: str) -> str:
-    return f"""async () => {{
-        const t0 = performance.now();
-        const headers = {{Authorization: 'Bearer {token}'}};
-        const [e, c] = await Promise.all([
-            fetch('/api/v1/experiments/{experiment_id}', {{headers}}).then(r => r.json()),
-            fetch('/api/v1/experiments/{experiment_id}/metrics?name=loss&group=training',
-                  {{headers}}).then(r => r.json()),
-        ]);
-        const points = (c.curves || []).reduce((n, x) => n + x.values.length, 0);
-        return {{ms: performance.now() - t0, points, trials: (e.trials || []).length}};
-    }}"""
+# Fetches every path given, all at once, as the page's API wrapper does; returns the time,
+# the trials of the experiment's reply and the points of the curves' reply.
+_BASELINE_SCRIPT = """async ([paths, token]) => {
+    const t0 = performance.now();
+    const headers = {Authorization: 'Bearer ' + token};
+    const replies = await Promise.all(
+        paths.map((p) => fetch(p, {headers}).then((r) => r.json())));
+    let trials = 0;
+    let points = 0;
+    for (const r of replies) {
+        if (Array.isArray(r.trials)) trials = r.trials.length;
+        if (Array.isArray(r.curves)) points += r.curves.reduce((n, c) => n + c.values.length, 0);
+    }
+    return {ms: performance.now() - t0, trials, points};
+}"""
+
+
+class _Requests:
+    """The API paths a page requests until its curves' reply has arrived, in order."""
+
+    def __init__(self, base: str, curves: str) -> None:
+        self.base = base
+        self.curves = curves  # the start of the curves' path
+        self.paths: list[str] = []
+        self.curves_in = False
+
+    def _path(self, request: Any) -> str:
+        url = str(request.url)
+        return url[len(self.base) :] if url.startswith(self.base) else url
+
+    def request(self, request: Any) -> None:
+        path = self._path(request)
+        if not self.curves_in and path.startswith("/api/") and path not in self.paths:
+            self.paths.append(path)
+
+    def finished(self, request: Any) -> None:
+        if self._path(request).startswith(self.curves):
+            self.curves_in = True
 
 
 def measure(base: str, experiment_id: int, rounds: int, trials: int, token: str) -> dict[str, Any]:
@@ -281,6 +309,9 @@ def measure(base: str, experiment_id: int, rounds: int, trials: int, token: str)
 
     page_ms: list[float] = []
     fetch_ms: list[float] = []
+    baseline: list[str] = []
+    points = 0
+    curves = f"/api/v1/experiments/{experiment_id}/metrics?"
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -292,11 +323,18 @@ def measure(base: str, experiment_id: int, rounds: int, trials: int, token: str)
                     context.add_init_script(f"localStorage.setItem('assay.token', '{token}')")
                     page = context.new_page()
                     if side == "page":
+                        requests = _Requests(base, curves)
+                        page.on("request", requests.request)
+                        page.on("requestfinished", requests.finished)
                         page.goto(f"{base}/experiments/{experiment_id}?metric=loss&group=training")
                         page.wait_for_selector(
                             f'[data-testid="curves"][data-drawn="{trials}"]', timeout=60_000
                         )
                         ms = float(page.evaluate("window.__assayCurvesDrawnAt"))
+                        if not baseline:
+                            baseline = requests.paths
+                            if not any(p.startswith(curves) for p in baseline):
+                                raise SystemExit(f"the page asked for no curves: {baseline}")
                         if r:
                             page_ms.append(ms)
                     else:
@@ -308,8 +346,10 @@ def measure(base: str, experiment_id: int, rounds: int, trials: int, token: str)
                                 "performance.getEntriesByType('navigation')[0].responseEnd"
                             )
                         )
-                        got = page.evaluate(_baseline_script(experiment_id, token))
-                        assert got["trials"] == trials, got
+                        got = page.evaluate(_BASELINE_SCRIPT, [baseline, token])
+                        if got["trials"] != trials or not got["points"]:
+                            raise SystemExit(f"the baseline fetched something else: {got}")
+                        points = int(got["points"])
                         if r:
                             fetch_ms.append(nav + float(got["ms"]))
                     context.close()
@@ -322,6 +362,8 @@ def measure(base: str, experiment_id: int, rounds: int, trials: int, token: str)
         "time_to_curves_all_s": [round(x / 1000, 3) for x in page_ms],
         "fetch_only_s": round(fetch_median / 1000, 3),
         "ratio": round(page_median / fetch_median, 2),
+        "baseline_requests": baseline,
+        "curve_points": points,
     }
 
 

@@ -92,6 +92,16 @@ class Site:
         page.locator('[data-testid="login-password"]').fill(password)
         page.locator('[data-testid="login-submit"]').click()
 
+    def keep_session(self) -> None:
+        """Log in through the login page once; later pages start with its storage."""
+        page = self.page(logged_in=False)
+        page.goto(self.base + "/")
+        page.wait_for_url("**/login**")
+        self.log_in(page)
+        page.locator('[data-testid="current-user"]').wait_for()
+        self.session = page.context.storage_state()
+        page.context.close()
+
     def submit(self, config: str, *extra: str) -> int:
         path = self.tmp / f"config-{time.monotonic_ns()}.yaml"
         path.write_text(config)
@@ -147,13 +157,7 @@ def site(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     cluster = start_cluster(tmp, None, agents=1, slots=2)
     try:
         site = Site(cluster, browser, 0, [], tmp)
-        page = site.page(logged_in=False)
-        page.goto(site.base + "/")
-        page.wait_for_url("**/login**")
-        site.log_in(page)
-        page.locator('[data-testid="current-user"]').wait_for()
-        site.session = page.context.storage_state()
-        page.context.close()
+        site.keep_session()
         site.experiment_id = site.submit(SEARCH)
         _wait_state(site, site.experiment_id, {"COMPLETED"}, timeout=240)
         trials = site.describe(site.experiment_id)["trials"]

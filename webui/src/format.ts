@@ -69,6 +69,11 @@ export function fmtNumber(v: number, digits = 4): string {
   return Number(v.toPrecision(digits)).toString();
 }
 
+/** "1 checkpoint", "2 checkpoints": a count and its noun, singular for exactly one. */
+export function plural(n: number, word: string, words = `${word}s`): string {
+  return `${n} ${n === 1 ? word : words}`;
+}
+
 export function fmtInt(v: number): string {
   return Number.isFinite(v) ? INT.format(Math.round(v)) : "–";
 }

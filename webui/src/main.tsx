@@ -2,6 +2,7 @@ import { StrictMode, useEffect } from "react";
 import { createRoot } from "react-dom/client";
 import { BrowserRouter, Link, Navigate, NavLink, Outlet, Route, Routes, useLocation } from "react-router";
 import { api } from "./api";
+import { plural } from "./format";
 import { usePoll, useSession } from "./hooks";
 import { AccountPage } from "./pages/AccountPage";
 import { ClusterPage } from "./pages/ClusterPage";
@@ -38,8 +39,8 @@ function TopBar() {
       <div className="topbar-info">
         {m && (
           <>
-            <span title="free slots / all slots">
-              {m.free_slots}/{m.slots} slots free
+            <span title="free slots / all slots" data-testid="slots-free">
+              {m.free_slots}/{plural(m.slots, "slot")} free
             </span>
             {m.queued_trials > 0 && <span>{m.queued_trials} queued</span>}
             <span className="version" data-testid="master-version">

@@ -5,6 +5,7 @@ import type uPlot from "uplot";
 import { alignCurves, nearestIndex, toXY, type XY } from "../align";
 import type { Curve, JsonObject } from "../api";
 import { fmtNumber, fmtValue } from "../format";
+import { linearRange, logAxis, logRange } from "../logscale";
 import { AXIS_STYLE, Plot } from "./Plot";
 
 declare global {
@@ -43,8 +44,15 @@ export function Curves({ curves, metric, xLabel, xScale, log, hparamsOf, colorOf
   const prepared = useMemo(() => {
     const ids = curves.map((c) => String(c.trial_id));
     const xy: XY[] = curves.map((c) => toXY(c.total_batches, c.values, xScale, log));
+    // A trial with one point so far (e.g. stopped at ASHA's first rung) has no line to
+    // draw: it is drawn as a marker.
+    const single = xy.map((c) => {
+      let n = 0;
+      for (let i = 0; i < c.y.length && n < 2; i++) if (c.y[i] === c.y[i]) n++;
+      return n === 1;
+    });
     const withPoints = xy.filter((c) => c.x.length > 0).length;
-    return { ids, xy, data: alignCurves(xy), withPoints };
+    return { ids, xy, data: alignCurves(xy), withPoints, single, markers: single.some(Boolean) };
   }, [curves, xScale, log]);
 
   // Read by uPlot's hooks, which are made once per chart.
@@ -130,12 +138,23 @@ export function Curves({ curves, metric, xLabel, xScale, log, hparamsOf, colorOf
           drag: { x: true, y: false, setScale: true },
         },
         scales: {
-          x: { time: false },
-          y: log ? { distr: 3, log: 10 } : {},
+          // With markers, a margin so that those at either end are drawn whole.
+          x: {
+            time: false,
+            range: (_u, lo, hi) => (live.current.markers || lo === hi ? linearRange(lo, hi, 0.015) : [lo, hi]),
+          },
+          // A log axis from the data's least positive value (values <= 0 are not drawn).
+          y: log ? { distr: 3, log: 10, range: (_u, lo, hi) => logRange(lo > 0 && hi >= lo ? [lo, hi] : null, 0.02) } : {},
         },
         axes: [
           { ...AXIS_STYLE, label: xLabel, labelSize: 20 },
-          { ...AXIS_STYLE, label: metric, labelSize: 20, size: 60 },
+          {
+            ...AXIS_STYLE,
+            label: metric,
+            labelSize: 20,
+            size: 60,
+            ...(log ? logAxis((labels) => box.current?.setAttribute("data-y-ticks", JSON.stringify(labels))) : {}),
+          },
         ],
         series: [
           { label: xLabel },
@@ -144,7 +163,11 @@ export function Curves({ curves, metric, xLabel, xScale, log, hparamsOf, colorOf
             stroke: colorOf(id),
             width: 1.25,
             spanGaps: true,
-            points: { show: false },
+            points: {
+              show: (_u: uPlot, s: number) => live.current.single[s - 1] === true,
+              size: 7,
+              fill: colorOf(id),
+            },
           })),
         ],
         hooks: { setCursor: [onCursor], draw: [onDraw] },

@@ -2,9 +2,10 @@
 // scatter plot (uPlot, points only) per numeric hyperparameter.
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
 import { useNavigate } from "react-router";
-import type uPlot from "uplot";
+import uPlot from "uplot";
 import type { JsonValue } from "../api";
 import { fmtNumber, fmtValue, type HparamSpec } from "../format";
+import { linearRange, logAxis, logRange, logTicks, positiveExtent, tickLabels } from "../logscale";
 import { AXIS_STYLE, Plot } from "./Plot";
 
 export interface HpPoint {
@@ -59,8 +60,11 @@ export function hparamAxes(specs: HparamSpec[], points: HpPoint[]): Axis[] {
     }
     const log = spec?.kind === "log";
     const vals = raw.filter((v): v is number => typeof v === "number" && (!log || v > 0));
-    let min = Math.min(...vals, spec?.min ?? Infinity);
-    let max = Math.max(...vals, spec?.max ?? -Infinity);
+    // The searched range too, so that axes do not jump as trials arrive (a log axis: its
+    // positive part only).
+    const bounds = [spec?.min, spec?.max].filter((v): v is number => typeof v === "number" && (!log || v > 0));
+    let min = Math.min(...vals, ...bounds);
+    let max = Math.max(...vals, ...bounds);
     if (!Number.isFinite(min) || !Number.isFinite(max)) [min, max] = [0, 1];
     if (min === max) [min, max] = log ? [min / 2, max * 2] : [min - 1, max + 1];
     return {
@@ -91,6 +95,18 @@ function position(axis: Axis, v: number): number {
   if (!Number.isFinite(v)) return NaN;
   if (axis.log) return (Math.log(v) - Math.log(axis.min)) / (Math.log(axis.max) - Math.log(axis.min));
   return (v - axis.min) / (axis.max - axis.min);
+}
+
+/** Where an axis of the parallel coordinates is labelled: every category; a log axis at
+ * round values (its ends when none falls inside); a linear axis at its ends. */
+function axisTicks(axis: Axis, height: number): { ticks: number[]; labels: string[] } {
+  if (axis.categorical) return { ticks: axis.categories.map((_, k) => k), labels: axis.categories };
+  if (axis.log) {
+    const ticks = logTicks(axis.min, axis.max, height / 40);
+    return { ticks, labels: tickLabels(ticks) };
+  }
+  const ticks = [axis.min, axis.max];
+  return { ticks, labels: ticks.map((t) => fmtNumber(t, 3)) };
 }
 
 export interface HparamPlotsProps {
@@ -227,6 +243,7 @@ function ParallelCoords({
 
     // Axes over the lines.
     const h = height - pad.top - pad.bottom;
+    const drawn: Record<string, string[]> = {};
     g.font = "11px system-ui, -apple-system, Segoe UI, Roboto, sans-serif";
     g.textAlign = "center";
     all.forEach((a, i) => {
@@ -242,15 +259,16 @@ function ParallelCoords({
       g.fillText(a.name + (a.log ? " (log)" : ""), x, pad.top - 18);
       g.font = "11px system-ui, -apple-system, Segoe UI, Roboto, sans-serif";
       g.fillStyle = "#5b6472";
-      const ticks = a.categorical ? a.categories.map((_, k) => k) : [a.min, a.max];
-      for (const t of ticks) {
+      const { ticks, labels } = axisTicks(a, h);
+      drawn[a.name] = labels;
+      ticks.forEach((t, k) => {
         const y = pad.top + (1 - position(a, t)) * h;
-        const label = a.categorical ? a.categories[t] ?? "" : fmtNumber(t, 3);
         g.textAlign = i === all.length - 1 ? "left" : "right";
-        g.fillText(label, x + (i === all.length - 1 ? 6 : -6), y + 4);
-      }
+        g.fillText(labels[k] ?? "", x + (i === all.length - 1 ? 6 : -6), y + 4);
+      });
       g.textAlign = "center";
     });
+    c.dataset["ticks"] = JSON.stringify(drawn);
   }, [lines, all, points, goodness, hover, width, pad.top, pad.bottom, pad.left, pad.right]);
 
   const onMove = (e: React.MouseEvent<HTMLCanvasElement>) => {
@@ -280,6 +298,7 @@ function ParallelCoords({
     <div className="pcoords">
       <canvas
         ref={canvas}
+        data-testid="pcoords"
         onMouseMove={onMove}
         onMouseLeave={() => setHover(null)}
         onClick={() => p && navigate(`/trials/${p.id}`)}
@@ -304,17 +323,6 @@ function ParallelCoords({
 
 // -- scatter -----------------------------------------------------------------------------
 
-/** The data's range with a margin, so points at the ends are not cut by the frame. */
-function padRange(lo: number | null, hi: number | null, log: boolean): uPlot.Range.MinMax {
-  if (lo == null || hi == null) return [lo, hi];
-  if (log) {
-    const f = lo === hi ? 2 : (hi / lo) ** 0.05;
-    return [lo / f, hi * f];
-  }
-  const m = lo === hi ? Math.abs(lo) * 0.1 || 1 : (hi - lo) * 0.05;
-  return [lo - m, hi + m];
-}
-
 function Scatter({ axis, points, metric }: { axis: Axis; points: HpPoint[]; metric: string }) {
   const navigate = useNavigate();
   const sorted = useMemo(
@@ -330,6 +338,7 @@ function Scatter({ axis, points, metric }: { axis: Axis; points: HpPoint[]; metr
   );
   const live = useRef(sorted);
   live.current = sorted;
+  const box = useRef<HTMLDivElement>(null);
   const [hover, setHover] = useState<{ i: number; left: number; top: number } | null>(null);
 
   const options = useCallback(
@@ -338,13 +347,21 @@ function Scatter({ axis, points, metric }: { axis: Axis; points: HpPoint[]; metr
       height,
       legend: { show: false },
       cursor: { drag: { x: false, y: false }, points: { size: 9 } },
+      // Ranges from the data itself (not from the range asked for), with a margin so
+      // that points at the ends are drawn whole.
       scales: {
         x: axis.log
-          ? { time: false, distr: 3, log: 10, range: (_u, lo, hi) => padRange(lo, hi, true) }
-          : { time: false, range: (_u, lo, hi) => padRange(lo, hi, false) },
+          ? { time: false, distr: 3, log: 10, range: (u) => logRange(positiveExtent(u.data[0])) }
+          : { time: false, range: (u) => linearRange(u.data[0][0] ?? null, u.data[0][u.data[0].length - 1] ?? null) },
+        y: { range: (_u, lo, hi) => linearRange(lo, hi, 0.08) },
       },
       axes: [
-        { ...AXIS_STYLE, label: axis.name, labelSize: 18 },
+        {
+          ...AXIS_STYLE,
+          label: axis.name,
+          labelSize: 18,
+          ...(axis.log ? logAxis((labels) => box.current?.setAttribute("data-x-ticks", JSON.stringify(labels))) : {}),
+        },
         { ...AXIS_STYLE, label: metric, labelSize: 18, size: 52 },
       ],
       series: [
@@ -361,6 +378,7 @@ function Scatter({ axis, points, metric }: { axis: Axis; points: HpPoint[]; metr
         },
       ],
       hooks: {
+        draw: [(u: uPlot) => box.current?.setAttribute("data-edge-gap", String(edgeGap(u)))],
         setCursor: [
           (u: uPlot) => {
             const i = u.cursor.idx;
@@ -388,7 +406,7 @@ function Scatter({ axis, points, metric }: { axis: Axis; points: HpPoint[]; metr
 
   const p = hover ? sorted[hover.i] : undefined;
   return (
-    <div className="scatter">
+    <div className="scatter" data-testid="scatter" data-name={axis.name} ref={box}>
       <Plot
         options={options}
         data={data}
@@ -406,4 +424,22 @@ function Scatter({ axis, points, metric }: { axis: Axis; points: HpPoint[]; metr
       )}
     </div>
   );
+}
+
+/** The least distance, in CSS pixels, from the centre of any point to the edge of the
+ * plotting area (at least the markers' radius when no point is cut). */
+function edgeGap(u: uPlot): number {
+  const width = u.bbox.width / uPlot.pxRatio;
+  const height = u.bbox.height / uPlot.pxRatio;
+  const [xs, ys] = [u.data[0], u.data[1] ?? []];
+  let gap = Infinity;
+  for (let i = 0; i < xs.length; i++) {
+    const x = xs[i];
+    const y = ys[i];
+    if (x == null || y == null || !Number.isFinite(x) || !Number.isFinite(y)) continue;
+    const px = u.valToPos(x, "x");
+    const py = u.valToPos(y, "y");
+    gap = Math.min(gap, px, width - px, py, height - py);
+  }
+  return Number.isFinite(gap) ? Math.floor(gap) : -1;
 }

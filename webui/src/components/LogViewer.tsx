@@ -2,6 +2,7 @@
 // following; search, level / stream filter, and a DOM capped to the last N matching lines.
 import { memo, useCallback, useEffect, useLayoutEffect, useMemo, useRef, useState, type ReactNode } from "react";
 import { api, num, type LogLine } from "../api";
+import { plural } from "../format";
 import { ErrorPanel } from "./ui";
 
 /** Lines fetched when the page opens (the log's tail). */
@@ -201,7 +202,7 @@ export function LogViewer({ trialId, live }: { trialId: string; live: boolean })
           )}
         </select>
         <span className="muted small log-status" data-testid="log-status">
-          {statusText(status)} · {matching.length === lines.length ? `${lines.length} lines` : `${matching.length} of ${lines.length} lines`}
+          {statusText(status)} · {matching.length === lines.length ? plural(lines.length, "line") : `${matching.length} of ${plural(lines.length, "line")}`}
         </span>
       </div>
       {error !== null && <ErrorPanel error={error} title="Log" />}
@@ -210,12 +211,12 @@ export function LogViewer({ trialId, live }: { trialId: string; live: boolean })
           <div className="log-more">
             {start > 0 && (
               <button type="button" onClick={() => setShown((n) => n + WINDOW)}>
-                Show {Math.min(WINDOW, start)} earlier lines ({start} hidden)
+                Show {plural(Math.min(WINDOW, start), "earlier line")} ({start} hidden)
               </button>
             )}
             {start === 0 && truncated && (
               <button type="button" onClick={() => void loadAll()}>
-                Load the whole log (only the last {lines.length} lines are loaded)
+                Load the whole log (only the last {plural(lines.length, "line")} {lines.length === 1 ? "is" : "are"} loaded)
               </button>
             )}
           </div>
@@ -268,7 +269,8 @@ const LogRow = memo(function LogRow({ line, needle }: { line: LogLine; needle: s
     >
       <span className="log-time">{time(line.timestamp)}</span>
       <span className="log-rank">[{line.rank}]</span>
-      <span className="log-level">{level || "·"}</span>
+      {/* Blank for a line that names no level (most of what a program prints). */}
+      <span className="log-level">{level}</span>
       <span className="log-msg">{highlight(line.message, needle)}</span>
     </div>
   );

@@ -28,7 +28,7 @@ export function ErrorPanel({ error, title }: { error: unknown; title?: string })
 export function Progress({ value }: { value: number }) {
   const v = Number.isFinite(value) ? Math.min(1, Math.max(0, value)) : 0;
   return (
-    <span className="progress" title={`${Math.round(v * 100)}%`}>
+    <span className="progress" title={`${Math.round(v * 100)}%`} data-testid="progress">
       <span className="progress-bar" style={{ width: `${v * 100}%` }} />
       <span className="progress-text">{Math.round(v * 100)}%</span>
     </span>

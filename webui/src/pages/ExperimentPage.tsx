@@ -35,6 +35,7 @@ import {
   fmtValue,
   hparamSpecs,
   isTerminal,
+  plural,
   searcherInfo,
   toYaml,
 } from "../format";
@@ -556,15 +557,13 @@ function BestCheckpoint({
           </dl>
           <div className="label">Download</div>
           <CopyCommand command={downloadCommand(shown.uuid)} />
-          <div className="muted small">{all.length} checkpoints in this experiment.</div>
+          <div className="muted small" data-testid="checkpoint-count">
+            {plural(all.length, "checkpoint")} in this experiment.
+          </div>
         </div>
       )}
     </Section>
   );
-}
-
-function plural(n: number, word: string): string {
-  return `${n} ${word}${n === 1 ? "" : "s"}`;
 }
 
 function MetricRow({ name, value }: { name: string; value: number }) {

@@ -53,7 +53,10 @@ def trial_problem(entrypoint: str, model_dir: Path) -> str | None:
             warnings.simplefilter("ignore")
             tree = ast.parse(source.read_bytes(), filename=str(source))
     except SyntaxError as e:
-        return f"entrypoint {entrypoint!r}: {shown} does not compile: {e.msg} (line {e.lineno})"
+        return (
+            f"entrypoint {entrypoint!r}: {shown} does not compile: SyntaxError: {e.msg} "
+            f"({shown}, line {e.lineno})"
+        )
     except (OSError, ValueError):
         return None  # unreadable here, or NUL bytes: the import will say what is wrong
     names = _top_level_names(tree)
@@ -62,10 +65,14 @@ def trial_problem(entrypoint: str, model_dir: Path) -> str | None:
     wanted = qualname.split(".")[0]
     if wanted in names:
         return None
-    classes = sorted(n.name for n in tree.body if isinstance(n, ast.ClassDef))
+    defined = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    # A class whose base is named like a Trial is most likely one (no import tells here).
+    trials = sorted(c.name for c in defined if any("Trial" in ast.unparse(b) for b in c.bases))
+    classes = trials or sorted(c.name for c in defined)
     close = difflib.get_close_matches(wanted, classes, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    listed = f" (classes there: {', '.join(classes)})" if classes else " (it defines no class)"
+    kind = "Trial classes" if trials else "classes"
+    listed = f" ({kind} there: {', '.join(classes)})" if classes else " (it defines no class)"
     return f"entrypoint {entrypoint!r}: {shown} has no {wanted!r}{listed}{hint}"
 
 

@@ -111,7 +111,10 @@ def script_problem(argv: Sequence[str], model_dir: str | Path) -> str | None:
             warnings.simplefilter("ignore")
             compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
     except SyntaxError as e:
-        return f"the entrypoint's {script} does not compile: {e.msg} ({script}, line {e.lineno})"
+        return (
+            f"the entrypoint's {script} does not compile: SyntaxError: {e.msg} "
+            f"({script}, line {e.lineno})"
+        )
     except (OSError, ValueError):
         return None  # unreadable here, or NUL bytes: let Python say so when it runs
     return None

@@ -236,7 +236,7 @@ class Client:
 
     def create_experiment(
         self, config_yaml: str, model_definition: bytes, activate: bool
-    ) -> common_pb2.Experiment:
+    ) -> api_pb2.CreateExperimentResponse:
         from assay.proto import api_pb2
 
         request = api_pb2.CreateExperimentRequest(
@@ -246,7 +246,7 @@ class Client:
         response: api_pb2.CreateExperimentResponse = self._unary(
             "CreateExperiment", request, timeout=CREATE_TIMEOUT_S
         )
-        return response.experiment
+        return response
 
     def get_experiment(self, experiment_id: int) -> api_pb2.GetExperimentResponse:
         from assay.proto import api_pb2

@@ -78,7 +78,10 @@ def create_command(
         raise AssayError(problem)
     archive = pack_model_dir(model_dir)
     api = client()
-    created = api.create_experiment(text, archive, activate=not paused)
+    response = api.create_experiment(text, archive, activate=not paused)
+    created = response.experiment
+    for warning in response.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if as_json:
         echo_json({"id": created.id})
     else:
@@ -223,6 +226,9 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
         click.echo(f"{key + ':':17}{'-' if value is None else value}")
     click.echo("")
     click.echo(fmt.trial_rows(list(response.trials), fmt.struct(response.experiment.config)))
+    for t in response.trials:
+        if t.waiting:
+            click.echo(f"trial {t.id} cannot start: {t.waiting}")
 
 
 @experiment.command("list-trials")

@@ -107,6 +107,7 @@ def trial_dict(t: common_pb2.Trial) -> dict[str, Any]:
         "latest_checkpoint": t.latest_checkpoint or None,
         "restarts": t.restarts,
         "last_error": t.last_error or None,
+        "waiting": t.waiting or None,
     }
 
 

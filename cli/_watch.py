@@ -100,6 +100,9 @@ def progress_line(response: api_pb2.GetExperimentResponse) -> str:
     if best is not None:
         text += f"; best {_metric_name(config)} {fmt.metric(best['best_validation'])}"
         text += f" (trial {best['id']})"
+    waiting = next((t for t in response.trials if t.waiting), None)
+    if waiting is not None:
+        text += f"; trial {waiting.id} cannot start: {waiting.waiting}"
     return text
 
 

@@ -266,6 +266,7 @@ def test_describe_json_shape(master: FakeApi) -> None:
                 "latest_checkpoint": "abc-123",
                 "restarts": 1,
                 "last_error": None,
+                "waiting": None,
             },
             {
                 "id": 12,
@@ -276,6 +277,7 @@ def test_describe_json_shape(master: FakeApi) -> None:
                 "latest_checkpoint": None,
                 "restarts": 0,
                 "last_error": None,
+                "waiting": None,
             },
         ],
     }
@@ -324,6 +326,7 @@ def test_list_trials_json(master: FakeApi) -> None:
         "latest_checkpoint",
         "restarts",
         "last_error",
+        "waiting",
     }
 
 

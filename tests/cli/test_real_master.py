@@ -3,6 +3,7 @@ port named as such, a master log written for people, and `create --follow` to th
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,3 +100,35 @@ def test_follow_to_the_end_and_a_log_for_people(cluster: Cluster, tmp_path: Path
     for noise in ("alembic", "aiohttp.access", "GCResult(", TRACEBACK):
         assert noise not in log, noise
     assert "store schema upgraded to revision" in log
+
+
+def test_an_experiment_the_cluster_cannot_run_says_so_at_create_describe_and_wait(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    config = {
+        "name": "too-big",
+        "entrypoint": "model_def:RegressionTrial",
+        "hyperparameters": {"global_batch_size": 16, "lr": 0.01},
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 8}},
+        "resources": {"slots_per_trial": 4},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    why = "needs 4 CPU slots; the cluster has 2 (1 agent)"
+
+    done = run_cli("e", "create", path, REGRESSION_DIR, "--json", master=cluster.address)
+
+    assert_ok(done)
+    assert f"warning: its trials cannot start on this cluster as it is: each {why}" in done.stderr
+    experiment_id = json.loads(done.stdout.strip().splitlines()[-1])["id"]
+    try:
+        described = run_cli("e", "describe", experiment_id, master=cluster.address)
+        assert_ok(described)
+        assert re.search(rf"trial \d+ cannot start: {re.escape(why)}", described.stdout)
+        as_json = run_cli("e", "list-trials", experiment_id, "--json", master=cluster.address)
+        assert [t["waiting"] for t in json.loads(as_json.stdout)] == [why]
+        waited = run_cli("e", "wait", experiment_id, "--timeout", "1", master=cluster.address)
+        assert waited.returncode == 1
+        assert f"cannot start: {why}" in waited.stdout + waited.stderr
+    finally:
+        assert_ok(run_cli("e", "kill", experiment_id, master=cluster.address))

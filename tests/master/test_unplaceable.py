@@ -34,7 +34,9 @@ def _create(api: api_pb2_grpc.ApiStub, slots: int) -> api_pb2.CreateExperimentRe
 
 
 def _trial(api: api_pb2_grpc.ApiStub, experiment_id: int) -> common_pb2.Trial:
-    response = api.GetExperiment(api_pb2.GetExperimentRequest(id=experiment_id))
+    response: api_pb2.GetExperimentResponse = api.GetExperiment(
+        api_pb2.GetExperimentRequest(id=experiment_id)
+    )
     [trial] = response.trials
     return trial
 

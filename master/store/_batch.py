@@ -39,6 +39,7 @@ _EXPERIMENTS: Table = Experiment.__table__  # type: ignore[assignment]
 _TRIALS: Table = Trial.__table__  # type: ignore[assignment]
 _ALLOCATIONS: Table = Allocation.__table__  # type: ignore[assignment]
 _AGENTS: Table = Agent.__table__  # type: ignore[assignment]
+_TASK_LOGS: Table = TaskLog.__table__  # type: ignore[assignment]
 TRIAL_FIELDS = frozenset(
     {
         "state",
@@ -276,7 +277,8 @@ class WriteBatch:
             for row in self._inserts[name].values():
                 by_shape.setdefault(tuple(sorted(row)), []).append(row)
             for rows in by_shape.values():
-                session.execute(insert(table), rows)
+                # Core, not the ORM's bulk insert: the rows are plain dicts already.
+                session.connection().execute(insert(table), rows)
         for name in sorted(self._updates, key=_TABLE_ORDER.__getitem__):
             table = tables[name]
             pk = _primary_key(table)
@@ -313,7 +315,7 @@ def _write_logs(session: Session, rows: list[dict[str, Any]]) -> None:
             .order_by(_TRIALS.c.id)
             .with_for_update()
         )
-    session.execute(insert(TaskLog), rows)
+    session.connection().execute(insert(_TASK_LOGS), rows)
 
 
 def _check_fields(kind: str, fields: Mapping[str, Any], allowed: frozenset[str]) -> None:

@@ -5,13 +5,16 @@ that only administrators manage users and has no link to the page; she changes h
 password on the account page (a wrong current one is refused without ending her session)
 and logs in with the new one; the administrator deactivates her, which ends her sessions
 and refuses her next login with the master's message; activated again, she logs in with
-the password the administrator reset.
+the password the administrator reset. The only admin is not offered "Deactivate" (and the
+master refuses it) until there is a second one.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -141,4 +144,43 @@ def test_admin_manages_users_and_a_user_changes_her_password(site: Site) -> None
     back = _log_in_as(site, WENDY, RESET_PASSWORD)
     expect(back.locator('[data-testid="current-user"]')).to_have_text(WENDY)
     back.context.close()
+    admin.context.close()
+
+
+def test_the_only_admin_is_not_offered_deactivate(site: Site) -> None:
+    admin = site.page()
+    admin.goto(site.base + "/users")
+    row = admin.locator('[data-testid="user-row"][data-username="admin"]')
+    expect(row.locator('[data-testid="user-last-admin"]')).to_have_text("the only admin")
+    expect(row.locator('[data-testid="user-deactivate"]')).to_have_count(0)
+    # The master refuses it too, to whoever asks.
+    status, message = admin.evaluate(
+        """async () => {
+            const r = await fetch('/api/v1/users/admin/deactivate', {
+                method: 'POST', body: '{}',
+                headers: {Authorization: 'Bearer ' + localStorage.getItem('assay.token'),
+                          'Content-Type': 'application/json'}});
+            return [r.status, await r.text()];
+        }"""
+    )
+    assert status == 409, message
+    assert "last active admin" in message
+    assert _cli_users(site)["admin"]["active"] is True
+
+    # With a second admin, either may be deactivated.
+    cli = [sys.executable, "-m", "assay.cli.main", "-m", site.cluster.address]
+    created = subprocess.run(
+        [*cli, "user", "create", "ada", "--admin", "--password-stdin"],
+        input="ada-admin-password\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert created.returncode == 0, created.stderr
+    admin.reload()
+    expect(row.locator('[data-testid="user-deactivate"]')).to_be_visible()
+    ada = admin.locator('[data-testid="user-row"][data-username="ada"]')
+    expect(ada.locator('[data-testid="user-deactivate"]')).to_be_visible()
+    expect(admin.locator('[data-testid="user-last-admin"]')).to_have_count(0)
     admin.context.close()

@@ -65,6 +65,9 @@ function UserAdmin({ me }: { me: string }) {
   };
 
   const list = users.data?.users ?? [];
+  // The master refuses to deactivate the last active admin who can log in: not offered.
+  const admins = list.filter((u) => u.admin && u.active && u.has_password);
+  const lastAdmin = admins.length === 1 ? admins[0]?.username : undefined;
   return (
     <div className="page">
       <div className="page-title">
@@ -123,7 +126,15 @@ function UserAdmin({ me }: { me: string }) {
                     </td>
                     <td className="row-actions">
                       <span className="actions compact">
-                        {u.active ? (
+                        {u.username === lastAdmin ? (
+                          <span
+                            className="muted small"
+                            title="Make another user an admin first: the cluster needs an admin who can log in"
+                            data-testid="user-last-admin"
+                          >
+                            the only admin
+                          </span>
+                        ) : u.active ? (
                           <button
                             type="button"
                             className="danger-outline"

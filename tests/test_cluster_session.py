@@ -34,7 +34,7 @@ from assay._trial_client import (
     TrialClient,
     retry_budget_from_env,
 )
-from assay.errors import PREEMPTED_EXIT_CODE, AssayError
+from assay.errors import PERMANENT_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE, AssayError
 from assay.proto import common_pb2, trial_pb2, trial_pb2_grpc
 from tests.conftest import REGRESSION_DIR, S3Server, regression_config
 
@@ -502,12 +502,27 @@ def test_user_code_errors_exit_1_with_the_traceback(tmp_path: Path) -> None:
     with serve(service) as api:
         spec = write_spec(tmp_path, api)
         data = json.loads(spec.read_text())
-        del data["hparams"]["lr"]  # the Trial reads hp["lr"] itself: a KeyError in user code
+        # The Trial appends to a file in this directory while training: it is not there.
+        data["hparams"]["grad_log"] = str(tmp_path / "missing")
         spec.write_text(json.dumps(data))
         [finished] = run_slots(spec)
     assert finished.code == 1, finished.stderr
     assert "Traceback" in finished.stderr
-    assert "KeyError: 'lr'" in finished.stderr
+    last = finished.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: _log_grads (model_def.py:"), last
+    assert "raised FileNotFoundError" in last
+
+
+def test_a_hyperparameter_the_trial_lacks_exits_78_not_to_be_restarted(tmp_path: Path) -> None:
+    service = FakeTrialService(targets=[8])
+    with serve(service) as api:
+        spec = write_spec(tmp_path, api)
+        data = json.loads(spec.read_text())
+        del data["hparams"]["lr"]  # the Trial reads hp["lr"] itself: a KeyError in __init__
+        spec.write_text(json.dumps(data))
+        [finished] = run_slots(spec)
+    assert finished.code == PERMANENT_ERROR_EXIT_CODE, finished.stderr
+    assert "KeyError: 'lr'" in finished.stderr.strip().splitlines()[-1]
 
 
 def test_client_gives_up_after_its_retry_budget() -> None:

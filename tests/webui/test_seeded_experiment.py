@@ -27,6 +27,8 @@ pytestmark = pytest.mark.slow
 
 # The curves' colours of the first trials, in trial order (webui/src/components/Plot.tsx).
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
+# The trial page's validation series (webui/src/components/TrialCharts.tsx).
+VALIDATION_COLOUR = "#ff7f0e"
 
 # Pixels of the canvases under `root` within `tol` of the colour `hex` on every channel.
 _PIXELS_OF = """(root, [hex, tol]) => {
@@ -116,6 +118,12 @@ def test_every_trial_is_drawn_even_with_a_single_validation(
     for i, colour in enumerate(PALETTE):
         pixels = int(curves.evaluate(_PIXELS_OF, [colour, 6]))
         assert pixels >= 12, f"trial {data.trial_ids[i]} ({colour}) is not drawn: {pixels} pixels"
+    # The trial's own page: its one validation is a marker in the validation colour.
+    page.goto(f"{site.base}/trials/{data.trial_ids[0]}")
+    assert _drawn(page, "trial-charts") == 2  # training loss, validation accuracy
+    charts = page.locator('[data-testid="trial-charts"]')
+    pixels = int(charts.evaluate(_PIXELS_OF, [VALIDATION_COLOUR, 6]))
+    assert pixels >= 12, f"the single validation is not drawn: {pixels} pixels"
     page.context.close()
 
 

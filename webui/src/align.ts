@@ -68,6 +68,13 @@ export function alignCurves(curves: readonly XY[]): uPlot.AlignedData {
   return [xs, ...ys];
 }
 
+/** Whether a curve has exactly one point with a value: no line to draw, so a marker. */
+export function singlePoint(c: XY): boolean {
+  let n = 0;
+  for (let i = 0; i < c.y.length && n < 2; i++) if (c.y[i] === c.y[i]) n++;
+  return n === 1;
+}
+
 /** Index of the point of `x` (ascending) nearest to `v`; -1 when empty. */
 export function nearestIndex(x: Float64Array, v: number): number {
   const n = x.length;

@@ -2,10 +2,10 @@
 import { useCallback, useMemo, useRef, useState } from "react";
 import { useNavigate } from "react-router";
 import type uPlot from "uplot";
-import { alignCurves, nearestIndex, toXY, type XY } from "../align";
+import { alignCurves, nearestIndex, singlePoint, toXY, type XY } from "../align";
 import type { Curve, JsonObject } from "../api";
 import { fmtNumber, fmtValue } from "../format";
-import { linearRange, logAxis, logRange } from "../logscale";
+import { linearRange, logAxis, logRange } from "../axes";
 import { AXIS_STYLE, Plot } from "./Plot";
 
 declare global {
@@ -46,11 +46,7 @@ export function Curves({ curves, metric, xLabel, xScale, log, hparamsOf, colorOf
     const xy: XY[] = curves.map((c) => toXY(c.total_batches, c.values, xScale, log));
     // A trial with one point so far (e.g. stopped at ASHA's first rung) has no line to
     // draw: it is drawn as a marker.
-    const single = xy.map((c) => {
-      let n = 0;
-      for (let i = 0; i < c.y.length && n < 2; i++) if (c.y[i] === c.y[i]) n++;
-      return n === 1;
-    });
+    const single = xy.map(singlePoint);
     const withPoints = xy.filter((c) => c.x.length > 0).length;
     return { ids, xy, data: alignCurves(xy), withPoints, single, markers: single.some(Boolean) };
   }, [curves, xScale, log]);

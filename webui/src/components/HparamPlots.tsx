@@ -5,7 +5,7 @@ import { useNavigate } from "react-router";
 import uPlot from "uplot";
 import type { JsonValue } from "../api";
 import { fmtNumber, fmtValue, type HparamSpec } from "../format";
-import { linearRange, logAxis, logRange, logTicks, positiveExtent, tickLabels } from "../logscale";
+import { linearRange, logAxis, logRange, logTicks, positiveExtent, tickLabels } from "../axes";
 import { AXIS_STYLE, Plot } from "./Plot";
 
 export interface HpPoint {

@@ -1,8 +1,9 @@
 // A trial's metrics: one small chart per metric name, training and validation together.
 import { useCallback, useMemo, useRef } from "react";
 import type uPlot from "uplot";
-import { alignCurves, toXY, type XY } from "../align";
+import { alignCurves, singlePoint, toXY, type XY } from "../align";
 import { num, type MetricsReport } from "../api";
+import { linearRange } from "../axes";
 import { AXIS_STYLE, Plot } from "./Plot";
 
 const GROUP_COLORS: Record<string, string> = { training: "#1f77b4", validation: "#ff7f0e" };
@@ -12,6 +13,8 @@ interface ChartSpec {
   groups: string[];
   data: uPlot.AlignedData;
   withPoints: number;
+  /** Per group: whether it has a single point (drawn as a marker). */
+  single: boolean[];
 }
 
 function columns(reports: MetricsReport[], name: string): XY {
@@ -41,7 +44,9 @@ export function TrialCharts({ byGroup }: { byGroup: Record<string, MetricsReport
     return [...names.keys()].sort().map((name) => {
       const groups = [...names.get(name)!].sort((a, b) => b.localeCompare(a));
       const xy = groups.map((g) => columns(byGroup[g] ?? [], name));
-      return { name, groups, data: alignCurves(xy), withPoints: xy.filter((c) => c.x.length > 0).length };
+      // A group with one point so far (one validation) is drawn as a marker.
+      const single = xy.map(singlePoint);
+      return { name, groups, data: alignCurves(xy), withPoints: xy.filter((c) => c.x.length > 0).length, single };
     });
   }, [byGroup]);
 
@@ -86,7 +91,14 @@ function MetricChart({ spec, onDrawn }: { spec: ChartSpec; onDrawn: (name: strin
       height,
       title: spec.name,
       cursor: { drag: { x: true, y: false } },
-      scales: { x: { time: false } },
+      // With markers, a margin so that those at either end are drawn whole.
+      scales: {
+        x: {
+          time: false,
+          range: (_u, lo, hi) =>
+            live.current.spec.single.some(Boolean) || lo === hi ? linearRange(lo, hi, 0.015) : [lo, hi],
+        },
+      },
       legend: { live: true },
       axes: [
         { ...AXIS_STYLE, label: "batches", labelSize: 18 },
@@ -99,7 +111,11 @@ function MetricChart({ spec, onDrawn }: { spec: ChartSpec; onDrawn: (name: strin
           stroke: GROUP_COLORS[g] ?? "#7f7f7f",
           width: 1.5,
           spanGaps: true,
-          points: { show: false },
+          points: {
+            show: (_u: uPlot, s: number) => live.current.spec.single[s - 1] === true,
+            size: 7,
+            fill: GROUP_COLORS[g] ?? "#7f7f7f",
+          },
         })),
       ],
       hooks: {

@@ -1,5 +1,5 @@
-// Log axes: a range that starts at the data's smallest positive value, and ticks at round
-// values (1, 2, 5 × 10^k) all labelled in one notation. uPlot's own log ticks assume a
+// Axis ranges and ticks. Log axes: a range that starts at the data's smallest positive
+// value, and ticks at round values (1, 2, 5 × 10^k) all labelled in one notation. uPlot's own log ticks assume a
 // range that starts on such a value; from any other start they come out unround (and
 // labelled "0"), and from a start near 0 so many that drawing them stalls the page.
 import type uPlot from "uplot";

@@ -18,7 +18,7 @@ reported, and removed locally; an `s3://` `restore_from` is downloaded by every 
 temporary directory and verified against its sha256 manifest before it is loaded. This
 process does the transfers with its own credentials (the config's, or AWS_* variables).
 
-Exit status: 0 once the master says stop and training finished; 78 with a last line
+Exit status: 0 once the searcher asks for no more and training finished; 78 with a last line
 `error: <message>` for a `PermanentError` (an entrypoint that names no Trial or a script
 that is missing or does not compile, a Trial whose construction fails on a programming
 error, a validation without `searcher.metric`): the master ends the trial in ERROR without
@@ -117,7 +117,7 @@ class ClusterSession:
     def next_target(self, total_batches: int) -> int | None:
         target = self.backend.next_target(total_batches)
         if target is None:
-            log.info("batch %d: the master says stop", total_batches)
+            log.info("batch %d: done training (the searcher asks for no more)", total_batches)
         else:
             log.info("batch %d: train to batch %d", total_batches, target)
         return target

@@ -28,7 +28,7 @@ from assay._session import LocalSession, Session
 from assay._spec import LocalResult, WorkerSpec
 from assay._trial import Trial, construct_trial
 from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
-from assay.errors import AssayError, PermanentError, TrainingError
+from assay.errors import AssayError, PermanentError, TrainingError, TrialContractError
 
 log = logging.getLogger("assay")
 
@@ -112,7 +112,7 @@ def construct(trial_class: type[Trial], context: TrialContext) -> Trial:
         return construct_trial(trial_class, context)
     except REPEATABLE_CONSTRUCTION_ERRORS as e:
         if isinstance(e, TrainingError):
-            raise PermanentError(str(e)) from e
+            raise TrialContractError(str(e)) from e
         raise PermanentError(
             f"constructing {trial_class.__qualname__} failed: {describe(e)}"
         ) from e

@@ -76,5 +76,10 @@ class TrainingError(AssayError):
     """Training could not run: a worker failed, or the Trial broke a contract."""
 
 
+class TrialContractError(TrainingError, PermanentError):
+    """The Trial broke a contract as it was built (a hook's signature, a missing
+    evaluation method, a setting its code contradicts): every run would do the same."""
+
+
 class SearcherMetricError(TrainingError, PermanentError):
     """A validation did not return the metric `searcher.metric` names."""

@@ -294,7 +294,7 @@ def test_operations_are_followed_and_completed_with_the_searcher_metric(full_run
     validation = {r.total_batches: r.metrics["val_loss"] for r in service.metrics("validation")}
     completed = [(r.total_batches, r.searcher_metric) for r in service.of("CompleteOperation")]
     assert completed == [(8, validation[8]), (16, validation[16])]
-    assert "the master says stop" in full_run.finished.stdout
+    assert "done training (the searcher asks for no more)" in full_run.finished.stdout
 
 
 def test_metrics_arrive_in_their_groups(full_run: FullRun) -> None:

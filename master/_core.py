@@ -278,7 +278,9 @@ class Master:
         """Check a submission (no lock taken); `InvalidArgumentError` says what to fix."""
         config, searcher = check_submission(config_yaml, model_definition)
         owner_id = self.store.user_id(owner)
-        return PreparedExperiment(config, model_definition, owner, owner_id, searcher)
+        return PreparedExperiment(
+            config, model_definition, owner, owner_id, searcher, config_text=config_yaml
+        )
 
     def add_experiment(
         self, prepared: PreparedExperiment, *, activate: bool
@@ -301,6 +303,7 @@ class Master:
                 labels=config.labels,
                 priority=config.resources.priority,
                 now=now,
+                config_text=prepared.config_text,
             )
             experiment = ExperimentState(
                 experiment_id, config, state, config.resources.priority, prepared.searcher

@@ -77,11 +77,12 @@ def masked(value: Any) -> Any:
     return value
 
 
-def mask_text(text: str, mask: str = MASK) -> str:
+def mask_text(text: str, mask: str = MASK, *, yaml_mask: str | None = None) -> str:
     """`text` with the values given to secret names replaced by `mask`.
 
     Finds `name: "value"`, `name = 'value'`, `"name": "value"`, `NAME=value` and YAML's
     `name: value` at the start of a line, where `name` is secret by `is_secret_name`.
+    `yaml_mask`: what replaces the last form's value instead (`MASK` bare is not YAML).
     """
     lower = text.lower()
     if not any(word in lower for word in _TRIGGERS):
@@ -96,11 +97,26 @@ def mask_text(text: str, mask: str = MASK) -> str:
         return f"{m[1]}{m[2]}{mask}" if is_secret_name(m[1]) else m[0]
 
     def yaml(m: re.Match[str]) -> str:
-        return f"{m[1]}{m[2]}{m[3]}{mask}" if is_secret_name(m[2]) else m[0]
+        return f"{m[1]}{m[2]}{m[3]}{yaml_mask or mask}" if is_secret_name(m[2]) else m[0]
 
     text = _QUOTED.sub(quoted, text)
     text = _BARE.sub(bare, text)
     return _YAML.sub(yaml, text)
+
+
+def masked_config_text(text: str, config: Mapping[str, Any]) -> str | None:
+    """The submitted config text with its secrets masked, or None when the masking cannot
+    be shown to be complete: the masked text must parse to exactly `masked(config)`.
+    (YAML has forms `mask_text` does not rewrite, such as a block scalar or a flow
+    mapping; a config written so is shown from its parsed form instead.)"""
+    import yaml
+
+    shown = mask_text(text, yaml_mask=f'"{MASK}"')
+    try:
+        parsed = yaml.safe_load(shown)
+    except yaml.YAMLError:
+        return None
+    return shown if parsed == masked(config) else None
 
 
 def _is_set(value: Any) -> bool:

@@ -21,6 +21,7 @@ from assay.master._aio import LoopOutbox
 from assay.master._auth import Principal
 from assay.master._core import Master
 from assay.master._guard import Guard, bearer, caller, metadata_dict
+from assay.master._secrets import masked_config_text
 from assay.master._status import maps_errors, maps_errors_async, maps_errors_stream, status_of
 from assay.master.errors import InvalidArgumentError, PermissionDeniedError
 from assay.master.lifecycle import TERMINAL_TRIAL
@@ -216,19 +217,24 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         )
         return api_pb2.CreateExperimentResponse(experiment=experiment, warnings=warnings)
 
-    def _experiment(self, experiment_id: int) -> common_pb2.Experiment:
+    def _experiment(self, experiment_id: int, *, with_text: bool = False) -> common_pb2.Experiment:
+        """`with_text`: and the config as submitted (secrets masked), for one experiment's page."""
         record = self.store.get_experiment(experiment_id)
         trials = self.store.list_trials(experiment_id)
         bests = [t.best_validation for t in trials if t.best_validation is not None]
         smaller = bool(record.config.get("searcher", {}).get("smaller_is_better", True))
         best = (min(bests) if smaller else max(bests)) if bests else None
-        return _convert.experiment(record, num_trials=len(trials), best=best)
+        message = _convert.experiment(record, num_trials=len(trials), best=best)
+        text = self.store.get_config_text(experiment_id) if with_text else None
+        if text is not None:
+            message.config_yaml = masked_config_text(text, record.config) or ""
+        return message
 
     @maps_errors
     def GetExperiment(  # noqa: N802
         self, request: api_pb2.GetExperimentRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetExperimentResponse:
-        experiment = self._experiment(request.id)
+        experiment = self._experiment(request.id, with_text=True)
         trials = [_convert.trial(t) for t in self.store.list_trials(request.id)]
         waiting = self.master.unplaceable
         for trial in trials:

@@ -37,6 +37,7 @@ class PreparedExperiment:
     owner: str
     owner_id: int
     searcher: Searcher
+    config_text: str | None = None  # as submitted: order and comments, for people
 
 
 def check_submission(

@@ -130,6 +130,7 @@ class Experiment(_message.Message):
     NUM_TRIALS_FIELD_NUMBER: _builtins.int
     START_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
+    CONFIG_YAML_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     name: _builtins.str
     description: _builtins.str
@@ -141,6 +142,11 @@ class Experiment(_message.Message):
     searcher: _builtins.str
     best_validation: _builtins.float
     num_trials: _builtins.int
+    config_yaml: _builtins.str
+    """The config text as submitted (key order and comments kept), secrets masked. Only
+    in GetExperiment; empty for experiments stored before it was kept, and for a text
+    whose masking could not be verified complete (then read `config`).
+    """
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -169,10 +175,11 @@ class Experiment(_message.Message):
         num_trials: _builtins.int = ...,
         start_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
+        config_yaml: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "config", b"config", "end_time", b"end_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "archived", b"archived", "best_validation", b"best_validation", "config", b"config", "description", b"description", "end_time", b"end_time", "id", b"id", "labels", b"labels", "name", b"name", "num_trials", b"num_trials", "owner", b"owner", "priority", b"priority", "progress", b"progress", "searcher", b"searcher", "start_time", b"start_time", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "archived", b"archived", "best_validation", b"best_validation", "config", b"config", "config_yaml", b"config_yaml", "description", b"description", "end_time", b"end_time", "id", b"id", "labels", b"labels", "name", b"name", "num_trials", b"num_trials", "owner", b"owner", "priority", b"priority", "progress", b"progress", "searcher", b"searcher", "start_time", b"start_time", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__best_validation: _TypeAlias = _typing.Literal["best_validation"]  # noqa: Y015
     _WhichOneofArgType__best_validation: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation"]  # noqa: Y015

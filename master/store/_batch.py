@@ -119,6 +119,7 @@ class WriteBatch:
         labels: Sequence[str],
         priority: int,
         now: dt.datetime,
+        config_text: str | None = None,
     ) -> None:
         self.insert(
             _EXPERIMENTS,
@@ -138,6 +139,8 @@ class WriteBatch:
                 "start_time": now,
                 "end_time": None,
                 "updated_at": now,
+                # Only when given: a store written by tests at an older schema has no column.
+                **({"config_text": config_text} if config_text is not None else {}),
             },
         )
         rows = [{"experiment_id": experiment_id, "label": label} for label in sorted(set(labels))]

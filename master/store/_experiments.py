@@ -95,6 +95,16 @@ class ExperimentQueries(StoreBase):
                 raise NotFoundError(f"experiment {experiment_id} does not exist")
             return bytes(data)
 
+    def get_config_text(self, experiment_id: int) -> str | None:
+        """The config as its submitter wrote it (None if it was stored before it was kept)."""
+        with self.read() as s:
+            row = s.execute(
+                select(Experiment.config_text).where(Experiment.id == experiment_id)
+            ).first()
+            if row is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            return row[0]
+
     def update_experiment(self, experiment_id: int, **fields: Any) -> None:
         """Set the named fields (idempotent)."""
         unknown = set(fields) - EXPERIMENT_FIELDS

@@ -94,6 +94,8 @@ class Experiment(Base):
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
     state: Mapped[str] = mapped_column(String(32), index=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # The YAML as submitted (order and comments kept), for people; None before 0005.
+    config_text: Mapped[str | None] = mapped_column(Text, deferred=True)
     # Deferred: up to 96 MiB, read only when a trial starts (not with every listing).
     model_definition: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     priority: Mapped[int] = mapped_column(SmallInteger, default=42)

@@ -362,3 +362,41 @@ def _read_over_http(
             seen.add(f"GET {path}", reply.body)
     for path in ("/api/v1/openapi.json", "/api/v1/health", "/"):
         seen.add(f"GET {path}", site.get(path).body)
+
+
+def test_the_submitted_text_keeps_order_and_comments_with_its_secrets_masked() -> None:
+    import yaml
+
+    from assay.master._secrets import masked_config_text
+
+    text = (
+        "# digits, tuned\n"
+        "name: tuned\n"
+        "data:\n"
+        "  hf_token: hf_abcdef  # from the vault\n"
+        "  url: https://example.com\n"
+        "checkpoint_storage: {type: shared_fs, host_path: /tmp}\n"
+    )
+    shown = masked_config_text(text, yaml.safe_load(text))
+    assert shown is not None
+    assert shown.startswith("# digits, tuned\nname: tuned\n")
+    assert f'  hf_token: "{MASK}"' in shown
+    assert "hf_abcdef" not in shown
+    assert "https://example.com" in shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "name: x\ndata:\n  secret_key: |\n    abcdef\n",  # a block scalar
+        "name: x\ndata: {secret_key: abcdef}\n",  # a flow mapping
+        'name: x\ndata: {"secret_key": abcdef}\n',
+        "name: x\ndata:\n  ? secret_key\n  : abcdef\n",  # an explicit key
+    ],
+)
+def test_a_text_whose_masking_is_not_complete_is_not_shown(text: str) -> None:
+    import yaml
+
+    from assay.master._secrets import masked_config_text
+
+    assert masked_config_text(text, yaml.safe_load(text)) is None

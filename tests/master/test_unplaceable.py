@@ -95,3 +95,19 @@ def test_no_agent_at_all_is_the_reason(master: MasterServer, api: api_pb2_grpc.A
     why = "needs 2 CPU slots; no CPU agent is connected"
     assert [w for w in created.warnings if why in w], created.warnings
     assert _trial(api, created.experiment.id).waiting == why
+
+
+def test_the_config_text_comes_back_as_submitted_from_get_but_not_from_list(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    text = "# tuned by hand\n" + experiment_yaml(name="texted") + "# the end\n"
+    created = api.CreateExperiment(
+        api_pb2.CreateExperimentRequest(
+            config_yaml=text, model_definition=model_archive(), activate=False
+        )
+    )
+    got = api.GetExperiment(api_pb2.GetExperimentRequest(id=created.experiment.id))
+    assert got.experiment.config_yaml == text
+    listed = api.ListExperiments(api_pb2.ListExperimentsRequest())
+    assert [e.config_yaml for e in listed.experiments] == [""]
+    assert created.experiment.config_yaml == ""

@@ -200,3 +200,33 @@ def test_nothing_is_shown_before_logging_in(site: Site) -> None:
     )
     assert status == 401
     page.context.close()
+
+
+def test_a_trial_the_cluster_cannot_hold_says_why_and_the_config_reads_as_submitted(
+    site: Site,
+) -> None:
+    # The cluster has one agent with 2 slots; this asks for 4, with a comment and a secret.
+    config = (
+        LONG.replace("name: digits-long", "name: digits-too-big")
+        .replace("global_batch_size: 32", "global_batch_size: 32  # per step, over all slots")
+        .replace(
+            "searcher:", "resources: {slots_per_trial: 4}\ndata:\n  api_token: hunter2\nsearcher:"
+        )
+    )
+    experiment_id = site.submit(config)
+    try:
+        page = site.page()
+        page.goto(site.base + "/cluster")
+        reason = page.locator('[data-testid="queue-row"] [data-testid="queue-reason"]')
+        expect(reason.first).to_have_text(
+            "cannot start: needs 4 CPU slots; the cluster has 2 (1 agent)"
+        )
+        page.goto(f"{site.base}/experiments/{experiment_id}")
+        shown = page.locator('[data-testid="config"]')
+        expect(shown).to_contain_text("global_batch_size: 32  # per step, over all slots")
+        expect(shown).to_contain_text('api_token: "********"')
+        expect(shown).not_to_contain_text("hunter2")
+        screenshot(page, "config-as-submitted")
+        page.context.close()
+    finally:
+        site.cluster.cli("experiment", "kill", str(experiment_id))

@@ -76,6 +76,8 @@ export interface Experiment {
   progress: Double;
   archived: boolean;
   config?: JsonObject;
+  /** The config as submitted (order and comments kept, secrets masked); GetExperiment only. */
+  config_yaml?: string;
   searcher: string;
   best_validation?: Double;
   num_trials: number;
@@ -196,6 +198,8 @@ export interface QueuedTrial {
   priority: number;
   slots: number;
   slot_type: SlotType;
+  /** Why it cannot start even on the idle cluster; absent when it waits for free slots. */
+  reason?: string;
 }
 
 export interface LoginAnswer {

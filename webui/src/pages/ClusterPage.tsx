@@ -203,6 +203,7 @@ function QueuePanel() {
                 <th>Experiment</th>
                 <th className="num">Priority</th>
                 <th className="num">Slots</th>
+                <th>Waiting for</th>
               </tr>
             </thead>
             <tbody>
@@ -222,11 +223,14 @@ function QueuePanel() {
                   <td className="num">
                     {r.slots} {r.slot_type === "SLOT_TYPE_CUDA" ? "GPU" : r.slot_type === "SLOT_TYPE_CPU" ? "CPU" : ""}
                   </td>
+                  <td data-testid="queue-reason" className={r.reason ? "warn" : undefined}>
+                    {r.reason ? `cannot start: ${r.reason}` : "free slots"}
+                  </td>
                 </tr>
               ))}
               {rows.length === 0 && (
                 <tr>
-                  <td colSpan={5} className="empty">
+                  <td colSpan={6} className="empty">
                     No trials are waiting for slots.
                   </td>
                 </tr>

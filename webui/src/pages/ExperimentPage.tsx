@@ -121,7 +121,7 @@ export function ExperimentPage() {
         )}
         <Section title="Config">
           <pre className="config" data-testid="config">
-            {exp.config ? toYaml(exp.config) : "(none)"}
+            {exp.config_yaml || (exp.config ? toYaml(exp.config) : "(none)")}
           </pre>
         </Section>
       </div>

@@ -268,7 +268,7 @@ class Master:
     ) -> ExperimentRecord:
         """Store a new experiment and its first trial; return it as stored."""
         prepared = self.prepare_experiment(config_yaml, model_definition, owner=owner)
-        record, ticket = self.add_experiment(prepared, activate=activate)
+        record, ticket, _ = self.add_experiment(prepared, activate=activate)
         self.commit.wait(ticket)
         return record
 
@@ -284,9 +284,10 @@ class Master:
 
     def add_experiment(
         self, prepared: PreparedExperiment, *, activate: bool
-    ) -> tuple[ExperimentRecord, int]:
-        """Record a checked experiment and its first trials; return it and the commit
-        ticket to wait for."""
+    ) -> tuple[ExperimentRecord, int, str | None]:
+        """Record a checked experiment and its first trials; return it, the commit ticket
+        to wait for, and why its trials could not start even on this cluster idle (None
+        when they can, once slots are free)."""
         config, model_definition = prepared.config, prepared.model_definition
         experiment_id = self.store.reserve_id("experiments")
         now = _now()
@@ -313,7 +314,8 @@ class Master:
             self.search(experiment, experiment.searcher.initial_operations())
             self.schedule()
             ticket = self.commit.ticket()
-        return new_record(prepared, experiment_id, state, now, experiment.progress), ticket
+            why = self.scheduler.why_never(config.resources.slots_per_trial, self.fleet.slot_type())
+        return new_record(prepared, experiment_id, state, now, experiment.progress), ticket, why
 
     def experiment_action(self, experiment_id: int, action: str) -> None:
         with self.lock:
@@ -334,7 +336,8 @@ class Master:
 
     def schedule(self) -> None:
         if not self.queued:
-            self.unplaceable.clear()
+            if self.unplaceable:
+                self.unplaceable = {}
             return
         # Agents may have joined or left since a request was queued: one pass sets its type.
         slot_type = self.fleet.slot_type()
@@ -361,12 +364,6 @@ class Master:
                     self.fleet.kill(run, graceful=False)
                 self.do([*end_trial(trial, T.ERROR, _now()), fx.Settle(trial.experiment_id)])
 
-    def why_never(self, slots: int) -> str | None:
-        """Why a trial of `slots` slots could not start even on this cluster idle (None:
-        it can, once slots are free)."""
-        with self.lock:
-            return self.scheduler.why_never(slots, self.fleet.slot_type())
-
     def _note_unplaceable(self, unschedulable: Sequence[tuple[str, str]]) -> None:
         """Remember why queued trials cannot be placed on the cluster as it is; a trial's
         log says so once (and again when the reason changes)."""
@@ -375,8 +372,7 @@ class Master:
             if self.unplaceable.get(trial_id) != why:
                 trial = self.trials[trial_id]
                 self.do([fx.Log(trial_id, trial.run_id, f"waiting: {why}", "WARNING")])
-        self.unplaceable.clear()
-        self.unplaceable.update(now)
+        self.unplaceable = now  # one assignment: readers without the lock see old or new
 
     def _preempt_for(self, request: Request) -> None:
         """Stop lower-priority runs (gracefully) so that `request` fits when they are gone."""

@@ -203,10 +203,9 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             )
         else:
             prepared = self.master.prepare_experiment(*args, owner=owner)
-        record, ticket = self.master.add_experiment(prepared, activate=request.activate)
+        record, ticket, why = self.master.add_experiment(prepared, activate=request.activate)
         await self.master.commit.wait_async(ticket)
         experiment = _convert.experiment(record, num_trials=1, best=None)
-        why = self.master.why_never(prepared.config.resources.slots_per_trial)
         warnings = (
             [
                 f"its trials cannot start on this cluster as it is: each {why}; they wait until "

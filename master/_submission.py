@@ -46,18 +46,23 @@ def check_submission(
     """The parsed config and its new searcher, or `InvalidArgumentError`.
 
     Both checks are pure functions of their input, so the master remembers recent
-    answers: the last 256 config texts that parsed (the config is frozen; each
+    answers: the last 256 config texts (of at most 64 KiB) that parsed (the config is frozen; each
     submission still gets a searcher of its own) and the SHA-256 of the last 1,024
     archives that passed. Teams resubmit the same config and model directory often;
     a changed byte is checked in full.
     """
-    config = _parsed_config(config_yaml)
+    # Only ordinary configs are remembered, so no user can make the master hold much.
+    parse = _parsed_config if len(config_yaml) <= _REMEMBERED_CHARS else _parsed_config.__wrapped__
+    config = parse(config_yaml)
     try:
         searcher = new_searcher(config)
     except ValueError as e:
         raise InvalidArgumentError(str(e)) from None
     _check_model_definition(model_definition)
     return config, searcher
+
+
+_REMEMBERED_CHARS = 64 * 1024
 
 
 @functools.lru_cache(maxsize=256)

@@ -143,14 +143,17 @@ class Scheduler:
         """
         self._check_pending(pending)
         decision = Decision()
+        why_never: dict[tuple[int, SlotType], str | None] = {}  # one answer per size a pass
         # Both shortcuts are exact: whether a size fits an idle cluster depends on the size
         # alone, and no placement can use more slots than are free. With a long queue on a
         # full cluster they turn each round from a search per request into a lookup.
         for request in sorted(pending, key=lambda r: r.rank):
             index = self._index[request.slot_type]
             if not index.fits_idle(request.slots):
-                why = self.why_never(request.slots, request.slot_type)
-                decision.unschedulable.append((request.id, why or "cannot be placed"))
+                size = (request.slots, request.slot_type)
+                if size not in why_never:
+                    why_never[size] = self.why_never(*size)
+                decision.unschedulable.append((request.id, why_never[size] or "cannot be placed"))
                 continue
             if request.slots > index.total_free:
                 continue

@@ -71,3 +71,13 @@ def test_the_archives_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) ->
     for i in range(10):
         check_submission(CONFIG, _archive(**{"model_def.py": f"x = {i}\n".encode()}))
     assert len(_submission._PASSED_ARCHIVES) == 4
+
+
+def test_only_ordinary_configs_are_remembered() -> None:
+    model = _archive(**{"model_def.py": b""})
+    _submission._parsed_config.cache_clear()
+    check_submission(CONFIG, model)
+    padded = CONFIG + "#" * (_submission._REMEMBERED_CHARS + 1) + "\n"
+    check_submission(padded, model)
+    check_submission(padded, model)
+    assert _submission._parsed_config.cache_info().currsize == 1

@@ -103,9 +103,33 @@ finish_common_options() {
         die "--package is required: $DEPLOY_DIR is not inside an Assay checkout. Pass a wheel \
 (pip wheel --no-deps -w dist /path/to/assay), a checkout, or assay==X.Y.Z from your own \
 package index; PyPI's 'assay' is another project"
+    if bare_assay_requirement "$PACKAGE" && ! names_an_index "$PIP_ARGS"; then
+        die "--package $PACKAGE would install PyPI's 'assay', another project: name your own \
+package index or folder of wheels with --pip-args ('--index-url URL' or '--find-links DIR'), \
+or pass a wheel or a checkout"
+    fi
     if [ -z "$R" ] && [ "$DRY_RUN" = 0 ] && [ "$(id -u)" != 0 ]; then
         die "run as root (sudo $0 ...), or try --dry-run first"
     fi
+}
+
+# A requirement naming the project 'assay' (assay, assay==X.Y.Z, assay[extra]>=X), not a path.
+bare_assay_requirement() {
+    local lower
+    lower=$(printf '%s' "$1" | tr '[:upper:]' '[:lower:]')
+    [[ "$lower" =~ ^[[:space:]]*assay[[:space:]]*(\[[^]]*\])?[[:space:]]*([=\<\>\!~].*)?$ ]]
+}
+
+# Whether pip arguments name where to find packages instead of PyPI.
+names_an_index() {
+    local arg args
+    read -ra args <<<"$1"
+    for arg in ${args[@]+"${args[@]}"}; do
+        case "$arg" in
+            -i | -i?* | --index-url | --index-url=* | -f | -f?* | --find-links | --find-links=*) return 0 ;;
+        esac
+    done
+    return 1
 }
 
 # A path written into a unit file: systemd splits on spaces and expands %.

@@ -305,3 +305,23 @@ def test_installed_master_and_agent_form_a_cluster(
     assert [a["id"] for a in agents] == ["gpu-node-1"]
     master_log = logs[0].read_text()
     assert "gpu-node-1 connected with 1 cpu slots" in master_log, master_log
+
+
+@pytest.mark.parametrize("package", ["assay==1.2.3", "assay", "Assay[cuda] >= 1.0"])
+def test_a_bare_assay_requirement_needs_an_index(installer: Installer, package: str) -> None:
+    agent = ["install-agent.sh", "--dry-run", "--master", "h:8090", "--package", package]
+
+    refused = installer.run(*agent, check=False)
+    extra = installer.run(
+        *agent, "--pip-args", "--extra-index-url https://pypi.example", check=False
+    )
+    indexed = installer.run(*agent, "--pip-args", "--index-url https://pypi.example/simple")
+    found = installer.run(*agent, "--pip-args=--no-index --find-links=/srv/wheels")
+
+    assert refused.returncode == 1
+    assert f"--package {package} would install PyPI's 'assay', another project" in refused.stderr
+    assert "pip install" not in refused.stdout
+    assert extra.returncode == 1  # PyPI is still asked, and may win
+    assert indexed.stdout.count("--index-url https://pypi.example/simple") == 1
+    assert f"--find-links=/srv/wheels {package}\n" in found.stdout
+    assert not installer.root.exists()

@@ -19,6 +19,9 @@ from pathlib import Path
 
 from assay.config import ExperimentConfig
 
+# Larger model files are let through unread: parsing them costs more than it can tell.
+MAX_PARSED_BYTES = 2 * 2**20
+
 
 def entrypoint_problem(config: ExperimentConfig, model_dir: str | Path) -> str | None:
     """What is wrong with `config`'s entrypoint in `model_dir`, on one line, or None."""
@@ -49,16 +52,25 @@ def trial_problem(entrypoint: str, model_dir: Path) -> str | None:
         )
     shown = source.relative_to(model_dir)
     try:
+        if source.stat().st_size > MAX_PARSED_BYTES:
+            return None  # too big to read here: the import will tell
         with warnings.catch_warnings():  # an invalid escape is the import's to warn of
             warnings.simplefilter("ignore")
             tree = ast.parse(source.read_bytes(), filename=str(source))
+        return _missing_name(entrypoint, shown, tree, qualname)
     except SyntaxError as e:
         return (
             f"entrypoint {entrypoint!r}: {shown} does not compile: SyntaxError: {e.msg} "
             f"({shown}, line {e.lineno})"
         )
-    except (OSError, ValueError):
-        return None  # unreadable here, or NUL bytes: the import will say what is wrong
+    except (OSError, ValueError, RecursionError, MemoryError):
+        # Unreadable here, NUL bytes, or nested too deep for this parser to hold in
+        # memory: cannot tell, so the import will say what is wrong.
+        return None
+
+
+def _missing_name(entrypoint: str, shown: Path, tree: ast.Module, qualname: str) -> str | None:
+    """What is wrong with a class `qualname` in the parsed module `tree`, or None."""
     names = _top_level_names(tree)
     if names is None:
         return None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from assay._precheck import trial_problem
+from assay._precheck import MAX_PARSED_BYTES, trial_problem
 from tests.conftest import REGRESSION_DIR
 
 from .conftest import CONFIG, FakeApi, assert_ok, assert_one_line_error, run_cli
@@ -158,3 +158,31 @@ def test_packages_and_installed_modules(tmp_path: Path) -> None:
     assert "pkg/mod.py has no 'T'" in (trial_problem("pkg.mod:T", tmp_path) or "")
     assert trial_problem("yaml:Anything", tmp_path) is None  # installed: not checked
     assert "no module 'nowhere'" in (trial_problem("nowhere:T", tmp_path) or "")
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["+".join(["1"] * 200_000), "-" * 100_000 + "1"],
+    ids=["too-deep", "too-much-memory"],
+)
+def test_a_file_the_parser_cannot_hold_is_let_through_to_the_import(
+    master: FakeApi, tmp_path: Path, no_torch: None, expression: str
+) -> None:
+    model = _model(tmp_path, f"\nx = {expression}\n")
+    master.responses["CreateExperiment"] = created(5)
+
+    done = run_cli("e", "create", _config(tmp_path), model, master=master)
+
+    assert_ok(done)
+    assert len(master.calls("CreateExperiment")) == 1
+    assert trial_problem("model_def:Missing", model) is None  # cannot tell: not refused
+
+
+def test_a_file_over_the_size_cap_is_not_parsed(tmp_path: Path) -> None:
+    body = "class Present: ...\n"
+    (tmp_path / "small.py").write_text(body)
+    padding = "#" * 1023 + "\n"
+    (tmp_path / "big.py").write_text(body + padding * (MAX_PARSED_BYTES // 1024 + 1))
+
+    assert "small.py has no 'Missing'" in (trial_problem("small:Missing", tmp_path) or "")
+    assert trial_problem("big:Missing", tmp_path) is None

@@ -48,14 +48,14 @@ class MasterError(AssayError):
 
 
 class Client:
-    """A lazily opened channel to `address` (HOST:PORT)."""
+    """A lazily opened channel to `address` (HOST:PORT; HOST alone: port 8090)."""
 
     def __init__(
         self, address: str, timeout: float = UNARY_TIMEOUT_S, tls: ClientTls | None = None
     ) -> None:
         """`tls` None: as ASSAY_TLS, ASSAY_CA_FILE and ASSAY_TLS_SERVER_NAME say, read
         when the first call is made."""
-        self.address = address
+        self.address = _credentials.dial_address(address)
         self.tls = tls
         self.timeout = timeout
         self._channel: Any = None

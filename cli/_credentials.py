@@ -85,6 +85,21 @@ def master_key(master: str) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def dial_address(master: str) -> str:
+    """`master` as the client connects to it: as typed, with the default port filled in
+    when none is given (gRPC's own default, 443, is never Assay's), so that a command
+    reaches the master whose session `master_key` finds."""
+    text = master.strip()
+    if text.startswith("["):  # [::1] or [::1]:8090
+        has_port = text.partition("]")[2].startswith(":")
+    else:
+        # One colon: HOST:PORT; none: HOST; more: a bare IPv6 address.
+        has_port = text.count(":") == 1
+        if text.count(":") > 1:
+            text = f"[{text}]"
+    return text if has_port else f"{text}:{DEFAULT_PORT}"
+
+
 def _matching(sessions: dict[str, Any], master: str) -> list[str]:
     """The stored keys that name `master` (older files kept addresses as typed)."""
     key = master_key(master)

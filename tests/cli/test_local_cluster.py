@@ -16,8 +16,10 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 import yaml
@@ -25,11 +27,13 @@ import yaml
 import assay
 from assay._local import free_port
 from assay.cli import _credentials
+from assay.cli._client import Client
 from assay.cli._common import DEFAULT_MASTER
 from assay.cli._deploy import _ui_line, up
+from assay.proto import api_pb2, api_pb2_grpc
 from tests.fixtures.regression.model_def import RegressionTrial
 
-from .conftest import CONFIG, REGRESSION_DIR
+from .conftest import CONFIG, REGRESSION_DIR, FakeApi, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -314,3 +318,48 @@ def test_sessions_stored_under_another_spelling_are_found_and_replaced(
     assert forgotten
     assert sorted(after) == ["other:8090"]
     assert _credentials.load("localhost:8090") is None
+
+
+@pytest.mark.parametrize(
+    ("typed", "dialled"),
+    [
+        ("master.example", "master.example:8090"),
+        ("Master.Example:9000", "Master.Example:9000"),
+        ("127.0.0.1", "127.0.0.1:8090"),
+        ("[::1]", "[::1]:8090"),
+        ("[::1]:9000", "[::1]:9000"),
+        ("fe80::1", "[fe80::1]:8090"),
+    ],
+)
+def test_the_client_dials_the_port_the_session_is_kept_for(typed: str, dialled: str) -> None:
+    assert Client(typed).address == dialled
+    assert _credentials.master_key(dialled) == _credentials.master_key(typed)
+
+
+def test_a_master_named_without_a_port_gets_its_stored_session_on_8090(tmp_path: Path) -> None:
+    import datetime as dt
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    fake = FakeApi()  # type: ignore[abstract]  # handlers set from the descriptor
+    fake.responses["WhoAmI"] = api_pb2.User(username="kept", active=True)
+    api_pb2_grpc.add_ApiServicer_to_server(fake, server)
+    try:
+        # Another loopback address, so that a master on this machine's 8090 is not in the way.
+        if server.add_insecure_port("127.0.0.2:8090") == 0:
+            pytest.skip("127.0.0.2:8090 cannot be bound here")
+    except RuntimeError:
+        pytest.skip("127.0.0.2:8090 cannot be bound here")
+    server.start()
+    auth = tmp_path / "auth.json"
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(days=1)).isoformat()
+    session = {"username": "kept", "token": "ast_kept", "expires_at": later}
+    auth.write_text(json.dumps({"sessions": {"127.0.0.2:8090": session}}))
+    env = {"ASSAY_AUTH_FILE": str(auth), "ASSAY_USER": "", "ASSAY_PASSWORD": ""}
+    try:
+        who = run_cli("user", "whoami", master="127.0.0.2", env=env, timeout=30)
+    finally:
+        server.stop(None)
+
+    assert who.returncode == 0, who.stderr
+    assert who.stdout.startswith("kept")
+    assert fake.tokens == [("WhoAmI", "Bearer ast_kept")]

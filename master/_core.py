@@ -17,6 +17,7 @@ import hmac
 import logging
 import random
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -24,22 +25,28 @@ from concurrent import futures
 from dataclasses import replace
 from typing import Any
 
-from assay.master._agent_calls import AgentCalls
+from assay.master import _agents
 from assay.master._agents import (
     AgentHandle,
+    ClusterView,
     KillRun,
+    Load,
+    Outbox,
+    Registration,
 )
+from assay.master._auth import mask_secrets
+from assay.master._checkpoints import reported_location
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._fleet import Fleet
 from assay.master._gc import collect_later
-from assay.master._harness_calls import HarnessCalls
-from assay.master._recovery import recover
-from assay.master._state import Ledger, ModelCache
+from assay.master._state import Ledger, ModelCache, load_live
 from assay.master._submission import PreparedExperiment, check_submission, new_record
+from assay.master.errors import InvalidArgumentError
 from assay.master.lifecycle import (
     ExperimentState,
     ExperimentStatus,
+    Restore,
     Run,
     TrialState,
     TrialStatus,
@@ -47,13 +54,18 @@ from assay.master.lifecycle import (
     run_end,
 )
 from assay.master.lifecycle import _effects as fx
+from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
 from assay.master.lifecycle.run import end_trial, preemption
 from assay.master.scheduler import Request, Running, Scheduler, choose_victims
-from assay.master.searcher import Operation
+from assay.master.searcher import Create, Operation
 from assay.master.store import (
+    AllocationRecord,
+    CheckpointRecord,
     ExperimentRecord,
+    LogLine,
+    MetricReport,
     Store,
     WriteBatch,
 )
@@ -106,9 +118,7 @@ class Master:
         # Checkpoint deletions, one at a time, off the master's lock (storage I/O).
         self._gc = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gc")
         self._storages: dict[str, Any] = {}
-        self.harness = HarnessCalls(self)
-        self.agent_calls = AgentCalls(self)
-        recover(self)
+        self._recover()
         self._stop_reaper = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
         self._reaper.start()
@@ -124,7 +134,7 @@ class Master:
     def _reap_loop(self) -> None:
         while not self._stop_reaper.wait(REAP_INTERVAL_S):
             try:
-                self.agent_calls.reap()
+                self.reap()
             except Exception:
                 log.exception("checking for lost agents failed")
 
@@ -147,6 +157,68 @@ class Master:
             self.commit.wait(ticket)
         finally:
             self.lock.acquire()
+
+    # --- start-up -------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Reload the live experiments and requeue their unfinished trials (a restart)."""
+        with self.lock:
+            active = self.store.active_allocations()
+            for experiment in load_live(self.store):
+                self.ledger.add_experiment(experiment)
+                if experiment.needs_start:
+                    self._adopt_trials(experiment)
+            for allocation in active:
+                if not self._await_run(allocation):
+                    self.batch.set_allocation(allocation.id, state="TERMINATED", ended_at=_now())
+            for experiment in list(self.experiments.values()):
+                self.do(trial_life.after_restart(experiment, self.run_of_trial, _now()))
+            self.schedule()
+        self.commit.flush()
+
+    def _await_run(self, allocation: AllocationRecord) -> bool:
+        """Keep a run found in the store for its agents to confirm; False if it is over."""
+        trial = self.trials.get(allocation.trial_id)
+        wait = self.config.agent_reconnect_wait_s
+        if trial is None or wait <= 0:
+            return False
+        placement = tuple(
+            (str(part["agent_id"]), tuple(int(s) for s in part["slots"]))
+            for part in allocation.placement
+        )
+        run = trial_life.awaited_run(
+            allocation.id,
+            allocation.run_id,
+            placement,
+            trial,
+            self.experiments[trial.experiment_id],
+            token=self.token(allocation.id),
+            deadline=time.monotonic() + wait,
+        )
+        if run is None:
+            return False
+        self.ledger.add_run(run)
+        log.info("trial %d run %d: waiting for its agents to confirm it", trial.id, run.run_id)
+        return True
+
+    def _adopt_trials(self, experiment: ExperimentState) -> None:
+        """Start the search of an experiment stored without one, on the trials it has.
+
+        Its trials take the request ids of the searcher's first Creates, in id order (the
+        rename is recorded), and the operations are then carried out as for a new
+        experiment: Creates beyond the stored trials make new ones.
+        """
+        experiment.needs_start = False
+        existing = sorted(experiment.trials.values(), key=lambda t: t.id)
+        ops = experiment.searcher.initial_operations()
+        for op in ops:
+            if isinstance(op, Create) and existing:
+                trial = existing.pop(0)
+                del experiment.by_request[trial.request_id]
+                trial.request_id = op.request_id
+                experiment.by_request[op.request_id] = trial
+                self.batch.rename_trial_request(trial.id, op.request_id)
+        self.search(experiment, ops)
 
     # --- effects --------------------------------------------------------------------------
 
@@ -431,6 +503,120 @@ class Master:
         for agent_id, message in start.messages:
             self.fleet.send(agent_id, message)
 
+    # --- agents -------------------------------------------------------------------------
+
+    def register_agent(self, register: Registration, peer_host: str, outbox: Outbox) -> AgentHandle:
+        """A (re)connecting agent: its running allocations are kept, the rest forgotten."""
+        with self.lock:
+            handle, lost = self.fleet.register(register, peer_host, outbox, _now())
+            self.parts_lost(register.agent_id, lost)
+            running = register.running_allocations
+            self.do(agent_life.reconcile(handle.id, running, list(self.runs.values())))
+            self.schedule()
+            self.commit_and_wait()
+            return handle
+
+    def heartbeat(self, agent_id: str, beat: Load) -> None:
+        with self.lock:
+            self.fleet.heard_from(agent_id, beat)
+
+    def agent_disconnected(self, agent_id: str, handle: AgentHandle | None = None) -> None:
+        """The stream of `handle` ended; a newer connection of the same agent is kept.
+
+        The agent's trials keep their slots for `agent_reconnect_wait_s`: an agent back in
+        time keeps them running; after that they are requeued (see `reap`).
+        """
+        with self.lock:
+            wait = self.config.agent_reconnect_wait_s
+            if not self.fleet.disconnected(agent_id, handle, keep=wait > 0):
+                return
+            if wait <= 0:
+                self.drop_agent(agent_id, "disconnected")
+            else:
+                log.warning("agent %s disconnected; its trials wait %g s for it", agent_id, wait)
+            self.commit.ticket()
+
+    def reap(self) -> None:
+        """Give up on agents silent or gone for longer than the window, and their runs."""
+        with self.lock:
+            effects = agent_life.reap(
+                self.fleet.clocks(),
+                list(self.runs.values()),
+                now=time.monotonic(),
+                wall=time.time(),
+                wait_s=self.config.agent_reconnect_wait_s,
+                heartbeat_s=self.config.heartbeat_interval_s,
+            )
+            if effects:
+                self.do(effects)
+                self.schedule()
+                self.commit.ticket()
+
+    def set_agent_enabled(self, agent_id: str, enabled: bool) -> None:
+        with self.lock:
+            self.fleet.set_enabled(agent_id, enabled)
+            self.schedule()  # disabled: what waits may now never fit, and says so
+            self.commit_and_wait()
+
+    def allocation_running(self, agent_id: str, allocation_id: str) -> None:
+        """An agent started its part of an allocation (not waited for)."""
+        with self.lock:
+            self.fleet.heard_from(agent_id)
+            if allocation_id in self.runs:
+                self.batch.set_allocation(allocation_id, state="RUNNING")
+                self.commit.ticket()
+
+    def allocation_exited(
+        self, agent_id: str, allocation_id: str, exit_codes: Sequence[int], message: str = ""
+    ) -> None:
+        """An agent's part of an allocation ended with these exit codes, one per rank (none:
+        its processes could not start). Not waited for: the agent needs no answer."""
+        with self.lock:
+            self.fleet.heard_from(agent_id)
+            run = self.runs.get(allocation_id)
+            if run is None:
+                return
+            run.exit_codes[agent_id] = list(exit_codes)
+            if message:
+                run.messages.append(mask_secrets(f"{agent_id}: {message}"))
+            failed = not exit_codes or any(c != 0 for c in exit_codes)
+            if failed and run.stopping is None:
+                # One part of the gang is gone: the other ranks cannot go on without it.
+                self.fleet.kill(run, graceful=False)
+            if run.over:
+                self.finish_run(run)
+                self.schedule()
+            self.commit.ticket()
+
+    def ship_logs(self, allocation_id: str, lines: Sequence[LogLine]) -> None:
+        """Store an allocation's log lines (secrets masked); lines of no running
+        allocation are dropped."""
+        run = self.runs.get(allocation_id)
+        if run is None:
+            return
+        masked = [replace(line, message=mask_secrets(line.message)) for line in lines]
+        self.store.append_logs(run.trial_id, run.run_id, masked)
+
+    def cluster_view(self) -> ClusterView:
+        """A copy of the agents and the queue for the read-only RPCs."""
+        with self.lock:
+            queue = sorted(self.queued.values(), key=lambda r: r.rank)
+            return _agents.cluster_view(
+                self.cluster_id,
+                self.fleet.slot_type(),
+                self.agents.values(),
+                self.scheduler.allocations,
+                self.run_of_trial,
+                [(r, self.trials[int(r.id)]) for r in queue],
+                {e.id: e.config.name for e in self.experiments.values()},
+                self.unplaceable,
+            )
+
+    def close_streams(self) -> None:
+        """Close every agent's stream (the master is stopping)."""
+        with self.lock:
+            self.fleet.close_streams()
+
     # --- agents' effects -------------------------------------------------------------------
 
     def _adopt(self, adopt: fx.Adopt) -> None:
@@ -487,6 +673,110 @@ class Master:
         outcome, effects = finish_run(run, trial, end, _now())
         log.debug("trial %d run %d ended: %s", trial.id, run.run_id, outcome.value)
         self.do(effects)
+
+    # --- the harness's calls --------------------------------------------------------------
+
+    def run_for_token(self, token: str, trial_id: int, run_id: int) -> Run:
+        with self.lock:
+            return self.ledger.run_for_token(token, trial_id)
+
+    def next_operation(self, run: Run, total_batches: int) -> int | None:
+        """The batch count to train to next, or None: checkpointed, the process may exit.
+
+        Asked at start and after each completed target. A trial whose target is reached
+        but not yet reported (a restore right after its validation) gets the same target
+        back, validates and reports it.
+        """
+        with self.lock:
+            answer = trial_life.next_target(run, self.trials.get(run.trial_id))
+            run.released = answer is None
+            ticket = self.commit.ticket()
+        self.commit.wait(ticket)  # answer only what is durable
+        return answer
+
+    def complete_operation(
+        self, run: Run, total_batches: int, metric: float, *, stop_requested: bool = False
+    ) -> None:
+        """The trial validated at its target: tell the searcher (a retry is a no-op).
+
+        `stop_requested`: the trial's code asked to end here (Determined's
+        `set_stop_requested`), at or before its target: it ends as completed once its
+        process exits, and the searcher counts it as a trial that ended early.
+        """
+        with self.lock:
+            trial = self.trials.get(run.trial_id)
+            experiment = self.experiments.get(run.experiment_id)
+            if trial is not None and experiment is not None:
+                effects = trial_life.validated(
+                    trial, experiment, total_batches, metric, stop_requested=stop_requested
+                )
+                self.do(effects)
+                if effects:
+                    self.schedule()
+            # Once what the first report changed is durable, a retry has nothing to do.
+            self.commit_and_wait()
+
+    def best_validation(self, run: Run) -> float | None:
+        """The best searcher-metric value any trial of `run`'s experiment has reported."""
+        with self.lock:
+            experiment = self.experiments.get(run.experiment_id)
+            return trial_life.experiment_best(experiment) if experiment else None
+
+    def report_progress(self, run: Run, progress: float) -> None:
+        """A script's own estimate of how far it is (0..1): see `progress_reported`."""
+        if not 0.0 <= progress <= 1.0:
+            raise InvalidArgumentError(f"progress must be between 0 and 1, got {progress!r}")
+        with self.lock:
+            experiment = self.experiments.get(run.experiment_id)
+            if experiment is None or experiment.config.searcher.name != "single":
+                return
+            self.do(trial_life.progress_reported(experiment, progress))
+            self.commit_and_wait()
+
+    def report_metrics(self, run: Run, group: str, reports: Sequence[MetricReport]) -> int:
+        """Store a run's metrics and the trial's progress in one transaction (the store
+        fences stale runs and makes retries no-ops), then update memory with it."""
+        experiment = self.experiments.get(run.experiment_id)  # one read: no lock needed
+        searcher = experiment.config.searcher if experiment is not None else None
+        done = self.store.report_metrics_and_progress(
+            run.trial_id,
+            run.run_id,
+            group,
+            reports,
+            searcher_metric=searcher.metric if searcher is not None else None,
+            smaller_is_better=searcher.smaller_is_better if searcher is not None else True,
+        )
+        with self.lock:
+            trial = self.trials.get(run.trial_id)
+            if trial is not None:
+                trial.total_batches = max(trial.total_batches, done.total_batches)
+                trial.best_validation = done.best_validation
+        return done.stored
+
+    def report_checkpoint(self, run: Run, checkpoint: CheckpointRecord) -> None:
+        """Record a checkpoint the run wrote; refused unless it is where it must be.
+
+        The trial runs its user's code, so a report may say anything: only a uuid is
+        accepted, and only at the location the experiment's storage gives that uuid, the
+        one garbage collection and `DeleteCheckpoints` will delete.
+        """
+        with self.lock:
+            experiment = self.experiments.get(run.experiment_id)
+            config = experiment.config if experiment is not None else None
+        location = reported_location(
+            self.store, run.experiment_id, config, checkpoint, self.config.checkpoint_root
+        )
+        self.store.add_checkpoint(
+            replace(checkpoint, trial_id=run.trial_id, run_id=run.run_id, location=location)
+        )
+        with self.lock:
+            trial = self.trials.get(run.trial_id)
+            if trial is not None:
+                trial.checkpointed = True
+            # As the store does: the newest checkpoint by batches is the one to restore.
+            if trial is not None and checkpoint.total_batches >= trial.total_batches:
+                trial.checkpoint = Restore(checkpoint.uuid, checkpoint.total_batches, location)
+                trial.total_batches = checkpoint.total_batches
 
 
 def _where(placement: tuple[tuple[str, tuple[int, ...]], ...]) -> str:

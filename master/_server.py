@@ -171,7 +171,7 @@ class MasterServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self.master.agent_calls.close_streams()
+        self.master.close_streams()
         if self.http is not None:
             http = self.http
             with contextlib.suppress(Exception):

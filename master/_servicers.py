@@ -166,7 +166,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def GetMasterInfo(  # noqa: N802 - gRPC method names
         self, request: api_pb2.GetMasterInfoRequest, context: grpc.ServicerContext
     ) -> api_pb2.MasterInfo:
-        view = self.master.agent_calls.cluster_view()
+        view = self.master.cluster_view()
         return api_pb2.MasterInfo(
             version=__version__,
             cluster_id=view.cluster_id,
@@ -416,14 +416,14 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def ListAgents(  # noqa: N802
         self, request: api_pb2.ListAgentsRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListAgentsResponse:
-        agents = self.master.agent_calls.cluster_view().agents
+        agents = self.master.cluster_view().agents
         return api_pb2.ListAgentsResponse(agents=[wire.agent_message(a) for a in agents])
 
     @maps_errors
     def GetQueue(  # noqa: N802
         self, request: api_pb2.GetQueueRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetQueueResponse:
-        view = self.master.agent_calls.cluster_view()
+        view = self.master.cluster_view()
         slot_type = wire.slot_type(view.slot_type)
         trials = [
             api_pb2.QueuedTrial(
@@ -444,8 +444,8 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.SetAgentEnabledRequest, context: grpc.ServicerContext
     ) -> common_pb2.Agent:
         self._admin(context, "enable or disable agents")
-        self.master.agent_calls.set_agent_enabled(request.id, request.enabled)
-        [agent] = [a for a in self.master.agent_calls.cluster_view().agents if a.id == request.id]
+        self.master.set_agent_enabled(request.id, request.enabled)
+        [agent] = [a for a in self.master.cluster_view().agents if a.id == request.id]
         return wire.agent_message(agent)
 
 
@@ -516,7 +516,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         peer = _peer_host(context.peer())
         registration = wire.registration(first.register, peer)
         registering = loop.run_in_executor(
-            self.pool, self.master.agent_calls.register_agent, registration, peer, outbox
+            self.pool, self.master.register_agent, registration, peer, outbox
         )
         try:
             handle = await asyncio.shield(registering)
@@ -528,7 +528,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             def hung_up(done: asyncio.Future[AgentHandle]) -> None:
                 if not done.cancelled() and done.exception() is None:
                     gone = done.result()
-                    self.master.agent_calls.agent_disconnected(gone.id, gone)
+                    self.master.agent_disconnected(gone.id, gone)
 
             registering.add_done_callback(hung_up)
             raise
@@ -547,7 +547,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 yield wire.master_message(message)
         finally:
             reader.cancel()
-            self.master.agent_calls.agent_disconnected(handle.id, handle)
+            self.master.agent_disconnected(handle.id, handle)
 
     async def _read(
         self, handle: AgentHandle, messages: AsyncIterator[agent_pb2.AgentMessage]
@@ -559,7 +559,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 kind = message.WhichOneof("message")
                 try:
                     if kind == "heartbeat":
-                        self.master.agent_calls.heartbeat(agent_id, wire.load(message.heartbeat))
+                        self.master.heartbeat(agent_id, wire.load(message.heartbeat))
                     elif kind == "allocation_state":
                         self._allocation_state(agent_id, message.allocation_state)
                     elif kind == "logs":
@@ -569,7 +569,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                             wire.log_lines(message.logs),
                         )
                         await loop.run_in_executor(
-                            self.pool, self.master.agent_calls.ship_logs, allocation_id, lines
+                            self.pool, self.master.ship_logs, allocation_id, lines
                         )
                 except Exception:
                     log.exception("agent %s: handling %s failed", agent_id, kind)
@@ -577,13 +577,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             pass
         finally:
             # The agent hung up (or the stream broke): the writer's loop ends too.
-            self.master.agent_calls.agent_disconnected(agent_id, handle)
+            self.master.agent_disconnected(agent_id, handle)
 
     def _allocation_state(self, agent_id: str, change: agent_pb2.AllocationStateChange) -> None:
         if change.state == agent_pb2.ALLOCATION_STATE_RUNNING:
-            self.master.agent_calls.allocation_running(agent_id, change.allocation_id)
+            self.master.allocation_running(agent_id, change.allocation_id)
         elif change.state == agent_pb2.ALLOCATION_STATE_EXITED:
-            self.master.agent_calls.allocation_exited(
+            self.master.allocation_exited(
                 agent_id, change.allocation_id, change.exit_codes, change.message
             )
 

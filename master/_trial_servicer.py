@@ -26,7 +26,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
 
     def _run(self, context: grpc.ServicerContext, trial_id: int, run_id: int) -> Run:
         token = dict(context.invocation_metadata()).get(TOKEN_HEADER, "")
-        run = self.master.harness.run_for_token(str(token), trial_id, run_id)
+        run = self.master.run_for_token(str(token), trial_id, run_id)
         return run
 
     @maps_errors
@@ -34,7 +34,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
         self, request: trial_pb2.NextOperationRequest, context: grpc.ServicerContext
     ) -> trial_pb2.Operation:
         run = self._run(context, request.trial_id, request.run_id)
-        target = self.master.harness.next_operation(run, request.total_batches)
+        target = self.master.next_operation(run, request.total_batches)
         if target is None:
             return trial_pb2.Operation(stop=True)
         return trial_pb2.Operation(total_batches=target)
@@ -44,7 +44,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
         self, request: trial_pb2.CompleteOperationRequest, context: grpc.ServicerContext
     ) -> trial_pb2.CompleteOperationResponse:
         run = self._run(context, request.trial_id, request.run_id)
-        self.master.harness.complete_operation(
+        self.master.complete_operation(
             run,
             request.total_batches,
             request.searcher_metric,
@@ -58,7 +58,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
     ) -> trial_pb2.ReportMetricsResponse:
         run = self._run(context, request.trial_id, request.run_id)
         reports = [MetricReport(r.total_batches, dict(r.metrics)) for r in request.reports]
-        stored = self.master.harness.report_metrics(run, request.group, reports)
+        stored = self.master.report_metrics(run, request.group, reports)
         if DROP_METRIC_REPLIES and random.random() < DROP_METRIC_REPLIES:
             # Fault injection (tests only): the rows are committed, the reply is lost.
             context.abort(grpc.StatusCode.UNAVAILABLE, "reply dropped (fault injection)")
@@ -84,7 +84,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
                 "validation_metrics": dict(checkpoint.validation_metrics),
             },
         )
-        self.master.harness.report_checkpoint(run, record)
+        self.master.report_checkpoint(run, record)
         return trial_pb2.ReportCheckpointResponse()
 
     @maps_errors
@@ -99,7 +99,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
         self, request: trial_pb2.GetBestValidationRequest, context: grpc.ServicerContext
     ) -> trial_pb2.GetBestValidationResponse:
         run = self._run(context, request.trial_id, request.run_id)
-        best = self.master.harness.best_validation(run)
+        best = self.master.best_validation(run)
         if best is None:
             return trial_pb2.GetBestValidationResponse(found=False)
         return trial_pb2.GetBestValidationResponse(found=True, value=best)
@@ -109,7 +109,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
         self, request: trial_pb2.ReportProgressRequest, context: grpc.ServicerContext
     ) -> trial_pb2.ReportProgressResponse:
         run = self._run(context, request.trial_id, request.run_id)
-        self.master.harness.report_progress(run, request.progress)
+        self.master.report_progress(run, request.progress)
         return trial_pb2.ReportProgressResponse()
 
     @maps_errors

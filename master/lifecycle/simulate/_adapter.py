@@ -101,33 +101,33 @@ class MasterAdapter:
         devices = tuple(Device(i, name=slot_type) for i in range(slots))
         kind: Any = slot_type
         registration = Registration(agent_id, kind, devices, "10.0.0.1", 0, running)
-        handle = self.master.agent_calls.register_agent(registration, "10.0.0.1", outbox)
+        handle = self.master.register_agent(registration, "10.0.0.1", outbox)
         self._waited()
         return handle
 
     def disconnected(self, agent_id: str, handle: AgentHandle) -> None:
         self.pending = True
-        self.master.agent_calls.agent_disconnected(agent_id, handle)
+        self.master.agent_disconnected(agent_id, handle)
 
     def heartbeat(self, agent_id: str) -> None:
         self.pending = True
-        self.master.agent_calls.heartbeat(agent_id, Load())
+        self.master.heartbeat(agent_id, Load())
 
     def set_enabled(self, agent_id: str, enabled: bool) -> None:
-        self.master.agent_calls.set_agent_enabled(agent_id, enabled)
+        self.master.set_agent_enabled(agent_id, enabled)
         self._waited()
 
     def running(self, agent_id: str, allocation_id: str) -> None:
         self.pending = True
-        self.master.agent_calls.allocation_running(agent_id, allocation_id)
+        self.master.allocation_running(agent_id, allocation_id)
 
     def exited(self, agent_id: str, allocation_id: str, codes: list[int], message: str) -> None:
         self.pending = True
-        self.master.agent_calls.allocation_exited(agent_id, allocation_id, codes, message)
+        self.master.allocation_exited(agent_id, allocation_id, codes, message)
 
     def reap(self) -> None:
         self.pending = True
-        self.master.agent_calls.reap()
+        self.master.reap()
 
     # users
     def create(self, config_yaml: str, archive: bytes, *, activate: bool) -> int:
@@ -146,40 +146,40 @@ class MasterAdapter:
 
     # a trial's rank 0 (each call carries the allocation's token, as over gRPC)
     def next_operation(self, token: str, trial_id: int, run_id: int, total: int) -> int | None:
-        calls = self.master.harness
+        calls = self.master
         target = calls.next_operation(calls.run_for_token(token, trial_id, run_id), total)
         self._waited()
         return target
 
     def should_preempt(self, token: str, trial_id: int, run_id: int) -> bool:
-        return self.master.harness.run_for_token(token, trial_id, run_id).stopping is not None
+        return self.master.run_for_token(token, trial_id, run_id).stopping is not None
 
     def report_metrics(
         self, token: str, trial_id: int, run_id: int, group: str, report: MetricReport
     ) -> None:
-        calls, self.pending = self.master.harness, True
+        calls, self.pending = self.master, True
         calls.report_metrics(calls.run_for_token(token, trial_id, run_id), group, [report])
 
     def report_checkpoint(
         self, token: str, trial_id: int, run_id: int, checkpoint: CheckpointRecord
     ) -> None:
-        calls, self.pending = self.master.harness, True
+        calls, self.pending = self.master, True
         calls.report_checkpoint(calls.run_for_token(token, trial_id, run_id), checkpoint)
 
     def complete_operation(
         self, token: str, trial_id: int, run_id: int, total: int, metric: float, *, stop: bool
     ) -> None:
-        calls = self.master.harness
+        calls = self.master
         run = calls.run_for_token(token, trial_id, run_id)
         calls.complete_operation(run, total, metric, stop_requested=stop)
         self._waited()
 
     def report_progress(self, token: str, trial_id: int, run_id: int, progress: float) -> None:
-        calls, self.pending = self.master.harness, True
+        calls, self.pending = self.master, True
         calls.report_progress(calls.run_for_token(token, trial_id, run_id), progress)
 
     def best_validation(self, token: str, trial_id: int, run_id: int) -> float | None:
-        calls = self.master.harness
+        calls = self.master
         return calls.best_validation(calls.run_for_token(token, trial_id, run_id))
 
     def moves(self) -> list[Move]:

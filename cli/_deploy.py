@@ -46,6 +46,7 @@ PASSWORD_FILE = "admin-password"
 CLUSTER_FILE = "cluster.json"
 DEMO_CONFIG = Path("examples/digits/adaptive_asha.yaml")
 DEMO_MODEL_DIR = Path("examples/digits")
+CREATED = re.compile(r"Created experiment (\d+)\b")
 
 
 @dataclass(frozen=True)
@@ -155,25 +156,7 @@ def demo(
     else:
         click.echo(f"using the local cluster already running from {state_dir}")
     click.echo(f"$ assay experiment create {config} {model_dir} --follow")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "assay.cli.main",
-            "--master",
-            cluster.master,
-            "experiment",
-            "create",
-            str(config),
-            str(model_dir),
-            "--follow",
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    experiment_id = _created_id(done.stdout)
+    returncode, experiment_id = _create_and_follow(cluster.master, config, model_dir)
     if experiment_id is None:
         raise AssayError("the experiment was not created (see above)")
     if cluster.ui_url is not None:
@@ -189,16 +172,26 @@ def demo(
         f"assay checkpoint list {experiment_id}; "
         f"stop the cluster with assay deploy local down"
     )
-    if done.returncode != 0:
-        sys.exit(done.returncode)
+    if returncode != 0:
+        sys.exit(returncode)
 
 
-def _created_id(stdout: str) -> int | None:
-    """The id in `create --json`'s last line ({"id": N}), if it got that far."""
-    for line in reversed(stdout.strip().splitlines()):
-        with contextlib.suppress(ValueError, TypeError, KeyError):
-            return int(json.loads(line)["id"])
-    return None
+def _create_and_follow(master: str, config: Path, model_dir: Path) -> tuple[int, int | None]:
+    """Run `assay experiment create CONFIG MODEL_DIR --follow`, its output shown as it
+    comes (the progress, then the summary naming the best checkpoint); its exit status
+    and the id of the experiment it created, if it got that far."""
+    cmd = [sys.executable, "-m", "assay.cli.main", "--master", master, "experiment", "create"]
+    cmd += [str(config), str(model_dir), "--follow"]
+    experiment_id: int | None = None
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as proc:
+        assert proc.stdout is not None  # stdout=PIPE
+        for line in proc.stdout:
+            click.echo(line, nl=False)
+            created = CREATED.match(line)
+            if experiment_id is None and created:
+                experiment_id = int(created.group(1))
+    return proc.returncode, experiment_id
 
 
 def _running(state_dir: Path) -> LocalCluster | None:

@@ -162,13 +162,25 @@ def test_demo_runs_an_experiment_to_the_end_then_names_its_page(
     assert re.search(
         rf"See it in the web UI: http://127.0.0.1:{http_port}/experiments/1 ", first.stdout
     )
-    assert "COMPLETED" in first.stderr  # --follow's progress, shown as it runs
+    # --follow's progress, shown as it runs, then its summary naming the best checkpoint.
+    summary = re.search(
+        r"^experiment 1 COMPLETED: best val_loss \S+ \(trial \d+\), checkpoint ([0-9a-f-]{36})$",
+        first.stdout,
+        re.MULTILINE,
+    )
+    assert summary is not None, first.stdout
+    assert "Created experiment 1\n" in first.stdout
+    assert first.stdout.index("Created experiment 1") < summary.start()
     assert second.returncode == 0, second.stdout + second.stderr
     assert "using the local cluster already running" in second.stdout
     assert "/experiments/2 " in second.stdout
     listed = shell.run("-m", f"localhost:{port}", "experiment", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert [e["state"] for e in json.loads(listed.stdout.splitlines()[-1])] == ["COMPLETED"] * 2
+    checkpoints = shell.run("-m", f"localhost:{port}", "checkpoint", "list", "1", "--json")
+    assert checkpoints.returncode == 0, checkpoints.stderr
+    uuids = [c["uuid"] for c in json.loads(checkpoints.stdout.splitlines()[-1])]
+    assert summary.group(1) in uuids
 
 
 def test_a_trained_model_is_loaded_by_uuid_and_downloaded(

@@ -44,7 +44,10 @@ _USER_CODES = frozenset(
 
 
 class MasterError(AssayError):
-    """The master refused a request or could not be reached."""
+    """The master refused a request or could not be reached; `code` names the gRPC status
+    ("UNAUTHENTICATED", "UNAVAILABLE", ...)."""
+
+    code: str | None = None
 
 
 class Client:
@@ -90,7 +93,9 @@ class Client:
         try:
             yield
         except grpc.RpcError as e:
-            raise self._translate(e, timeout) from None
+            translated = self._translate(e, timeout)
+            translated.code = getattr(e.code(), "name", None)
+            raise translated from None
 
     def _translate(self, error: Any, timeout: float | None) -> MasterError:
         code = error.code()

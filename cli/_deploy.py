@@ -9,12 +9,14 @@ experiments with the same login.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import click
 
@@ -113,8 +115,9 @@ def up(
     """Start a master and AGENTS agents in the background, and log in as admin.
 
     The master listens on 127.0.0.1:PORT, the CLI's default, so no ASSAY_MASTER is
-    needed. The admin's password is made on the first start and kept (mode 0600) in
-    STATE_DIR/admin-password.
+    needed. The admin's password is made on the first start of a new store (SQLite or
+    --db-url), or taken from ASSAY_INITIAL_ADMIN_PASSWORD, and kept (mode 0600) in
+    STATE_DIR/admin-password, never printed.
     """
     _start(agents, slots_per_agent, slot_type, port, http_port, state_dir, db_url)
 
@@ -249,8 +252,8 @@ def _start(
     ]
     if db_url:
         master_cmd += ["--db-url", db_url]
-    password, secret_env = _admin_password(state_dir, fresh_store=db_url is None)
-    pids["master"] = _spawn(master_cmd, master_log, secret_env)
+    password, origin = _admin_password(state_dir / PASSWORD_FILE)
+    pids["master"] = _spawn(master_cmd, master_log, {"ASSAY_INITIAL_ADMIN_PASSWORD": password})
     pids_file.write_text(json.dumps(pids))  # so that `down` can stop it whatever happens next
     address = f"127.0.0.1:{port}"
     if not _wait_for_port(port, pids["master"], timeout=60):
@@ -280,37 +283,82 @@ def _start(
     (state_dir / CLUSTER_FILE).write_text(json.dumps(asdict(cluster)))
     click.echo(f"master at {address} (logs in {logs}); {agents} agent(s) started")
     click.echo(_ui_line(cluster.ui_url, master_log))
-    _log_in(address, password, state_dir / PASSWORD_FILE)
+    _log_in(address, password, origin, state_dir / PASSWORD_FILE)
     return cluster
 
 
-def _admin_password(state_dir: Path, fresh_store: bool) -> tuple[str | None, dict[str, str]]:
-    """The admin password to log in with (None: unknown here) and the master's env.
+Origin = Literal["given", "kept", "made"]
 
-    ASSAY_INITIAL_ADMIN_PASSWORD wins; else the one kept in STATE_DIR/admin-password;
-    else, for a store that does not exist yet, a new one written there (0600). The master
-    uses it only when its store has no admin yet.
-    """
-    path = state_dir / PASSWORD_FILE
+
+def _admin_password(path: Path) -> tuple[str, Origin]:
+    """The admin password to start the master with and log in with, and where it came
+    from: ASSAY_INITIAL_ADMIN_PASSWORD ("given"), else the one kept at `path` ("kept"),
+    else a new one, written there first ("made"). The master uses it only when its store
+    has no admin yet (a new SQLite file or PostgreSQL database)."""
+    kept = _read_private(path)  # an unsafe file is refused even when the variable is set
     given = os.environ.get("ASSAY_INITIAL_ADMIN_PASSWORD")
     if given:
-        return given, {"ASSAY_INITIAL_ADMIN_PASSWORD": given}
-    if path.is_file():
-        kept = path.read_text().strip()
-        return kept, {"ASSAY_INITIAL_ADMIN_PASSWORD": kept}
-    if fresh_store and not (state_dir / "master" / "assay.db").exists():
-        made = secrets.token_urlsafe(12)
-        _write_private(path, made + "\n")
-        return made, {"ASSAY_INITIAL_ADMIN_PASSWORD": made}
-    # A store from before keeps its own admin: the master's log showed that password.
-    return None, {}
+        return given, "given"
+    if kept:
+        return kept, "kept"
+    made = secrets.token_urlsafe(16)
+    _write_private(path, made + "\n")
+    return made, "made"
+
+
+def _read_private(path: Path) -> str | None:
+    """The text of `path` (None: there is none), only from a regular file of this user's
+    that nobody else can read or write: a password file others could plant or swap for a
+    link is not one to send to a master."""
+    from assay.errors import AssayError
+
+    fix = "remove it, and `up` makes a new one (or run as the user who made it)"
+    try:
+        # O_NOFOLLOW: a link is refused, not followed; O_NONBLOCK: a FIFO cannot hang us.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise AssayError(f"{path} is a symbolic link, not the password file; {fix}") from None
+        raise AssayError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise AssayError(f"{path} is not a regular file; {fix}")
+        if st.st_uid != os.getuid():
+            raise AssayError(f"{path} belongs to another user (uid {st.st_uid}); {fix}")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode != 0o600:
+            raise AssayError(
+                f"{path} has mode {mode:04o}, not 0600: others may have read or written it; {fix}"
+            )
+        return os.read(fd, 4096).decode(errors="replace").strip() or None
+    finally:
+        os.close(fd)
 
 
 def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.chmod(path, 0o600)
+    """Write `path` whole, mode 0600, through a new file renamed over it: never through a
+    link planted there, never a file others could read even for a moment."""
+    from assay.errors import AssayError
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        fd = os.open(tmp, flags, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+            os.replace(tmp, path)  # replaces a link itself, never what it points to
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise AssayError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _ui_url(master_log: Path, offset: int, pid: int, timeout: float = 20.0) -> str | None:
@@ -351,34 +399,37 @@ def _read_join_token(master_state: Path) -> str:
     raise AssayError(f"the master wrote no join token to {path}")
 
 
-def _log_in(address: str, password: str | None, password_file: Path) -> None:
-    """Log this user in as admin, so the next commands work without `assay user login`."""
+def _log_in(address: str, password: str, origin: Origin, password_file: Path) -> None:
+    """Log this user in as admin, so the next commands work without `assay user login`;
+    keep a password that worked in `password_file`, and drop one made for nothing."""
     from ._client import Client, MasterError
 
     how = "log in with `assay user login admin`"
-    if password is None:
-        click.echo(
-            f"not logged in: this state directory's admin password is not kept in "
-            f"{password_file} (the master's log showed it when it was made); {how}"
-        )
-        return
     c = Client(address)
     try:
         c.login("admin", password)
-    except MasterError:
-        click.echo(
-            f"not logged in: admin's password was changed since it was kept in "
-            f"{password_file}; {how}"
-        )
+    except MasterError as e:
+        if e.code != "UNAUTHENTICATED":
+            click.echo(f"not logged in: {e}; {how}")
+            return
+        if origin == "given":
+            why = "ASSAY_INITIAL_ADMIN_PASSWORD is not admin's password in this store"
+        elif origin == "kept":
+            why = f"admin's password was changed since it was kept in {password_file}"
+        else:
+            # This store had an admin already: the password just made was not used.
+            password_file.unlink(missing_ok=True)
+            why = (
+                f"this store's admin was made before, and its password is not kept in "
+                f"{password_file} (the master's log showed it when it was made)"
+            )
+        click.echo(f"not logged in: {why}; {how}")
         return
     finally:
         c.close()
-    shown = (
-        "ASSAY_INITIAL_ADMIN_PASSWORD"
-        if os.environ.get("ASSAY_INITIAL_ADMIN_PASSWORD")
-        else password_file
-    )
-    click.echo(f"logged in as admin (password: {password}, kept in {shown})")
+    if origin == "given" and _read_private(password_file) != password:
+        _write_private(password_file, password + "\n")
+    click.echo(f"logged in as admin (password kept in {password_file})")
 
 
 @local.command("down")

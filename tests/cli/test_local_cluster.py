@@ -29,11 +29,14 @@ from assay._local import free_port
 from assay.cli import _credentials
 from assay.cli._client import Client
 from assay.cli._common import DEFAULT_MASTER
-from assay.cli._deploy import _ui_line, up
+from assay.cli._deploy import _log_in, _read_private, _ui_line, _write_private, up
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.fixtures.regression.model_def import RegressionTrial
+from tests.store.conftest import postgres_url
 
 from .conftest import CONFIG, REGRESSION_DIR, FakeApi, run_cli
+
+__all__ = ["postgres_url"]
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +94,8 @@ def test_up_logs_in_every_new_shell_and_serves_the_ui(shell: Shell) -> None:
     kept = shell.home / "state" / "admin-password"
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600
     password = kept.read_text().strip()
-    assert f"password: {password}, kept in {kept}" in started.stdout
+    assert f"logged in as admin (password kept in {kept})\n" in started.stdout
+    assert password not in started.stdout + started.stderr  # shown nowhere, kept there
     # Another shell, the address written another way: the same master, the same session.
     for address in (f"localhost:{port}", f"127.0.0.1:{port}", f"LOCALHOST:{port}"):
         who = shell.run("-m", address, "user", "whoami")
@@ -375,3 +379,120 @@ def test_a_master_named_without_a_port_gets_its_stored_session_on_8090(tmp_path:
     assert who.returncode == 0, who.stderr
     assert who.stdout.startswith("kept")
     assert fake.tokens == [("WhoAmI", "Bearer ast_kept")]
+
+
+def _down(sh: Shell) -> None:
+    done = sh.run("deploy", "local", "down", "--state-dir", str(sh.home / "state"))
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_given_initial_password_is_kept_for_the_next_up(shell: Shell) -> None:
+    port, http_port = free_port(), free_port()
+    shell.env["ASSAY_INITIAL_ADMIN_PASSWORD"] = "given-pa55word"
+    first = _up(shell, port, http_port)
+    assert first.returncode == 0, first.stderr
+    _down(shell)
+    del shell.env["ASSAY_INITIAL_ADMIN_PASSWORD"]
+    (shell.home / ".assay" / "auth.json").unlink()
+
+    again = _up(shell, port, http_port)
+
+    kept = shell.home / "state" / "admin-password"
+    assert "logged in as admin" in first.stdout
+    assert kept.read_text() == "given-pa55word\n"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert again.returncode == 0, again.stderr
+    assert f"logged in as admin (password kept in {kept})" in again.stdout
+    assert "given-pa55word" not in first.stdout + again.stdout
+
+
+def test_up_on_a_new_postgresql_database_logs_in(shell: Shell, postgres_url: str) -> None:
+    port, http_port = free_port(), free_port()
+
+    started = shell.run(
+        "deploy", "local", "up", "--agents", "0", "--port", str(port), "--http-port",
+        str(http_port), "--state-dir", str(shell.home / "state"), "--db-url", postgres_url,
+    )  # fmt: skip
+
+    assert started.returncode == 0, started.stderr
+    assert "logged in as admin" in started.stdout
+    kept = shell.home / "state" / "admin-password"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    who = shell.run("-m", f"localhost:{port}", "user", "whoami")
+    assert who.returncode == 0, who.stderr
+    assert who.stdout.startswith("admin")
+
+
+@pytest.mark.parametrize("kind", ["link", "mode-0644", "directory", "fifo"])
+def test_an_unsafe_password_file_is_refused_and_nothing_starts(
+    shell: Shell, tmp_path: Path, kind: str
+) -> None:
+    state = shell.home / "state"
+    state.mkdir()
+    kept = state / "admin-password"
+    target = tmp_path / "elsewhere"
+    target.write_text("planted\n")
+    target.chmod(0o600)
+    if kind == "link":
+        kept.symlink_to(target)
+    elif kind == "mode-0644":
+        kept.write_text("planted\n")
+        kept.chmod(0o644)
+    elif kind == "directory":
+        kept.mkdir()
+    else:
+        os.mkfifo(kept, 0o600)
+
+    refused = _up(shell, free_port(), free_port())
+
+    assert refused.returncode == 1
+    assert refused.stderr.startswith(f"error: {kept} "), refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert not (state / "pids.json").exists()
+    assert target.read_text() == "planted\n"
+
+
+def test_the_password_file_is_written_new_and_never_through_a_link(tmp_path: Path) -> None:
+    kept = tmp_path / "admin-password"
+    target = tmp_path / "target"
+    target.write_text("theirs\n")
+    kept.symlink_to(target)
+
+    _write_private(kept, "mine\n")
+
+    assert not kept.is_symlink()
+    assert kept.read_text() == "mine\n"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert target.read_text() == "theirs\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["admin-password", "target"]
+    assert _read_private(kept) == "mine"
+    assert _read_private(tmp_path / "none") is None
+
+
+def test_log_in_names_the_real_error_and_drops_a_password_made_for_nothing(
+    master: FakeApi,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ASSAY_AUTH_FILE", str(tmp_path / "auth.json"))
+    kept = tmp_path / "admin-password"
+    silent = f"127.0.0.1:{free_port()}"
+
+    _write_private(kept, "made\n")
+    _log_in(silent, "made", "made", kept)
+    unreachable = capsys.readouterr().out
+    master.errors["Login"] = (grpc.StatusCode.UNAUTHENTICATED, "wrong username or password")
+    _log_in(master.address, "made", "kept", kept)
+    changed = capsys.readouterr().out
+    kept_after_changed = kept.exists()
+    _log_in(master.address, "made", "made", kept)
+    made = capsys.readouterr().out
+
+    assert unreachable.startswith(f"not logged in: cannot reach the master at {silent}")
+    assert "changed" not in unreachable
+    assert kept_after_changed  # a reachable master, another password: the file is the user's
+    assert f"admin's password was changed since it was kept in {kept}" in changed
+    assert "not logged in: this store's admin was made before" in made
+    assert "assay user login admin" in made
+    assert not kept.exists()

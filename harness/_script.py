@@ -98,6 +98,9 @@ def missing_script(argv: Sequence[str], model_dir: str | Path) -> str | None:
     )
 
 
+_MAX_COMPILED_BYTES = 2 * 2**20
+
+
 def script_problem(argv: Sequence[str], model_dir: str | Path) -> str | None:
     """`missing_script`, or the syntax error that stops the script `argv` runs from
     compiling (a failure every run would repeat), else None."""
@@ -107,6 +110,8 @@ def script_problem(argv: Sequence[str], model_dir: str | Path) -> str | None:
         return problem
     path = Path(model_dir) / script
     try:
+        if path.stat().st_size > _MAX_COMPILED_BYTES:
+            return None  # not worth compiling twice: Python says so when it runs
         with warnings.catch_warnings():  # an invalid escape is Python's to warn of, later
             warnings.simplefilter("ignore")
             compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
@@ -115,8 +120,10 @@ def script_problem(argv: Sequence[str], model_dir: str | Path) -> str | None:
             f"the entrypoint's {script} does not compile: SyntaxError: {e.msg} "
             f"({script}, line {e.lineno})"
         )
-    except (OSError, ValueError):
-        return None  # unreadable here, or NUL bytes: let Python say so when it runs
+    except (OSError, ValueError, RecursionError, MemoryError):
+        # Unreadable here, NUL bytes, or too deep for the compiler: Python says so when
+        # it runs (the check only spares a run for what it can tell for sure).
+        return None
     return None
 
 

@@ -186,3 +186,15 @@ def test_a_file_over_the_size_cap_is_not_parsed(tmp_path: Path) -> None:
 
     assert "small.py has no 'Missing'" in (trial_problem("small:Missing", tmp_path) or "")
     assert trial_problem("big:Missing", tmp_path) is None
+
+
+def test_a_script_too_deep_for_the_compiler_is_let_through_not_crashed(tmp_path: Path) -> None:
+    from assay._script import script_problem
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for source in ("x = " + "+".join(["1"] * 200_000), "x = " + "-" * 100_000 + "1"):
+        (model / "train.py").write_text(source + "\n")
+        assert script_problem(["python3", "train.py"], model) is None
+    (model / "train.py").write_text("print('hi'\n" + "#" * (3 * 2**20))
+    assert script_problem(["python3", "train.py"], model) is None  # too big to check here

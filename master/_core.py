@@ -438,9 +438,11 @@ class Master:
 
     def _note_unplaceable(self, unschedulable: Sequence[tuple[str, str]]) -> None:
         """Remember why queued trials cannot be placed on the cluster as it is; a trial's
-        log says so once (and again when the reason changes)."""
+        log says so once (and again when the reason changes) when the cluster has agents."""
         now = {int(request_id): why for request_id, why in unschedulable}
-        for trial_id, why in now.items():
+        # With no agent at all (a master starting, its agents not back yet) the reason
+        # is in the queue and describe, not written into every queued trial's log.
+        for trial_id, why in now.items() if self.scheduler.agents else ():
             if self.unplaceable.get(trial_id) != why:
                 trial = self.trials[trial_id]
                 self.do([fx.Log(trial_id, trial.run_id, f"waiting: {why}", "WARNING")])

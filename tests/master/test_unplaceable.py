@@ -111,3 +111,12 @@ def test_the_config_text_comes_back_as_submitted_from_get_but_not_from_list(
     listed = api.ListExperiments(api_pb2.ListExperimentsRequest())
     assert [e.config_yaml for e in listed.experiments] == [""]
     assert created.experiment.config_yaml == ""
+
+
+def test_with_no_agent_at_all_the_trials_log_is_left_alone(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    created = _create(api, 1)
+    trial = _trial(api, created.experiment.id)
+    assert trial.waiting == "needs 1 CPU slot; no CPU agent is connected"
+    assert _log(api, trial.id) == []  # a master starting before its agents say nothing there

@@ -17,7 +17,6 @@ with the command (`exec`), so signals reach the script directly. `run_script_loc
 from __future__ import annotations
 
 import os
-import random
 import re
 import subprocess
 import sys
@@ -229,8 +228,9 @@ def run_script_local(
     resume_from: str | Path | None = None,
 ) -> Any:
     """`assay trial run-local` for a script entrypoint; returns a `LocalResult`."""
+    from assay._banner import local_hparams
     from assay._spec import LOCAL_SPEC_ENV, LocalResult, LocalSpec
-    from assay.config import environment_of, parse_config, sample_hparams
+    from assay.config import environment_of, parse_config
     from assay.core._backend import read_local_records
 
     config = parse_config(raw)
@@ -239,7 +239,7 @@ def run_script_local(
     if problem is not None:
         raise AssayError(problem)
     slots = config.resources.slots_per_trial
-    hparams = sample_hparams(config.hyperparameters, random.Random(config.experiment_seed))
+    hparams = local_hparams(config)  # what run-local's first line announced
     latest = restore_dir = None
     if resume_from is not None:
         resume = Path(resume_from).resolve()

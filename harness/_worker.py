@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from assay._banner import local_hparams
 from assay._context import TrialContext
 from assay._controller import RunResult, TrialController
 from assay._distributed import DistributedContext, default_device
@@ -27,7 +28,7 @@ from assay._preempt import POLL_INTERVAL_S, PreemptWatcher
 from assay._session import LocalSession, Session
 from assay._spec import LocalResult, WorkerSpec
 from assay._trial import Trial, construct_trial
-from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
+from assay.config import ExperimentConfig, Length, parse_config
 from assay.errors import AssayError, PermanentError, TrainingError, TrialContractError
 
 log = logging.getLogger("assay")
@@ -57,10 +58,8 @@ def run_worker(
         if spec.model_dir is None:
             raise AssayError("a worker needs a model directory or a Trial class")
         trial_class = load_trial_class(spec.model_dir, config.entrypoint)
-    if spec.hparams is None:
-        hparams = sample_hparams(config.hyperparameters, random.Random(config.experiment_seed))
-    else:
-        hparams = dict(spec.hparams)
+    # Sampled as run-local's first line announced them, unless the spec gives them.
+    hparams = local_hparams(config) if spec.hparams is None else dict(spec.hparams)
     seed = config.experiment_seed if spec.trial_seed is None else spec.trial_seed
     context = build_context(
         config, env=env, hparams=hparams, trial_seed=seed, trial_id=spec.trial_id

@@ -6,8 +6,9 @@ import io
 import queue
 import tarfile
 import threading
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,15 @@ class ScriptedAgent:
         self.closed.set()
         self.outgoing.put(None)
         self.channel.close()
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until `check()` is true (polling), or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
 
 
 def model_archive(files: dict[str, str] | None = None) -> bytes:

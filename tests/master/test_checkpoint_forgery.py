@@ -6,7 +6,6 @@ checkpoint directory, another experiment's checkpoint, or objects in a bucket it
 
 from __future__ import annotations
 
-import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from assay.master._server import MasterServer
 from assay.master.store import CheckpointRecord, Store
 from assay.proto import agent_pb2, api_pb2, api_pb2_grpc, common_pb2, trial_pb2
 from tests.credentials import authed_api, login
-from tests.master.conftest import Process, ScriptedAgent, experiment_yaml, model_archive
+from tests.master.conftest import Process, ScriptedAgent, eventually, experiment_yaml, model_archive
 
 S3 = {"type": "s3", "bucket": "mine", "prefix": "exp"}
 
@@ -285,14 +284,6 @@ def _record(running: Running, name: str, location: str, total: int) -> Checkpoin
     )
 
 
-def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
-
-
 def test_forged_records_in_the_store_are_never_deleted_from_storage(
     master: MasterServer,
     api: api_pb2_grpc.ApiStub,
@@ -315,7 +306,7 @@ def test_forged_records_in_the_store_are_never_deleted_from_storage(
     agent.exited(trial.start.allocation_id, [0])
 
     # The trial ended: garbage collection deletes all but its best and latest.
-    _eventually(lambda: master.store.get_checkpoint(legit).state == "DELETED")
+    eventually(lambda: master.store.get_checkpoint(legit).state == "DELETED")
     assert not (root / legit).exists()
     for name in ("checkpoints", elsewhere):
         assert master.store.get_checkpoint(name).state == "COMPLETED"

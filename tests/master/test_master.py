@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ import pytest
 from assay.master._server import MasterServer
 from assay.proto import api_pb2, api_pb2_grpc, common_pb2, trial_pb2, trial_pb2_grpc
 from tests.credentials import authed_channel, master_config
-from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
+from tests.master.conftest import ScriptedAgent, eventually, experiment_yaml, model_archive
 
 
 def _create(api: api_pb2_grpc.ApiStub, *, activate: bool = True, **overrides: object) -> int:
@@ -27,14 +25,6 @@ def _create(api: api_pb2_grpc.ApiStub, *, activate: bool = True, **overrides: ob
         )
     )
     return int(response.experiment.id)
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
 
 
 def _experiment(api: api_pb2_grpc.ApiStub, eid: int) -> api_pb2.GetExperimentResponse:
@@ -132,7 +122,7 @@ def test_a_trial_is_gang_scheduled_and_completes(
     )
     assert stop.stop
     agent.exited(start.allocation_id, [0, 0])
-    _eventually(
+    eventually(
         lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_COMPLETED
     )
     done = _experiment(api, eid)
@@ -190,7 +180,7 @@ def test_failures_restart_up_to_max_restarts_then_error(
     second = agent.next("start").start
     assert second.run_id == first.run_id + 1
     agent.exited(second.allocation_id, [1])
-    _eventually(lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_ERROR)
+    eventually(lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_ERROR)
     [trial] = _experiment(api, eid).trials
     assert (trial.state, trial.restarts) == (common_pb2.TRIAL_STATE_ERROR, 1)
     assert trial.last_error == "run 2: exit codes [1]"  # the cause, for describe
@@ -214,14 +204,14 @@ def test_actions_follow_the_state_table(master: MasterServer, api: api_pb2_grpc.
     kill = agent.next("kill").kill
     assert (kill.allocation_id, kill.graceful) == (start.allocation_id, True)
     agent.exited(start.allocation_id, [-15])
-    _eventually(lambda: _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_PAUSED)
+    eventually(lambda: _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_PAUSED)
     act(api_pb2.EXPERIMENT_ACTION_ACTIVATE)
     again = agent.next("start").start
     assert again.run_id == start.run_id + 1
     act(api_pb2.EXPERIMENT_ACTION_KILL)
     assert agent.next("kill").kill.graceful is False
     agent.exited(again.allocation_id, [-9])
-    _eventually(
+    eventually(
         lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_CANCELED
     )
     act(api_pb2.EXPERIMENT_ACTION_ARCHIVE)
@@ -292,7 +282,7 @@ def test_a_silent_agent_is_given_up_after_the_window(tmp_path: Path) -> None:
             mute.closed.set()  # stops its heartbeats, keeps its stream open
             eid = _create(api)
             mute.next("start")
-            _eventually(
+            eventually(
                 lambda: _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_QUEUED
             )
             assert api.GetMasterInfo(api_pb2.GetMasterInfoRequest()).agents == 0
@@ -389,7 +379,7 @@ def test_a_master_restart_finishes_a_kill_that_was_under_way(
         kill = agent.next("kill").kill
         assert (kill.allocation_id, kill.graceful) == (start.allocation_id, False)
         agent.exited(start.allocation_id, [-9])
-    _eventually(
+    eventually(
         lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_CANCELED
     )
     assert _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_CANCELED
@@ -430,7 +420,7 @@ def test_a_restarted_master_re_adopts_a_running_trial(tmp_path: Path) -> None:
                 metadata=meta,
             )
             agent.exited(start.allocation_id, [0])
-            _eventually(
+            eventually(
                 lambda: (
                     _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_COMPLETED
                 )

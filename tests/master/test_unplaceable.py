@@ -3,20 +3,9 @@ in the trial's log; and stops saying so once agents that fit it are there."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 from assay.master._server import MasterServer
 from assay.proto import api_pb2, api_pb2_grpc, common_pb2
-from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
+from tests.master.conftest import ScriptedAgent, eventually, experiment_yaml, model_archive
 
 
 def _create(api: api_pb2_grpc.ApiStub, slots: int) -> api_pb2.CreateExperimentResponse:
@@ -58,7 +47,7 @@ def test_a_trial_larger_than_the_cluster_says_so_everywhere_until_it_fits(
     assert (trial.state, trial.waiting) == (common_pb2.TRIAL_STATE_QUEUED, why)
     [queued] = api.GetQueue(api_pb2.GetQueueRequest()).trials
     assert (queued.trial_id, queued.reason) == (trial.id, why)
-    _eventually(lambda: f"waiting: {why}" in _log(api, trial.id))
+    eventually(lambda: f"waiting: {why}" in _log(api, trial.id))
     # A trial that fits says nothing, even while it waits for slots held by another.
     fits = _create(api, 4)
     assert list(fits.warnings) == []
@@ -67,7 +56,7 @@ def test_a_trial_larger_than_the_cluster_says_so_everywhere_until_it_fits(
     # A third agent makes 6 possible (3 agents x 2): the reason goes, the trial waits
     # only for free slots now.
     a3 = ScriptedAgent(master.port, "a3", slots=2)
-    _eventually(lambda: _trial(api, created.experiment.id).waiting == "")
+    eventually(lambda: _trial(api, created.experiment.id).waiting == "")
     assert all(q.reason == "" for q in api.GetQueue(api_pb2.GetQueueRequest()).trials)
     assert _log(api, trial.id).count(f"waiting: {why}") == 1  # said once
     for agent in (a1, a2, a3):

@@ -7,10 +7,14 @@ messages are what every user reads.
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from collections import OrderedDict
 from typing import Any
 
+from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from assay.config import ExperimentConfig
 from assay.master._secrets import masked
 from assay.master.store import CheckpointRecord, ExperimentRecord, LogLine, TrialRecord
 from assay.proto import common_pb2
@@ -30,8 +34,14 @@ def timestamp(value: dt.datetime | None) -> Timestamp | None:
 
 
 def experiment(
-    record: ExperimentRecord, *, num_trials: int = 0, best: float | None = None
+    record: ExperimentRecord,
+    *,
+    num_trials: int = 0,
+    best: float | None = None,
+    parsed: ExperimentConfig | None = None,
 ) -> common_pb2.Experiment:
+    """`parsed`: the config `record.config` was made from, when the caller has it (a
+    submission just checked): its masked form is built once per parsed config."""
     message = common_pb2.Experiment(
         id=record.id,
         name=record.name,
@@ -47,10 +57,38 @@ def experiment(
         start_time=timestamp(record.start_time),
         end_time=timestamp(record.end_time),
     )
-    message.config.update(_jsonable(masked(record.config)))
+    if parsed is None:
+        message.config.update(_jsonable(masked(record.config)))
+    else:
+        message.config.MergeFrom(_config_struct(parsed))
     if best is not None:
         message.best_validation = best
     return message
+
+
+# Parsed configs are remembered by the submission checks (`_submission.check_submission`)
+# and are frozen: the same object comes back for a config submitted again, so its masked
+# Struct is kept beside it, for as many configs as those checks remember.
+_STRUCTS: OrderedDict[int, tuple[ExperimentConfig, Struct]] = OrderedDict()
+_STRUCTS_KEPT = 256
+
+
+_STRUCTS_LOCK = threading.Lock()
+
+
+def _config_struct(config: ExperimentConfig) -> Struct:
+    with _STRUCTS_LOCK:
+        kept = _STRUCTS.get(id(config))
+        if kept is not None and kept[0] is config:
+            _STRUCTS.move_to_end(id(config))
+            return kept[1]
+    struct = Struct()
+    struct.update(_jsonable(masked(dict(config.raw))))
+    with _STRUCTS_LOCK:
+        _STRUCTS[id(config)] = (config, struct)  # the config is held: its id is not reused
+        while len(_STRUCTS) > _STRUCTS_KEPT:
+            _STRUCTS.popitem(last=False)
+    return struct
 
 
 def _progress(record: ExperimentRecord) -> float:

@@ -205,7 +205,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             prepared = self.master.prepare_experiment(*args, owner=owner)
         record, ticket, why = self.master.add_experiment(prepared, activate=request.activate)
         await self.master.commit.wait_async(ticket)
-        experiment = _convert.experiment(record, num_trials=1, best=None)
+        experiment = _convert.experiment(record, num_trials=1, parsed=prepared.config)
         warnings = (
             [
                 f"its trials cannot start on this cluster as it is: each {why}; they wait until "

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -60,6 +61,7 @@ def command(config_file: Path | None, check_config: bool, **flags: object) -> No
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     server.start()
+    _tune_gc()
     done = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -77,6 +79,21 @@ def command(config_file: Path | None, check_config: bool, **flags: object) -> No
             err=True,
         )
         sys.exit(1)
+
+
+def _tune_gc() -> None:
+    """Collect cycles less often than Python's default for a small script.
+
+    A master holds its live experiments, agents and connections for days; with the
+    default thresholds the cyclic collector walks all of them hundreds of times a second
+    under load (about a tenth of the master's CPU in bench/scheduling.py). What is alive
+    once the master is up is frozen out of collections, and young objects are collected
+    after 20,000 allocations instead of 700: garbage cycles live a little longer, a few
+    megabytes at most.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 def main() -> None:

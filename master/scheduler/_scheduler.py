@@ -46,6 +46,11 @@ class Scheduler:
     def agents(self) -> tuple[Agent, ...]:
         return tuple(self._agents.values())
 
+    @property
+    def has_agents(self) -> bool:
+        """Whether any agent is known (`agents` copies them all: not for every round)."""
+        return bool(self._agents)
+
     def add_agent(self, agent: Agent) -> None:
         if agent.id in self._agents:
             raise ValueError(f"duplicate agent id {agent.id!r}: remove the old agent first")

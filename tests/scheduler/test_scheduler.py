@@ -141,6 +141,11 @@ def test_removing_an_agent_returns_its_requests_and_frees_their_slots_everywhere
     assert [a.id for a in scheduler.agents] == ["b", "c"]
     with pytest.raises(ValueError, match="unknown agent 'a'"):
         scheduler.remove_agent("a")
+    assert scheduler.has_agents
+    scheduler.remove_agent("b")
+    scheduler.remove_agent("c")
+    assert not scheduler.has_agents
+    assert not Scheduler().has_agents
 
 
 def test_disabled_agents_keep_running_allocations_but_get_no_new_ones() -> None:

@@ -1,10 +1,11 @@
 """The master's decisions as pure code: experiment, trial, run and agent transitions.
 
 Each transition is a function over plain data (`TrialStatus`, `ExperimentStatus`, the
-core's state dataclasses) that returns effects; `Master` (`_core.py`) is the shell that
-holds the lock, applies the effects to the write batch and the agents' outboxes, and
-commits. `simulate.py` drives the shell through a seeded fake cluster and checks the
-invariants at every step, as `searcher/simulate.py` does for search.
+core's state dataclasses) that returns effects; the `Interpreter` (`_interpreter.py`)
+applies them to memory, the write batch and the agents' outboxes, and `Master`
+(`_core.py`) is the shell that holds the lock around it and commits. `simulate` drives
+the master through a seeded fake cluster and checks the invariants at every step, as
+`searcher/simulate.py` does for search.
 """
 
 from assay.master.lifecycle import _effects as effects

@@ -1,7 +1,8 @@
-"""What a lifecycle decision asks the shell (`Master`) to do.
+"""What a lifecycle decision asks the master to do.
 
 Decisions never write, send or schedule themselves: they return these, in order, and
-the shell applies each to memory, the open `WriteBatch` and the agents' outboxes.
+the master's `Interpreter` (_interpreter.py) applies each to memory, the open
+`WriteBatch` and the agents' outboxes.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class Drop:
 
 @dataclass(frozen=True)
 class NewTrial:
-    """Create a trial for a searcher's Create (the shell gives it its id)."""
+    """Create a trial for a searcher's Create (the interpreter gives it its id)."""
 
     experiment_id: int
     request_id: str
@@ -136,6 +137,27 @@ class PartLost:
 
 
 @dataclass(frozen=True)
+class PartEnded:
+    """Record that an agent's part of a run is gone: its exit codes, one per rank (none:
+    its processes could not start, or the agent lost them), and what the agent said.
+    `lost`: the agent lost it, which is not the user's doing (`Outcome.LOST`)."""
+
+    allocation_id: str
+    agent_id: str
+    exit_codes: tuple[int, ...] = ()
+    message: str = ""  # masked of secrets when recorded
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class FinishRun:
+    """Every part of the run is gone: release its slots and decide its trial's fate
+    (`run.finish_run`)."""
+
+    allocation_id: str
+
+
+@dataclass(frozen=True)
 class DropAgent:
     """Give up on an agent: its slots leave the scheduler, its runs' parts are lost."""
 
@@ -166,6 +188,8 @@ Effect = (
     | StartRun
     | Adopt
     | PartLost
+    | PartEnded
+    | FinishRun
     | DropAgent
     | KillUnknown
 )

@@ -1,16 +1,19 @@
-"""An agent's transitions: reconnecting with what it still runs, and being given up on."""
+"""An agent's transitions: reconnecting with what it still runs, its part of a run ending
+or being lost, and the agent being given up on."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 
 from assay.master.lifecycle._effects import (
     Adopt,
     DropAgent,
     Effect,
+    FinishRun,
     Kill,
     KillUnknown,
+    PartEnded,
     PartLost,
 )
 from assay.master.lifecycle._model import Run
@@ -40,6 +43,36 @@ def reconcile(agent_id: str, running: Set[str], runs: Iterable[Run]) -> list[Eff
             effects.append(PartLost(run.allocation_id, agent_id))
     effects += [KillUnknown(agent_id, a) for a in sorted(running - known)]
     return effects
+
+
+def part_exited(
+    run: Run, agent_id: str, exit_codes: Sequence[int], message: str = ""
+) -> list[Effect]:
+    """An agent's part of `run` ended with these exit codes, one per rank (none: its
+    processes could not start); the run ends when it was the last part."""
+    effects: list[Effect] = [PartEnded(run.allocation_id, agent_id, tuple(exit_codes), message)]
+    if (not exit_codes or any(c != 0 for c in exit_codes)) and run.stopping is None:
+        # One part of the gang is gone: the other ranks cannot go on without it.
+        effects.append(Kill(run.allocation_id, graceful=False))
+    return effects + _finish_when_last(run, agent_id)
+
+
+def part_lost(run: Run, agent_id: str) -> list[Effect]:
+    """An agent lost its part of `run` (not the user's doing): the other parts are killed.
+
+    Their agents keep the slots until they report the processes gone, so no new run is
+    placed onto slots still in use."""
+    effects: list[Effect] = [
+        PartEnded(run.allocation_id, agent_id, lost=True),
+        Kill(run.allocation_id, graceful=False),
+    ]
+    return effects + _finish_when_last(run, agent_id)
+
+
+def _finish_when_last(run: Run, agent_id: str) -> list[Effect]:
+    """`FinishRun` once `agent_id`'s part is recorded gone, if every other part is too."""
+    over = all(a == agent_id or a in run.exit_codes for a in run.agents)
+    return [FinishRun(run.allocation_id)] if over else []
 
 
 @dataclass(frozen=True)

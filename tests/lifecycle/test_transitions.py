@@ -229,6 +229,51 @@ def test_reap_gives_up_on_silent_and_gone_agents_and_unconfirmed_runs() -> None:
     assert [e.agent_id for e in effects] == ["quiet", "gone", "a0"]  # type: ignore[union-attr]
 
 
+def _gang(exited: dict[str, list[int]], stopping: Any = None) -> Run:
+    """A run of trial 1 on agents a0 and a1; `exited`: the parts reported gone already."""
+    run = Run("1.1.x", 1, 1, 1, (("a0", (0,)), ("a1", (0,))), "tok", stopping=stopping)
+    run.exit_codes.update(exited)
+    return run
+
+
+ENDED, KILL, FINISH = fx.PartEnded, fx.Kill("1.1.x", graceful=False), fx.FinishRun("1.1.x")
+
+
+@pytest.mark.parametrize(
+    ("exited", "stopping", "codes", "then"),
+    [
+        # The first part to end: a failure kills the rest of the gang, success waits.
+        ({}, None, [0], []),
+        ({}, None, [0, 1], [KILL]),
+        ({}, None, [], [KILL]),  # its processes could not start
+        ({}, "pause", [1], []),  # being stopped already: no second kill
+        # The last part: the run ends, whatever its codes.
+        ({"a1": [0]}, None, [0], [FINISH]),
+        ({"a1": [0]}, None, [3], [KILL, FINISH]),
+        ({"a1": [143]}, "kill", [143], [FINISH]),
+    ],
+)
+def test_a_part_exits(
+    exited: dict[str, list[int]], stopping: Any, codes: list[int], then: list[fx.Effect]
+) -> None:
+    run = _gang(exited, stopping)
+    effects = agent_life.part_exited(run, "a0", codes, "said")
+    assert effects == [ENDED("1.1.x", "a0", tuple(codes), "said"), *then]
+
+
+@pytest.mark.parametrize(
+    ("exited", "then"),
+    [
+        ({}, [KILL]),  # the other part is killed and keeps its slots until it is gone
+        ({"a1": [0]}, [KILL, FINISH]),
+        ({"a0": [1]}, [KILL]),  # reported gone before: the other part still runs
+    ],
+)
+def test_a_part_is_lost(exited: dict[str, list[int]], then: list[fx.Effect]) -> None:
+    effects = agent_life.part_lost(_gang(exited), "a0")
+    assert effects == [ENDED("1.1.x", "a0", lost=True), *then]
+
+
 def test_validation_at_the_target_tells_the_searcher_once() -> None:
     experiment = _experiment()
     trial = _trial(experiment, 1, T.RUNNING, target=10)

@@ -10,6 +10,7 @@ from typing import Any
 from assay.master._agents import AgentHandle, Device, KillRun, Load, Registration, StartRun
 from assay.master._config import MasterConfig
 from assay.master._core import Master
+from assay.master._interpreter import Interpreter, Recorder
 from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle.simulate._snapshot import (
     ExperimentView,
@@ -32,13 +33,15 @@ class Outbox:
         self.messages.append(message)
 
 
-class WatchedMaster(Master):
-    """A `Master` that records every state its lifecycles set, in order (its recovery's
-    too): one call may move a trial several times, and each move must be an edge."""
+class WatchedInterpreter(Interpreter):
+    """An `Interpreter` that records in `moves` every state its effects set, in order: one
+    call may move a trial several times, and each move must be an edge."""
 
-    def __init__(self, config: MasterConfig, store: Store) -> None:
-        self.moves: list[Move] = []
-        super().__init__(config, store)
+    def __init__(
+        self, config: MasterConfig, store: Store, commit: Recorder, moves: list[Move]
+    ) -> None:
+        super().__init__(config, store, commit)
+        self.moves = moves
 
     def _apply(self, effect: fx.Effect) -> None:
         if isinstance(effect, fx.SetTrial) and "state" in effect.fields:
@@ -52,6 +55,17 @@ class WatchedMaster(Master):
             state = str(effect.fields["state"])
             self.moves.append(("experiment", experiment.id, str(experiment.state), state))
         super()._apply(effect)
+
+
+class WatchedMaster(Master):
+    """A `Master` whose interpreter records its moves (its recovery's too)."""
+
+    def __init__(self, config: MasterConfig, store: Store) -> None:
+        self.moves: list[Move] = []
+        super().__init__(config, store)
+
+    def _interpreter(self, config: MasterConfig, store: Store, commit: Recorder) -> Interpreter:
+        return WatchedInterpreter(config, store, commit, self.moves)
 
 
 class MasterAdapter:
@@ -184,7 +198,8 @@ class MasterAdapter:
 
     def moves(self) -> list[Move]:
         """The states written since the last call, in order."""
-        moves, self.master.moves = self.master.moves, []
+        moves = list(self.master.moves)
+        self.master.moves.clear()
         return moves
 
     def snapshot(self, *, search: bool = False) -> Snapshot:

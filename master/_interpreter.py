@@ -1,0 +1,456 @@
+"""The master's effect interpreter: it applies the lifecycles' effects, and schedules.
+
+`Interpreter` owns the master's memory (the `Ledger`, the agents' `Fleet`, the pure
+`Scheduler`) and carries out what the decisions in `lifecycle/` return: it changes
+memory, records each change in the open `WriteBatch`, and queues the messages to agents
+that are sent once the batch is committed. It holds no lock and never commits: its
+caller (`Master`, in _core.py) takes the lock around every call and commits afterwards.
+It knows nothing of `Master`; of the group commit it uses only the open batch and the
+actions that run after a commit (`Recorder`).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import hmac
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
+from dataclasses import replace
+from typing import Any, Protocol
+
+from assay.master._agents import KillRun
+from assay.master._auth import mask_secrets
+from assay.master._config import MasterConfig
+from assay.master._fleet import Fleet
+from assay.master._gc import collect_later
+from assay.master._state import Ledger, ModelCache, load_live
+from assay.master.lifecycle import (
+    ExperimentState,
+    ExperimentStatus,
+    Run,
+    TrialState,
+    TrialStatus,
+    finish_run,
+    run_end,
+)
+from assay.master.lifecycle import _effects as fx
+from assay.master.lifecycle import agent as agent_life
+from assay.master.lifecycle import experiment as experiment_life
+from assay.master.lifecycle import trial as trial_life
+from assay.master.lifecycle.run import end_trial, preemption
+from assay.master.scheduler import Request, Running, Scheduler, choose_victims
+from assay.master.searcher import Create, Operation
+from assay.master.store import AllocationRecord, Store, WriteBatch
+
+log = logging.getLogger("assay.master")
+E, T = ExperimentStatus, TrialStatus
+
+
+class Recorder(Protocol):
+    """What the interpreter uses of the group commit (`GroupCommit`)."""
+
+    @property
+    def batch(self) -> WriteBatch:
+        """The open batch: every change is recorded in it."""
+
+    def after(self, action: Callable[[], None]) -> None:
+        """Run `action` once the changes recorded so far are committed."""
+
+
+class Interpreter:
+    """The master's memory, and the one place that changes it (called under a lock)."""
+
+    def __init__(self, config: MasterConfig, store: Store, commit: Recorder) -> None:
+        self.config = config
+        self.store = store
+        self.commit = commit
+        self.scheduler = Scheduler()
+        self.fleet = Fleet(self.scheduler, lambda: commit.batch, commit.after, config.kill_grace_s)
+        # Memory of the live experiments: the ledger's own dicts, read here, changed there.
+        self.ledger = ledger = Ledger(lambda: commit.batch)
+        self.experiments, self.trials = ledger.experiments, ledger.trials
+        self.runs, self.run_of_trial, self.queued = ledger.runs, ledger.run_of_trial, ledger.queued
+        self.models = ModelCache(store)
+        # Queued trials that cannot be placed even on an idle cluster, and why.
+        self.unplaceable: dict[int, str] = {}
+        self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
+        # Allocation tokens derive from a secret in the store, so a restarted master
+        # recognises the trial processes that kept running. The HMAC's keyed state is
+        # built once and copied per token (building it costs more than the digest).
+        self._token_mac = hmac.new(store.secret("allocation-tokens"), digestmod=hashlib.sha256)
+        self._checkpoint_root = str(config.checkpoint_root)
+        # Checkpoint deletions, one at a time, off the master's lock (storage I/O).
+        self.gc = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gc")
+        self._storages: dict[str, Any] = {}
+
+    @property
+    def batch(self) -> WriteBatch:
+        return self.commit.batch
+
+    def token(self, allocation_id: str) -> str:
+        mac = self._token_mac.copy()
+        mac.update(allocation_id.encode())
+        digest = mac.digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    # --- start-up -------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Reload the live experiments and requeue their unfinished trials (a restart)."""
+        active = self.store.active_allocations()
+        for experiment in load_live(self.store):
+            self.ledger.add_experiment(experiment)
+            if experiment.needs_start:
+                self._adopt_trials(experiment)
+        for allocation in active:
+            if not self._await_run(allocation):
+                self.batch.set_allocation(allocation.id, state="TERMINATED", ended_at=_now())
+        for experiment in list(self.experiments.values()):
+            self.do(trial_life.after_restart(experiment, self.run_of_trial, _now()))
+        self.schedule()
+
+    def _await_run(self, allocation: AllocationRecord) -> bool:
+        """Keep a run found in the store for its agents to confirm; False if it is over."""
+        trial = self.trials.get(allocation.trial_id)
+        wait = self.config.agent_reconnect_wait_s
+        if trial is None or wait <= 0:
+            return False
+        placement = tuple(
+            (str(part["agent_id"]), tuple(int(s) for s in part["slots"]))
+            for part in allocation.placement
+        )
+        run = trial_life.awaited_run(
+            allocation.id,
+            allocation.run_id,
+            placement,
+            trial,
+            self.experiments[trial.experiment_id],
+            token=self.token(allocation.id),
+            deadline=time.monotonic() + wait,
+        )
+        if run is None:
+            return False
+        self.ledger.add_run(run)
+        log.info("trial %d run %d: waiting for its agents to confirm it", trial.id, run.run_id)
+        return True
+
+    def _adopt_trials(self, experiment: ExperimentState) -> None:
+        """Start the search of an experiment stored without one, on the trials it has.
+
+        Its trials take the request ids of the searcher's first Creates, in id order (the
+        rename is recorded), and the operations are then carried out as for a new
+        experiment: Creates beyond the stored trials make new ones.
+        """
+        experiment.needs_start = False
+        existing = sorted(experiment.trials.values(), key=lambda t: t.id)
+        ops = experiment.searcher.initial_operations()
+        for op in ops:
+            if isinstance(op, Create) and existing:
+                trial = existing.pop(0)
+                del experiment.by_request[trial.request_id]
+                trial.request_id = op.request_id
+                experiment.by_request[op.request_id] = trial
+                self.batch.rename_trial_request(trial.id, op.request_id)
+        self.search(experiment, ops)
+
+    # --- effects --------------------------------------------------------------------------
+
+    def do(self, effects: Iterable[fx.Effect]) -> None:
+        """Apply a lifecycle decision's effects, in order."""
+        for effect in effects:
+            self._apply(effect)
+
+    def _apply(self, effect: fx.Effect) -> None:
+        if isinstance(effect, fx.SetTrial):
+            self.ledger.set_trial(effect.trial_id, effect.fields)
+        elif isinstance(effect, fx.SetExperiment):
+            self.ledger.set_experiment(effect.experiment_id, effect.fields)
+        elif isinstance(effect, fx.Enqueue):
+            self.ledger.enqueue(effect.trial_id, self.fleet.slot_type(), to_back=effect.to_back)
+        elif isinstance(effect, fx.Dequeue):
+            self.queued.pop(effect.trial_id, None)
+        elif isinstance(effect, fx.Kill):
+            run = self.runs.get(effect.allocation_id)
+            if run is not None:
+                if effect.stopping is not None:
+                    run.stopping = effect.stopping
+                self.fleet.kill(run, graceful=effect.graceful)
+        elif isinstance(effect, fx.Log):
+            # The trial's log has the line; the master's own log repeats what went wrong.
+            level = logging.getLevelName(effect.level)
+            shown = level if level >= logging.WARNING else logging.DEBUG
+            log.log(shown, "trial %d: %s", effect.trial_id, effect.message)
+            self.batch.log(
+                effect.trial_id, effect.run_id, effect.message, level=effect.level, now=_now()
+            )
+        elif isinstance(effect, fx.Tell):
+            self._tell(effect)
+        elif isinstance(effect, fx.Settle):
+            self._settle(effect.experiment_id)
+        elif isinstance(effect, fx.CollectGarbage):
+            self._collect_garbage(effect)
+        elif isinstance(effect, fx.Drop):
+            self.ledger.drop_experiment(effect.experiment_id)
+            self.models.drop(effect.experiment_id)
+        elif isinstance(effect, fx.NewTrial):
+            self._new_trial(effect)
+        elif isinstance(effect, fx.StartRun):
+            self._start_run(effect)
+        elif isinstance(effect, fx.Adopt):
+            self._adopt(effect)
+        elif isinstance(effect, fx.PartLost):
+            self._part_lost(effect.allocation_id, effect.agent_id, effect.why)
+        elif isinstance(effect, fx.PartEnded):
+            self._part_ended(effect)
+        elif isinstance(effect, fx.FinishRun):
+            run = self.runs.get(effect.allocation_id)
+            if run is not None:
+                self.finish_run(run)
+        elif isinstance(effect, fx.DropAgent):
+            self.drop_agent(effect.agent_id, effect.why)
+        elif isinstance(effect, fx.KillUnknown):
+            self.fleet.send(effect.agent_id, KillRun(effect.allocation_id, graceful=False))
+
+    def _collect_garbage(self, effect: fx.CollectGarbage) -> None:
+        """Once the end is committed, delete the checkpoints the policy does not keep."""
+        collect = collect_later(
+            self.gc,
+            self.store,
+            effect.experiment_id,
+            self.experiments[effect.experiment_id].config,
+            ended_trial_ids=effect.ended_trial_ids,
+            experiment_ended=effect.experiment_ended,
+            default_root=self.config.checkpoint_root,
+            storage_cache=self._storages,
+        )
+        self.commit.after(collect)
+
+    def search(self, experiment: ExperimentState, ops: Sequence[Operation]) -> None:
+        """Carry out the searcher's operations (and those they lead to), then record it."""
+        pending = deque(ops)
+        while pending:
+            op = pending.popleft()
+            for effect in experiment_life.apply_operation(
+                experiment, op, self.run_of_trial, _now()
+            ):
+                if isinstance(effect, fx.Tell) and effect.event in (
+                    "on_trial_created",
+                    "on_trial_closed",
+                ):
+                    # The searcher's answers join the queue of operations.
+                    handler = getattr(experiment.searcher, effect.event)
+                    pending.extend(handler(effect.request_id, *effect.args))
+                else:
+                    self._apply(effect)
+        progress = max(experiment.progress, experiment.searcher.progress())
+        search = {"searcher_state": experiment.search_state(), "progress": progress}
+        self.ledger.set_experiment(experiment.id, search)
+
+    def _tell(self, tell: fx.Tell) -> None:
+        """Tell the searcher what became of a trial, and carry out its answer."""
+        experiment = self.experiments.get(tell.experiment_id)
+        if experiment is None or experiment.state not in (E.ACTIVE, E.PAUSED):
+            return  # the experiment is being canceled or killed: the search is over
+        handler = getattr(experiment.searcher, tell.event)
+        self.search(experiment, handler(tell.request_id, *tell.args))
+
+    def _new_trial(self, new: fx.NewTrial) -> None:
+        trial_id = self.store.reserve_id("trials")
+        trial = TrialState(
+            trial_id, new.experiment_id, new.request_id, new.hparams, new.seed, new.state
+        )
+        self.ledger.add_trial(trial, _now())
+        if trial.state == T.QUEUED:
+            self.ledger.enqueue(trial.id, self.fleet.slot_type())
+
+    def _settle(self, experiment_id: int) -> None:
+        experiment = self.experiments.get(experiment_id)
+        if experiment is None:
+            return
+        effects, problem = experiment_life.settle(experiment, self.queued, _now())
+        if problem:
+            log.error("%s", problem)
+        self.do(effects)
+
+    # --- scheduling -----------------------------------------------------------------------
+
+    def schedule(self) -> None:
+        if not self.queued:
+            if self.unplaceable:
+                self.unplaceable = {}
+            return
+        # Agents may have joined or left since a request was queued: one pass sets its type.
+        slot_type = self.fleet.slot_type()
+        pending = [
+            r if r.slot_type == slot_type else replace(r, slot_type=slot_type)
+            for r in self.queued.values()
+        ]
+        decision = self.scheduler.schedule(pending)
+        self._note_unplaceable(decision.unschedulable)
+        placed = {a.request_id for a in decision.assignments}
+        if self.config.preemption and len(placed) < len(pending):
+            unplaced = (r for r in pending if r.id not in placed)
+            self._preempt_for(min(unplaced, key=lambda r: r.rank))
+        for assignment in decision.assignments:
+            trial = self.trials[int(assignment.request_id)]
+            self.queued.pop(trial.id, None)
+            try:
+                self._start(trial, assignment.placement)
+            except Exception:
+                log.exception("could not start trial %d", trial.id)
+                self.scheduler.release(assignment.request_id)
+                run = self.ledger.runs_by_trial().get(trial.id)
+                if run is not None and self.ledger.end_run(run):
+                    self.fleet.kill(run, graceful=False)
+                self.do([*end_trial(trial, T.ERROR, _now()), fx.Settle(trial.experiment_id)])
+
+    def _note_unplaceable(self, unschedulable: Sequence[tuple[str, str]]) -> None:
+        """Remember why queued trials cannot be placed on the cluster as it is; a trial's
+        log says so once (and again when the reason changes) when the cluster has agents."""
+        now = {int(request_id): why for request_id, why in unschedulable}
+        # With no agent at all (a master starting, its agents not back yet) the reason
+        # is in the queue and describe, not written into every queued trial's log.
+        for trial_id, why in now.items() if self.scheduler.has_agents else ():
+            if self.unplaceable.get(trial_id) != why:
+                trial = self.trials[trial_id]
+                self.do([fx.Log(trial_id, trial.run_id, f"waiting: {why}", "WARNING")])
+        self.unplaceable = now  # one assignment: readers without the lock see old or new
+
+    def _preempt_for(self, request: Request) -> None:
+        """Stop lower-priority runs (gracefully) so that `request` fits when they are gone."""
+        if any(run.stopping == "preempt" for run in self.runs.values()):
+            return  # one wave at a time: the slots it frees go to the queue first
+        running = [
+            Running(str(run.trial_id), experiment.priority, run.trial_id, run.placement)
+            for run in self.runs.values()
+            if run.stopping is None
+            and not run.awaiting
+            and (experiment := self.experiments.get(run.experiment_id)) is not None
+        ]
+        free = {
+            a.id: len(self.scheduler.free_slots(a.id))
+            for a in self.scheduler.agents
+            if a.enabled and a.slot_type == request.slot_type
+        }
+        victims = choose_victims(request, running, free) or []
+        runs = [self.runs[self.run_of_trial[int(v)]] for v in victims]
+        self.do(preemption(request.id, request.priority, runs))
+
+    def _start(self, trial: TrialState, placement: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
+        experiment = self.experiments[trial.experiment_id]
+        # The suffix only tells runs of restarted masters apart; the token is the secret.
+        allocation_id = f"{trial.id}.{trial.run_id + 1}.{random.getrandbits(32):08x}"
+        host = experiment.config.checkpoint_storage.host_directory
+        root = str(host) if host is not None else self._checkpoint_root
+        effects = trial_life.start(
+            trial,
+            experiment,
+            placement,
+            allocation_id=allocation_id,
+            token=self.token(allocation_id),
+            addresses=self.fleet.addresses(a for a, _ in placement),
+            port=20000 + random.randrange(20000),
+            model=self.models.get(trial.experiment_id),
+            trial_api=self.trial_api,
+            checkpoint_root=root,
+            now=_now(),
+        )
+        self.do(effects)
+        log.info("trial %d run %d started on %s", trial.id, trial.run_id, _where(placement))
+
+    def _start_run(self, start: fx.StartRun) -> None:
+        run = start.run
+        if start.supersede_after is not None:
+            self.batch.supersede_metrics(run.trial_id, start.supersede_after)
+        self.batch.add_allocation(
+            run.allocation_id,
+            trial_id=run.trial_id,
+            run_id=run.run_id,
+            placement=[{"agent_id": a, "slots": list(s)} for a, s in run.placement],
+            now=_now(),
+        )
+        self.ledger.add_run(run)
+        for agent_id, message in start.messages:
+            self.fleet.send(agent_id, message)
+
+    # --- agents' effects ------------------------------------------------------------------
+
+    def _adopt(self, adopt: fx.Adopt) -> None:
+        run = self.runs[adopt.allocation_id]
+        run.awaiting.discard(adopt.agent_id)
+        slots = dict(run.placement)[adopt.agent_id]
+        self.scheduler.adopt(str(run.trial_id), adopt.agent_id, slots)
+        log.info("trial %d run %d re-adopted on %s", run.trial_id, run.run_id, adopt.agent_id)
+
+    def _part_lost(self, allocation_id: str, agent_id: str, why: str = "") -> None:
+        run = self.runs.get(allocation_id)
+        if run is None:
+            return
+        if why:
+            log.warning("trial %d run %d: agent %s %s", run.trial_id, run.run_id, agent_id, why)
+        self.do(agent_life.part_lost(run, agent_id))
+
+    def _part_ended(self, ended: fx.PartEnded) -> None:
+        run = self.runs.get(ended.allocation_id)
+        if run is None:
+            return
+        run.exit_codes[ended.agent_id] = list(ended.exit_codes)
+        if ended.message:
+            run.messages.append(mask_secrets(f"{ended.agent_id}: {ended.message}"))
+        if ended.lost:
+            run.awaiting.discard(ended.agent_id)
+            run.lost = True
+
+    def drop_agent(self, agent_id: str, why: str) -> None:
+        """Give up on an agent: its runs' parts are lost, its slots leave the scheduler."""
+        log.warning("agent %s %s", agent_id, why)
+        self.parts_lost(agent_id, self.fleet.drop(agent_id))
+        self.schedule()
+
+    def parts_lost(self, agent_id: str, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
+            allocation_id = self.run_of_trial.get(int(request_id))
+            if allocation_id is not None:
+                self._part_lost(allocation_id, agent_id)
+
+    # --- the end of a run -----------------------------------------------------------------
+
+    def finish_run(self, run: Run) -> None:
+        if not self.ledger.end_run(run):
+            return
+        self.scheduler.release(str(run.trial_id))
+        self.batch.set_allocation(run.allocation_id, state="TERMINATED", ended_at=_now())
+        trial = self.trials[run.trial_id]
+        experiment = self.experiments[run.experiment_id]
+        config = experiment.config
+        end = run_end(
+            run,
+            trial,
+            experiment.state,
+            is_script=config.is_script,
+            max_restarts=config.max_restarts,
+        )
+        outcome, effects = finish_run(run, trial, end, _now())
+        log.debug("trial %d run %d ended: %s", trial.id, run.run_id, outcome.value)
+        self.do(effects)
+
+
+def _where(placement: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
+    """`agent-1 (slots 0, 1), agent-2 (slot 0)`: a placement as a person reads it."""
+    return ", ".join(
+        f"{agent} (slot{'s' if len(slots) != 1 else ''} {', '.join(map(str, slots))})"
+        for agent, slots in placement
+    )
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+__all__ = ["Interpreter", "Recorder"]

@@ -3,7 +3,7 @@
 `Fleet` keeps the agents' handles and the scheduler's view of their slots in step, and
 sends messages once the changes recorded so far are committed. It is used under the
 master's lock and never calls the master: what an agent's arrival or loss means for
-runs is decided in `lifecycle/agent.py` and applied by `Master`.
+runs is decided in `lifecycle/agent.py` and applied by the `Interpreter`.
 """
 
 from __future__ import annotations

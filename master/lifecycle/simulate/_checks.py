@@ -149,7 +149,7 @@ def check_move(
 def check_restart(old: Snapshot, new: Snapshot, *, keep_runs: bool) -> None:
     """A master started on the store of `old` holds the same experiments and trials.
 
-    Documented differences (`Master._recover`): a trial that was running keeps its run
+    Documented differences (`Interpreter.recover`): a trial that was running keeps its run
     when `keep_runs` (the run awaits its agents), else it is requeued (PAUSED in a paused
     experiment); a stopping experiment's trials without a run end CANCELED, and the
     experiment ends once none is left.

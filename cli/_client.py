@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 UNARY_TIMEOUT_S = 30.0
 CREATE_TIMEOUT_S = 300.0
 MAX_MESSAGE_BYTES = 128 * 2**20  # above the 96 MiB model-definition limit
+# A submission up to this size is one message (the master takes at most 4 MiB); a
+# larger model definition is sent in pieces of UPLOAD_CHUNK_BYTES.
+INLINE_UPLOAD_BYTES = 3 * 2**20
+UPLOAD_CHUNK_BYTES = 2**20
 
 # The server's own words are the message for these (config problems, unknown ids, ...).
 _USER_CODES = frozenset(
@@ -147,19 +151,25 @@ class Client:
         return (("authorization", f"Bearer {token}"),) if token else ()
 
     def _call(self, method: str, request: Any, timeout: float | None) -> Any:
-        """One unary call with the session token; a token the master no longer takes is
-        replaced once by a fresh login when ASSAY_USER / ASSAY_PASSWORD allow it."""
+        """One call with the session token; a token the master no longer takes is
+        replaced once by a fresh login when ASSAY_USER / ASSAY_PASSWORD allow it. A list
+        `request` is a client stream, sent again in full after such a login."""
         import grpc
 
         stub = getattr(self.stub, method)
+
+        def send() -> Any:
+            given = iter(request) if isinstance(request, list) else request
+            return stub(given, timeout=timeout, metadata=self._metadata())
+
         try:
-            return stub(request, timeout=timeout, metadata=self._metadata())
+            return send()
         except grpc.RpcError as e:
             renew = e.code() == grpc.StatusCode.UNAUTHENTICATED and method != "Login"
             if not renew or _credentials.env_credentials() is None:
                 raise
         self._session_token = self._login_from_env()
-        return stub(request, timeout=timeout, metadata=self._metadata())
+        return send()
 
     def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
         timeout = timeout or self.timeout
@@ -244,13 +254,23 @@ class Client:
     ) -> api_pb2.CreateExperimentResponse:
         from assay.proto import api_pb2
 
-        request = api_pb2.CreateExperimentRequest(
-            config_yaml=config_yaml, model_definition=model_definition, activate=activate
-        )
+        response: api_pb2.CreateExperimentResponse
         # Uploads can be up to 96 MiB: allow for a slow link, not just a slow master.
-        response: api_pb2.CreateExperimentResponse = self._unary(
-            "CreateExperiment", request, timeout=CREATE_TIMEOUT_S
-        )
+        if len(model_definition) + len(config_yaml.encode()) <= INLINE_UPLOAD_BYTES:
+            request = api_pb2.CreateExperimentRequest(
+                config_yaml=config_yaml, model_definition=model_definition, activate=activate
+            )
+            response = self._unary("CreateExperiment", request, timeout=CREATE_TIMEOUT_S)
+            return response
+        # The master takes at most 4 MiB a message: a larger archive goes in pieces.
+        chunks = [
+            api_pb2.CreateExperimentChunk(
+                model_definition_part=model_definition[at : at + UPLOAD_CHUNK_BYTES]
+            )
+            for at in range(0, len(model_definition), UPLOAD_CHUNK_BYTES)
+        ] or [api_pb2.CreateExperimentChunk()]
+        chunks[0].config_yaml, chunks[0].activate = config_yaml, activate
+        response = self._unary("CreateExperimentStream", chunks, timeout=CREATE_TIMEOUT_S)
         return response
 
     def get_experiment(self, experiment_id: int) -> api_pb2.GetExperimentResponse:

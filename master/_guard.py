@@ -182,33 +182,20 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             # In the call's own task: what `admit` records is the handler's `caller()`.
             await self.guard.admit(method, metadata, self.pool)
         except RefusedError as e:
-            return _refusal(await continuation(handler_call_details), e)
+            return _refusal(e)
         return await continuation(handler_call_details)
 
 
-def _refusal(handler: grpc.RpcMethodHandler | None, refused: RefusedError) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that only answers with the refusal."""
+def _refusal(refused: RefusedError) -> grpc.RpcMethodHandler:
+    """A handler that answers with the refusal without reading the request: streaming
+    in, with no deserializer, whatever the method's shape (the wire format is the same),
+    so a refused caller's body is neither buffered nor parsed."""
 
     async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(refused.code, refused.message)
-
-    async def deny_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(refused.code, refused.message)
         yield  # pragma: no cover - an async generator that never yields
 
-    if handler is None:
-        return grpc.unary_unary_rpc_method_handler(deny)
-    args = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(deny_stream, **args)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny, **args)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(deny_stream, **args)
-    return grpc.unary_unary_rpc_method_handler(deny, **args)
+    return grpc.stream_stream_rpc_method_handler(deny)
 
 
 __all__ = [

@@ -27,9 +27,11 @@ from assay.master.store import Store
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
 
 log = logging.getLogger("assay.master")
-# The model-definition upload plus room for the rest of the message: gRPC refuses a
-# bigger message from its length prefix, before buffering it.
-MAX_MESSAGE_BYTES = MAX_MODEL_DEF_BYTES + 2**20
+# What the master takes in one message: gRPC refuses a bigger one from its length
+# prefix, before buffering it. Model definitions over that come in pieces
+# (CreateExperimentStream). Sent messages carry whole archives to the agents.
+MAX_RECEIVE_BYTES = 4 * 2**20
+MAX_SEND_BYTES = MAX_MODEL_DEF_BYTES + 2**20
 MIN_JOIN_TOKEN = 16
 
 
@@ -121,8 +123,8 @@ class MasterServer:
         server = grpc.aio.server(
             interceptors=[interceptor],
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                ("grpc.max_send_message_length", MAX_SEND_BYTES),
                 ("grpc.so_reuseport", 0),
             ],
         )

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import grpc
 
 from assay import __version__
+from assay.common.archive import MAX_MODEL_DEF_BYTES
 from assay.errors import AssayError
 from assay.master import _agent_wire as wire
 from assay.master import _checkpoints, _convert
@@ -23,7 +24,11 @@ from assay.master._core import Master
 from assay.master._guard import Guard, bearer, caller, metadata_dict
 from assay.master._secrets import masked_config_text
 from assay.master._status import maps_errors, maps_errors_async, maps_errors_stream, status_of
-from assay.master.errors import InvalidArgumentError, PermissionDeniedError
+from assay.master.errors import (
+    InvalidArgumentError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+)
 from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import UserRecord
 from assay.proto import (
@@ -38,6 +43,8 @@ log = logging.getLogger("assay.master")
 _T = TypeVar("_T")
 # Model archives up to this size are checked on the event loop (a few milliseconds).
 INLINE_ARCHIVE_BYTES = 2**20
+# Streamed uploads one user may have in flight (each holds up to MAX_MODEL_DEF_BYTES).
+UPLOADS_PER_USER = 2
 INLINE_CONFIG_CHARS = 2**16
 # How often a followed log stream checks that its caller's session is still valid.
 _RECHECK_S = 5.0
@@ -60,6 +67,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self.pool = pool
         self.guard = guard
         self.auth = guard.auth
+        self._uploads: dict[str, int] = {}  # user -> CreateExperimentStream calls in flight
 
     # --- who is calling -------------------------------------------------------------
 
@@ -186,8 +194,60 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         ],
     ) -> api_pb2.CreateExperimentResponse:
         """On the event loop: submissions are the hot path, and thread hops cost most."""
+        return await self._create(
+            request.config_yaml, request.model_definition, request.activate, context
+        )
+
+    @maps_errors_async
+    async def CreateExperimentStream(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[api_pb2.CreateExperimentChunk],
+        context: grpc.aio.ServicerContext[
+            api_pb2.CreateExperimentChunk, api_pb2.CreateExperimentResponse
+        ],
+    ) -> api_pb2.CreateExperimentResponse:
+        """CreateExperiment with the archive in pieces (no message may exceed the master's
+        receive limit). A user has at most `UPLOADS_PER_USER` of these in flight, and
+        each stops reading at the model-definition limit."""
+        user = caller()
+        key = user.username if user is not None else ""
+        if self._uploads.get(key, 0) >= UPLOADS_PER_USER:
+            raise ResourceExhaustedError(
+                f"{UPLOADS_PER_USER} uploads of this user are in progress: wait for one to finish"
+            )
+        self._uploads[key] = self._uploads.get(key, 0) + 1
+        try:
+            config_yaml, activate = None, False
+            parts: list[bytes] = []
+            size = 0
+            async for chunk in request_iterator:
+                if config_yaml is None:
+                    config_yaml, activate = chunk.config_yaml, chunk.activate
+                size += len(chunk.model_definition_part)
+                if size > MAX_MODEL_DEF_BYTES:
+                    raise InvalidArgumentError(
+                        f"the model definition is over {MAX_MODEL_DEF_BYTES // 2**20} MiB: "
+                        "leave data and checkpoints out of the model directory "
+                        "(list them in .assayignore) and load data from storage"
+                    )
+                parts.append(chunk.model_definition_part)
+        finally:
+            self._uploads[key] -= 1
+            if not self._uploads[key]:
+                del self._uploads[key]
+        if config_yaml is None:
+            raise InvalidArgumentError("no message came: the first one carries the config")
+        return await self._create(config_yaml, b"".join(parts), activate, context)
+
+    async def _create(
+        self,
+        config_yaml: str,
+        model_definition: bytes,
+        activate: bool,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> api_pb2.CreateExperimentResponse:
         loop = asyncio.get_running_loop()
-        args = (request.config_yaml, request.model_definition)
+        args = (config_yaml, model_definition)
         who = caller()
         if who is None:
             # Not let in by the guard (a test calling the servicer): the token's user.
@@ -195,15 +255,15 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             metadata = metadata_dict(context.invocation_metadata())
             who = await self.guard.principal_async(metadata, self.pool)
         owner = who.username
-        inline = len(request.model_definition) <= INLINE_ARCHIVE_BYTES
-        if not inline or len(request.config_yaml) > INLINE_CONFIG_CHARS:
+        inline = len(model_definition) <= INLINE_ARCHIVE_BYTES
+        if not inline or len(config_yaml) > INLINE_CONFIG_CHARS:
             # Checking a big archive takes a while: not on the loop the agents use.
             prepared = await loop.run_in_executor(
                 self.pool, partial(self.master.prepare_experiment, owner=owner), *args
             )
         else:
             prepared = self.master.prepare_experiment(*args, owner=owner)
-        record, ticket, why = self.master.add_experiment(prepared, activate=request.activate)
+        record, ticket, why = self.master.add_experiment(prepared, activate=activate)
         await self.master.commit.wait_async(ticket)
         experiment = _convert.experiment(record, num_trials=1, parsed=prepared.config)
         warnings = (

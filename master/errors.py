@@ -47,6 +47,10 @@ class AuthError(AssayError):
     """Not logged in, or a login failed (never saying which part was wrong)."""
 
 
+class ResourceExhaustedError(AssayError):
+    """A limit on what one user may hold at once was reached: retry once some is freed."""
+
+
 class RateLimitedError(AssayError):
     """Too many failed logins for a user name or from an address: retry later."""
 

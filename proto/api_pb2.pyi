@@ -111,7 +111,9 @@ class CreateExperimentRequest(_message.Message):
     problem with its key path.
     """
     model_definition: _builtins.bytes
-    """The model directory as a gzip-compressed tar archive (at most 96 MiB)."""
+    """The model directory as a gzip-compressed tar archive. A message to the master is at
+    most 4 MiB: a larger archive (up to 96 MiB) goes through CreateExperimentStream.
+    """
     activate: _builtins.bool
     def __init__(
         self,
@@ -127,6 +129,36 @@ class CreateExperimentRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateExperimentRequest: _TypeAlias = CreateExperimentRequest  # noqa: Y015
+
+@_typing.final
+class CreateExperimentChunk(_message.Message):
+    """One piece of a CreateExperimentStream call: the first carries the config and
+    `activate` (later ones leave them empty); the archive is the concatenation of every
+    piece's `model_definition_part`, in order (each at most 1 MiB).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_YAML_FIELD_NUMBER: _builtins.int
+    ACTIVATE_FIELD_NUMBER: _builtins.int
+    MODEL_DEFINITION_PART_FIELD_NUMBER: _builtins.int
+    config_yaml: _builtins.str
+    activate: _builtins.bool
+    model_definition_part: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        config_yaml: _builtins.str = ...,
+        activate: _builtins.bool = ...,
+        model_definition_part: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "config_yaml", b"config_yaml", "model_definition_part", b"model_definition_part"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateExperimentChunk: _TypeAlias = CreateExperimentChunk  # noqa: Y015
 
 @_typing.final
 class CreateExperimentResponse(_message.Message):

@@ -45,6 +45,11 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.CreateExperimentRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.CreateExperimentResponse.FromString,
                 _registered_method=True)
+        self.CreateExperimentStream = channel.stream_unary(
+                '/assay.v1.Api/CreateExperimentStream',
+                request_serializer=assay_dot_proto_dot_api__pb2.CreateExperimentChunk.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.CreateExperimentResponse.FromString,
+                _registered_method=True)
         self.GetExperiment = channel.unary_unary(
                 '/assay.v1.Api/GetExperiment',
                 request_serializer=assay_dot_proto_dot_api__pb2.GetExperimentRequest.SerializeToString,
@@ -158,6 +163,14 @@ class ApiServicer:
 
     def CreateExperiment(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateExperimentStream(self, request_iterator, context):
+        """CreateExperiment for a model directory of any size up to 96 MiB: no message to the
+        master may exceed 4 MiB, so the archive comes in pieces.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -301,6 +314,11 @@ def add_ApiServicer_to_server(servicer, server):
             'CreateExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateExperiment,
                     request_deserializer=assay_dot_proto_dot_api__pb2.CreateExperimentRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.CreateExperimentResponse.SerializeToString,
+            ),
+            'CreateExperimentStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.CreateExperimentStream,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.CreateExperimentChunk.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.CreateExperimentResponse.SerializeToString,
             ),
             'GetExperiment': grpc.unary_unary_rpc_method_handler(
@@ -457,6 +475,33 @@ class Api:
             target,
             '/assay.v1.Api/CreateExperiment',
             assay_dot_proto_dot_api__pb2.CreateExperimentRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.CreateExperimentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateExperimentStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/assay.v1.Api/CreateExperimentStream',
+            assay_dot_proto_dot_api__pb2.CreateExperimentChunk.SerializeToString,
             assay_dot_proto_dot_api__pb2.CreateExperimentResponse.FromString,
             options,
             channel_credentials,

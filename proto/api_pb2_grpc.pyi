@@ -34,6 +34,10 @@ class ApiStub:
     def __new__(cls, channel: _aio.Channel) -> ApiAsyncStub: ...
     GetMasterInfo: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetMasterInfoRequest, _api_pb2.MasterInfo]
     CreateExperiment: _grpc.UnaryUnaryMultiCallable[_api_pb2.CreateExperimentRequest, _api_pb2.CreateExperimentResponse]
+    CreateExperimentStream: _grpc.StreamUnaryMultiCallable[_api_pb2.CreateExperimentChunk, _api_pb2.CreateExperimentResponse]
+    """CreateExperiment for a model directory of any size up to 96 MiB: no message to the
+    master may exceed 4 MiB, so the archive comes in pieces.
+    """
     GetExperiment: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetExperimentRequest, _api_pb2.GetExperimentResponse]
     ListExperiments: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListExperimentsRequest, _api_pb2.ListExperimentsResponse]
     ExperimentAction: _grpc.UnaryUnaryMultiCallable[_api_pb2.ExperimentActionRequest, _common_pb2.Experiment]
@@ -69,6 +73,10 @@ class ApiAsyncStub(ApiStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetMasterInfo: _aio.UnaryUnaryMultiCallable[_api_pb2.GetMasterInfoRequest, _api_pb2.MasterInfo]  # type: ignore[assignment]
     CreateExperiment: _aio.UnaryUnaryMultiCallable[_api_pb2.CreateExperimentRequest, _api_pb2.CreateExperimentResponse]  # type: ignore[assignment]
+    CreateExperimentStream: _aio.StreamUnaryMultiCallable[_api_pb2.CreateExperimentChunk, _api_pb2.CreateExperimentResponse]  # type: ignore[assignment]
+    """CreateExperiment for a model directory of any size up to 96 MiB: no message to the
+    master may exceed 4 MiB, so the archive comes in pieces.
+    """
     GetExperiment: _aio.UnaryUnaryMultiCallable[_api_pb2.GetExperimentRequest, _api_pb2.GetExperimentResponse]  # type: ignore[assignment]
     ListExperiments: _aio.UnaryUnaryMultiCallable[_api_pb2.ListExperimentsRequest, _api_pb2.ListExperimentsResponse]  # type: ignore[assignment]
     ExperimentAction: _aio.UnaryUnaryMultiCallable[_api_pb2.ExperimentActionRequest, _common_pb2.Experiment]  # type: ignore[assignment]
@@ -113,6 +121,16 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.CreateExperimentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.CreateExperimentResponse, _abc.Awaitable[_api_pb2.CreateExperimentResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateExperimentStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_api_pb2.CreateExperimentChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.CreateExperimentResponse, _abc.Awaitable[_api_pb2.CreateExperimentResponse]]:
+        """CreateExperiment for a model directory of any size up to 96 MiB: no message to the
+        master may exceed 4 MiB, so the archive comes in pieces.
+        """
 
     @_abc_1.abstractmethod
     def GetExperiment(

@@ -1,4 +1,4 @@
-"""Output lines of the ranks, batched for the master: every 0.25 s or 500 lines."""
+"""Output lines of the ranks, batched for the master: every 0.25 s, 500 lines or 1 MiB."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from assay.proto import agent_pb2, common_pb2
 
 FLUSH_INTERVAL = 0.25
 MAX_LINES = 500
+# The master takes at most 4 MiB a message; a line is at most 64 KiB as read
+# (_process.MAX_LINE_BYTES), so a batch stops at the first line past this.
+MAX_BATCH_BYTES = 2**20
 
 _LEVEL = re.compile(r"^\s*\[?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b")
 _ALIASES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
@@ -94,9 +97,16 @@ class LogBatcher:
     def _flush(self) -> None:
         with self._cond:
             lines, self._lines = self._lines, []
-        for start in range(0, len(lines), self._max):
-            chunk = lines[start : start + self._max]
+        chunk: list[common_pb2.LogLine] = []
+        size = 0
+        for line in lines:
+            chunk.append(line)
+            size += line.ByteSize()
+            if len(chunk) >= self._max or size >= MAX_BATCH_BYTES:
+                self._send(agent_pb2.LogBatch(allocation_id=self.allocation_id, lines=chunk))
+                chunk, size = [], 0
+        if chunk:
             self._send(agent_pb2.LogBatch(allocation_id=self.allocation_id, lines=chunk))
 
 
-__all__ = ["FLUSH_INTERVAL", "MAX_LINES", "LogBatcher", "parse_level"]
+__all__ = ["FLUSH_INTERVAL", "MAX_BATCH_BYTES", "MAX_LINES", "LogBatcher", "parse_level"]

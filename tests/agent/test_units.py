@@ -16,7 +16,7 @@ from assay.agent._allocation import AllocationError, trial_spec, validate
 from assay.agent._config import AgentSettings
 from assay.agent._connection import Backoff, Outbox
 from assay.agent._devices import cpu_devices, cpu_model_name
-from assay.agent._logs import LogBatcher, parse_level
+from assay.agent._logs import MAX_BATCH_BYTES, MAX_LINES, LogBatcher, parse_level
 from assay.common.settings import SettingsError
 from assay.proto import agent_pb2, common_pb2
 from tests.agent.conftest import BrokenNVML, FakeNVML
@@ -125,6 +125,19 @@ def test_batcher_flushes_on_time_and_size() -> None:
     first = batches[0].lines[0]
     assert (first.rank, first.stream, first.level, first.trial_id) == (1, "stderr", "ERROR", 4)
     assert abs(first.timestamp.ToNanoseconds() / 1e9 - time.time()) < 60
+
+
+def test_log_batches_stay_under_the_masters_message_limit() -> None:
+    batches: list[agent_pb2.LogBatch] = []
+    batcher = LogBatcher("a1", batches.append, flush_interval=60)
+    long_line = "x" * 64 * 1024  # the longest line the agent reads
+    for _ in range(MAX_LINES):  # 32 MiB in 500 lines: once one message
+        batcher.add(0, "stdout", long_line)
+    batcher.close()
+
+    assert sum(len(b.lines) for b in batches) == MAX_LINES
+    assert max(b.ByteSize() for b in batches) < MAX_BATCH_BYTES + 2 * len(long_line)
+    assert max(b.ByteSize() for b in batches) < 4 * 2**20  # what the master takes
 
 
 @pytest.mark.parametrize(

@@ -175,6 +175,14 @@ class _Strikes:
     in_flight: int = 0
 
 
+class _Table(OrderedDict[str, _Strikes]):
+    """Strikes by key, least recently used first, with the failures that lock a key."""
+
+    def __init__(self, max_failures: int) -> None:
+        super().__init__()
+        self.max_failures = max_failures
+
+
 class LoginAttempt:
     """One login attempt; say how it went before the `attempt` block ends."""
 
@@ -189,58 +197,77 @@ class LoginAttempt:
 
 
 class LoginLimiter:
-    """Refuses logins for a user name from an address, and from an address, after
-    repeated failures.
+    """Refuses logins after repeated failures, fairly to users behind one address (a NAT)
+    and against guesses spread over many addresses.
 
-    After `max_failures` failures within `window`, the key is locked for `first_delay`;
-    each further failure before the key has been quiet for `max_delay` doubles the
-    lock, up to `max_delay`. Attempts are refused before the password is checked, so
-    an attacker spends no scrypt time and learns nothing from timing. A success clears
-    the user name's failures, not the address's: one working account must not reset
-    the count of guesses from an address at others. Each table keeps at most
-    `max_keys` keys (the least recently failed go first). Thread-safe.
+    Three counts, each over `window`:
+    - a user name from one address: `max_failures` (5) lock that pair;
+    - one address, at any user names: `address_failures` (50) lock the address, so one
+      address cannot guess at every account, while the colleagues behind the same NAT
+      are not locked out by someone else's five typos;
+    - a user name from addresses it has never logged in from: `account_failures` (20)
+      lock the name for every such address. Its owner still logs in from an address
+      where a login of hers succeeded before (the last `known_addresses` of them), so
+      guesses from a thousand addresses neither go unlimited nor lock her out.
+    A lock lasts `first_delay`; each further failure before the key has been quiet for
+    `max_delay` doubles it, up to `max_delay`. Attempts are refused before the password
+    is checked, so an attacker spends no scrypt time and learns nothing from timing. A
+    success clears its user name's count at that address only: one working account must
+    not reset the count of guesses from an address at others. Each table keeps at most
+    `max_keys` keys (the least recently used go first). Thread-safe.
     """
 
     def __init__(
         self,
         *,
         max_failures: int = 5,
+        address_failures: int = 50,
+        account_failures: int = 20,
+        known_addresses: int = 32,
         window: dt.timedelta = dt.timedelta(minutes=5),
         first_delay: dt.timedelta = dt.timedelta(seconds=30),
         max_delay: dt.timedelta = dt.timedelta(minutes=15),
         max_keys: int = 10_000,
         clock: Clock = _utcnow,
     ) -> None:
-        if max_failures < 1:
-            raise ValueError(f"max_failures must be at least 1, got {max_failures}")
-        if max_keys < 1:
-            raise ValueError(f"max_keys must be at least 1, got {max_keys}")
+        for name, value in (
+            ("max_failures", max_failures),
+            ("address_failures", address_failures),
+            ("account_failures", account_failures),
+            ("known_addresses", known_addresses),
+            ("max_keys", max_keys),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
         if not dt.timedelta(0) < first_delay <= max_delay:
             raise ValueError(
                 f"need 0 < first_delay <= max_delay, got {first_delay} and {max_delay}"
             )
-        self._max_failures = max_failures
         self._window = window
         self._first_delay = first_delay
         self._max_delay = max_delay
         self._max_keys = max_keys
+        self._known_per_user = known_addresses
         self._clock = clock
         self._lock = threading.Lock()
-        self._users: OrderedDict[str, _Strikes] = OrderedDict()
-        self._peers: OrderedDict[str, _Strikes] = OrderedDict()
+        self._users = _Table(max_failures)  # user name + address
+        self._peers = _Table(address_failures)  # address
+        self._accounts = _Table(account_failures)  # user name, from unknown addresses
+        self._known: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
 
     @contextmanager
     def attempt(self, username: str, peer: str) -> Iterator[LoginAttempt]:
         """Admit one attempt (or raise `RateLimitedError`), then record how it went."""
-        # A user name is counted per address: guesses from elsewhere cannot lock its owner
-        # out (the address's own count still caps guesses at every user from there).
-        keys = [(self._users, f"{username[:_MAX_USERNAME]}\x00{peer[:255]}")]
+        name, peer = username[:_MAX_USERNAME], peer[:255]
+        keys = [(self._users, f"{name}\x00{peer}")]
         if peer:
-            keys.append((self._peers, peer[:255]))
+            keys.append((self._peers, peer))
         now = self._clock()
         with self._lock:
+            if peer not in self._known.get(name, ()):
+                keys.append((self._accounts, name))
             for table, key in keys:
-                self._admit(table.get(key), now)
+                self._admit(table, table.get(key), now)
             for table, key in keys:
                 self._strikes(table, key).in_flight += 1
         outcome = LoginAttempt()
@@ -253,20 +280,32 @@ class LoginLimiter:
                     strikes = self._strikes(table, key)
                     strikes.in_flight = max(0, strikes.in_flight - 1)
                     if outcome.result is False:
-                        self._fail(strikes, now)
+                        self._fail(table, strikes, now)
                     elif outcome.result and table is self._users:
                         strikes = table[key] = _Strikes(in_flight=strikes.in_flight)
                     if strikes.in_flight == 0 and not strikes.failures and not strikes.level:
                         del table[key]
                     while len(table) > self._max_keys:
                         table.popitem(last=False)
+                if outcome.result and peer:
+                    self._remember(name, peer)
 
     def keys(self) -> tuple[int, int]:
-        """How many user names and addresses are remembered."""
+        """How many user names (per address) and addresses are remembered."""
         with self._lock:
             return len(self._users), len(self._peers)
 
-    def _admit(self, strikes: _Strikes | None, now: dt.datetime) -> None:
+    def _remember(self, name: str, peer: str) -> None:
+        known = self._known.setdefault(name, OrderedDict())
+        known[peer] = None
+        known.move_to_end(peer)
+        self._known.move_to_end(name)
+        while len(known) > self._known_per_user:
+            known.popitem(last=False)
+        while len(self._known) > self._max_keys:
+            self._known.popitem(last=False)
+
+    def _admit(self, table: _Table, strikes: _Strikes | None, now: dt.datetime) -> None:
         if strikes is None:
             return
         if strikes.blocked_until is not None and now < strikes.blocked_until:
@@ -274,14 +313,14 @@ class LoginLimiter:
         # Attempts in flight count as failures to come: a burst of parallel guesses
         # must not all be checked before the first one fails.
         self._forgive(strikes, now)
-        room = 1 if strikes.level else self._max_failures - len(strikes.failures)
+        room = 1 if strikes.level else table.max_failures - len(strikes.failures)
         if strikes.in_flight >= max(1, room):
             raise RateLimitedError(1.0)
 
-    def _fail(self, strikes: _Strikes, now: dt.datetime) -> None:
+    def _fail(self, table: _Table, strikes: _Strikes, now: dt.datetime) -> None:
         self._forgive(strikes, now)
         strikes.failures.append(now)
-        if strikes.level or len(strikes.failures) >= self._max_failures:
+        if strikes.level or len(strikes.failures) >= table.max_failures:
             delay = min(self._first_delay * 2 ** min(strikes.level, 32), self._max_delay)
             strikes.level += 1
             strikes.blocked_until = now + delay
@@ -294,7 +333,7 @@ class LoginLimiter:
             strikes.failures.popleft()
 
     @staticmethod
-    def _strikes(table: OrderedDict[str, _Strikes], key: str) -> _Strikes:
+    def _strikes(table: _Table, key: str) -> _Strikes:
         strikes = table.get(key)
         if strikes is None:
             strikes = table[key] = _Strikes()

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent import futures
@@ -57,6 +58,10 @@ MAX_BODY_BYTES = max(route.max_body for route in ROUTES)
 _POLL_S = 0.5
 _KEEPALIVE_S = 15.0
 _SHUTDOWN_S = 2.0
+# A connection with no request under way for this long is closed: idle keep-alives
+# and clients that never finish their headers (aiohttp's own default is an hour).
+# Answers being written and followed logs are requests under way, never cut.
+IDLE_TIMEOUT_S = 30.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 GRPC_PORT_HEADER = "Assay-Grpc-Port"
 
@@ -120,6 +125,7 @@ class HttpServer:
             shutdown_timeout=_SHUTDOWN_S,
             access_log_class=_AccessLog,
             logger=_ProtocolLog(self),
+            keepalive_timeout=IDLE_TIMEOUT_S,
         )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, ssl_context=ssl_context)
@@ -380,10 +386,25 @@ class _AccessLog(AbstractAccessLogger):
             "%s %s %s: %d in %.1f ms",
             request.remote,
             request.method,
-            request.path_qs,
+            _logged_path(request),
             response.status,
             time * 1000,
         )
+
+
+_SECRET_PARAM = re.compile(r"token|passw|secret|key|auth|credential", re.IGNORECASE)
+
+
+def _logged_path(request: web.BaseRequest) -> str:
+    """The path and query as logged: the value of a parameter whose name suggests a
+    credential is masked (no route takes one, but a client may send it anyway)."""
+    if not request.query_string:
+        return request.path
+    shown = [
+        f"{name}={'********' if _SECRET_PARAM.search(name) else value}"
+        for name, value in request.query.items()
+    ]
+    return f"{request.path}?{'&'.join(shown)}"
 
 
 class _ProtocolLog(logging.LoggerAdapter):  # type: ignore[type-arg]

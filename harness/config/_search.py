@@ -32,8 +32,8 @@ from assay.config._hparams import (
     Double,
     HParam,
     Log,
-    grid_points,
     grid_size,
+    grid_values,
     leaves,
 )
 from assay.config._length import Length, LengthUnit
@@ -44,6 +44,15 @@ DEFAULT_DIVISOR = 4
 DEFAULT_MAX_RUNGS = 5
 MAX_RUNGS = 64  # past this a search is a typo, and a divisor near 1 makes the arithmetic slow
 DEFAULT_MODE = "standard"
+MAX_TRIALS = 100_000
+"""The most trials a search may count (`max_trials`), as many as the largest grid: the
+master keeps every trial of a live experiment, and the searcher's state grows with them."""
+MAX_CONCURRENT_TRIALS = 1_000
+"""The most trials a search runs or queues at once (`max_concurrent_trials`, given or by
+default): the master creates that many trials in one step when the experiment starts."""
+DEFAULT_MAX_CONCURRENT_TRIALS = 16
+"""`max_concurrent_trials` of grid, random and bayesian searches when it is 0 or absent
+(Determined's default): new trials are created as earlier ones end."""
 _NEEDS_MAX_TRIALS = ("random", "asha", "adaptive_asha", "bayesian")
 
 Divisor = int | float
@@ -147,10 +156,10 @@ def bracket_max_concurrent(
 ) -> tuple[int, ...]:
     """Each bracket's concurrency limit: `max_concurrent` split evenly (the remainder to the
     first brackets, and at least 1 each); with 0, Determined's default of
-    `max(trials of the last bracket, floor(divisor))` each."""
+    `max(trials of the last bracket, floor(divisor))` each, at most MAX_CONCURRENT_TRIALS."""
     n = len(trials)
     if max_concurrent == 0:
-        return (max(trials[-1], math.floor(divisor)),) * n
+        return (min(max(trials[-1], math.floor(divisor)), MAX_CONCURRENT_TRIALS),) * n
     share, extra = divmod(max(max_concurrent, n), n)
     return tuple(share + (1 if i < extra else 0) for i in range(n))
 
@@ -173,6 +182,19 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
     name = config.name
     if name in _NEEDS_MAX_TRIALS and config.max_trials is None:
         bad("max_trials", f"is required for the {name} searcher (how many trials to run)")
+    if config.max_trials is not None and config.max_trials > MAX_TRIALS:
+        # Under `searcher:`, not `searcher.max_trials:`: the schema keeps only its own
+        # messages about a max_trials that is given.
+        problems.append(
+            f"searcher: max_trials must be at most {MAX_TRIALS:,} (the largest search the "
+            f"master runs), got {config.max_trials:,}; split the search into experiments"
+        )
+    if config.max_concurrent_trials > MAX_CONCURRENT_TRIALS:
+        bad(
+            "max_concurrent_trials",
+            f"must be at most {MAX_CONCURRENT_TRIALS:,} (trials running or queued at once), "
+            f"got {config.max_concurrent_trials:,}",
+        )
     if "sampler" in options:
         sampler = options["sampler"]
         if sampler not in SAMPLERS:
@@ -284,8 +306,10 @@ def _grid_problems(space: Mapping[str, HParam]) -> list[str]:
 class BracketSpec:
     """One bracket of successive halving: its rungs' lengths, trials and concurrency.
 
-    `max_concurrent_trials` 0 means unlimited. Single, grid and random searches are one
-    bracket of one rung.
+    `max_concurrent_trials` is the most trials of the bracket that run (or wait for slots)
+    at once; `search_spec` gives every bracket a limit from 1 to MAX_CONCURRENT_TRIALS
+    (0, unlimited, only in a spec built in code). Single, grid and random searches are
+    one bracket of one rung.
     """
 
     lengths: tuple[int, ...]
@@ -311,7 +335,12 @@ class SearchSpec:
 
 
 def search_spec(config: SearcherConfig, space: Mapping[str, HParam]) -> SearchSpec:
-    """Resolve `config`; raise ValueError listing every problem of its options."""
+    """Resolve `config`; raise ValueError listing every problem of its options.
+
+    Concurrency is always bounded, so that the master creates trials as slots for them
+    free up, never a whole search at once: grid, random and bayesian default to
+    DEFAULT_MAX_CONCURRENT_TRIALS, and no default exceeds MAX_CONCURRENT_TRIALS.
+    """
     problems = searcher_problems(config, space)
     if problems:
         raise ValueError("; ".join(problems))
@@ -322,13 +351,14 @@ def search_spec(config: SearcherConfig, space: Mapping[str, HParam]) -> SearchSp
     max_trials = config.max_trials or 1
     name = config.name
     sampler = "tpe" if name == "bayesian" else str(options.get("sampler", "random"))
+    flat = concurrent or DEFAULT_MAX_CONCURRENT_TRIALS
     if name == "single":
         brackets: tuple[BracketSpec, ...] = (BracketSpec((length,), 1, 1),)
     elif name == "grid":
         sampler = "grid"
-        brackets = (BracketSpec((length,), _grid_count(space), concurrent),)
+        brackets = (BracketSpec((length,), grid_count(space), flat),)
     elif name in ("random", "bayesian"):
-        brackets = (BracketSpec((length,), max_trials, concurrent),)
+        brackets = (BracketSpec((length,), max_trials, flat),)
     elif name == "asha":
         rungs = options.get("num_rungs") or min(
             options.get("max_rungs", DEFAULT_MAX_RUNGS),
@@ -336,6 +366,7 @@ def search_spec(config: SearcherConfig, space: Mapping[str, HParam]) -> SearchSp
             rungs_that_fit(max_trials, divisor),
         )
         default = max(min(math.floor(exact(divisor) ** (rungs - 1)), max_trials), 1)
+        default = min(default, MAX_CONCURRENT_TRIALS)
         brackets = (
             BracketSpec(rung_lengths(length, divisor, rungs), max_trials, concurrent or default),
         )
@@ -343,19 +374,23 @@ def search_spec(config: SearcherConfig, space: Mapping[str, HParam]) -> SearchSp
         brackets = _adaptive(options, divisor, length, max_trials, concurrent)
     else:
         raise ValueError(f"searcher.name: unknown searcher {name!r}")
+    overall = concurrent if len(brackets) > 1 else 0
+    if sum(b.max_concurrent_trials for b in brackets) > MAX_CONCURRENT_TRIALS:
+        overall = MAX_CONCURRENT_TRIALS  # many brackets, each at its own default
     return SearchSpec(
         name=name,
         sampler=sampler,
         divisor=divisor,
         brackets=brackets,
-        max_concurrent_trials=concurrent if len(brackets) > 1 else 0,
+        max_concurrent_trials=overall,
         unit=config.max_length.unit.value,
         max_length=length,
     )
 
 
-def _grid_count(space: Mapping[str, HParam]) -> int:
-    return len(grid_points(space))
+def grid_count(space: Mapping[str, HParam]) -> int:
+    """The number of points of the grid (int duplicates removed), without listing them."""
+    return math.prod(len(grid_values(hp)) for _, hp in leaves(space))
 
 
 def _adaptive(

@@ -2,17 +2,21 @@
 
 Proposals are pure functions of the experiment seed and the trial's index, so a restored
 searcher proposes exactly what the original would have, with no random state to save.
-The TPE sampler (`_tpe.py`) has the same interface and keeps its history in the snapshot.
+The grid's point `index` is computed from the index alone, so a grid is never listed
+whole. The TPE sampler (`_tpe.py`) has the same interface and keeps its history in the
+snapshot.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import random
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from assay.config import HParam, grid_points, sample_hparams
+from assay.config import MAX_GRID_POINTS, HParam, sample_hparams
+from assay.config._hparams import assemble, grid_size, grid_values, leaves
 
 
 def derive_seed(seed: int, purpose: str, index: int) -> int:
@@ -63,15 +67,34 @@ class RandomSampler:
 
 class GridSampler:
     """The grid's points in order: trial `index` gets point `index` (a grid never replaces
-    a trial, so indices and points stay aligned)."""
+    a trial, so indices and points stay aligned). The order is `grid_points`': the
+    Cartesian product of each leaf's `grid_values`, the first leaf varying slowest."""
 
     def __init__(self, space: Mapping[str, HParam]) -> None:
-        self.points = grid_points(space)
+        if grid_size(space) > MAX_GRID_POINTS:
+            raise ValueError(f"the grid has more than {MAX_GRID_POINTS:,} points")
+        self._space = space
+        pairs = leaves(space)
+        self._paths = [path for path, _ in pairs]
+        self._axes = [grid_values(hp) for _, hp in pairs]
+        self.size = math.prod(len(axis) for axis in self._axes)
+
+    def point(self, index: int) -> dict[str, Any]:
+        """Point `index` of the grid: `index` in mixed radix, one digit per leaf."""
+        if not 0 <= index < self.size:
+            raise ValueError(f"grid point {index} requested; the grid has {self.size}")
+        digits = []
+        for axis in reversed(self._axes):
+            index, digit = divmod(index, len(axis))
+            digits.append(digit)
+        values = {
+            path: axis[digit]
+            for path, axis, digit in zip(self._paths, self._axes, reversed(digits), strict=True)
+        }
+        return copy.deepcopy(assemble(self._space, values))
 
     def propose(self, index: int, request_id: str) -> dict[str, Any]:
-        if index >= len(self.points):
-            raise ValueError(f"grid point {index} requested; the grid has {len(self.points)}")
-        return copy.deepcopy(self.points[index])
+        return self.point(index)
 
     def observe(self, request_id: str, length: int, value: float | None) -> None:
         pass

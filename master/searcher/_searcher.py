@@ -4,7 +4,10 @@ Every searcher name is this one machine with a different plan (`assay.config.Sea
 `single`, `grid`, `random` and `bayesian` (random with the tpe sampler) are one bracket of
 one rung, `asha` one bracket of several rungs, and `adaptive_asha` several brackets, as
 Determined splits them. Free slots go to the brackets in turn (round robin), each within
-its own concurrency limit and all within `max_concurrent_trials`.
+its own concurrency limit and all within `max_concurrent_trials`. Trials are created only
+into free slots, as earlier ones end: `search_spec` bounds every bracket (16 trials at
+once by default for grid, random and bayesian), so no search, however large, is created
+at once, and the grid's points are computed one at a time from their index.
 
 Request ids are `t0`, `t1`, ... in creation order across brackets; trial `i` gets the seed
 and (random) hyperparameters derived from the experiment seed and `i`.

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from assay.config import Const, HParam, SearcherConfig
+from assay.config import Const, HParam, Int, SearcherConfig
 from assay.master.searcher import (
     EXITED_REASONS,
     Close,
@@ -27,11 +27,15 @@ from assay.master.searcher import (
 from ._support import SPACE, config
 
 SMALL_GRID: dict[str, HParam] = {"a": SPACE["optimizer"], "b": SPACE["lr"], "c": Const(3)}
+GRID_120: dict[str, HParam] = {**SMALL_GRID, "d": Int(0, 9)}
 
 CONFIGS: dict[str, tuple[SearcherConfig, Any]] = {
     "single": (config("single"), SPACE),
     "grid": (config("grid", max_concurrent_trials=3), SMALL_GRID),
     "random": (config("random", max_trials=8, max_concurrent_trials=2), SPACE),
+    # Unset concurrency: 16 at once, the rest created as trials end.
+    "grid-default": (config("grid"), GRID_120),
+    "random-default": (config("random", max_trials=40), SPACE),
     "asha": (
         config("asha", max_length=400, max_trials=20, max_concurrent_trials=3, divisor=2),
         SPACE,
@@ -60,6 +64,7 @@ CONFIGS: dict[str, tuple[SearcherConfig, Any]] = {
 }
 TPE_CONFIGS: dict[str, tuple[SearcherConfig, Any]] = {
     "random-tpe": (config("bayesian", max_trials=14, max_concurrent_trials=2), SPACE),
+    "bayesian-default": (config("bayesian", max_trials=24), SPACE),
     "asha-tpe": (
         config(
             "asha", max_length=400, max_trials=16, max_concurrent_trials=2, divisor=2, sampler="tpe"

@@ -18,16 +18,20 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from assay.common.tls import ClientTls
-from assay.proto import agent_pb2, agent_pb2_grpc
+from assay.proto import agent_pb2, agent_pb2_grpc, common_pb2
 
 log = logging.getLogger("assay.agent")
 
 DEFAULT_HEARTBEAT_INTERVAL = 5.0
 MAX_LOG_BATCHES = 2000
+# At most one warning about dropped log lines in this many seconds (the logs say where).
+_WARN_EVERY_S = 10.0
 # How the master words a refusal that retrying cannot change (FAILED_PRECONDITION also
 # says "already connected", which a retry outlives).
 _INCOMPATIBLE = "is not compatible with master version"
@@ -65,61 +69,165 @@ class Backoff:
 
 
 class Outbox:
-    """Messages waiting for the stream. Log batches are dropped oldest-first past
-    `max_log_batches` (a long disconnection); other messages are never dropped."""
+    """Messages waiting for the stream: state changes in order, each allocation's log
+    batches in a queue of its own, taken in turns.
 
-    def __init__(self, max_log_batches: int = MAX_LOG_BATCHES) -> None:
-        self._items: collections.deque[agent_pb2.AgentMessage] = collections.deque()
+    Past `max_log_batches` queued in all, the oldest batch of the longest queue is
+    dropped: a trial that prints faster than the master stores (or while the master is
+    unreachable) loses its own lines, not a quieter trial's. Where lines were dropped,
+    the allocation's next batch starts with one line of stream `assay` that says how
+    many and why. An allocation's state change goes out after the log batches it queued
+    before it, so the master has its last lines when it hears that it exited. State
+    changes are never dropped.
+    """
+
+    def __init__(
+        self,
+        max_log_batches: int = MAX_LOG_BATCHES,
+        connected: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._cond = threading.Condition()
         self._max_logs = max_log_batches
+        self._connected = connected
+        self._seq = 0  # the order of `put`s, to keep each allocation's own order
+        self._control: collections.deque[tuple[int, agent_pb2.AgentMessage]] = collections.deque()
+        self._queues: dict[str, collections.deque[tuple[int, agent_pb2.AgentMessage]]] = {}
+        self._gaps: dict[str, _Gap] = {}
+        # Allocations with a batch or a gap to send, in the order of their next turn.
+        self._turns: collections.deque[str] = collections.deque()
         self._logs = 0
+        self._warned_at = -_WARN_EVERY_S
         self.dropped_log_batches = 0
+        self.dropped_log_lines = 0
 
     def put(self, message: agent_pb2.AgentMessage) -> None:
         with self._cond:
+            self._seq += 1
             if message.HasField("logs"):
+                allocation = message.logs.allocation_id
+                if allocation not in self._queues and allocation not in self._gaps:
+                    self._turns.append(allocation)
+                self._queues.setdefault(allocation, collections.deque()).append(
+                    (self._seq, message)
+                )
                 self._logs += 1
                 if self._logs > self._max_logs:
-                    self._drop_oldest_logs()
-            self._items.append(message)
+                    self._drop_from_longest()
+            else:
+                self._control.append((self._seq, message))
             self._cond.notify()
 
-    def _drop_oldest_logs(self) -> None:
-        for i, item in enumerate(self._items):
-            if item.HasField("logs"):
-                del self._items[i]
-                self._logs -= 1
-                self.dropped_log_batches += 1
-                if self.dropped_log_batches % 100 == 1:
-                    log.warning(
-                        "master unreachable: dropped %d log batches", self.dropped_log_batches
-                    )
-                return
+    def _drop_from_longest(self) -> None:
+        allocation = max(self._queues, key=lambda a: len(self._queues[a]))
+        queue = self._queues[allocation]
+        _, dropped = queue.popleft()
+        if not queue:
+            del self._queues[allocation]  # its turn stays: the gap's line is still to go
+        self._logs -= 1
+        lines = dropped.logs.lines
+        gap = self._gaps.setdefault(
+            allocation,
+            _Gap(
+                trial_id=lines[0].trial_id if lines else 0,
+                run_id=lines[0].run_id if lines else 0,
+                reason=(
+                    "the trial printed faster than the master stored its log"
+                    if self._connected()
+                    else "the master was unreachable"
+                ),
+            ),
+        )
+        gap.lines += len(lines)
+        self.dropped_log_batches += 1
+        self.dropped_log_lines += len(lines)
+        now = time.monotonic()
+        if now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            log.warning(
+                "dropped %d log lines of allocation %s (%d in all since the agent started): "
+                "%s; the trial's log says where",
+                gap.lines,
+                allocation,
+                self.dropped_log_lines,
+                gap.reason,
+            )
 
     def unreported_exits(self) -> set[str]:
         """Allocations whose exit is still queued: the master has not heard it yet."""
         with self._cond:
             return {
                 m.allocation_state.allocation_id
-                for m in self._items
+                for _, m in self._control
                 if m.HasField("allocation_state")
                 and m.allocation_state.state == agent_pb2.ALLOCATION_STATE_EXITED
             }
 
     def get(self, timeout: float) -> agent_pb2.AgentMessage | None:
         with self._cond:
-            if not self._items:
+            if not self._control and not self._turns:
                 self._cond.wait(timeout)
-            if not self._items:
-                return None
-            item = self._items.popleft()
-            if item.HasField("logs"):
-                self._logs -= 1
-            return item
+            if self._control:
+                seq, message = self._control[0]
+                allocation = message.allocation_state.allocation_id
+                queue = self._queues.get(allocation)
+                if allocation in self._gaps or (queue and queue[0][0] < seq):
+                    return self._next_logs(allocation, before=seq)
+                self._control.popleft()
+                return message
+            if self._turns:
+                allocation = self._turns.popleft()
+                batch = self._next_logs(allocation)
+                if allocation in self._queues:
+                    self._turns.append(allocation)  # its next batch waits for the others
+                return batch
+            return None
+
+    def _next_logs(self, allocation: str, before: int | None = None) -> agent_pb2.AgentMessage:
+        """The allocation's oldest batch (if queued `before` that put), after the line
+        that marks a gap before it."""
+        queue = self._queues.get(allocation)
+        if queue and (before is None or queue[0][0] < before):
+            _, message = queue.popleft()
+            self._logs -= 1
+            if not queue:
+                del self._queues[allocation]
+        else:
+            message = agent_pb2.AgentMessage(logs=agent_pb2.LogBatch(allocation_id=allocation))
+        if allocation not in self._queues and allocation in self._turns:
+            self._turns.remove(allocation)
+        gap = self._gaps.pop(allocation, None)
+        if gap is None:
+            return message
+        lines = [gap.line(), *message.logs.lines]
+        return agent_pb2.AgentMessage(
+            logs=agent_pb2.LogBatch(allocation_id=allocation, lines=lines)
+        )
 
     def __len__(self) -> int:
         with self._cond:
-            return len(self._items)
+            return len(self._control) + self._logs
+
+
+@dataclass
+class _Gap:
+    """Lines of one allocation dropped since it last sent a batch."""
+
+    trial_id: int
+    run_id: int
+    reason: str
+    lines: int = 0
+
+    def line(self) -> common_pb2.LogLine:
+        stamp = Timestamp()
+        stamp.FromNanoseconds(time.time_ns())
+        return common_pb2.LogLine(
+            trial_id=self.trial_id,
+            run_id=self.run_id,
+            stream="assay",
+            level="WARNING",
+            timestamp=stamp,
+            message=f"assay-agent: {self.lines} log lines were dropped here: {self.reason}",
+        )
 
 
 class _Session:
@@ -163,8 +271,8 @@ class MasterConnection:
         self._on_message = on_message
         self.timeout = timeout
         self.backoff = backoff or Backoff()
-        self.outbox = Outbox()
         self.connected = threading.Event()
+        self.outbox = Outbox(connected=self.connected.is_set)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._session: _Session | None = None

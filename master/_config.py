@@ -122,6 +122,25 @@ class MasterConfig:
         help="gRPC worker threads: each connected agent holds one; the rest serve the "
         "CLI, the web UI and trial processes.",
     )
+    log_quota_mb: int = setting(
+        100,
+        kind=Integer(minimum=0),
+        help="Megabytes of log text one trial may store (0: no limit); the lines past it are "
+        "dropped and one line in the log says so. 100 holds a 100-byte line for each of a "
+        "million batches.",
+    )
+    log_retention_days: int = setting(
+        -1,
+        kind=Integer(-1, 32767),
+        help="Days a trial's log is kept after the trial ends (-1: for ever; 0: deleted at "
+        "the next hourly cleanup), as Determined's logging_retention.",
+    )
+    log_followers_per_user: int = setting(
+        16,
+        kind=Integer(minimum=1),
+        help="Trial logs one user may follow at once (web UI trial pages, `assay trial logs "
+        "-f`); one more is refused until one ends.",
+    )
 
     @property
     def database_url(self) -> str:

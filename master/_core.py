@@ -26,6 +26,7 @@ from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
 from assay.master._submission import PreparedExperiment, check_submission, new_record
+from assay.master._trial_logs import LogKeeper
 from assay.master.errors import InvalidArgumentError
 from assay.master.lifecycle import ExperimentState, ExperimentStatus, Restore, Run
 from assay.master.lifecycle import _effects as fx
@@ -78,6 +79,9 @@ class Master:
         self._stop_reaper = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
         self._reaper.start()
+        self.logs = LogKeeper(
+            store, quota_mb=config.log_quota_mb, retention_days=config.log_retention_days
+        )
 
     def _interpreter(self, config: MasterConfig, store: Store, commit: Recorder) -> Interpreter:
         """The interpreter this master's lock guards (the simulation watches its own)."""
@@ -108,6 +112,7 @@ class Master:
         self._stop_reaper.set()
         self.commit.close()
         self._gc.shutdown(wait=False, cancel_futures=True)
+        self.logs.close()
 
     def commit_and_wait(self) -> None:
         """Called under the lock at the end of a change: release it, then wait."""
@@ -269,13 +274,13 @@ class Master:
             self.commit.ticket()
 
     def ship_logs(self, allocation_id: str, lines: Sequence[LogLine]) -> None:
-        """Store an allocation's log lines (secrets masked); lines of no running
-        allocation are dropped."""
+        """Store an allocation's log lines (secrets masked) within its trial's quota;
+        lines of no running allocation are dropped."""
         run = self.runs.get(allocation_id)
         if run is None:
             return
         masked = [replace(line, message=mask_secrets(line.message)) for line in lines]
-        self.store.append_logs(run.trial_id, run.run_id, masked)
+        self.logs.append(run.trial_id, run.run_id, masked)
 
     def cluster_view(self) -> ClusterView:
         """A copy of the agents and the queue for the read-only RPCs."""

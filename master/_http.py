@@ -35,7 +35,7 @@ from google.protobuf.message import Message
 
 from assay.errors import AssayError
 from assay.master._auth import Principal
-from assay.master._guard import AUTH_HEADER, PUBLIC_RPC_NAMES, Guard, calling_as
+from assay.master._guard import AUTH_HEADER, PUBLIC_RPC_NAMES, Guard, caller, calling_as
 from assay.master._http_calls import (
     INTERNAL_MESSAGE,
     AsyncHttpContext,
@@ -48,6 +48,7 @@ from assay.master._http_openapi import openapi_document
 from assay.master._http_params import ParamError, build_body_request, build_request
 from assay.master._http_routes import PREFIX, ROUTES, Route
 from assay.master._http_ui import WebUi
+from assay.master._trial_logs import FollowerLimit
 from assay.master.errors import AuthError
 from assay.proto import api_pb2
 
@@ -264,6 +265,13 @@ class HttpServer:
         trial_id = getattr(message, "trial_id", 0)
         trial = api_pb2.GetTrialRequest(id=trial_id)
         await call_unary(self.api, "GetTrial", trial, self.pool, _peer(request), metadata)
+        # A follower over the user's bound is a 429 while a status can still be sent; the
+        # stream itself holds the slot (and refuses, too late for a status, if a race
+        # filled it meanwhile).
+        followers = getattr(self.api, "log_followers", None)
+        user = who.username if (who := caller()) is not None else ""
+        if isinstance(followers, FollowerLimit) and user and followers.full(user):
+            raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, followers.refusal(user))
         stream, context = call_stream(self.api, route.rpc, message, _peer(request), metadata)
         response = web.StreamResponse(
             headers={

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -24,12 +25,12 @@ from assay.master._core import Master
 from assay.master._guard import Guard, bearer, caller, metadata_dict
 from assay.master._secrets import masked_config_text
 from assay.master._status import maps_errors, maps_errors_async, maps_errors_stream, status_of
+from assay.master._trial_logs import FollowerLimit, stream_trial_logs
 from assay.master.errors import (
     InvalidArgumentError,
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import UserRecord
 from assay.proto import (
     agent_pb2,
@@ -46,8 +47,6 @@ INLINE_ARCHIVE_BYTES = 2**20
 # Streamed uploads one user may have in flight (each holds up to MAX_MODEL_DEF_BYTES).
 UPLOADS_PER_USER = 2
 INLINE_CONFIG_CHARS = 2**16
-# How often a followed log stream checks that its caller's session is still valid.
-_RECHECK_S = 5.0
 _ACTIONS = {
     api_pb2.EXPERIMENT_ACTION_PAUSE: "pause",
     api_pb2.EXPERIMENT_ACTION_ACTIVATE: "activate",
@@ -67,6 +66,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self.pool = pool
         self.guard = guard
         self.auth = guard.auth
+        self.log_followers = FollowerLimit(master.config.log_followers_per_user)
         self._uploads: dict[str, int] = {}  # user -> CreateExperimentStream calls in flight
 
     # --- who is calling -------------------------------------------------------------
@@ -395,45 +395,32 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         context: grpc.aio.ServicerContext[api_pb2.StreamTrialLogsRequest, common_pb2.LogLine],
     ) -> AsyncIterator[common_pb2.LogLine]:
         """On the event loop: a follower waits with asyncio, holding no thread; each read
-        of the store runs on the pool."""
+        of the store runs on the pool. A user follows at most `log_followers_per_user`
+        logs at once."""
         loop = asyncio.get_running_loop()
-        trial_id = request.trial_id
         metadata = metadata_dict(context.invocation_metadata())
 
         async def read(call: Callable[[], _T]) -> _T:
             return await loop.run_in_executor(self.pool, call)
 
-        await read(partial(self.store.get_trial, trial_id))
-        checked = loop.time()
-        after = request.after_id
-        if request.tail > 0:
-            lines = await read(
-                partial(self.store.tail_logs, trial_id, after_id=after, limit=100_000)
-            )
-            lines = lines[-request.tail :]
-            after = lines[0].id - 1 if lines else after
-        while True:
-            lines = await read(partial(self.store.tail_logs, trial_id, after_id=after))
-            for line in lines:
-                yield _convert.log_line(line, trial_id)
-                after = line.id
-            if len(lines) == 1000:
-                continue
-            if not request.follow:
-                return
-            if loop.time() - checked > _RECHECK_S:
-                # A follow may last days: a logout or deactivation ends it too.
-                await read(partial(self.guard.principal, metadata))
-                checked = loop.time()
-            trial = await read(partial(self.store.get_trial, trial_id))
-            if trial.state in TERMINAL_TRIAL:
-                final = await read(
-                    partial(self.store.tail_logs, trial_id, after_id=after, limit=100_000)
-                )
-                for line in final:
-                    yield _convert.log_line(line, trial_id)
-                return
-            await asyncio.sleep(0.25)
+        await read(partial(self.store.get_trial, request.trial_id))
+        lines = stream_trial_logs(
+            self.store,
+            read,
+            request.trial_id,
+            after_id=request.after_id,
+            tail=request.tail,
+            follow=request.follow,
+            still_allowed=partial(read, partial(self.guard.principal, metadata)),
+        )
+        slot: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if request.follow:
+            who = caller() or await self.guard.principal_async(metadata, self.pool)
+            slot = self.log_followers.hold(who.username)
+        with slot:
+            async with contextlib.aclosing(lines):
+                async for line in lines:
+                    yield _convert.log_line(line, request.trial_id)
 
     @maps_errors
     def ListCheckpoints(  # noqa: N802

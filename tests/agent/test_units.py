@@ -74,6 +74,18 @@ def test_backoff_doubles_to_ten_seconds_with_jitter() -> None:
         Backoff(initial=0)
 
 
+def _batch(allocation: str, *messages: str) -> agent_pb2.AgentMessage:
+    lines = [common_pb2.LogLine(trial_id=7, run_id=1, message=m) for m in messages]
+    return agent_pb2.AgentMessage(logs=agent_pb2.LogBatch(allocation_id=allocation, lines=lines))
+
+
+def _drain(outbox: Outbox) -> list[agent_pb2.AgentMessage]:
+    got = []
+    while (message := outbox.get(0)) is not None:
+        got.append(message)
+    return got
+
+
 def test_outbox_drops_oldest_logs_but_never_state_changes() -> None:
     outbox = Outbox(max_log_batches=2)
     state = agent_pb2.AgentMessage(
@@ -81,13 +93,86 @@ def test_outbox_drops_oldest_logs_but_never_state_changes() -> None:
     )
     outbox.put(state)
     for name in "xyz":
-        outbox.put(agent_pb2.AgentMessage(logs=agent_pb2.LogBatch(allocation_id=name)))
+        outbox.put(_batch(name, f"{name} line"))
 
-    got = [outbox.get(0) for _ in range(3)]
+    got = _drain(outbox)
     assert got[0] == state
-    assert [m.logs.allocation_id for m in got[1:] if m is not None] == ["y", "z"]
+    assert [[line.message for line in m.logs.lines] for m in got[1:]] == [
+        [
+            "assay-agent: 1 log lines were dropped here: the trial printed faster than the "
+            "master stored its log"
+        ],
+        ["y line"],
+        ["z line"],
+    ]
+    assert got[1].logs.lines[0].stream == "assay"
     assert outbox.dropped_log_batches == 1
     assert outbox.get(0.01) is None
+
+
+def test_a_flooding_allocation_loses_its_own_lines_not_a_quiet_ones() -> None:
+    """The stream takes one batch for every two the flood puts: the outbox stays full,
+    and the quiet allocation, far below its half of the stream, loses nothing."""
+    outbox = Outbox(max_log_batches=10)
+    got: list[agent_pb2.AgentMessage] = []
+    for i in range(200):
+        outbox.put(_batch("flood", *[f"flood {i}.{j}" for j in range(5)]))
+        if i % 10 == 0:
+            outbox.put(_batch("quiet", f"quiet {i}"))
+        if i % 2 and (message := outbox.get(0)) is not None:
+            got.append(message)
+    got += _drain(outbox)
+
+    quiet = [line for m in got if m.logs.allocation_id == "quiet" for line in m.logs.lines]
+    flood = [line for m in got if m.logs.allocation_id == "flood" for line in m.logs.lines]
+    assert [line.message for line in quiet] == [f"quiet {i}" for i in range(0, 200, 10)]
+    markers = [line for line in flood if line.stream == "assay"]
+    kept = [line for line in flood if line.stream != "assay"]
+    assert markers
+    assert all(line.trial_id == 7 for line in markers)
+    dropped = sum(int(line.message.split()[1]) for line in markers)
+    assert dropped == outbox.dropped_log_lines
+    assert dropped + len(kept) == 1000
+    assert kept[-1].message == "flood 199.4"
+
+
+def test_allocations_take_turns() -> None:
+    outbox = Outbox()
+    for i in range(3):
+        outbox.put(_batch("a", f"a{i}"))
+    outbox.put(_batch("b", "b0"))
+    outbox.put(_batch("b", "b1"))
+
+    order = [m.logs.lines[0].message for m in _drain(outbox)]
+    assert order == ["a0", "b0", "a1", "b1", "a2"]
+
+
+def test_an_exit_goes_out_after_the_lines_queued_before_it() -> None:
+    outbox = Outbox()
+    outbox.put(_batch("a", "first"))
+    outbox.put(_batch("a", "last"))
+    exited = agent_pb2.AgentMessage(
+        allocation_state=agent_pb2.AllocationStateChange(
+            allocation_id="a", state=agent_pb2.ALLOCATION_STATE_EXITED
+        )
+    )
+    outbox.put(exited)
+    outbox.put(_batch("b", "other"))
+
+    got = _drain(outbox)
+    assert [m.WhichOneof("message") for m in got] == ["logs", "logs", "allocation_state", "logs"]
+    assert [m.logs.lines[0].message for m in got[:2]] == ["first", "last"]
+
+
+def test_lines_dropped_while_the_master_is_away_say_so(caplog: pytest.LogCaptureFixture) -> None:
+    connected = False
+    outbox = Outbox(max_log_batches=1, connected=lambda: connected)
+    outbox.put(_batch("a", "1"))
+    outbox.put(_batch("a", "2"))
+
+    assert "the master was unreachable" in _drain(outbox)[0].logs.lines[0].message
+    assert "master was unreachable" in caplog.text
+    assert "master unreachable" not in caplog.text
 
 
 @pytest.mark.parametrize(

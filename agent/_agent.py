@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import re
 import shutil
@@ -31,6 +32,7 @@ from assay.agent._allocation import Allocation, AllocationError, state_change, v
 from assay.agent._config import AgentSettings
 from assay.agent._connection import Backoff, MasterConnection
 from assay.agent._devices import DeviceMonitor, detect_devices, slot_type_proto
+from assay.agent._isolation import Isolation
 from assay.proto import agent_pb2
 
 log = logging.getLogger("assay.agent")
@@ -81,6 +83,10 @@ class Agent:
         self.address = settings.address or guess_address(settings.master)
         self.work_dir = (settings.work_dir or default_work_dir(settings.agent_id)).resolve()
         self.tls = settings.client_tls  # trial processes reach the master as the agent does
+        mode = settings.isolation
+        if mode == "auto":
+            mode = "uid" if os.geteuid() == 0 else "none"
+        self.isolation = Isolation(mode, settings.isolation_uid_base, settings.isolation_uids)
         self._events: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
         self.connection = MasterConnection(
             settings.master,
@@ -122,6 +128,14 @@ class Agent:
             self.work_dir,
             self.settings.master,
         )
+        if self.isolation.enabled:
+            log.info("each allocation runs as a uid of its own (isolation: uid)")
+        else:
+            log.warning(
+                "isolation: none -- single-tenant: every trial runs as this agent's user "
+                "and can read its files and environment and other trials' processes and "
+                "files; run the agent as root for a uid per allocation"
+            )
         stopping = forced = False
         try:
             while True:
@@ -176,6 +190,7 @@ class Agent:
             tls=self.tls,
             grace=self.settings.grace,
             keep_dir=self.settings.keep_work_dirs,
+            isolation=self.isolation,
         )
         try:
             if stopping:
@@ -272,6 +287,10 @@ class Agent:
         if leftovers.exists() and not self.settings.keep_work_dirs:
             shutil.rmtree(leftovers, ignore_errors=True)
         leftovers.mkdir(parents=True, exist_ok=True)
+        if self.isolation.enabled:
+            # Allocations reach their own directory (0700 each) but cannot list others.
+            self.work_dir.chmod(0o711)
+            leftovers.chmod(0o711)
 
 
 __all__ = ["HARNESS_COMMAND", "Agent", "default_work_dir", "guess_address"]

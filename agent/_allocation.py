@@ -21,6 +21,7 @@ from typing import Any
 
 from assay._spec import ClusterSpec
 from assay.agent._devices import SlotKind
+from assay.agent._isolation import Identity, Isolation
 from assay.agent._logs import LogBatcher
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
 from assay.common.archive import ModelDefinitionError, unpack_model_dir
@@ -99,6 +100,7 @@ def trial_spec(start: agent_pb2.StartAllocation) -> ClusterSpec:
         restore_from=start.checkpoint_location or None,
         trial_api=start.trial_api,
         token=start.token,
+        restore_sha256=dict(start.checkpoint_sha256) or None,
     )
 
 
@@ -137,12 +139,14 @@ class Allocation:
         tls: ClientTls,
         grace: float,
         keep_dir: bool = False,
+        isolation: Isolation | None = None,
     ) -> None:
         """`work_dir`: the agent's (this allocation's directory goes under it);
         `harness_command`: what each rank runs; `address`: MASTER_ADDR when the master
         leaves it empty; `tls`: how the processes reach the master (as the agent does);
         `grace`: SIGTERM-to-SIGKILL for the other ranks when one fails; `keep_dir`: keep
-        the directory after the exit (debugging)."""
+        the directory after the exit (debugging); `isolation`: lends the processes a
+        uid of their own (none: they run as the agent)."""
         self.start_msg = start
         self.id = start.allocation_id
         self.slots = list(start.slots)
@@ -153,6 +157,8 @@ class Allocation:
         self.tls = tls
         self.grace = grace
         self.keep_dir = keep_dir
+        self.isolation = isolation or Isolation("none", 0, 1)
+        self.identity: Identity | None = None
         self._send = send
         self._on_done = on_done
         self._kill_reason: str | None = None
@@ -170,8 +176,9 @@ class Allocation:
         try:
             processes = self._prepare()
             processes.spawn()
-        except (AllocationError, OSError) as e:
+        except (AllocationError, OSError, RuntimeError) as e:
             self._remove_dir()
+            self.isolation.give_back(self.identity)
             if isinstance(e, AllocationError):
                 raise
             raise AllocationError(f"cannot start the harness: {e}") from None
@@ -217,7 +224,9 @@ class Allocation:
         except ModelDefinitionError as e:
             raise AllocationError(f"refused the model definition: {e}") from None
         spec_path = self.dir / "trial.json"
-        trial_spec(start).write(spec_path)  # readable by the agent's user only
+        trial_spec(start).write(spec_path)  # readable by its owner only
+        self.identity = self.isolation.lend(self.id, start.experiment_id)
+        self.isolation.hand_over(self.dir, self.identity)
         port = start.master_port
         if port == 0 and len(start.slots) == start.world_size:
             port = _free_port()  # every rank is here: any free port will do
@@ -225,7 +234,7 @@ class Allocation:
             RankSpec(rank, self._env(k, slot, rank, port, spec_path))
             for k, (slot, rank) in enumerate(zip(start.slots, start.ranks, strict=True))
         ]
-        return RankProcesses(self.harness_command, model_dir, specs, self._logs.add)
+        return RankProcesses(self.harness_command, model_dir, specs, self._logs.add, self.identity)
 
     def _env(
         self, local_rank: int, slot: int, rank: int, port: int, spec_path: Path
@@ -239,7 +248,10 @@ class Allocation:
         start = self.start_msg
         local_world = len(start.slots)
         # The agent's own secrets stay with the agent: trials run the users' code.
-        env = {k: v for k, v in os.environ.items() if k not in AGENT_SECRETS}
+        # Isolated, only what finds Python and its libraries is kept (see _isolation).
+        env = self.isolation.environment_for(
+            {k: v for k, v in os.environ.items() if k not in AGENT_SECRETS}, self.dir
+        )
         # The config's environment_variables; those set below win (the config may not name
         # them, and this order keeps it so).
         env.update(_config_environment(start.config_json, self.slot_kind))
@@ -281,6 +293,7 @@ class Allocation:
                 codes = [PREEMPTED_EXIT_CODE if c == 0 else c for c in codes]
             self._send(state_change(self.id, agent_pb2.ALLOCATION_STATE_EXITED, codes, message))
         finally:
+            self.isolation.give_back(self.identity)  # and whatever it left running
             self._remove_dir()
             self._on_done(self.id)
 

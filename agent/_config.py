@@ -118,6 +118,27 @@ class AgentSettings:
         kind=Boolean(),
         help="Keep each allocation's directory after it exits (debugging).",
     )
+    isolation: str = setting(
+        "auto",
+        kind=Choice(("auto", "uid", "none")),
+        help="uid: each allocation's processes run as a uid of their own, from "
+        "isolation_uid_base on, so no trial can read or signal another's processes and "
+        "files, or the agent's and a co-located master's (needs root). none: every trial "
+        "runs as the agent's user and can read all of that (single-tenant: one user's "
+        "machine). auto: uid when the agent runs as root, else none.",
+    )
+    isolation_uid_base: int = setting(
+        1_900_000_000,
+        kind=Integer(minimum=1000),
+        help="The first uid (and gid) lent to allocations; no account on the machine may "
+        "use the range from it.",
+    )
+    isolation_uids: int = setting(
+        1_000_000,
+        kind=Integer(minimum=1),
+        help="How many uids from isolation_uid_base are lent; experiments share gids from "
+        "the same range (an experiment's id modulo this).",
+    )
     log_level: str = setting(
         "INFO",
         kind=Choice(("DEBUG", "INFO", "WARNING", "ERROR")),

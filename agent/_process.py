@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from assay.agent._isolation import Identity
 from assay.errors import PREEMPTED_EXIT_CODE
 
 log = logging.getLogger("assay.agent")
@@ -33,29 +34,44 @@ PUMP_JOIN_TIMEOUT = 2.0
 LineSink = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)
 
 
-# Run in place of the command: asks Linux to SIGTERM it when the agent's launching thread
-# dies, checks the agent did not die first, then execs the command (PDEATHSIG survives
-# exec). A `preexec_fn` would do the same without the extra exec, but it forces a real
-# fork() of a process full of gRPC threads, whose fork handlers now and then abort the
-# child; without one, subprocess uses vfork and runs no fork handlers.
+# Run in place of the command: becomes the allocation's own user when it has one (its
+# uid, its experiment's gid as the only group, files shared with that group), asks
+# Linux to SIGTERM it when the agent's launching thread dies (after the switch, which
+# would clear it), checks the agent did not die first, then execs the command
+# (PDEATHSIG survives exec). A `preexec_fn` or Popen's `user=` would do the same without
+# the extra exec, but they force a real fork() of a process full of gRPC threads, whose
+# fork handlers now and then abort the child; without them, subprocess uses vfork and
+# runs no fork handlers.
 _EXEC_WITH_PDEATHSIG = """
 import ctypes, os, signal, sys
+agent, uid, gid = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if uid != "-":
+    os.setgroups([int(gid)])
+    os.setgid(int(gid))
+    os.setuid(int(uid))
+    os.umask(0o007)
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-if os.getppid() != int(sys.argv[1]):
+if os.getppid() != agent:
     os._exit(1)
 try:
-    os.execvp(sys.argv[2], sys.argv[2:])
+    os.execvp(sys.argv[4], sys.argv[4:])
 except OSError as e:
-    print(f"cannot run {sys.argv[2]}: {e.strerror}", file=sys.stderr)
+    print(f"cannot run {sys.argv[4]}: {e.strerror}", file=sys.stderr)
     os._exit(127)
 """
 
 
-def wrap_command(command: Sequence[str], agent_pid: int) -> list[str]:
-    """`command`, made to die with the agent on Linux (PR_SET_PDEATHSIG)."""
+def wrap_command(
+    command: Sequence[str], agent_pid: int, identity: Identity | None = None
+) -> list[str]:
+    """`command`, made to die with the agent on Linux (PR_SET_PDEATHSIG), and to run as
+    `identity` when given."""
     if not sys.platform.startswith("linux"):
+        if identity is not None:
+            raise OSError("isolating allocations needs Linux")
         return list(command)
-    return [sys.executable, "-S", "-c", _EXEC_WITH_PDEATHSIG, str(agent_pid), *command]
+    uid, gid = (str(identity.uid), str(identity.gid)) if identity else ("-", "-")
+    return [sys.executable, "-S", "-c", _EXEC_WITH_PDEATHSIG, str(agent_pid), uid, gid, *command]
 
 
 def describe_exit(code: int) -> str:
@@ -90,9 +106,16 @@ class RankProcesses:
     """Launches one process per `RankSpec`; stops them all when one fails."""
 
     def __init__(
-        self, command: Sequence[str], cwd: Path, specs: Sequence[RankSpec], sink: LineSink
+        self,
+        command: Sequence[str],
+        cwd: Path,
+        specs: Sequence[RankSpec],
+        sink: LineSink,
+        identity: Identity | None = None,
     ) -> None:
+        """`identity`: the user the processes run as (None: the agent's own)."""
         self.command = list(command)
+        self.identity = identity
         self.cwd = cwd
         self.specs = list(specs)
         self._sink = sink
@@ -107,7 +130,7 @@ class RankProcesses:
 
     def spawn(self) -> None:
         """Start every process; if one cannot start, stop those already started."""
-        command = wrap_command(self.command, os.getpid())
+        command = wrap_command(self.command, os.getpid(), self.identity)
         try:
             for spec in self.specs:
                 proc = subprocess.Popen(

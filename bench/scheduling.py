@@ -211,6 +211,8 @@ def local_cluster(tmp: Path) -> Iterator[tuple[Cluster, api_pb2_grpc.ApiStub]]:
     agent_cmd = [sys.executable, "-m", "assay.agent.main", "--master", cluster.address]
     agent_cmd += ["--slots", "1", "--slot-type", "cpu", "--agent-id", "agent0"]
     agent_cmd += ["--work-dir", str(tmp / "agent0")]
+    # The trial stamps its time into this run's own directory: it runs as the agent's user.
+    agent_cmd += ["--isolation", "none"]
     channel = grpc.insecure_channel(cluster.address)
     try:
         for name, cmd in (("master", master_cmd), ("agent0", agent_cmd)):

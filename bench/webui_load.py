@@ -404,6 +404,8 @@ def serve(args: argparse.Namespace) -> int:
                 f"agent-{i}",
                 "--work-dir",
                 str(state_dir / f"agent-{i}"),
+                "--isolation",  # a demo on one's own machine, as `deploy local` runs it
+                "none",
             ]
             log = (state_dir / f"agent-{i}.log").open("wb")
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))

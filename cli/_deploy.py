@@ -274,6 +274,9 @@ def _start(
             f"local-{i}",
             "--work-dir",
             str(state_dir / f"agent-{i}"),
+            # One user's machine: trials run as this user (isolation needs root agents).
+            "--isolation",
+            "none",
         ]
         if slots_per_agent is not None:
             cmd += ["--slots", str(slots_per_agent)]
@@ -282,6 +285,10 @@ def _start(
     cluster = LocalCluster(address, _ui_url(master_log, log_start, pids["master"]))
     (state_dir / CLUSTER_FILE).write_text(json.dumps(asdict(cluster)))
     click.echo(f"master at {address} (logs in {logs}); {agents} agent(s) started")
+    click.echo(
+        "single-tenant: trials run as you and can read this cluster's files; for a cluster "
+        "other people use, run agents as root (deploy/install-agent.sh): a uid per trial"
+    )
     click.echo(_ui_line(cluster.ui_url, master_log))
     _log_in(address, password, origin, state_dir / PASSWORD_FILE)
     return cluster

@@ -22,6 +22,9 @@ os.environ["ASSAY_JOIN_TOKEN"] = JOIN_TOKEN
 os.environ["ASSAY_INITIAL_ADMIN_PASSWORD"] = ADMIN_PASSWORD
 os.environ["ASSAY_USER"] = "admin"
 os.environ["ASSAY_PASSWORD"] = ADMIN_PASSWORD
+# Test trials write into the tests' own (root-only) directories: agents run them as
+# their own user unless a test isolates them (tests/security/test_isolation.py).
+os.environ["ASSAY_ISOLATION"] = "none"
 os.environ["ASSAY_AUTH_FILE"] = str(Path(tempfile.mkdtemp(prefix="assay-auth-")) / "auth.json")
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -283,6 +283,7 @@ def run_agent(master: FakeMaster, tmp_path: Path) -> Iterator[Callable[..., Agen
             "work_dir": tmp_path / "work",
             "grace": 5.0,
             "address": "127.0.0.1",
+            "isolation": "none",  # the test's directories are root's (see test_isolation.py)
         }
         options.update(overrides)
         agent = Agent(AgentSettings(**options), harness_command=HARNESS, nvml=nvml)

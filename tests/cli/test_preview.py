@@ -95,7 +95,7 @@ def test_grid_counts_points(tmp_path: Path) -> None:
 
     plan = json.loads(result.stdout)
     assert (plan["sampler"], plan["total_trials"], plan["total_budget"]) == ("grid", 8, 800)
-    assert plan["brackets"][0]["max_concurrent_trials"] == 0  # unlimited
+    assert plan["brackets"][0]["max_concurrent_trials"] == 16  # unset: created 16 at a time
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,145 @@
+"""Each allocation in a sandbox of its own: a Unix user the agent lends it for its life.
+
+With `isolation: uid` (the default for an agent running as root) every allocation's
+processes run as a uid of their own, taken from a range no account on the machine
+uses (`isolation_uid_base`, `isolation_uids`), and as a gid per experiment from the same
+range, so the trials of one experiment share its checkpoints and nothing else. What
+that gives, enforced by the kernel rather than by Assay:
+- another allocation's processes cannot be signalled, traced or read (`/proc/<pid>/
+  environ`, `mem`, `fd` need the same uid), nor its directory (0700, its own uid);
+- the agent's directory, settings file and environment, and a co-located master's state
+  directory, belong to the agent's and master's users: unreadable;
+- the processes get a clean environment (`environment_for`): the agent's own variables
+  never reach them, and descriptors are never inherited (close_fds).
+A uid is handed out round-robin, so one comes back only after every other in the range,
+and before it is handed out, and when its allocation ends, every process still running
+under it (a daemon a trial left behind) is killed.
+
+This is what Slurm's and Determined's agents get from running each job as its user or in
+a container; a uid per allocation needs neither user accounts nor a container runtime.
+`isolation: none` runs every trial as the agent's own user: single-tenant, said loudly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger("assay.agent")
+
+# Variables a trial's environment keeps from the agent's when isolated: what finds the
+# Python and the libraries it runs, the locale, and Assay's own switches for the harness
+# (its secrets excepted). The config's environment_variables and the launch's own come
+# on top.
+_KEPT_NAMES = frozenset(
+    {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH"}
+)
+_KEPT_PREFIXES = ("LC_", "ASSAY_", "CUDA_", "NCCL_", "NVIDIA_", "OMP_", "MKL_", "TORCH_")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who an allocation's processes run as: `uid`, and `gid` (its experiment's)."""
+
+    uid: int
+    gid: int
+
+
+class Isolation:
+    """Lends uids to allocations (thread-safe). `mode` "none" lends nothing."""
+
+    def __init__(self, mode: str, uid_base: int, uids: int) -> None:
+        if mode not in ("uid", "none"):
+            raise ValueError(f"isolation must be uid or none, got {mode!r}")
+        if mode == "uid" and os.geteuid() != 0:
+            raise PermissionError(
+                "isolation: uid needs the agent to run as root (it switches each "
+                "allocation's processes to a uid of their own); run it as root, e.g. with "
+                "deploy/install-agent.sh, or set isolation: none on a machine only you use"
+            )
+        self.mode = mode
+        self._base = uid_base
+        self._count = uids
+        self._lock = threading.Lock()
+        self._lent: dict[int, str] = {}  # uid -> allocation id
+        self._next = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode == "uid"
+
+    def lend(self, allocation_id: str, experiment_id: int) -> Identity | None:
+        """A uid of its own for the allocation (None without isolation)."""
+        if not self.enabled:
+            return None
+        with self._lock:
+            if len(self._lent) >= self._count:
+                raise RuntimeError(f"all {self._count} isolation uids are in use")
+            while True:
+                uid = self._base + self._next
+                self._next = (self._next + 1) % self._count
+                if uid not in self._lent:
+                    break
+            self._lent[uid] = allocation_id
+        kill_processes_of(uid)  # anything left under it from a time before
+        return Identity(uid, self.group_of(experiment_id))
+
+    def group_of(self, experiment_id: int) -> int:
+        """The gid the trials of an experiment share (for its checkpoints)."""
+        return self._base + experiment_id % self._count
+
+    def give_back(self, identity: Identity | None) -> None:
+        """The allocation ended: whatever still runs as its uid is killed."""
+        if identity is None:
+            return
+        kill_processes_of(identity.uid)
+        with self._lock:
+            self._lent.pop(identity.uid, None)
+
+    def environment_for(self, env: Mapping[str, str], home: Path) -> dict[str, str]:
+        """The agent's environment as an allocation's processes start from it."""
+        if not self.enabled:
+            return dict(env)
+        kept = {k: v for k, v in env.items() if k in _KEPT_NAMES or k.startswith(_KEPT_PREFIXES)}
+        tmp = str(home / "tmp")
+        kept.update(HOME=str(home), TMPDIR=tmp, USER="assay-trial", LOGNAME="assay-trial")
+        return kept
+
+    def hand_over(self, path: Path, identity: Identity | None) -> None:
+        """Give `path` and everything under it to the allocation's uid (its own only)."""
+        if identity is None:
+            return
+        (path / "tmp").mkdir(exist_ok=True)
+        for root, dirs, files in os.walk(path):
+            for name in (*dirs, *files):
+                os.lchown(os.path.join(root, name), identity.uid, identity.gid)
+        os.chown(path, identity.uid, identity.gid)
+        path.chmod(0o700)
+
+
+def kill_processes_of(uid: int) -> int:
+    """SIGKILL every process running as `uid`; how many there were."""
+    killed = 0
+    for proc in psutil.process_iter(["uids", "status"]):
+        uids = proc.info.get("uids")
+        if proc.info.get("status") == psutil.STATUS_ZOMBIE:
+            continue  # dead already, waiting for its parent to reap it
+        if uids is not None and uid in (uids.real, uids.effective):
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    if killed:
+        log.info("killed %d process(es) left running as uid %d", killed, uid)
+    return killed
+
+
+__all__ = ["Identity", "Isolation", "kill_processes_of"]

@@ -1,0 +1,157 @@
+"""`isolation: uid` on this machine's kernel: the switch to an allocation's own uid, what
+that uid can no longer reach, the cleanup of what it leaves running, the directory and
+environment it gets. Real processes (the agent's side runs as root here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from assay.agent._isolation import Identity, Isolation, kill_processes_of
+from assay.agent._process import RankProcesses, RankSpec, wrap_command
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
+BASE = 1_900_000_000
+
+
+def _run_as(identity: Identity, script: str) -> subprocess.CompletedProcess[str]:
+    command = wrap_command(["/bin/sh", "-c", script], os.getpid(), identity)
+    return subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_the_processes_run_as_the_allocations_uid_and_experiment_group() -> None:
+    done = _run_as(Identity(BASE + 7, BASE + 42), "id -u; id -g; id -G; umask")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(BASE + 7), str(BASE + 42), str(BASE + 42), "0007"]
+
+
+def test_the_uid_cannot_read_the_agents_secrets_or_another_allocation(tmp_path: Path) -> None:
+    other = tmp_path / "other-allocation"
+    other.mkdir(mode=0o700)
+    (other / "trial.json").write_text('{"token": "secret"}')
+    os.chown(other, BASE + 2, BASE + 2)
+    os.chown(other / "trial.json", BASE + 2, BASE + 2)
+    (other / "trial.json").chmod(0o600)
+    tmp_path.chmod(0o711)
+    victim = subprocess.Popen(
+        wrap_command(["/bin/sleep", "60"], os.getpid(), Identity(BASE + 2, BASE + 2))
+    )
+    try:
+        script = (
+            f"cat /proc/{os.getpid()}/environ; echo agent=$?; "
+            f"cat {other}/trial.json; echo spec=$?; "
+            f"kill -9 {victim.pid}; echo kill=$?; "
+            f"cat /proc/{victim.pid}/environ; echo victim=$?"
+        )
+        done = _run_as(Identity(BASE + 1, BASE + 1), script)
+        results = dict(line.split("=") for line in done.stdout.split() if "=" in line)
+        assert results == {"agent": "1", "spec": "1", "kill": "1", "victim": "1"}, done
+        assert "secret" not in done.stdout
+        assert victim.poll() is None  # still running
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_what_an_allocation_leaves_running_is_killed_when_it_ends() -> None:
+    identity = Identity(BASE + 3, BASE + 3)
+    # A daemon in a session of its own, as a hostile trial would leave behind.
+    launcher = _run_as(identity, "setsid /bin/sleep 300 >/dev/null 2>&1 & echo $!")
+    daemon = int(launcher.stdout.split()[-1])
+    assert psutil.pid_exists(daemon)
+    isolation = Isolation("uid", BASE, 100)
+    isolation.give_back(identity)
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(daemon) and psutil.Process(daemon).status() != "zombie":
+        assert time.monotonic() < deadline, "the daemon outlived its allocation"
+        time.sleep(0.05)
+    assert kill_processes_of(identity.uid) == 0
+
+
+def test_uids_are_lent_round_robin_and_never_twice_at_once() -> None:
+    isolation = Isolation("uid", BASE, 3)
+    first = isolation.lend("a", experiment_id=5)
+    second = isolation.lend("b", experiment_id=5)
+    assert first is not None
+    assert second is not None
+    assert (first.uid, second.uid) == (BASE, BASE + 1)
+    assert first.gid == second.gid == BASE + 5 % 3  # one experiment, one group
+    isolation.give_back(first)
+    third = isolation.lend("c", experiment_id=6)
+    assert third is not None
+    assert third.uid == BASE + 2  # not the one just given back
+    fourth = isolation.lend("d", experiment_id=6)
+    assert fourth is not None
+    assert fourth.uid == BASE  # the only free one
+    with pytest.raises(RuntimeError, match="all 3 isolation uids are in use"):
+        isolation.lend("e", experiment_id=6)
+
+
+def test_the_directory_is_handed_over_and_the_environment_is_clean(tmp_path: Path) -> None:
+    isolation = Isolation("uid", BASE, 10)
+    folder = tmp_path / "alloc"
+    (folder / "model").mkdir(parents=True)
+    (folder / "model" / "train.py").write_text("x = 1\n")
+    identity = Identity(BASE + 4, BASE + 9)
+    isolation.hand_over(folder, identity)
+    for path in (folder, folder / "model", folder / "model" / "train.py", folder / "tmp"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (BASE + 4, BASE + 9), path
+    assert folder.stat().st_mode & 0o777 == 0o700
+
+    env = isolation.environment_for(
+        {
+            "PATH": "/usr/bin",
+            "LC_ALL": "C.UTF-8",
+            "ASSAY_MASTER_RETRY_S": "5",
+            "AWS_SECRET_ACCESS_KEY": "agent-secret",
+            "SSH_AUTH_SOCK": "/tmp/agent.sock",
+            "HOME": "/root",
+        },
+        folder,
+    )
+    assert env["PATH"] == "/usr/bin"
+    assert env["LC_ALL"] == "C.UTF-8"
+    assert env["ASSAY_MASTER_RETRY_S"] == "5"
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+    assert "SSH_AUTH_SOCK" not in env
+    assert env["HOME"] == str(folder)
+    assert env["TMPDIR"] == str(folder / "tmp")
+
+
+def test_rank_processes_start_as_the_identity(tmp_path: Path) -> None:
+    lines: list[str] = []
+    tmp_path.chmod(0o755)
+    processes = RankProcesses(
+        ["/bin/sh", "-c", "id -u"],
+        tmp_path,
+        [RankSpec(0, {"PATH": "/usr/bin:/bin"})],
+        lambda rank, stream, line: lines.append(line),
+        Identity(BASE + 5, BASE + 5),
+    )
+    processes.spawn()
+    assert processes.wait().codes == [0]
+    assert lines == [str(BASE + 5)]
+
+
+def test_without_root_uid_isolation_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(PermissionError, match="needs the agent to run as root"):
+        Isolation("uid", BASE, 10)
+    assert Isolation("none", BASE, 10).lend("a", 1) is None
+
+
+def test_the_agent_says_when_it_is_single_tenant(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "assay.agent.main", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "--isolation [auto|uid|none]" in done.stdout

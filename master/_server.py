@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import math
 import os
 import threading
 from concurrent import futures
@@ -33,6 +34,21 @@ log = logging.getLogger("assay.master")
 MAX_RECEIVE_BYTES = 4 * 2**20
 MAX_SEND_BYTES = MAX_MODEL_DEF_BYTES + 2**20
 MIN_JOIN_TOKEN = 16
+MIN_JOIN_TOKEN_BITS = 64
+
+
+def check_join_token(token: str) -> None:
+    """Refuse a join token an attacker could guess: too short, or too few different
+    characters for its length (16 identical ones were once accepted). The estimate is
+    length x log2(distinct characters), which a random hex token of 24 or more passes."""
+    distinct = len(set(token))
+    bits = len(token) * math.log2(distinct) if distinct > 1 else 0.0
+    if len(token) < MIN_JOIN_TOKEN or bits < MIN_JOIN_TOKEN_BITS:
+        raise AssayError(
+            f"join_token is too easy to guess ({len(token)} characters, {distinct} "
+            f"different); use at least {MIN_JOIN_TOKEN} random ones (openssl rand -hex 24), "
+            "or leave it unset and the master makes one"
+        )
 
 
 class MasterServer:
@@ -58,12 +74,8 @@ class MasterServer:
         try:
             ttl = dt.timedelta(seconds=config.session_ttl_s)
             self.auth = Authenticator(self.store, token_ttl=ttl)
-            if config.join_token is not None and len(config.join_token) < MIN_JOIN_TOKEN:
-                raise AssayError(
-                    f"join_token is {len(config.join_token)} characters; use at least "
-                    f"{MIN_JOIN_TOKEN} random ones (openssl rand -hex 24), or leave it unset "
-                    "and the master makes one"
-                )
+            if config.join_token is not None:
+                check_join_token(config.join_token)
             self.join_token = config.join_token or self.store.secret("join_token").hex()
             generated = self.auth.bootstrap_admin(config.initial_admin_password)
         except BaseException:

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from assay.master._http_routes import ROUTES
-from assay.master._server import MasterServer
+from assay.master._server import MasterServer, check_join_token
 from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2, common_pb2
 from tests.credentials import ADMIN_PASSWORD, authed_api, login
 from tests.http.conftest import Site, open_site, site
@@ -338,21 +338,43 @@ def test_the_web_ui_forbids_framing_and_foreign_scripts(guarded: Site) -> None:
     assert page.headers["X-Frame-Options"] == "DENY"
 
 
-def test_a_short_join_token_is_refused_and_the_state_dir_is_private(tmp_path: Any) -> None:
+@pytest.mark.parametrize(
+    ("token", "said"),
+    [
+        ("short", "5 characters, 5 different"),
+        ("a" * 16, "16 characters, 1 different"),  # once accepted
+        ("abab" * 8, "32 characters, 2 different"),
+        ("0123456789abcdef", "16 characters, 16 different"),  # 64 bits, but 16 is a floor
+    ],
+)
+def test_a_guessable_join_token_is_refused_and_the_state_dir_is_private(
+    tmp_path: Any, token: str, said: str
+) -> None:
     from assay.errors import AssayError
     from assay.master._config import MasterConfig
 
     config = MasterConfig(
-        join_token="short",
+        join_token=token,
         initial_admin_password=ADMIN_PASSWORD,
         http_port=0,
         grpc_port=0,
         host="127.0.0.1",
         state_dir=tmp_path / "state",
     )
-    with pytest.raises(AssayError, match="join_token is 5 characters; use at least 16"):
+    if token == "0123456789abcdef":
+        check_join_token(token)  # 16 x log2(16) = 64 bits: enough
+        return
+    with pytest.raises(AssayError, match=f"join_token is too easy to guess \\({said}\\)"):
         MasterServer(config)
     assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+
+
+def test_random_join_tokens_pass() -> None:
+    import secrets
+
+    for _ in range(100):
+        check_join_token(secrets.token_hex(12))  # openssl rand -hex 12: 24 characters
+        check_join_token(secrets.token_urlsafe(16))
 
 
 def test_a_call_looks_its_session_token_up_once(

@@ -49,7 +49,11 @@ def part_exited(
     run: Run, agent_id: str, exit_codes: Sequence[int], message: str = ""
 ) -> list[Effect]:
     """An agent's part of `run` ended with these exit codes, one per rank (none: its
-    processes could not start); the run ends when it was the last part."""
+    processes could not start); the run ends when it was the last part. A report from an
+    agent the run was not placed on, or about a part already gone, changes nothing: any
+    holder of the join token could otherwise kill another agent's run."""
+    if agent_id not in run.agents or agent_id in run.exit_codes:
+        return []
     effects: list[Effect] = [PartEnded(run.allocation_id, agent_id, tuple(exit_codes), message)]
     if (not exit_codes or any(c != 0 for c in exit_codes)) and run.stopping is None:
         # One part of the gang is gone: the other ranks cannot go on without it.

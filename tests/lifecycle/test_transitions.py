@@ -261,6 +261,11 @@ def test_a_part_exits(
     assert effects == [ENDED("1.1.x", "a0", tuple(codes), "said"), *then]
 
 
+def test_an_exit_reported_by_an_agent_outside_the_run_changes_nothing() -> None:
+    assert agent_life.part_exited(_gang({}), "intruder", [1], "forged") == []
+    assert agent_life.part_exited(_gang({"a0": [0]}), "a0", [1], "again") == []
+
+
 @pytest.mark.parametrize(
     ("exited", "then"),
     [

@@ -1,25 +1,36 @@
 """Store records -> proto messages (the one API definition, also behind the JSON API).
 
 Configs and hyperparameters leave with their secrets masked (see `_secrets`): these
-messages are what every user reads.
+messages are what every user reads. A stored row is shown as far as it can be: a value
+no client could read back (nested deeper than a new config may be, a number a double
+cannot hold, NaN) is shown as text, so that one row never breaks a list.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import math
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from assay.config import ExperimentConfig
+from assay.config import MAX_CONFIG_DEPTH, ExperimentConfig
 from assay.master._secrets import masked
 from assay.master.store import CheckpointRecord, ExperimentRecord, LogLine, TrialRecord
 from assay.proto import common_pb2
 
+log = logging.getLogger("assay.master")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+# What a config accepted today may be; protobuf readers refuse messages nested 100 deep,
+# and each level of a Struct is three of theirs, so deeper values are shown as `_CUT`.
+_SHOWN_DEPTH = MAX_CONFIG_DEPTH
+_CUT = "<nested too deep to show>"
+_LARGEST_INT = 2**63  # beyond: shown as text (a double would round it, or overflow)
 
 
 def timestamp(value: dt.datetime | None) -> Timestamp | None:
@@ -58,9 +69,9 @@ def experiment(
         end_time=timestamp(record.end_time),
     )
     if parsed is None:
-        message.config.update(_jsonable(masked(record.config)))
+        _fill(message.config, record.config, f"experiment {record.id}'s config")
     else:
-        message.config.MergeFrom(_config_struct(parsed))
+        message.config.MergeFrom(config_struct(parsed))
     if best is not None:
         message.best_validation = best
     return message
@@ -76,14 +87,16 @@ _STRUCTS_KEPT = 256
 _STRUCTS_LOCK = threading.Lock()
 
 
-def _config_struct(config: ExperimentConfig) -> Struct:
+def config_struct(config: ExperimentConfig) -> Struct:
+    """The masked config of a submission, as answers carry it (kept for the next answer);
+    raises what converting it raises: the submission checks build it before the commit."""
     with _STRUCTS_LOCK:
         kept = _STRUCTS.get(id(config))
         if kept is not None and kept[0] is config:
             _STRUCTS.move_to_end(id(config))
             return kept[1]
     struct = Struct()
-    struct.update(_jsonable(masked(dict(config.raw))))
+    struct.update(masked(_jsonable(dict(config.raw))))
     with _STRUCTS_LOCK:
         _STRUCTS[id(config)] = (config, struct)  # the config is held: its id is not reused
         while len(_STRUCTS) > _STRUCTS_KEPT:
@@ -113,7 +126,7 @@ def trial(record: TrialRecord) -> common_pb2.Trial:
         start_time=timestamp(record.start_time),
         end_time=timestamp(record.end_time),
     )
-    message.hparams.update(_jsonable(masked(record.hparams)))
+    _fill(message.hparams, record.hparams, f"trial {record.id}'s hyperparameters")
     if record.best_validation is not None:
         message.best_validation = record.best_validation
     return message
@@ -153,10 +166,30 @@ def log_line(line: LogLine, trial_id: int) -> common_pb2.LogLine:
     )
 
 
-def _jsonable(value: Any) -> Any:
-    """Struct holds JSON: tuples become lists, other scalars stay as they are."""
+def _fill(struct: Struct, value: Mapping[str, Any], what: str) -> None:
+    """`struct` holds `value`, masked, or (a stored row no conversion can show) nothing,
+    with a line in the master's log: the rest of the message, and the list, still go."""
+    try:
+        struct.update(masked(_jsonable(value)))
+    except Exception:
+        log.exception("%s cannot be shown; it is left out of the answer", what)
+        struct.Clear()
+
+
+def _jsonable(value: Any, depth: int = 1) -> Any:
+    """Struct holds JSON: tuples become lists; what a client could not read back (values
+    nested deeper than `_SHOWN_DEPTH`, integers beyond 64 bits, NaN and infinities) is
+    shown as text. Masking comes after: a value cut here is not looked into."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        if depth > _SHOWN_DEPTH:
+            return _CUT
+        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        if depth > _SHOWN_DEPTH:
+            return _CUT
+        return [_jsonable(v, depth + 1) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, int) and not -_LARGEST_INT <= value < _LARGEST_INT:
+        return str(value)
     return value

@@ -33,6 +33,10 @@ from assay.master.errors import (
 log = logging.getLogger("assay.master")
 DATA_ERROR = "a value in the request cannot be stored or looked up (e.g. a NUL character)"
 INTERNAL_ERROR = "internal error; the master's log has details"
+STORE_UNAVAILABLE = (
+    "the master could not write to its database and is shutting down; a restart resumes "
+    "from the database (the master's log has details)"
+)
 
 
 class _Context(Protocol):
@@ -78,11 +82,16 @@ def status_of(error: BaseException) -> grpc.StatusCode:
 
 def _answer(error: Exception) -> tuple[grpc.StatusCode, str]:
     """The status and public message for `error`; logged when it is not a domain error.
-    Called in the `except` block, so the log has the traceback."""
+    Called in the `except` block, so the log has the traceback. A database's own words
+    (statements, values, driver messages) stay in the log."""
+    if isinstance(error, StoreUnavailableError):
+        log.warning("answered UNAVAILABLE: %s", error)
+        return grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE
     if isinstance(error, AssayError):
         return status_of(error), str(error)
     if isinstance(error, DataError):
         # A value the database cannot hold (a NUL character, say): the caller's to fix.
+        log.warning("a value could not be stored or looked up: %s", error)
         return grpc.StatusCode.INVALID_ARGUMENT, DATA_ERROR
     log.exception("internal error")
     return grpc.StatusCode.INTERNAL, INTERNAL_ERROR

@@ -1,8 +1,10 @@
 """An experiment submission checked before anything is stored or locked.
 
 Each check raises `InvalidArgumentError` with what to fix: the config text (size, YAML
-aliases), the config itself, its searcher, and the model archive as an agent will
-check it before unpacking.
+aliases), the config itself (with the limits of what the store and clients can hold),
+its searcher, and the model archive as an agent will check it before unpacking. What the
+commit will write and what the answer will carry are built here too, so a value that
+cannot be encoded is the submitter's error and never reaches the commit thread.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -19,6 +22,7 @@ import yaml
 from assay.common.archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
 from assay.config import ExperimentConfig, parse_config, searcher_in_batches
 from assay.errors import InvalidConfigError
+from assay.master._convert import config_struct
 from assay.master._state import new_searcher
 from assay.master.errors import InvalidArgumentError
 from assay.master.searcher import Searcher
@@ -74,12 +78,49 @@ def _parsed_config(config_yaml: str) -> ExperimentConfig:
     except yaml.YAMLError as e:
         raise InvalidArgumentError(f"the config is not valid YAML: {e}") from None
     try:
-        config = parse_config(raw)
+        config = parse_config(raw, limits=True)  # stored, and shown to every user
         # The searcher counts batches: a length in epochs must convert (records_per_epoch).
         searcher_in_batches(config)
     except InvalidConfigError as e:
-        raise InvalidArgumentError(str(e)) from None
+        raise InvalidArgumentError(_shortened(e)) from None
+    _check_storable(config)
     return config
+
+
+def _check_storable(config: ExperimentConfig) -> None:
+    """Encode the config as the store will (JSON) and build it as the answer carries it
+    (a Struct, kept for the answer): `parse_config` refuses what either cannot hold, and
+    anything it missed is refused here rather than failing the commit of everyone's
+    changes."""
+    try:
+        json.dumps(config.raw, allow_nan=False)
+        config_struct(config)
+    except (TypeError, ValueError, OverflowError, RecursionError) as e:
+        raise InvalidArgumentError(
+            f"the config cannot be stored: {type(e).__name__}: {str(e)[:200]}"
+        ) from None
+
+
+# A refusal's message travels in the status's trailer (gRPC's default limit is 8 KiB).
+_MAX_MESSAGE_CHARS = 4000
+
+
+def _shortened(error: InvalidConfigError) -> str:
+    """The error's message, its first problems only when all would be too long to send."""
+    message = str(error)
+    if len(message) <= _MAX_MESSAGE_CHARS:
+        return message
+    shown: list[str] = []
+    used = 0
+    for problem in error.problems:
+        line = problem if len(problem) <= 500 else problem[:500] + "..."
+        if used + len(line) > _MAX_MESSAGE_CHARS - 100:
+            break
+        shown.append(line)
+        used += len(line) + 5
+    left = len(error.problems) - len(shown)
+    more = [f"... and {left} more; fix these and submit again"] if left else []
+    return str(InvalidConfigError([*shown, *more]))
 
 
 _PASSED_ARCHIVES: OrderedDict[bytes, None] = OrderedDict()

@@ -4,6 +4,7 @@ that name the key path of every problem at once."""
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import math
 import random
 from collections.abc import Mapping
@@ -16,6 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from assay.config import (
+    MAX_CONFIG_DEPTH,
+    MAX_DESCRIPTION_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    MAX_NAME_CHARS,
     Categorical,
     Const,
     Double,
@@ -1130,3 +1136,144 @@ def test_asha_and_trials_still_need_max_length() -> None:
     trial = minimal()
     del trial["searcher"]["max_length"]
     assert_problem(problems_of(trial), "searcher.max_length", "is required")
+
+
+# --- limits: what the master's store and every client can hold ------------------------------
+
+
+def limit_problems_of(data: Any) -> list[str]:
+    """`problems_of`, with the limits the master applies to a submission."""
+    with pytest.raises(InvalidConfigError) as info:
+        parse_config(data, limits=True)
+    return info.value.problems
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+def test_nesting_is_bounded_with_the_config_counted_as_the_first_level() -> None:
+    at_limit = {**minimal(), "data": _nested(MAX_CONFIG_DEPTH - 1)}  # data is level 2
+    assert parse_config(at_limit, limits=True).data == at_limit["data"]
+
+    deeper = {**minimal(), "data": _nested(MAX_CONFIG_DEPTH)}
+    problems = limit_problems_of(deeper)
+
+    assert len(problems) == 1  # nothing else is parsed once something nests too deep
+    assert_problem(problems, "data" + ".k" * (MAX_CONFIG_DEPTH - 1) + ":", "more than 32 deep")
+
+
+def test_a_list_counts_as_a_level_and_deep_hyperparameters_are_not_recursed_into() -> None:
+    lists: Any = 1
+    for _ in range(MAX_CONFIG_DEPTH):
+        lists = [lists]
+    assert_problem(
+        limit_problems_of({**minimal(), "data": {"x": lists}}), "data.x" + "[0]" * 30 + ":"
+    )
+
+    config = minimal()
+    config["hyperparameters"]["deep"] = _nested(5000)  # would exhaust a recursive parser
+    assert_problem(limit_problems_of(config), "hyperparameters.deep.k", "flatten it")
+
+
+@pytest.mark.parametrize(
+    ("value", "fragments"),
+    [
+        ("a\x00b", ("data.v:", "NUL")),
+        (float("nan"), ("data.v:", "not a finite number")),
+        (float("-inf"), ("data.v:", "not a finite number")),
+        (2**63, ("data.v:", "64 bits")),
+        (-(2**63) - 1, ("data.v:", "64 bits")),
+        (b"x", ("data.v:", "binary")),
+        ({"a"}, ("data.v:", "a set", "write a list")),
+        (dt.date(2001, 12, 14), ("data.v:", "a date", "quote it")),
+        (dt.datetime(2001, 12, 14, 1, 2), ("data.v:", "a date")),
+        (object(), ("data.v:", "a object")),
+    ],
+)
+def test_values_json_and_postgresql_cannot_hold_are_refused(
+    value: Any, fragments: tuple[str, ...]
+) -> None:
+    assert_problem(limit_problems_of({**minimal(), "data": {"v": value}}), *fragments)
+
+
+def test_values_they_can_hold_are_accepted() -> None:
+    data = {
+        "text": "tab\tnewline\n\x1bescape é \U0001f600",  # only NUL is unstorable in data
+        "ints": [2**63 - 1, -(2**63)],
+        "floats": [1e308, -0.0],
+        "keys": {2: "int", 1.5: "float", True: "bool", None: "null"},
+    }
+    assert parse_config({**minimal(), "data": data}, limits=True).data == data
+
+
+def test_keys_are_checked_and_shown_safely() -> None:
+    problems = limit_problems_of({**minimal(), "data": {"a\x00": 1, dt.date(2001, 1, 1): 2}})
+    assert_problem(problems, "data:", "the key 'a\\x00'", "NUL")
+    assert_problem(problems, "data:", "the key datetime.date(2001, 1, 1)", "quote it")
+    long_key = {"k" * 100: {"x": float("nan")}}
+    assert_problem(
+        limit_problems_of({**minimal(), "data": long_key}), "data." + "k" * 40 + "....x:"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragments"),
+    [
+        ("name", "n" * (MAX_NAME_CHARS + 1), ("name:", "256 characters", "at most 255")),
+        ("name", "a\x1b[31mb", ("name:", "U+001B", "plain text")),
+        ("name", "a\nb", ("name:", "U+000A")),
+        ("name", "a\x9bb", ("name:", "U+009B")),  # C1's one-byte escape
+        ("name", "a\x00b", ("name:", "NUL")),
+        ("description", "d" * (MAX_DESCRIPTION_CHARS + 1), ("description:", "at most 4096")),
+        ("description", "bell\x07", ("description:", "U+0007", "tabs and newlines")),
+        ("labels", ["ok", "l" * (MAX_LABEL_CHARS + 1)], ("labels[1]:", "at most 255")),
+        ("labels", ["a\tb"], ("labels[0]:", "U+0009")),
+        ("labels", [str(i) for i in range(MAX_LABELS + 1)], ("labels:", "65 labels", "64")),
+    ],
+)
+def test_names_descriptions_and_labels_are_bounded(
+    key: str, value: Any, fragments: tuple[str, ...]
+) -> None:
+    assert_problem(limit_problems_of({**minimal(), key: value}), *fragments)
+
+
+def test_names_descriptions_and_labels_at_their_limits_are_accepted() -> None:
+    config = parse_config(
+        {
+            **minimal(),
+            "name": "n" * MAX_NAME_CHARS,
+            "description": "line one\n\tline two " + "d" * (MAX_DESCRIPTION_CHARS - 20),
+            "labels": ["é" * MAX_LABEL_CHARS] + [str(i) for i in range(MAX_LABELS - 1)],
+        },
+        limits=True,
+    )
+    assert len(config.name) == MAX_NAME_CHARS
+    assert len(config.labels) == MAX_LABELS
+
+
+def test_limits_apply_only_where_asked_for() -> None:
+    """A config the master accepted before, or a local run's (nothing stored), is read
+    without them."""
+    stored = {**minimal(), "name": "n" * 1000, "data": {"deep": _nested(40), "x": float("inf")}}
+    assert parse_config(stored).name == "n" * 1000
+    assert_problem(limit_problems_of(stored), "data.deep.k", "more than 32 deep")
+
+
+@pytest.mark.parametrize(
+    ("hparam", "fragments"),
+    [
+        ({"type": "log", "minval": 300, "maxval": 400, "base": 10}, ("overflows", "exponents")),
+        ({"type": "log", "minval": -2000, "maxval": 0, "base": 0.5}, ("overflows",)),
+        ({"type": "double", "minval": -1.7e308, "maxval": 1.7e308}, ("overflows a float",)),
+    ],
+)
+def test_hyperparameter_ranges_whose_samples_overflow_are_refused(
+    hparam: dict[str, Any], fragments: tuple[str, ...]
+) -> None:
+    config = minimal()
+    config["hyperparameters"]["lr"] = hparam
+    assert_problem(limit_problems_of(config), "hyperparameters.lr:", *fragments)

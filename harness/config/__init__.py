@@ -18,6 +18,13 @@ from assay.config._hparams import (
     sample_hparams,
 )
 from assay.config._length import Length, LengthUnit
+from assay.config._limits import (
+    MAX_CONFIG_DEPTH,
+    MAX_DESCRIPTION_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    MAX_NAME_CHARS,
+)
 from assay.config._schema import (
     CheckpointStorageConfig,
     ExperimentConfig,
@@ -41,7 +48,12 @@ from assay.config._search import (
 )
 
 __all__ = [
+    "MAX_CONFIG_DEPTH",
+    "MAX_DESCRIPTION_CHARS",
     "MAX_GRID_POINTS",
+    "MAX_LABELS",
+    "MAX_LABEL_CHARS",
+    "MAX_NAME_CHARS",
     "BracketPreview",
     "BracketSpec",
     "Categorical",

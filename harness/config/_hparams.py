@@ -120,6 +120,31 @@ def _checked_range(s: Section, hp: Int | Double | Log) -> Int | Double | Log | N
     return hp
 
 
+def overflow_problems(space: Mapping[str, HParam], path: str) -> list[str]:
+    """A problem for each double or log range of `space` (at `path`) whose samples can be
+    infinite: a trial's hyperparameters are stored as JSON, which has no infinity."""
+    problems = []
+    for names, hp in _leaves(space, ()):
+        where = ".".join((path, *names))
+        if isinstance(hp, Double) and not math.isfinite(hp.maxval - hp.minval):
+            problems.append(
+                f"{where}: the range {hp.minval} to {hp.maxval} overflows a float; narrow it"
+            )
+        elif isinstance(hp, Log):
+            for end in (hp.minval, hp.maxval):
+                try:
+                    finite = math.isfinite(hp.base**end)
+                except OverflowError:
+                    finite = False
+                if not finite:
+                    problems.append(
+                        f"{where}: {hp.base} ** {end} overflows a float (about 1.8e308 at "
+                        "most); narrow the exponents"
+                    )
+                    break
+    return problems
+
+
 def sample_hparams(space: Mapping[str, HParam], rng: random.Random) -> dict[str, Any]:
     """Draw one point of `space` uniformly (log types uniformly in the exponent)."""
     values: dict[str, Any] = {}

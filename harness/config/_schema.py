@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 import yaml
 
-from assay.config import _determined
-from assay.config._hparams import Const, HParam, parse_hparams
+from assay.config import _determined, _limits
+from assay.config._hparams import Const, HParam, overflow_problems, parse_hparams
 from assay.config._length import Length, LengthUnit
 from assay.config._reader import REQUIRED, Section, type_name
 from assay.config._search import SearcherConfig, searcher_problems
@@ -178,11 +178,23 @@ def load_config(path: str | Path) -> ExperimentConfig:
     return parse_config(data)
 
 
-def parse_config(data: Any) -> ExperimentConfig:
-    """Validate a config mapping; raise `InvalidConfigError` listing every problem."""
+def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
+    """Validate a config mapping; raise `InvalidConfigError` listing every problem.
+
+    `limits`: also refuse what the master's store or the clients of its API cannot hold
+    (see `assay.config._limits`: nesting deeper than 32, NUL characters, NaN, dates,
+    names over 255 characters, ...; ranges whose samples overflow a float), as the master
+    does for every submission. Off
+    elsewhere: a config read back from the store was accepted before (a limit added
+    since must not stop its experiment from resuming), and a local run stores nothing.
+    """
     if not isinstance(data, Mapping):
         raise InvalidConfigError([f"<config>: expected a mapping, got {type_name(data)}"])
     problems: list[str] = []
+    if limits:
+        problems, too_deep = _limits.value_problems(data)
+        if too_deep:  # the parsers below recurse into nested hyperparameters
+            raise InvalidConfigError(problems)
     warnings: list[str] = []
     top = Section(data, "", problems)
 
@@ -190,6 +202,8 @@ def parse_config(data: Any) -> ExperimentConfig:
     script = command is not None
     # A script (Determined's Core API) may search nothing: its hyperparameters are optional.
     hparams = parse_hparams(top.section("hyperparameters", required=not script))
+    if limits:
+        problems.extend(overflow_problems(hparams, "hyperparameters"))
     resources = _parse_resources(top.section("resources"))
     _check_global_batch_size(top, hparams, resources.slots_per_trial, script=script)
     units = _Units(_records_per_batch(hparams), script)
@@ -204,13 +218,14 @@ def parse_config(data: Any) -> ExperimentConfig:
     env = _determined.parse_environment(top.section("environment"), warnings)
     _determined.check_top_level(top, warnings)
     policy = top.get_choice("checkpoint_policy", ("best", "all", "none"), "best")
+    name, description, labels = _parse_shown_text(top, limits=limits)
     config = ExperimentConfig(
         entrypoint=entrypoint or "",
         hyperparameters=hparams,
         searcher=searcher,
-        name=top.get_str("name", "experiment") or "experiment",
-        description=top.get_str("description", "") or "",
-        labels=tuple(top.get_str_list("labels")),
+        name=name,
+        description=description,
+        labels=labels,
         resources=resources,
         optimizations=optimizations,
         min_validation_period=min_val,
@@ -233,6 +248,22 @@ def parse_config(data: Any) -> ExperimentConfig:
     if problems:
         raise InvalidConfigError(problems)
     return config
+
+
+def _parse_shown_text(top: Section, *, limits: bool) -> tuple[str, str, tuple[str, ...]]:
+    """The name, description and labels: shown in every experiment list, so bounded."""
+    name = top.get_str("name", "experiment") or "experiment"
+    description = top.get_str("description", "") or ""
+    labels = tuple(top.get_str_list("labels"))
+    if limits:
+        top.problems.extend(_limits.text_problems(name, "name", "name"))
+        top.problems.extend(_limits.text_problems(description, "description", "description"))
+        too_many = _limits.labels_problem(len(labels), "labels")
+        if too_many is not None:
+            top.problems.append(too_many)
+        for i, label in enumerate(labels):
+            top.problems.extend(_limits.text_problems(label, f"labels[{i}]", "label"))
+    return name, description, labels
 
 
 def _parse_entrypoint(top: Section) -> tuple[str | None, tuple[str, ...] | None]:

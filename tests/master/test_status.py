@@ -15,6 +15,7 @@ from assay.master._http_calls import CallError
 from assay.master._status import (
     DATA_ERROR,
     INTERNAL_ERROR,
+    STORE_UNAVAILABLE,
     maps_errors,
     maps_errors_async,
     maps_errors_stream,
@@ -43,7 +44,12 @@ class AsyncContext:
 ERRORS: list[tuple[Exception, grpc.StatusCode, str]] = [
     (NotFoundError("trial 7 does not exist"), grpc.StatusCode.NOT_FOUND, "trial 7 does not exist"),
     (ConflictError("it is COMPLETED"), grpc.StatusCode.FAILED_PRECONDITION, "it is COMPLETED"),
-    (StoreUnavailableError("down"), grpc.StatusCode.UNAVAILABLE, "down"),
+    # The database's words (here, a statement) stay in the master's log.
+    (
+        StoreUnavailableError("down (INSERT INTO experiments ...)"),
+        grpc.StatusCode.UNAVAILABLE,
+        STORE_UNAVAILABLE,
+    ),
     (DataError("x", {}, Exception("NUL")), grpc.StatusCode.INVALID_ARGUMENT, DATA_ERROR),
     (RuntimeError("a bug"), grpc.StatusCode.INTERNAL, INTERNAL_ERROR),
 ]

@@ -253,7 +253,8 @@ class Master:
         """An agent started its part of an allocation (not waited for)."""
         with self.lock:
             self.fleet.heard_from(agent_id)
-            if allocation_id in self.runs:
+            run = self.runs.get(allocation_id)
+            if run is not None and agent_id in run.agents:
                 self.batch.set_allocation(allocation_id, state="RUNNING")
                 self.commit.ticket()
 
@@ -273,11 +274,11 @@ class Master:
                 self.interpreter.schedule()
             self.commit.ticket()
 
-    def ship_logs(self, allocation_id: str, lines: Sequence[LogLine]) -> None:
+    def ship_logs(self, agent_id: str, allocation_id: str, lines: Sequence[LogLine]) -> None:
         """Store an allocation's log lines (secrets masked) within its trial's quota;
-        lines of no running allocation are dropped."""
+        lines of no running allocation, or from an agent it does not run on, are dropped."""
         run = self.runs.get(allocation_id)
-        if run is None:
+        if run is None or agent_id not in run.agents:
             return
         masked = [replace(line, message=mask_secrets(line.message)) for line in lines]
         self.logs.append(run.trial_id, run.run_id, masked)

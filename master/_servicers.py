@@ -616,7 +616,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                             wire.log_lines(message.logs),
                         )
                         await loop.run_in_executor(
-                            self.pool, self.master.ship_logs, allocation_id, lines
+                            self.pool, self.master.ship_logs, agent_id, allocation_id, lines
                         )
                 except Exception:
                     log.exception("agent %s: handling %s failed", agent_id, kind)

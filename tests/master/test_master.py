@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from assay.master._server import MasterServer
-from assay.proto import api_pb2, api_pb2_grpc, common_pb2, trial_pb2, trial_pb2_grpc
+from assay.proto import agent_pb2, api_pb2, api_pb2_grpc, common_pb2, trial_pb2, trial_pb2_grpc
 from tests.credentials import authed_channel, master_config
 from tests.master.conftest import ScriptedAgent, eventually, experiment_yaml, model_archive
 
@@ -531,3 +531,32 @@ def test_user_code_that_exits_0_early_counts_as_a_failure_and_80_does_not(
     assert "exited 0 before training to batch 100" in trial.last_error
     del third
     agent.close()
+
+
+def test_an_agent_cannot_end_or_write_into_another_agents_run(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    a1 = ScriptedAgent(master.port, "a1", slots=1)
+    eid = _create(api)
+    start = a1.next("start").start
+    intruder = ScriptedAgent(master.port, "intruder", slots=1)  # holds the join token too
+    try:
+        intruder.send(
+            agent_pb2.AgentMessage(
+                logs=agent_pb2.LogBatch(
+                    allocation_id=start.allocation_id,
+                    lines=[common_pb2.LogLine(message="FORGED: your run is done")],
+                )
+            )
+        )
+        intruder.exited(start.allocation_id, [1], "forged exit")
+        intruder.nothing()
+        [trial] = _experiment(api, eid).trials
+        assert trial.state == common_pb2.TRIAL_STATE_RUNNING  # untouched
+        assert trial.run_id == 1
+        a1.nothing()  # no kill came to the real agent
+        lines = api.StreamTrialLogs(api_pb2.StreamTrialLogsRequest(trial_id=trial.id))
+        assert not any("FORGED" in line.message for line in lines)
+    finally:
+        intruder.close()
+        a1.close()

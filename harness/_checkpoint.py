@@ -6,26 +6,33 @@ A checkpoint is a directory named by its uuid holding `models.pt`, `optimizers.p
 `metadata.json`, the manifest: format version, counters, hyperparameters, and every
 file's size and sha256. It is written into a hidden temporary directory beside its final
 place and renamed into place only when complete, so a reader never sees half of one.
+
+A checkpoint lives on storage that other experiments' trials may reach, so its manifest
+proves nothing on its own: anyone who changes a file can rewrite the manifest too. A
+restore on a cluster verifies every file, the manifest included, against the sha256s the
+master recorded when the checkpoint was reported (`verify_checkpoint(path, recorded)`),
+and every file is loaded with `torch.load(weights_only=True)`: no checkpoint file runs
+code when it is read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
 import sys
 import time
 import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from assay.errors import AssayError
-
-if TYPE_CHECKING:
-    pass
 
 FORMAT_VERSION = 1
 MANIFEST = "metadata.json"
@@ -60,6 +67,12 @@ class CheckpointMetadata:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)
+
+    def manifest_entry(self) -> FileEntry:
+        """The size and sha256 of the `metadata.json` that `seal_checkpoint` writes for
+        this metadata (reported to the master with the other files' entries)."""
+        data = self.to_json().encode()
+        return FileEntry(len(data), hashlib.sha256(data).hexdigest())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckpointMetadata:
@@ -194,8 +207,9 @@ def seal_checkpoint(
     metadata.files.update(extra or {})
     metadata.created_at = time.time()
     manifest = staging / MANIFEST
-    with manifest.open("w") as f:
-        f.write(metadata.to_json())
+    with manifest.open("wb") as f:
+        # The bytes `manifest_entry` hashes: the master records them.
+        f.write(metadata.to_json().encode())
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(staging)
@@ -228,8 +242,16 @@ def read_metadata(path: Path) -> CheckpointMetadata:
         raise CheckpointError(f"{manifest} is unreadable: {e}") from None
 
 
-def verify_checkpoint(path: Path) -> CheckpointMetadata:
-    """Check every file against the manifest; raise `CheckpointError` naming the first bad one."""
+def verify_checkpoint(path: Path, recorded: Mapping[str, str] | None = None) -> CheckpointMetadata:
+    """Check every file against the manifest; raise `CheckpointError` naming the first bad one.
+
+    `recorded`: the sha256 of every file (`metadata.json` included) as the master recorded
+    them when the checkpoint was reported. Then those are what count: a file not in the
+    record, a missing one, or one whose sha256 differs (the manifest too) is refused, all
+    of them named in one error, before anything is unpickled.
+    """
+    if recorded:
+        return verify_recorded(path, recorded)
     metadata = read_metadata(path)
     for name, entry in sorted(metadata.files.items()):
         file = path / name
@@ -246,8 +268,85 @@ def verify_checkpoint(path: Path) -> CheckpointMetadata:
     return metadata
 
 
-def load_file(path: Path, stem: str, *, trusted_pickle: bool = False) -> Any:
-    """Load `stem`.pt; tensors and plain containers only unless `trusted_pickle`."""
+def verify_recorded(path: Path, recorded: Mapping[str, str]) -> CheckpointMetadata:
+    """`verify_checkpoint` against the master's record `recorded` (name -> sha256).
+
+    A record from before the manifest was reported has no `metadata.json` entry: the
+    manifest must then list exactly the recorded files with the recorded sha256s.
+    """
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is missing")
+    problems: list[str] = []
+    on_disk: set[str] = set()
+    for file in sorted(path.rglob("*")):
+        name = file.relative_to(path).as_posix()
+        if file.is_symlink():
+            problems.append(f"{name} is a symlink")
+        elif file.is_file():
+            on_disk.add(name)
+    expected = set(recorded) | {MANIFEST}
+    problems += [f"{name} is not in the record" for name in sorted(on_disk - expected)]
+    problems += [f"{name} is missing" for name in sorted(expected - on_disk)]
+    for name in sorted(on_disk & set(recorded)):
+        if _sha256(path / name) != recorded[name].lower():
+            problems.append(f"{name} fails the recorded sha256")
+    if problems:
+        raise _changed(path, problems)
+    metadata = read_metadata(path)
+    listed = {name: entry.sha256 for name, entry in metadata.files.items()}
+    if MANIFEST not in recorded and listed != {n: s.lower() for n, s in recorded.items()}:
+        raise _changed(path, [f"{MANIFEST} lists other files than the record"])
+    return metadata
+
+
+def _changed(path: Path, problems: list[str]) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} is not the one the master recorded: {'; '.join(problems)}. "
+        "It was changed after it was written; it is not restored"
+    )
+
+
+def load_file(path: Path, stem: str) -> Any:
+    """Load `stem`.pt: tensors and plain containers only (`weights_only=True`)."""
     import torch
 
-    return torch.load(path / f"{stem}.pt", map_location="cpu", weights_only=not trusted_pickle)
+    return torch.load(path / f"{stem}.pt", map_location="cpu", weights_only=True)
+
+
+def load_user_state(path: Path, stem: str = "user_state") -> Any:
+    """Load `stem`.pt, saved from a `state_dict()` the user wrote: `weights_only=True`,
+    with numpy arrays and scalars allowed too (they build no object but an array)."""
+    try:
+        with _numpy_allowed():
+            return load_file(path, stem)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"checkpoint {path}: {stem}.pt holds objects that load only by running code "
+            f"({_refused_global(e)}); a state_dict() must hold containers, numbers, "
+            "strings, tensors and numpy arrays"
+        ) from None
+
+
+def _refused_global(error: Exception) -> str:
+    """The line of torch's weights-only error that names what it refused."""
+    for line in str(error).splitlines():
+        if "Unsupported global" in line or "but got" in line:
+            return line.strip().removeprefix("WeightsUnpickler error: ").split(". ")[0]
+    return type(error).__name__
+
+
+@contextlib.contextmanager
+def _numpy_allowed() -> Iterator[None]:
+    import numpy as np
+    import torch
+
+    allow = getattr(torch.serialization, "safe_globals", None)  # torch 2.5 on
+    if allow is None:
+        yield
+        return
+    reconstruct = np.ndarray.__reduce__(np.zeros(0))[0]
+    scalar = np.float64(0).__reduce__()[0]
+    module = getattr(np, "dtypes", None)  # numpy 1.25 on
+    dtypes = [getattr(module, name) for name in getattr(module, "__all__", ())]
+    with allow([reconstruct, scalar, np.ndarray, np.dtype, *dtypes]):
+        yield

@@ -15,7 +15,8 @@ reports metrics and checkpoints to it.
 With `checkpoint_storage.type: s3`, checkpoints are written to a local temporary directory
 (`checkpoint_root` is not used), uploaded to `s3://bucket/prefix/<uuid>` before they are
 reported, and removed locally; an `s3://` `restore_from` is downloaded by every rank into a
-temporary directory and verified against its sha256 manifest before it is loaded. This
+temporary directory. Either way every file of `restore_from` is verified against the
+sha256s the master recorded for it (`restore_sha256`) before anything is loaded. This
 process does the transfers with its own credentials (the config's, or AWS_* variables).
 
 Exit status: 0 once the searcher asks for no more and training finished; 78 with a last line
@@ -79,6 +80,7 @@ def worker_spec(
         model_dir=str(Path(model_dir).resolve()),
         checkpoint_dir=checkpoint_dir or spec.checkpoint_root,
         resume_from=resume_from or spec.restore_from,
+        resume_sha256=spec.restore_sha256,
         trial_id=spec.trial_id,
         hparams=spec.hparams,
         trial_seed=spec.trial_seed,
@@ -213,8 +215,16 @@ def run_cluster_slot(
 
     try:
         resume_from = None
+        if spec.restore_from and spec.restore_sha256 is None:
+            log.warning(
+                "checkpoint %s has no sha256s in the master's record (an older Assay reported "
+                "it): it is verified against its own manifest only",
+                spec.restore_from,
+            )
         if spec.restore_from and is_remote(spec.restore_from):
-            resume_from = str(fetch_checkpoint(spec.restore_from, storage_config, scratch))
+            resume_from = str(
+                fetch_checkpoint(spec.restore_from, storage_config, scratch, spec.restore_sha256)
+            )
         worker = worker_spec(
             spec, model_dir, checkpoint_dir=checkpoint_dir, resume_from=resume_from
         )
@@ -225,15 +235,21 @@ def run_cluster_slot(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def fetch_checkpoint(location: str, config: CheckpointStorageConfig, scratch: Path) -> Path:
-    """Download the checkpoint at `location` under `scratch` and verify its sha256 manifest."""
+def fetch_checkpoint(
+    location: str,
+    config: CheckpointStorageConfig,
+    scratch: Path,
+    recorded: Mapping[str, str] | None = None,
+) -> Path:
+    """Download the checkpoint at `location` under `scratch` and verify it: against the
+    master's `recorded` sha256s when given, else against its own manifest."""
     from assay._checkpoint import verify_checkpoint
 
     storage, uuid = storage_at(location, config)
     target = scratch / "restore" / uuid
     log.info("downloading checkpoint %s", location)
     storage.download(uuid, target)
-    verify_checkpoint(target)
+    verify_checkpoint(target, recorded)
     return target
 
 

@@ -19,6 +19,7 @@ from assay._checkpoint import (
     CheckpointMetadata,
     capture_rng_state,
     load_file,
+    load_user_state,
     new_uuid,
     restore_rng_state,
     verify_checkpoint,
@@ -553,9 +554,12 @@ class TrialController:
             for model in self.context._unwrapped_models()
         ]
 
-    def restore(self, path: Path) -> None:
-        """Load a checkpoint written by `_checkpoint` (any world size) into this slot."""
-        metadata = verify_checkpoint(path)
+    def restore(self, path: Path, recorded: Mapping[str, str] | None = None) -> None:
+        """Load a checkpoint written by `_checkpoint` (any world size) into this slot.
+
+        `recorded`: its files' sha256s as the master recorded them (on a cluster), which
+        every file must match before anything is loaded."""
+        metadata = verify_checkpoint(path, recorded)
         context = self.context
         models = load_file(path, "models")
         optimizers = load_file(path, "optimizers")
@@ -605,7 +609,7 @@ class TrialController:
                 f"checkpoint {path} does not fit this Trial's models and optimizers: {e}"
             ) from None
         if "user_state.pt" in metadata.files:
-            self.trial.load_state_dict(load_file(path, "user_state", trusted_pickle=True))
+            self.trial.load_state_dict(load_user_state(path))
         state = dict(load_file(path, "trial_state"))
         windows = state.pop("metric_windows", [])
         self.state = TrainState(**state)

@@ -4,8 +4,9 @@ A Trial's checkpoint is a directory: `metadata.json` (every file's size and sha2
 trial's hyperparameters, its batch count) and `models.pt`, one `state_dict` per model
 the Trial wrapped with `context.wrap_model`, in the order it wrapped them, saved with
 `torch.save` and loaded with `weights_only=True`. `load_checkpoint` checks the files
-against the manifest and returns those states with the metadata; `load_trial` rebuilds
-your Trial around them for inference.
+against the sha256s the master recorded for them (a UUID) or the manifest (a directory)
+and returns those states with the metadata; `load_trial` rebuilds your Trial around them
+for inference.
 
 A UUID is looked up at the master (`master=`, else ASSAY_MASTER, else 127.0.0.1:8090)
 with the CLI's stored login: a `shared_fs` checkpoint is read where its path is mounted
@@ -68,14 +69,15 @@ def load_checkpoint(
 ) -> LoadedCheckpoint:
     """Load checkpoint `source`: a checkpoint directory, or a checkpoint's UUID."""
     path = Path(source).expanduser()
+    recorded: dict[str, str] | None = None
     if not path.is_dir():
         if not _UUID.fullmatch(str(source)):
             raise AssayError(
                 f"{source} is neither a checkpoint directory nor a checkpoint UUID "
                 "(`assay checkpoint list EXP_ID` lists them)"
             )
-        path = _resolve(str(source).lower(), master, cache_dir)
-    metadata = verify_checkpoint(path)
+        path, recorded = _resolve(str(source).lower(), master, cache_dir)
+    metadata = verify_checkpoint(path, recorded)
     models: list[dict[str, Any]] = []
     if (path / MODELS_FILE).is_file():
         loaded = load_file(path, "models")
@@ -93,21 +95,27 @@ def load_checkpoint(
     )
 
 
-def _resolve(uuid: str, master: str | None, cache_dir: str | os.PathLike[str] | None) -> Path:
-    """A directory holding checkpoint `uuid`: where it is mounted, else a verified copy."""
+def _resolve(
+    uuid: str, master: str | None, cache_dir: str | os.PathLike[str] | None
+) -> tuple[Path, dict[str, str] | None]:
+    """A directory holding checkpoint `uuid` (where it is mounted, else a verified copy),
+    and the sha256s the master recorded for its files (None: it recorded none)."""
     from assay.cli._checkpoint import download
     from assay.cli._client import Client
     from assay.cli._common import DEFAULT_MASTER
 
     api = Client(master or os.environ.get("ASSAY_MASTER") or DEFAULT_MASTER)
     try:
-        location = api.get_checkpoint(uuid).location
+        record = api.get_checkpoint(uuid)
+        sha = {f.name: f.sha256 for f in record.files}
+        recorded = sha if sha and all(sha.values()) else None
+        location = record.location
         if location and "://" not in location and Path(location).is_dir():
-            return Path(location)
+            return Path(location), recorded
         root = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "assay" / "checkpoints"
         target = root / uuid
         if not (target / "metadata.json").is_file():
             download(api, uuid, target)
-        return target
+        return target, recorded
     finally:
         api.close()

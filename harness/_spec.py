@@ -41,6 +41,9 @@ class ClusterSpec:
     restore_from: str | None
     trial_api: str
     token: str
+    # The sha256 of every file of `restore_from` (its metadata.json too) as the master
+    # recorded them; None when it recorded none (a checkpoint reported by an older Assay).
+    restore_sha256: dict[str, str] | None = None
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "the trial spec") -> ClusterSpec:
@@ -73,6 +76,7 @@ class ClusterSpec:
             restore_from=get("restore_from", str, nullable=True),
             trial_api=get("trial_api", str),
             token=get("token", str),
+            restore_sha256=_sha256_map(data.get("restore_sha256"), problems),
         )
         if problems:
             raise AssayError(f"{source} is invalid: {'; '.join(problems)}")
@@ -98,6 +102,18 @@ class ClusterSpec:
         except ValueError as e:
             raise AssayError(f"trial spec {path} is not valid JSON: {e}") from None
         return cls.from_dict(data, source=f"trial spec {path}")
+
+
+def _sha256_map(value: Any, problems: list[str]) -> dict[str, str] | None:
+    """`restore_sha256`: absent or null (no record), else file name -> sha256."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        problems.append(f"restore_sha256: expected an object of strings, got {value!r}")
+        return None
+    return dict(value)
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
@@ -140,6 +156,8 @@ class WorkerSpec:
     model_dir: str | None
     checkpoint_dir: str
     resume_from: str | None = None
+    # The master's record of `resume_from`'s files (name -> sha256), checked before loading.
+    resume_sha256: dict[str, str] | None = None
     result_path: str | None = None
     trial_id: int = 0
     # Given by the master on a cluster; None samples them from `experiment_seed` (run_local).

@@ -80,6 +80,7 @@ def run_worker(
         session,
         Path(spec.checkpoint_dir),
         resume_from=spec.resume_from,
+        resume_sha256=spec.resume_sha256,
         preempt=preempt,
         max_length=config.searcher.max_length if local is not None else None,
     )
@@ -166,11 +167,13 @@ def train_slot(
     checkpoint_dir: Path,
     *,
     resume_from: str | Path | None = None,
+    resume_sha256: Mapping[str, str] | None = None,
     preempt: PreemptWatcher | None = None,
     max_length: Length | None = None,
     metric_required: bool = True,
 ) -> RunResult:
-    """Restore `resume_from` if given and run the trial controller on this slot.
+    """Restore `resume_from` if given (verified against `resume_sha256`, the master's record
+    of its files, when given) and run the trial controller on this slot.
 
     `max_length`: with a `LocalSession`, the length it trains to (epochs are counted with
     the training loader's length). The preemption watcher is closed at the end.
@@ -188,7 +191,7 @@ def train_slot(
         if isinstance(session, LocalSession) and max_length is not None:
             session.max_batches = max_length.to_batches(controller.batches_per_epoch)
         if resume_from is not None:
-            controller.restore(Path(resume_from))
+            controller.restore(Path(resume_from), resume_sha256)
         return controller.run()
     finally:
         if preempt is not None:

@@ -87,6 +87,7 @@ def master_message(message: AgentMessage) -> agent_pb2.MasterMessage:
             hparams_json=message.hparams_json,
             trial_seed=message.trial_seed,
             checkpoint_root=message.checkpoint_root,
+            checkpoint_sha256=dict(message.checkpoint_sha256),
         )
     )
 

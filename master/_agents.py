@@ -72,6 +72,8 @@ class StartRun:
     hparams_json: str
     trial_seed: int
     checkpoint_root: str
+    # The sha256 of each file of the checkpoint to restore, as recorded (empty: none).
+    checkpoint_sha256: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,18 @@ def delete_response(
     )
 
 
+def recorded_sha256(record: CheckpointRecord) -> dict[str, str]:
+    """The sha256 of each of `record`'s files as its trial reported them, which a restore
+    verifies the files against; empty when the record has none for some file (a checkpoint
+    reported by an older Assay: the restore then trusts its manifest, with a warning)."""
+    sha = record.user_metadata.get("sha256")
+    if not isinstance(sha, dict) or set(sha) != set(record.files):
+        return {}
+    if not all(isinstance(v, str) and v for v in sha.values()):
+        return {}
+    return {str(name): str(value) for name, value in sha.items()}
+
+
 def reported_location(
     store: Store,
     experiment_id: int,

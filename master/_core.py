@@ -21,7 +21,7 @@ from dataclasses import replace
 from assay.master import _agents
 from assay.master._agents import AgentHandle, ClusterView, Load, Outbox, Registration
 from assay.master._auth import mask_secrets
-from assay.master._checkpoints import reported_location
+from assay.master._checkpoints import recorded_sha256, reported_location
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
@@ -404,7 +404,12 @@ class Master:
                 trial.checkpointed = True
             # As the store does: the newest checkpoint by batches is the one to restore.
             if trial is not None and checkpoint.total_batches >= trial.total_batches:
-                trial.checkpoint = Restore(checkpoint.uuid, checkpoint.total_batches, location)
+                trial.checkpoint = Restore(
+                    checkpoint.uuid,
+                    checkpoint.total_batches,
+                    location,
+                    recorded_sha256(checkpoint),
+                )
                 trial.total_batches = checkpoint.total_batches
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from assay.config import ExperimentConfig, parse_config, searcher_in_batches
+from assay.master._checkpoints import recorded_sha256
 from assay.master.errors import NotFoundError, PermissionDeniedError
 from assay.master.lifecycle import (
     LIVE_EXPERIMENT,
@@ -235,4 +236,4 @@ def _restore(store: Store, uuid: str | None) -> Restore | None:
         c = store.get_checkpoint(uuid)
     except NotFoundError:
         return None
-    return Restore(c.uuid, c.total_batches, c.location)
+    return Restore(c.uuid, c.total_batches, c.location, recorded_sha256(c))

@@ -258,6 +258,26 @@ Global___Registered: _TypeAlias = Registered  # noqa: Y015
 class StartAllocation(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class CheckpointSha256Entry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ALLOCATION_ID_FIELD_NUMBER: _builtins.int
     TRIAL_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
@@ -276,6 +296,7 @@ class StartAllocation(_message.Message):
     HPARAMS_JSON_FIELD_NUMBER: _builtins.int
     TRIAL_SEED_FIELD_NUMBER: _builtins.int
     CHECKPOINT_ROOT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_SHA256_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     trial_id: _builtins.int
     run_id: _builtins.int
@@ -307,6 +328,13 @@ class StartAllocation(_message.Message):
     def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Ranks of those processes within the trial, and the trial's total size."""
 
+    @_builtins.property
+    def checkpoint_sha256(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The sha256 of every file of the checkpoint to restore (metadata.json too) as its
+        trial reported them; the harness refuses the checkpoint unless its files match.
+        Empty when the master recorded none (a checkpoint reported by an older Assay).
+        """
+
     def __init__(
         self,
         *,
@@ -328,10 +356,11 @@ class StartAllocation(_message.Message):
         hparams_json: _builtins.str = ...,
         trial_seed: _builtins.int = ...,
         checkpoint_root: _builtins.str = ...,
+        checkpoint_sha256: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "checkpoint_location", b"checkpoint_location", "checkpoint_root", b"checkpoint_root", "checkpoint_uuid", b"checkpoint_uuid", "config_json", b"config_json", "experiment_id", b"experiment_id", "hparams_json", b"hparams_json", "master_addr", b"master_addr", "master_port", b"master_port", "model_definition", b"model_definition", "ranks", b"ranks", "run_id", b"run_id", "slots", b"slots", "token", b"token", "trial_api", b"trial_api", "trial_id", b"trial_id", "trial_seed", b"trial_seed", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "checkpoint_location", b"checkpoint_location", "checkpoint_root", b"checkpoint_root", "checkpoint_sha256", b"checkpoint_sha256", "checkpoint_uuid", b"checkpoint_uuid", "config_json", b"config_json", "experiment_id", b"experiment_id", "hparams_json", b"hparams_json", "master_addr", b"master_addr", "master_port", b"master_port", "model_definition", b"model_definition", "ranks", b"ranks", "run_id", b"run_id", "slots", b"slots", "token", b"token", "trial_api", b"trial_api", "trial_id", b"trial_id", "trial_seed", b"trial_seed", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

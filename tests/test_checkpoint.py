@@ -16,6 +16,7 @@ from assay._checkpoint import (
     CheckpointError,
     CheckpointMetadata,
     _sha256,
+    load_user_state,
     new_uuid,
     verify_checkpoint,
     write_checkpoint,
@@ -256,3 +257,157 @@ def test_an_unwritable_checkpoint_dir_fails_before_training(tmp_path: Path) -> N
             model_dir=REGRESSION_DIR,
             checkpoint_dir=blocker / "sub",
         )
+
+
+# --- the master's record: what a restore on a cluster verifies against -----------------------
+
+
+def _recorded(path: Path) -> dict[str, str]:
+    """A checkpoint's files as its trial reports them to the master (the manifest too)."""
+    return {p.name: _sha256(p) for p in path.iterdir()}
+
+
+def _forge(path: Path, name: str, payload: Any) -> None:
+    """What a hostile trial does to another's checkpoint: write `name` and list it in the
+    manifest with its true size and sha256, so that the manifest alone still verifies."""
+    torch.save(payload, path / name)
+    manifest = json.loads((path / "metadata.json").read_text())
+    manifest["files"][name] = {"size": (path / name).stat().st_size, "sha256": _sha256(path / name)}
+    (path / "metadata.json").write_text(json.dumps(manifest))
+
+
+class _Payload:
+    """A pickle that writes a file when it is loaded with full pickle."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('ran')",))
+
+
+def test_the_record_includes_the_manifest_as_written(tmp_path: Path) -> None:
+    meta = _metadata()
+    path = write_checkpoint(tmp_path, {"models": [{"w": torch.ones(3)}]}, meta)
+    entry = meta.manifest_entry()
+    assert entry.sha256 == _sha256(path / "metadata.json")
+    assert entry.size == (path / "metadata.json").stat().st_size
+    assert verify_checkpoint(path, _recorded(path)).uuid == meta.uuid
+
+
+def test_a_planted_or_changed_file_is_refused_against_the_record(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path, {"models": [{"w": torch.ones(3)}]}, _metadata())
+    recorded = _recorded(path)
+    marker = tmp_path / "ran"
+    _forge(path, "user_state.pt", {"x": _Payload(marker)})
+    _forge(path, "models.pt", [{"w": torch.zeros(3)}])
+    verify_checkpoint(path)  # the manifest alone is fooled
+
+    with pytest.raises(CheckpointError) as refused:
+        verify_checkpoint(path, recorded)
+
+    message = str(refused.value)
+    assert "user_state.pt is not in the record" in message
+    assert "models.pt fails the recorded sha256" in message
+    assert "metadata.json fails the recorded sha256" in message
+    assert not marker.exists()
+
+
+def test_a_missing_file_or_a_symlink_is_refused_against_the_record(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path, {"models": [{"w": torch.ones(3)}]}, _metadata())
+    recorded = _recorded(path)
+    (path / "models.pt").rename(tmp_path / "elsewhere.pt")
+    (path / "models.pt").symlink_to(tmp_path / "elsewhere.pt")
+    with pytest.raises(CheckpointError, match=r"models.pt is a symlink; models.pt is missing"):
+        verify_checkpoint(path, recorded)
+
+
+def test_a_record_without_the_manifest_still_pins_the_manifests_files(tmp_path: Path) -> None:
+    """Checkpoints reported before the manifest was: its file list must be the record's."""
+    path = write_checkpoint(tmp_path, {"models": [{"w": torch.ones(3)}]}, _metadata())
+    recorded = {n: s for n, s in _recorded(path).items() if n != "metadata.json"}
+    assert verify_checkpoint(path, recorded).files.keys() == {"models.pt"}
+    manifest = json.loads((path / "metadata.json").read_text())
+    manifest["files"]["user_state.pt"] = {"size": 1, "sha256": "0" * 64}
+    (path / "metadata.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="metadata.json lists other files than the record"):
+        verify_checkpoint(path, recorded)
+
+
+def test_user_state_runs_no_code_when_it_is_loaded(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    path = write_checkpoint(tmp_path, {"user_state": {"x": _Payload(marker)}}, _metadata())
+    with pytest.raises(CheckpointError, match=r"user_state.pt holds objects that load only by"):
+        load_user_state(path)
+    assert not marker.exists()
+
+
+def test_user_state_keeps_plain_values_tensors_and_numpy_arrays(tmp_path: Path) -> None:
+    import random
+    from collections import OrderedDict
+
+    import numpy as np
+
+    state: dict[str, Any] = {
+        "seen": 7,
+        "names": ["a", "b"],
+        "ordered": OrderedDict(b=2, a=1),
+        "window": (1.5, None, True),
+        "tensor": torch.arange(4),
+        "generator": torch.Generator().manual_seed(3).get_state(),
+        "python_rng": random.Random(5).getstate(),
+        "numpy_rng": np.random.default_rng(4).bit_generator.state,
+        "legacy_numpy_rng": np.random.RandomState(4).get_state(),
+        "array": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "scalar": np.float64(0.25),
+    }
+    path = write_checkpoint(tmp_path, {"user_state": state}, _metadata())
+    loaded = load_user_state(path)
+    assert loaded.keys() == state.keys()
+    assert loaded["ordered"] == state["ordered"]
+    assert loaded["window"] == state["window"]
+    assert torch.equal(loaded["generator"], state["generator"])
+    assert loaded["python_rng"] == state["python_rng"]
+    assert loaded["numpy_rng"] == state["numpy_rng"]
+    assert np.array_equal(loaded["legacy_numpy_rng"][1], state["legacy_numpy_rng"][1])
+    assert np.array_equal(loaded["array"], state["array"])
+    assert loaded["scalar"] == 0.25
+
+
+def test_a_trial_restored_against_the_record_continues_and_a_forged_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The Trial harness's own restore (`run_worker` with the master's record), as a slot
+    on a cluster runs it: the same checkpoint restores, a forged copy of it does not."""
+    from assay._spec import WorkerSpec
+    from assay._worker import run_worker
+
+    first = assay_run(regression_config(batches=8), tmp_path / "a", None)
+    checkpoint = Path(str(first.checkpoint))
+    assert (checkpoint / "user_state.pt").is_file()  # the fixture's Trial has user state
+    recorded = _recorded(checkpoint)
+
+    def resume() -> Any:
+        spec = WorkerSpec(
+            config=regression_config(batches=12),
+            model_dir=str(REGRESSION_DIR),
+            checkpoint_dir=str(tmp_path / "b"),
+            resume_from=str(checkpoint),
+            resume_sha256=recorded,
+        )
+        return run_worker(spec, env={})
+
+    assert resume().total_batches == 12
+    marker = tmp_path / "ran"
+    _forge(checkpoint, "user_state.pt", {"seen": _Payload(marker)})
+    with pytest.raises(CheckpointError, match=r"user_state.pt fails the recorded sha256"):
+        resume()
+    assert not marker.exists()
+
+
+def assay_run(config: dict[str, Any], ckpt: Path, resume: str | None) -> Any:
+    import assay
+
+    return assay.run_local(
+        config=config, model_dir=REGRESSION_DIR, checkpoint_dir=ckpt, resume_from=resume
+    )

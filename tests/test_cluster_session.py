@@ -257,7 +257,7 @@ def check_checkpoints(service: FakeTrialService, root: Path, run_id: int = 1) ->
         assert location.parent == root
         assert location.name == ckpt.uuid
         assert read_metadata(location).total_batches == ckpt.total_batches
-        on_disk = {p.name for p in location.iterdir()} - {"metadata.json"}
+        on_disk = {p.name for p in location.iterdir()}  # the manifest too: restores check it
         assert {f.name for f in ckpt.files} == on_disk
         assert "models.pt" in on_disk
         for f in ckpt.files:

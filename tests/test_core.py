@@ -283,6 +283,7 @@ def _cluster_spec(
     run_id: int = 1,
     storage: dict[str, Any] | None = None,
     restore_from: str | None = None,
+    restore_sha256: dict[str, str] | None = None,
 ) -> None:
     """As the agent starts a script's slot: ASSAY_TRIAL_SPEC names the trial's spec."""
     config: dict[str, Any] = {
@@ -304,6 +305,7 @@ def _cluster_spec(
         "restore_from": restore_from,
         "trial_api": api,
         "token": TOKEN,
+        "restore_sha256": restore_sha256,
     }
     path = tmp / f"spec-{run_id}.json"
     path.write_text(json.dumps(spec))
@@ -350,8 +352,10 @@ def test_on_a_cluster_the_chief_follows_targets_and_reports_to_the_master(
     location = Path(report.checkpoint.location)
     assert location == local_dir / "root" / uuid
     assert report.checkpoint.total_batches == 8
+    # The manifest too: a restore verifies it against this record.
     assert [(f.name, f.sha256) for f in report.checkpoint.files] == [
-        ("w.bin", sha256(location / "w.bin"))
+        ("metadata.json", sha256(location / "metadata.json")),
+        ("w.bin", sha256(location / "w.bin")),
     ]
     assert [list(r.uuids) for r in service.of("DeleteTrialCheckpoints")] == [[uuid]]
 
@@ -449,6 +453,49 @@ def test_on_a_cluster_with_s3_a_checkpoint_is_uploaded_and_resumed_from(
             with pytest.raises(CheckpointError, match=f"checkpoint {unknown} cannot be"):  # noqa: SIM117
                 with core.checkpoint.restore_path(unknown):
                     pass
+
+
+def test_on_a_cluster_the_latest_checkpoint_is_verified_against_the_masters_record(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What another experiment's trial plants in, or changes of, the checkpoint a script
+    restores is refused: the master's record counts, not the manifest beside the files."""
+    service = _Master(targets=[16])
+    with serve(service) as api:
+        _cluster_spec(local_dir, monkeypatch, api)
+        with (
+            assay.core.init() as core,
+            core.checkpoint.store_path({"steps_completed": 8}) as (
+                path,
+                uuid,
+            ),
+        ):
+            (path / "state.json").write_text(json.dumps({"step": 8}))
+        [report] = service.of("ReportCheckpoint")
+        recorded = {f.name: f.sha256 for f in report.checkpoint.files}
+        location = Path(report.checkpoint.location)
+        (location / "planted.py").write_text("print('hello')")
+
+        def restore(record: dict[str, str] | None) -> None:
+            _cluster_spec(
+                local_dir,
+                monkeypatch,
+                api,
+                run_id=2,
+                restore_from=str(location),
+                restore_sha256=record,
+            )
+            info = assay.get_cluster_info()
+            assert info is not None
+            assert info.latest_checkpoint == uuid
+            with assay.core.init() as core, core.checkpoint.restore_path(uuid) as path:
+                assert json.loads((path / "state.json").read_text()) == {"step": 8}
+
+        restore(None)  # an older record: the manifest alone, which lists no planted.py
+        with pytest.raises(CheckpointError, match=r"planted.py is not in the record"):
+            restore(recorded)
+        (location / "planted.py").unlink()
+        restore(recorded)
 
 
 # --- commands and launchers -------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from assay._checkpoint import CheckpointMetadata
+from assay._checkpoint import MANIFEST, CheckpointMetadata
 from assay._session import _fmt
 from assay._spec import ClusterSpec
 from assay.config._schema import UNBOUNDED_LENGTH
@@ -107,9 +107,13 @@ class ClusterBackend:
         location: str,
         validation_metrics: Mapping[str, float] | None = None,
     ) -> None:
-        """`validation_metrics`: those of these very weights, if they were validated."""
+        """`validation_metrics`: those of these very weights, if they were validated.
+
+        Every file is reported with its sha256, the manifest too: the master's record is
+        what a restore verifies the checkpoint against, whatever the storage holds then."""
         from assay.proto import common_pb2, trial_pb2
 
+        entries = {**metadata.files, MANIFEST: metadata.manifest_entry()}
         checkpoint = common_pb2.Checkpoint(
             uuid=metadata.uuid,
             trial_id=self.spec.trial_id,
@@ -120,7 +124,7 @@ class ClusterBackend:
             location=location,
             files=[
                 common_pb2.CheckpointFile(name=name, size_bytes=entry.size, sha256=entry.sha256)
-                for name, entry in sorted(metadata.files.items())
+                for name, entry in sorted(entries.items())
             ],
             validation_metrics=dict(validation_metrics or {}),
         )

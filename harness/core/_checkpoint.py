@@ -7,7 +7,8 @@ listing every file with its size and sha256, renamed into place (or uploaded, ma
 last) only once complete, then reported to the master. With `shard=True` every process
 calls it together, writes its own files, and they become one checkpoint (two processes
 writing the same file name is an error). `restore_path(uuid)` gives the directory back,
-verified against its manifest. Off the cluster checkpoints live under `./checkpoints`.
+verified against the sha256s the master recorded for it (the trial's latest checkpoint)
+or else its manifest. Off the cluster checkpoints live under `./checkpoints`.
 """
 
 from __future__ import annotations
@@ -53,11 +54,14 @@ class CheckpointContext:
         steps: Callable[[], int],
         restore_roots: Sequence[Path] = (),
         after_store: Callable[[], None] = lambda: None,
+        recorded: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """`steps`: the latest steps_completed reported, for metadata that gives none;
         `restore_roots`: more directories to look for checkpoints in (run-local's
         --resume-from); `after_store`: called on the chief once a checkpoint is stored
-        and reported (the TensorBoard files' upload)."""
+        and reported (the TensorBoard files' upload); `recorded`: by uuid, the sha256s
+        the master recorded for a checkpoint's files (the one the trial restores), which
+        `restore_path` verifies it against instead of its own manifest."""
         self._dist = distributed
         self._backend = backend
         self._storage = storage
@@ -66,6 +70,7 @@ class CheckpointContext:
         self._steps = steps
         self._restore_roots = list(restore_roots)
         self._after_store = after_store
+        self._recorded = dict(recorded or {})
 
     # --- storing ------------------------------------------------------------------------
 
@@ -236,13 +241,15 @@ class CheckpointContext:
 
     @contextlib.contextmanager
     def restore_path(self, storage_id: str, selector: Any = None) -> Iterator[Path]:
-        """Checkpoint `storage_id` as a local directory, verified against its manifest
+        """Checkpoint `storage_id` as a local directory, verified against the master's
+        record of it (the trial's latest checkpoint on a cluster) or else its manifest
         (for the length of the block; object storage is downloaded to a temporary one)."""
         uuid = _uuid(storage_id)
+        recorded = self._recorded.get(uuid)
         for root in self._local_roots():
             path = root / uuid
             if (path / MANIFEST).is_file():
-                verify_checkpoint(path)
+                verify_checkpoint(path, recorded)
                 yield path
                 return
         if self._in_place:
@@ -257,7 +264,7 @@ class CheckpointContext:
                 raise CheckpointError(f"checkpoint {uuid} cannot be downloaded: {e}") from None
             if not (target / MANIFEST).is_file():
                 raise CheckpointError(f"checkpoint {uuid} is not in {self._storage!r}")
-            verify_checkpoint(target)
+            verify_checkpoint(target, recorded)
             yield target
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any
 
@@ -112,7 +112,10 @@ def init(
     chief = distributed.is_chief
     backend: Backend | None = None
     restore_roots: list[Path] = []
+    recorded: dict[str, dict[str, str]] = {}
     if isinstance(spec, ClusterSpec):
+        if spec.restore_from and spec.restore_sha256 is not None:
+            recorded[PurePosixPath(spec.restore_from).name] = spec.restore_sha256
         if checkpoint_storage is not None:
             log.warning("checkpoint_storage= is ignored on a cluster: the experiment's is used")
         assert config is not None
@@ -154,6 +157,7 @@ def init(
         steps=lambda: train._last_steps,
         restore_roots=restore_roots,
         after_store=tensorboard.sync,
+        recorded=recorded,
     )
     unit = "batches"  # the master counts batches (epochs are converted)
     return Context(

@@ -79,6 +79,9 @@ class Restore:
     uuid: str
     total_batches: int
     location: str
+    # Each of its files' sha256 as its trial reported them (empty: the record has none),
+    # which the harness verifies the files against before it loads any.
+    sha256: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass

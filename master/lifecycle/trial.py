@@ -80,6 +80,7 @@ def start(
             config_json=config_json,
             checkpoint_uuid=restore.uuid if restore else "",
             checkpoint_location=restore.location if restore else "",
+            checkpoint_sha256=dict(restore.sha256) if restore else {},
             trial_api=trial_api,
             token=token,
             hparams_json=hparams_json,

@@ -123,6 +123,7 @@ def test_two_slots_get_the_distributed_environment_and_the_model(
         "restore_from": "/checkpoints/abc",
         "trial_api": "127.0.0.1:9999",
         "token": "secret-token",
+        "restore_sha256": None,  # the master recorded no sha256s for it
     }
     assert ClusterSpec.from_dict(spec).to_dict() == spec  # what the harness reads
     # The directory goes once the processes are done.

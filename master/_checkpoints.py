@@ -21,6 +21,7 @@ from assay.common.storage import StorageError, checkpoint_location, checkpoint_u
 from assay.config import CheckpointStorageConfig, ExperimentConfig, parse_config
 from assay.errors import InvalidConfigError
 from assay.master._gc import DELETED, GCResult, StorageCache, delete_records
+from assay.master._storage_policy import StoragePolicy
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -41,6 +42,7 @@ def delete_checkpoints(
     user: str | None = None,
     default_root: Path | None = None,
     trial_id: int | None = None,
+    policy: StoragePolicy | None = None,
 ) -> GCResult:
     """Delete the checkpoints `uuids` (see the module docstring); raise before any deletion.
 
@@ -82,7 +84,7 @@ def delete_checkpoints(
     deleted: list[str] = list(already)
     missing: list[str] = []
     failed: dict[str, str] = {}
-    storages = StorageCache(default_root)
+    storages = StorageCache(default_root, policy=policy)
     for experiment_id, experiment in experiments.items():
         mine = [r for r in to_delete if trials[r.trial_id].experiment_id == experiment_id]
         if not mine:
@@ -140,10 +142,13 @@ def delete_response(
     *,
     user: str | None,
     default_root: Path | None,
+    policy: StoragePolicy | None = None,
 ) -> api_pb2.DeleteCheckpointsResponse:
     """The whole `DeleteCheckpoints` RPC, for the servicer to return inside `rpc_errors`;
     `user` and `default_root` as for `delete_checkpoints`."""
-    result = delete_checkpoints(store, list(request.uuids), user=user, default_root=default_root)
+    result = delete_checkpoints(
+        store, list(request.uuids), user=user, default_root=default_root, policy=policy
+    )
     return api_pb2.DeleteCheckpointsResponse(
         deleted=list(result.deleted), missing=list(result.missing), failed=dict(result.failed)
     )

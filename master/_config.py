@@ -24,6 +24,7 @@ from assay.common.settings import (
     setting,
 )
 from assay.common.tls import PemFile
+from assay.master._storage_policy import StoragePolicy
 
 PORT = Integer(0, 65535)
 DEFAULT_PATH = "/etc/assay/master.yaml"
@@ -122,6 +123,20 @@ class MasterConfig:
         help="gRPC worker threads: each connected agent holds one; the rest serve the "
         "CLI, the web UI and trial processes.",
     )
+    s3_endpoints: str | None = setting(
+        kind=Text("comma-separated URLs", "URLS"),
+        default_text="none: only AWS's own endpoints",
+        help="The S3 endpoint_url values experiments may name (e.g. "
+        "https://minio.internal:9000); any other is refused at submission, so no user "
+        "config points the master's requests at a host of its choosing.",
+    )
+    s3_master_credential_buckets: str | None = setting(
+        kind=Text("comma-separated bucket names", "BUCKETS"),
+        default_text="none",
+        help="S3 buckets the master may reach with its own credentials (its environment or "
+        "instance role) for an experiment whose checkpoint_storage gives no keys; for any "
+        "other bucket such an experiment's checkpoints are left alone by the master.",
+    )
     log_quota_mb: int = setting(
         100,
         kind=Integer(minimum=0),
@@ -149,6 +164,11 @@ class MasterConfig:
     @property
     def checkpoint_root(self) -> Path:
         return self.state_dir / "checkpoints"
+
+    @property
+    def storage_policy(self) -> StoragePolicy:
+        """What storage users' configs may make the master reach (`_storage_policy`)."""
+        return StoragePolicy.of(self.s3_endpoints, self.s3_master_credential_buckets)
 
 
 def load_master_config(

@@ -63,6 +63,7 @@ class Master:
         on_fatal: Callable[[BaseException], None] = lambda e: None,
     ) -> None:
         self.config = config
+        self._storage_policy = config.storage_policy  # parsed once: on every submission
         self.store = store
         self.cluster_id = str(uuid.uuid4())
         self.lock = threading.RLock()
@@ -74,6 +75,7 @@ class Master:
         self.runs, self.run_of_trial, self.queued = it.runs, it.run_of_trial, it.queued
         self.models, self._gc = it.models, it.gc
         with self.lock:
+            self.fleet.load_credentials(store.agent_credentials())
             it.recover()  # a restart: reload the live experiments, requeue their trials
         self.commit.flush()
         self._stop_reaper = threading.Event()
@@ -139,6 +141,9 @@ class Master:
     ) -> PreparedExperiment:
         """Check a submission (no lock taken); `InvalidArgumentError` says what to fix."""
         config, searcher = check_submission(config_yaml, model_definition)
+        problem = self._storage_policy.submission_problem(config.checkpoint_storage)
+        if problem is not None:
+            raise InvalidArgumentError(problem)
         owner_id = self.store.user_id(owner)
         return PreparedExperiment(
             config, model_definition, owner, owner_id, searcher, config_text=config_yaml
@@ -196,10 +201,21 @@ class Master:
 
     # --- agents -------------------------------------------------------------------------
 
-    def register_agent(self, register: Registration, peer_host: str, outbox: Outbox) -> AgentHandle:
-        """A (re)connecting agent: its running allocations are kept, the rest forgotten."""
+    def register_agent(
+        self,
+        register: Registration,
+        peer_host: str,
+        outbox: Outbox,
+        *,
+        credential: str = "",
+        joined: bool = True,
+    ) -> AgentHandle:
+        """A (re)connecting agent: its running allocations are kept, the rest forgotten.
+        `credential` and `joined`: what it presented (see `Fleet.check_credential`)."""
         with self.lock:
-            handle, lost = self.fleet.register(register, peer_host, outbox, _now())
+            handle, lost = self.fleet.register(
+                register, peer_host, outbox, _now(), credential=credential, joined=joined
+            )
             self.interpreter.parts_lost(register.agent_id, lost)
             running = register.running_allocations
             self.interpreter.do(agent_life.reconcile(handle.id, running, list(self.runs.values())))
@@ -242,6 +258,18 @@ class Master:
                 self.interpreter.do(effects)
                 self.interpreter.schedule()
                 self.commit.ticket()
+
+    def remove_agent(self, agent_id: str) -> bool:
+        """Forget the agent's credential, so its name can join again with the join token;
+        an agent connected (or awaited) is dropped as lost, its trials requeued. True if
+        it was."""
+        with self.lock:
+            known = agent_id in self.fleet.agents
+            self.fleet.forget(agent_id)
+            if known:
+                self.interpreter.drop_agent(agent_id, "was removed by an admin")
+            self.commit_and_wait()
+            return known
 
     def set_agent_enabled(self, agent_id: str, enabled: bool) -> None:
         with self.lock:

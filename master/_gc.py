@@ -37,6 +37,7 @@ from pathlib import Path
 
 from assay.common.storage import StorageError, StorageManager, checkpoint_uuid, storage_for
 from assay.config import CheckpointStorageConfig, ExperimentConfig
+from assay.master._storage_policy import StoragePolicy
 from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, Store
 
@@ -176,12 +177,19 @@ class StorageCache:
         default_root: Path | None = None,
         *,
         cache: dict[str, StorageManager] | None = None,
+        policy: StoragePolicy | None = None,
     ) -> None:
+        """`policy`: the master's rule on what users' storage it reaches (None: any)."""
         self.default_root = default_root
+        self.policy = policy
         self._managers: dict[str, StorageManager] = {} if cache is None else cache
 
     def of(self, config: CheckpointStorageConfig) -> StorageManager:
-        """The storage `config` describes (`StorageError` when it describes none)."""
+        """The storage `config` describes (`StorageError` when it describes none, or one
+        the policy keeps the master away from)."""
+        problem = self.policy.use_problem(config) if self.policy is not None else None
+        if problem is not None:
+            raise StorageError(problem)
         key = _storage_key(config, self.default_root)
         manager = self._managers.get(key)
         if manager is None:
@@ -263,6 +271,7 @@ def collect(
     experiment_ended: bool = False,
     default_root: Path | None = None,
     storage_cache: dict[str, StorageManager] | None = None,
+    policy: StoragePolicy | None = None,
 ) -> GCResult:
     """Garbage-collect experiment `experiment_id`'s checkpoints under its config's policy.
 
@@ -295,7 +304,7 @@ def collect(
     records = [c for t in listed for c in t.checkpoints if c.uuid in doomed]
     if not records:
         return GCResult()
-    storages = StorageCache(default_root, cache=storage_cache)
+    storages = StorageCache(default_root, cache=storage_cache, policy=policy)
     result = delete_records(store, records, config.checkpoint_storage, storages)
     log.info("experiment %d: %s", experiment_id, gc_sentence(result))
     return result
@@ -327,6 +336,7 @@ def collect_later(
     experiment_ended: bool = False,
     default_root: Path | None = None,
     storage_cache: dict[str, StorageManager] | None = None,
+    policy: StoragePolicy | None = None,
 ) -> Callable[[], None]:
     """What to run once an end is committed: `collect` on `executor`, off the master's
     lock, with failures logged rather than raised."""
@@ -341,6 +351,7 @@ def collect_later(
                 experiment_ended=experiment_ended,
                 default_root=default_root,
                 storage_cache=storage_cache,
+                policy=policy,
             )
         except Exception:
             log.exception("checkpoint collection of experiment %d failed", experiment_id)

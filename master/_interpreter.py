@@ -228,6 +228,7 @@ class Interpreter:
             experiment_ended=effect.experiment_ended,
             default_root=self.config.checkpoint_root,
             storage_cache=self._storages,
+            policy=self.config.storage_policy,
         )
         self.commit.after(collect)
 

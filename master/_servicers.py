@@ -449,6 +449,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             request,
             user=None if who.admin else who.username,
             default_root=self.master.config.checkpoint_root,
+            policy=self.master.config.storage_policy,
         )
 
     @maps_errors

@@ -122,6 +122,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
             list(request.uuids),
             trial_id=run.trial_id,
             default_root=self.master.config.checkpoint_root,
+            policy=self.master.config.storage_policy,
         )
         return trial_pb2.DeleteTrialCheckpointsResponse(
             deleted=list(result.deleted),

@@ -107,11 +107,13 @@ def serve(master: MasterServer, ui_dir: Path | None = None) -> HttpServer:
     return server
 
 
-def open_site(state_dir: Path, ui_dir: Path | None = None) -> Site:
+def open_site(state_dir: Path, ui_dir: Path | None = None, **settings: Any) -> Site:
+    """A master with the test cluster's credentials (and `settings`), and its HTTP side."""
     config = master_config(
         state_dir=state_dir,
         heartbeat_interval_s=0.5,
         agent_reconnect_wait_s=1.0,
+        **settings,
     )
     master = MasterServer(config)
     master.start()

@@ -31,6 +31,7 @@ import assay
 from assay.agent._allocation import Allocation, AllocationError, state_change, validate
 from assay.agent._config import AgentSettings
 from assay.agent._connection import Backoff, MasterConnection
+from assay.agent._credential import CredentialFile
 from assay.agent._devices import DeviceMonitor, detect_devices, slot_type_proto
 from assay.agent._isolation import Isolation
 from assay.proto import agent_pb2
@@ -98,6 +99,7 @@ class Agent:
             on_refused=lambda reason: self.stop(),
             join_token=settings.join_token,
             tls=self.tls,
+            credential=CredentialFile(settings.credential_file or self.work_dir / "credential"),
         )
         self._lock = threading.Lock()
         self._allocations: dict[str, Allocation] = {}

@@ -22,6 +22,7 @@ from assay.common.settings import (
     Choice,
     Directory,
     Integer,
+    Kind,
     Seconds,
     SettingsError,
     Text,
@@ -32,6 +33,23 @@ from assay.common.settings import (
 from assay.common.tls import ClientTls, PemFile, TlsError
 
 DEFAULT_PATH = "/etc/assay/agent.yaml"
+
+
+class FilePath(Kind):
+    """A path to a file the agent reads and writes itself."""
+
+    @property
+    def accepts(self) -> str:
+        return "a file path"
+
+    @property
+    def metavar(self) -> str:
+        return "FILE"
+
+    def parse(self, value: object) -> Path:
+        if not isinstance(value, str | Path) or not str(value):
+            raise ValueError
+        return Path(value).expanduser()
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,14 @@ class AgentSettings:
         default_text="<tmp>/assay-agent-<agent_id>",
         help="Where allocations are unpacked and run (leftovers of an earlier run are "
         "removed when the agent starts).",
+    )
+    credential_file: Path | None = setting(  # noqa: RUF009 - setting() makes a dataclasses.field
+        kind=FilePath(),
+        default_text="<work_dir>/credential",
+        help="Where the agent keeps its own credential (0600), which the master gives it "
+        "at its first join with join_token and asks for at every later one: the agent's "
+        "name accepts no other until an admin runs `assay agent remove NAME`. Keep it "
+        "across restarts; an agent that lost it joins again after that command.",
     )
     address: str | None = setting(
         kind=Text("a host name or IP address", "ADDRESS"),
@@ -176,4 +202,4 @@ def load_agent_settings(
 help_config = help_config_option(AgentSettings, program="assay-agent", path=DEFAULT_PATH)
 
 
-__all__ = ["DEFAULT_PATH", "AgentSettings", "help_config", "load_agent_settings"]
+__all__ = ["DEFAULT_PATH", "AgentSettings", "FilePath", "help_config", "load_agent_settings"]

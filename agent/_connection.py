@@ -6,8 +6,12 @@ queued (state changes, logs). When the master cannot be reached or the stream br
 the loop waits (0.5 s doubling to 10 s, with jitter) and tries again; queued messages
 wait in the outbox meanwhile. A message already handed to a stream that then breaks may
 be lost: `Register.running_allocations` lets the master reconcile after a reconnect.
-A master that refuses the agent for good (a version it is not compatible with) ends the
-loop instead: retrying could not succeed, and the reason is kept in `refused`.
+A master that refuses the agent for good (a version it is not compatible with, a wrong
+join token, a name held by another agent's credential) ends the loop instead: retrying
+could not succeed, and the reason is kept in `refused`.
+
+Each attempt presents the join token and the agent's own credential, whichever it has;
+a credential the master issues in `Registered` (at the first join) is kept at once.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from assay.agent._credential import CredentialFile
 from assay.common.tls import ClientTls
 from assay.proto import agent_pb2, agent_pb2_grpc, common_pb2
 
@@ -258,9 +263,11 @@ class MasterConnection:
         on_refused: Callable[[str], None] | None = None,
         join_token: str | None = None,
         tls: ClientTls | None = None,
+        credential: CredentialFile | None = None,
     ) -> None:
         self.target = target
         self.join_token = join_token
+        self.credential = credential
         # Read the CA file once: a reconnect must not depend on it staying readable.
         self.tls = tls or ClientTls()
         self._credentials = self.tls.credentials() if self.tls.enabled else None
@@ -320,8 +327,7 @@ class MasterConnection:
         timer = threading.Timer(self.timeout, self._give_up, args=(session,))
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
-            metadata = (("x-assay-join-token", self.join_token),) if self.join_token else ()
-            responses = stub.Connect(self._requests(session), metadata=metadata)
+            responses = stub.Connect(self._requests(session), metadata=self._metadata())
             session.call = responses
             timer.start()
             for message in responses:
@@ -334,8 +340,9 @@ class MasterConnection:
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION and _INCOMPATIBLE in details:
                 self.refused = details
                 return details
-            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                # A wrong join token stays wrong: retrying would only knock on the door.
+            if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                # A wrong join token stays wrong, and a name held by another agent's
+                # credential stays held: retrying would only knock on the door.
                 self.refused = f"the master refused this agent: {details}"
                 return self.refused
             return f"{e.code().name}: {details}"
@@ -345,6 +352,15 @@ class MasterConnection:
             self.connected.clear()
             channel.close()
 
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        metadata: list[tuple[str, str]] = []
+        if self.join_token:
+            metadata.append(("x-assay-join-token", self.join_token))
+        credential = self.credential.value if self.credential is not None else ""
+        if credential:
+            metadata.append(("x-assay-agent-credential", credential))
+        return tuple(metadata)
+
     def _give_up(self, session: _Session) -> None:
         if not session.registered.is_set() and session.call is not None:
             session.timed_out = True
@@ -352,6 +368,8 @@ class MasterConnection:
 
     def _receive(self, session: _Session, message: agent_pb2.MasterMessage) -> None:
         if message.HasField("registered"):
+            if message.registered.credential and self.credential is not None:
+                self.credential.save(message.registered.credential)
             interval_ms = message.registered.heartbeat_interval_ms
             session.interval = interval_ms / 1000 if interval_ms > 0 else DEFAULT_HEARTBEAT_INTERVAL
             session.registered.set()

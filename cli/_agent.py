@@ -11,7 +11,7 @@ from ._common import AliasedGroup, echo_json, settings, user_errors
 
 @click.group("agent", cls=AliasedGroup)
 def agent() -> None:
-    """List agents; take them out of (or back into) scheduling."""
+    """List agents; take them out of (or back into) scheduling; remove them."""
 
 
 @agent.command("list")
@@ -61,6 +61,23 @@ def agent_enable_command(agent_id: str) -> None:
 def agent_disable_command(agent_id: str) -> None:
     """Stop placing new trials on an agent (running ones continue)."""
     _set_enabled(agent_id, False)
+
+
+@agent.command("remove")
+@click.argument("agent_id", metavar="ID")
+@user_errors
+def agent_remove_command(agent_id: str) -> None:
+    """Forget an agent's credential, so that its name can join again (admins only).
+
+    Each agent is given a credential of its own at its first join, and its name accepts
+    no other: remove an agent that lost its credential file, or a machine that left the
+    cluster. A connected agent is disconnected and its trials are requeued; an agent
+    that still has the join token can join again under the name and gets a new
+    credential (change the master's join_token to keep a machine out for good).
+    """
+    disconnected = client().remove_agent(agent_id)
+    how = " (it was connected: disconnected, its trials requeued)" if disconnected else ""
+    click.echo(f"agent {agent_id} removed{how}; its name can join again with the join token")
 
 
 @click.group("slot", cls=AliasedGroup)

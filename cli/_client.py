@@ -364,6 +364,14 @@ class Client:
         agent: common_pb2.Agent = self._unary("SetAgentEnabled", request)
         return agent
 
+    def remove_agent(self, agent_id: str) -> bool:
+        """Forget the agent's credential; True if it was connected (now disconnected)."""
+        from assay.proto import api_pb2
+
+        request = api_pb2.RemoveAgentRequest(id=agent_id)
+        response: api_pb2.RemoveAgentResponse = self._unary("RemoveAgent", request)
+        return response.disconnected
+
 
 def http_port_message(address: str) -> str:
     """What to say when `address` answered in HTTP/1: most likely the master's web UI

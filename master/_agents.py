@@ -111,6 +111,8 @@ class AgentHandle:
     cpu_utilization: float = 0.0
     memory_used_fraction: float = 0.0
     disconnected_at: float | None = None  # monotonic; its slots wait for it until the window
+    # The credential issued at this registration, until the agent is told it ("" none).
+    credential: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

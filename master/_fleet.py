@@ -4,14 +4,22 @@
 sends messages once the changes recorded so far are committed. It is used under the
 master's lock and never calls the master: what an agent's arrival or loss means for
 runs is decided in `lifecycle/agent.py` and applied by the `Interpreter`.
+
+It also keeps which agent holds which name: each agent is given a credential of its own
+at its first join (in exchange for the cluster's join token), and a name whose
+credential was issued accepts no other until `forget` (`assay agent remove`). Only the
+credentials' sha256 are kept, in memory (loaded at start) and in the agents' rows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import hmac
 import logging
+import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from assay.master._agents import (
     AgentHandle,
@@ -21,13 +29,29 @@ from assay.master._agents import (
     Outbox,
     Registration,
 )
-from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError
+from assay.master.errors import (
+    AuthError,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+)
 from assay.master.lifecycle import Run
 from assay.master.lifecycle.agent import AgentClock
 from assay.master.scheduler import Agent, Scheduler, SlotType
 from assay.master.store import WriteBatch
 
 log = logging.getLogger("assay.master")
+
+
+def credential_digest(credential: str) -> str:
+    """What the master keeps of an agent's credential: its sha256, in hex. The
+    credential is 256 random bits, so a plain hash is as hard to reverse as to guess."""
+    return hashlib.sha256(credential.encode()).hexdigest()
+
+
+def new_credential() -> str:
+    return secrets.token_urlsafe(32)
 
 
 class Fleet:
@@ -44,6 +68,36 @@ class Fleet:
         self._kill_grace_s = int(kill_grace_s)
         self.agents: dict[str, AgentHandle] = {}
         self._connected_types: dict[str, int] = {}  # slot type -> connected agents
+        self._credentials: dict[str, str] = {}  # agent id -> sha256 of its credential
+
+    def load_credentials(self, digests: Mapping[str, str]) -> None:
+        """The credentials' hashes as stored (at the master's start)."""
+        self._credentials.update(digests)
+
+    def holds_credential(self, agent_id: str) -> bool:
+        return agent_id in self._credentials
+
+    def check_credential(self, agent_id: str, credential: str, *, joined: bool) -> bool:
+        """May this caller register as `agent_id`? True when it must be given a
+        credential (a name without one, and a caller with the join token); raises
+        `PermissionDeniedError` for a name held by another credential, even for a caller
+        with the join token, and `AuthError` for a credential alone on a free name."""
+        held = self._credentials.get(agent_id)
+        if held is not None:
+            if credential and hmac.compare_digest(held, credential_digest(credential)):
+                return False
+            raise PermissionDeniedError(
+                f"the agent name {agent_id!r} is held by another agent's credential: "
+                f"this agent does not present it (its credential_file). If this is that "
+                f"agent, put its credential file back; to give the name to a new agent, an "
+                f"admin runs `assay agent remove {agent_id}`, which frees it"
+            )
+        if not joined:
+            raise AuthError(
+                f"the agent name {agent_id!r} has no credential here (it was removed, or "
+                "this master's store is new): join with the cluster's join token to get one"
+            )
+        return True
 
     def slot_type(self) -> SlotType:
         """cuda when every connected agent offers GPUs, else cpu."""
@@ -54,10 +108,20 @@ class Fleet:
         self._connected_types[slot_type] = self._connected_types.get(slot_type, 0) + delta
 
     def register(
-        self, register: Registration, peer_host: str, outbox: Outbox, now: dt.datetime
+        self,
+        register: Registration,
+        peer_host: str,
+        outbox: Outbox,
+        now: dt.datetime,
+        *,
+        credential: str = "",
+        joined: bool = True,
     ) -> tuple[AgentHandle, list[str]]:
         """A (re)connecting agent's handle, and the requests that lost their slots on
-        it (an agent back with other slots is a new agent)."""
+        it (an agent back with other slots is a new agent). `credential` is the one the
+        agent presented ("" none) and `joined` whether it presented the join token (see
+        `check_credential`); a credential issued now is in the handle's `credential`."""
+        issue = self.check_credential(register.agent_id, credential, joined=joined)
         slot_type, slots = register.slot_type, len(register.devices)
         if slots < 1:
             raise InvalidArgumentError(f"agent {register.agent_id!r} offers no slots")
@@ -84,6 +148,11 @@ class Fleet:
             self.scheduler.add_agent(Agent(handle.id, slots, slot_type))
         self.agents[handle.id] = handle
         self._count(slot_type, +1)
+        digest = None
+        if issue:
+            handle.credential = new_credential()
+            digest = self._credentials[handle.id] = credential_digest(handle.credential)
+            log.info("agent %s joined with the join token: issued its credential", handle.id)
         self._batch().agent_registered(
             handle.id,
             slot_type=slot_type,
@@ -91,6 +160,7 @@ class Fleet:
             devices=[{"name": d.name, "uuid": d.uuid} for d in register.devices],
             address=handle.address,
             now=now,
+            credential_sha256=digest,
         )
         log.info("agent %s connected with %d %s slots", handle.id, slots, slot_type)
         return handle, lost
@@ -133,6 +203,14 @@ class Fleet:
             self._count(dropped.slot_type, -1)
         self._batch().agent_state(agent_id, "DISCONNECTED")
         return self.scheduler.remove_agent(agent_id, keep_other_parts=True)
+
+    def forget(self, agent_id: str) -> None:
+        """Forget the agent's credential and row (the caller then drops the agent, if it
+        is connected or awaited): its name is free for the next agent with the join token."""
+        if agent_id not in self._credentials and agent_id not in self.agents:
+            raise NotFoundError(f"no agent named {agent_id!r} holds a credential or is connected")
+        self._credentials.pop(agent_id, None)
+        self._batch().agent_removed(agent_id)
 
     def set_enabled(self, agent_id: str, enabled: bool) -> None:
         handle = self.agents.get(agent_id)

@@ -5,8 +5,11 @@ the same `Guard` in its middleware. The rules, by service:
 
 - `Api`: a session token (`authorization: Bearer ast_...`) of an active user, except
   `Login`. Which experiments a user may change is the servicer's question (`Principal`).
-- `AgentService`: the cluster's join token (`x-assay-join-token`); an agent without it
-  is refused before it registers, so nothing is ever scheduled on it.
+- `AgentService`: the cluster's join token (`x-assay-join-token`) or an agent's own
+  credential (`x-assay-agent-credential`, issued at its first join); a call with
+  neither is refused before it registers, so nothing is ever scheduled on it. Which
+  name a credential may register as is the servicer's question (`agent_pass()`, then
+  `Fleet.check_credential`): a name whose credential was issued accepts no other.
 - `TrialService`: the allocation token of a running allocation (`x-assay-token`); the
   servicer then checks that it belongs to the trial the call names.
 - Anything else (an unknown service or method) is refused.
@@ -24,6 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -33,6 +37,7 @@ from assay.master.errors import AuthError, RateLimitedError
 
 AUTH_HEADER = "authorization"
 JOIN_TOKEN_HEADER = "x-assay-join-token"
+AGENT_CREDENTIAL_HEADER = "x-assay-agent-credential"
 ALLOCATION_TOKEN_HEADER = "x-assay-token"
 API = "/assay.v1.Api/"
 AGENTS = "/assay.v1.AgentService/"
@@ -50,6 +55,24 @@ _CALLER: ContextVar[Principal | None] = ContextVar("assay_caller", default=None)
 def caller() -> Principal | None:
     """The user the guard let the current call in as, or None."""
     return _CALLER.get()
+
+
+@dataclass(frozen=True)
+class AgentPass:
+    """What an agent's call presented: the join token (checked) and its credential
+    (not checked yet: the name it is for comes with the first message)."""
+
+    joined: bool
+    credential: str
+
+
+# What the agent's call being served presented (set by the guard; None: no guard).
+_AGENT_PASS: ContextVar[AgentPass | None] = ContextVar("assay_agent_pass", default=None)
+
+
+def agent_pass() -> AgentPass | None:
+    """What the guard let the current agent call in with, or None."""
+    return _AGENT_PASS.get()
 
 
 @contextmanager
@@ -146,12 +169,15 @@ class Guard:
         """`admit` for the calls of agents and trials (no database read): let the call
         through, or raise `RefusedError`."""
         if method.startswith(AGENTS):
-            if not self.join_token_ok(metadata.get(JOIN_TOKEN_HEADER, "")):
+            joined = self.join_token_ok(metadata.get(JOIN_TOKEN_HEADER, ""))
+            credential = metadata.get(AGENT_CREDENTIAL_HEADER, "")
+            if not joined and not credential:
                 raise RefusedError(
                     grpc.StatusCode.UNAUTHENTICATED,
                     "this agent did not present the cluster's join token: set `join_token` "
                     "in the agent's config (or ASSAY_JOIN_TOKEN) to the master's",
                 )
+            _AGENT_PASS.set(AgentPass(joined, credential))
             return
         if method.startswith(TRIALS):
             if not self._allocation_ok(metadata.get(ALLOCATION_TOKEN_HEADER, "")):
@@ -199,11 +225,13 @@ def _refusal(refused: RefusedError) -> grpc.RpcMethodHandler:
 
 
 __all__ = [
+    "AgentPass",
     "AuthError",
     "Guard",
     "GuardInterceptor",
     "RateLimitedError",
     "RefusedError",
+    "agent_pass",
     "caller",
     "calling_as",
 ]

@@ -187,5 +187,12 @@ ROUTES: tuple[Route, ...] = (
         fixed=(("enabled", False),),
         operation="DisableAgent",
     ),
+    Route(
+        "POST",
+        "/agents/{id}/remove",
+        "RemoveAgent",
+        "Forget an agent's credential so its name can join again; a connected agent is "
+        "disconnected and its trials requeued (admins only)",
+    ),
     Route("GET", "/queue", "GetQueue", "The trials waiting for slots, first to be placed first"),
 )

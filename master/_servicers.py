@@ -22,7 +22,7 @@ from assay.master._agents import AgentHandle
 from assay.master._aio import LoopOutbox
 from assay.master._auth import Principal
 from assay.master._core import Master
-from assay.master._guard import Guard, bearer, caller, metadata_dict
+from assay.master._guard import AgentPass, Guard, agent_pass, bearer, caller, metadata_dict
 from assay.master._secrets import masked_config_text
 from assay.master._status import maps_errors, maps_errors_async, maps_errors_stream, status_of
 from assay.master._trial_logs import FollowerLimit, stream_trial_logs
@@ -488,6 +488,14 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         return api_pb2.GetQueueResponse(trials=trials)
 
     @maps_errors
+    def RemoveAgent(  # noqa: N802
+        self, request: api_pb2.RemoveAgentRequest, context: grpc.ServicerContext
+    ) -> api_pb2.RemoveAgentResponse:
+        self._admin(context, "remove agents")
+        disconnected = self.master.remove_agent(request.id)
+        return api_pb2.RemoveAgentResponse(disconnected=disconnected)
+
+    @maps_errors
     def SetAgentEnabled(  # noqa: N802
         self, request: api_pb2.SetAgentEnabledRequest, context: grpc.ServicerContext
     ) -> common_pb2.Agent:
@@ -563,8 +571,18 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         outbox = LoopOutbox(loop)
         peer = _peer_host(context.peer())
         registration = wire.registration(first.register, peer)
+        # Checked against the name under the master's lock (Fleet.check_credential).
+        presented = agent_pass() or AgentPass(joined=False, credential="")
         registering = loop.run_in_executor(
-            self.pool, self.master.register_agent, registration, peer, outbox
+            self.pool,
+            partial(
+                self.master.register_agent,
+                registration,
+                peer,
+                outbox,
+                credential=presented.credential,
+                joined=presented.joined,
+            ),
         )
         try:
             handle = await asyncio.shield(registering)
@@ -583,9 +601,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         reader = asyncio.create_task(self._read(handle, messages))
         try:
             interval = int(self.master.config.heartbeat_interval_s * 1000)
+            issued, handle.credential = handle.credential, ""  # told once, then forgotten
             yield agent_pb2.MasterMessage(
                 registered=agent_pb2.Registered(
-                    cluster_id=self.master.cluster_id, heartbeat_interval_ms=interval
+                    cluster_id=self.master.cluster_id,
+                    heartbeat_interval_ms=interval,
+                    credential=issued,
                 )
             )
             while True:

@@ -238,17 +238,25 @@ class Registered(_message.Message):
 
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     heartbeat_interval_ms: _builtins.int
+    credential: _builtins.str
+    """Set at an agent's first join (in exchange for the join token), empty otherwise: the
+    agent's own credential, which it keeps (0600) and presents in the
+    `x-assay-agent-credential` metadata of every later Connect. The master keeps only its
+    sha256; the agent's name accepts no other credential until `assay agent remove`.
+    """
     def __init__(
         self,
         *,
         cluster_id: _builtins.str = ...,
         heartbeat_interval_ms: _builtins.int = ...,
+        credential: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "heartbeat_interval_ms", b"heartbeat_interval_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "credential", b"credential", "heartbeat_interval_ms", b"heartbeat_interval_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

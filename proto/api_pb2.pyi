@@ -795,6 +795,45 @@ class SetAgentEnabledRequest(_message.Message):
 Global___SetAgentEnabledRequest: _TypeAlias = SetAgentEnabledRequest  # noqa: Y015
 
 @_typing.final
+class RemoveAgentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveAgentRequest: _TypeAlias = RemoveAgentRequest  # noqa: Y015
+
+@_typing.final
+class RemoveAgentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISCONNECTED_FIELD_NUMBER: _builtins.int
+    disconnected: _builtins.bool
+    """Whether the agent was connected (or waiting to reconnect), and so disconnected."""
+    def __init__(
+        self,
+        *,
+        disconnected: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disconnected", b"disconnected"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveAgentResponse: _TypeAlias = RemoveAgentResponse  # noqa: Y015
+
+@_typing.final
 class User(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

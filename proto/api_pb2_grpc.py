@@ -150,6 +150,11 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.SetAgentEnabledRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_common__pb2.Agent.FromString,
                 _registered_method=True)
+        self.RemoveAgent = channel.unary_unary(
+                '/assay.v1.Api/RemoveAgent',
+                request_serializer=assay_dot_proto_dot_api__pb2.RemoveAgentRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.RemoveAgentResponse.FromString,
+                _registered_method=True)
 
 
 class ApiServicer:
@@ -303,6 +308,14 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveAgent(self, request, context):
+        """Forget an agent's credential, so its name can join again with the join token; a
+        connected agent is disconnected and its trials requeued (admins only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ApiServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -420,6 +433,11 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.SetAgentEnabled,
                     request_deserializer=assay_dot_proto_dot_api__pb2.SetAgentEnabledRequest.FromString,
                     response_serializer=assay_dot_proto_dot_common__pb2.Agent.SerializeToString,
+            ),
+            'RemoveAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveAgent,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.RemoveAgentRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.RemoveAgentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1043,6 +1061,33 @@ class Api:
             '/assay.v1.Api/SetAgentEnabled',
             assay_dot_proto_dot_api__pb2.SetAgentEnabledRequest.SerializeToString,
             assay_dot_proto_dot_common__pb2.Agent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/RemoveAgent',
+            assay_dot_proto_dot_api__pb2.RemoveAgentRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.RemoveAgentResponse.FromString,
             options,
             channel_credentials,
             insecure,

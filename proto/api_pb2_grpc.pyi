@@ -67,6 +67,10 @@ class ApiStub:
     GetQueue: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetQueueRequest, _api_pb2.GetQueueResponse]
     """The trials waiting for slots, in the order the scheduler will consider them."""
     SetAgentEnabled: _grpc.UnaryUnaryMultiCallable[_api_pb2.SetAgentEnabledRequest, _common_pb2.Agent]
+    RemoveAgent: _grpc.UnaryUnaryMultiCallable[_api_pb2.RemoveAgentRequest, _api_pb2.RemoveAgentResponse]
+    """Forget an agent's credential, so its name can join again with the join token; a
+    connected agent is disconnected and its trials requeued (admins only).
+    """
 
 @_typing.type_check_only
 class ApiAsyncStub(ApiStub):
@@ -106,6 +110,10 @@ class ApiAsyncStub(ApiStub):
     GetQueue: _aio.UnaryUnaryMultiCallable[_api_pb2.GetQueueRequest, _api_pb2.GetQueueResponse]  # type: ignore[assignment]
     """The trials waiting for slots, in the order the scheduler will consider them."""
     SetAgentEnabled: _aio.UnaryUnaryMultiCallable[_api_pb2.SetAgentEnabledRequest, _common_pb2.Agent]  # type: ignore[assignment]
+    RemoveAgent: _aio.UnaryUnaryMultiCallable[_api_pb2.RemoveAgentRequest, _api_pb2.RemoveAgentResponse]  # type: ignore[assignment]
+    """Forget an agent's credential, so its name can join again with the join token; a
+    connected agent is disconnected and its trials requeued (admins only).
+    """
 
 class ApiServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -280,5 +288,15 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.SetAgentEnabledRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.Agent, _abc.Awaitable[_common_pb2.Agent]]: ...
+
+    @_abc_1.abstractmethod
+    def RemoveAgent(
+        self,
+        request: _api_pb2.RemoveAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.RemoveAgentResponse, _abc.Awaitable[_api_pb2.RemoveAgentResponse]]:
+        """Forget an agent's credential, so its name can join again with the join token; a
+        connected agent is disconnected and its trials requeued (admins only).
+        """
 
 def add_ApiServicer_to_server(servicer: ApiServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -31,6 +31,16 @@ class AgentQueries(StoreBase):
                 for a in s.execute(select(Agent).order_by(Agent.id)).scalars()
             ]
 
+    def agent_credentials(self) -> dict[str, str]:
+        """Agent id -> the sha256 (hex) of its credential, for the agents given one."""
+        with self.read() as s:
+            rows = s.execute(
+                select(Agent.id, Agent.credential_sha256).where(
+                    Agent.credential_sha256.is_not(None)
+                )
+            )
+            return {agent_id: str(digest) for agent_id, digest in rows}
+
     def active_allocations(self) -> list[AllocationRecord]:
         with self.read() as s:
             rows = s.execute(

@@ -19,7 +19,7 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from assay.master.errors import InvalidArgumentError
@@ -246,8 +246,11 @@ class WriteBatch:
         devices: list[Any],
         address: str,
         now: dt.datetime,
+        credential_sha256: str | None = None,
     ) -> None:
-        values = {
+        """`credential_sha256`: the hash of the credential issued at this registration
+        (None: the row keeps the one it has)."""
+        values: dict[str, Any] = {
             "slot_type": slot_type,
             "slots": slots,
             "devices": list(devices),
@@ -255,6 +258,8 @@ class WriteBatch:
             "state": "ACTIVE",
             "last_heartbeat": now,
         }
+        if credential_sha256 is not None:
+            values["credential_sha256"] = credential_sha256
 
         def write(s: Session) -> None:
             # Insert or refresh: a reconnecting agent keeps its row and registration time.
@@ -268,6 +273,10 @@ class WriteBatch:
         self.call(
             lambda s: s.execute(update(_AGENTS).where(_AGENTS.c.id == agent_id).values(state=state))
         )
+
+    def agent_removed(self, agent_id: str) -> None:
+        """Forget the agent and its credential (`assay agent remove`): its name is free."""
+        self.call(lambda s: s.execute(delete(_AGENTS).where(_AGENTS.c.id == agent_id)))
 
     # --- writing ----------------------------------------------------------------------------
 

@@ -204,6 +204,9 @@ class Agent(Base):
     state: Mapped[str] = mapped_column(String(32))
     registered_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
     last_heartbeat: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    # The sha256 (hex) of the credential the agent was given at its first join; the name
+    # accepts no other. NULL: not issued yet (an agent of a release before 0006).
+    credential_sha256: Mapped[str | None] = mapped_column(String(64))
 
 
 class Allocation(Base):

@@ -191,3 +191,15 @@ def test_default_master_address_is_named() -> None:
     assert "127.0.0.1:8090" in done.stdout
     for alias in ("experiment (e)", "trial (t)", "agent (a)", "slot (s)", "checkpoint (c)"):
         assert alias in done.stdout
+
+
+def test_agent_remove(master: FakeApi) -> None:
+    master.responses["RemoveAgent"] = lambda r: api_pb2.RemoveAgentResponse(disconnected=True)
+
+    done = run_cli("agent", "remove", "gpu-1", master=master)
+
+    assert_ok(done)
+    assert [r.id for r in master.calls("RemoveAgent")] == ["gpu-1"]
+    assert "agent gpu-1 removed (it was connected" in done.stdout
+    master.errors["RemoveAgent"] = (grpc.StatusCode.PERMISSION_DENIED, "only an administrator")
+    assert_one_line_error(run_cli("a", "remove", "gpu-1", master=master), "only an administrator")

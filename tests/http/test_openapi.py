@@ -45,6 +45,7 @@ def test_every_route_is_in_it(document: dict[str, Any]) -> None:
         ("post", "/api/v1/checkpoints/delete"),
         ("post", "/api/v1/agents/{id}/enable"),
         ("post", "/api/v1/agents/{id}/disable"),
+        ("post", "/api/v1/agents/{id}/remove"),
         ("post", "/api/v1/login"),
         ("post", "/api/v1/logout"),
         ("get", "/api/v1/me"),

@@ -52,11 +52,34 @@ def api(master: MasterServer) -> Iterator[api_pb2_grpc.ApiStub]:
     channel.close()
 
 
-class ScriptedAgent:
-    """Registers with N CPU slots and records what the master tells it."""
+# The credential each agent name was last given: a scripted agent back under the same
+# name presents it, as a real agent presents its credential file. A master of another
+# test has its own store, where the name holds none: the join token gets a new one.
+CREDENTIALS: dict[str, str] = {}
 
-    def __init__(self, port: int, agent_id: str, slots: int, running: Sequence[str] = ()) -> None:
+
+class ScriptedAgent:
+    """Registers with N CPU slots and records what the master tells it.
+
+    It presents the join token and the credential last given to its name, unless told
+    another `credential` ("" none) or `join=False`."""
+
+    def __init__(
+        self,
+        port: int,
+        agent_id: str,
+        slots: int,
+        running: Sequence[str] = (),
+        *,
+        credential: str | None = None,
+        join: bool = True,
+    ) -> None:
         self.id = agent_id
+        self.error: grpc.RpcError | None = None  # what ended the stream, if the master did
+        presented = CREDENTIALS.get(agent_id, "") if credential is None else credential
+        metadata = [*JOIN_METADATA] if join else []
+        if presented:
+            metadata.append(("x-assay-agent-credential", presented))
         self.outgoing: queue.Queue[agent_pb2.AgentMessage | None] = queue.Queue()
         self.incoming: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -76,11 +99,13 @@ class ScriptedAgent:
                 )
             )
         )
-        self.stream = stub.Connect(self._requests(), metadata=JOIN_METADATA)
+        self.stream = stub.Connect(self._requests(), metadata=metadata)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         registered = self.next("registered")
         assert registered.registered.heartbeat_interval_ms > 0
+        self.credential = registered.registered.credential or presented
+        CREDENTIALS[agent_id] = self.credential
         self.closed = threading.Event()
         interval = registered.registered.heartbeat_interval_ms / 1000
         threading.Thread(target=self._beat, args=(interval,), daemon=True).start()
@@ -100,8 +125,8 @@ class ScriptedAgent:
         try:
             for message in self.stream:
                 self.incoming.put(message)
-        except grpc.RpcError:
-            pass
+        except grpc.RpcError as e:
+            self.error = e
 
     def send(self, message: agent_pb2.AgentMessage) -> None:
         self.outgoing.put(message)

@@ -186,6 +186,7 @@ def test_regular_users_change_only_their_own_experiments(guarded: Site) -> None:
                 api_pb2.ExperimentActionRequest(id=admins, action=api_pb2.EXPERIMENT_ACTION_KILL)
             ),
             lambda: bob.SetAgentEnabled(api_pb2.SetAgentEnabledRequest(id="a", enabled=False)),
+            lambda: bob.RemoveAgent(api_pb2.RemoveAgentRequest(id="a")),
             lambda: bob.CreateUser(api_pb2.CreateUserRequest(username="eve", password="x" * 12)),
             lambda: bob.SetUserActive(api_pb2.SetUserActiveRequest(username="admin")),
             lambda: bob.ChangePassword(

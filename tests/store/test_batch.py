@@ -123,6 +123,31 @@ def test_superseding_and_agent_rows_are_ordered_calls(store: Store) -> None:
     assert (agent.state, agent.slots, agent.address) == ("ACTIVE", 4, "h2")
 
 
+def test_an_agents_credential_hash_is_kept_until_the_agent_is_removed(store: Store) -> None:
+    batch = WriteBatch()
+    batch.agent_registered("a", slot_type="cpu", slots=1, devices=[], address="h", now=NOW)
+    batch.agent_registered(
+        "b", slot_type="cpu", slots=1, devices=[], address="h", now=NOW, credential_sha256="f" * 64
+    )
+    store.apply(batch)
+    assert store.agent_credentials() == {"b": "f" * 64}
+
+    again = WriteBatch()  # a reconnect records no new credential: the row keeps its own
+    again.agent_registered("b", slot_type="cpu", slots=2, devices=[], address="h2", now=NOW)
+    again.agent_registered(
+        "a", slot_type="cpu", slots=1, devices=[], address="h", now=NOW, credential_sha256="0" * 64
+    )
+    store.apply(again)
+    assert store.agent_credentials() == {"a": "0" * 64, "b": "f" * 64}
+
+    removed = WriteBatch()
+    removed.agent_state("b", "DISCONNECTED")
+    removed.agent_removed("b")
+    store.apply(removed)
+    assert store.agent_credentials() == {"a": "0" * 64}
+    assert [agent.id for agent in store.list_agents()] == ["a"]
+
+
 def test_unknown_fields_are_refused_when_recorded() -> None:
     batch = WriteBatch()
     with pytest.raises(InvalidArgumentError, match="cannot update trial fields"):

@@ -275,7 +275,7 @@ def test_level_0_is_rebuilt_for_metrics_stored_before_it(
     assert level_0 in reads  # tried, found short of rows, and left for a coarser source
     assert reads[-1] != level_0
 
-    assert migrate(store.engine) == "0005" == head_revision()
+    assert migrate(store.engine) == "0006" == head_revision()
 
     # A fresh trial given the same live points writes what the store computes itself.
     fresh = seed.trial(store, eid, request_id="fresh")
@@ -300,4 +300,50 @@ def test_level_0_is_rebuilt_for_metrics_stored_before_it(
         assert drawn == _curves._read_rollups(s, (fresh, "training", "loss"), 0, count, 250)
     assert drawn is not None
     assert (2001, 50.0) in drawn
+    store.close()
+
+
+# --- 0006: agents' credential hashes -----------------------------------------------------
+
+
+def test_agents_recorded_before_0006_have_no_credential_and_keep_their_rows(
+    tmp_path: Path, db_url: str
+) -> None:
+    import datetime as dt
+    import shutil
+
+    from assay.master.store import WriteBatch
+    from assay.master.store._migrate import MIGRATIONS
+
+    location = tmp_path / "migrations-0005"
+    shutil.copytree(MIGRATIONS, location)
+    for later in (location / "versions").glob("000[6-9]_*.py"):
+        later.unlink()
+    engine = make_engine(db_url)
+    assert migrate(engine, location) == "0005"
+    with engine.begin() as c:
+        c.execute(
+            text(
+                "INSERT INTO agents (id, address, slot_type, slots, devices, state, "
+                "registered_at, last_heartbeat) VALUES ('old', 'h', 'cpu', 2, '[]', 'ACTIVE', "
+                "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+            )
+        )
+    assert migrate(engine) == "0006"
+    engine.dispose()
+    store = Store.open(db_url)
+    assert [(a.id, a.slots) for a in store.list_agents()] == [("old", 2)]
+    assert store.agent_credentials() == {}
+    batch = WriteBatch()  # its next join gives it one
+    batch.agent_registered(
+        "old",
+        slot_type="cpu",
+        slots=2,
+        devices=[],
+        address="h",
+        now=dt.datetime.now(dt.UTC),
+        credential_sha256="a" * 64,
+    )
+    store.apply(batch)
+    assert store.agent_credentials() == {"old": "a" * 64}
     store.close()

@@ -137,6 +137,18 @@ class MasterConfig:
         "instance role) for an experiment whose checkpoint_storage gives no keys; for any "
         "other bucket such an experiment's checkpoints are left alone by the master.",
     )
+    experiments_per_minute: int = setting(
+        120,
+        kind=Integer(minimum=0),
+        help="Experiments one user may submit a minute (that many at once, then one every "
+        "60/N s; 0: no limit). Admins are not limited.",
+    )
+    model_definitions_mb: int = setting(
+        10240,
+        kind=Integer(minimum=0),
+        help="Megabytes of model definitions (archives) one user's experiments may store in "
+        "all (0: no limit). Admins are not limited.",
+    )
     log_quota_mb: int = setting(
         100,
         kind=Integer(minimum=0),

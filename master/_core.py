@@ -25,6 +25,7 @@ from assay.master._checkpoints import recorded_sha256, reported_location
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
+from assay.master._quota import SubmissionQuota
 from assay.master._submission import PreparedExperiment, check_submission, new_record
 from assay.master._trial_logs import LogKeeper
 from assay.master.errors import InvalidArgumentError
@@ -64,6 +65,11 @@ class Master:
     ) -> None:
         self.config = config
         self._storage_policy = config.storage_policy  # parsed once: on every submission
+        self.quota = SubmissionQuota(
+            config.experiments_per_minute,
+            config.model_definitions_mb * 2**20,
+            store.model_definition_bytes,
+        )
         self.store = store
         self.cluster_id = str(uuid.uuid4())
         self.lock = threading.RLock()

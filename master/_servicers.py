@@ -263,6 +263,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             )
         else:
             prepared = self.master.prepare_experiment(*args, owner=owner)
+        self.master.quota.take(prepared.owner_id, who.admin, len(model_definition))
         record, ticket, why = self.master.add_experiment(prepared, activate=activate)
         await self.master.commit.wait_async(ticket)
         experiment = _convert.experiment(record, num_trials=1, parsed=prepared.config)

@@ -95,6 +95,16 @@ class ExperimentQueries(StoreBase):
                 raise NotFoundError(f"experiment {experiment_id} does not exist")
             return bytes(data)
 
+    def model_definition_bytes(self, owner_id: int) -> int:
+        """The bytes of the model definitions of every experiment `owner_id` submitted."""
+        with self.read() as s:
+            total = s.execute(
+                select(func.coalesce(func.sum(func.length(Experiment.model_definition)), 0)).where(
+                    Experiment.owner_id == owner_id
+                )
+            ).scalar()
+            return int(total or 0)
+
     def get_config_text(self, experiment_id: int) -> str | None:
         """The config as its submitter wrote it (None if it was stored before it was kept)."""
         with self.read() as s:

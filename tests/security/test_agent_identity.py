@@ -57,7 +57,7 @@ class Intruder:
 
     def messages(self, wait: float) -> list[str]:
         """The kinds of the messages the master sent within `wait` seconds."""
-        kinds = []
+        kinds: list[str] = []
         try:
             while True:
                 kinds.append(self.received.get(timeout=wait).WhichOneof("message") or "")

@@ -213,11 +213,11 @@ class Master:
         peer_host: str,
         outbox: Outbox,
         *,
-        credential: str = "",
-        joined: bool = True,
+        credential: str | None = None,
+        joined: bool = False,
     ) -> AgentHandle:
         """A (re)connecting agent: its running allocations are kept, the rest forgotten.
-        `credential` and `joined`: what it presented (see `Fleet.check_credential`)."""
+        `credential` and `joined`: what it presented (see `Fleet.register`)."""
         with self.lock:
             handle, lost = self.fleet.register(
                 register, peer_host, outbox, _now(), credential=credential, joined=joined

@@ -114,14 +114,17 @@ class Fleet:
         outbox: Outbox,
         now: dt.datetime,
         *,
-        credential: str = "",
-        joined: bool = True,
+        credential: str | None = None,
+        joined: bool = False,
     ) -> tuple[AgentHandle, list[str]]:
         """A (re)connecting agent's handle, and the requests that lost their slots on
         it (an agent back with other slots is a new agent). `credential` is the one the
         agent presented ("" none) and `joined` whether it presented the join token (see
-        `check_credential`); a credential issued now is in the handle's `credential`."""
-        issue = self.check_credential(register.agent_id, credential, joined=joined)
+        `check_credential`); a credential issued now is in the handle's `credential`.
+        None: an agent of this process (the simulation), neither checked nor given one."""
+        issue = credential is not None and self.check_credential(
+            register.agent_id, credential, joined=joined
+        )
         slot_type, slots = register.slot_type, len(register.devices)
         if slots < 1:
             raise InvalidArgumentError(f"agent {register.agent_id!r} offers no slots")

@@ -19,6 +19,7 @@ import pytest
 import assay
 from assay._local import free_port
 from assay.agent._connection import Backoff, MasterConnection
+from assay.agent._credential import CredentialFile
 from assay.master._server import MasterServer
 from assay.proto import agent_pb2, agent_pb2_grpc, common_pb2
 from tests.credentials import ADMIN_PASSWORD, JOIN_METADATA, JOIN_TOKEN, master_config
@@ -126,7 +127,7 @@ def test_the_agent_stops_retrying_once_its_version_is_refused(master: MasterServ
 
 
 def test_a_name_already_connected_is_retried_not_refused(
-    master: MasterServer, caplog: pytest.LogCaptureFixture
+    master: MasterServer, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """FAILED_PRECONDITION also says "already connected": that one passes with time."""
     refusals: list[str] = []
@@ -143,7 +144,11 @@ def test_a_name_already_connected_is_retried_not_refused(
 
     with grpc.insecure_channel(f"127.0.0.1:{master.port}") as channel:
         stream = agent_pb2_grpc.AgentServiceStub(channel).Connect(first(), metadata=JOIN_METADATA)
-        assert next(stream).HasField("registered")
+        registered = next(stream)
+        assert registered.HasField("registered")
+        # The same agent, back on a new stream with the credential it was given.
+        connection.credential = CredentialFile(tmp_path / "credential")
+        connection.credential.save(registered.registered.credential)
         thread = threading.Thread(target=connection.run)
         caplog.set_level(logging.WARNING, logger="assay.agent")
         thread.start()

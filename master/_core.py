@@ -229,6 +229,16 @@ class Master:
             self.commit_and_wait()
             return handle
 
+    def agent_hung_up(self, handle: AgentHandle) -> None:
+        """The agent of `handle` hung up before its registration was answered: it is
+        disconnected, and a credential it was never told is withdrawn."""
+        with self.lock:
+            if handle.credential:
+                self.fleet.withdraw(handle.id, handle.credential)
+                handle.credential = ""
+            self.commit.ticket()
+        self.agent_disconnected(handle.id, handle)
+
     def heartbeat(self, agent_id: str, beat: Load) -> None:
         with self.lock:
             self.fleet.heard_from(agent_id, beat)

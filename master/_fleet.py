@@ -207,6 +207,14 @@ class Fleet:
         self._batch().agent_state(agent_id, "DISCONNECTED")
         return self.scheduler.remove_agent(agent_id, keep_other_parts=True)
 
+    def withdraw(self, agent_id: str, credential: str) -> None:
+        """Forget `credential`, issued to an agent that hung up before it was told it: the
+        name is free again for the join token (unless it holds another one by now)."""
+        digest = credential_digest(credential)
+        if self._credentials.get(agent_id) == digest:
+            del self._credentials[agent_id]
+            self._batch().agent_credential_withdrawn(agent_id, digest)
+
     def forget(self, agent_id: str) -> None:
         """Forget the agent's credential and row (the caller then drops the agent, if it
         is connected or awaited): its name is free for the next agent with the join token."""

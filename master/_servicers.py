@@ -594,8 +594,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             # it is disconnected, not left registered with nobody reading its messages.
             def hung_up(done: asyncio.Future[AgentHandle]) -> None:
                 if not done.cancelled() and done.exception() is None:
-                    gone = done.result()
-                    self.master.agent_disconnected(gone.id, gone)
+                    self.master.agent_hung_up(done.result())
 
             registering.add_done_callback(hung_up)
             raise

@@ -274,6 +274,17 @@ class WriteBatch:
             lambda s: s.execute(update(_AGENTS).where(_AGENTS.c.id == agent_id).values(state=state))
         )
 
+    def agent_credential_withdrawn(self, agent_id: str, digest: str) -> None:
+        """Forget a credential the agent was never told (it hung up first), unless the
+        row holds another by now."""
+        self.call(
+            lambda s: s.execute(
+                update(_AGENTS)
+                .where(_AGENTS.c.id == agent_id, _AGENTS.c.credential_sha256 == digest)
+                .values(credential_sha256=None)
+            )
+        )
+
     def agent_removed(self, agent_id: str) -> None:
         """Forget the agent and its credential (`assay agent remove`): its name is free."""
         self.call(lambda s: s.execute(delete(_AGENTS).where(_AGENTS.c.id == agent_id)))

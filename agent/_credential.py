@@ -33,6 +33,9 @@ class CredentialFile:
             value = self.path.read_text().strip()
         except FileNotFoundError:
             return ""
+        except OSError as e:
+            log.error("cannot read this agent's credential from %s: %s", self.path, e)
+            return ""
         if stat.S_IMODE(info.st_mode) & 0o077:
             log.warning(
                 "%s can be read by other users (mode %o): chmod 600 it",

@@ -3,7 +3,9 @@
 Layout: `<work-dir>/allocations/<allocation_id>/` holds `model/` (the extracted model
 definition, the processes' working directory) and `trial.json` (the harness's
 `ClusterSpec`, named by `ASSAY_TRIAL_SPEC`). It is deleted once the processes have
-exited, unless the agent keeps work directories for debugging.
+exited, unless the agent keeps work directories for debugging. Isolated, the
+experiment's shared_fs directory (the start's `checkpoint_root`) is made the experiment
+group's before the processes start (`Isolation.give_experiment_directory`).
 """
 
 from __future__ import annotations
@@ -78,6 +80,13 @@ def _config_environment(config_json: str, slot_kind: str) -> dict[str, str]:
         return environment_of(_json_or_empty(config_json, "config_json"), slot_kind)
     except InvalidConfigError as e:
         raise AllocationError(f"refused the config's environment variables: {e}") from None
+
+
+def _stores_on_shared_fs(config_json: str) -> bool:
+    """Whether the experiment's checkpoints go to shared_fs (its default) storage."""
+    config = _json_or_empty(config_json, "config_json")
+    storage = config.get("checkpoint_storage") if isinstance(config, dict) else None
+    return not isinstance(storage, dict) or storage.get("type", "shared_fs") == "shared_fs"
 
 
 def _free_port() -> int:
@@ -227,6 +236,16 @@ class Allocation:
         trial_spec(start).write(spec_path)  # readable by its owner only
         self.identity = self.isolation.lend(self.id, start.experiment_id)
         self.isolation.hand_over(self.dir, self.identity)
+        if start.checkpoint_root and _stores_on_shared_fs(start.config_json):
+            try:
+                self.isolation.give_experiment_directory(
+                    Path(start.checkpoint_root), start.experiment_id
+                )
+            except OSError as e:
+                raise AllocationError(
+                    f"cannot prepare experiment {start.experiment_id}'s checkpoint directory "
+                    f"{start.checkpoint_root}: {e}"
+                ) from None
         port = start.master_port
         if port == 0 and len(start.slots) == start.world_size:
             port = _free_port()  # every rank is here: any free port will do

@@ -10,7 +10,13 @@ that gives, enforced by the kernel rather than by Assay:
 - the agent's directory, settings file and environment, and a co-located master's state
   directory, belong to the agent's and master's users: unreadable;
 - the processes get a clean environment (`environment_for`): the agent's own variables
-  never reach them, and descriptors are never inherited (close_fds).
+  never reach them, and descriptors are never inherited (close_fds);
+- an experiment's shared_fs directory, `<checkpoint root>/<experiment id>`, is made by
+  the agent before the first allocation of the experiment starts here, root's and the
+  experiment's group's, 2770 (`give_experiment_directory`): its trials write their
+  checkpoints and TensorBoard files there (group-writable: umask 007, setgid keeps the
+  group), another experiment's trials can neither list, read nor write it, and the root
+  above it is only traversed (the master makes its own 0711).
 A uid is handed out round-robin, so one comes back only after every other in the range,
 and before it is handed out, and when its allocation ends, every process still running
 under it (a daemon a trial left behind) is killed.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import stat
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -94,6 +101,48 @@ class Isolation:
     def group_of(self, experiment_id: int) -> int:
         """The gid the trials of an experiment share (for its checkpoints)."""
         return self._base + experiment_id % self._count
+
+    def give_experiment_directory(self, path: Path, experiment_id: int) -> None:
+        """Make `path` experiment `experiment_id`'s directory in shared_fs storage: root's
+        and the experiment's group's, mode 2770 (nothing without isolation: the harness
+        makes it then). Its parent, the storage root, must exist.
+
+        A directory already there is taken only when it is exactly that (made so by an
+        earlier allocation); anything else is refused with what to do, never changed: the
+        path comes from a user's config, and root must not hand a directory it did not
+        make to a group of trials. Raises `OSError` with the reason.
+        """
+        if not self.enabled:
+            return
+        gid = self.group_of(experiment_id)
+        if not path.parent.is_dir():
+            raise FileNotFoundError(
+                f"the checkpoint storage root {path.parent} does not exist on this agent: "
+                "mount it (shared_fs is a directory every machine mounts at the same path)"
+            )
+        try:
+            path.mkdir(mode=0o700)
+            made = True
+        except FileExistsError:
+            made = False
+        # By descriptor, never following a link: what is changed is what was checked.
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            if made:
+                os.fchown(fd, 0, gid)
+                os.fchmod(fd, 0o2770)
+                return
+            found = os.fstat(fd)
+            mode = stat.S_IMODE(found.st_mode)
+            if (found.st_uid, found.st_gid, mode) != (0, gid, 0o2770):
+                raise PermissionError(
+                    f"{path} is there already, owned by {found.st_uid}:{found.st_gid} with "
+                    f"mode {mode:o}, and is not experiment {experiment_id}'s directory (root:"
+                    f"{gid}, 2770): an administrator checks what is in it, then removes it "
+                    f"or runs `chown root:{gid} {path} && chmod 2770 {path}`"
+                )
+        finally:
+            os.close(fd)
 
     def give_back(self, identity: Identity | None) -> None:
         """The allocation ended: whatever still runs as its uid is killed."""

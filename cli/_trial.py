@@ -267,13 +267,20 @@ def download_tensorboard_command(trial_id: int, directory: Path) -> None:
 
 
 def _shared_fs_root(api: Any, experiment_id: int, trial_id: int, storage: Any) -> Path:
-    """The shared_fs storage root: its host_path, else where the master put a checkpoint."""
+    """The experiment's shared_fs directory: `<host_path>/<storage_path>/<experiment id>`
+    (the storage root itself for a trial that ran before experiments had directories of
+    their own), else the directory the master put a checkpoint of the trial in."""
+    from assay.common.storage import experiment_directory, tensorboard_name
+
     if isinstance(storage, dict) and storage.get("host_path"):
-        return Path(storage["host_path"]) / str(storage.get("storage_path") or "")
+        root = Path(storage["host_path"]) / str(storage.get("storage_path") or "")
+        own = experiment_directory(root, experiment_id)
+        earlier = not (own / tensorboard_name(trial_id)).is_dir()
+        return root if earlier and (root / tensorboard_name(trial_id)).is_dir() else own
     for checkpoint in api.list_checkpoints(experiment_id, trial_id):
         if checkpoint.location and "://" not in checkpoint.location:
             return Path(checkpoint.location).parent
     raise AssayError(
         f"trial {trial_id} has no checkpoint, so where its storage is cannot be told; its "
-        "TensorBoard files are under <the master's checkpoint root>/tensorboard"
+        "TensorBoard files are under <the master's checkpoint root>/<experiment id>/tensorboard"
     )

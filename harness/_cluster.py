@@ -4,8 +4,8 @@ The agent sets the torch.distributed variables (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and ASSAY_TRIAL_SPEC, the path of a JSON file:
 
     {"config": {...}, "hparams": {...}, "trial_seed": 7, "trial_id": 12, "run_id": 2,
-     "experiment_id": 3, "allocation_id": "...", "checkpoint_root": "/ckpts",
-     "restore_from": "/ckpts/<uuid>" | null, "trial_api": "master:port", "token": "..."}
+     "experiment_id": 3, "allocation_id": "...", "checkpoint_root": "/ckpts/3",
+     "restore_from": "/ckpts/3/<uuid>" | null, "trial_api": "master:port", "token": "..."}
 
 and starts it in the extracted model directory. The process builds the Trial with the
 master's hyperparameters and seed, restores `restore_from` if set, and trains under a
@@ -47,10 +47,11 @@ from assay.common.storage import (
     TENSORBOARD,
     StorageError,
     StorageManager,
-    checkpoint_location,
+    checkpoint_uuid,
     is_remote,
     storage_at,
     storage_for,
+    trial_storage,
 )
 from assay.config import CheckpointStorageConfig, ExperimentConfig, parse_config
 from assay.errors import (
@@ -137,7 +138,9 @@ class ClusterSession:
     def report_checkpoint(self, report: CheckpointReport) -> None:
         metadata = report.metadata
         # The master derives the location by the same rule and refuses any other.
-        location = checkpoint_location(self.storage_config, metadata.uuid, self.checkpoint_root)
+        location = trial_storage(self.storage_config, self.checkpoint_root).location(
+            checkpoint_uuid(metadata.uuid)
+        )
         if self.storage is not None:
             self.storage.upload(report.path, metadata.uuid)
             shutil.rmtree(report.path, ignore_errors=True)  # stored: the local copy is spare

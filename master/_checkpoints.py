@@ -94,7 +94,7 @@ def delete_checkpoints(
             reason = f"experiment {experiment_id}'s config is unreadable: no storage to delete from"
             failed.update({r.uuid: reason for r in mine})
             continue
-        result = delete_records(store, mine, config, storages)
+        result = delete_records(store, mine, config, storages, experiment_id)
         deleted.extend(result.deleted)
         missing.extend(result.missing)
         failed.update(result.failed)
@@ -174,13 +174,17 @@ def reported_location(
     default_root: Path,
 ) -> str:
     """The location a trial's checkpoint report must give: the one its experiment's
-    storage derives from the uuid (`config`: the live experiment's, None when it ended
+    storage derives from the uuid and the experiment (shared_fs:
+    `<root>/<experiment_id>/<uuid>`; `config`: the live experiment's, None when it ended
     and the stored one is read). `InvalidArgumentError` for a bad uuid or location."""
     if config is None:  # ended meanwhile: a late report of its last run
         config = parse_config(store.get_experiment(experiment_id).config)
     try:
         expected = checkpoint_location(
-            config.checkpoint_storage, checkpoint_uuid(checkpoint.uuid), default_root
+            config.checkpoint_storage,
+            checkpoint_uuid(checkpoint.uuid),
+            default_root,
+            experiment_id=experiment_id,
         )
     except StorageError as e:
         raise InvalidArgumentError(f"checkpoint report refused: {e}") from None

@@ -35,7 +35,13 @@ from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assay.common.storage import StorageError, StorageManager, checkpoint_uuid, storage_for
+from assay.common.storage import (
+    StorageError,
+    StorageManager,
+    checkpoint_uuid,
+    earlier_storages,
+    storage_for,
+)
 from assay.config import CheckpointStorageConfig, ExperimentConfig
 from assay.master._storage_policy import StoragePolicy
 from assay.master.lifecycle import TERMINAL_TRIAL
@@ -166,7 +172,8 @@ class GCResult:
 
 
 class StorageCache:
-    """One `StorageManager` per experiment storage config, so S3 clients are reused.
+    """One `StorageManager` per experiment storage config (and experiment, on shared_fs),
+    so S3 clients are reused.
 
     `default_root` is the master's checkpoint root: the root of shared_fs storage that
     has no `host_path`.
@@ -184,23 +191,39 @@ class StorageCache:
         self.policy = policy
         self._managers: dict[str, StorageManager] = {} if cache is None else cache
 
-    def of(self, config: CheckpointStorageConfig) -> StorageManager:
-        """The storage `config` describes (`StorageError` when it describes none, or one
-        the policy keeps the master away from)."""
+    def of(
+        self, config: CheckpointStorageConfig, experiment_id: int | None = None
+    ) -> StorageManager:
+        """The storage `config` describes, for experiment `experiment_id` (shared_fs: its
+        own directory; None: the storage root itself). `StorageError` when it describes
+        none, or one the policy keeps the master away from."""
         problem = self.policy.use_problem(config) if self.policy is not None else None
         if problem is not None:
             raise StorageError(problem)
-        key = _storage_key(config, self.default_root)
+        key = _storage_key(config, self.default_root, experiment_id)
         manager = self._managers.get(key)
         if manager is None:
-            manager = self._managers[key] = storage_for(config, self.default_root)
+            manager = storage_for(config, self.default_root, experiment_id=experiment_id)
+            self._managers[key] = manager
         return manager
 
+    def earlier(
+        self, config: CheckpointStorageConfig, experiment_id: int
+    ) -> tuple[StorageManager, ...]:
+        """Where earlier layouts put experiment `experiment_id`'s checkpoints (shared_fs:
+        the storage root, `<root>/<uuid>`), for deletion to find them there too."""
+        if config.type != "shared_fs":
+            return ()
+        self.of(config, experiment_id)  # the same checks
+        return earlier_storages(config, self.default_root, experiment_id=experiment_id)
 
-def _storage_key(config: CheckpointStorageConfig, default_root: Path | None) -> str:
+
+def _storage_key(
+    config: CheckpointStorageConfig, default_root: Path | None, experiment_id: int | None
+) -> str:
     # Hashed: the key holds the credentials, which need not sit in the cache in clear.
     fields = (
-        (config.type, str(config.host_directory or default_root))
+        (config.type, str(config.host_directory or default_root), experiment_id)
         if config.type == "shared_fs"
         else (
             config.type,
@@ -215,25 +238,31 @@ def _storage_key(config: CheckpointStorageConfig, default_root: Path | None) -> 
     return hashlib.sha256(repr(fields).encode()).hexdigest()
 
 
-def delete_checkpoint(store: Store, record: CheckpointRecord, storage: StorageManager) -> bool:
+def delete_checkpoint(
+    store: Store,
+    record: CheckpointRecord,
+    storage: StorageManager,
+    earlier: Sequence[StorageManager] = (),
+) -> bool:
     """Delete one checkpoint's files from `storage`, then mark it DELETED; True if its
     files were gone.
 
-    What is deleted is `storage`'s place for the record's uuid, never the location the
-    record names: a record whose location is anywhere else (written by an older master,
-    or forged by a trial) raises `StorageError` and nothing is touched. Raises whatever
+    What is deleted is `storage`'s place for the record's uuid, or the place one of
+    `earlier` (the storage's earlier layouts) kept it in when the record names that
+    one, never the location the record names: a record whose location is anywhere else
+    (forged by a trial) raises `StorageError` and nothing is touched. Raises whatever
     storage or the store raised; the row is marked only after the files are gone, so a
     failure leaves it as it was and a retry finishes the job.
     """
     uuid = checkpoint_uuid(record.uuid)
-    expected = storage.location(uuid)
-    if record.location != expected:
+    holder = next((s for s in (storage, *earlier) if record.location == s.location(uuid)), None)
+    if holder is None:
         raise StorageError(
             f"checkpoint {uuid} is recorded at {record.location!r}, not where its "
-            f"experiment's storage keeps it ({expected}); not deleted, its files are left "
-            "as they are for an administrator to check"
+            f"experiment's storage keeps it ({storage.location(uuid)}); not deleted, its "
+            "files are left as they are for an administrator to check"
         )
-    found = storage.delete(uuid)
+    found = holder.delete(uuid)
     store.set_checkpoint_state(uuid, DELETED)
     return not found
 
@@ -243,15 +272,21 @@ def delete_records(
     records: Iterable[CheckpointRecord],
     config: CheckpointStorageConfig,
     storages: StorageCache,
+    experiment_id: int,
 ) -> GCResult:
-    """Delete each of `records`, all of one experiment whose storage is `config`,
-    collecting outcomes; never raises for one checkpoint."""
+    """Delete each of `records`, all of experiment `experiment_id` whose storage is
+    `config`, collecting outcomes; never raises for one checkpoint."""
     deleted: list[str] = []
     missing: list[str] = []
     failed: dict[str, str] = {}
     for record in records:
         try:
-            gone = delete_checkpoint(store, record, storages.of(config))
+            gone = delete_checkpoint(
+                store,
+                record,
+                storages.of(config, experiment_id),
+                storages.earlier(config, experiment_id),
+            )
         except Exception as e:
             failed[record.uuid] = str(e) or type(e).__name__
             log.warning("checkpoint %s: deletion failed: %s", record.uuid, failed[record.uuid])
@@ -284,12 +319,14 @@ def collect(
     state is never deleted, whatever the caller says.
 
     Each checkpoint to delete is removed from the storage `config` describes (shared_fs: the
-    directory `root/<uuid>`, the root being `default_root` when the config has no
-    host_path; s3: the objects under `prefix/<uuid>/`, with this process's credentials: the
-    config's or AWS_*), then marked DELETED; files already gone count as deleted and
-    missing. A failure (a record whose stored location is not that place included: it is
-    never deleted) is logged and returned in `failed`, never raised, and leaves the row as
-    it was. Running it again does nothing more. Errors reading the store do propagate.
+    directory `root/<experiment_id>/<uuid>`, or `root/<uuid>` for one recorded there
+    before experiments had directories of their own, the root being `default_root` when
+    the config has no host_path; s3: the objects under `prefix/<uuid>/`, with this
+    process's credentials: the config's or AWS_*), then marked DELETED; files already gone
+    count as deleted and missing. A failure (a record whose stored location is not that
+    place included: it is never deleted) is logged and returned in `failed`, never raised,
+    and leaves the row as it was. Running it again does nothing more. Errors reading the
+    store do propagate.
     """
     trials = store.list_trials(experiment_id)
     ended = set(ended_trial_ids) | {t.id for t in trials if t.state in TERMINAL_TRIAL}
@@ -305,7 +342,7 @@ def collect(
     if not records:
         return GCResult()
     storages = StorageCache(default_root, cache=storage_cache, policy=policy)
-    result = delete_records(store, records, config.checkpoint_storage, storages)
+    result = delete_records(store, records, config.checkpoint_storage, storages, experiment_id)
     log.info("experiment %d: %s", experiment_id, gc_sentence(result))
     return result
 

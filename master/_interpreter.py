@@ -24,6 +24,7 @@ from concurrent import futures
 from dataclasses import replace
 from typing import Any, Protocol
 
+from assay.common.storage import experiment_directory
 from assay.master._agents import KillRun
 from assay.master._auth import mask_secrets
 from assay.master._config import MasterConfig
@@ -347,8 +348,10 @@ class Interpreter:
         experiment = self.experiments[trial.experiment_id]
         # The suffix only tells runs of restarted masters apart; the token is the secret.
         allocation_id = f"{trial.id}.{trial.run_id + 1}.{random.getrandbits(32):08x}"
+        # The experiment's own directory: its trials write there, and an isolating agent
+        # gives it to the experiment's group alone.
         host = experiment.config.checkpoint_storage.host_directory
-        root = str(host) if host is not None else self._checkpoint_root
+        root = str(experiment_directory(host or self._checkpoint_root, trial.experiment_id))
         effects = trial_life.start(
             trial,
             experiment,

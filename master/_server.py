@@ -7,6 +7,7 @@ import datetime as dt
 import logging
 import math
 import os
+import stat
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -58,8 +59,7 @@ class MasterServer:
         # Checked first: a master that cannot serve TLS as configured must not start plain.
         self.tls = ServerTls.load(config.tls_cert, config.tls_key)
         try:
-            # The store holds the join token and the allocation tokens' key: owner only.
-            config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _make_state_dir(config.state_dir, config.checkpoint_root)
         except OSError as e:
             raise AssayError(f"cannot create the state directory {config.state_dir}: {e}") from None
         self.config = config
@@ -233,6 +233,36 @@ def _with_port(config: MasterConfig, port: int) -> MasterConfig:
     from dataclasses import replace
 
     return replace(config, grpc_port=port)
+
+
+def _make_state_dir(state_dir: Path, checkpoint_root: Path) -> None:
+    """The state directory and the default checkpoint root inside it, both 0711.
+
+    The store, the join token and every other file the master writes here are its alone
+    (0600: main sets the umask 077, and any file found open to others is closed here). The
+    directories are 0711, not 0700, so that isolated trials, each running as a uid of its
+    own, can pass through them to their experiment's directory `checkpoints/<id>`, which
+    their agent gives to the experiment's group alone (2770); they can list neither.
+    """
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    checkpoint_root.mkdir(exist_ok=True, mode=0o700)
+    state_dir.chmod(0o711)
+    checkpoint_root.chmod(0o711)
+    for path in state_dir.iterdir():
+        mode = path.lstat().st_mode
+        if stat.S_ISREG(mode) and mode & 0o077:
+            log.warning("%s was open to other users (%o); now only the master's", path, mode)
+            path.chmod(0o600)
+    where = state_dir.resolve()
+    closed = [p for p in (where, *where.parents) if not p.stat().st_mode & 0o001]
+    if closed:
+        log.info(
+            "%s is not traversable by other users: trials isolated by their agent (isolation: "
+            "uid) cannot reach the checkpoint root %s; give such experiments a "
+            "checkpoint_storage.host_path, or move state_dir",
+            closed[0],
+            checkpoint_root,
+        )
 
 
 def _write_private(path: Path, text: str) -> None:

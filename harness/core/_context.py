@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from assay._spec import ClusterSpec, LocalSpec, spec_from_env
-from assay.common.storage import SharedFSStorage, StorageManager, storage_for
+from assay.common.storage import SharedFSStorage, StorageManager, storage_for, trial_storage
 from assay.core._backend import Backend, ClusterBackend, LocalBackend
 from assay.core._checkpoint import CheckpointContext
 from assay.core._distributed import DistributedContext
@@ -119,7 +119,7 @@ def init(
         if checkpoint_storage is not None:
             log.warning("checkpoint_storage= is ignored on a cluster: the experiment's is used")
         assert config is not None
-        storage = storage_for(config.checkpoint_storage, Path(spec.checkpoint_root))
+        storage = trial_storage(config.checkpoint_storage, spec.checkpoint_root)
         backend = ClusterBackend(spec) if chief else None
     else:
         storage, metrics_path = _local_storage(spec, checkpoint_storage)

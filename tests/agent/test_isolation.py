@@ -4,17 +4,24 @@ environment it gets. Real processes (the agent's side runs as root here)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from assay.agent._allocation import Allocation, AllocationError
 from assay.agent._isolation import Identity, Isolation, kill_processes_of
 from assay.agent._process import RankProcesses, RankSpec, wrap_command
+from assay.common.tls import ClientTls
+from assay.proto import agent_pb2
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
 BASE = 1_900_000_000
@@ -155,3 +162,144 @@ def test_the_agent_says_when_it_is_single_tenant(tmp_path: Path) -> None:
         check=False,
     )
     assert "--isolation [auto|uid|none]" in done.stdout
+
+
+@pytest.fixture
+def storage_root() -> Iterator[Path]:
+    """A checkpoint root as the master makes it (0711), where other uids can reach it
+    (pytest's own temporary directories are 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="assay-checkpoints-", dir="/tmp"))
+    root.chmod(0o711)
+    yield root
+    shutil.rmtree(root)
+
+
+def test_an_experiments_directory_is_its_groups_alone(storage_root: Path) -> None:
+    isolation = Isolation("uid", BASE, 100)
+    mine = storage_root / "5"
+    isolation.give_experiment_directory(mine, 5)
+    isolation.give_experiment_directory(mine, 5)  # the next allocation takes it as it is
+    found = mine.stat()
+    assert (found.st_uid, found.st_gid, found.st_mode & 0o7777) == (0, BASE + 5, 0o2770)
+
+    # A trial of experiment 5 writes a checkpoint; another trial of it reads it.
+    writer = _run_as(
+        Identity(BASE + 1, BASE + 5),
+        f"mkdir {mine}/ckpt && echo weights > {mine}/ckpt/model.pt && ls {mine}",
+    )
+    assert writer.returncode == 0, writer.stderr
+    assert writer.stdout.split() == ["ckpt"]
+    assert (mine / "ckpt" / "model.pt").stat().st_gid == BASE + 5  # setgid keeps the group
+    reader = _run_as(Identity(BASE + 2, BASE + 5), f"cat {mine}/ckpt/model.pt")
+    assert (reader.returncode, reader.stdout) == (0, "weights\n"), reader.stderr
+
+    # A trial of experiment 6 can neither list, read nor write there, nor list the root.
+    script = (
+        f"ls {mine}; echo list=$?; cat {mine}/ckpt/model.pt; echo read=$?; "
+        f"touch {mine}/planted; echo write=$?; mkdir {mine}/ckpt/x; echo plant=$?; "
+        f"ls {storage_root}; echo root=$?; touch {storage_root}/6; echo squat=$?"
+    )
+    other = _run_as(Identity(BASE + 3, BASE + 6), script)
+    results = dict(line.split("=") for line in other.stdout.split() if "=" in line)
+    assert set(results) == {"list", "read", "write", "plant", "root", "squat"}, other
+    assert all(code != "0" for code in results.values()), other
+    assert sorted(p.name for p in mine.iterdir()) == ["ckpt"]
+    assert sorted(p.name for p in storage_root.iterdir()) == ["5"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "match"),
+    [
+        ("open", "is not experiment 5's directory"),
+        ("other-group", "is not experiment 5's directory"),
+        ("symlink", "Not a directory"),  # O_NOFOLLOW with O_DIRECTORY: ENOTDIR
+        ("file", "Not a directory"),
+    ],
+)
+def test_a_directory_not_made_for_the_experiment_is_refused_unchanged(
+    storage_root: Path, kind: str, match: str
+) -> None:
+    isolation = Isolation("uid", BASE, 100)
+    path = storage_root / "5"
+    if kind == "open":
+        path.mkdir()
+        path.chmod(0o777)  # made by someone else, e.g. a squatter
+    elif kind == "other-group":
+        path.mkdir()
+        os.chown(path, 0, BASE + 6)
+        path.chmod(0o2770)
+    elif kind == "symlink":
+        path.symlink_to("/etc")
+    else:
+        path.write_text("")
+    before = path.lstat()
+
+    with pytest.raises(OSError, match=match):
+        isolation.give_experiment_directory(path, 5)
+
+    after = path.lstat()
+    assert (after.st_uid, after.st_gid, after.st_mode) == (
+        before.st_uid,
+        before.st_gid,
+        before.st_mode,
+    )
+    assert Path("/etc").stat().st_gid == 0
+
+
+def test_the_storage_root_must_exist_and_without_isolation_nothing_is_made(
+    storage_root: Path,
+) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist on this agent"):
+        Isolation("uid", BASE, 100).give_experiment_directory(storage_root / "no" / "5", 5)
+    Isolation("none", BASE, 100).give_experiment_directory(storage_root / "5", 5)
+    assert not (storage_root / "5").exists()
+    assert not (storage_root / "no").exists()
+
+
+def _allocation(
+    work_dir: Path, isolation: Isolation, root: Path, storage: dict[str, str]
+) -> Allocation:
+    start = agent_pb2.StartAllocation(
+        allocation_id="9.1.abc",
+        trial_id=9,
+        run_id=1,
+        experiment_id=5,
+        slots=[0],
+        ranks=[0],
+        world_size=1,
+        config_json=json.dumps({"checkpoint_storage": storage}),
+        checkpoint_root=str(root / "5"),
+    )
+    return Allocation(
+        start,
+        lambda _: None,
+        lambda _: None,
+        work_dir=work_dir,
+        harness_command=["/bin/true"],
+        slot_kind="cpu",
+        address="127.0.0.1",
+        tls=ClientTls.of(None, None, ""),
+        grace=1.0,
+        isolation=isolation,
+    )
+
+
+def test_an_allocation_prepares_its_experiments_directory(
+    tmp_path: Path, storage_root: Path
+) -> None:
+    isolation = Isolation("uid", BASE, 100)
+    s3 = _allocation(tmp_path, isolation, storage_root, {"type": "s3", "bucket": "b"})
+    s3._prepare()
+    isolation.give_back(s3.identity)
+    assert not (storage_root / "5").exists()  # object storage: nothing on this disk
+
+    allocation = _allocation(tmp_path, isolation, storage_root, {"type": "shared_fs"})
+    allocation._prepare()
+    isolation.give_back(allocation.identity)
+    found = (storage_root / "5").stat()
+    assert (found.st_uid, found.st_gid, found.st_mode & 0o7777) == (0, BASE + 5, 0o2770)
+
+    (storage_root / "5").chmod(0o777)
+    refused = _allocation(tmp_path, isolation, storage_root, {"type": "shared_fs"})
+    with pytest.raises(AllocationError, match="cannot prepare experiment 5's checkpoint"):
+        refused.launch()

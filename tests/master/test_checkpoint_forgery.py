@@ -16,7 +16,14 @@ import grpc
 import pytest
 import yaml
 
-from assay.common.storage import S3Storage, StorageError, checkpoint_location, checkpoint_uuid
+from assay.common.storage import (
+    S3Storage,
+    SharedFSStorage,
+    StorageError,
+    checkpoint_location,
+    checkpoint_uuid,
+    trial_storage,
+)
 from assay.config import parse_config
 from assay.master._gc import delete_checkpoint
 from assay.master._server import MasterServer
@@ -54,12 +61,25 @@ def test_the_location_follows_the_experiments_storage(tmp_path: Path) -> None:
     name = str(uuidlib.uuid4())
     assert checkpoint_uuid(name) == name
     config = parse_config(_config()).checkpoint_storage
-    assert checkpoint_location(config, name, tmp_path) == str(tmp_path / name)
+    assert checkpoint_location(config, name, tmp_path, experiment_id=7) == str(
+        tmp_path / "7" / name
+    )
+    assert checkpoint_location(config, name, tmp_path) == str(tmp_path / name)  # off-cluster
     own = {"type": "shared_fs", "host_path": str(tmp_path / "fs"), "storage_path": "runs"}
     config = parse_config(_config(checkpoint_storage=own)).checkpoint_storage
-    assert checkpoint_location(config, name, tmp_path) == str(tmp_path / "fs" / "runs" / name)
+    assert checkpoint_location(config, name, tmp_path, experiment_id=7) == str(
+        tmp_path / "fs" / "runs" / "7" / name
+    )
+    # What a trial reports: its storage rooted at the directory the master named.
+    assert trial_storage(config, tmp_path / "fs" / "runs" / "7").location(name) == str(
+        tmp_path / "fs" / "runs" / "7" / name
+    )
+    for bad in (-1, True, "7"):
+        with pytest.raises(StorageError, match="is not an integer"):
+            checkpoint_location(config, name, tmp_path, experiment_id=bad)  # type: ignore[arg-type]
     config = parse_config(_config(checkpoint_storage=S3)).checkpoint_storage
     assert checkpoint_location(config, name, tmp_path) == f"s3://mine/exp/{name}"
+    assert checkpoint_location(config, name, tmp_path, experiment_id=7) == f"s3://mine/exp/{name}"
     with pytest.raises(StorageError):
         checkpoint_location(config, "checkpoints", tmp_path)
 
@@ -168,16 +188,21 @@ def test_forged_shared_fs_locations_are_refused(
 ) -> None:
     root = master.config.checkpoint_root
     victim = run()
-    theirs = victim.process.report(10, 0.5)  # at root/<theirs>, the legit place
+    theirs = victim.process.report(10, 0.5)  # at root/<experiment>/<theirs>, the legit place
     attacker = run()
+    own = root / str(attacker.experiment_id)
+    assert attacker.start.checkpoint_root == str(own)
     mine = str(uuidlib.uuid4())
     forged = [
         (mine, str(tmp_path / "elsewhere" / mine)),  # outside the storage root
-        (mine, str(root / theirs)),  # another experiment's checkpoint
+        (mine, str(root / str(victim.experiment_id) / theirs)),  # another's checkpoint
+        (mine, str(root / str(victim.experiment_id) / mine)),  # in another's directory
+        (mine, str(root / mine)),  # the flat place of checkpoints from before
+        (mine, str(own)),  # its directory itself
         (mine, str(root)),  # the root itself
-        (mine, f"{root}/../{mine}"),
-        (mine, f"{root}/{mine}/"),
-        (mine.upper(), str(root / mine.upper())),  # not the canonical uuid
+        (mine, f"{own}/../{mine}"),
+        (mine, f"{own}/{mine}/"),
+        (mine.upper(), str(own / mine.upper())),  # not the canonical uuid
         (mine, f"s3://mine/exp/{mine}"),
     ]
     for name, location in forged:
@@ -188,7 +213,7 @@ def test_forged_shared_fs_locations_are_refused(
         )
     # Its own place, with the other experiment's uuid: the uuid is taken.
     _refused(
-        lambda: attacker.report(theirs, str(root / theirs)),
+        lambda: attacker.report(theirs, str(own / theirs)),
         grpc.StatusCode.FAILED_PRECONDITION,
         "already recorded",
     )
@@ -222,8 +247,8 @@ def test_forged_s3_locations_are_refused(master: MasterServer, run: Callable[...
 def test_a_legit_report_is_recorded_and_deleted_by_its_owner(
     master: MasterServer, api: api_pb2_grpc.ApiStub, run: Callable[..., Running]
 ) -> None:
-    root = master.config.checkpoint_root
     mine = run()
+    root = master.config.checkpoint_root / str(mine.experiment_id)
     older = mine.process.report(50, 0.9)
     newer = mine.process.report(100, 0.5)  # the latest: the running trial restores from it
     for name in (older, newer):
@@ -244,8 +269,8 @@ def test_a_legit_report_is_recorded_and_deleted_by_its_owner(
 def test_only_the_owner_or_an_administrator_deletes(
     master: MasterServer, api: api_pb2_grpc.ApiStub, run: Callable[..., Running]
 ) -> None:
-    root = master.config.checkpoint_root
     admins = run()  # created by admin
+    root = Path(admins.start.checkpoint_root)
     older = admins.process.report(50, 0.9)
     admins.process.report(100, 0.5)
     _write_checkpoint(root / older)
@@ -300,14 +325,14 @@ def test_forged_records_in_the_store_are_never_deleted_from_storage(
     master.store.add_checkpoint(_record(trial, "checkpoints", str(root), 10))
     master.store.add_checkpoint(_record(trial, elsewhere, str(outside), 20))
     legit = trial.process.report(50, 0.9)
-    _write_checkpoint(root / legit)
+    _write_checkpoint(root / str(trial.experiment_id) / legit)
     trial.process.validate(100, 0.5)
     assert trial.process.next_op(100).stop
     agent.exited(trial.start.allocation_id, [0])
 
     # The trial ended: garbage collection deletes all but its best and latest.
     eventually(lambda: master.store.get_checkpoint(legit).state == "DELETED")
-    assert not (root / legit).exists()
+    assert not (root / str(trial.experiment_id) / legit).exists()
     for name in ("checkpoints", elsewhere):
         assert master.store.get_checkpoint(name).state == "COMPLETED"
     assert shared.is_dir()
@@ -345,3 +370,51 @@ def test_a_forged_s3_record_is_not_deleted_from_any_bucket() -> None:
         delete_checkpoint(cast(Store, _Untouched()), record, storage)
 
     assert storage._client is None  # no S3 call was made
+
+
+def test_records_of_the_flat_layout_are_deleted_there_and_nowhere_else(
+    master: MasterServer, api: api_pb2_grpc.ApiStub, run: Callable[..., Running]
+) -> None:
+    root = master.config.checkpoint_root
+    trial = run()
+    flat, moved = str(uuidlib.uuid4()), str(uuidlib.uuid4())
+    # Recorded before experiments had directories of their own: at root/<uuid>.
+    old = _write_checkpoint(root / flat)
+    master.store.add_checkpoint(_record(trial, flat, str(old), 10))
+    # Recorded at the flat place while its files sit in the experiment's directory:
+    # the record says where, so only that place is tried.
+    master.store.add_checkpoint(_record(trial, moved, str(root / moved), 20))
+    beside = _write_checkpoint(root / str(trial.experiment_id) / moved)
+    trial.process.report(30, 0.5)  # the latest, kept while the trial runs
+
+    answer = api.DeleteCheckpoints(api_pb2.DeleteCheckpointsRequest(uuids=[flat, moved]))
+
+    assert sorted(answer.deleted) == sorted([flat, moved])
+    assert list(answer.missing) == [moved]
+    assert not old.exists()
+    assert beside.is_dir()
+
+
+def test_a_record_naming_another_experiments_directory_is_not_deleted(tmp_path: Path) -> None:
+    name = str(uuidlib.uuid4())
+    theirs = _write_checkpoint(tmp_path / "8" / name)
+    record = CheckpointRecord(
+        uuid=name,
+        trial_id=1,
+        run_id=1,
+        total_batches=10,
+        state="COMPLETED",
+        location=str(theirs),
+        files={},
+        user_metadata={},
+    )
+
+    with pytest.raises(StorageError, match="not where its experiment's storage keeps it"):
+        delete_checkpoint(
+            cast(Store, _Untouched()),
+            record,
+            SharedFSStorage(tmp_path / "7"),
+            [SharedFSStorage(tmp_path)],
+        )
+
+    assert theirs.is_dir()

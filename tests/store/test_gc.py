@@ -49,18 +49,24 @@ def _write(storage: StorageManager, tmp: Path, uuid: str) -> str:
     return storage.upload(local, uuid)
 
 
-@pytest.fixture(params=["shared_fs", "s3"])
+@pytest.fixture(params=["shared_fs", "shared_fs-flat", "s3"])
 def setup(request: pytest.FixtureRequest, store: Store, tmp_path: Path) -> Setup:
     """Trial a (COMPLETED): a10 0.5, a20 0.3, a30 0.4, a40 without a metric (its latest);
-    trial b (RUNNING): b10 0.1, b20 0.2 (its latest); save_* at their defaults (1, 1, 0)."""
+    trial b (RUNNING): b10 0.1, b20 0.2 (its latest); save_* at their defaults (1, 1, 0).
+
+    shared_fs: in the experiment's directory; shared_fs-flat: at `<root>/<uuid>`, where
+    they were written before experiments had directories of their own."""
     config = regression_config(batches=40)
-    if request.param == "shared_fs":
+    if request.param.startswith("shared_fs"):
         config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "fs")}
     else:
         server: S3Server = request.getfixturevalue("s3_server")
         config["checkpoint_storage"] = server.storage_config(server.new_bucket())
-    storage = storage_for(parse_config(config).checkpoint_storage)
     eid = seed.experiment(store, name="gc", owner="alice", config=config)
+    flat = request.param == "shared_fs-flat"
+    storage = storage_for(
+        parse_config(config).checkpoint_storage, experiment_id=None if flat else eid
+    )
     uuids: dict[str, str] = {}
     trials: dict[str, int] = {}
     plan: dict[str, list[tuple[int, float | None]]] = {
@@ -223,3 +229,35 @@ def test_delete_of_an_unknown_uuid_deletes_nothing(setup: Setup) -> None:
     with pytest.raises(NotFoundError, match=unknown):
         delete_checkpoints(setup.store, [setup.uuids["a10"], unknown])
     assert setup.stored("a10")
+
+
+def test_shared_fs_checkpoints_are_deleted_in_either_layout(setup: Setup, tmp_path: Path) -> None:
+    if not isinstance(setup.storage, SharedFSStorage):
+        pytest.skip("shared_fs only")
+    location = Path(setup.store.get_checkpoint(setup.uuids["a10"]).location)
+    assert location.parent == setup.storage.root
+    assert setup.storage.root in (tmp_path / "fs" / str(setup.experiment_id), tmp_path / "fs")
+
+    delete_checkpoints(setup.store, [setup.uuids["a10"]], user="alice")
+
+    assert not location.exists()
+    assert setup.state("a10") == "DELETED"
+    assert setup.stored("a20")
+
+
+def test_a_flat_record_of_a_checkpoint_in_the_experiments_directory_is_not_found_there(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """A record's location decides the one place deleted: files elsewhere are left."""
+    if not isinstance(setup.storage, SharedFSStorage) or setup.storage.root == tmp_path / "fs":
+        pytest.skip("shared_fs in the experiment's directory only")
+    uuid = setup.uuids["a10"]
+    record = setup.store.get_checkpoint(uuid)
+    decoy = tmp_path / "fs" / uuid
+    decoy.mkdir(parents=True)  # at the flat place, beside the real one
+
+    result = delete_checkpoints(setup.store, [uuid], user="alice")
+
+    assert list(result.deleted) == [uuid]
+    assert not Path(record.location).exists()
+    assert decoy.is_dir()

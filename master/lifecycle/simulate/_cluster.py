@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from assay.common.storage import checkpoint_location
+from assay.common.storage import trial_storage
 from assay.config import parse_config
 from assay.errors import PREEMPTED_EXIT_CODE
 from assay.master._agents import AgentHandle, KillRun, StartRun
@@ -336,7 +336,7 @@ class Cluster:
         if process.total <= process.last_checkpoint:
             return
         name = str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
-        location = checkpoint_location(process.storage, name, process.root)
+        location = trial_storage(process.storage, process.root).location(name)
         record = CheckpointRecord(
             uuid=name,
             trial_id=process.trial_id,

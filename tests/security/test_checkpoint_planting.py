@@ -68,7 +68,10 @@ def plant(root, marker):
     """Every checkpoint found: a payload as user_state.pt, zeroed weights, and the
     manifest rewritten so that it vouches for both."""
     planted = []
-    for checkpoint in sorted(Path(root).iterdir()):
+    # Each experiment's checkpoints are in root/<experiment id>: without isolation,
+    # every one of them is in reach.
+    found = [c for e in sorted(Path(root).iterdir()) if e.is_dir() for c in sorted(e.iterdir())]
+    for checkpoint in found:
         manifest = checkpoint / "metadata.json"
         if not manifest.is_file():
             continue
@@ -91,7 +94,7 @@ class Innocent(Trial):
         self.context = context
         hp = context.get_hparams()
         spec = json.loads(Path(os.environ["ASSAY_TRIAL_SPEC"]).read_text())
-        planted = plant(spec["checkpoint_root"], hp["marker"])
+        planted = plant(Path(spec["checkpoint_root"]).parent, hp["marker"])
         Path(hp["report"]).write_text(json.dumps(planted))
         self.model = context.wrap_model(nn.Linear(2, 1))
         self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.1))

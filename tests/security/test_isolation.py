@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,23 +27,54 @@ from tests.credentials import login
 from tests.e2e.conftest import ROOT, Cluster, start_cluster, stop_cluster
 
 
-def _reachable_by_others(path: Path) -> bool:
-    """Whether a user other than its owner can run or read `path` (each folder above it
-    searchable by others)."""
-    path = path.resolve()
-    return all(p.stat().st_mode & 0o001 for p in path.parents) and bool(path.stat().st_mode & 0o005)
+def _blocking_folder(path: Path) -> Path | None:
+    """The highest folder above `path` that other users cannot pass through, if any."""
+    for parent in reversed(path.resolve().parents):
+        if not parent.stat().st_mode & 0o001:
+            return parent
+    return None
 
 
-_PYTHON_OPEN = _reachable_by_others(Path(sys.executable)) and _reachable_by_others(
-    Path(os.__file__)
-)
+def _exposing(command: list[str], python: Path) -> list[str]:
+    """`command`, run so that other users reach this Python: when it lives under a folder
+    they cannot pass through (this machine's /root), the agent gets a mount namespace of
+    its own in which that folder is an empty 0711 tmpfs holding only the way to Python."""
+    blocking = _blocking_folder(python)
+    if blocking is None:
+        return command
+    inner = python.resolve().relative_to(blocking).parts[0]  # e.g. .pyenv
+    real = blocking / inner
+    keep = f"/tmp/assay-isolation-{os.getpid()}"
+    script = (
+        f"mkdir -p {keep} && mount --bind {real} {keep} && "
+        f"mount -t tmpfs -o mode=0711 tmpfs {blocking} && mkdir {real} && "
+        f'mount --bind {keep} {real} && exec "$@"'
+    )
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *command]
+
+
+def _namespaces_work() -> bool:
+    probe = "mkdir -p /tmp/assay-ns-probe && mount -t tmpfs tmpfs /tmp/assay-ns-probe"
+    try:
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", probe],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
+_PYTHON = Path(sys.executable)
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="isolation needs a root agent"),
     pytest.mark.skipif(
-        not _PYTHON_OPEN,
-        reason=f"this Python ({Path(sys.executable).resolve()}) is not readable by other "
-        "users, so no isolated trial can run it (tests/agent/test_isolation.py covers the "
-        "parts that need no Python)",
+        _blocking_folder(_PYTHON) is not None and not _namespaces_work(),
+        reason=f"this Python ({_PYTHON.resolve()}) is not reachable by other users and no "
+        "mount namespace can expose it (tests/agent/test_isolation.py covers the parts that "
+        "need no Python)",
     ),
 ]
 
@@ -89,11 +122,15 @@ print("FOUND " + json.dumps(found), flush=True)
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("isolation")
     c = start_cluster(tmp, None, agents=0, slots=1)
+    # The agent's work dir where isolated trials reach it (pytest's folders are root's).
+    work = Path(tempfile.mkdtemp(prefix="assay-isolated-agent-"))
+    work.chmod(0o711)
     agent_log = tmp / "agent-isolated.log"
     c.logs.append(agent_log)
     cmd = [sys.executable, "-m", "assay.agent.main", "--master", c.address, "--slots", "2"]
-    cmd += ["--slot-type", "cpu", "--agent-id", "isolated", "--work-dir", str(tmp / "agent")]
+    cmd += ["--slot-type", "cpu", "--agent-id", "isolated", "--work-dir", str(work / "agent")]
     cmd += ["--isolation", "uid"]
+    cmd = _exposing(cmd, _PYTHON)
     with agent_log.open("wb") as out:
         c.procs.append(
             subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ)
@@ -115,6 +152,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
     finally:
         stop_cluster(c)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _api(cluster: Cluster, user: str) -> tuple[Any, tuple[tuple[str, str], ...]]:

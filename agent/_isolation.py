@@ -32,6 +32,7 @@ import logging
 import os
 import signal
 import stat
+import struct
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -131,6 +132,7 @@ class Isolation:
             if made:
                 os.fchown(fd, 0, gid)
                 os.fchmod(fd, 0o2770)
+                _let_in(fd, path.parent.stat().st_uid, path)
                 return
             found = os.fstat(fd)
             mode = stat.S_IMODE(found.st_mode)
@@ -171,6 +173,48 @@ class Isolation:
                 os.lchown(os.path.join(root, name), identity.uid, identity.gid)
         os.chown(path, identity.uid, identity.gid)
         path.chmod(0o700)
+
+
+# POSIX ACLs as Linux stores them in an extended attribute (acl(5), posix_acl_xattr.h):
+# a version, then (tag, permissions, id) entries in tag order.
+_ACL_VERSION = 2
+_USER_OBJ, _USER, _GROUP_OBJ, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+
+
+def _acl(uid: int) -> bytes:
+    """Owner, group and the named user `uid` rwx; others nothing."""
+    entries = [
+        (_USER_OBJ, 7, _NO_ID),
+        (_USER, 7, uid),
+        (_GROUP_OBJ, 7, _NO_ID),
+        (_MASK, 7, _NO_ID),
+        (_OTHER, 0, _NO_ID),
+    ]
+    return struct.pack("<I", _ACL_VERSION) + b"".join(
+        struct.pack("<HHI", tag, perm, ident) for tag, perm, ident in entries
+    )
+
+
+def _let_in(fd: int, uid: int, path: Path) -> None:
+    """Let the storage root's owner (the master, which made it) into an experiment's
+    directory and everything its trials write there, by an access and a default ACL, so
+    that garbage collection deletes what isolated trials wrote. Root needs none."""
+    if uid == 0:
+        return
+    acl = _acl(uid)
+    try:
+        os.setxattr(fd, "system.posix_acl_access", acl)
+        os.setxattr(fd, "system.posix_acl_default", acl)
+    except OSError as e:
+        log.warning(
+            "cannot give %s's owner (uid %d) access to %s (%s): the master can delete what "
+            "isolated trials write there only if it runs as root",
+            path.parent,
+            uid,
+            path,
+            e.strerror or e,
+        )
 
 
 def kill_processes_of(uid: int) -> int:

@@ -303,3 +303,29 @@ def test_an_allocation_prepares_its_experiments_directory(
     refused = _allocation(tmp_path, isolation, storage_root, {"type": "shared_fs"})
     with pytest.raises(AllocationError, match="cannot prepare experiment 5's checkpoint"):
         refused.launch()
+
+
+def test_the_storage_roots_owner_may_delete_what_isolated_trials_wrote(
+    storage_root: Path,
+) -> None:
+    master = Identity(BASE + 900, BASE + 900)  # the account the master runs as
+    os.chown(storage_root, master.uid, master.gid)
+    mine = storage_root / "5"
+    Isolation("uid", BASE, 100).give_experiment_directory(mine, 5)
+    assert mine.stat().st_mode & 0o7777 == 0o2770  # the ACL keeps the mode's meaning
+
+    # A trial writes a checkpoint as its own uid and the experiment's group (umask 007).
+    wrote = _run_as(
+        Identity(BASE + 1, BASE + 5),
+        f"mkdir {mine}/ckpt && echo w > {mine}/ckpt/model.pt && mkdir {mine}/ckpt/sub",
+    )
+    assert wrote.returncode == 0, wrote.stderr
+    # Garbage collection, as the master's account: it may delete all of it.
+    deleted = _run_as(master, f"rm -r {mine}/ckpt && ls -A {mine}")
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout == ""
+    # Another experiment's trial still may not.
+    _run_as(Identity(BASE + 1, BASE + 5), f"mkdir {mine}/ckpt2")
+    other = _run_as(Identity(BASE + 2, BASE + 6), f"rm -r {mine}/ckpt2; echo rm=$?")
+    assert "rm=1" in other.stdout
+    assert (mine / "ckpt2").is_dir()

@@ -314,7 +314,7 @@ class Master:
                 return
             effects = agent_life.part_exited(run, agent_id, exit_codes, message)
             self.interpreter.do(effects)
-            if isinstance(effects[-1], fx.FinishRun):
+            if effects and isinstance(effects[-1], fx.FinishRun):
                 self.interpreter.schedule()
             self.commit.ticket()
 

@@ -60,6 +60,12 @@ def test_any_seed_plays_to_a_clean_end(seed: int) -> None:
     _ended_cleanly(stats)
 
 
+def test_an_exit_for_a_part_given_up_on_changes_nothing() -> None:
+    # Seed 23: an agent answers a kill of a part the master had already given up on
+    # ("not running on this agent"); the report is ignored and the cluster plays on.
+    _ended_cleanly(simulate(23, 300))
+
+
 def test_the_same_seed_plays_the_same_cluster() -> None:
     # Seed 11 keeps lost agents' runs waiting for them, and restarts the master 3 times.
     first, second = simulate(11, 300), simulate(11, 300)

@@ -21,8 +21,8 @@ from assay.common.settings import (
     Boolean,
     Choice,
     Directory,
+    FilePath,
     Integer,
-    Kind,
     Seconds,
     SettingsError,
     Text,
@@ -33,23 +33,6 @@ from assay.common.settings import (
 from assay.common.tls import ClientTls, PemFile, TlsError
 
 DEFAULT_PATH = "/etc/assay/agent.yaml"
-
-
-class FilePath(Kind):
-    """A path to a file the agent reads and writes itself."""
-
-    @property
-    def accepts(self) -> str:
-        return "a file path"
-
-    @property
-    def metavar(self) -> str:
-        return "FILE"
-
-    def parse(self, value: object) -> Path:
-        if not isinstance(value, str | Path) or not str(value):
-            raise ValueError
-        return Path(value).expanduser()
 
 
 @dataclass(frozen=True)
@@ -202,4 +185,4 @@ def load_agent_settings(
 help_config = help_config_option(AgentSettings, program="assay-agent", path=DEFAULT_PATH)
 
 
-__all__ = ["DEFAULT_PATH", "AgentSettings", "FilePath", "help_config", "load_agent_settings"]
+__all__ = ["DEFAULT_PATH", "AgentSettings", "help_config", "load_agent_settings"]

@@ -143,6 +143,12 @@ class Text(Kind):
         return value
 
 
+def _path(value: object) -> Path:
+    if not isinstance(value, str | Path) or not str(value):
+        raise ValueError
+    return Path(value).expanduser()
+
+
 @dataclass(frozen=True)
 class Directory(Kind):
     @property
@@ -154,9 +160,26 @@ class Directory(Kind):
         return "DIR"
 
     def parse(self, value: object) -> Path:
-        if not isinstance(value, str | Path) or not str(value):
-            raise ValueError
-        return Path(value).expanduser()
+        return _path(value)
+
+
+@dataclass(frozen=True)
+class FilePath(Kind):
+    """A path to a file (whether it can be read or written is checked where it is used);
+    `form` says what it holds in messages and the reference."""
+
+    form: str = "a file path"
+
+    @property
+    def accepts(self) -> str:
+        return self.form
+
+    @property
+    def metavar(self) -> str:
+        return "FILE"
+
+    def parse(self, value: object) -> Path:
+        return _path(value)
 
 
 @dataclass(frozen=True)

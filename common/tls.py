@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from assay.common.settings import Boolean, Kind
+from assay.common.settings import Boolean, FilePath
 from assay.errors import AssayError
 
 TLS_ENV = "ASSAY_TLS"
@@ -31,21 +31,10 @@ class TlsError(AssayError):
 
 
 @dataclass(frozen=True)
-class PemFile(Kind):
+class PemFile(FilePath):
     """A path to a PEM file (whether it is readable is checked where it is used)."""
 
-    @property
-    def accepts(self) -> str:
-        return "a PEM file path"
-
-    @property
-    def metavar(self) -> str:
-        return "FILE"
-
-    def parse(self, value: object) -> Path:
-        if not isinstance(value, str | Path) or not str(value):
-            raise ValueError
-        return Path(value).expanduser()
+    form: str = "a PEM file path"
 
 
 class _EncryptedKeyError(Exception):

@@ -221,6 +221,29 @@ class Allocation(Base):
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class SlotUsage(Base):
+    """Slots one allocation held on one agent, from its start to its end: the usage record.
+
+    One row per part of an allocation (per agent of a gang), written when the allocation
+    is recorded and closed once (`ended_at`) when the master learns it ended. The ids are
+    plain columns, not foreign keys: usage outlives the experiments and trials it counts.
+    """
+
+    __tablename__ = "slot_usage"
+    allocation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    slots: Mapped[int] = mapped_column(Integer)
+    slot_type: Mapped[str] = mapped_column(String(16))
+    pool: Mapped[str] = mapped_column(String(255), index=True)
+    user_id: Mapped[int] = mapped_column(Integer, index=True)
+    experiment_id: Mapped[int] = mapped_column(Integer, index=True)
+    trial_id: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
+    # NULL while the allocation holds the slots.
+    ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+
+
 class TaskLog(Base):
     __tablename__ = "task_logs"
     __table_args__ = (Index("ix_task_logs_trial_id_id", "trial_id", "id"),)
@@ -245,6 +268,7 @@ __all__ = [
     "Metric",
     "MetricRollup",
     "SchemaInfo",
+    "SlotUsage",
     "TaskLog",
     "Trial",
     "User",

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, Table, bindparam, delete, insert, select, update
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from assay.master.errors import InvalidArgumentError
@@ -293,34 +295,113 @@ class WriteBatch:
 
     def apply(self, session: Session) -> None:
         """Write everything in `session`'s transaction (the caller commits)."""
+        connection = session.connection()
         tables = Base.metadata.tables
         for name in sorted(self._inserts, key=_TABLE_ORDER.__getitem__):
             table = tables[name]
             by_shape: dict[tuple[str, ...], list[dict[str, Any]]] = {}
             for row in self._inserts[name].values():
                 by_shape.setdefault(tuple(sorted(row)), []).append(row)
-            for rows in by_shape.values():
-                # Core, not the ORM's bulk insert: the rows are plain dicts already.
-                session.connection().execute(insert(table), rows)
+            for shape, rows in by_shape.items():
+                _executemany(connection, _statement(connection, "insert", table, shape), rows)
         for name in sorted(self._updates, key=_TABLE_ORDER.__getitem__):
             table = tables[name]
-            pk = _primary_key(table)
             by_fields: dict[tuple[str, ...], list[dict[str, Any]]] = {}
             for key, fields in self._updates[name].items():
-                params = {f"v_{field}": value for field, value in fields.items()}
-                params["k_pk"] = key
+                params = dict(fields)
+                params[_KEY] = key
                 by_fields.setdefault(tuple(sorted(fields)), []).append(params)
-            for names, params_list in by_fields.items():
-                statement = (
-                    update(table)
-                    .where(table.c[pk] == bindparam("k_pk"))
-                    .values({field: bindparam(f"v_{field}") for field in names})
-                )
-                session.connection().execute(statement, params_list)
+            for shape, params_list in by_fields.items():
+                statement = _statement(connection, "update", table, shape)
+                _executemany(connection, statement, params_list)
         for fn in self._calls:
             fn(session)
         if self._logs:
             _write_logs(session, self._logs)
+
+
+# The bind name of the primary key in the updates `apply` writes (not a column name).
+_KEY = "_pk_"
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """An INSERT or UPDATE compiled once for a dialect and a set of columns.
+
+    `apply` hands the driver plain parameters through it: SQLAlchemy's per-execution work
+    (building the statement, its cache key, one parameter dict per row) is most of a
+    batch's cost otherwise. `binds` lists each parameter as (name, type processor or
+    None) in the order the SQL takes them; `defaults` the columns the rows do not carry
+    whose Python-side default (or, for an update, `onupdate`) the driver must be given.
+    """
+
+    sql: str
+    binds: tuple[tuple[str, Callable[[Any], Any] | None], ...]
+    defaults: tuple[tuple[str, Callable[[], Any]], ...]
+    positional: bool
+
+
+_PREPARED: dict[tuple[str, str, str, tuple[str, ...]], _Prepared] = {}
+
+
+def _statement(
+    connection: Connection, kind: str, table: Table, shape: tuple[str, ...]
+) -> _Prepared:
+    dialect = connection.dialect
+    key = (dialect.name, kind, table.name, shape)
+    prepared = _PREPARED.get(key)
+    if prepared is None:
+        prepared = _PREPARED[key] = _prepare(dialect, kind, table, shape)
+    return prepared
+
+
+def _prepare(dialect: Dialect, kind: str, table: Table, shape: tuple[str, ...]) -> _Prepared:
+    if kind == "insert":
+        statement: Any = insert(table).values({c: bindparam(c) for c in shape})
+        missing = [c for c in table.columns if c.name not in shape and c.default is not None]
+        pairs = [(c, c.default) for c in missing]
+        statement = statement.values({c.name: bindparam(c.name) for c, _ in pairs})
+    else:
+        statement = (
+            update(table)
+            .where(table.c[_primary_key(table)] == bindparam(_KEY))
+            .values({c: bindparam(c) for c in shape})
+        )
+        missing = [c for c in table.columns if c.name not in shape and c.onupdate is not None]
+        pairs = [(c, c.onupdate) for c in missing]
+        statement = statement.values({c.name: bindparam(c.name) for c, _ in pairs})
+    defaults = tuple((column.name, _default_of(column.name, d)) for column, d in pairs)
+    compiled = statement.compile(dialect=dialect)
+    processors = compiled._bind_processors  # the column types' own converters
+    positional = bool(compiled.positional)
+    names = list(compiled.positiontup or ()) if positional else list(compiled.binds)
+    binds = tuple((name, processors.get(name)) for name in names)
+    return _Prepared(str(compiled), binds, defaults, positional)
+
+
+def _default_of(column: str, default: Any) -> Callable[[], Any]:
+    """A column's scalar or zero-argument Python default as a function of nothing."""
+    if getattr(default, "is_scalar", False):
+        value = default.arg
+        return lambda: value
+    if getattr(default, "is_callable", False):
+        fn = default.arg  # SQLAlchemy wraps a plain callable to take the execution context
+        return lambda: fn(None)
+    raise ValueError(f"column {column}: only scalar or callable defaults can be batched")
+
+
+def _executemany(connection: Connection, prepared: _Prepared, rows: list[dict[str, Any]]) -> None:
+    for name, default in prepared.defaults:
+        value = default()  # one value for the batch, as one statement would give
+        for row in rows:
+            row.setdefault(name, value)
+    binds = prepared.binds
+    params: list[Any]
+    if prepared.positional:
+        params = [tuple(row[n] if p is None else p(row[n]) for n, p in binds) for row in rows]
+    else:
+        params = [{n: row[n] if p is None else p(row[n]) for n, p in binds} for row in rows]
+    connection.exec_driver_sql(prepared.sql, params)
 
 
 def _write_logs(session: Session, rows: list[dict[str, Any]]) -> None:
@@ -338,7 +419,12 @@ def _write_logs(session: Session, rows: list[dict[str, Any]]) -> None:
             .order_by(_TRIALS.c.id)
             .with_for_update()
         )
-    session.connection().execute(insert(_TASK_LOGS), rows)
+    connection = session.connection()
+    by_shape: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_shape.setdefault(tuple(sorted(row)), []).append(row)
+    for shape, same in by_shape.items():
+        _executemany(connection, _statement(connection, "insert", _TASK_LOGS, shape), same)
 
 
 def _check_fields(kind: str, fields: Mapping[str, Any], allowed: frozenset[str]) -> None:

@@ -22,6 +22,17 @@ every live trial trains at once, the first to finish reports first) with at most
     median best final loss must be equal or better.
 (c) ASHA with the tpe sampler against ASHA with the random sampler, TPE_TRIALS trials each
     (TPE refits on the whole history for every proposal).
+(d) ASHA with the bohb sampler against ASHA with the random sampler, BOHB_TRIALS trials
+    each, paired by seed (the same seed gives both the same random draws where bohb draws
+    at random), on two problems: today's (4 searched hyperparameters) and `hard`, 10
+    searched hyperparameters with interactions (the best learning rate depends on the
+    optimizer and on batch norm, momentum matters only for sgd, dropout and weight decay
+    share one regularisation budget, the best depth depends on batch norm) and two that do
+    nothing. Per seed, the difference random - bohb of the best final loss (> 0: bohb
+    won); reported: its median, the seeds won, the two-sided exact sign test and the
+    Wilcoxon signed-rank p-value. bohb passes when on both problems the median difference
+    is > 0 and the Wilcoxon p-value < 0.05. Also the cost of one bohb proposal with 1,000
+    and 10,000 results at the modelled rung, with the rung's model cached and refitted.
 
     python bench/search_quality.py [--quick] [--seeds N]
 
@@ -60,6 +71,8 @@ MAX_LENGTH = 1000
 RANDOM_TRIALS = 64
 ASHA_TRIALS = 1024
 TPE_TRIALS = 256  # TPE refits on the whole history per proposal: O(trials**2)
+BOHB_TRIALS = 256
+P_TARGET = 0.05
 CONCURRENT = 4
 # ASHA's defaults: divisor 4, 5 rungs (3, 15, 62, 250, 1000 batches)
 RUNGS = rung_lengths(MAX_LENGTH, 4, 5)
@@ -89,6 +102,55 @@ def loss(hparams: Mapping[str, Any], batches: int, trial_seed: int) -> float:
     return float(limit + (1 + batches / 5) ** -rate + noise * (1 + 3 * batches**-0.5))
 
 
+HARD_SPACE: dict[str, HParam] = {
+    "global_batch_size": Const(64),
+    "lr": Log(-5.0, 0.0, 10.0),
+    "optimizer": Categorical(("sgd", "adam", "rmsprop", "adagrad")),
+    "momentum": Double(0.0, 0.99),
+    "weight_decay": Log(-6.0, -1.0, 10.0),
+    "dropout": Double(0.0, 0.6),
+    "width": Int(16, 1024),
+    "depth": Int(1, 12),
+    "batch_norm": Categorical((True, False)),
+    "augment_seed": Double(0.0, 1.0),  # does nothing
+    "loader": Categorical(("pil", "cv2", "simd")),  # does nothing
+}
+_BEST_LR = {"sgd": -1.5, "adam": -3.5, "rmsprop": -3.5, "adagrad": -2.0}
+_HARD_PENALTY = {"sgd": 0.0, "adam": 0.0, "rmsprop": 0.02, "adagrad": 0.05}
+
+
+def hard_loss(hparams: Mapping[str, Any], batches: int, trial_seed: int) -> float:
+    """`loss` on a space of 10 searched hyperparameters with interactions (module doc)."""
+    bn = hparams["batch_norm"]
+    opt = hparams["optimizer"]
+    x = math.log10(hparams["lr"]) - _BEST_LR[opt] - (0.5 if bn else 0.0)
+    momentum = 0.3 * (hparams["momentum"] - 0.9) ** 2 if opt == "sgd" else 0.0
+    reg = hparams["dropout"] / 0.6 + (math.log10(hparams["weight_decay"]) + 6.0) / 5.0
+    depth = hparams["depth"] - (8 if bn else 4)
+    limit = (
+        0.05
+        + 0.05 * x * x
+        + _HARD_PENALTY[opt]
+        + momentum
+        + 0.08 * (reg - 0.6) ** 2
+        + 0.01 * math.log2(hparams["width"] / 256) ** 2
+        + 0.004 * depth * depth
+    )
+    rate = min(max(0.8 + 0.1 * x + (0.1 if bn else 0.0), 0.5), 1.2)
+    noise = random.Random(trial_seed * 1_000_003 + batches).gauss(0.0, 0.01)
+    return float(limit + (1 + batches / 5) ** -rate + noise * (1 + 3 * batches**-0.5))
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    space: Mapping[str, HParam]
+    loss: Any  # (hparams, batches, trial seed) -> loss
+
+
+PROBLEMS = (Problem("today", SPACE, loss), Problem("hard", HARD_SPACE, hard_loss))
+
+
 def searcher_config(name: str, trials: int, sampler: str = "random") -> SearcherConfig:
     options: dict[str, Any] = {"sampler": sampler}
     return SearcherConfig(
@@ -115,9 +177,11 @@ class Run:
         return math.inf
 
 
-def run_ours(name: str, trials: int, seed: int, sampler: str = "random") -> Run:
-    searcher = make_searcher(searcher_config(name, trials, sampler), SPACE, seed)
-    result = SimulatedMaster(searcher, loss, max_live=CONCURRENT).run()
+def run_ours(
+    name: str, trials: int, seed: int, sampler: str = "random", problem: Problem = PROBLEMS[0]
+) -> Run:
+    searcher = make_searcher(searcher_config(name, trials, sampler), problem.space, seed)
+    result = SimulatedMaster(searcher, problem.loss, max_live=CONCURRENT).run()
     finals = [v for _, v, n in result.trace if n == MAX_LENGTH]
     return Run(min(finals), result.batches, result.trace)
 
@@ -170,6 +234,66 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
+def sign_test(differences: list[float]) -> float:
+    """Two-sided exact sign test of `differences` (zeros dropped): P(as lopsided | p=1/2)."""
+    wins = sum(d > 0 for d in differences)
+    n = wins + sum(d < 0 for d in differences)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(wins, n - wins) + 1)) / (1 << n)
+    return min(1.0, 2 * tail)
+
+
+def wilcoxon(differences: list[float]) -> float:
+    """Two-sided Wilcoxon signed-rank p-value (scipy's exact test for small samples)."""
+    from scipy.stats import wilcoxon as scipy_wilcoxon
+
+    if not any(differences):
+        return 1.0
+    return float(scipy_wilcoxon(differences).pvalue)
+
+
+def paired(problem: Problem, seeds: list[int]) -> dict[str, Any]:
+    """asha + bohb against asha + random on `problem`, paired by seed."""
+    bohb = [run_ours("asha", BOHB_TRIALS, s, "bohb", problem).best for s in seeds]
+    rand = [run_ours("asha", BOHB_TRIALS, s, "random", problem).best for s in seeds]
+    diffs = [r - b for r, b in zip(rand, bohb, strict=True)]
+    return {
+        "median_best": median(bohb),
+        "random_sampler_median_best": median(rand),
+        "median_difference": round(median(diffs), 5),
+        "won": sum(d > 0 for d in diffs),
+        "seeds": len(seeds),
+        "sign_p": round(sign_test(diffs), 6),
+        "wilcoxon_p": round(wilcoxon(diffs), 6),
+    }
+
+
+def proposal_cost(results: int, repeats: int = 20) -> dict[str, float]:
+    """Milliseconds per bohb proposal on the hard space with `results` results at the
+    modelled rung: with its model cached, and when the rung has just had a new result."""
+    from assay.master.searcher._bohb import BOHBSampler
+
+    sampler = BOHBSampler(HARD_SPACE, 0, random_fraction=1.0)  # the history: random draws
+    for i in range(results):
+        point = sampler.propose(i, f"t{i}")
+        sampler.observe(f"t{i}", MAX_LENGTH, hard_loss(point, MAX_LENGTH, i))
+    sampler.random_fraction = 0.0  # every timed proposal is the model's
+    index = results
+
+    def timed(refit: bool) -> float:
+        nonlocal index
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            if refit:
+                sampler.observe(f"t{index - 1}", MAX_LENGTH, 0.5)
+            sampler.propose(index, f"t{index}")
+            index += 1
+        return round(1000 * (time.perf_counter() - t0) / repeats, 2)
+
+    return {"cached_ms": timed(False), "refit_ms": timed(True)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="5 seeds (< 1 min)")
@@ -211,12 +335,30 @@ def main(argv: list[str] | None = None) -> int:
         f"asha + random {small_best:.4f}"
     )
 
+    bohb_seeds = list(range(args.seeds or (10 if args.quick else 20)))
+    bohb = {p.name: paired(p, bohb_seeds) for p in PROBLEMS}
+    bohb_passed = all(
+        b["median_difference"] > 0 and b["wilcoxon_p"] < P_TARGET for b in bohb.values()
+    )
+    for name, b in bohb.items():
+        print(
+            f"(d) {name}: asha + bohb median best {b['median_best']:.4f}, asha + random "
+            f"{b['random_sampler_median_best']:.4f}; per seed random - bohb: median "
+            f"{b['median_difference']:+.4f}, bohb won {b['won']}/{b['seeds']}, sign test "
+            f"p={b['sign_p']:.2g}, Wilcoxon p={b['wilcoxon_p']:.2g}"
+        )
+    costs_ms = {str(n): proposal_cost(n) for n in (1_000, 10_000)}
+    print(
+        "    bohb cost per proposal (ms, hard space; model cached / just refitted): "
+        + ", ".join(f"{n} results {c['cached_ms']} / {c['refit_ms']}" for n, c in costs_ms.items())
+    )
+
     elapsed = time.perf_counter() - t0
     out = {
         "benchmark": "search_quality",
         "ratio": round(ratio, 3),
         "target": RATIO_TARGET,
-        "passed": ratio >= RATIO_TARGET and ours_best <= optuna_best,
+        "passed": ratio >= RATIO_TARGET and ours_best <= optuna_best and bohb_passed,
         "seeds": len(seeds),
         "quick": bool(args.quick),
         "random": {"trials": RANDOM_TRIALS, "budget": random_budget, "median_best": target},
@@ -233,6 +375,13 @@ def main(argv: list[str] | None = None) -> int:
             "median_best": tpe_best,
             "random_sampler_median_best": small_best,
             "tpe_over_random": round(tpe_best / small_best, 4),
+        },
+        "asha_bohb": {
+            "trials": BOHB_TRIALS,
+            "p_target": P_TARGET,
+            "passed": bohb_passed,
+            "problems": bohb,
+            "cost_per_proposal": costs_ms,
         },
         "seconds": round(elapsed, 1),
     }

@@ -29,7 +29,7 @@ _ALIASES = {"async_halving": "asha"}
 _SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
     "single": (),
     "grid": ("max_concurrent_trials",),
-    "random": ("max_trials", "max_concurrent_trials", "sampler"),
+    "random": ("max_trials", "max_concurrent_trials", "sampler", "random_fraction"),
     "asha": (
         "max_trials",
         "max_concurrent_trials",
@@ -37,6 +37,7 @@ _SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
         "num_rungs",
         "max_rungs",
         "sampler",
+        "random_fraction",
         "stop_once",
     ),
     "adaptive_asha": (
@@ -47,6 +48,7 @@ _SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
         "mode",
         "bracket_rungs",
         "sampler",
+        "random_fraction",
         "stop_once",
     ),
     "bayesian": ("max_trials", "max_concurrent_trials", "sampler"),
@@ -452,7 +454,15 @@ def _parse_searcher(
     # Which keys a searcher takes is only known once its name is valid.
     every_key = {key for keys in _SEARCHER_KEYS.values() for key in keys}
     allowed = _SEARCHER_KEYS.get(name, ()) if name else tuple(every_key)
-    for key in ("divisor", "num_rungs", "max_rungs", "bracket_rungs", "mode", "sampler"):
+    for key in (
+        "divisor",
+        "num_rungs",
+        "max_rungs",
+        "bracket_rungs",
+        "mode",
+        "sampler",
+        "random_fraction",
+    ):
         if key in s.data:
             options[key] = s.raw(key)
             if key not in allowed:

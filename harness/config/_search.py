@@ -39,7 +39,9 @@ from assay.config._hparams import (
 from assay.config._length import Length, LengthUnit
 
 MODES = ("aggressive", "standard", "conservative")
-SAMPLERS = ("random", "tpe")
+SAMPLERS = ("random", "tpe", "bohb")
+DEFAULT_RANDOM_FRACTION = 1 / 3
+"""The share of the bohb sampler's trials drawn at random (BOHB's and HpBandSter's)."""
 DEFAULT_DIVISOR = 4
 DEFAULT_MAX_RUNGS = 5
 MAX_RUNGS = 64  # past this a search is a typo, and a divisor near 1 makes the arithmetic slow
@@ -62,7 +64,8 @@ Divisor = int | float
 @dataclass(frozen=True)
 class SearcherConfig:
     """`searcher`: which search, on which metric, how long; `options` keeps the searcher's
-    own keys (divisor, num_rungs, max_rungs, mode, bracket_rungs, sampler) as given."""
+    own keys (divisor, num_rungs, max_rungs, mode, bracket_rungs, sampler, random_fraction)
+    as given."""
 
     name: str
     metric: str
@@ -201,6 +204,20 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
             bad("sampler", f"expected one of {' | '.join(SAMPLERS)}, got {sampler!r}")
         elif name == "bayesian" and sampler != "tpe":
             bad("sampler", "bayesian is random search with the tpe sampler; use name: random")
+    if "random_fraction" in options:
+        fraction = options["random_fraction"]
+        if options.get("sampler") != "bohb":
+            bad("random_fraction", "is a setting of the bohb sampler; add sampler: bohb")
+        elif (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, int | float)
+            or not 0 <= fraction <= 1
+        ):
+            bad(
+                "random_fraction",
+                f"expected a number from 0 to 1 (the share of trials sampled at random; "
+                f"default 1/3), got {fraction!r}",
+            )
     _check_divisor(options, bad)
     _check_int(options, "num_rungs", 1, bad)
     _check_int(options, "max_rungs", 1, bad)
@@ -326,12 +343,13 @@ class SearchSpec:
     """A searcher config resolved: defaults applied, rungs capped, trials split."""
 
     name: str
-    sampler: str  # "random" | "tpe" | "grid" (the grid's points, in order)
+    sampler: str  # "random" | "tpe" | "bohb" | "grid" (the grid's points, in order)
     divisor: Divisor
     brackets: tuple[BracketSpec, ...]
     max_concurrent_trials: int  # across brackets; 0 = only the brackets' own limits
     unit: str
     max_length: int
+    random_fraction: float = DEFAULT_RANDOM_FRACTION  # the bohb sampler's
 
 
 def search_spec(config: SearcherConfig, space: Mapping[str, HParam]) -> SearchSpec:
@@ -385,6 +403,7 @@ def search_spec(config: SearcherConfig, space: Mapping[str, HParam]) -> SearchSp
         max_concurrent_trials=overall,
         unit=config.max_length.unit.value,
         max_length=length,
+        random_fraction=float(options.get("random_fraction", DEFAULT_RANDOM_FRACTION)),
     )
 
 

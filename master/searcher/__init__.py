@@ -10,7 +10,8 @@ played in memory.
     ops = searcher.initial_operations()
 
 Searchers: `single`, `grid`, `random`, `bayesian` (random with the tpe sampler), `asha`
-and `adaptive_asha`, with `sampler: random | tpe` where trials are sampled.
+and `adaptive_asha`, with `sampler: random | tpe | bohb` where trials are sampled (`bohb`:
+a density model of the highest rung with enough results, see `_bohb`).
 """
 
 from assay.config import BracketPreview, Preview, RungPreview, preview, rung_lengths

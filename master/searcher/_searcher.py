@@ -211,6 +211,10 @@ def _make(config: SearcherConfig, space: Mapping[str, HParam], seed: int) -> Hal
         from ._tpe import TPESampler
 
         sampler = TPESampler(space, seed)
+    elif spec.sampler == "bohb":
+        from ._bohb import BOHBSampler
+
+        sampler = BOHBSampler(space, seed, spec.random_fraction)
     else:
         sampler = RandomSampler(space, seed)
     budgets = tuple(b.budget for b in preview(config, space).brackets)

@@ -77,7 +77,7 @@ def parse(searcher: dict[str, Any], hparams: dict[str, Any] | None = None) -> li
         ),
         (
             {"name": "random", "max_trials": 4, "sampler": "cmaes"},
-            "searcher.sampler: expected one of random | tpe, got 'cmaes'",
+            "searcher.sampler: expected one of random | tpe | bohb, got 'cmaes'",
         ),
         (
             {"name": "bayesian", "max_trials": 4, "sampler": "random"},

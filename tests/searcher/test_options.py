@@ -84,6 +84,35 @@ def parse(searcher: dict[str, Any], hparams: dict[str, Any] | None = None) -> li
             "searcher.sampler: bayesian is random search with the tpe sampler",
         ),
         (
+            {"name": "asha", "max_trials": 4, "random_fraction": 0.5},
+            "searcher.random_fraction: is a setting of the bohb sampler; add sampler: bohb",
+        ),
+        (
+            {"name": "asha", "max_trials": 4, "sampler": "tpe", "random_fraction": 0.5},
+            "searcher.random_fraction: is a setting of the bohb sampler",
+        ),
+        (
+            {"name": "asha", "max_trials": 4, "sampler": "bohb", "random_fraction": 1.5},
+            "searcher.random_fraction: expected a number from 0 to 1 (the share of trials "
+            "sampled at random; default 1/3), got 1.5",
+        ),
+        (
+            {"name": "adaptive_asha", "max_trials": 4, "sampler": "bohb", "random_fraction": -0.1},
+            "searcher.random_fraction: expected a number from 0 to 1",
+        ),
+        (
+            {"name": "asha", "max_trials": 4, "sampler": "bohb", "random_fraction": "1/3"},
+            "searcher.random_fraction: expected a number from 0 to 1",
+        ),
+        (
+            {"name": "random", "max_trials": 4, "sampler": "bohb", "random_fraction": True},
+            "searcher.random_fraction: expected a number from 0 to 1",
+        ),
+        (
+            {"name": "asha", "max_trials": 4, "sampler": "bohb", "random_fraction": ".nan"},
+            "searcher.random_fraction: expected a number from 0 to 1",
+        ),
+        (
             {"name": "asha", "max_trials": 4, "num_rungs": 3, "max_rungs": 2},
             "searcher.num_rungs: (3) must not exceed max_rungs (2)",
         ),

@@ -72,6 +72,36 @@ TPE_CONFIGS: dict[str, tuple[SearcherConfig, Any]] = {
         SPACE,
     ),
 }
+# d = 4 searched: a rung is modelled from 10 results on.
+BOHB_CONFIGS: dict[str, tuple[SearcherConfig, Any]] = {
+    "asha-bohb": (
+        config(
+            "asha",
+            max_length=400,
+            max_trials=30,
+            max_concurrent_trials=3,
+            divisor=2,
+            sampler="bohb",
+        ),
+        SPACE,
+    ),
+    "adaptive-bohb": (
+        config(
+            "adaptive_asha",
+            max_length=400,
+            max_trials=30,
+            max_concurrent_trials=4,
+            divisor=2,
+            sampler="bohb",
+            random_fraction=0.2,
+        ),
+        SPACE,
+    ),
+    "random-bohb": (
+        config("random", max_trials=24, max_concurrent_trials=2, sampler="bohb"),
+        SPACE,
+    ),
+}
 
 metrics = st.one_of(
     st.sampled_from([0.1, 0.5, 0.5, 1.0, 2.0]),  # ties
@@ -184,6 +214,12 @@ def test_restored_tpe_searcher_decides_like_the_original(name: str, data: st.Dat
     check_restore(TPE_CONFIGS[name], data, steps=50)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(BOHB_CONFIGS)), data=st.data())
+def test_restored_bohb_searcher_decides_like_the_original(name: str, data: st.DataObject) -> None:
+    check_restore(BOHB_CONFIGS[name], data, steps=120)
+
+
 def run_to_end(cfg: SearcherConfig, space: Any, seed: int) -> list[dict[str, Any]]:
     """Hyperparameters proposed over a whole run with a fixed event order and metrics."""
     s = make_searcher(cfg, space, seed)
@@ -223,5 +259,14 @@ def test_same_seed_same_tpe_proposals() -> None:
 
     first = run_to_end(cfg, SPACE, 5)
     assert len(first) == 16
+    assert first == run_to_end(cfg, SPACE, 5)
+    assert first != run_to_end(cfg, SPACE, 6)
+
+
+def test_same_seed_same_bohb_proposals() -> None:
+    cfg = config("asha", max_length=100, max_trials=40, max_concurrent_trials=3, sampler="bohb")
+
+    first = run_to_end(cfg, SPACE, 5)
+    assert len(first) == 40
     assert first == run_to_end(cfg, SPACE, 5)
     assert first != run_to_end(cfg, SPACE, 6)

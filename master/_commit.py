@@ -33,6 +33,7 @@ from collections.abc import Callable
 from sqlalchemy.exc import OperationalError
 
 from assay.master._aio import loop_mail, one_wakeup
+from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master.errors import StoreUnavailableError
 from assay.master.store import Store, WriteBatch
 
@@ -52,13 +53,16 @@ class GroupCommit:
         lock: threading.RLock,
         on_fatal: Callable[[BaseException], None] = lambda e: None,
         gather_s: float = GATHER_S,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
+        """`telemetry` times each batch's write (`Telemetry.committed`)."""
         if gather_s < 0:
             raise ValueError(f"gather_s must be 0 or more, got {gather_s}")
         self.store = store
         self.lock = lock  # the master's: batch and actions change only under it
         self.on_fatal = on_fatal
         self.gather_s = gather_s
+        self.telemetry = telemetry
         self.batch = WriteBatch()
         self._actions: list[Callable[[], None]] = []
         self._open = 1  # number of the batch being filled
@@ -223,9 +227,11 @@ class GroupCommit:
         return bool(self.batch) or bool(self._actions) or self._requested >= self._open
 
     def _write(self, batch: WriteBatch) -> None:
+        started = time.perf_counter()
         for attempt in range(RETRIES):
             try:
                 self.store.apply(batch)
+                self.telemetry.committed(time.perf_counter() - started)
                 return
             except OperationalError as e:
                 # Busy or a dropped connection: the transaction rolled back as a whole.

@@ -15,6 +15,7 @@ from typing import Any
 
 from assay.common.settings import (
     Boolean,
+    Choice,
     Directory,
     Integer,
     Seconds,
@@ -28,6 +29,13 @@ from assay.master._storage_policy import StoragePolicy
 
 PORT = Integer(0, 65535)
 DEFAULT_PATH = "/etc/assay/master.yaml"
+
+
+class _Switch(Choice):
+    """A choice whose first value is "off": YAML 1.1 reads a bare `off` as false."""
+
+    def parse(self, value: object) -> str:
+        return self.values[0] if value is False else super().parse(value)
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,20 @@ class MasterConfig:
         kind=Integer(minimum=8),
         help="gRPC worker threads: each connected agent holds one; the rest serve the "
         "CLI, the web UI and trial processes.",
+    )
+    metrics: str = setting(
+        "off",
+        kind=_Switch(("off", "token", "open")),
+        help="Serve Prometheus metrics at /metrics on the HTTP port: `token` asks every "
+        "scrape for metrics_token (`Authorization: Bearer`); `open` serves anyone who "
+        "reaches the port (the cluster's size and load, no user or experiment names).",
+    )
+    metrics_token: str | None = setting(
+        kind=Text("a string of 16 or more characters", "TOKEN"),
+        secret=True,
+        default_text="made at first start, kept in the store, written to <state_dir>/metrics-token",
+        help="The bearer token Prometheus presents with `metrics: token` (its scrape "
+        "config's `authorization: {credentials_file: ...}`); it opens /metrics only.",
     )
     s3_endpoints: str | None = setting(
         kind=Text("comma-separated URLs", "URLS"),

@@ -27,6 +27,7 @@ from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
 from assay.master._quota import SubmissionQuota
 from assay.master._submission import PreparedExperiment, check_submission, new_record
+from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._trial_logs import LogKeeper
 from assay.master.errors import InvalidArgumentError
 from assay.master.lifecycle import ExperimentState, ExperimentStatus, Restore, Run
@@ -62,8 +63,11 @@ class Master:
         config: MasterConfig,
         store: Store,
         on_fatal: Callable[[BaseException], None] = lambda e: None,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
+        """`telemetry`: what counts the master's work for its metrics (none by default)."""
         self.config = config
+        self.telemetry = telemetry
         self._storage_policy = config.storage_policy  # parsed once: on every submission
         self.quota = SubmissionQuota(
             config.experiments_per_minute,
@@ -73,8 +77,9 @@ class Master:
         self.store = store
         self.cluster_id = str(uuid.uuid4())
         self.lock = threading.RLock()
-        self.commit = GroupCommit(store, self.lock, on_fatal)
+        self.commit = GroupCommit(store, self.lock, on_fatal, telemetry=telemetry)
         self.interpreter = it = self._interpreter(config, store, self.commit)
+        it.telemetry = telemetry
         # What the servicers, the simulation and the tests read of memory.
         self.scheduler, self.fleet, self.ledger = it.scheduler, it.fleet, it.ledger
         self.experiments, self.trials, self.tokens = it.experiments, it.trials, it.ledger.tokens
@@ -419,6 +424,7 @@ class Master:
             searcher_metric=searcher.metric if searcher is not None else None,
             smaller_is_better=searcher.smaller_is_better if searcher is not None else True,
         )
+        self.telemetry.metric_rows(done.stored)
         with self.lock:
             trial = self.trials.get(run.trial_id)
             if trial is not None:

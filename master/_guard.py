@@ -14,6 +14,10 @@ the same `Guard` in its middleware. The rules, by service:
   servicer then checks that it belongs to the trial the call names.
 - Anything else (an unknown service or method) is refused.
 
+The HTTP server's `/metrics` (Prometheus) asks `admit_scrape`: the master's metrics token
+(`metrics_token`) as `Authorization: Bearer <token>`, compared in constant time, unless
+the operator opened it with `metrics: open`.
+
 The guard resolves an Api call's session token once: handlers read the user it found
 with `caller()` (a context variable, so it travels with the call to the thread pool,
 and no other call sees it).
@@ -119,12 +123,19 @@ class Guard:
         authenticator: Authenticator,
         join_token: str,
         allocation_ok: Callable[[str], bool],
+        *,
+        metrics_token: str | None = None,
+        metrics_open: bool = False,
     ) -> None:
+        """`metrics_token`: what a scrape of /metrics presents; with neither it nor
+        `metrics_open`, every scrape is refused."""
         if not join_token:
             raise ValueError("a join token is required")
         self.auth = authenticator
         self._join_token = join_token.encode()
         self._allocation_ok = allocation_ok
+        self._metrics_token = metrics_token.encode() if metrics_token else None
+        self._metrics_open = metrics_open
 
     def principal(self, metadata: Mapping[str, str]) -> Principal:
         """The user a call's session token belongs to; `AuthError` if none."""
@@ -151,6 +162,18 @@ class Guard:
 
     def join_token_ok(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self._join_token)
+
+    def admit_scrape(self, authorization: str) -> None:
+        """Let a scrape of /metrics through, or raise `AuthError` (its `Authorization`
+        header is the metrics token as a bearer token)."""
+        if self._metrics_open:
+            return
+        given = bearer({AUTH_HEADER: authorization}).encode()
+        if self._metrics_token is None or not hmac.compare_digest(given, self._metrics_token):
+            raise AuthError(
+                "/metrics needs the master's metrics token: send `Authorization: Bearer "
+                "<metrics_token>` (Prometheus: `authorization: {credentials_file: FILE}`)"
+            )
 
     async def admit(self, method: str, metadata: Mapping[str, str], pool: futures.Executor) -> None:
         """Let the call through, or raise `RefusedError`. An Api call's user is what

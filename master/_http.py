@@ -65,6 +65,8 @@ _SHUTDOWN_S = 2.0
 IDLE_TIMEOUT_S = 30.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 GRPC_PORT_HEADER = "Assay-Grpc-Port"
+# Prometheus's default metrics_path; outside /api, before the web UI's catch-all.
+METRICS_PATH = "/metrics"
 
 
 def to_json(message: Message) -> dict[str, Any]:
@@ -94,9 +96,12 @@ class HttpServer:
         guard: Guard,
         ui_dir: Path | None = None,
         grpc_port: int = 0,
+        metrics: Callable[[], tuple[bytes, str]] | None = None,
     ) -> None:
-        """`grpc_port`: the master's gRPC port, named to clients that call this one."""
+        """`grpc_port`: the master's gRPC port, named to clients that call this one;
+        `metrics`: the body and content type of a /metrics scrape (None: metrics off)."""
         self.api = api
+        self.metrics = metrics
         self.grpc_port = grpc_port
         self.pool = pool
         self.guard = guard
@@ -115,6 +120,7 @@ class HttpServer:
             app.router.add_route(route.method, route.url, self._handler(route))
         app.router.add_get(PREFIX + "/health", self._health)
         app.router.add_get(PREFIX + "/openapi.json", self._openapi_json)
+        app.router.add_get(METRICS_PATH, self._metrics)
         # Everything outside /api is the UI's; unknown /api paths are the router's 404.
         app.router.add_get(r"/{tail:(?!api(?:/|$)).*}", self.ui.handle)
         return app
@@ -160,6 +166,22 @@ class HttpServer:
     async def _openapi_json(self, request: web.Request) -> web.Response:
         await self._credentials(request)
         return web.Response(text=self._openapi, content_type="application/json")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """Prometheus's scrape: the metrics token (`Guard.admit_scrape`), then the text
+        format, rendered on the pool (it reads the master's snapshot under its lock)."""
+        if self.metrics is None:
+            raise CallError(
+                grpc.StatusCode.NOT_FOUND,
+                "this master serves no metrics: its `metrics` setting is off",
+            )
+        try:
+            self.guard.admit_scrape(request.headers.get("Authorization", ""))
+        except AuthError as e:
+            raise CallError(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
+        loop = asyncio.get_running_loop()
+        body, content_type = await loop.run_in_executor(self.pool, self.metrics)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _credentials(
         self, request: web.Request

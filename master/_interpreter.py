@@ -31,6 +31,7 @@ from assay.master._config import MasterConfig
 from assay.master._fleet import Fleet
 from assay.master._gc import collect_later
 from assay.master._state import Ledger, ModelCache, load_live
+from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master.lifecycle import (
     ExperimentState,
     ExperimentStatus,
@@ -80,6 +81,7 @@ class Interpreter:
         self.models = ModelCache(store)
         # Queued trials that cannot be placed even on an idle cluster, and why.
         self.unplaceable: dict[int, str] = {}
+        self.telemetry: Telemetry = NO_TELEMETRY  # the master's counters (metrics on)
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
         # Allocation tokens derive from a secret in the store, so a restarted master
         # recognises the trial processes that kept running. The HMAC's keyed state is
@@ -293,7 +295,7 @@ class Interpreter:
             r if r.slot_type == slot_type else replace(r, slot_type=slot_type)
             for r in self.queued.values()
         ]
-        decision = self.scheduler.schedule(pending)
+        decision = self.telemetry.round(self.scheduler.schedule, pending)
         self._note_unplaceable(decision.unschedulable)
         placed = {a.request_id for a in decision.assignments}
         if self.config.preemption and len(placed) < len(pending):
@@ -382,6 +384,7 @@ class Interpreter:
         self.ledger.add_run(run)
         for agent_id, message in start.messages:
             self.fleet.send(agent_id, message)
+        self.telemetry.allocation_started()
 
     # --- agents' effects ------------------------------------------------------------------
 
@@ -441,6 +444,7 @@ class Interpreter:
             max_restarts=config.max_restarts,
         )
         outcome, effects = finish_run(run, trial, end, _now())
+        self.telemetry.allocation_ended(outcome.name.lower())
         log.debug("trial %d run %d ended: %s", trial.id, run.run_id, outcome.value)
         self.do(effects)
 

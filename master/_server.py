@@ -11,6 +11,7 @@ import stat
 import threading
 from concurrent import futures
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -25,9 +26,13 @@ from assay.master._core import Master
 from assay.master._guard import Guard, GuardInterceptor
 from assay.master._http import HttpServer
 from assay.master._servicers import ApiServicer
+from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._trial_servicer import TrialServicer
 from assay.master.store import Store
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
+
+if TYPE_CHECKING:
+    from assay.master._metrics import PrometheusTelemetry
 
 log = logging.getLogger("assay.master")
 # What the master takes in one message: gRPC refuses a bigger one from its length
@@ -39,15 +44,16 @@ MIN_JOIN_TOKEN = 16
 MIN_JOIN_TOKEN_BITS = 64
 
 
-def check_join_token(token: str) -> None:
-    """Refuse a join token an attacker could guess: too short, or too few different
-    characters for its length (16 identical ones were once accepted). The estimate is
-    length x log2(distinct characters), which a random hex token of 24 or more passes."""
+def check_join_token(token: str, key: str = "join_token") -> None:
+    """Refuse a join token (or the setting `key`'s token) an attacker could guess: too
+    short, or too few different characters for its length (16 identical ones were once
+    accepted). The estimate is length x log2(distinct characters), which a random hex
+    token of 24 or more passes."""
     distinct = len(set(token))
     bits = len(token) * math.log2(distinct) if distinct > 1 else 0.0
     if len(token) < MIN_JOIN_TOKEN or bits < MIN_JOIN_TOKEN_BITS:
         raise AssayError(
-            f"join_token is too easy to guess ({len(token)} characters, {distinct} "
+            f"{key} is too easy to guess ({len(token)} characters, {distinct} "
             f"different); use at least {MIN_JOIN_TOKEN} random ones (openssl rand -hex 24), "
             "or leave it unset and the master makes one"
         )
@@ -92,11 +98,22 @@ class MasterServer:
             )
         if config.join_token is None:
             _write_private(config.state_dir / "join-token", self.join_token + "\n")
-        self.guard = Guard(self.auth, self.join_token, self._allocation_ok)
-        interceptor = GuardInterceptor(self.guard, self.pool)
+        # Prometheus's counters and the scrape's token (none when `metrics` is off).
+        self.prometheus, metrics_token = self._metrics_setup(config)
+        self.telemetry: Telemetry = self.prometheus or NO_TELEMETRY
+        self.guard = Guard(
+            self.auth,
+            self.join_token,
+            self._allocation_ok,
+            metrics_token=metrics_token,
+            metrics_open=config.metrics == "open",
+        )
+        interceptors: list[grpc.aio.ServerInterceptor] = [GuardInterceptor(self.guard, self.pool)]
+        if self.prometheus is not None:
+            interceptors.append(self.prometheus.interceptor())  # times what the guard admits
         try:
             self.server, self.port = self.loop.call(
-                lambda: self._bind(config, interceptor, self.tls)
+                lambda: self._bind(config, interceptors, self.tls)
             )
         except BaseException:
             self.loop.stop()
@@ -112,7 +129,9 @@ class MasterServer:
         if config.grpc_port == 0:
             config = _with_port(config, self.port)
             self.config = config
-        self.master = Master(config, self.store, on_fatal=self._on_fatal)
+        self.master = Master(config, self.store, on_fatal=self._on_fatal, telemetry=self.telemetry)
+        if self.prometheus is not None:
+            self.prometheus.watch(self.master.cluster_view)
         self.api_servicer = ApiServicer(self.master, self.pool, self.guard)
         api = SyncAdapter(self.api_servicer, self.pool)
         self.http: HttpServer | None = None
@@ -129,12 +148,41 @@ class MasterServer:
         master = getattr(self, "master", None)
         return master is not None and token in master.tokens
 
+    def _metrics_setup(self, config: MasterConfig) -> tuple[PrometheusTelemetry | None, str | None]:
+        """The counters /metrics shows (None when `metrics` is off), and the token a
+        scrape presents (None: none asked). A failure stops what `__init__` started."""
+        if config.metrics == "off":
+            return None, None
+        try:
+            # Prometheus's code is loaded only by a master that serves metrics.
+            from assay.master._metrics import PrometheusTelemetry
+
+            token = config.metrics_token
+            if config.metrics != "token":
+                token = None
+            elif token is not None:
+                check_join_token(token, "metrics_token")
+            else:
+                token = self.store.secret("metrics_token").hex()
+                _write_private(config.state_dir / "metrics-token", token + "\n")
+            return PrometheusTelemetry(), token
+        except BaseException:
+            self.loop.stop()
+            self.store.close()
+            raise
+
+    def _scrape(self) -> tuple[bytes, str]:
+        assert self.prometheus is not None
+        return self.prometheus.render(), self.prometheus.content_type
+
     @staticmethod
     def _bind(
-        config: MasterConfig, interceptor: GuardInterceptor, tls: ServerTls | None
+        config: MasterConfig,
+        interceptors: list[grpc.aio.ServerInterceptor],
+        tls: ServerTls | None,
     ) -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server(
-            interceptors=[interceptor],
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                 ("grpc.max_send_message_length", MAX_SEND_BYTES),
@@ -178,6 +226,7 @@ class MasterServer:
             config.http_port,
             self.guard,
             grpc_port=self.port,
+            metrics=self._scrape if self.prometheus is not None else None,
         )
         await http.start(self.tls.ssl_context if self.tls else None)
         return http

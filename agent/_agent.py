@@ -34,6 +34,7 @@ from assay.agent._connection import Backoff, MasterConnection
 from assay.agent._credential import CredentialFile
 from assay.agent._devices import DeviceMonitor, detect_devices, slot_type_proto
 from assay.agent._isolation import Isolation
+from assay.agent._usage import RankProcess, RankSampler
 from assay.proto import agent_pb2
 
 log = logging.getLogger("assay.agent")
@@ -103,6 +104,7 @@ class Agent:
         )
         self._lock = threading.Lock()
         self._allocations: dict[str, Allocation] = {}
+        self._rank_sampler = RankSampler()  # each rank's use, for the heartbeat
         self._stop_requests = 0  # a plain int: signal handlers only bump it
 
     @property
@@ -275,12 +277,28 @@ class Agent:
         now = Timestamp()
         now.GetCurrentTime()
         busy = psutil.cpu_percent(interval=None) / 100.0
+        devices = self.devices.sample(cpu_busy=busy)
         return agent_pb2.Heartbeat(
             time=now,
-            devices=[d.to_proto() for d in self.devices.sample(cpu_busy=busy)],
+            devices=[d.to_proto() for d in devices],
             cpu_utilization=busy,
             memory_used_fraction=psutil.virtual_memory().percent / 100.0,
+            ranks=self._rank_sampler.sample(self._rank_processes(), devices),
         )
+
+    def _rank_processes(self) -> list[RankProcess]:
+        """The process of every rank this agent runs now."""
+        with self._lock:
+            allocations = list(self._allocations.values())
+        out = []
+        for allocation in allocations:
+            processes = allocation.processes
+            if processes is None:
+                continue
+            start = allocation.start_msg
+            for slot, rank, pid in zip(start.slots, start.ranks, processes.pids, strict=False):
+                out.append(RankProcess(allocation.id, rank, slot, pid))
+        return out
 
     def _clean_work_dir(self) -> None:
         """Remove allocation directories left by an earlier run (their processes died

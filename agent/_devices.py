@@ -40,6 +40,7 @@ class DeviceInfo:
     uuid: str
     memory_bytes: int
     utilization: float = 0.0
+    memory_used_bytes: int = 0  # a GPU's, last sample (0 for CPU slots)
 
     def to_proto(self) -> common_pb2.Device:
         return common_pb2.Device(
@@ -104,7 +105,10 @@ class DeviceMonitor:
             try:
                 handle = self._nvml.nvmlDeviceGetHandleByIndex(device.index)
                 rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
-                sampled.append(replace(device, utilization=float(rates.gpu) / 100.0))
+                used = int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used)
+                sampled.append(
+                    replace(device, utilization=float(rates.gpu) / 100.0, memory_used_bytes=used)
+                )
             except Exception as e:  # a GPU fallen off the bus must not stop heartbeats
                 log.warning("cannot sample GPU %d: %s", device.index, e)
                 sampled.append(device)

@@ -118,6 +118,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 yield wire.master_message(message)
         finally:
             reader.cancel()
+            self.master.rank_usage.forget(handle.id)
             self.master.agent_disconnected(handle.id, handle)
 
     async def _read(
@@ -131,6 +132,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 try:
                     if kind == "heartbeat":
                         self.master.heartbeat(agent_id, wire.load(message.heartbeat))
+                        self.master.rank_usage.heard(agent_id, message.heartbeat.ranks)
                     elif kind == "allocation_state":
                         self._allocation_state(agent_id, message.allocation_state)
                     elif kind == "logs":

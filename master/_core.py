@@ -26,6 +26,7 @@ from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
 from assay.master._quota import SubmissionQuota
+from assay.master._rank_usage import RankUsageBoard
 from assay.master._submission import PreparedExperiment, check_submission, new_record
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._trial_logs import LogKeeper
@@ -95,6 +96,13 @@ class Master:
         self.logs = LogKeeper(
             store, quota_mb=config.log_quota_mb, retention_days=config.log_retention_days
         )
+        # Each running rank's latest utilisation, from the heartbeats (memory only).
+        self.rank_usage = RankUsageBoard(self._runs_on)
+
+    def _runs_on(self, allocation_id: str, agent_id: str) -> bool:
+        """Whether a part of the allocation runs on the agent (read without the lock)."""
+        run = self.runs.get(allocation_id)
+        return run is not None and agent_id in run.agents
 
     def _interpreter(self, config: MasterConfig, store: Store, commit: Recorder) -> Interpreter:
         """The interpreter this master's lock guards (the simulation watches its own)."""

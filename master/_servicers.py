@@ -361,7 +361,11 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def GetTrial(  # noqa: N802
         self, request: api_pb2.GetTrialRequest, context: grpc.ServicerContext
     ) -> common_pb2.Trial:
-        return _convert.trial(self.store.get_trial(request.id))
+        trial = _convert.trial(self.store.get_trial(request.id))
+        allocation_id = self.master.run_of_trial.get(request.id)
+        if allocation_id is not None:  # running: each rank's latest utilisation
+            trial.ranks.extend(self.master.rank_usage.ranks(allocation_id))
+        return trial
 
     @maps_errors
     def GetTrialMetrics(  # noqa: N802

@@ -124,6 +124,7 @@ class Heartbeat(_message.Message):
     DEVICES_FIELD_NUMBER: _builtins.int
     CPU_UTILIZATION_FIELD_NUMBER: _builtins.int
     MEMORY_USED_FRACTION_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
     cpu_utilization: _builtins.float
     memory_used_fraction: _builtins.float
     @_builtins.property
@@ -132,6 +133,10 @@ class Heartbeat(_message.Message):
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Device]:
         """fresh utilisation samples"""
 
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.RankUsage]:
+        """Each rank of each running allocation (agent_id left empty: the master knows it)."""
+
     def __init__(
         self,
         *,
@@ -139,10 +144,11 @@ class Heartbeat(_message.Message):
         devices: _abc.Iterable[_common_pb2.Device] | None = ...,
         cpu_utilization: _builtins.float = ...,
         memory_used_fraction: _builtins.float = ...,
+        ranks: _abc.Iterable[_common_pb2.RankUsage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_utilization", b"cpu_utilization", "devices", b"devices", "memory_used_fraction", b"memory_used_fraction", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_utilization", b"cpu_utilization", "devices", b"devices", "memory_used_fraction", b"memory_used_fraction", "ranks", b"ranks", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -205,6 +205,7 @@ class Trial(_message.Message):
     END_TIME_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     WAITING_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     experiment_id: _builtins.int
     state: Global___TrialState.ValueType
@@ -226,6 +227,12 @@ class Trial(_message.Message):
     def start_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def end_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RankUsage]:
+        """While it runs: each rank's latest utilisation, from its agent's last heartbeat
+        (kept in the master's memory, never stored). Filled by GetTrial only.
+        """
+
     def __init__(
         self,
         *,
@@ -243,16 +250,72 @@ class Trial(_message.Message):
         end_time: _timestamp_pb2.Timestamp | None = ...,
         last_error: _builtins.str = ...,
         waiting: _builtins.str = ...,
+        ranks: _abc.Iterable[Global___RankUsage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "hparams", b"hparams", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "experiment_id", b"experiment_id", "hparams", b"hparams", "id", b"id", "last_error", b"last_error", "latest_checkpoint", b"latest_checkpoint", "restarts", b"restarts", "run_id", b"run_id", "seed", b"seed", "start_time", b"start_time", "state", b"state", "total_batches", b"total_batches", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "experiment_id", b"experiment_id", "hparams", b"hparams", "id", b"id", "last_error", b"last_error", "latest_checkpoint", b"latest_checkpoint", "ranks", b"ranks", "restarts", b"restarts", "run_id", b"run_id", "seed", b"seed", "start_time", b"start_time", "state", b"state", "total_batches", b"total_batches", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__best_validation: _TypeAlias = _typing.Literal["best_validation"]  # noqa: Y015
     _WhichOneofArgType__best_validation: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__best_validation) -> _WhichOneofReturnType__best_validation | None: ...
 
 Global___Trial: _TypeAlias = Trial  # noqa: Y015
+
+@_typing.final
+class RankUsage(_message.Message):
+    """One rank of a running allocation, as its agent sampled it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOCATION_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    SLOT_FIELD_NUMBER: _builtins.int
+    CPU_UTILIZATION_FIELD_NUMBER: _builtins.int
+    MEMORY_RSS_BYTES_FIELD_NUMBER: _builtins.int
+    DEVICE_UTILIZATION_FIELD_NUMBER: _builtins.int
+    DEVICE_MEMORY_USED_BYTES_FIELD_NUMBER: _builtins.int
+    DEVICE_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    allocation_id: _builtins.str
+    rank: _builtins.int
+    agent_id: _builtins.str
+    """set by the master: the agent whose heartbeat carried it"""
+    slot: _builtins.int
+    cpu_utilization: _builtins.float
+    """CPU time of the rank's processes (its data loader workers included) per second of
+    wall time: 1.0 is one core busy.
+    """
+    memory_rss_bytes: _builtins.int
+    """resident memory of those processes"""
+    device_utilization: _builtins.float
+    """The slot's GPU (NVML): utilisation 0-1 and memory in use; 0 on CPU slots."""
+    device_memory_used_bytes: _builtins.int
+    device_memory_bytes: _builtins.int
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        allocation_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        agent_id: _builtins.str = ...,
+        slot: _builtins.int = ...,
+        cpu_utilization: _builtins.float = ...,
+        memory_rss_bytes: _builtins.int = ...,
+        device_utilization: _builtins.float = ...,
+        device_memory_used_bytes: _builtins.int = ...,
+        device_memory_bytes: _builtins.int = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "allocation_id", b"allocation_id", "cpu_utilization", b"cpu_utilization", "device_memory_bytes", b"device_memory_bytes", "device_memory_used_bytes", b"device_memory_used_bytes", "device_utilization", b"device_utilization", "memory_rss_bytes", b"memory_rss_bytes", "rank", b"rank", "slot", b"slot", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RankUsage: _TypeAlias = RankUsage  # noqa: Y015
 
 @_typing.final
 class MetricsReport(_message.Message):

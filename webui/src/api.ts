@@ -99,6 +99,23 @@ export interface Trial {
   start_time?: string;
   end_time?: string;
   last_error: string;
+  /** While it runs: each rank's latest utilisation, from its agent's heartbeat. */
+  ranks?: RankUsage[];
+}
+
+export interface RankUsage {
+  allocation_id: string;
+  rank: number;
+  agent_id: string;
+  slot: number;
+  /** CPU time per second of the rank's processes: 1 is one core busy. */
+  cpu_utilization: Double;
+  memory_rss_bytes: Int64;
+  /** The slot's GPU, 0-1 (0 on CPU slots). */
+  device_utilization: Double;
+  device_memory_used_bytes: Int64;
+  device_memory_bytes: Int64;
+  time?: string;
 }
 
 export interface MetricName {

@@ -3,6 +3,7 @@ import { useEffect, useMemo } from "react";
 import { Link, useParams } from "react-router";
 import { api, num, type MetricsReport, type Trial } from "../api";
 import { LogViewer } from "../components/LogViewer";
+import { RankUsageTable } from "../components/RankUsageTable";
 import { TrialCharts } from "../components/TrialCharts";
 import { CopyCommand, ErrorPanel, Loading, Section, StateBadge, downloadCommand } from "../components/ui";
 import { fmtBytes, fmtDuration, fmtInt, fmtNumber, fmtTime, fmtValue, isTrialTerminal, searcherInfo, stateLabel } from "../format";
@@ -115,6 +116,12 @@ function TrialView({ t, live, refreshError }: { t: Trial; live: boolean; refresh
         )}
       </div>
       {refreshError && <ErrorPanel error={refreshError} title="Refreshing failed; showing the last data" />}
+
+      {live && (t.ranks ?? []).length > 0 && (
+        <Section title="Utilisation per rank">
+          <RankUsageTable ranks={t.ranks ?? []} />
+        </Section>
+      )}
 
       <Section title="Metrics">
         {(training.error || validation.error) && (

@@ -123,20 +123,29 @@ class _Density:
 
     def sample(self, rng: np.random.Generator, count: int) -> _Array:
         """`count` draws near the set's points, bandwidths widened BANDWIDTH_FACTOR times."""
-        from scipy.special import ndtr, ndtri
-
         centres = self.data[rng.integers(0, len(self.data), size=count)]
         out = centres.copy()
         for j in range(self.data.shape[1]):
-            m, u = centres[:, j], rng.random(count)
+            m = centres[:, j]
             if self.cat[j]:
-                other = rng.integers(0, self.choices[j], size=count)
-                out[:, j] = np.where(u < 1 - self.bw[j], m, other)
+                keep = rng.random(count) < 1 - self.bw[j]
+                out[:, j] = np.where(keep, m, rng.integers(0, self.choices[j], size=count))
             else:
-                s = BANDWIDTH_FACTOR * self.bw[j]
-                lo, hi = ndtr(-m / s), ndtr((1 - m) / s)
-                out[:, j] = np.clip(m + s * ndtri(lo + u * (hi - lo)), 0.0, 1.0)
+                out[:, j] = _truncated_normal(rng, m, BANDWIDTH_FACTOR * self.bw[j])
         return out
+
+
+def _truncated_normal(rng: np.random.Generator, mean: _Array, scale: float) -> _Array:
+    """Draws of N(mean, scale) truncated to [0, 1], by rejection: each mean lies in
+    [0, 1], so at least 1/4 of the draws are kept even for a wide scale."""
+    out = rng.normal(mean, scale)
+    for _ in range(100):
+        outside = (out < 0.0) | (out > 1.0)
+        if not outside.any():
+            break
+        out[outside] = rng.normal(mean[outside], scale)
+    result: _Array = np.clip(out, 0.0, 1.0)
+    return result
 
 
 class _Model:

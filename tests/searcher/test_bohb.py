@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Mapping
 from statistics import mean
 from typing import Any
@@ -214,3 +216,20 @@ def test_existing_samplers_keep_their_meaning() -> None:
     assert search_spec(config("asha", max_trials=16), SPACE).sampler == "random"
     assert search_spec(config("asha", max_trials=16, sampler="tpe"), SPACE).sampler == "tpe"
     assert search_spec(config("bayesian", max_trials=16), SPACE).sampler == "tpe"
+
+
+def test_a_bohb_search_needs_neither_scipy_nor_optuna() -> None:
+    code = (
+        "import sys\n"
+        "from assay.config import Length, SearcherConfig, Double\n"
+        "from assay.master.searcher import make_searcher\n"
+        "from assay.master.searcher.simulate import SimulatedMaster\n"
+        "cfg = SearcherConfig('asha', 'loss', Length.batches(64), max_trials=40,\n"
+        "                     options={'sampler': 'bohb', 'divisor': 2})\n"
+        "s = make_searcher(cfg, {'x': Double(0, 1)}, 0)\n"
+        "SimulatedMaster(s, lambda h, n, seed: (h['x'] - 0.3) ** 2 + 1 / n).run()\n"
+        "assert any(e['model'] for e in s._sampler.history.values())\n"
+        "assert 'scipy' not in sys.modules and 'optuna' not in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

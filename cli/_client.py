@@ -349,6 +349,13 @@ class Client:
         )
         return response
 
+    def get_usage(self, *, by: str, since: str, until: str) -> api_pb2.GetUsageResponse:
+        from assay.proto import api_pb2
+
+        request = api_pb2.GetUsageRequest(by=by, since=since, until=until)
+        response: api_pb2.GetUsageResponse = self._unary("GetUsage", request)
+        return response
+
     def list_agents(self) -> list[common_pb2.Agent]:
         from assay.proto import api_pb2
 

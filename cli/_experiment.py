@@ -221,6 +221,7 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
         ("Labels", ", ".join(e["labels"]) or None),
         ("Started", e["start_time"]),
         ("Ended", e["end_time"]),
+        ("Slot-hours", f"{response.slot_seconds / 3600:.2f}"),
     ]
     for key, value in fields:
         click.echo(f"{key + ':':17}{'-' if value is None else value}")

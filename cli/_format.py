@@ -164,6 +164,7 @@ def experiment_detail(response: api_pb2.GetExperimentResponse) -> dict[str, Any]
         "progress": e.progress,
         "config": config,
         "best_trial": best_trial(response.trials, config),
+        "slot_hours": response.slot_seconds / 3600,
         "trials": [trial_dict(t) for t in response.trials],
     }
 

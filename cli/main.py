@@ -17,6 +17,7 @@ from ._deploy import deploy
 from ._experiment import experiment
 from ._preview import preview_search
 from ._trial import run_local_command, trial
+from ._usage import usage_command
 from ._user import user
 
 __all__ = ["cli", "main", "run_local_command"]
@@ -50,6 +51,7 @@ cli.add_aliased(master)
 cli.add_aliased(deploy)
 cli.add_aliased(preview_search)
 cli.add_aliased(user, "u")
+cli.add_aliased(usage_command)
 
 
 def main() -> None:

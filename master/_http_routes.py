@@ -195,4 +195,11 @@ ROUTES: tuple[Route, ...] = (
         "disconnected and its trials requeued (admins only)",
     ),
     Route("GET", "/queue", "GetQueue", "The trials waiting for slots, first to be placed first"),
+    Route(
+        "GET",
+        "/usage",
+        "GetUsage",
+        "Slot-hours used in [since, until) by user, experiment, pool, agent or day; a user "
+        "sees only their own usage, an admin everyone's and each pool's idle share",
+    ),
 )

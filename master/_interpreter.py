@@ -32,6 +32,7 @@ from assay.master._fleet import Fleet
 from assay.master._gc import collect_later
 from assay.master._state import Ledger, ModelCache, load_live
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
+from assay.master._usage import pool_of
 from assay.master.lifecycle import (
     ExperimentState,
     ExperimentStatus,
@@ -48,7 +49,7 @@ from assay.master.lifecycle import trial as trial_life
 from assay.master.lifecycle.run import end_trial, preemption
 from assay.master.scheduler import Request, Running, Scheduler, choose_victims
 from assay.master.searcher import Create, Operation
-from assay.master.store import AllocationRecord, Store, WriteBatch
+from assay.master.store import AllocationRecord, Store, UsagePart, WriteBatch
 
 log = logging.getLogger("assay.master")
 E, T = ExperimentStatus, TrialStatus
@@ -113,7 +114,9 @@ class Interpreter:
                 self._adopt_trials(experiment)
         for allocation in active:
             if not self._await_run(allocation):
-                self.batch.set_allocation(allocation.id, state="TERMINATED", ended_at=_now())
+                self._allocation_ended(allocation.id)
+        # Usage records whose allocation is over (or gone with its trial) close now.
+        self.batch.usage_orphans_closed(_now())
         for experiment in list(self.experiments.values()):
             self.do(trial_life.after_restart(experiment, self.run_of_trial, _now()))
         self.schedule()
@@ -312,6 +315,7 @@ class Interpreter:
                 run = self.ledger.runs_by_trial().get(trial.id)
                 if run is not None and self.ledger.end_run(run):
                     self.fleet.kill(run, graceful=False)
+                    self._allocation_ended(run.allocation_id)
                 self.do([*end_trial(trial, T.ERROR, _now()), fx.Settle(trial.experiment_id)])
 
     def _note_unplaceable(self, unschedulable: Sequence[tuple[str, str]]) -> None:
@@ -374,12 +378,21 @@ class Interpreter:
         run = start.run
         if start.supersede_after is not None:
             self.batch.supersede_metrics(run.trial_id, start.supersede_after)
+        now = _now()
         self.batch.add_allocation(
             run.allocation_id,
             trial_id=run.trial_id,
             run_id=run.run_id,
             placement=[{"agent_id": a, "slots": list(s)} for a, s in run.placement],
-            now=_now(),
+            now=now,
+        )
+        self.batch.usage_started(
+            run.allocation_id,
+            experiment_id=run.experiment_id,
+            trial_id=run.trial_id,
+            run_id=run.run_id,
+            parts=[self._usage_part(a, len(s)) for a, s in run.placement],
+            now=now,
         )
         self.ledger.add_run(run)
         for agent_id, message in start.messages:
@@ -413,6 +426,8 @@ class Interpreter:
         if ended.lost:
             run.awaiting.discard(ended.agent_id)
             run.lost = True
+            # The agent's slots are gone (or it lost the processes): its part ends here.
+            self.batch.usage_ended(ended.allocation_id, _now(), agent_id=ended.agent_id)
 
     def drop_agent(self, agent_id: str, why: str) -> None:
         """Give up on an agent: its runs' parts are lost, its slots leave the scheduler."""
@@ -432,7 +447,7 @@ class Interpreter:
         if not self.ledger.end_run(run):
             return
         self.scheduler.release(str(run.trial_id))
-        self.batch.set_allocation(run.allocation_id, state="TERMINATED", ended_at=_now())
+        self._allocation_ended(run.allocation_id)
         trial = self.trials[run.trial_id]
         experiment = self.experiments[run.experiment_id]
         config = experiment.config
@@ -447,6 +462,17 @@ class Interpreter:
         self.telemetry.allocation_ended(outcome.name.lower())
         log.debug("trial %d run %d ended: %s", trial.id, run.run_id, outcome.value)
         self.do(effects)
+
+    def _allocation_ended(self, allocation_id: str) -> None:
+        """Record that the allocation is over, and close its usage records, as of now."""
+        now = _now()
+        self.batch.set_allocation(allocation_id, state="TERMINATED", ended_at=now)
+        self.batch.usage_ended(allocation_id, now)
+
+    def _usage_part(self, agent_id: str, slots: int) -> UsagePart:
+        handle = self.fleet.agents.get(agent_id)
+        slot_type = handle.slot_type if handle is not None else self.fleet.slot_type()
+        return UsagePart(agent_id, slots, slot_type, pool_of(self.fleet, agent_id))
 
 
 def _where(placement: tuple[tuple[str, tuple[int, ...]], ...]) -> str:

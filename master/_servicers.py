@@ -16,7 +16,7 @@ import grpc
 from assay import __version__
 from assay.common.archive import MAX_MODEL_DEF_BYTES
 from assay.master import _agent_wire as wire
-from assay.master import _checkpoints, _convert
+from assay.master import _checkpoints, _convert, _usage
 from assay.master._auth import Principal
 from assay.master._core import Master
 from assay.master._guard import Guard, bearer, caller, metadata_dict
@@ -162,6 +162,22 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             self.auth.deactivate(request.username)
         return self._user(request.username)
 
+    @maps_errors
+    def GetUsage(  # noqa: N802
+        self, request: api_pb2.GetUsageRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetUsageResponse:
+        who = self._who(context)
+        found = _usage.report(
+            self.store,
+            user_id=None if who.admin else who.user_id,  # a user sees their own usage only
+            by=request.by,
+            since=request.since,
+            until=request.until,
+            per_day=request.per_day,
+            capacity=_usage.capacity(self.master) if who.admin else {},
+        )
+        return _usage_message(found)
+
     def _user(self, username: str) -> api_pb2.User:
         return _user_message(self.store.get_user(username))
 
@@ -299,9 +315,13 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             api_pb2.MetricName(group=group, name=name)
             for group, name in self.store.experiment_metric_names(request.id)
         ]
-        return api_pb2.GetExperimentResponse(
+        response = api_pb2.GetExperimentResponse(
             experiment=experiment, trials=trials, metric_names=names
         )
+        who = self._who(context)
+        if who.admin or experiment.owner == who.username:  # usage is its owner's to see
+            response.slot_seconds = self.store.experiment_slot_seconds([request.id])[request.id]
+        return response
 
     @maps_errors
     def ListExperiments(  # noqa: N802
@@ -512,6 +532,33 @@ def _user_message(user: UserRecord) -> api_pb2.User:
         active=user.active,
         has_password=user.has_password,
     )
+
+
+def _usage_message(found: _usage.UsageReport) -> api_pb2.GetUsageResponse:
+    response = api_pb2.GetUsageResponse(by=found.by, all_users=found.all_users)
+    response.since.FromDatetime(found.since)
+    response.until.FromDatetime(found.until)
+    response.groups.extend(
+        api_pb2.UsageGroup(
+            key=g.key,
+            name=g.name,
+            day=g.day,
+            slot_seconds=g.slot_seconds,
+            slot_hours=g.slot_hours,
+        )
+        for g in found.groups
+    )
+    response.pools.extend(
+        api_pb2.PoolUsage(
+            pool=p.pool,
+            used_slot_seconds=p.used_slot_seconds,
+            capacity_slot_seconds=p.capacity_slot_seconds,
+            used_ratio=p.used_ratio,
+            idle_ratio=p.idle_ratio,
+        )
+        for p in found.pools
+    )
+    return response
 
 
 def _address(peer: str) -> str:

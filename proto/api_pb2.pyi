@@ -212,6 +212,9 @@ class GetExperimentResponse(_message.Message):
     EXPERIMENT_FIELD_NUMBER: _builtins.int
     TRIALS_FIELD_NUMBER: _builtins.int
     METRIC_NAMES_FIELD_NUMBER: _builtins.int
+    SLOT_SECONDS_FIELD_NUMBER: _builtins.int
+    slot_seconds: _builtins.float
+    """Slot-seconds its trials' allocations have held (running ones up to now)."""
     @_builtins.property
     def experiment(self) -> _common_pb2.Experiment: ...
     @_builtins.property
@@ -226,10 +229,11 @@ class GetExperimentResponse(_message.Message):
         experiment: _common_pb2.Experiment | None = ...,
         trials: _abc.Iterable[_common_pb2.Trial] | None = ...,
         metric_names: _abc.Iterable[Global___MetricName] | None = ...,
+        slot_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "metric_names", b"metric_names", "trials", b"trials"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "metric_names", b"metric_names", "slot_seconds", b"slot_seconds", "trials", b"trials"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1065,3 +1069,147 @@ class SetUserActiveRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetUserActiveRequest: _TypeAlias = SetUserActiveRequest  # noqa: Y015
+
+@_typing.final
+class GetUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BY_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    PER_DAY_FIELD_NUMBER: _builtins.int
+    by: _builtins.str
+    """user (default) | experiment | pool | agent | day"""
+    since: _builtins.str
+    """The window [since, until): a day (YYYY-MM-DD, midnight UTC) or an ISO 8601 time.
+    until defaults to now, since to 30 days before until.
+    """
+    until: _builtins.str
+    per_day: _builtins.bool
+    """split each group by UTC day as well"""
+    def __init__(
+        self,
+        *,
+        by: _builtins.str = ...,
+        since: _builtins.str = ...,
+        until: _builtins.str = ...,
+        per_day: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by", b"by", "per_day", b"per_day", "since", b"since", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUsageRequest: _TypeAlias = GetUsageRequest  # noqa: Y015
+
+@_typing.final
+class UsageGroup(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    DAY_FIELD_NUMBER: _builtins.int
+    SLOT_SECONDS_FIELD_NUMBER: _builtins.int
+    SLOT_HOURS_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """username, experiment id, pool, agent id, or day (YYYY-MM-DD)"""
+    name: _builtins.str
+    """the experiment's name when by experiment; else the key"""
+    day: _builtins.str
+    """YYYY-MM-DD with per_day, else "" """
+    slot_seconds: _builtins.float
+    slot_hours: _builtins.float
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        name: _builtins.str = ...,
+        day: _builtins.str = ...,
+        slot_seconds: _builtins.float = ...,
+        slot_hours: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["day", b"day", "key", b"key", "name", b"name", "slot_hours", b"slot_hours", "slot_seconds", b"slot_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageGroup: _TypeAlias = UsageGroup  # noqa: Y015
+
+@_typing.final
+class PoolUsage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_FIELD_NUMBER: _builtins.int
+    USED_SLOT_SECONDS_FIELD_NUMBER: _builtins.int
+    CAPACITY_SLOT_SECONDS_FIELD_NUMBER: _builtins.int
+    USED_RATIO_FIELD_NUMBER: _builtins.int
+    IDLE_RATIO_FIELD_NUMBER: _builtins.int
+    pool: _builtins.str
+    used_slot_seconds: _builtins.float
+    capacity_slot_seconds: _builtins.float
+    """The pool's connected slots now, times the window up to now (agents that joined or
+    left during the window count as if there all of it, or not at all).
+    """
+    used_ratio: _builtins.float
+    idle_ratio: _builtins.float
+    def __init__(
+        self,
+        *,
+        pool: _builtins.str = ...,
+        used_slot_seconds: _builtins.float = ...,
+        capacity_slot_seconds: _builtins.float = ...,
+        used_ratio: _builtins.float = ...,
+        idle_ratio: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_slot_seconds", b"capacity_slot_seconds", "idle_ratio", b"idle_ratio", "pool", b"pool", "used_ratio", b"used_ratio", "used_slot_seconds", b"used_slot_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolUsage: _TypeAlias = PoolUsage  # noqa: Y015
+
+@_typing.final
+class GetUsageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    BY_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
+    ALL_USERS_FIELD_NUMBER: _builtins.int
+    by: _builtins.str
+    all_users: _builtins.bool
+    """false: only the caller's own usage is counted"""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageGroup]:
+        """largest first; by day or per_day: in day order"""
+
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolUsage]:
+        """admins only"""
+
+    def __init__(
+        self,
+        *,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+        by: _builtins.str = ...,
+        groups: _abc.Iterable[Global___UsageGroup] | None = ...,
+        pools: _abc.Iterable[Global___PoolUsage] | None = ...,
+        all_users: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since", "until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_users", b"all_users", "by", b"by", "groups", b"groups", "pools", b"pools", "since", b"since", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUsageResponse: _TypeAlias = GetUsageResponse  # noqa: Y015

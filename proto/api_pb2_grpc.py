@@ -135,6 +135,11 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.SetUserActiveRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.User.FromString,
                 _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/assay.v1.Api/GetUsage',
+                request_serializer=assay_dot_proto_dot_api__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
         self.ListAgents = channel.unary_unary(
                 '/assay.v1.Api/ListAgents',
                 request_serializer=assay_dot_proto_dot_api__pb2.ListAgentsRequest.SerializeToString,
@@ -289,6 +294,14 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsage(self, request, context):
+        """Slot-hours used in a window, by user, experiment, pool, agent or day. An admin sees
+        everyone's usage and each pool's used and idle shares; a user only their own usage.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAgents(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -418,6 +431,11 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.SetUserActive,
                     request_deserializer=assay_dot_proto_dot_api__pb2.SetUserActiveRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.User.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.GetUsageRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.GetUsageResponse.SerializeToString,
             ),
             'ListAgents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAgents,
@@ -980,6 +998,33 @@ class Api:
             '/assay.v1.Api/SetUserActive',
             assay_dot_proto_dot_api__pb2.SetUserActiveRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.User.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/GetUsage',
+            assay_dot_proto_dot_api__pb2.GetUsageRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.GetUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

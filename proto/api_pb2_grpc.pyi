@@ -63,6 +63,10 @@ class ApiStub:
     """yours; any user's for admins"""
     SetUserActive: _grpc.UnaryUnaryMultiCallable[_api_pb2.SetUserActiveRequest, _api_pb2.User]
     """admins only"""
+    GetUsage: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetUsageRequest, _api_pb2.GetUsageResponse]
+    """Slot-hours used in a window, by user, experiment, pool, agent or day. An admin sees
+    everyone's usage and each pool's used and idle shares; a user only their own usage.
+    """
     ListAgents: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListAgentsRequest, _api_pb2.ListAgentsResponse]
     GetQueue: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetQueueRequest, _api_pb2.GetQueueResponse]
     """The trials waiting for slots, in the order the scheduler will consider them."""
@@ -106,6 +110,10 @@ class ApiAsyncStub(ApiStub):
     """yours; any user's for admins"""
     SetUserActive: _aio.UnaryUnaryMultiCallable[_api_pb2.SetUserActiveRequest, _api_pb2.User]  # type: ignore[assignment]
     """admins only"""
+    GetUsage: _aio.UnaryUnaryMultiCallable[_api_pb2.GetUsageRequest, _api_pb2.GetUsageResponse]  # type: ignore[assignment]
+    """Slot-hours used in a window, by user, experiment, pool, agent or day. An admin sees
+    everyone's usage and each pool's used and idle shares; a user only their own usage.
+    """
     ListAgents: _aio.UnaryUnaryMultiCallable[_api_pb2.ListAgentsRequest, _api_pb2.ListAgentsResponse]  # type: ignore[assignment]
     GetQueue: _aio.UnaryUnaryMultiCallable[_api_pb2.GetQueueRequest, _api_pb2.GetQueueResponse]  # type: ignore[assignment]
     """The trials waiting for slots, in the order the scheduler will consider them."""
@@ -266,6 +274,16 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.User, _abc.Awaitable[_api_pb2.User]]:
         """admins only"""
+
+    @_abc_1.abstractmethod
+    def GetUsage(
+        self,
+        request: _api_pb2.GetUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.GetUsageResponse, _abc.Awaitable[_api_pb2.GetUsageResponse]]:
+        """Slot-hours used in a window, by user, experiment, pool, agent or day. An admin sees
+        everyone's usage and each pool's used and idle shares; a user only their own usage.
+        """
 
     @_abc_1.abstractmethod
     def ListAgents(

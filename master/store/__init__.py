@@ -20,8 +20,10 @@ from assay.master.store._records import (
     UserRecord,
 )
 from assay.master.store._store import Store
+from assay.master.store._usage import GROUP_BY, PoolUsage, UsagePart, UsageRow, pool_usage
 
 __all__ = [
+    "GROUP_BY",
     "MAX_PAGE",
     "SORT_COLUMNS",
     "AgentRecord",
@@ -32,11 +34,15 @@ __all__ = [
     "MetricReport",
     "MetricsReported",
     "Page",
+    "PoolUsage",
     "Store",
     "TrialRecord",
+    "UsagePart",
+    "UsageRow",
     "UserRecord",
     "WriteBatch",
     "current_revision",
     "head_revision",
     "migrate",
+    "pool_usage",
 ]

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from assay.master.errors import InvalidArgumentError
-from assay.master.store import _rollups
+from assay.master.store import _rollups, _usage
 from assay.master.store._models import (
     Agent,
     Allocation,
@@ -202,6 +202,41 @@ class WriteBatch:
                 "ended_at": None,
             },
         )
+
+    def usage_started(
+        self,
+        allocation_id: str,
+        *,
+        experiment_id: int,
+        trial_id: int,
+        run_id: int,
+        parts: Sequence[_usage.UsagePart],
+        now: dt.datetime,
+    ) -> None:
+        """Start the allocation's usage records, one per part (after its row is inserted)."""
+        rows = list(parts)
+        self.call(
+            lambda s: _usage.open_parts(
+                s,
+                allocation_id,
+                experiment_id=experiment_id,
+                trial_id=trial_id,
+                run_id=run_id,
+                parts=rows,
+                started_at=now,
+            )
+        )
+
+    def usage_ended(
+        self, allocation_id: str, now: dt.datetime, *, agent_id: str | None = None
+    ) -> None:
+        """Close the allocation's open usage records (one agent's part, or all of them).
+        Idempotent: a record already closed keeps the end it has."""
+        self.call(lambda s: _usage.close(s, allocation_id, now, agent_id))
+
+    def usage_orphans_closed(self, now: dt.datetime) -> None:
+        """Close the usage records of allocations that are not open (a master's start)."""
+        self.call(lambda s: _usage.close_orphans(s, now))
 
     def set_experiment(self, experiment_id: int, **fields: Any) -> None:
         _check_fields("experiment", fields, EXPERIMENT_FIELDS)

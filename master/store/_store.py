@@ -10,7 +10,8 @@ queries per aggregate:
 - `MetricQueries` (_metrics.py): metric reports and curves;
 - `CheckpointQueries` (_checkpoints.py): checkpoints;
 - `AgentQueries` (_agents.py): agents and allocations;
-- `LogQueries` (_logs.py): trial logs.
+- `LogQueries` (_logs.py): trial logs;
+- `UsageQueries` (_usage.py): slot usage by user, experiment, pool, agent or day.
 
 Each write method says how it behaves when retried: the master retries through
 outages, so writes are idempotent where a retry is possible.
@@ -33,6 +34,7 @@ from assay.master.store._logs import LogQueries
 from assay.master.store._metrics import MetricQueries
 from assay.master.store._migrate import migrate
 from assay.master.store._models import SchemaInfo
+from assay.master.store._usage import UsageQueries
 from assay.master.store._users import UserQueries
 
 
@@ -43,6 +45,7 @@ class Store(
     CheckpointQueries,
     AgentQueries,
     LogQueries,
+    UsageQueries,
 ):
     """The experiment store on one database (SQLite or PostgreSQL)."""
 

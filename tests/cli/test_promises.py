@@ -46,6 +46,7 @@ READERS = {
     "preview-search",
     "user whoami",
     "user list",
+    "usage",
 }
 
 

@@ -8,7 +8,7 @@ step. They read `Snapshot`s only, so each is shown to fail on a hand-made state
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from assay.master.lifecycle.simulate._snapshot import (
@@ -137,6 +137,16 @@ def check_snapshot(s: Snapshot) -> None:
     check_queue(s)
     check_runs(s)
     check_trials(s)
+
+
+def check_usage_closed(open_records: Sequence[tuple[str, str]]) -> None:
+    """Once every run has ended (after the drain), so has every usage record: each
+    allocation's records are closed exactly when it ends, or at the latest by a restart."""
+    if open_records:
+        raise InvariantError(
+            f"{len(open_records)} usage record(s) still open after every run ended: "
+            f"{list(open_records)[:5]} (allocation, agent)"
+        )
 
 
 def check_move(

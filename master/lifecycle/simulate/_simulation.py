@@ -26,6 +26,7 @@ from assay.master.lifecycle.simulate._checks import (
     check_progress,
     check_restart,
     check_snapshot,
+    check_usage_closed,
 )
 from assay.master.lifecycle.simulate._cluster import Cluster, FakeAgent
 from assay.master.lifecycle.simulate._snapshot import (
@@ -127,6 +128,7 @@ class Simulation:
             for _ in range(events):
                 self.step(self._random_event())
             self.drain()
+            check_usage_closed(self.adapter.store.open_usage())
         finally:
             self.stats.seconds = time.perf_counter() - started
             self.stats.errors = list(self.errors.lines)

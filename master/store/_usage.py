@@ -1,0 +1,313 @@
+"""Slot usage: who held how many slots, where, and for how long (`slot_usage`).
+
+Every allocation is also a usage record: one row per part (the slots it holds on one
+agent), written in the batch that records the allocation and closed once, in the batch
+that records its end. The master writes them through `WriteBatch` (the statements are
+here); a master starting up closes any row whose allocation it no longer knows.
+
+Reads count slot-seconds over a window [since, until): a row that spans a boundary
+counts only its part inside, and an open row counts up to now. The rows that overlap the
+window are read once (by index on their start and end) and clipped and summed here, the
+same on SQLite and PostgreSQL (their date arithmetic differs); a day is a UTC day.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from sqlalchemy import exists, func, insert, or_, select, update
+from sqlalchemy.orm import Session
+
+from assay.master.store._base import StoreBase, now
+from assay.master.store._models import Allocation, Experiment, SlotUsage, User
+
+GroupBy = Literal["user", "experiment", "pool", "agent", "day"]
+GROUP_BY: tuple[str, ...] = get_args(GroupBy)
+DAY = dt.timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class UsagePart:
+    """The slots an allocation holds on one agent."""
+
+    agent_id: str
+    slots: int
+    slot_type: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """Slot-seconds of one group (and one day of it, when split by day) in a window."""
+
+    key: str  # username, experiment id, pool, agent id, or the day (YYYY-MM-DD)
+    name: str  # the experiment's name for experiments; else the key
+    day: str  # YYYY-MM-DD when split by day too, else ""
+    slot_seconds: float
+
+    @property
+    def slot_hours(self) -> float:
+        return self.slot_seconds / 3600
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    """How much of a pool's slot time was used in a window.
+
+    `capacity_slot_seconds` is the pool's connected slots (as the master sees them when
+    asked) times the window up to now: agents that left or joined during the window are
+    counted as if they had been there all of it, or not at all.
+    """
+
+    pool: str
+    used_slot_seconds: float
+    capacity_slot_seconds: float
+
+    @property
+    def used_ratio(self) -> float:
+        cap = self.capacity_slot_seconds
+        return min(1.0, self.used_slot_seconds / cap) if cap > 0 else 0.0
+
+    @property
+    def idle_ratio(self) -> float:
+        return 1.0 - self.used_ratio if self.capacity_slot_seconds > 0 else 0.0
+
+
+# --- writes (run by WriteBatch in the master's group commit) -------------------------------
+
+
+def open_parts(
+    session: Session,
+    allocation_id: str,
+    *,
+    experiment_id: int,
+    trial_id: int,
+    run_id: int,
+    parts: Sequence[UsagePart],
+    started_at: dt.datetime,
+) -> None:
+    """Record the parts of a new allocation, charged to the experiment's owner (user 0 if
+    the experiment has no row: accounting never fails the batch it is part of)."""
+    owner = session.execute(
+        select(Experiment.owner_id).where(Experiment.id == experiment_id)
+    ).scalar()
+    rows = [
+        {
+            "allocation_id": allocation_id,
+            "agent_id": part.agent_id,
+            "slots": part.slots,
+            "slot_type": part.slot_type,
+            "pool": part.pool,
+            "user_id": owner if owner is not None else 0,
+            "experiment_id": experiment_id,
+            "trial_id": trial_id,
+            "run_id": run_id,
+            "started_at": _utc(started_at),
+            "ended_at": None,
+        }
+        for part in parts
+    ]
+    if rows:
+        session.execute(insert(SlotUsage), rows)
+
+
+def close(
+    session: Session, allocation_id: str, ended_at: dt.datetime, agent_id: str | None = None
+) -> None:
+    """End the allocation's open rows (one agent's, or all): a row already closed keeps
+    its end, so closing again changes nothing."""
+    query = update(SlotUsage).where(
+        SlotUsage.allocation_id == allocation_id, SlotUsage.ended_at.is_(None)
+    )
+    if agent_id is not None:
+        query = query.where(SlotUsage.agent_id == agent_id)
+    session.execute(query.values(ended_at=_utc(ended_at)))
+
+
+def close_orphans(session: Session, when: dt.datetime) -> None:
+    """End every open row whose allocation is not open any more: at the allocation's end
+    when it has one, else at `when` (the moment the master found it gone)."""
+    live = exists().where(Allocation.id == SlotUsage.allocation_id, Allocation.ended_at.is_(None))
+    ended = (
+        select(Allocation.ended_at)
+        .where(Allocation.id == SlotUsage.allocation_id)
+        .scalar_subquery()
+    )
+    session.execute(
+        update(SlotUsage)
+        .where(SlotUsage.ended_at.is_(None), ~live)
+        .values(ended_at=func.coalesce(ended, _utc(when)))
+        .execution_options(synchronize_session=False)
+    )
+
+
+# --- reads ---------------------------------------------------------------------------------
+
+
+class UsageQueries(StoreBase):
+    """Slot usage over a window, by user, experiment, pool, agent or day."""
+
+    def slot_usage(
+        self,
+        since: dt.datetime,
+        until: dt.datetime,
+        by: GroupBy,
+        *,
+        per_day: bool = False,
+        user_id: int | None = None,
+        at: dt.datetime | None = None,
+    ) -> list[UsageRow]:
+        """Slot-seconds in [since, until) per group, largest first (by day: in order).
+
+        `per_day` splits each group by UTC day as well; `user_id` counts that user's
+        allocations only; open rows count up to `at` (default: now).
+        """
+        if by not in GROUP_BY:
+            raise ValueError(f"cannot group usage by {by!r}: use one of {', '.join(GROUP_BY)}")
+        since, until = _utc(since), _utc(until)
+        if until <= since:
+            raise ValueError(f"the window is empty: until ({until}) is not after since ({since})")
+        current = _utc(at or now())
+        totals: dict[tuple[str, str], float] = {}
+        names: dict[str, str] = {}
+        with self.read() as s:
+            query = (
+                select(
+                    SlotUsage.started_at,
+                    SlotUsage.ended_at,
+                    SlotUsage.slots,
+                    User.username,
+                    SlotUsage.experiment_id,
+                    Experiment.name,
+                    SlotUsage.pool,
+                    SlotUsage.agent_id,
+                )
+                .join(User, User.id == SlotUsage.user_id, isouter=True)
+                .join(Experiment, Experiment.id == SlotUsage.experiment_id, isouter=True)
+                .where(
+                    SlotUsage.started_at < until,
+                    or_(SlotUsage.ended_at.is_(None), SlotUsage.ended_at > since),
+                )
+            )
+            if user_id is not None:
+                query = query.where(SlotUsage.user_id == user_id)
+            for row in s.execute(query):
+                start = max(_utc(row[0]), since)
+                end = min(_utc(row[1]) if row[1] is not None else current, until)
+                if end <= start:
+                    continue
+                key, name = _group(by, row)
+                if per_day or by == "day":
+                    pieces = _split(start, end)
+                else:
+                    pieces = [("", (end - start).total_seconds())]
+                for day, seconds in pieces:
+                    group = (day, day) if by == "day" else (key, name)
+                    names[group[0]] = group[1]
+                    cell = (group[0], day if per_day else "")
+                    totals[cell] = totals.get(cell, 0.0) + seconds * row[2]
+        rows = [UsageRow(k, names[k], d, v) for (k, d), v in totals.items()]
+        if by == "day" or per_day:
+            rows.sort(key=lambda r: (r.day or r.key, r.key))
+        else:
+            rows.sort(key=lambda r: (-r.slot_seconds, r.key))
+        return rows
+
+    def experiment_slot_seconds(
+        self, experiment_ids: Sequence[int], at: dt.datetime | None = None
+    ) -> dict[int, float]:
+        """All the slot-seconds each experiment's allocations held (open ones up to now)."""
+        current = _utc(at or now())
+        totals = dict.fromkeys(experiment_ids, 0.0)
+        if not experiment_ids:
+            return totals
+        with self.read() as s:
+            rows = s.execute(
+                select(
+                    SlotUsage.experiment_id,
+                    SlotUsage.started_at,
+                    SlotUsage.ended_at,
+                    SlotUsage.slots,
+                ).where(SlotUsage.experiment_id.in_(list(experiment_ids)))
+            )
+            for experiment_id, start, end, slots in rows:
+                span = (_utc(end) if end is not None else current) - _utc(start)
+                totals[experiment_id] += max(0.0, span.total_seconds()) * slots
+        return totals
+
+    def open_usage(self) -> list[tuple[str, str]]:
+        """(allocation id, agent id) of the rows not closed yet, in order."""
+        with self.read() as s:
+            rows = s.execute(
+                select(SlotUsage.allocation_id, SlotUsage.agent_id)
+                .where(SlotUsage.ended_at.is_(None))
+                .order_by(SlotUsage.allocation_id, SlotUsage.agent_id)
+            )
+            return [(a, b) for a, b in rows]
+
+
+def pool_usage(
+    used: Sequence[UsageRow],
+    capacity_slots: Mapping[str, int],
+    since: dt.datetime,
+    until: dt.datetime,
+    at: dt.datetime | None = None,
+) -> list[PoolUsage]:
+    """Each pool's used and available slot-seconds in [since, until), from its usage
+    (`slot_usage(..., by="pool")`) and its connected slots now (see `PoolUsage`)."""
+    since, until = _utc(since), _utc(until)
+    window = max(0.0, (min(until, _utc(at or now())) - since).total_seconds())
+    by_pool: dict[str, float] = {}
+    for row in used:
+        by_pool[row.key] = by_pool.get(row.key, 0.0) + row.slot_seconds
+    pools = sorted(set(by_pool) | set(capacity_slots))
+    return [PoolUsage(p, by_pool.get(p, 0.0), capacity_slots.get(p, 0) * window) for p in pools]
+
+
+def _group(by: str, row: Any) -> tuple[str, str]:
+    if by == "user":
+        username = row[3] if row[3] is not None else "(deleted user)"
+        return username, username
+    if by == "experiment":
+        key = str(row[4])
+        return key, row[5] if row[5] is not None else f"experiment {key} (deleted)"
+    if by == "pool":
+        return row[6], row[6]
+    if by == "agent":
+        return row[7], row[7]
+    return "", ""  # by day: the key is each day's
+
+
+def _split(start: dt.datetime, end: dt.datetime) -> list[tuple[str, float]]:
+    """[start, end) as (UTC day, seconds in it) pairs."""
+    out: list[tuple[str, float]] = []
+    day = dt.datetime(start.year, start.month, start.day, tzinfo=dt.UTC)
+    while day < end:
+        nxt = day + DAY
+        span = (min(end, nxt) - max(start, day)).total_seconds()
+        if span > 0:
+            out.append((day.date().isoformat(), span))
+        day = nxt
+    return out
+
+
+def _utc(when: dt.datetime) -> dt.datetime:
+    # SQLite keeps no offset: every time is stored in UTC and read back as UTC.
+    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
+
+
+__all__ = [
+    "GROUP_BY",
+    "GroupBy",
+    "PoolUsage",
+    "UsagePart",
+    "UsageQueries",
+    "UsageRow",
+    "close",
+    "close_orphans",
+    "open_parts",
+    "pool_usage",
+]

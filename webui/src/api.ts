@@ -128,6 +128,40 @@ export interface ExperimentDetail {
   trials: Trial[];
   /** Present once the master reports it: every (group, name) some trial reported. */
   metric_names?: MetricName[];
+  /** Slot-seconds its allocations held (running ones up to now); its owner and admins only. */
+  slot_seconds?: Double;
+}
+
+export type UsageBy = "user" | "experiment" | "pool" | "agent" | "day";
+
+export interface UsageGroup {
+  /** Username, experiment id, pool, agent id, or day (YYYY-MM-DD). */
+  key: string;
+  name: string;
+  /** YYYY-MM-DD with per_day, else "". */
+  day: string;
+  slot_seconds: Double;
+  slot_hours: Double;
+}
+
+export interface PoolUsage {
+  pool: string;
+  used_slot_seconds: Double;
+  /** The pool's connected slots now, times the window up to now. */
+  capacity_slot_seconds: Double;
+  used_ratio: Double;
+  idle_ratio: Double;
+}
+
+export interface UsageReport {
+  since: string;
+  until: string;
+  by: UsageBy;
+  groups: UsageGroup[];
+  /** Admins only. */
+  pools: PoolUsage[];
+  /** False: only the caller's own usage is counted. */
+  all_users: boolean;
 }
 
 export interface ExperimentList {
@@ -473,6 +507,10 @@ export const api = {
 
   /** The trials waiting for slots, the first to be placed first. */
   queue: (signal?: AbortSignal) => request<{ trials: QueuedTrial[] }>("GET", "/queue", { signal }),
+
+  /** Slot usage in [since, until) (a user's own; everyone's for admins). */
+  usage: (params: { by: UsageBy; since?: string; until?: string; per_day?: boolean }, signal?: AbortSignal) =>
+    request<UsageReport>("GET", "/usage", { query: { ...params }, signal }),
 
   setAgentEnabled: (id: string, enabled: boolean) =>
     request<Agent>("POST", `/agents/${encodeURIComponent(id)}/${enabled ? "enable" : "disable"}`),

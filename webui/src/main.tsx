@@ -10,6 +10,7 @@ import { ExperimentListPage } from "./pages/ExperimentListPage";
 import { ExperimentPage } from "./pages/ExperimentPage";
 import { LoginPage } from "./pages/LoginPage";
 import { TrialPage } from "./pages/TrialPage";
+import { UsagePage } from "./pages/UsagePage";
 import { UsersPage } from "./pages/UsersPage";
 import { endSession, lastEndReason, loginPath, rememberUser } from "./session";
 import "./styles.css";
@@ -29,6 +30,9 @@ function TopBar() {
           Experiments
         </NavLink>
         <NavLink to="/cluster">Cluster</NavLink>
+        <NavLink to="/usage" data-testid="nav-usage">
+          Usage
+        </NavLink>
         {/* The master refuses others anyway; the link is for those who can use the page. */}
         {user?.admin && (
           <NavLink to="/users" data-testid="nav-users">
@@ -136,6 +140,7 @@ function App() {
           <Route path="/experiments/:id" element={<ExperimentPage />} />
           <Route path="/trials/:id" element={<TrialPage />} />
           <Route path="/cluster" element={<ClusterPage />} />
+          <Route path="/usage" element={<UsagePage />} />
           <Route path="/users" element={<UsersPage />} />
           <Route path="/account" element={<AccountPage />} />
           <Route path="*" element={<NotFound />} />

@@ -39,7 +39,8 @@ import {
   searcherInfo,
   toYaml,
 } from "../format";
-import { usePoll, useQueryState } from "../hooks";
+import { usePoll, useQueryState, useSession } from "../hooks";
+import { fmtSlotHours } from "./UsagePage";
 
 /** Points per trial asked of the server: enough for a wide chart, extremes kept. */
 const CURVE_POINTS = 800;
@@ -91,6 +92,7 @@ export function ExperimentPage() {
     <div className="page">
       <Header
         e={shown}
+        slotSeconds={num(detail.data.slot_seconds ?? 0)}
         onDone={(u, err) => {
           setActionError(err ?? null);
           if (u) setOverride(u);
@@ -140,8 +142,19 @@ function PageError({ error }: { error: unknown }) {
   );
 }
 
-function Header({ e, onDone }: { e: Experiment; onDone: (u: Experiment | null, err?: unknown) => void }) {
+function Header({
+  e,
+  slotSeconds,
+  onDone,
+}: {
+  e: Experiment;
+  slotSeconds: number;
+  onDone: (u: Experiment | null, err?: unknown) => void;
+}) {
   const best = num(e.best_validation);
+  const { user } = useSession();
+  // The master tells usage to the experiment's owner and to admins only.
+  const seesUsage = user !== null && (user.admin || user.username === e.owner);
   const { metric, smallerIsBetter } = searcherInfo(e.config);
   return (
     <div className="exp-header">
@@ -196,6 +209,10 @@ function Header({ e, onDone }: { e: Experiment; onDone: (u: Experiment | null, e
         <div>
           <dt>Duration</dt>
           <dd>{fmtDuration(e.start_time, e.end_time)}</dd>
+        </div>
+        <div>
+          <dt title="slots held by its trials, times how long">Slot-hours</dt>
+          <dd data-testid="experiment-slot-hours">{seesUsage ? fmtSlotHours(slotSeconds / 3600) : "–"}</dd>
         </div>
       </dl>
     </div>

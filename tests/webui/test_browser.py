@@ -124,6 +124,18 @@ def test_the_cluster_page_lists_the_agent(site: Site) -> None:
     page.context.close()
 
 
+def test_the_cluster_page_shows_the_pools_and_each_agents_pool(site: Site) -> None:
+    page = site.page()
+    page.goto(site.base + "/cluster")
+    agent = page.locator('[data-testid="agent-row"][data-id="agent0"]')
+    expect(agent.locator('[data-testid="agent-pool"]')).to_have_text("pool default")
+    pool = page.locator('[data-testid="pool-row"][data-id="default"]')
+    expect(pool).to_contain_text("default (default)")
+    expect(pool).to_contain_text("priority")
+    expect(pool.locator('[data-testid="pool-slots"]')).to_contain_text("/ 2 CPU busy")
+    page.context.close()
+
+
 def test_a_pause_click_changes_the_store_and_the_page_follows(site: Site) -> None:
     experiment_id = site.submit(LONG)
     wait_state(site, experiment_id, {"ACTIVE"})
@@ -147,6 +159,33 @@ def test_a_pause_click_changes_the_store_and_the_page_follows(site: Site) -> Non
     assert killed.returncode == 0, killed.stderr
     expect(state).to_contain_text(re.compile("cancel|kill", re.IGNORECASE), timeout=10_000)
     page.context.close()
+
+
+def test_a_running_trial_shows_each_ranks_utilisation(site: Site) -> None:
+    experiment_id = site.submit(LONG)
+    try:
+        wait_state(site, experiment_id, {"ACTIVE"})
+        deadline = time.monotonic() + 60
+        running: list[dict[str, object]] = []
+        while not running:
+            assert time.monotonic() < deadline, "no trial started"
+            trials = site.describe(experiment_id)["trials"]
+            running = [t for t in trials if t["state"] == "RUNNING"]
+            time.sleep(0.5)
+        page = site.page()
+        page.goto(f"{site.base}/trials/{running[0]['id']}")
+        # The agent's next heartbeat (every 5 s) carries the rank's sample.
+        row = page.locator('[data-testid="rank-usage-row"]')
+        expect(row).to_have_count(1, timeout=30_000)
+        cells = row.locator("td")
+        expect(cells.nth(0)).to_have_text("0")  # rank
+        expect(cells.nth(1)).to_have_text("agent0")
+        expect(cells.nth(3)).to_have_text(re.compile(r"^\d+%$"))  # CPU
+        expect(cells.nth(4)).to_have_text(re.compile(r"MiB|GiB"))  # resident memory
+        screenshot(page, "trial-rank-usage")
+        page.context.close()
+    finally:
+        site.cluster.cli("experiment", "kill", str(experiment_id))
 
 
 def test_unknown_ids_and_routes_say_so(site: Site) -> None:
@@ -221,6 +260,9 @@ def test_a_trial_the_cluster_cannot_hold_says_why_and_the_config_reads_as_submit
         expect(reason.first).to_have_text(
             "cannot start: needs 4 CPU slots; the cluster has 2 (1 agent)"
         )
+        expect(reason.first).to_have_attribute("data-kind", "too_large")
+        position = page.locator('[data-testid="queue-row"] [data-testid="queue-position"]')
+        expect(position.first).to_have_text("1")
         page.goto(f"{site.base}/experiments/{experiment_id}")
         shown = page.locator('[data-testid="config"]')
         expect(shown).to_contain_text("global_batch_size: 32  # per step, over all slots")

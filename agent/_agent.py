@@ -271,6 +271,8 @@ class Agent:
                 set(self.running_allocations) | self.connection.outbox.unreported_exits()
             ),
             memory_bytes=psutil.virtual_memory().total,
+            resource_pool=self.settings.resource_pool,
+            agent_label=self.settings.agent_label or "",
         )
 
     def _heartbeat(self) -> agent_pb2.Heartbeat:

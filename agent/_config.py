@@ -70,6 +70,19 @@ class AgentSettings:
         default_text="every GPU, or one per CPU",
         help="How many slots to offer (the first N GPUs with cuda).",
     )
+    resource_pool: str = setting(
+        "default",
+        kind=Text("a pool name", "NAME"),
+        help="The master's resource pool this agent's slots join (one of the master's "
+        "resource_pools; the master refuses any other). Experiments choose a pool with "
+        "resources.resource_pool.",
+    )
+    agent_label: str | None = setting(
+        kind=Text("a label", "LABEL"),
+        default_text="none",
+        help="A label experiments can ask for with resources.agent_label (e.g. a100): "
+        "those run only on agents with it; experiments without one run on any agent.",
+    )
     work_dir: Path | None = setting(  # noqa: RUF009 - setting() makes a dataclasses.field
         kind=Directory(),
         default_text="<tmp>/assay-agent-<agent_id>",
@@ -160,6 +173,12 @@ class AgentSettings:
             raise SettingsError(f"master must be HOST:PORT, got {self.master!r}")
         if self.slots is not None and self.slots < 1:
             raise SettingsError(f"slots must be at least 1, got {self.slots}")
+        for key in ("resource_pool", "agent_label"):
+            value = getattr(self, key)
+            if value is not None and (not value.strip() or value != value.strip()):
+                raise SettingsError(
+                    f"{key} must be a name without surrounding spaces, got {value!r}"
+                )
         if self.heartbeat_timeout <= 0:
             raise SettingsError(f"heartbeat_timeout must be positive, got {self.heartbeat_timeout}")
         try:

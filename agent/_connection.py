@@ -340,9 +340,15 @@ class MasterConnection:
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION and _INCOMPATIBLE in details:
                 self.refused = details
                 return details
-            if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                # A wrong join token stays wrong, and a name held by another agent's
-                # credential stays held: retrying would only knock on the door.
+            if e.code() in (
+                grpc.StatusCode.UNAUTHENTICATED,
+                grpc.StatusCode.PERMISSION_DENIED,
+                grpc.StatusCode.INVALID_ARGUMENT,
+            ):
+                # A wrong join token stays wrong, a name held by another agent's
+                # credential stays held, and a registration the master cannot take (a
+                # resource pool it does not declare) stays so: retrying would only
+                # knock on the door.
                 self.refused = f"the master refused this agent: {details}"
                 return self.refused
             return f"{e.code().name}: {details}"

@@ -1,4 +1,5 @@
-"""`assay agent` (`a`), `assay slot` (`s`) and `assay master`: the cluster's machines."""
+"""`assay agent` (`a`), `assay slot` (`s`), `assay resource-pool` (`rp`) and `assay master`:
+the cluster's machines."""
 
 from __future__ import annotations
 
@@ -29,21 +30,33 @@ def agent_list_command(as_json: bool) -> None:
             a["address"] or None,
             a["slot_type"],
             f"{a['used_slots']}/{a['slots']}",
+            a["resource_pool"] or None,
+            a["agent_label"],
             "yes" if a["connected"] else "no",
-            "yes" if a["enabled"] else "no",
+            _enabled(a),
             fmt.percent(a["cpu_utilization"]),
             fmt.percent(a["memory_used_fraction"]),
             a["last_heartbeat"],
         ]
         for a in agents
     ]
-    headers = ["ID", "ADDRESS", "TYPE", "USED", "CONNECTED", "ENABLED", "CPU", "MEM", "HEARTBEAT"]
-    click.echo(fmt.table(headers, rows))
+    headers = ["ID", "ADDRESS", "TYPE", "USED", "POOL", "LABEL", "CONNECTED", "ENABLED"]
+    click.echo(fmt.table([*headers, "CPU", "MEM", "HEARTBEAT"], rows))
 
 
-def _set_enabled(agent_id: str, enabled: bool) -> None:
-    result = client().set_agent_enabled(agent_id, enabled)
+def _enabled(a: dict[str, object]) -> str:
+    """yes, no, or draining (disabled with --drain, trials still running on it)."""
+    if a["enabled"]:
+        return "yes"
+    return "draining" if a["draining"] and a["used_slots"] else "no"
+
+
+def _set_enabled(agent_id: str, enabled: bool, drain: bool = False) -> None:
+    result = client().set_agent_enabled(agent_id, enabled, drain)
     word = "enabled" if result.enabled else "disabled"
+    if result.draining:
+        busy = sum(1 for s in result.slots if s.allocation_id)
+        word = f"draining ({busy} slot{'s' if busy != 1 else ''} busy)" if busy else "drained"
     click.echo(f"agent {result.id or agent_id} {word}")
 
 
@@ -57,10 +70,15 @@ def agent_enable_command(agent_id: str) -> None:
 
 @agent.command("disable")
 @click.argument("agent_id", metavar="ID")
+@click.option(
+    "--drain",
+    is_flag=True,
+    help="Show the agent as draining until its running trials finish (`agent list`).",
+)
 @user_errors
-def agent_disable_command(agent_id: str) -> None:
+def agent_disable_command(agent_id: str, drain: bool) -> None:
     """Stop placing new trials on an agent (running ones continue)."""
-    _set_enabled(agent_id, False)
+    _set_enabled(agent_id, False, drain)
 
 
 @agent.command("remove")
@@ -90,13 +108,18 @@ def slot() -> None:
 @user_errors
 def slot_list_command(as_json: bool) -> None:
     """List every slot and what runs on it."""
-    slots = [fmt.slot_dict(s) for a in client().list_agents() for s in a.slots]
+    slots = [
+        {**fmt.slot_dict(s), "resource_pool": a.resource_pool}
+        for a in client().list_agents()
+        for s in a.slots
+    ]
     if as_json:
         echo_json(slots)
         return
     rows = [
         [
             s["agent_id"],
+            s["resource_pool"],
             s["index"],
             s["type"],
             "yes" if s["enabled"] else "no",
@@ -106,8 +129,44 @@ def slot_list_command(as_json: bool) -> None:
         ]
         for s in slots
     ]
-    headers = ["AGENT", "SLOT", "TYPE", "ENABLED", "STATE", "TRIAL", "ALLOCATION"]
+    headers = ["AGENT", "POOL", "SLOT", "TYPE", "ENABLED", "STATE", "TRIAL", "ALLOCATION"]
     click.echo(fmt.table(headers, rows))
+
+
+@click.group("resource-pool", cls=AliasedGroup)
+def resource_pool() -> None:
+    """The resource pools agents join and experiments choose (resources.resource_pool)."""
+
+
+@resource_pool.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@user_errors
+def resource_pool_list_command(as_json: bool) -> None:
+    """List the pools: scheduler, connected agents, slots by type, queued trials."""
+    pools = [fmt.pool_dict(p) for p in client().list_resource_pools()]
+    if as_json:
+        echo_json(pools)
+        return
+    rows = []
+    for p in pools:
+        kinds = p["slots"] or [{"type": None, "total": 0, "used": 0, "free": 0}]
+        for i, s in enumerate(kinds):
+            first = i == 0
+            rows.append(
+                [
+                    (p["name"] + (" (default)" if p["default"] else "")) if first else "",
+                    p["scheduler"] if first else "",
+                    len(p["agents"]) if first else "",
+                    s["type"],
+                    s["total"],
+                    s["used"],
+                    s["free"],
+                    p["queued_trials"] if first else "",
+                    (p["description"] or None) if first else "",
+                ]
+            )
+    headers = ["NAME", "SCHEDULER", "AGENTS", "TYPE", "SLOTS", "USED", "FREE", "QUEUED"]
+    click.echo(fmt.table([*headers, "DESCRIPTION"], rows))
 
 
 @click.group("master", cls=AliasedGroup)
@@ -130,9 +189,12 @@ def master_info_command(as_json: bool) -> None:
         "slots": info.slots,
         "free_slots": info.free_slots,
         "queued_trials": info.queued_trials,
+        "resource_pools": list(info.resource_pools),
+        "default_resource_pool": info.default_resource_pool,
     }
     if as_json:
         echo_json(data)
         return
     for key, value in data.items():
-        click.echo(f"{key.replace('_', ' ').capitalize() + ':':15}{value if value != '' else '-'}")
+        shown = ", ".join(value) if isinstance(value, list) else value
+        click.echo(f"{key.replace('_', ' ').capitalize() + ':':15}{shown if shown != '' else '-'}")

@@ -364,12 +364,22 @@ class Client:
         )
         return list(response.agents)
 
-    def set_agent_enabled(self, agent_id: str, enabled: bool) -> common_pb2.Agent:
+    def set_agent_enabled(
+        self, agent_id: str, enabled: bool, drain: bool = False
+    ) -> common_pb2.Agent:
         from assay.proto import api_pb2
 
-        request = api_pb2.SetAgentEnabledRequest(id=agent_id, enabled=enabled)
+        request = api_pb2.SetAgentEnabledRequest(id=agent_id, enabled=enabled, drain=drain)
         agent: common_pb2.Agent = self._unary("SetAgentEnabled", request)
         return agent
+
+    def list_resource_pools(self) -> list[api_pb2.ResourcePool]:
+        from assay.proto import api_pb2
+
+        response: api_pb2.ListResourcePoolsResponse = self._unary(
+            "ListResourcePools", api_pb2.ListResourcePoolsRequest()
+        )
+        return list(response.pools)
 
     def remove_agent(self, agent_id: str) -> bool:
         """Forget the agent's credential; True if it was connected (now disconnected)."""

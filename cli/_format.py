@@ -282,6 +282,21 @@ def slot_dict(s: common_pb2.Slot) -> dict[str, Any]:
     }
 
 
+def pool_dict(p: api_pb2.ResourcePool) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "description": p.description,
+        "scheduler": p.scheduler,
+        "default": p.default,
+        "agents": list(p.agents),
+        "slots": [
+            {"type": slot_type(s.slot_type), "total": s.total, "used": s.used, "free": s.free}
+            for s in p.slots
+        ],
+        "queued_trials": p.queued_trials,
+    }
+
+
 def agent_dict(a: common_pb2.Agent) -> dict[str, Any]:
     return {
         "id": a.id,
@@ -289,6 +304,9 @@ def agent_dict(a: common_pb2.Agent) -> dict[str, Any]:
         "slot_type": slot_type(a.slot_type),
         "connected": a.connected,
         "enabled": a.enabled,
+        "draining": a.draining,
+        "resource_pool": a.resource_pool,
+        "agent_label": a.agent_label or None,
         "slots": len(a.slots),
         "used_slots": sum(1 for s in a.slots if s.allocation_id),
         "devices": [

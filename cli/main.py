@@ -10,7 +10,7 @@ import click
 
 from assay import __version__
 
-from ._agent import agent, master, slot
+from ._agent import agent, master, resource_pool, slot
 from ._checkpoint import checkpoint
 from ._common import DEFAULT_MASTER, RootGroup, Settings
 from ._deploy import deploy
@@ -46,6 +46,7 @@ cli.add_aliased(experiment, "e")
 cli.add_aliased(trial, "t")
 cli.add_aliased(agent, "a")
 cli.add_aliased(slot, "s")
+cli.add_aliased(resource_pool, "rp")
 cli.add_aliased(checkpoint, "c")
 cli.add_aliased(master)
 cli.add_aliased(deploy)

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from assay.master._agents import (
     AgentMessage,
     AgentView,
+    ClusterView,
     Device,
     KillRun,
     Load,
@@ -15,7 +16,7 @@ from assay.master._agents import (
     SlotKind,
 )
 from assay.master.store import LogLine
-from assay.proto import agent_pb2, common_pb2
+from assay.proto import agent_pb2, api_pb2, common_pb2
 
 
 def slot_kind(slot_type: int) -> SlotKind:
@@ -38,6 +39,8 @@ def registration(register: agent_pb2.Register, peer_host: str) -> Registration:
         address=register.address or peer_host,
         memory_bytes=register.memory_bytes,
         running_allocations=frozenset(register.running_allocations),
+        resource_pool=register.resource_pool,
+        agent_label=register.agent_label,
     )
 
 
@@ -127,6 +130,36 @@ def agent_message(agent: AgentView) -> common_pb2.Agent:
         memory_bytes=agent.memory_bytes,
         memory_used_fraction=agent.memory_used_fraction,
         cpu_utilization=agent.cpu_utilization,
+        resource_pool=agent.pool,
+        agent_label=agent.label,
+        draining=agent.draining,
     )
     message.last_heartbeat.FromDatetime(last)
     return message
+
+
+def pool_messages(view: ClusterView, default: str) -> list[api_pb2.ResourcePool]:
+    """The declared pools with their connected agents' slots (by slot type) and queue."""
+    out = []
+    for pool in view.pools:
+        slots = [
+            api_pb2.PoolSlots(
+                slot_type=slot_type(kind),
+                total=total,
+                used=used,
+                free=total - used,
+            )
+            for kind, (total, used) in sorted(pool.slots(view).items())
+        ]
+        out.append(
+            api_pb2.ResourcePool(
+                name=pool.name,
+                description=pool.description,
+                scheduler=pool.scheduler,
+                agents=pool.agents,
+                slots=slots,
+                queued_trials=pool.queued,
+                default=pool.name == default,
+            )
+        )
+    return out

@@ -39,6 +39,8 @@ class Registration:
     address: str = ""
     memory_bytes: int = 0
     running_allocations: frozenset[str] = frozenset()
+    resource_pool: str = ""  # "" the master's default pool
+    agent_label: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ class AgentHandle:
     outbox: Outbox
     connected: bool = True
     enabled: bool = True
+    draining: bool = False  # disabled with --drain: its running trials finish
+    pool: str = ""
+    label: str = ""
     last_heartbeat: float = field(default_factory=time.time)
     cpu_utilization: float = 0.0
     memory_used_fraction: float = 0.0
@@ -138,6 +143,30 @@ class AgentView:
     memory_bytes: int
     memory_used_fraction: float
     cpu_utilization: float
+    pool: str = ""
+    label: str = ""
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """A resource pool as `assay resource-pool list` shows it."""
+
+    name: str
+    description: str
+    scheduler: str
+    agents: tuple[str, ...]  # connected agents' ids
+    queued: int  # trials waiting for this pool
+
+    def slots(self, view: ClusterView) -> dict[SlotKind, tuple[int, int]]:
+        """Slot type -> (total, used) over the pool's connected agents."""
+        out: dict[SlotKind, tuple[int, int]] = {}
+        for agent in view.connected:
+            if agent.pool == self.name:
+                total, used = out.get(agent.slot_type, (0, 0))
+                busy = sum(1 for s in agent.slots if s.trial_id)
+                out[agent.slot_type] = (total + len(agent.slots), used + busy)
+        return out
 
 
 @dataclass(frozen=True)
@@ -149,6 +178,7 @@ class QueuedView:
     slots: int
     # Why it cannot be placed even on an idle cluster ("" when it waits for free slots).
     reason: str = ""
+    pool: str = ""
 
 
 @dataclass(frozen=True)
@@ -159,6 +189,7 @@ class ClusterView:
     slot_type: SlotKind  # what queued trials ask for
     agents: tuple[AgentView, ...]
     queue: tuple[QueuedView, ...]  # in the order they will be placed
+    pools: tuple[PoolView, ...] = ()
 
     @property
     def connected(self) -> tuple[AgentView, ...]:
@@ -183,9 +214,12 @@ def cluster_view(
     queue: Iterable[tuple[Request, TrialState]],
     experiment_names: Mapping[int, str],
     reasons: Mapping[int, str],
+    pools: Sequence[tuple[str, str, str]] = (),
+    default_pool: str = "",
 ) -> ClusterView:
     """The snapshot `Master.cluster_view` takes under its lock (`allocations`: the
-    scheduler's placements by request id, which is the trial id)."""
+    scheduler's placements by request id, which is the trial id; `pools`: (name,
+    description, scheduler) of each declared pool)."""
     owners: dict[tuple[str, int], int] = {}
     for request_id, placement in allocations.items():
         for agent_id, slots in placement:
@@ -210,6 +244,9 @@ def cluster_view(
             memory_bytes=a.memory_bytes,
             memory_used_fraction=a.memory_used_fraction,
             cpu_utilization=a.cpu_utilization,
+            pool=a.pool,
+            label=a.label,
+            draining=a.draining and not a.enabled,
         )
         for a in sorted(agents, key=lambda a: a.id)
     )
@@ -221,7 +258,18 @@ def cluster_view(
             request.priority,
             request.slots,
             reasons.get(trial.id, ""),
+            request.pool or default_pool,
         )
         for request, trial in queue
     )
-    return ClusterView(cluster_id, slot_type, views, queued)
+    pool_views = tuple(
+        PoolView(
+            name,
+            description,
+            scheduler,
+            tuple(a.id for a in views if a.connected and a.pool == name),
+            sum(1 for q in queued if q.pool == name),
+        )
+        for name, description, scheduler in pools
+    )
+    return ClusterView(cluster_id, slot_type, views, queued, pool_views)

@@ -19,13 +19,16 @@ from assay.common.settings import (
     Directory,
     Integer,
     Seconds,
+    SettingsError,
     Text,
     help_config_option,
     load_settings,
     setting,
 )
 from assay.common.tls import PemFile
+from assay.master._pool_config import ResourcePools
 from assay.master._storage_policy import StoragePolicy
+from assay.master.scheduler import DEFAULT_POOL, Pools, PoolSpec
 
 PORT = Integer(0, 65535)
 DEFAULT_PATH = "/etc/assay/master.yaml"
@@ -190,6 +193,43 @@ class MasterConfig:
         help="Trial logs one user may follow at once (web UI trial pages, `assay trial logs "
         "-f`); one more is refused until one ends.",
     )
+
+    resource_pools: list[dict[str, str]] = setting(  # noqa: RUF009 - setting() makes a field
+        factory=list,
+        kind=ResourcePools(),
+        default_text="none: one pool, default_resource_pool, with the priority scheduler",
+        help="The resource pools agents join (their resource_pool) and experiments choose "
+        "(resources.resource_pool): a list of {name, description, scheduler: "
+        "priority|fair_share}. Each pool is scheduled on its own; a trial never spans pools.",
+    )
+    default_resource_pool: str = setting(
+        DEFAULT_POOL,
+        kind=Text("a pool name", "NAME"),
+        help="The pool of agents and experiments that name none; one of resource_pools "
+        "when that is set.",
+    )
+
+    def __post_init__(self) -> None:
+        names = [p["name"] for p in self.resource_pools]
+        if names and self.default_resource_pool not in names:
+            raise SettingsError(
+                f"default_resource_pool {self.default_resource_pool!r} is not one of "
+                f"resource_pools ({', '.join(names)}): set it to one of them"
+            )
+        try:
+            self.new_pools()
+        except ValueError as e:
+            raise SettingsError(f"resource_pools: {e}") from None
+
+    @property
+    def pool_specs(self) -> tuple[PoolSpec, ...]:
+        """The declared pools; with none, the one default pool (priority scheduler)."""
+        specs = tuple(PoolSpec(**p) for p in self.resource_pools)  # type: ignore[arg-type]
+        return specs or (PoolSpec(self.default_resource_pool),)
+
+    def new_pools(self) -> Pools:
+        """Empty schedulers for the declared pools (ValueError: they contradict)."""
+        return Pools(self.pool_specs, self.default_resource_pool)
 
     @property
     def database_url(self) -> str:

@@ -27,7 +27,12 @@ from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
 from assay.master._quota import SubmissionQuota
 from assay.master._rank_usage import RankUsageBoard
-from assay.master._submission import PreparedExperiment, check_submission, new_record
+from assay.master._submission import (
+    PreparedExperiment,
+    check_resource_pool,
+    check_submission,
+    new_record,
+)
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._trial_logs import LogKeeper
 from assay.master.errors import InvalidArgumentError
@@ -160,6 +165,7 @@ class Master:
     ) -> PreparedExperiment:
         """Check a submission (no lock taken); `InvalidArgumentError` says what to fix."""
         config, searcher = check_submission(config_yaml, model_definition)
+        check_resource_pool(config, self.scheduler.names)
         problem = self._storage_policy.submission_problem(config.checkpoint_storage)
         if problem is not None:
             raise InvalidArgumentError(problem)
@@ -200,7 +206,14 @@ class Master:
             self.interpreter.search(experiment, experiment.searcher.initial_operations())
             self.interpreter.schedule()
             ticket = self.commit.ticket()
-            why = self.scheduler.why_never(config.resources.slots_per_trial, self.fleet.slot_type())
+            resources = config.resources
+            pool = resources.resource_pool or ""
+            why = self.scheduler.why_never(
+                resources.slots_per_trial,
+                self.fleet.slot_type(pool),
+                pool,
+                resources.agent_label or "",
+            )
         return new_record(prepared, experiment_id, state, now, experiment.progress), ticket, why
 
     def experiment_action(self, experiment_id: int, action: str) -> None:
@@ -300,9 +313,11 @@ class Master:
             self.commit_and_wait()
             return known
 
-    def set_agent_enabled(self, agent_id: str, enabled: bool) -> None:
+    def set_agent_enabled(self, agent_id: str, enabled: bool, *, drain: bool = False) -> None:
+        """Enable or disable placement on an agent; with `drain`, a disabled agent shows
+        as draining while its running trials finish."""
         with self.lock:
-            self.fleet.set_enabled(agent_id, enabled)
+            self.fleet.set_enabled(agent_id, enabled, drain=drain)
             self.interpreter.schedule()  # disabled: what waits may now never fit, and says so
             self.commit_and_wait()
 
@@ -353,6 +368,8 @@ class Master:
                 [(r, self.trials[int(r.id)]) for r in queue],
                 {e.id: e.config.name for e in self.experiments.values()},
                 self.unplaceable,
+                [(s.name, s.description, s.scheduler) for s in self.scheduler.specs.values()],
+                self.scheduler.default,
             )
 
     def close_streams(self) -> None:

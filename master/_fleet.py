@@ -38,7 +38,7 @@ from assay.master.errors import (
 )
 from assay.master.lifecycle import Run
 from assay.master.lifecycle.agent import AgentClock
-from assay.master.scheduler import Agent, Scheduler, SlotType
+from assay.master.scheduler import Agent, Pools, SlotType
 from assay.master.store import WriteBatch
 
 log = logging.getLogger("assay.master")
@@ -57,7 +57,7 @@ def new_credential() -> str:
 class Fleet:
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: Pools,
         batch: Callable[[], WriteBatch],
         after_commit: Callable[[Callable[[], None]], None],
         kill_grace_s: float,
@@ -67,7 +67,7 @@ class Fleet:
         self._after_commit = after_commit
         self._kill_grace_s = int(kill_grace_s)
         self.agents: dict[str, AgentHandle] = {}
-        self._connected_types: dict[str, int] = {}  # slot type -> connected agents
+        self._connected_types: dict[tuple[str, str], int] = {}  # (pool, slot type) -> agents
         self._credentials: dict[str, str] = {}  # agent id -> sha256 of its credential
 
     def load_credentials(self, digests: Mapping[str, str]) -> None:
@@ -99,13 +99,21 @@ class Fleet:
             )
         return True
 
-    def slot_type(self) -> SlotType:
-        """cuda when every connected agent offers GPUs, else cpu."""
-        cuda = self._connected_types.get("cuda", 0)
-        return "cuda" if cuda and cuda == sum(self._connected_types.values()) else "cpu"
+    def slot_type(self, pool: str = "") -> SlotType:
+        """cuda when every connected agent of the pool ("" the default) offers GPUs, else cpu."""
+        pool = self.scheduler.resolve(pool)
+        cuda = self._connected_types.get((pool, "cuda"), 0)
+        everyone = sum(n for (p, _), n in self._connected_types.items() if p == pool)
+        return "cuda" if cuda and cuda == everyone else "cpu"
 
-    def _count(self, slot_type: str, delta: int) -> None:
-        self._connected_types[slot_type] = self._connected_types.get(slot_type, 0) + delta
+    def pool_of(self, agent_id: str) -> str | None:
+        """The resource pool an agent (connected or awaited) belongs to; None if unknown."""
+        handle = self.agents.get(agent_id)
+        return handle.pool if handle is not None else self.scheduler.pool_of(agent_id)
+
+    def _count(self, handle: AgentHandle, delta: int) -> None:
+        key = (handle.pool, handle.slot_type)
+        self._connected_types[key] = self._connected_types.get(key, 0) + delta
 
     def register(
         self,
@@ -128,6 +136,13 @@ class Fleet:
         slot_type, slots = register.slot_type, len(register.devices)
         if slots < 1:
             raise InvalidArgumentError(f"agent {register.agent_id!r} offers no slots")
+        pool = self.scheduler.resolve(register.resource_pool)
+        if self.scheduler.unknown(pool):
+            raise InvalidArgumentError(
+                f"agent {register.agent_id!r} names resource pool {pool!r}, which this master "
+                f"does not declare: set the agent's resource_pool to one of "
+                f"{', '.join(self.scheduler.names)}"
+            )
         old = self.agents.get(register.agent_id)
         if old is not None and old.connected:
             raise ConflictError(f"an agent named {register.agent_id!r} is already connected")
@@ -139,18 +154,21 @@ class Fleet:
             devices=register.devices,
             memory_bytes=register.memory_bytes,
             outbox=outbox,
+            pool=pool,
+            label=register.agent_label,
         )
         lost: list[str] = []
-        if old is not None and (old.slots, old.slot_type) == (slots, slot_type):
+        same = (slots, slot_type, pool, register.agent_label)
+        if old is not None and (old.slots, old.slot_type, old.pool, old.label) == same:
             # Back within the window: it keeps its slots and its running trials.
-            handle.enabled = old.enabled
+            handle.enabled, handle.draining = old.enabled, old.draining
             self.scheduler.set_agent_enabled(handle.id, handle.enabled)
         else:
             if old is not None:
                 lost = self.drop(old.id)
-            self.scheduler.add_agent(Agent(handle.id, slots, slot_type))
+            self.scheduler.add_agent(Agent(handle.id, slots, slot_type, label=handle.label), pool)
         self.agents[handle.id] = handle
-        self._count(slot_type, +1)
+        self._count(handle, +1)
         digest = None
         if issue:
             handle.credential = new_credential()
@@ -165,7 +183,9 @@ class Fleet:
             now=now,
             credential_sha256=digest,
         )
-        log.info("agent %s connected with %d %s slots", handle.id, slots, slot_type)
+        log.info(
+            "agent %s connected with %d %s slots in pool %s", handle.id, slots, slot_type, pool
+        )
         return handle, lost
 
     def heard_from(self, agent_id: str, load: Load | None = None) -> None:
@@ -191,7 +211,7 @@ class Fleet:
         current.connected = False
         current.disconnected_at = time.monotonic()
         current.outbox.put(None)
-        self._count(current.slot_type, -1)
+        self._count(current, -1)
         if keep:
             self.scheduler.set_agent_enabled(agent_id, False)  # no new work meanwhile
             self._batch().agent_state(agent_id, "DISCONNECTED")
@@ -203,7 +223,7 @@ class Fleet:
         dropped = self.agents.pop(agent_id, None)
         if dropped is not None and dropped.connected:
             dropped.outbox.put(None)  # close its stream; it may register again
-            self._count(dropped.slot_type, -1)
+            self._count(dropped, -1)
         self._batch().agent_state(agent_id, "DISCONNECTED")
         return self.scheduler.remove_agent(agent_id, keep_other_parts=True)
 
@@ -223,11 +243,14 @@ class Fleet:
         self._credentials.pop(agent_id, None)
         self._batch().agent_removed(agent_id)
 
-    def set_enabled(self, agent_id: str, enabled: bool) -> None:
+    def set_enabled(self, agent_id: str, enabled: bool, *, drain: bool = False) -> None:
+        """Enable or disable placement on the agent; `drain` marks a disable whose running
+        trials are left to finish (the caller stops them otherwise)."""
         handle = self.agents.get(agent_id)
         if handle is None:
             raise NotFoundError(f"agent {agent_id!r} is not connected")
         handle.enabled = enabled
+        handle.draining = drain and not enabled
         self.scheduler.set_agent_enabled(agent_id, enabled)
         self._batch().agent_state(agent_id, "ACTIVE" if enabled else "DISABLED")
 

@@ -176,7 +176,7 @@ ROUTES: tuple[Route, ...] = (
         "/agents/{id}/enable",
         "SetAgentEnabled",
         "Let the scheduler place trials on the agent again",
-        fixed=(("enabled", True),),
+        fixed=(("enabled", True), ("drain", False)),
         operation="EnableAgent",
     ),
     Route(
@@ -184,8 +184,16 @@ ROUTES: tuple[Route, ...] = (
         "/agents/{id}/disable",
         "SetAgentEnabled",
         "Place no new trials on the agent (running ones go on)",
-        fixed=(("enabled", False),),
+        fixed=(("enabled", False), ("drain", False)),
         operation="DisableAgent",
+    ),
+    Route(
+        "POST",
+        "/agents/{id}/drain",
+        "SetAgentEnabled",
+        "Place no new trials on the agent and let its running ones finish (draining)",
+        fixed=(("enabled", False), ("drain", True)),
+        operation="DrainAgent",
     ),
     Route(
         "POST",
@@ -201,5 +209,11 @@ ROUTES: tuple[Route, ...] = (
         "GetUsage",
         "Slot-hours used in [since, until) by user, experiment, pool, agent or day; a user "
         "sees only their own usage, an admin everyone's and each pool's idle share",
+    ),
+    Route(
+        "GET",
+        "/resource-pools",
+        "ListResourcePools",
+        "The resource pools, their agents, slots per slot type and queued trials",
     ),
 )

@@ -47,7 +47,7 @@ from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
 from assay.master.lifecycle.run import end_trial, preemption
-from assay.master.scheduler import Request, Running, Scheduler, choose_victims
+from assay.master.scheduler import Request, Running, choose_victims
 from assay.master.searcher import Create, Operation
 from assay.master.store import AllocationRecord, Store, UsagePart, WriteBatch
 
@@ -73,7 +73,7 @@ class Interpreter:
         self.config = config
         self.store = store
         self.commit = commit
-        self.scheduler = Scheduler()
+        self.scheduler = config.new_pools()  # one pure Scheduler per resource pool
         self.fleet = Fleet(self.scheduler, lambda: commit.batch, commit.after, config.kill_grace_s)
         # Memory of the live experiments: the ledger's own dicts, read here, changed there.
         self.ledger = ledger = Ledger(lambda: commit.batch)
@@ -178,7 +178,7 @@ class Interpreter:
         elif isinstance(effect, fx.SetExperiment):
             self.ledger.set_experiment(effect.experiment_id, effect.fields)
         elif isinstance(effect, fx.Enqueue):
-            self.ledger.enqueue(effect.trial_id, self.fleet.slot_type(), to_back=effect.to_back)
+            self.ledger.enqueue(effect.trial_id, to_back=effect.to_back)
         elif isinstance(effect, fx.Dequeue):
             self.queued.pop(effect.trial_id, None)
         elif isinstance(effect, fx.Kill):
@@ -274,7 +274,7 @@ class Interpreter:
         )
         self.ledger.add_trial(trial, _now())
         if trial.state == T.QUEUED:
-            self.ledger.enqueue(trial.id, self.fleet.slot_type())
+            self.ledger.enqueue(trial.id)
 
     def _settle(self, experiment_id: int) -> None:
         experiment = self.experiments.get(experiment_id)
@@ -292,10 +292,13 @@ class Interpreter:
             if self.unplaceable:
                 self.unplaceable = {}
             return
-        # Agents may have joined or left since a request was queued: one pass sets its type.
-        slot_type = self.fleet.slot_type()
+        # Agents may have joined or left since a request was queued: one pass sets its
+        # type, which each pool decides for itself.
+        slot_types = {name: self.fleet.slot_type(name) for name in self.scheduler.names}
         pending = [
-            r if r.slot_type == slot_type else replace(r, slot_type=slot_type)
+            r
+            if r.slot_type == slot_types.get(r.pool or self.scheduler.default, r.slot_type)
+            else replace(r, slot_type=slot_types[r.pool or self.scheduler.default])
             for r in self.queued.values()
         ]
         decision = self.telemetry.round(self.scheduler.schedule, pending)
@@ -341,10 +344,15 @@ class Interpreter:
             and not run.awaiting
             and (experiment := self.experiments.get(run.experiment_id)) is not None
         ]
+        # Within the request's pool, on the agents its label allows.
+        if self.scheduler.unknown(request.pool):
+            return
         free = {
             a.id: len(self.scheduler.free_slots(a.id))
-            for a in self.scheduler.agents
-            if a.enabled and a.slot_type == request.slot_type
+            for a in self.scheduler.scheduler(request.pool).agents
+            if a.enabled
+            and a.slot_type == request.slot_type
+            and (not request.label or a.label == request.label)
         }
         victims = choose_victims(request, running, free) or []
         runs = [self.runs[self.run_of_trial[int(v)]] for v in victims]

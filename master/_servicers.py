@@ -194,6 +194,8 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             slots=view.slots,
             free_slots=view.free_slots,
             queued_trials=len(view.queue),
+            resource_pools=[p.name for p in view.pools],
+            default_resource_pool=self.master.config.default_resource_pool,
         )
 
     @maps_errors_async
@@ -502,10 +504,19 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                 slots=q.slots,
                 slot_type=slot_type,
                 reason=q.reason,
+                resource_pool=q.pool,
             )
             for q in view.queue
         ]
         return api_pb2.GetQueueResponse(trials=trials)
+
+    @maps_errors
+    def ListResourcePools(  # noqa: N802
+        self, request: api_pb2.ListResourcePoolsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListResourcePoolsResponse:
+        view = self.master.cluster_view()
+        default = self.master.config.default_resource_pool
+        return api_pb2.ListResourcePoolsResponse(pools=wire.pool_messages(view, default))
 
     @maps_errors
     def RemoveAgent(  # noqa: N802
@@ -520,7 +531,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.SetAgentEnabledRequest, context: grpc.ServicerContext
     ) -> common_pb2.Agent:
         self._admin(context, "enable or disable agents")
-        self.master.set_agent_enabled(request.id, request.enabled)
+        self.master.set_agent_enabled(request.id, request.enabled, drain=request.drain)
         [agent] = [a for a in self.master.cluster_view().agents if a.id == request.id]
         return wire.agent_message(agent)
 

@@ -89,15 +89,22 @@ class Ledger:
         if stored:
             self._batch().set_experiment(experiment_id, **stored)
 
-    def enqueue(self, trial_id: int, slot_type: SlotType, *, to_back: bool = False) -> None:
-        """Queue the trial; a requeued trial keeps its place unless sent `to_back`."""
+    def enqueue(self, trial_id: int, slot_type: SlotType = "cpu", *, to_back: bool = False) -> None:
+        """Queue the trial; a requeued trial keeps its place unless sent `to_back`. The
+        scheduling pass sets the slot type its pool offers."""
         trial = self.trials[trial_id]
         resources = self.experiments[trial.experiment_id].config.resources
         if to_back or not trial.order:
             self._order += 1
             trial.order = self._order
         self.queued[trial.id] = Request(
-            str(trial.id), resources.slots_per_trial, slot_type, resources.priority, trial.order
+            str(trial.id),
+            resources.slots_per_trial,
+            slot_type,
+            resources.priority,
+            trial.order,
+            pool=resources.resource_pool or "",
+            label=resources.agent_label or "",
         )
 
     def add_run(self, run: Run) -> None:

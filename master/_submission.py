@@ -15,6 +15,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import yaml
@@ -67,6 +68,16 @@ def check_submission(
 
 
 _REMEMBERED_CHARS = 64 * 1024
+
+
+def check_resource_pool(config: ExperimentConfig, pools: Sequence[str]) -> None:
+    """`InvalidArgumentError` for a `resources.resource_pool` the master does not declare."""
+    pool = config.resources.resource_pool
+    if pool is not None and pool not in pools:
+        raise InvalidArgumentError(
+            f"resources.resource_pool: this master has no pool named {pool!r}: "
+            f"pools are {', '.join(pools)}"
+        )
 
 
 @functools.lru_cache(maxsize=256)

@@ -38,8 +38,8 @@ MAX_DAYS = 3660
 
 
 def pool_of(fleet: Fleet, agent_id: str) -> str:
-    """The resource pool an agent's slots are charged to."""
-    return DEFAULT_POOL
+    """The resource pool an agent's slots are charged to (its own, from its registration)."""
+    return fleet.pool_of(agent_id) or DEFAULT_POOL
 
 
 def connected_slots(fleet: Fleet) -> dict[str, int]:

@@ -85,12 +85,20 @@ class Register(_message.Message):
     ADDRESS_FIELD_NUMBER: _builtins.int
     RUNNING_ALLOCATIONS_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    RESOURCE_POOL_FIELD_NUMBER: _builtins.int
+    AGENT_LABEL_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     version: _builtins.str
     slot_type: _common_pb2.SlotType.ValueType
     address: _builtins.str
     """an address other agents' processes can reach (torch.distributed)"""
     memory_bytes: _builtins.int
+    resource_pool: _builtins.str
+    """The master's resource pool this agent's slots join ("" the master's default pool);
+    a pool the master does not declare is refused (INVALID_ARGUMENT) with the pools there are.
+    """
+    agent_label: _builtins.str
+    """Experiments whose resources.agent_label names this label may run here; "" none."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Device]: ...
     @_builtins.property
@@ -107,10 +115,12 @@ class Register(_message.Message):
         address: _builtins.str = ...,
         running_allocations: _abc.Iterable[_builtins.str] | None = ...,
         memory_bytes: _builtins.int = ...,
+        resource_pool: _builtins.str = ...,
+        agent_label: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "devices", b"devices", "memory_bytes", b"memory_bytes", "running_allocations", b"running_allocations", "slot_type", b"slot_type", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "agent_label", b"agent_label", "devices", b"devices", "memory_bytes", b"memory_bytes", "resource_pool", b"resource_pool", "running_allocations", b"running_allocations", "slot_type", b"slot_type", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

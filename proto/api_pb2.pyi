@@ -72,6 +72,8 @@ class MasterInfo(_message.Message):
     SLOTS_FIELD_NUMBER: _builtins.int
     FREE_SLOTS_FIELD_NUMBER: _builtins.int
     QUEUED_TRIALS_FIELD_NUMBER: _builtins.int
+    RESOURCE_POOLS_FIELD_NUMBER: _builtins.int
+    DEFAULT_RESOURCE_POOL_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     cluster_id: _builtins.str
     store: _builtins.str
@@ -80,6 +82,11 @@ class MasterInfo(_message.Message):
     slots: _builtins.int
     free_slots: _builtins.int
     queued_trials: _builtins.int
+    default_resource_pool: _builtins.str
+    @_builtins.property
+    def resource_pools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the pools' names, as declared"""
+
     def __init__(
         self,
         *,
@@ -90,10 +97,12 @@ class MasterInfo(_message.Message):
         slots: _builtins.int = ...,
         free_slots: _builtins.int = ...,
         queued_trials: _builtins.int = ...,
+        resource_pools: _abc.Iterable[_builtins.str] | None = ...,
+        default_resource_pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "cluster_id", b"cluster_id", "free_slots", b"free_slots", "queued_trials", b"queued_trials", "slots", b"slots", "store", b"store", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "cluster_id", b"cluster_id", "default_resource_pool", b"default_resource_pool", "free_slots", b"free_slots", "queued_trials", b"queued_trials", "resource_pools", b"resource_pools", "slots", b"slots", "store", b"store", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -723,6 +732,7 @@ class QueuedTrial(_message.Message):
     SLOTS_FIELD_NUMBER: _builtins.int
     SLOT_TYPE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    RESOURCE_POOL_FIELD_NUMBER: _builtins.int
     trial_id: _builtins.int
     experiment_id: _builtins.int
     experiment_name: _builtins.str
@@ -735,6 +745,7 @@ class QueuedTrial(_message.Message):
     """Why it cannot start on the cluster as it is, even idle ("" when it waits for
     slots to free up).
     """
+    resource_pool: _builtins.str
     def __init__(
         self,
         *,
@@ -745,10 +756,11 @@ class QueuedTrial(_message.Message):
         slots: _builtins.int = ...,
         slot_type: _common_pb2.SlotType.ValueType = ...,
         reason: _builtins.str = ...,
+        resource_pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment_id", b"experiment_id", "experiment_name", b"experiment_name", "priority", b"priority", "reason", b"reason", "slot_type", b"slot_type", "slots", b"slots", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment_id", b"experiment_id", "experiment_name", b"experiment_name", "priority", b"priority", "reason", b"reason", "resource_pool", b"resource_pool", "slot_type", b"slot_type", "slots", b"slots", "trial_id", b"trial_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -782,17 +794,21 @@ class SetAgentEnabledRequest(_message.Message):
 
     ID_FIELD_NUMBER: _builtins.int
     ENABLED_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     enabled: _builtins.bool
+    drain: _builtins.bool
+    """With enabled false: no new trials are placed and the running ones finish (drain)."""
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         enabled: _builtins.bool = ...,
+        drain: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "id", b"id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain", b"drain", "enabled", b"enabled", "id", b"id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -816,6 +832,115 @@ class RemoveAgentRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveAgentRequest: _TypeAlias = RemoveAgentRequest  # noqa: Y015
+
+@_typing.final
+class ListResourcePoolsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListResourcePoolsRequest: _TypeAlias = ListResourcePoolsRequest  # noqa: Y015
+
+@_typing.final
+class PoolSlots(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SLOT_TYPE_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    FREE_FIELD_NUMBER: _builtins.int
+    slot_type: _common_pb2.SlotType.ValueType
+    total: _builtins.int
+    """over the pool's connected agents"""
+    used: _builtins.int
+    free: _builtins.int
+    def __init__(
+        self,
+        *,
+        slot_type: _common_pb2.SlotType.ValueType = ...,
+        total: _builtins.int = ...,
+        used: _builtins.int = ...,
+        free: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["free", b"free", "slot_type", b"slot_type", "total", b"total", "used", b"used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolSlots: _TypeAlias = PoolSlots  # noqa: Y015
+
+@_typing.final
+class ResourcePool(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    SCHEDULER_FIELD_NUMBER: _builtins.int
+    AGENTS_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    QUEUED_TRIALS_FIELD_NUMBER: _builtins.int
+    DEFAULT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    description: _builtins.str
+    scheduler: _builtins.str
+    """priority | fair_share"""
+    queued_trials: _builtins.int
+    default: _builtins.bool
+    """experiments without resources.resource_pool run here"""
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """connected agents' ids"""
+
+    @_builtins.property
+    def slots(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolSlots]:
+        """one per slot type present"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        scheduler: _builtins.str = ...,
+        agents: _abc.Iterable[_builtins.str] | None = ...,
+        slots: _abc.Iterable[Global___PoolSlots] | None = ...,
+        queued_trials: _builtins.int = ...,
+        default: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "default", b"default", "description", b"description", "name", b"name", "queued_trials", b"queued_trials", "scheduler", b"scheduler", "slots", b"slots"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResourcePool: _TypeAlias = ResourcePool  # noqa: Y015
+
+@_typing.final
+class ListResourcePoolsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResourcePool]: ...
+    def __init__(
+        self,
+        *,
+        pools: _abc.Iterable[Global___ResourcePool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pools", b"pools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListResourcePoolsResponse: _TypeAlias = ListResourcePoolsResponse  # noqa: Y015
 
 @_typing.final
 class RemoveAgentResponse(_message.Message):

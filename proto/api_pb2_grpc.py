@@ -160,6 +160,11 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.RemoveAgentRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.RemoveAgentResponse.FromString,
                 _registered_method=True)
+        self.ListResourcePools = channel.unary_unary(
+                '/assay.v1.Api/ListResourcePools',
+                request_serializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsResponse.FromString,
+                _registered_method=True)
 
 
 class ApiServicer:
@@ -329,6 +334,13 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListResourcePools(self, request, context):
+        """The resource pools the master declares, with their agents, slots and queued trials.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ApiServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -456,6 +468,11 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.RemoveAgent,
                     request_deserializer=assay_dot_proto_dot_api__pb2.RemoveAgentRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.RemoveAgentResponse.SerializeToString,
+            ),
+            'ListResourcePools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListResourcePools,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1133,6 +1150,33 @@ class Api:
             '/assay.v1.Api/RemoveAgent',
             assay_dot_proto_dot_api__pb2.RemoveAgentRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.RemoveAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListResourcePools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ListResourcePools',
+            assay_dot_proto_dot_api__pb2.ListResourcePoolsRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ListResourcePoolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -75,6 +75,8 @@ class ApiStub:
     """Forget an agent's credential, so its name can join again with the join token; a
     connected agent is disconnected and its trials requeued (admins only).
     """
+    ListResourcePools: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListResourcePoolsRequest, _api_pb2.ListResourcePoolsResponse]
+    """The resource pools the master declares, with their agents, slots and queued trials."""
 
 @_typing.type_check_only
 class ApiAsyncStub(ApiStub):
@@ -122,6 +124,8 @@ class ApiAsyncStub(ApiStub):
     """Forget an agent's credential, so its name can join again with the join token; a
     connected agent is disconnected and its trials requeued (admins only).
     """
+    ListResourcePools: _aio.UnaryUnaryMultiCallable[_api_pb2.ListResourcePoolsRequest, _api_pb2.ListResourcePoolsResponse]  # type: ignore[assignment]
+    """The resource pools the master declares, with their agents, slots and queued trials."""
 
 class ApiServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -316,5 +320,13 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         """Forget an agent's credential, so its name can join again with the join token; a
         connected agent is disconnected and its trials requeued (admins only).
         """
+
+    @_abc_1.abstractmethod
+    def ListResourcePools(
+        self,
+        request: _api_pb2.ListResourcePoolsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ListResourcePoolsResponse, _abc.Awaitable[_api_pb2.ListResourcePoolsResponse]]:
+        """The resource pools the master declares, with their agents, slots and queued trials."""
 
 def add_ApiServicer_to_server(servicer: ApiServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

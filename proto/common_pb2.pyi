@@ -541,6 +541,9 @@ class Agent(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     MEMORY_USED_FRACTION_FIELD_NUMBER: _builtins.int
     CPU_UTILIZATION_FIELD_NUMBER: _builtins.int
+    RESOURCE_POOL_FIELD_NUMBER: _builtins.int
+    AGENT_LABEL_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     address: _builtins.str
     slot_type: Global___SlotType.ValueType
@@ -549,6 +552,11 @@ class Agent(_message.Message):
     memory_bytes: _builtins.int
     memory_used_fraction: _builtins.float
     cpu_utilization: _builtins.float
+    resource_pool: _builtins.str
+    agent_label: _builtins.str
+    """"" none"""
+    draining: _builtins.bool
+    """Disabled with drain: no new trials; its running trials finish."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___Device]: ...
     @_builtins.property
@@ -569,10 +577,13 @@ class Agent(_message.Message):
         memory_bytes: _builtins.int = ...,
         memory_used_fraction: _builtins.float = ...,
         cpu_utilization: _builtins.float = ...,
+        resource_pool: _builtins.str = ...,
+        agent_label: _builtins.str = ...,
+        draining: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_heartbeat", b"last_heartbeat"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "connected", b"connected", "cpu_utilization", b"cpu_utilization", "devices", b"devices", "enabled", b"enabled", "id", b"id", "last_heartbeat", b"last_heartbeat", "memory_bytes", b"memory_bytes", "memory_used_fraction", b"memory_used_fraction", "slot_type", b"slot_type", "slots", b"slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_label", b"agent_label", "connected", b"connected", "cpu_utilization", b"cpu_utilization", "devices", b"devices", "draining", b"draining", "enabled", b"enabled", "id", b"id", "last_heartbeat", b"last_heartbeat", "memory_bytes", b"memory_bytes", "memory_used_fraction", b"memory_used_fraction", "resource_pool", b"resource_pool", "slot_type", b"slot_type", "slots", b"slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -610,12 +610,26 @@ def test_other_checkpoint_storage_types_are_refused(storage: dict[str, Any]) -> 
     one_problem(base(checkpoint_storage=storage), "checkpoint_storage.type: ", "shared_fs", "s3")
 
 
-@pytest.mark.parametrize("key", ["max_slots", "weight", "resource_pool", "agent_label"])
-def test_pool_keys_are_refused(key: str) -> None:
+def test_pool_keys_are_read() -> None:
+    resources = {"slots_per_trial": 1, "resource_pool": "gpu", "agent_label": "a100"}
+    config = parse_config(base(resources=resources))
+
+    assert (config.resources.resource_pool, config.resources.agent_label) == ("gpu", "a100")
+    assert parse_config(base()).resources.resource_pool is None  # the master's default
+
+
+@pytest.mark.parametrize("key", ["resource_pool", "agent_label"])
+@pytest.mark.parametrize("value", ["", " gpu", 3])
+def test_bad_pool_names_are_refused(key: str, value: Any) -> None:
+    one_problem(base(resources={"slots_per_trial": 1, key: value}), f"resources.{key}: ")
+
+
+@pytest.mark.parametrize("key", ["max_slots", "weight"])
+def test_fair_share_keys_are_refused(key: str) -> None:
     one_problem(
         base(resources={"slots_per_trial": 1, key: "x"}),
         f"resources.{key}: ",
-        "resource pools and fair-share limits are not in this release",
+        "fair-share weights and slot limits are not in this release",
     )
 
 

@@ -52,10 +52,10 @@ _CONTAINER_KEYS = {
     "drop_capabilities": "remove it",
 }
 _POOLS = (
-    "resource pools and fair-share limits are not in this release: trials go to any "
-    "agent with free slots, ordered by resources.priority; remove it"
+    "fair-share weights and slot limits are not in this release: trials are placed "
+    "by resources.priority; remove it"
 )
-_RESOURCE_KEYS = ("max_slots", "weight", "resource_pool", "agent_label")
+_RESOURCE_KEYS = ("max_slots", "weight")
 _FLAT_LIST = (
     "projects and workspaces come with a later release; the experiment goes to the flat list"
 )

@@ -69,6 +69,10 @@ _COMMON_SEARCHER_KEYS = (
 class ResourcesConfig:
     slots_per_trial: int = 1
     priority: int = 42
+    # The master's resource pool to run in (None: its default pool), and the agent label
+    # its trials are restricted to (None: any agent of the pool).
+    resource_pool: str | None = None
+    agent_label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -496,9 +500,22 @@ def _parse_searcher(
 def _parse_resources(s: Section) -> ResourcesConfig:
     slots = s.get_int("slots_per_trial", 1, minimum=1) or 1
     priority = s.get_int("priority", 42, minimum=1, maximum=99) or 42
+    pool = _name(s, "resource_pool")
+    label = _name(s, "agent_label")
     _determined.check_resources(s)
     s.finish()
-    return ResourcesConfig(slots_per_trial=slots, priority=priority)
+    return ResourcesConfig(
+        slots_per_trial=slots, priority=priority, resource_pool=pool, agent_label=label
+    )
+
+
+def _name(s: Section, key: str) -> str | None:
+    """An optional pool or label name: a non-empty string without surrounding spaces."""
+    value = s.get_str(key, None)
+    if value is not None and (not value.strip() or value != value.strip()):
+        s.error(key, f"must be a non-empty name without surrounding spaces, got {value!r}")
+        return None
+    return value
 
 
 def _parse_optimizations(s: Section, warnings: list[str]) -> OptimizationsConfig:

@@ -7,6 +7,13 @@ simulation (tests/scheduler/).
 """
 
 from assay.master.scheduler._placement import choose_agents, largest_placement
+from assay.master.scheduler._pools import (
+    DEFAULT_POOL,
+    POOL_SCHEDULERS,
+    Pools,
+    PoolScheduler,
+    PoolSpec,
+)
 from assay.master.scheduler._preemption import Running, choose_victims
 from assay.master.scheduler._scheduler import Scheduler
 from assay.master.scheduler._types import (
@@ -23,6 +30,7 @@ from assay.master.scheduler._types import (
 )
 
 __all__ = [
+    "DEFAULT_POOL",
     "DEFAULT_PRIORITY",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
@@ -30,7 +38,11 @@ __all__ = [
     "Agent",
     "Assignment",
     "Decision",
+    "POOL_SCHEDULERS",
     "Placement",
+    "PoolScheduler",
+    "PoolSpec",
+    "Pools",
     "Request",
     "Running",
     "Scheduler",

@@ -39,6 +39,8 @@ class Scheduler:
         self._owners: dict[str, dict[int, str]] = {}  # agent id -> slot -> request id
         self._allocations: dict[str, Placement] = {}
         self._index = {kind: FreeIndex() for kind in SLOT_TYPES}  # enabled agents only
+        # The same, per agent label, for requests that name one (`Request.label`).
+        self._labelled: dict[tuple[SlotType, str], FreeIndex] = {}
 
     # -- agents --------------------------------------------------------------------------
 
@@ -57,7 +59,8 @@ class Scheduler:
         self._agents[agent.id] = agent
         self._owners[agent.id] = {}
         if agent.enabled:
-            self._index[agent.slot_type].add(agent.id, agent.slots, agent.slots)
+            for index in self._indexes(agent):
+                index.add(agent.id, agent.slots, agent.slots)
 
     def remove_agent(self, agent_id: str, *, keep_other_parts: bool = False) -> list[str]:
         """Forget an agent; returns the ids of requests that held slots on it, sorted.
@@ -76,7 +79,8 @@ class Scheduler:
         agent = self._agents.pop(agent_id)
         del self._owners[agent_id]
         if agent.enabled:
-            self._index[agent.slot_type].remove(agent_id)
+            for index in self._indexes(agent):
+                index.remove(agent_id)
         return evicted
 
     def set_agent_enabled(self, agent_id: str, enabled: bool, *, drain: bool = True) -> list[str]:
@@ -89,11 +93,11 @@ class Scheduler:
         evicted = [] if enabled or drain else self._holders(agent_id)
         old = self._agent(agent_id)
         self._agents[agent_id] = dataclasses.replace(old, enabled=enabled)
-        index = self._index[old.slot_type]
-        if old.enabled and not enabled:
-            index.remove(agent_id)
-        elif enabled and not old.enabled:
-            index.add(agent_id, old.slots, old.slots - len(self._owners[agent_id]))
+        for index in self._indexes(old):
+            if old.enabled and not enabled:
+                index.remove(agent_id)
+            elif enabled and not old.enabled:
+                index.add(agent_id, old.slots, old.slots - len(self._owners[agent_id]))
         for request_id in evicted:
             self.release(request_id)
         return evicted
@@ -134,7 +138,8 @@ class Scheduler:
             owners = self._owners[agent_id]
             for slot in slots:
                 del owners[slot]
-            self._index[self._agents[agent_id].slot_type].change(agent_id, len(slots))
+            for index in self._indexes(self._agents[agent_id]):
+                index.change(agent_id, len(slots))
         return True
 
     def schedule(self, pending: Sequence[Request]) -> Decision:
@@ -148,14 +153,14 @@ class Scheduler:
         """
         self._check_pending(pending)
         decision = Decision()
-        why_never: dict[tuple[int, SlotType], str | None] = {}  # one answer per size a pass
+        why_never: dict[tuple[int, SlotType, str], str | None] = {}  # one per size a pass
         # Both shortcuts are exact: whether a size fits an idle cluster depends on the size
         # alone, and no placement can use more slots than are free. With a long queue on a
         # full cluster they turn each round from a search per request into a lookup.
         for request in sorted(pending, key=lambda r: r.rank):
-            index = self._index[request.slot_type]
+            index = self._index_for(request.slot_type, request.label)
             if not index.fits_idle(request.slots):
-                size = (request.slots, request.slot_type)
+                size = (request.slots, request.slot_type, request.label)
                 if size not in why_never:
                     why_never[size] = self.why_never(*size)
                 decision.unschedulable.append((request.id, why_never[size] or "cannot be placed"))
@@ -170,14 +175,19 @@ class Scheduler:
             decision.assignments.append(Assignment(request.id, placement))
         return decision
 
-    def why_never(self, slots: int, slot_type: SlotType) -> str | None:
-        """Why a request of `slots` slots could not be placed even if every agent were
-        idle, or None if it could (it only waits for slots to free up)."""
-        if self._index[slot_type].fits_idle(slots):
+    def why_never(self, slots: int, slot_type: SlotType, label: str = "") -> str | None:
+        """Why a request of `slots` slots (on agents with `label`, if one is given) could
+        not be placed even if every agent were idle, or None if it could (it only waits
+        for slots to free up)."""
+        if self._index_for(slot_type, label).fits_idle(slots):
             return None
-        agents = [a for a in self._agents.values() if a.slot_type == slot_type]
+        agents = [
+            a
+            for a in self._agents.values()
+            if a.slot_type == slot_type and (not label or a.label == label)
+        ]
         capacities = [a.slots for a in agents if a.enabled]
-        return _why(slots, slot_type, capacities, len(agents) - len(capacities))
+        return _why(slots, slot_type, capacities, len(agents) - len(capacities), label)
 
     # -- snapshots -----------------------------------------------------------------------
 
@@ -196,6 +206,19 @@ class Scheduler:
         return scheduler
 
     # -- internals -----------------------------------------------------------------------
+
+    def _indexes(self, agent: Agent) -> list[FreeIndex]:
+        """The free indexes an enabled agent belongs to: its slot type's, and its label's."""
+        if not agent.label:
+            return [self._index[agent.slot_type]]
+        key = (agent.slot_type, agent.label)
+        return [self._index[agent.slot_type], self._labelled.setdefault(key, FreeIndex())]
+
+    def _index_for(self, slot_type: SlotType, label: str) -> FreeIndex:
+        """The agents a request of this type and label may use (an empty index: none)."""
+        if not label:
+            return self._index[slot_type]
+        return self._labelled.get((slot_type, label)) or _NONE
 
     def _agent(self, agent_id: str) -> Agent:
         agent = self._agents.get(agent_id)
@@ -233,7 +256,8 @@ class Scheduler:
             raise ValueError(f"allocation {request_id!r} names an agent or slot twice")
         for agent_id, slots in placement:
             self._owners[agent_id].update(dict.fromkeys(slots, request_id))
-            self._index[self._agents[agent_id].slot_type].change(agent_id, -len(slots))
+            for index in self._indexes(self._agents[agent_id]):
+                index.change(agent_id, -len(slots))
         self._allocations[request_id] = placement
 
     def _check_pending(self, pending: Sequence[Request]) -> None:
@@ -250,20 +274,25 @@ class Scheduler:
 
 
 _KIND_NAMES = {"cpu": "CPU", "cuda": "GPU"}
+_NONE = FreeIndex()  # never written: what a label no agent carries offers
 
 
-def _why(slots: int, slot_type: str, capacities: Sequence[int], disabled: int) -> str:
+def _why(
+    slots: int, slot_type: str, capacities: Sequence[int], disabled: int, label: str = ""
+) -> str:
     """Why `slots` slots of `slot_type` cannot be placed even on an idle cluster, with the
     numbers: what is asked, what the enabled agents have, and what the largest placement is."""
     kind = _KIND_NAMES.get(slot_type, slot_type)
     need = f"needs {slots} {kind} slot{'s' if slots != 1 else ''}"
+    who = f"{kind} agent with label {label!r}" if label else f"{kind} agent"
     if not capacities:
         if disabled:
-            return f"{need}; every {kind} agent is disabled ({disabled})"
-        return f"{need}; no {kind} agent is connected"
+            return f"{need}; every {who} is disabled ({disabled})"
+        return f"{need}; no {who} is connected"
     total = sum(capacities)
     agents = f"{len(capacities)} agent{'s' if len(capacities) != 1 else ''}"
-    has = f"the cluster has {total} ({agents}"
+    has = f"the agents with label {label!r} have" if label else "the cluster has"
+    has = f"{has} {total} ({agents}"
     has += f", {disabled} more disabled)" if disabled else ")"
     if slots > total:
         return f"{need}; {has}"

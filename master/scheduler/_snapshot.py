@@ -16,6 +16,7 @@ def dump(agents: Mapping[str, Agent], allocations: Mapping[str, Placement]) -> d
         "version": VERSION,
         "agents": [
             {"id": a.id, "slots": a.slots, "slot_type": a.slot_type, "enabled": a.enabled}
+            | ({"label": a.label} if a.label else {})
             for a in agents.values()
         ],
         "allocations": [
@@ -41,7 +42,7 @@ def load(data: Mapping[str, Any]) -> tuple[list[Agent], list[tuple[str, Placemen
             f"scheduler snapshot version must be {VERSION}, got {data.get('version')!r}"
         )
     agents = [
-        Agent(**_fields(item, "agent", {"id", "slots", "slot_type", "enabled"}))
+        Agent(**_fields(item, "agent", {"id", "slots", "slot_type", "enabled"}, {"label"}))
         for item in _list(data, "agents")
     ]
     allocations = [_allocation(item) for item in _list(data, "allocations")]
@@ -55,9 +56,14 @@ def _list(data: Mapping[str, Any], key: str) -> list[Any]:
     return value
 
 
-def _fields(item: object, kind: str, keys: set[str]) -> dict[str, Any]:
-    if not isinstance(item, dict) or set(item) != keys:
-        raise ValueError(f"scheduler snapshot {kind} must have exactly {sorted(keys)}: {item!r}")
+def _fields(
+    item: object, kind: str, keys: set[str], optional: frozenset[str] | set[str] = frozenset()
+) -> dict[str, Any]:
+    if not isinstance(item, dict) or not keys <= set(item) <= keys | optional:
+        also = f" (and optionally {sorted(optional)})" if optional else ""
+        raise ValueError(
+            f"scheduler snapshot {kind} must have exactly {sorted(keys)}{also}: {item!r}"
+        )
     return item
 
 

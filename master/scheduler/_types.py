@@ -35,13 +35,16 @@ def _check_int(what: str, value: object, minimum: int) -> None:
 class Agent:
     """A machine offering `slots` slots of one type, indexed 0..slots-1.
 
-    A disabled agent keeps its running allocations but receives no new ones.
+    A disabled agent keeps its running allocations but receives no new ones. `label`
+    ("" none) is the agent's `agent_label`: requests that name a label go only to agents
+    that carry it.
     """
 
     id: str
     slots: int
     slot_type: SlotType
     enabled: bool = True
+    label: str = ""
 
     def __post_init__(self) -> None:
         _check_id("agent", self.id)
@@ -49,6 +52,8 @@ class Agent:
         _check_slot_type(f"agent {self.id!r}", self.slot_type)
         if not isinstance(self.enabled, bool):
             raise ValueError(f"agent {self.id!r} enabled must be a bool, got {self.enabled!r}")
+        if not isinstance(self.label, str):
+            raise ValueError(f"agent {self.id!r} label must be a string, got {self.label!r}")
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,8 @@ class Request:
 
     Pending requests run by `priority` (1..99, lower first), then by `order`, the
     submission sequence number. `group` (the experiment) is kept for fair share later.
+    `pool` ("" the default pool) is the resource pool whose scheduler places it (`Pools`);
+    `label` ("" any agent) restricts it to agents with that `agent_label`.
     """
 
     id: str
@@ -65,6 +72,8 @@ class Request:
     priority: int = DEFAULT_PRIORITY
     order: int = 0
     group: str = ""
+    pool: str = ""
+    label: str = ""
 
     def __post_init__(self) -> None:
         _check_id("request", self.id)
@@ -82,6 +91,11 @@ class Request:
         _check_int(f"request {self.id!r} order", self.order, 0)
         if not isinstance(self.group, str):
             raise ValueError(f"request {self.id!r} group must be a string, got {self.group!r}")
+        for name in ("pool", "label"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(
+                    f"request {self.id!r} {name} must be a string, got {getattr(self, name)!r}"
+                )
 
     @property
     def rank(self) -> tuple[int, int, str]:

@@ -89,6 +89,7 @@ def test_slot_list_json(master: FakeApi) -> None:
             "enabled": True,
             "allocation_id": "alloc-1",
             "trial_id": 11,
+            "resource_pool": "",
         },
         {
             "agent_id": "gpu-1",
@@ -97,6 +98,7 @@ def test_slot_list_json(master: FakeApi) -> None:
             "enabled": True,
             "allocation_id": None,
             "trial_id": None,
+            "resource_pool": "",
         },
     ]
 
@@ -144,6 +146,8 @@ def test_master_info_json(master: FakeApi) -> None:
         "slots": 8,
         "free_slots": 3,
         "queued_trials": 0,
+        "resource_pools": [],
+        "default_resource_pool": "",
     }
 
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,10 @@ def start_cluster(
     agents: int,
     slots: int,
     master_env: dict[str, str] | None = None,
+    agent_args: Sequence[Sequence[str]] = (),
 ) -> Cluster:
+    """A master and `agents` agents of `slots` CPU slots; `agent_args[i]`: more flags for
+    agent i (e.g. its --resource-pool)."""
     port = free_port()
     state = tmp / "master"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -125,6 +128,7 @@ def start_cluster(
             f"agent{i}",
             "--work-dir",
             str(tmp / f"agent{i}"),
+            *(agent_args[i] if i < len(agent_args) else ()),
         ]
         cluster.procs.append(_start(cmd, log, env))
     _wait_for_agents(cluster, agents)

@@ -46,6 +46,9 @@ def test_every_route_is_in_it(document: dict[str, Any]) -> None:
         ("post", "/api/v1/agents/{id}/enable"),
         ("post", "/api/v1/agents/{id}/disable"),
         ("post", "/api/v1/agents/{id}/remove"),
+        ("post", "/api/v1/agents/{id}/drain"),
+        ("get", "/api/v1/resource-pools"),
+        ("get", "/api/v1/usage"),
         ("post", "/api/v1/login"),
         ("post", "/api/v1/logout"),
         ("get", "/api/v1/me"),
@@ -104,6 +107,7 @@ def test_the_answers_match_their_schemas(world: World, document: dict[str, Any])
         ("/api/v1/agents", "/api/v1/agents"),
         ("/api/v1/health", "/api/v1/health"),
         ("/api/v1/queue", "/api/v1/queue"),
+        ("/api/v1/resource-pools", "/api/v1/resource-pools"),
         ("/api/v1/checkpoints/{uuid}", f"/api/v1/checkpoints/{world.checkpoints[0]}"),
     ]
     for template, url in calls:

@@ -73,6 +73,8 @@ class ScriptedAgent:
         *,
         credential: str | None = None,
         join: bool = True,
+        pool: str = "",
+        label: str = "",
     ) -> None:
         self.id = agent_id
         self.error: grpc.RpcError | None = None  # what ended the stream, if the master did
@@ -96,6 +98,8 @@ class ScriptedAgent:
                     devices=devices,
                     address="127.0.0.1",
                     running_allocations=list(running),
+                    resource_pool=pool,
+                    agent_label=label,
                 )
             )
         )

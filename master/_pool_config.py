@@ -1,0 +1,69 @@
+"""The `resource_pools` setting's kind: a list of {name, description, scheduler} mappings.
+
+In the YAML file it is a list; in ASSAY_RESOURCE_POOLS or --resource-pools the same list
+as YAML (or JSON) text, e.g. `[{name: default}, {name: gpu, scheduler: fair_share}]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from assay.common.settings import Kind, SettingsError
+from assay.master.scheduler import POOL_SCHEDULERS, PoolSpec
+
+_KEYS = ("name", "description", "scheduler")
+
+
+class PoolsError(SettingsError):
+    """A pool entry that is not what the setting takes: the message says which and why
+    (not a ValueError, which the settings loader words as a plain wrong kind)."""
+
+
+@dataclass(frozen=True)
+class ResourcePools(Kind):
+    @property
+    def accepts(self) -> str:
+        return (
+            "a list of {name, description, scheduler: " + "|".join(POOL_SCHEDULERS) + "} mappings"
+        )
+
+    @property
+    def metavar(self) -> str:
+        return "YAML"
+
+    def parse(self, value: object) -> list[dict[str, str]]:
+        if isinstance(value, str):
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ValueError from None
+        if not isinstance(value, list):
+            raise ValueError
+        return [_pool(i, item) for i, item in enumerate(value)]
+
+
+def _pool(i: int, item: object) -> dict[str, str]:
+    """One entry, checked and with its defaults filled in."""
+    if not isinstance(item, dict):
+        raise PoolsError(f"resource_pools[{i}] must be a mapping with a name, got {item!r}")
+    unknown = sorted(str(k) for k in item if k not in _KEYS)
+    if unknown:
+        raise PoolsError(
+            f"resource_pools[{i}] has unknown key {unknown[0]!r}: a pool takes {', '.join(_KEYS)}"
+        )
+    name = item.get("name")
+    if not isinstance(name, str) or not name.strip() or name != name.strip():
+        raise PoolsError(f"resource_pools[{i}].name must be a non-empty name, got {name!r}")
+    description = item.get("description") or ""
+    scheduler = item.get("scheduler") or "priority"
+    if not isinstance(description, str):
+        raise PoolsError(f"resource_pools[{i}].description must be text, got {description!r}")
+    if scheduler not in POOL_SCHEDULERS:
+        raise PoolsError(
+            f"resource_pools[{i}] ({name}): scheduler must be one of "
+            f"{', '.join(POOL_SCHEDULERS)}, got {scheduler!r}"
+        )
+    PoolSpec(name, description, scheduler)
+    return {"name": name, "description": description, "scheduler": scheduler}

@@ -244,6 +244,8 @@ def test_describe_json_shape(master: FakeApi) -> None:
         ],
     )
 
+    master.responses["GetExperiment"].slot_seconds = 7200.0
+
     done = run_cli("e", "describe", 7, "--json", master=master)
 
     assert_ok(done)
@@ -256,6 +258,7 @@ def test_describe_json_shape(master: FakeApi) -> None:
         "progress": 0.0,
         "config": CONFIG,
         "best_trial": {"id": 11, "best_validation": 0.125},
+        "slot_hours": 2.0,
         "trials": [
             {
                 "id": 11,

@@ -9,6 +9,7 @@ GPU's utilisation and memory in use, from the devices sampled for the same heart
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -49,7 +50,7 @@ class RankSampler:
             cpu, rss = 0.0, 0
             for process in processes:
                 with contextlib.suppress(psutil.Error):
-                    cpu += process.cpu_percent(interval=None) / 100.0
+                    cpu += self._cpu(process)
                     rss += process.memory_info().rss
             usage = common_pb2.RankUsage(
                 allocation_id=rank.allocation_id,
@@ -67,6 +68,16 @@ class RankSampler:
             out.append(usage)
         self._seen = alive  # processes gone since are forgotten
         return out
+
+    def _cpu(self, process: psutil.Process) -> float:
+        """CPUs busy since the last sample; for a process not seen before (psutil's first
+        reading is 0), its average since it started."""
+        since_last = process.cpu_percent(interval=None) / 100.0
+        if process.pid in self._seen:
+            return since_last
+        times = process.cpu_times()
+        alive_s = time.time() - process.create_time()
+        return (times.user + times.system) / alive_s if alive_s > 0 else 0.0
 
     def _tree(self, pid: int, alive: dict[int, psutil.Process]) -> list[psutil.Process]:
         """The rank's process and its descendants, as handles kept across samples."""

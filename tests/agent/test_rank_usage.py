@@ -33,7 +33,7 @@ def test_a_rank_counts_its_children_and_its_gpu() -> None:
         gpu = DeviceInfo(1, "cuda", "H100", "GPU-1", 80 * 2**30, 0.5, memory_used_bytes=2**30)
         rank = RankProcess("a1", rank=3, slot=1, pid=proc.pid)
         time.sleep(0.5)  # started, and its child too
-        sampler.sample([rank], [gpu])  # psutil's first reading is 0: this starts the clock
+        [first] = sampler.sample([rank], [gpu])  # its average since it started
         time.sleep(1.0)
 
         [usage] = sampler.sample([rank], [gpu])
@@ -41,6 +41,7 @@ def test_a_rank_counts_its_children_and_its_gpu() -> None:
         assert (usage.allocation_id, usage.rank, usage.slot) == ("a1", 3, 1)
         # One busy core, less what a shared machine takes from it.
         assert 0.1 < usage.cpu_utilization < 2.0
+        assert 0.1 < first.cpu_utilization < 2.0
         assert usage.memory_rss_bytes > 64 * 2**20  # the child's bytes count too
         assert usage.device_utilization == 0.5
         assert (usage.device_memory_used_bytes, usage.device_memory_bytes) == (2**30, 80 * 2**30)

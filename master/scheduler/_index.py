@@ -23,6 +23,7 @@ class FreeIndex:
         self._free: dict[str, int] = {}  # agent id -> free count
         self._capacity: dict[str, int] = {}  # agent id -> slots
         self.total_free = 0
+        self.total_capacity = 0
         self._largest: int | None = None  # cached: these depend on capacities only
         self._possible: dict[int, bool] = {}
 
@@ -33,12 +34,13 @@ class FreeIndex:
         self._free[agent_id] = free
         self._capacity[agent_id] = capacity
         self.total_free += free
+        self.total_capacity += capacity
         self._forget_capacities()
         self._insert(agent_id, free)
 
     def remove(self, agent_id: str) -> None:
         free = self._free.pop(agent_id)
-        del self._capacity[agent_id]
+        self.total_capacity -= self._capacity.pop(agent_id)
         self.total_free -= free
         self._forget_capacities()
         self._delete(agent_id, free)

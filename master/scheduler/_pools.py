@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from assay.master.scheduler._scheduler import Scheduler
-from assay.master.scheduler._types import Agent, Decision, Placement, Request, SlotType
+from assay.master.scheduler._types import (
+    Agent,
+    Decision,
+    Limits,
+    Placement,
+    Request,
+    SlotType,
+    Wait,
+)
 
 PoolScheduler = Literal["priority", "fair_share"]
 POOL_SCHEDULERS: tuple[PoolScheduler, ...] = ("priority", "fair_share")
@@ -140,18 +148,19 @@ class Pools:
                 return placement
         return None
 
-    def adopt(self, request_id: str, agent_id: str, slots: Sequence[int]) -> None:
-        """A running allocation's part, re-adopted into its agent's pool."""
-        self._of(agent_id).adopt(request_id, agent_id, slots)
+    def adopt(self, request_id: str, agent_id: str, slots: Sequence[int], group: str = "") -> None:
+        """A running allocation's part (of `group`), re-adopted into its agent's pool."""
+        self._of(agent_id).adopt(request_id, agent_id, slots, group)
 
     def release(self, request_id: str) -> bool:
         """Free the request's slots in every pool (a gang adopted after the pools changed
         may hold parts in two); False if it held none."""
         return any([s.release(request_id) for s in self._schedulers.values()])
 
-    def schedule(self, pending: Sequence[Request]) -> Decision:
-        """Each pool's scheduler places its own requests; a request naming a pool that
-        does not exist is unschedulable, with the pools there are."""
+    def schedule(self, pending: Sequence[Request], limits: Limits | None = None) -> Decision:
+        """Each pool's scheduler places its own requests with the pool's policy (and the
+        groups' weights, caps and the user quota of `limits`); a request naming a pool
+        that does not exist is unschedulable, with the pools there are."""
         decision = Decision()
         by_pool: dict[str, list[Request]] = {name: [] for name in self._schedulers}
         for request in pending:
@@ -159,13 +168,19 @@ class Pools:
             if name in by_pool:
                 by_pool[name].append(request)
             else:
-                decision.unschedulable.append((request.id, self.unknown(name) or ""))
+                why = self.unknown(name) or ""
+                decision.unschedulable.append((request.id, why))
+                decision.waiting[request.id] = Wait("too_large", why)
         for name, requests in by_pool.items():
             if not requests:
                 continue
-            # The pool's policy (`kind(name)`) is the scheduler's to apply.
-            part = self._schedulers[name].schedule(requests)
+            part = self._schedulers[name].schedule(requests, policy=self.kind(name), limits=limits)
             decision.assignments.extend(part.assignments)
+            decision.shares.update(part.shares)  # an experiment is in one pool only
+            decision.waiting.update(
+                (request_id, Wait(wait.kind, self._in(name, wait.message)))
+                for request_id, wait in part.waiting.items()
+            )
             decision.unschedulable.extend(
                 (request_id, self._in(name, why)) for request_id, why in part.unschedulable
             )

@@ -23,6 +23,7 @@ class Running:
     priority: int
     order: int
     placement: Placement
+    group: str = ""
 
 
 def choose_victims(
@@ -53,11 +54,11 @@ def choose_victims(
             continue  # its slots are of another type or on a disabled agent
         victims.append(candidate.request_id)
         if choose_agents(request.slots, room.items()) is not None:
-            return _fewest(request, victims, running, free)
+            return fewest_victims(request, victims, running, free)
     return None
 
 
-def _fewest(
+def fewest_victims(
     request: Request, victims: list[str], running: Sequence[Running], free: Mapping[str, int]
 ) -> list[str]:
     """Drop victims (earliest picked first) whose slots turn out not to be needed."""

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from assay.master.scheduler import _snapshot
+from assay.master.scheduler import _fair_share, _snapshot
 from assay.master.scheduler._index import FreeIndex
 from assay.master.scheduler._placement import choose_agents, largest_placement
 from assay.master.scheduler._types import (
+    POLICIES,
     SLOT_TYPES,
     Agent,
     Assignment,
     Decision,
+    Limits,
     Placement,
+    Policy,
     Request,
+    Share,
     SlotType,
+    Wait,
 )
+
+_NO_LIMITS = Limits()
 
 
 class Scheduler:
@@ -28,16 +35,19 @@ class Scheduler:
     the durable record; this object holds only agents and allocations, which `to_json`
     snapshots and `from_json` restores exactly.
 
-    `schedule` is plain greedy backfill in (priority, order) order: a request that does
-    not fit is skipped and later, lower-priority requests may still take the free slots.
-    A large request can therefore starve behind a stream of small ones; preemption will
-    address that later.
+    `schedule` is greedy backfill in the policy's order -- (priority, order) for
+    "priority", furthest below its weighted share first for "fair_share" (see
+    `_fair_share`): a request that does not fit is skipped and later ones may still take
+    the free slots. A large request can therefore starve behind a stream of small ones;
+    preemption (`choose_victims`, `choose_share_victims`) is the caller's remedy.
     """
 
     def __init__(self) -> None:
         self._agents: dict[str, Agent] = {}
         self._owners: dict[str, dict[int, str]] = {}  # agent id -> slot -> request id
         self._allocations: dict[str, Placement] = {}
+        self._group_of: dict[str, str] = {}  # request id -> group, for allocations
+        self._held: dict[str, int] = {}  # group -> slots its allocations hold
         self._index = {kind: FreeIndex() for kind in SLOT_TYPES}  # enabled agents only
         # The same, per agent label, for requests that name one (`Request.label`).
         self._labelled: dict[tuple[SlotType, str], FreeIndex] = {}
@@ -72,10 +82,11 @@ class Scheduler:
         evicted = self._holders(agent_id)
         for request_id in evicted:
             placement = self._allocations[request_id]
+            group = self._group_of.get(request_id, "")
             self.release(request_id)
             rest = tuple(part for part in placement if part[0] != agent_id)
             if keep_other_parts and rest:
-                self._hold(request_id, rest)
+                self._hold(request_id, rest, group)
         agent = self._agents.pop(agent_id)
         del self._owners[agent_id]
         if agent.enabled:
@@ -116,8 +127,8 @@ class Scheduler:
     def allocation_of(self, request_id: str) -> Placement | None:
         return self._allocations.get(request_id)
 
-    def adopt(self, request_id: str, agent_id: str, slots: Sequence[int]) -> None:
-        """Record that `request_id` already holds `slots` of `agent_id`.
+    def adopt(self, request_id: str, agent_id: str, slots: Sequence[int], group: str = "") -> None:
+        """Record that `request_id` (of `group`) already holds `slots` of `agent_id`.
 
         For allocations found running when their agent reconnects to a restarted master:
         a gang's parts arrive one agent at a time, each merged into the same allocation.
@@ -125,15 +136,22 @@ class Scheduler:
         held = self._allocations.get(request_id, ())
         if any(a == agent_id for a, _ in held):
             return  # this part is held already
+        group = self._group_of.get(request_id, group)
         self.release(request_id)
         merged = tuple(sorted((*held, (agent_id, tuple(slots)))))
-        self._hold(request_id, merged)
+        self._hold(request_id, merged, group)
 
     def release(self, request_id: str) -> bool:
         """Free a request's slots; False if it held none (so a retried release is harmless)."""
         placement = self._allocations.pop(request_id, None)
         if placement is None:
             return False
+        group = self._group_of.pop(request_id)
+        left = self._held[group] - sum(len(slots) for _, slots in placement)
+        if left:
+            self._held[group] = left
+        else:
+            del self._held[group]
         for agent_id, slots in placement:
             owners = self._owners[agent_id]
             for slot in slots:
@@ -142,38 +160,124 @@ class Scheduler:
                 index.change(agent_id, len(slots))
         return True
 
-    def schedule(self, pending: Sequence[Request]) -> Decision:
+    def schedule(
+        self,
+        pending: Sequence[Request],
+        *,
+        policy: Policy = "priority",
+        limits: Limits | None = None,
+    ) -> Decision:
         """Place what fits of `pending`, record it as allocated, and return the decision.
 
-        Requests are considered by (priority, order, id). Each goes to one agent if any
-        has room (best fit), else is split equally over the fewest agents that allow it
-        (see `choose_agents`). Requests that could not run even on an idle cluster are
-        listed in `unschedulable` with the reason (too large, or not splittable equally
-        over the enabled agents); they stay the caller's to keep, since agents may join.
+        `policy` "priority" considers requests by (priority, order, id); "fair_share" by
+        the rule in `_fair_share` (the group furthest below its weighted share first).
+        Under both, a request whose group would pass its `max_slots`, or whose user would
+        pass `limits.user_slot_quota`, waits. Each request goes to one agent if any has
+        room (best fit), else is split equally over the fewest agents that allow it (see
+        `choose_agents`). Requests that could not run even on an idle cluster are listed
+        in `unschedulable` with the reason (too large, or not splittable equally over the
+        enabled agents); they stay the caller's to keep, since agents may join. Every
+        request left pending gets a `Wait` in `waiting`, in the order considered.
         """
         self._check_pending(pending)
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        limits = limits if limits is not None else _NO_LIMITS
+        held = dict(self._held)  # this round's running count per group
         decision = Decision()
+        # Shares matter only when the pending requests want more than is free: otherwise
+        # (most rounds of a cluster with room) the round costs nothing per idle group.
+        wanted = sum(r.slots for r in pending)
+        free = sum(self._index[kind].total_free for kind in {r.slot_type for r in pending})
+        if policy == "fair_share" and wanted > free:
+            order = self._fair_order(pending, limits, held, decision.shares)
+        else:
+            order = iter(sorted(pending, key=lambda r: r.rank))
+        users = _users_held(held, limits) if limits.user_slot_quota is not None else {}
+        free_at_start = {(kind, ""): self._index[kind].total_free for kind in SLOT_TYPES}
+        free_at_start.update((key, index.total_free) for key, index in self._labelled.items())
         why_never: dict[tuple[int, SlotType, str], str | None] = {}  # one per size a pass
+        room_waits: dict[tuple[int, SlotType, str, int, bool], Wait] = {}
+        placed = decision.assignments
         # Both shortcuts are exact: whether a size fits an idle cluster depends on the size
         # alone, and no placement can use more slots than are free. With a long queue on a
         # full cluster they turn each round from a search per request into a lookup.
-        for request in sorted(pending, key=lambda r: r.rank):
+        for request in order:
             index = self._index_for(request.slot_type, request.label)
             if not index.fits_idle(request.slots):
                 size = (request.slots, request.slot_type, request.label)
                 if size not in why_never:
                     why_never[size] = self.why_never(*size)
-                decision.unschedulable.append((request.id, why_never[size] or "cannot be placed"))
+                why = why_never[size] or "cannot be placed"
+                decision.unschedulable.append((request.id, why))
+                decision.waiting[request.id] = Wait("too_large", why)
                 continue
-            if request.slots > index.total_free:
+            wait = _over_limit(request, limits, held, users)
+            if wait is not None:
+                decision.waiting[request.id] = wait
                 continue
-            chosen = index.choose(request.slots)
+            chosen = index.choose(request.slots) if request.slots <= index.total_free else None
             if chosen is None:
+                # Outside fair share the reason depends on these alone: one per round.
+                key = (request.slots, request.slot_type, request.label, index.total_free)
+                wait = None if decision.shares else room_waits.get((*key, bool(placed)))
+                if wait is None:
+                    wait = _no_room(
+                        request,
+                        index.total_free,
+                        free_at_start.get((request.slot_type, request.label), 0),
+                        decision,
+                        held,
+                    )
+                    room_waits[(*key, bool(placed))] = wait
+                decision.waiting[request.id] = wait
                 continue
             placement = tuple((agent_id, self._lowest_free(agent_id, n)) for agent_id, n in chosen)
-            self._hold(request.id, placement)
+            self._hold(request.id, placement, request.group)
+            held[request.group] = held.get(request.group, 0) + request.slots
+            if limits.user_slot_quota is not None:
+                user = limits.group(request.group).user
+                users[user] = users.get(user, 0) + request.slots
             decision.assignments.append(Assignment(request.id, placement))
         return decision
+
+    def held_by_group(self) -> dict[str, int]:
+        """Slots held now by each group with an allocation."""
+        return {group: n for group, n in self._held.items() if n}
+
+    def group_of(self, request_id: str) -> str:
+        """The group an allocation was made for ("" if adopted without one)."""
+        return self._group_of.get(request_id, "")
+
+    def _fair_order(
+        self,
+        pending: Sequence[Request],
+        limits: Limits,
+        held: dict[str, int],
+        shares: dict[str, Share],
+    ) -> Iterator[Request]:
+        """Work out the groups' shares (into `shares`) and the fair-share order."""
+        wanted: dict[str, int] = dict(held)
+        for request in pending:
+            wanted[request.group] = wanted.get(request.group, 0) + request.slots
+        quota = limits.user_slot_quota
+        wants: dict[str, tuple[float, int]] = {}
+        for group_id, demand in wanted.items():
+            group = limits.group(group_id)
+            # A group over its cap (lowered live) wants only the cap: the rest is fair game.
+            if group.max_slots is not None:
+                demand = min(demand, group.max_slots)
+            if quota is not None:
+                demand = min(demand, quota)
+            wants[group_id] = (group.weight, demand)
+        # Each slot type is its own pool; requests of one round share one type in practice.
+        kinds = {r.slot_type for r in pending} or {"cpu"}
+        capacity = sum(self._index[kind].total_capacity for kind in kinds)
+        fair = _fair_share.water_fill(capacity, wants)
+        goal = _fair_share.targets(fair, held)
+        for group_id, (weight, _) in wants.items():
+            shares[group_id] = Share(weight, fair[group_id], goal[group_id], held.get(group_id, 0))
+        return _fair_share.fair_order(pending, held, goal, lambda g: wants[g][0])
 
     def why_never(self, slots: int, slot_type: SlotType, label: str = "") -> str | None:
         """Why a request of `slots` slots (on agents with `label`, if one is given) could
@@ -193,7 +297,7 @@ class Scheduler:
 
     def to_json(self) -> dict[str, Any]:
         """The whole state as JSON-native values; `from_json` restores it exactly."""
-        return _snapshot.dump(self._agents, self._allocations)
+        return _snapshot.dump(self._agents, self._allocations, self._group_of)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Scheduler:
@@ -201,8 +305,8 @@ class Scheduler:
         scheduler = cls()
         for agent in agents:
             scheduler.add_agent(agent)
-        for request_id, placement in allocations:
-            scheduler._hold(request_id, placement)
+        for request_id, placement, group in allocations:
+            scheduler._hold(request_id, placement, group)
         return scheduler
 
     # -- internals -----------------------------------------------------------------------
@@ -235,7 +339,7 @@ class Scheduler:
         candidates = (s for s in range(self._agents[agent_id].slots) if s not in owners)
         return tuple(itertools.islice(candidates, count))
 
-    def _hold(self, request_id: str, placement: Placement) -> None:
+    def _hold(self, request_id: str, placement: Placement, group: str = "") -> None:
         """Record an allocation, refusing one that would double-book or name no slot."""
         if request_id in self._allocations:
             raise ValueError(f"request {request_id!r} already holds an allocation")
@@ -259,6 +363,8 @@ class Scheduler:
             for index in self._indexes(self._agents[agent_id]):
                 index.change(agent_id, -len(slots))
         self._allocations[request_id] = placement
+        self._group_of[request_id] = group
+        self._held[group] = self._held.get(group, 0) + sum(len(slots) for _, slots in placement)
 
     def _check_pending(self, pending: Sequence[Request]) -> None:
         seen: set[str] = set()
@@ -274,6 +380,73 @@ class Scheduler:
 
 
 _KIND_NAMES = {"cpu": "CPU", "cuda": "GPU"}
+
+
+def _slots(count: int, slot_type: str) -> str:
+    kind = _KIND_NAMES.get(slot_type, slot_type)
+    return f"{count} {kind} slot{'s' if count != 1 else ''}"
+
+
+def _users_held(held: Mapping[str, int], limits: Limits) -> dict[str, int]:
+    users: dict[str, int] = {}
+    for group, count in held.items():
+        user = limits.group(group).user
+        users[user] = users.get(user, 0) + count
+    return users
+
+
+def _over_limit(
+    request: Request, limits: Limits, held: Mapping[str, int], users: Mapping[str, int]
+) -> Wait | None:
+    """The max_slots or quota wait of a request that fits neither; None if it fits both."""
+    group = limits.group(request.group)
+    have = held.get(request.group, 0)
+    if group.max_slots is not None and have + request.slots > group.max_slots:
+        return Wait(
+            "max_slots",
+            f"its experiment holds {have} of its max_slots {group.max_slots} and the trial "
+            f"needs {request.slots} more",
+        )
+    quota = limits.user_slot_quota
+    if quota is not None:
+        used = users.get(group.user, 0)
+        if used + request.slots > quota:
+            return Wait(
+                "quota",
+                f"user {group.user!r} holds {used} slots of the user_slot_quota {quota} and "
+                f"the trial needs {request.slots} more",
+            )
+    return None
+
+
+def _no_room(
+    request: Request, free: int, free_at_start: int, decision: Decision, held: Mapping[str, int]
+) -> Wait:
+    """Why a request that passed its limits found no placement this round."""
+    need = _slots(request.slots, request.slot_type)
+    share = decision.shares.get(request.group)
+    have = held.get(request.group, 0)
+    if share is not None and have >= share.target:
+        return Wait(
+            "share",
+            f"needs {need}; its experiment holds {have}, at or above its fair share "
+            f"of {share.share:.3g} (weight {share.weight:g}): experiments below theirs go first",
+        )
+    if decision.assignments and request.slots <= free_at_start:
+        return Wait(
+            "priority",
+            f"needs {need}; {free_at_start} were free, but trials considered before it "
+            "(higher priority, earlier, or further below their fair share) took them",
+        )
+    if request.slots <= free:
+        return Wait(
+            "no_free_slots",
+            f"needs {need}; {free} are free, but not {request.slots} split equally over "
+            "few enough agents",
+        )
+    return Wait("no_free_slots", f"needs {need}; {free} free")
+
+
 _NONE = FreeIndex()  # never written: what a label no agent carries offers
 
 

@@ -10,8 +10,14 @@ from assay.master.scheduler._types import Agent, Placement
 VERSION = 1
 
 
-def dump(agents: Mapping[str, Agent], allocations: Mapping[str, Placement]) -> dict[str, Any]:
-    """Agents and allocations in insertion order; only lists, so a JSON round trip is exact."""
+def dump(
+    agents: Mapping[str, Agent],
+    allocations: Mapping[str, Placement],
+    groups: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Agents and allocations (with their group, if any) in insertion order; only lists,
+    so a JSON round trip is exact."""
+    groups = groups or {}
     return {
         "version": VERSION,
         "agents": [
@@ -24,12 +30,13 @@ def dump(agents: Mapping[str, Agent], allocations: Mapping[str, Placement]) -> d
                 "request_id": request_id,
                 "placement": [[agent_id, list(slots)] for agent_id, slots in placement],
             }
+            | ({"group": groups[request_id]} if groups.get(request_id) else {})
             for request_id, placement in allocations.items()
         ],
     }
 
 
-def load(data: Mapping[str, Any]) -> tuple[list[Agent], list[tuple[str, Placement]]]:
+def load(data: Mapping[str, Any]) -> tuple[list[Agent], list[tuple[str, Placement, str]]]:
     """Parse what `dump` wrote; ValueError says which part is malformed.
 
     Slot bookkeeping (known agents, indices in range, no slot held twice) is checked by
@@ -67,8 +74,11 @@ def _fields(
     return item
 
 
-def _allocation(item: object) -> tuple[str, Placement]:
-    fields = _fields(item, "allocation", {"request_id", "placement"})
+def _allocation(item: object) -> tuple[str, Placement, str]:
+    fields = _fields(item, "allocation", {"request_id", "placement"}, {"group"})
+    group = fields.get("group", "")
+    if not isinstance(group, str):
+        raise ValueError(f"allocation group must be a string, got {group!r}")
     request_id = fields["request_id"]
     if not isinstance(request_id, str) or not request_id:
         raise ValueError(f"allocation request_id must be a non-empty string, got {request_id!r}")
@@ -89,4 +99,4 @@ def _allocation(item: object) -> tuple[str, Placement]:
         placement.append((part[0], tuple(part[1])))
     if not placement:
         raise ValueError(f"allocation {request_id!r} has an empty placement")
-    return request_id, tuple(placement)
+    return request_id, tuple(placement), group

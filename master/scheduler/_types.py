@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 SlotType = Literal["cpu", "cuda"]
 SLOT_TYPES: tuple[SlotType, ...] = ("cpu", "cuda")
+
+Policy = Literal["priority", "fair_share"]
+POLICIES: tuple[Policy, ...] = ("priority", "fair_share")
+
+# Why a pending request was left pending in a round (see `Wait`).
+WaitKind = Literal["too_large", "max_slots", "quota", "share", "priority", "no_free_slots"]
 
 MIN_PRIORITY = 1
 MAX_PRIORITY = 99
@@ -61,7 +69,8 @@ class Request:
     """A gang request: `slots` slots of `slot_type`, all at once or not at all.
 
     Pending requests run by `priority` (1..99, lower first), then by `order`, the
-    submission sequence number. `group` (the experiment) is kept for fair share later.
+    submission sequence number. `group` is the experiment: its weight, max_slots and
+    user come from `Limits.groups`, and fair share divides slots between groups.
     `pool` ("" the default pool) is the resource pool whose scheduler places it (`Pools`);
     `label` ("" any agent) restricts it to agents with that `agent_label`.
     """
@@ -104,6 +113,77 @@ class Request:
 
 
 @dataclass(frozen=True)
+class Group:
+    """A group of requests (an experiment) as the scheduler sees it.
+
+    `weight` (> 0) is its relative share under fair share; `max_slots` caps the slots
+    its allocations hold together (None: no cap); `user` owns it, for the user quota.
+    """
+
+    weight: float = 1.0
+    max_slots: int | None = None
+    user: str = ""
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.weight, bool)
+            or not isinstance(self.weight, int | float)
+            or not 0 < self.weight < math.inf
+        ):
+            raise ValueError(f"group weight must be a number > 0, got {self.weight!r}")
+        if self.max_slots is not None:
+            _check_int("group max_slots", self.max_slots, 1)
+        if not isinstance(self.user, str):
+            raise ValueError(f"group user must be a string, got {self.user!r}")
+
+
+DEFAULT_GROUP = Group()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What bounds a round besides free slots: the groups' weights and caps, and the
+    slots one user's groups may hold together (`user_slot_quota`, None: no quota).
+    A group missing from `groups` has weight 1, no cap and no user."""
+
+    groups: Mapping[str, Group] = field(default_factory=dict)
+    user_slot_quota: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.user_slot_quota is not None:
+            _check_int("user_slot_quota", self.user_slot_quota, 1)
+
+    def group(self, group_id: str) -> Group:
+        return self.groups.get(group_id, DEFAULT_GROUP)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Why a request is still pending after a round, in words a user reads.
+
+    `kind`: too_large (no placement even on an idle cluster), max_slots (its group is at
+    its cap), quota (its user is at the user quota), share (fair share: its group holds
+    its share or more, and slots went to groups below theirs), priority (slots were free
+    when the round began but requests considered before it took them), no_free_slots
+    (too few free slots, or none split equally over few enough agents).
+    """
+
+    kind: WaitKind
+    message: str
+
+
+@dataclass(frozen=True)
+class Share:
+    """A group's fair share in a round: `share` slots by water filling, `target` that
+    share rounded to whole slots (targets add up to the slots handed out), `held` now."""
+
+    weight: float
+    share: float
+    target: int
+    held: int
+
+
+@dataclass(frozen=True)
 class Assignment:
     """Slots given to one request: `placement` is ((agent_id, (slot, ...)), ...)."""
 
@@ -120,8 +200,12 @@ class Decision:
     """What one `Scheduler.schedule` call decided.
 
     `unschedulable` pairs a request id with why it can never run on the agents there are
-    now (it stays pending: a larger agent may join).
+    now (it stays pending: a larger agent may join). `waiting` gives every request left
+    pending its reason, in the order the round considered them (its queue position);
+    `shares` is each group's fair share (fair_share policy only).
     """
 
     assignments: list[Assignment] = field(default_factory=list)
     unschedulable: list[tuple[str, str]] = field(default_factory=list)
+    waiting: dict[str, Wait] = field(default_factory=dict)
+    shares: dict[str, Share] = field(default_factory=dict)

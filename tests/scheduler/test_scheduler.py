@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from assay.master.scheduler import Agent, Decision, Request, Scheduler, SlotType
+from assay.master.scheduler import Agent, Decision, Request, Scheduler, SlotType, Wait
 
 
 def _cluster(*agents: tuple[str, int], slot_type: SlotType = "cuda") -> Scheduler:
@@ -98,9 +98,11 @@ def test_requests_the_cluster_can_never_hold_are_reported_and_stay_pending() -> 
     scheduler = _cluster(("a", 8))
     huge = _req("huge", 16)
     decision = scheduler.schedule([huge, _req("ok", 8, priority=99)])
+    why = "needs 16 GPU slots; the cluster has 8 (1 agent)"
     assert decision == Decision(
         assignments=decision.assignments,
-        unschedulable=[("huge", "needs 16 GPU slots; the cluster has 8 (1 agent)")],
+        unschedulable=[("huge", why)],
+        waiting={"huge": Wait("too_large", why)},
     )
     assert [a.request_id for a in decision.assignments] == ["ok"]
     scheduler.release("ok")

@@ -72,12 +72,12 @@ class RankSampler:
     def _cpu(self, process: psutil.Process) -> float:
         """CPUs busy since the last sample; for a process not seen before (psutil's first
         reading is 0), its average since it started."""
-        since_last = process.cpu_percent(interval=None) / 100.0
+        since_last = float(process.cpu_percent(interval=None)) / 100.0
         if process.pid in self._seen:
             return since_last
         times = process.cpu_times()
         alive_s = time.time() - process.create_time()
-        return (times.user + times.system) / alive_s if alive_s > 0 else 0.0
+        return float(times.user + times.system) / alive_s if alive_s > 0 else 0.0
 
     def _tree(self, pid: int, alive: dict[int, psutil.Process]) -> list[psutil.Process]:
         """The rank's process and its descendants, as handles kept across samples."""

@@ -179,6 +179,11 @@ class QueuedView:
     # Why it cannot be placed even on an idle cluster ("" when it waits for free slots).
     reason: str = ""
     pool: str = ""
+    # Its place in its pool's queue as the last round considered it (1 first), and why
+    # it waits (`Wait.kind`, and in words).
+    position: int = 0
+    wait_kind: str = ""
+    waiting: str = ""
 
 
 @dataclass(frozen=True)
@@ -216,6 +221,7 @@ def cluster_view(
     reasons: Mapping[int, str],
     pools: Sequence[tuple[str, str, str]] = (),
     default_pool: str = "",
+    waits: Mapping[int, tuple[str, str]] | None = None,
 ) -> ClusterView:
     """The snapshot `Master.cluster_view` takes under its lock (`allocations`: the
     scheduler's placements by request id, which is the trial id; `pools`: (name,
@@ -250,6 +256,13 @@ def cluster_view(
         )
         for a in sorted(agents, key=lambda a: a.id)
     )
+    waits = waits or {}
+    places: dict[str, int] = {}  # pool -> trials seen so far: `queue` is in placing order
+
+    def place(pool: str) -> int:
+        places[pool] = places.get(pool, 0) + 1
+        return places[pool]
+
     queued = tuple(
         QueuedView(
             trial.id,
@@ -259,6 +272,8 @@ def cluster_view(
             request.slots,
             reasons.get(trial.id, ""),
             request.pool or default_pool,
+            place(request.pool or default_pool),
+            *waits.get(trial.id, ("", "")),
         )
         for request, trial in queue
     )

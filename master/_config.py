@@ -126,7 +126,14 @@ class MasterConfig:
         False,
         kind=Boolean(),
         help="Let a higher-priority trial that does not fit stop lower-priority ones "
-        "(they checkpoint and requeue) instead of waiting for free slots.",
+        "(they checkpoint and requeue) instead of waiting for free slots; in a fair_share "
+        "pool, let an experiment below its share stop trials of experiments above theirs.",
+    )
+    user_slot_quota: int | None = setting(
+        kind=Integer(minimum=1),
+        default_text="none: no quota",
+        help="Slots the trials of one user's experiments may hold at once, in each resource "
+        "pool; a trial that would pass it waits in the queue, which says so.",
     )
     max_rpc_threads: int = setting(
         2048,

@@ -27,6 +27,7 @@ from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
 from assay.master._quota import SubmissionQuota
 from assay.master._rank_usage import RankUsageBoard
+from assay.master._sharing import changed, parse_value
 from assay.master._submission import (
     PreparedExperiment,
     check_resource_pool,
@@ -35,7 +36,7 @@ from assay.master._submission import (
 )
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._trial_logs import LogKeeper
-from assay.master.errors import InvalidArgumentError
+from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.lifecycle import ExperimentState, ExperimentStatus, Restore, Run
 from assay.master.lifecycle import _effects as fx
 from assay.master.lifecycle import agent as agent_life
@@ -199,7 +200,12 @@ class Master:
                 config_text=prepared.config_text,
             )
             experiment = ExperimentState(
-                experiment_id, config, state, config.resources.priority, prepared.searcher
+                experiment_id,
+                config,
+                state,
+                config.resources.priority,
+                prepared.searcher,
+                owner=prepared.owner,
             )
             self.ledger.add_experiment(experiment)
             self.models.put(experiment_id, model_definition)
@@ -230,6 +236,27 @@ class Master:
         record = self.store.get_experiment(experiment_id)
         experiment_life.check_action(experiment_id, record.state, action)
         self.store.update_experiment(experiment_id, archived=action == "archive")
+
+    def set_experiment_resource(self, experiment_id: int, name: str, value: str) -> None:
+        """`experiment set NAME VALUE`: a live experiment's priority, weight or max-slots
+        changes now (its queued trials keep their places) and for good (the stored
+        config is patched); the next scheduling round uses it."""
+        parsed = parse_value(name, value)
+        with self.lock:
+            experiment = self.experiments.get(experiment_id)
+            if experiment is None:
+                record = self.store.get_experiment(experiment_id)  # NotFoundError: none
+                raise ConflictError(
+                    f"experiment {experiment_id} is {record.state.lower()}: only an active or "
+                    f"paused experiment's {name} can change"
+                )
+            fields = changed(experiment, name, parsed)
+            self.batch.set_experiment(experiment_id, **fields)
+            for trial_id, request in list(self.queued.items()):
+                if request.group == str(experiment_id):
+                    self.ledger.enqueue(trial_id)  # the request again, with the new values
+            self.interpreter.schedule()
+            self.commit_and_wait()
 
     # --- agents -------------------------------------------------------------------------
 
@@ -358,7 +385,12 @@ class Master:
     def cluster_view(self) -> ClusterView:
         """A copy of the agents and the queue for the read-only RPCs."""
         with self.lock:
-            queue = sorted(self.queued.values(), key=lambda r: r.rank)
+            # The order the last round considered them in; trials queued since, after.
+            order = {trial_id: i for i, trial_id in enumerate(self.interpreter.waiting)}
+            queue = sorted(
+                self.queued.values(), key=lambda r: (order.get(int(r.id), len(order)), r.rank)
+            )
+            waits = {t: (w.kind, w.message) for t, w in self.interpreter.waiting.items()}
             return _agents.cluster_view(
                 self.cluster_id,
                 self.fleet.slot_type(),
@@ -370,6 +402,7 @@ class Master:
                 self.unplaceable,
                 [(s.name, s.description, s.scheduler) for s in self.scheduler.specs.values()],
                 self.scheduler.default,
+                waits,
             )
 
     def close_streams(self) -> None:

@@ -146,6 +146,14 @@ ROUTES: tuple[Route, ...] = (
         "ExperimentAction",
         "Pause, activate, cancel, kill, archive or unarchive an experiment",
     ),
+    Route(
+        "POST",
+        "/experiments/{id}/set/{name}",
+        "SetExperimentResource",
+        'Change a live experiment\'s priority, weight or max-slots: a JSON body {"value"} '
+        "(its owner or an admin); the next scheduling round uses it",
+        body=True,
+    ),
     Route("GET", "/trials/{id}", "GetTrial", "A trial"),
     Route("GET", "/trials/{id}/metrics", "GetTrialMetrics", "A trial's metrics of one group"),
     Route(
@@ -205,15 +213,15 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/queue", "GetQueue", "The trials waiting for slots, first to be placed first"),
     Route(
         "GET",
+        "/resource-pools",
+        "ListResourcePools",
+        "The resource pools, their agents, slots per slot type and queued trials",
+    ),
+    Route(
+        "GET",
         "/usage",
         "GetUsage",
         "Slot-hours used in [since, until) by user, experiment, pool, agent or day; a user "
         "sees only their own usage, an admin everyone's and each pool's idle share",
-    ),
-    Route(
-        "GET",
-        "/resource-pools",
-        "ListResourcePools",
-        "The resource pools, their agents, slots per slot type and queued trials",
     ),
 )

@@ -30,6 +30,7 @@ from assay.master._auth import mask_secrets
 from assay.master._config import MasterConfig
 from assay.master._fleet import Fleet
 from assay.master._gc import collect_later
+from assay.master._sharing import fair_share_victims, limits
 from assay.master._state import Ledger, ModelCache, load_live
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._usage import pool_of
@@ -47,7 +48,7 @@ from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
 from assay.master.lifecycle.run import end_trial, preemption
-from assay.master.scheduler import Request, Running, choose_victims
+from assay.master.scheduler import Decision, Request, Running, Wait, choose_victims
 from assay.master.searcher import Create, Operation
 from assay.master.store import AllocationRecord, Store, UsagePart, WriteBatch
 
@@ -82,6 +83,8 @@ class Interpreter:
         self.models = ModelCache(store)
         # Queued trials that cannot be placed even on an idle cluster, and why.
         self.unplaceable: dict[int, str] = {}
+        # Why each queued trial waits, in the order the last round considered them.
+        self.waiting: dict[int, Wait] = {}
         self.telemetry: Telemetry = NO_TELEMETRY  # the master's counters (metrics on)
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
         # Allocation tokens derive from a secret in the store, so a restarted master
@@ -289,8 +292,8 @@ class Interpreter:
 
     def schedule(self) -> None:
         if not self.queued:
-            if self.unplaceable:
-                self.unplaceable = {}
+            if self.unplaceable or self.waiting:
+                self.unplaceable, self.waiting = {}, {}
             return
         # Agents may have joined or left since a request was queued: one pass sets its
         # type, which each pool decides for itself.
@@ -301,12 +304,18 @@ class Interpreter:
             else replace(r, slot_type=slot_types[r.pool or self.scheduler.default])
             for r in self.queued.values()
         ]
-        decision = self.telemetry.round(self.scheduler.schedule, pending)
+        bounds = limits(self.experiments, self.config.user_slot_quota)
+        decision = self.telemetry.round(self.scheduler.schedule, pending, bounds)
         self._note_unplaceable(decision.unschedulable)
+        self.waiting = {int(r): wait for r, wait in decision.waiting.items()}
         placed = {a.request_id for a in decision.assignments}
+        if self.config.preemption and decision.shares:
+            self._preempt_for_share(decision, pending)
         if self.config.preemption and len(placed) < len(pending):
-            unplaced = (r for r in pending if r.id not in placed)
-            self._preempt_for(min(unplaced, key=lambda r: r.rank))
+            # Only a trial that waits for room: stopping others cannot lift a cap.
+            short = [r for r in pending if r.id not in placed and _waits_for_room(decision, r.id)]
+            if short:
+                self._preempt_for(min(short, key=lambda r: r.rank))
         for assignment in decision.assignments:
             trial = self.trials[int(assignment.request_id)]
             self.queued.pop(trial.id, None)
@@ -333,6 +342,28 @@ class Interpreter:
                 self.do([fx.Log(trial_id, trial.run_id, f"waiting: {why}", "WARNING")])
         self.unplaceable = now  # one assignment: readers without the lock see old or new
 
+    def _preempt_for_share(self, decision: Decision, pending: Sequence[Request]) -> None:
+        """Fair-share pools: stop runs of experiments above their share (at a checkpoint)
+        for the first waiting trial of one below its share."""
+        if any(run.stopping == "preempt" for run in self.runs.values()):
+            return  # one wave at a time: the slots it frees go to the queue first
+        for name in self.scheduler.names:
+            if self.scheduler.kind(name) != "fair_share":
+                continue
+            mine = {r.id: r for r in pending if self.scheduler.resolve(r.pool) == name}
+            scheduler = self.scheduler.scheduler(name)
+            runs = [
+                run
+                for run in self.runs.values()
+                if scheduler.allocation_of(str(run.trial_id)) is not None
+            ]
+            found = fair_share_victims(decision, mine, runs, scheduler)
+            if found is not None:
+                request, victims = found
+                stopped = [self.runs[self.run_of_trial[int(v)]] for v in victims]
+                self.do(preemption(request.id, request.priority, stopped, fair_share=True))
+                return
+
     def _preempt_for(self, request: Request) -> None:
         """Stop lower-priority runs (gracefully) so that `request` fits when they are gone."""
         if any(run.stopping == "preempt" for run in self.runs.values()):
@@ -344,8 +375,9 @@ class Interpreter:
             and not run.awaiting
             and (experiment := self.experiments.get(run.experiment_id)) is not None
         ]
-        # Within the request's pool, on the agents its label allows.
-        if self.scheduler.unknown(request.pool):
+        # Within the request's pool, on the agents its label allows; fair-share pools
+        # preempt for shares (`_preempt_for_share`), not for priority.
+        if self.scheduler.unknown(request.pool) or self.scheduler.kind(request.pool) != "priority":
             return
         free = {
             a.id: len(self.scheduler.free_slots(a.id))
@@ -413,7 +445,7 @@ class Interpreter:
         run = self.runs[adopt.allocation_id]
         run.awaiting.discard(adopt.agent_id)
         slots = dict(run.placement)[adopt.agent_id]
-        self.scheduler.adopt(str(run.trial_id), adopt.agent_id, slots)
+        self.scheduler.adopt(str(run.trial_id), adopt.agent_id, slots, str(run.experiment_id))
         log.info("trial %d run %d re-adopted on %s", run.trial_id, run.run_id, adopt.agent_id)
 
     def _part_lost(self, allocation_id: str, agent_id: str, why: str = "") -> None:
@@ -481,6 +513,11 @@ class Interpreter:
         handle = self.fleet.agents.get(agent_id)
         slot_type = handle.slot_type if handle is not None else self.fleet.slot_type()
         return UsagePart(agent_id, slots, slot_type, pool_of(self.fleet, agent_id))
+
+
+def _waits_for_room(decision: Decision, request_id: str) -> bool:
+    wait = decision.waiting.get(request_id)
+    return wait is None or wait.kind in ("no_free_slots", "priority")
 
 
 def _where(placement: tuple[tuple[str, tuple[int, ...]], ...]) -> str:

@@ -363,6 +363,14 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         return self._experiment(request.id)
 
     @maps_errors
+    def SetExperimentResource(  # noqa: N802
+        self, request: api_pb2.SetExperimentResourceRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Experiment:
+        self._may_change(self._who(context), request.id, f"change the {request.name} of")
+        self.master.set_experiment_resource(request.id, request.name, request.value)
+        return self._experiment(request.id)
+
+    @maps_errors
     def GetExperimentMetrics(  # noqa: N802
         self, request: api_pb2.GetExperimentMetricsRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetExperimentMetricsResponse:
@@ -504,6 +512,9 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                 slots=q.slots,
                 slot_type=slot_type,
                 reason=q.reason,
+                position=q.position,
+                wait_kind=q.wait_kind,
+                waiting=q.waiting,
                 resource_pool=q.pool,
             )
             for q in view.queue

@@ -93,7 +93,8 @@ class Ledger:
         """Queue the trial; a requeued trial keeps its place unless sent `to_back`. The
         scheduling pass sets the slot type its pool offers."""
         trial = self.trials[trial_id]
-        resources = self.experiments[trial.experiment_id].config.resources
+        experiment = self.experiments[trial.experiment_id]
+        resources = experiment.config.resources
         if to_back or not trial.order:
             self._order += 1
             trial.order = self._order
@@ -101,8 +102,9 @@ class Ledger:
             str(trial.id),
             resources.slots_per_trial,
             slot_type,
-            resources.priority,
+            experiment.priority,  # the column: `experiment set priority` changes it
             trial.order,
+            group=str(trial.experiment_id),
             pool=resources.resource_pool or "",
             label=resources.agent_label or "",
         )
@@ -204,6 +206,7 @@ def load_live(store: Store) -> list[ExperimentState]:
                 state=ExperimentStatus(record.state),
                 priority=record.priority,
                 searcher=searcher,
+                owner=record.owner,
                 progress=record.progress,
                 shutdown=bool(saved.get("shutdown", False)),
                 needs_start="searcher" not in saved,

@@ -366,6 +366,33 @@ class ExperimentActionRequest(_message.Message):
 Global___ExperimentActionRequest: _TypeAlias = ExperimentActionRequest  # noqa: Y015
 
 @_typing.final
+class SetExperimentResourceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    name: _builtins.str
+    """priority | weight | max-slots"""
+    value: _builtins.str
+    """priority 1..99; weight a number > 0; max-slots an integer >= 1"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        name: _builtins.str = ...,
+        value: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "name", b"name", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetExperimentResourceRequest: _TypeAlias = SetExperimentResourceRequest  # noqa: Y015
+
+@_typing.final
 class GetExperimentMetricsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -732,6 +759,9 @@ class QueuedTrial(_message.Message):
     SLOTS_FIELD_NUMBER: _builtins.int
     SLOT_TYPE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    WAIT_KIND_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
     RESOURCE_POOL_FIELD_NUMBER: _builtins.int
     trial_id: _builtins.int
     experiment_id: _builtins.int
@@ -745,6 +775,14 @@ class QueuedTrial(_message.Message):
     """Why it cannot start on the cluster as it is, even idle ("" when it waits for
     slots to free up).
     """
+    position: _builtins.int
+    """Its place in the order the last scheduling round considered the queue (1 first)."""
+    wait_kind: _builtins.str
+    """Why it waits: too_large | max_slots | quota | share | priority | no_free_slots
+    ("" until a scheduling round has seen it).
+    """
+    waiting: _builtins.str
+    """the same, in words, with the numbers"""
     resource_pool: _builtins.str
     def __init__(
         self,
@@ -756,11 +794,14 @@ class QueuedTrial(_message.Message):
         slots: _builtins.int = ...,
         slot_type: _common_pb2.SlotType.ValueType = ...,
         reason: _builtins.str = ...,
+        position: _builtins.int = ...,
+        wait_kind: _builtins.str = ...,
+        waiting: _builtins.str = ...,
         resource_pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment_id", b"experiment_id", "experiment_name", b"experiment_name", "priority", b"priority", "reason", b"reason", "resource_pool", b"resource_pool", "slot_type", b"slot_type", "slots", b"slots", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment_id", b"experiment_id", "experiment_name", b"experiment_name", "position", b"position", "priority", b"priority", "reason", b"reason", "resource_pool", b"resource_pool", "slot_type", b"slot_type", "slots", b"slots", "trial_id", b"trial_id", "wait_kind", b"wait_kind", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -65,6 +65,11 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.ExperimentActionRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_common__pb2.Experiment.FromString,
                 _registered_method=True)
+        self.SetExperimentResource = channel.unary_unary(
+                '/assay.v1.Api/SetExperimentResource',
+                request_serializer=assay_dot_proto_dot_api__pb2.SetExperimentResourceRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_common__pb2.Experiment.FromString,
+                _registered_method=True)
         self.GetExperimentMetrics = channel.unary_unary(
                 '/assay.v1.Api/GetExperimentMetrics',
                 request_serializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsRequest.SerializeToString,
@@ -204,6 +209,14 @@ class ApiServicer:
 
     def ExperimentAction(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetExperimentResource(self, request, context):
+        """Change a live experiment's priority, weight or max-slots (its owner or an admin): the
+        stored config is patched and the next scheduling round uses the new value.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -372,6 +385,11 @@ def add_ApiServicer_to_server(servicer, server):
             'ExperimentAction': grpc.unary_unary_rpc_method_handler(
                     servicer.ExperimentAction,
                     request_deserializer=assay_dot_proto_dot_api__pb2.ExperimentActionRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_common__pb2.Experiment.SerializeToString,
+            ),
+            'SetExperimentResource': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetExperimentResource,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.SetExperimentResourceRequest.FromString,
                     response_serializer=assay_dot_proto_dot_common__pb2.Experiment.SerializeToString,
             ),
             'GetExperimentMetrics': grpc.unary_unary_rpc_method_handler(
@@ -636,6 +654,33 @@ class Api:
             target,
             '/assay.v1.Api/ExperimentAction',
             assay_dot_proto_dot_api__pb2.ExperimentActionRequest.SerializeToString,
+            assay_dot_proto_dot_common__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetExperimentResource(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/SetExperimentResource',
+            assay_dot_proto_dot_api__pb2.SetExperimentResourceRequest.SerializeToString,
             assay_dot_proto_dot_common__pb2.Experiment.FromString,
             options,
             channel_credentials,

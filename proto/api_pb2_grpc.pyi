@@ -41,6 +41,10 @@ class ApiStub:
     GetExperiment: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetExperimentRequest, _api_pb2.GetExperimentResponse]
     ListExperiments: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListExperimentsRequest, _api_pb2.ListExperimentsResponse]
     ExperimentAction: _grpc.UnaryUnaryMultiCallable[_api_pb2.ExperimentActionRequest, _common_pb2.Experiment]
+    SetExperimentResource: _grpc.UnaryUnaryMultiCallable[_api_pb2.SetExperimentResourceRequest, _common_pb2.Experiment]
+    """Change a live experiment's priority, weight or max-slots (its owner or an admin): the
+    stored config is patched and the next scheduling round uses the new value.
+    """
     GetExperimentMetrics: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetExperimentMetricsRequest, _api_pb2.GetExperimentMetricsResponse]
     GetTrial: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetTrialRequest, _common_pb2.Trial]
     GetTrialMetrics: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetTrialMetricsRequest, _api_pb2.GetTrialMetricsResponse]
@@ -90,6 +94,10 @@ class ApiAsyncStub(ApiStub):
     GetExperiment: _aio.UnaryUnaryMultiCallable[_api_pb2.GetExperimentRequest, _api_pb2.GetExperimentResponse]  # type: ignore[assignment]
     ListExperiments: _aio.UnaryUnaryMultiCallable[_api_pb2.ListExperimentsRequest, _api_pb2.ListExperimentsResponse]  # type: ignore[assignment]
     ExperimentAction: _aio.UnaryUnaryMultiCallable[_api_pb2.ExperimentActionRequest, _common_pb2.Experiment]  # type: ignore[assignment]
+    SetExperimentResource: _aio.UnaryUnaryMultiCallable[_api_pb2.SetExperimentResourceRequest, _common_pb2.Experiment]  # type: ignore[assignment]
+    """Change a live experiment's priority, weight or max-slots (its owner or an admin): the
+    stored config is patched and the next scheduling round uses the new value.
+    """
     GetExperimentMetrics: _aio.UnaryUnaryMultiCallable[_api_pb2.GetExperimentMetricsRequest, _api_pb2.GetExperimentMetricsResponse]  # type: ignore[assignment]
     GetTrial: _aio.UnaryUnaryMultiCallable[_api_pb2.GetTrialRequest, _common_pb2.Trial]  # type: ignore[assignment]
     GetTrialMetrics: _aio.UnaryUnaryMultiCallable[_api_pb2.GetTrialMetricsRequest, _api_pb2.GetTrialMetricsResponse]  # type: ignore[assignment]
@@ -172,6 +180,16 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.ExperimentActionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.Experiment, _abc.Awaitable[_common_pb2.Experiment]]: ...
+
+    @_abc_1.abstractmethod
+    def SetExperimentResource(
+        self,
+        request: _api_pb2.SetExperimentResourceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Experiment, _abc.Awaitable[_common_pb2.Experiment]]:
+        """Change a live experiment's priority, weight or max-slots (its owner or an admin): the
+        stored config is patched and the next scheduling round uses the new value.
+        """
 
     @_abc_1.abstractmethod
     def GetExperimentMetrics(

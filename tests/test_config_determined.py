@@ -624,15 +624,6 @@ def test_bad_pool_names_are_refused(key: str, value: Any) -> None:
     one_problem(base(resources={"slots_per_trial": 1, key: value}), f"resources.{key}: ")
 
 
-@pytest.mark.parametrize("key", ["max_slots", "weight"])
-def test_fair_share_keys_are_refused(key: str) -> None:
-    one_problem(
-        base(resources={"slots_per_trial": 1, key: "x"}),
-        f"resources.{key}: ",
-        "fair-share weights and slot limits are not in this release",
-    )
-
-
 def with_key(section: str | None, key: str, value: Any) -> tuple[dict[str, Any], str]:
     """`base()` with `key: value` in `section` (None: top level), and the key's path."""
     data = base()

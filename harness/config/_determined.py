@@ -51,11 +51,6 @@ _CONTAINER_KEYS = {
     "add_capabilities": "remove it",
     "drop_capabilities": "remove it",
 }
-_POOLS = (
-    "fair-share weights and slot limits are not in this release: trials are placed "
-    "by resources.priority; remove it"
-)
-_RESOURCE_KEYS = ("max_slots", "weight")
 _FLAT_LIST = (
     "projects and workspaces come with a later release; the experiment goes to the flat list"
 )
@@ -348,11 +343,7 @@ def _check_bind_mounts(top: Section, warnings: list[str]) -> None:
 
 
 def check_resources(s: Section) -> None:
-    """Determined's pool and fair-share keys under `resources`."""
-    for key in _RESOURCE_KEYS:
-        if key in s.data:
-            s.raw(key)
-            s.error(key, _POOLS)
+    """Determined's `resources` keys that Assay refuses (the schema reads the others)."""
     for key in ("shm_size", "devices"):
         if key in s.data:
             s.raw(key)

@@ -67,8 +67,17 @@ _COMMON_SEARCHER_KEYS = (
 
 @dataclass(frozen=True)
 class ResourcesConfig:
+    """`resources`: what a trial asks for, and the experiment's place among others.
+
+    `weight` is the experiment's share under the fair_share policy (its slots are in
+    proportion to it among experiments that want slots); `max_slots` caps the slots
+    its trials hold together, under every policy (None: no cap).
+    """
+
     slots_per_trial: int = 1
     priority: int = 42
+    weight: float = 1.0
+    max_slots: int | None = None
     # The master's resource pool to run in (None: its default pool), and the agent label
     # its trials are restricted to (None: any agent of the pool).
     resource_pool: str | None = None
@@ -500,12 +509,28 @@ def _parse_searcher(
 def _parse_resources(s: Section) -> ResourcesConfig:
     slots = s.get_int("slots_per_trial", 1, minimum=1) or 1
     priority = s.get_int("priority", 42, minimum=1, maximum=99) or 42
+    weight = s.get_number("weight", 1.0)
+    if weight is not None and not (0 < weight < float("inf")):
+        s.error("weight", f"must be a number greater than 0, got {s.raw('weight')!r}")
+        weight = None
+    max_slots = s.get_int("max_slots", None, minimum=1)
+    if max_slots is not None and 1 <= max_slots < slots:
+        s.error(
+            "max_slots",
+            f"must be at least slots_per_trial ({slots}), or no trial could ever start; "
+            f"got {max_slots}",
+        )
     pool = _name(s, "resource_pool")
     label = _name(s, "agent_label")
     _determined.check_resources(s)
     s.finish()
     return ResourcesConfig(
-        slots_per_trial=slots, priority=priority, resource_pool=pool, agent_label=label
+        slots_per_trial=slots,
+        priority=priority,
+        weight=1.0 if weight is None else weight,
+        max_slots=max_slots if max_slots is not None and max_slots >= 1 else None,
+        resource_pool=pool,
+        agent_label=label,
     )
 
 

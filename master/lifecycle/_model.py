@@ -125,6 +125,7 @@ class ExperimentState:
     # Stored without a searcher state (by an older master): its searcher's first
     # operations are still to be matched to its trials.
     needs_start: bool = False
+    owner: str = ""  # the user who submitted it: the user slot quota counts its slots
 
     def add_trial(self, trial: TrialState) -> None:
         self.trials[trial.id] = trial

@@ -214,13 +214,17 @@ def _failed(
     return effects
 
 
-def preemption(request_id: str, priority: int, victims: Iterable[Run]) -> list[Effect]:
-    """Stop `victims` at a checkpoint so that `request_id` fits once they are gone."""
+def preemption(
+    request_id: str, priority: int, victims: Iterable[Run], *, fair_share: bool = False
+) -> list[Effect]:
+    """Stop `victims` at a checkpoint so that `request_id` fits once they are gone
+    (`fair_share`: its experiment is below its fair share, theirs above)."""
     effects: list[Effect] = []
+    why = "below its fair share" if fair_share else f"priority {priority}"
     for run in victims:
         message = (
-            f"assay: run {run.run_id} preempted for trial {request_id} (priority "
-            f"{priority}); it checkpoints and requeues"
+            f"assay: run {run.run_id} preempted for trial {request_id} ({why}); "
+            "it checkpoints and requeues"
         )
         effects.append(SetTrial(run.trial_id, {"state": TrialStatus.STOPPING}))
         effects.append(Log(run.trial_id, run.run_id, message))

@@ -62,6 +62,7 @@ EXPERIMENT_FIELDS = frozenset(
         "searcher_state",
         "archived",
         "priority",
+        "config",  # resources patched by `experiment set`
         "description",
         "start_time",
         "end_time",

@@ -33,6 +33,7 @@ def test_every_route_is_in_it(document: dict[str, Any]) -> None:
         ("get", "/api/v1/experiments/{id}"),
         ("get", "/api/v1/experiments/{id}/metrics"),
         ("post", "/api/v1/experiments/{id}/{action}"),
+        ("post", "/api/v1/experiments/{id}/set/{name}"),
         ("get", "/api/v1/trials/{id}"),
         ("get", "/api/v1/trials/{id}/metrics"),
         ("get", "/api/v1/trials/{trial_id}/logs"),

@@ -139,7 +139,14 @@ def _http(site: Site, method: str, path: str, headers: dict[str, str]) -> tuple[
 
 
 def _fill(path: str) -> str:
-    values = {"{id}": "1", "{trial_id}": "1", "{action}": "pause", "{uuid}": "x", "{username}": "u"}
+    values = {
+        "{id}": "1",
+        "{trial_id}": "1",
+        "{action}": "pause",
+        "{uuid}": "x",
+        "{username}": "u",
+        "{name}": "priority",
+    }
     for key, value in values.items():
         path = path.replace(key, value)
     return path
@@ -184,6 +191,9 @@ def test_regular_users_change_only_their_own_experiments(guarded: Site) -> None:
         forbidden: list[Callable[[], object]] = [
             lambda: bob.ExperimentAction(
                 api_pb2.ExperimentActionRequest(id=admins, action=api_pb2.EXPERIMENT_ACTION_KILL)
+            ),
+            lambda: bob.SetExperimentResource(
+                api_pb2.SetExperimentResourceRequest(id=admins, name="priority", value="1")
             ),
             lambda: bob.SetAgentEnabled(api_pb2.SetAgentEnabledRequest(id="a", enabled=False)),
             lambda: bob.RemoveAgent(api_pb2.RemoveAgentRequest(id="a")),

@@ -1,0 +1,150 @@
+"""Sharing the cluster: the scheduler's limits from the live experiments, fair-share
+preemption, and live changes of an experiment's priority, weight and max_slots.
+
+The decisions are the pure scheduler's (`assay.master.scheduler`); this module only
+translates the master's memory into its plain values and back.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from assay.master.errors import InvalidArgumentError
+from assay.master.lifecycle import ExperimentState, Run
+from assay.master.scheduler import (
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    Decision,
+    Group,
+    Limits,
+    Request,
+    Running,
+    Scheduler,
+    choose_share_victims,
+)
+
+# What `assay experiment set` changes, as the CLI names it.
+SETTABLE = ("priority", "weight", "max-slots")
+
+
+def limits(experiments: Mapping[int, ExperimentState], user_slot_quota: int | None) -> Limits:
+    """Each live experiment's weight, max_slots and owner, and the user quota (read when
+    the scheduler asks for a group: a round costs nothing per idle experiment)."""
+    return Limits(_Groups(experiments), user_slot_quota)
+
+
+class _Groups(Mapping[str, Group]):
+    """The live experiments as the scheduler's groups, keyed by str(experiment id)."""
+
+    def __init__(self, experiments: Mapping[int, ExperimentState]) -> None:
+        self._experiments = experiments
+
+    def __getitem__(self, key: str) -> Group:
+        experiment = self._experiments.get(int(key)) if key.isdigit() else None
+        if experiment is None:
+            raise KeyError(key)
+        resources = experiment.config.resources
+        return _group(resources.weight, resources.max_slots, experiment.owner)
+
+    def __iter__(self) -> Iterator[str]:
+        return (str(e) for e in self._experiments)
+
+    def __len__(self) -> int:
+        return len(self._experiments)
+
+
+@functools.lru_cache(maxsize=4096)
+def _group(weight: float, max_slots: int | None, owner: str) -> Group:
+    return Group(weight, max_slots, owner)
+
+
+def fair_share_victims(
+    decision: Decision,
+    pending: Mapping[str, Request],
+    runs: Iterable[Run],
+    scheduler: Scheduler,
+) -> tuple[Request, list[str]] | None:
+    """The first request the round left waiting for room that fair share entitles to
+    slots now held by groups above their share, and the allocations to stop for it."""
+    shares = decision.shares
+    goal = {group: share.target for group, share in shares.items()}
+    held = scheduler.held_by_group()
+    running = [
+        Running(str(run.trial_id), 0, run.trial_id, run.placement, str(run.experiment_id))
+        for run in runs
+        if run.stopping is None and not run.awaiting
+    ]
+    for request_id, wait in decision.waiting.items():
+        request = pending.get(request_id)
+        if request is None or wait.kind not in ("no_free_slots", "priority"):
+            continue
+        free = {
+            a.id: len(scheduler.free_slots(a.id))
+            for a in scheduler.agents
+            if a.enabled
+            and a.slot_type == request.slot_type
+            and (not request.label or a.label == request.label)
+        }
+        victims = choose_share_victims(request, running, free, goal, held)
+        if victims:
+            return request, victims
+    return None
+
+
+def parse_value(field: str, text: str) -> int | float:
+    """The value of `assay experiment set FIELD VALUE`; InvalidArgumentError says what fits."""
+    if field not in SETTABLE:
+        raise InvalidArgumentError(
+            f"cannot set {field!r}: the experiment settings that can change are "
+            f"{', '.join(SETTABLE)}"
+        )
+    try:
+        value = float(text) if field == "weight" else int(text)
+    except ValueError:
+        kind = "a number" if field == "weight" else "an integer"
+        raise InvalidArgumentError(f"{field} must be {kind}, got {text!r}") from None
+    if field == "priority" and not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidArgumentError(
+            f"priority must be an integer in {MIN_PRIORITY}..{MAX_PRIORITY} (lower runs "
+            f"first), got {text}"
+        )
+    if field == "weight" and not 0 < value < float("inf"):
+        raise InvalidArgumentError(f"weight must be a number greater than 0, got {text}")
+    if field == "max-slots" and value < 1:
+        raise InvalidArgumentError(f"max-slots must be an integer of at least 1, got {text}")
+    return value
+
+
+def changed(experiment: ExperimentState, field: str, value: int | float) -> dict[str, Any]:
+    """Apply a checked change to the experiment in memory; returns the store's fields.
+
+    The stored config is patched as Determined patches it (resources.priority, .weight,
+    .max_slots), so the change outlives a restart; priority is also its own column.
+    """
+    resources = experiment.config.resources
+    if field == "max-slots" and int(value) < resources.slots_per_trial:
+        raise InvalidArgumentError(
+            f"max-slots must be at least the experiment's slots_per_trial "
+            f"({resources.slots_per_trial}), or no trial could start; got {int(value)}"
+        )
+    key = {"priority": "priority", "weight": "weight", "max-slots": "max_slots"}[field]
+    raw = copy.deepcopy(dict(experiment.config.raw))
+    section = raw.get("resources")
+    raw["resources"] = {**(section if isinstance(section, dict) else {}), key: value}
+    if key == "priority":
+        resources = dataclasses.replace(resources, priority=int(value))
+    elif key == "weight":
+        resources = dataclasses.replace(resources, weight=float(value))
+    else:
+        resources = dataclasses.replace(resources, max_slots=int(value))
+    experiment.config = dataclasses.replace(experiment.config, resources=resources, raw=raw)
+    experiment.__dict__.pop("config_json", None)  # cached from the old raw config
+    fields: dict[str, Any] = {"config": raw}
+    if field == "priority":
+        experiment.priority = int(value)
+        fields["priority"] = int(value)
+    return fields

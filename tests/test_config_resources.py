@@ -1,0 +1,58 @@
+"""`resources.weight` and `resources.max_slots`: accepted, defaulted, refused with one message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from assay.config import parse_config
+from assay.errors import InvalidConfigError
+
+
+def config(**resources: Any) -> dict[str, Any]:
+    return {
+        "entrypoint": "model_def:T",
+        "hyperparameters": {"global_batch_size": 64},
+        "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 100}},
+        "resources": resources,
+    }
+
+
+def only_problem(data: dict[str, Any]) -> str:
+    with pytest.raises(InvalidConfigError) as info:
+        parse_config(data)
+    problems = info.value.problems
+    assert len(problems) == 1, problems
+    return problems[0]
+
+
+def test_defaults_are_weight_one_and_no_cap() -> None:
+    resources = parse_config(config()).resources
+    assert (resources.weight, resources.max_slots) == (1.0, None)
+
+
+def test_weight_and_max_slots_are_read() -> None:
+    resources = parse_config(config(slots_per_trial=2, weight=2.5, max_slots=4)).resources
+    assert (resources.weight, resources.max_slots) == (2.5, 4)
+    assert parse_config(config(weight=3)).resources.weight == 3.0
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        ({"weight": 0}, "resources.weight: must be a number greater than 0, got 0"),
+        ({"weight": -1.5}, "resources.weight: must be a number greater than 0, got -1.5"),
+        ({"weight": "heavy"}, "resources.weight: expected a number, got"),
+        ({"weight": True}, "resources.weight: expected a number, got"),
+        ({"weight": float("nan")}, "resources.weight: must be a number greater than 0"),
+        ({"max_slots": 0}, "resources.max_slots: must be at least 1, got 0"),
+        ({"max_slots": 1.5}, "resources.max_slots: expected an integer"),
+        (
+            {"slots_per_trial": 4, "max_slots": 2},
+            "resources.max_slots: must be at least slots_per_trial (4)",
+        ),
+    ],
+)
+def test_bad_values_get_one_message(resources: dict[str, Any], expected: str) -> None:
+    assert only_problem(config(**resources)).startswith(expected)

@@ -293,6 +293,21 @@ class Client:
         experiment: common_pb2.Experiment = self._unary("ExperimentAction", request)
         return experiment
 
+    def set_experiment_resource(
+        self, experiment_id: int, name: str, value: str
+    ) -> common_pb2.Experiment:
+        from assay.proto import api_pb2
+
+        request = api_pb2.SetExperimentResourceRequest(id=experiment_id, name=name, value=value)
+        experiment: common_pb2.Experiment = self._unary("SetExperimentResource", request)
+        return experiment
+
+    def get_queue(self) -> list[api_pb2.QueuedTrial]:
+        from assay.proto import api_pb2
+
+        response: api_pb2.GetQueueResponse = self._unary("GetQueue", api_pb2.GetQueueRequest())
+        return list(response.trials)
+
     def get_trial(self, trial_id: int) -> common_pb2.Trial:
         from assay.proto import api_pb2
 

@@ -28,6 +28,7 @@ STATES = [
     "ERROR",
 ]
 ACTIONS = ["pause", "activate", "cancel", "kill", "archive", "unarchive"]
+SETTABLE = ["priority", "weight", "max-slots"]  # what `experiment set` changes
 
 
 @click.group("experiment", cls=AliasedGroup)
@@ -279,6 +280,24 @@ def _action_command(action: str) -> click.Command:
 
 for _action in ACTIONS:
     experiment.add_command(_action_command(_action))
+
+
+@experiment.command("set")
+@click.argument("name", metavar="priority|weight|max-slots", type=click.Choice(SETTABLE))
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.argument("value", metavar="VALUE")
+@user_errors
+def set_command(name: str, experiment_id: int, value: str) -> None:
+    """Change a live experiment's priority (1..99, lower first), fair-share weight (> 0)
+    or max-slots (>= 1); its queued trials take the value at the next scheduling round,
+    and the stored config keeps it."""
+    result = client().set_experiment_resource(experiment_id, name, value)
+    resources = fmt.struct(result.config).get("resources") or {}
+    key = name.replace("-", "_")
+    shown = result.priority if name == "priority" else resources.get(key, value)
+    if isinstance(shown, float):
+        shown = f"{shown:g}"  # JSON numbers come back as floats: 2.0 reads as 2
+    click.echo(f"experiment {experiment_id}: {name} is now {shown}")
 
 
 @experiment.command("wait")

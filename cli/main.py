@@ -15,6 +15,7 @@ from ._checkpoint import checkpoint
 from ._common import DEFAULT_MASTER, RootGroup, Settings
 from ._deploy import deploy
 from ._experiment import experiment
+from ._job import job
 from ._preview import preview_search
 from ._trial import run_local_command, trial
 from ._usage import usage_command
@@ -52,6 +53,7 @@ cli.add_aliased(master)
 cli.add_aliased(deploy)
 cli.add_aliased(preview_search)
 cli.add_aliased(user, "u")
+cli.add_aliased(job, "j")
 cli.add_aliased(usage_command)
 
 

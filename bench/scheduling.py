@@ -32,7 +32,13 @@
    about 0.6 ms of CPU per allocation and reaches about 1,200/s against the same fleet
    and submitters on a shared 2-core machine.
 
+   `--policy fair_share` runs this part with the master's one pool on the fair_share
+   scheduler (every experiment a group of weight 1); `--policy both` runs it under
+   priority, then fair_share, then each once more, and reports each policy's median
+   and fair_share / priority (the issue's bar: within 10%).
+
     python bench/scheduling.py [--quick] [--only latency|throughput] [--profile FILE]
+                               [--policy priority|fair_share|both]
 
 `--profile FILE` samples the master with py-spy (`pip install py-spy`) during the timed
 part of the throughput run and writes collapsed stacks (one `thread;frame;... count` a
@@ -600,7 +606,9 @@ def _sampling(pid: int, output: Path | None) -> Iterator[None]:
             spy.wait()
 
 
-def bench_throughput(s: Settings, profile: Path | None = None) -> ThroughputResult:
+def bench_throughput(
+    s: Settings, profile: Path | None = None, policy: str = "priority"
+) -> ThroughputResult:
     from assay.master.store import Store
 
     result = ThroughputResult(agents=s.agents, experiments=s.experiments)
@@ -617,6 +625,8 @@ def bench_throughput(s: Settings, profile: Path | None = None) -> ThroughputResu
         tmp = Path(folder)
         port = free_port()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if policy != "priority":
+            env["ASSAY_RESOURCE_POOLS"] = f"[{{name: default, scheduler: {policy}}}]"
         master_cmd = [sys.executable, "-m", "assay.master.main", "--grpc-port", str(port)]
         master_cmd += ["--http-port", "0"]
         master_cmd += ["--host", "127.0.0.1", "--state-dir", str(tmp / "master")]
@@ -751,6 +761,12 @@ def main(argv: list[str] | None = None) -> int:
         help="sample the throughput run's master with py-spy into FILE (collapsed stacks; "
         "slows the run, so its numbers are not the benchmark's)",
     )
+    parser.add_argument(
+        "--policy",
+        choices=("priority", "fair_share", "both"),
+        default="priority",
+        help="the scheduler of the throughput run's pool (both: compare them)",
+    )
     parser.add_argument("--fleet-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--agents", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--submit-port", type=int, help=argparse.SUPPRESS)
@@ -775,9 +791,13 @@ def main(argv: list[str] | None = None) -> int:
             f"ratio {lat.assay_s / lat.bare_s:.2f} (target <= {LATENCY_TARGET})",
             flush=True,
         )
-    if args.only in (None, "throughput"):
-        thr = bench_throughput(s, args.profile)
+    policies = ["priority", "fair_share"] * 2 if args.policy == "both" else [args.policy]
+    runs: dict[str, list[ThroughputResult]] = {}
+    for policy in policies if args.only in (None, "throughput") else []:
+        thr = bench_throughput(s, args.profile, policy)
+        runs.setdefault(policy, []).append(thr)
         print(
+            f"[{policy}] "
             f"throughput: {thr.agents} agents, {thr.experiments} experiments: "
             f"{thr.placements} placements, {thr.terminal} terminal in {thr.elapsed_s:.2f} s "
             f"-> {thr.allocations_per_s:,.1f} allocations/s (target >= {ALLOCATIONS_TARGET:,.0f}); "
@@ -789,7 +809,23 @@ def main(argv: list[str] | None = None) -> int:
             + (f"; agent errors {thr.errors}" if thr.errors else ""),
             flush=True,
         )
+    if len(runs) == 2:
+        thr = runs["priority"][-1]
     out = summary(lat, thr, bool(args.quick), time.perf_counter() - t0)
+    for policy, results in runs.items():
+        out[f"{policy}_allocations_per_s"] = [round(r.allocations_per_s, 1) for r in results]
+        out[f"{policy}_master_cpu_ms_per_allocation"] = [
+            round(r.master_cpu_ms_per_allocation, 3) for r in results
+        ]
+    if len(runs) == 2:
+        rate = {p: statistics.median(r.allocations_per_s for r in rs) for p, rs in runs.items()}
+        out["fair_share_over_priority"] = round(rate["fair_share"] / rate["priority"], 3)
+        print(
+            f"fair_share / priority allocations/s (medians): "
+            f"{rate['fair_share']:,.1f} / {rate['priority']:,.1f} = "
+            f"{out['fair_share_over_priority']:.3f} (the bar: >= 0.9)",
+            flush=True,
+        )
     print(f"passed={out['passed']}")
     print(json.dumps(out))
     return 0

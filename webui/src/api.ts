@@ -63,6 +63,8 @@ export interface MasterInfo {
   slots: number;
   free_slots: number;
   queued_trials: number;
+  resource_pools?: string[];
+  default_resource_pool?: string;
 }
 
 export interface Experiment {
@@ -229,6 +231,28 @@ export interface Agent {
   memory_bytes: Int64;
   memory_used_fraction: Double;
   cpu_utilization: Double;
+  resource_pool?: string;
+  agent_label?: string;
+  /** Disabled with drain: no new trials; its running ones finish. */
+  draining?: boolean;
+}
+
+export interface PoolSlots {
+  slot_type: SlotType;
+  total?: number;
+  used?: number;
+  free?: number;
+}
+
+export interface ResourcePool {
+  name: string;
+  description?: string;
+  /** priority | fair_share */
+  scheduler: string;
+  agents?: string[];
+  slots?: PoolSlots[];
+  queued_trials?: number;
+  default?: boolean;
 }
 
 export interface LogLine {
@@ -251,6 +275,7 @@ export interface QueuedTrial {
   slot_type: SlotType;
   /** Why it cannot start even on the idle cluster; absent when it waits for free slots. */
   reason?: string;
+  resource_pool?: string;
 }
 
 export interface LoginAnswer {
@@ -514,6 +539,12 @@ export const api = {
 
   setAgentEnabled: (id: string, enabled: boolean) =>
     request<Agent>("POST", `/agents/${encodeURIComponent(id)}/${enabled ? "enable" : "disable"}`),
+
+  /** Place no new trials on the agent; its running ones finish. */
+  drainAgent: (id: string) => request<Agent>("POST", `/agents/${encodeURIComponent(id)}/drain`),
+
+  resourcePools: (signal?: AbortSignal) =>
+    request<{ pools?: ResourcePool[] }>("GET", "/resource-pools", { signal }),
 
   openapi: (signal?: AbortSignal) =>
     request<{ paths: Record<string, unknown> }>("GET", "/openapi.json", { signal }),

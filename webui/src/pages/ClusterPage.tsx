@@ -1,12 +1,14 @@
 // `/cluster`: agents with their slots and devices, totals, and the queue of trials.
 import { useEffect, useState } from "react";
 import { Link } from "react-router";
-import { api, num, servedRoutes, type Agent, type QueuedTrial } from "../api";
+import { api, num, servedRoutes, type Agent, type QueuedTrial, type ResourcePool } from "../api";
 import { ErrorPanel, Loading, Meter, Section } from "../components/ui";
 import { fmtBytes, fmtTime } from "../format";
 import { usePoll, useSession } from "../hooks";
 
 const QUEUE_ROUTE = "/api/v1/queue";
+const POOLS_ROUTE = "/api/v1/resource-pools";
+const DRAIN_ROUTE = "/api/v1/agents/{id}/drain";
 const ENABLE_ROUTE = "/api/v1/agents/{id}/enable";
 
 function useServedRoutes(): Set<string> | undefined {
@@ -25,10 +27,12 @@ export function ClusterPage() {
   const agents = usePoll("agents", (s) => api.agents(s));
   const routes = useServedRoutes();
   const hasQueue = routes?.has(QUEUE_ROUTE) ?? false;
+  const hasPools = routes?.has(POOLS_ROUTE) ?? false;
   const { user } = useSession();
   // Only administrators may enable or disable agents: others do not get the buttons.
   const served = routes ? [...routes].some((r) => r === ENABLE_ROUTE || /^\/api\/v1\/agents\/\{[^}]+\}\/enable$/.test(r)) : false;
   const canToggle = served && user?.admin === true;
+  const canDrain = canToggle && (routes?.has(DRAIN_ROUTE) ?? false);
   const [actionError, setActionError] = useState<unknown>(null);
   const [busy, setBusy] = useState<string | null>(null);
 
@@ -42,10 +46,10 @@ export function ClusterPage() {
   const usable = list.filter((a) => a.connected && a.enabled).flatMap((a) => a.slots.filter((s) => s.enabled));
   const free = usable.filter((s) => !s.allocation_id).length;
 
-  const toggle = async (a: Agent) => {
+  const toggle = async (a: Agent, drain = false) => {
     setBusy(a.id);
     try {
-      await api.setAgentEnabled(a.id, !a.enabled);
+      await (drain ? api.drainAgent(a.id) : api.setAgentEnabled(a.id, !a.enabled));
       setActionError(null);
     } catch (e) {
       setActionError(e);
@@ -97,12 +101,22 @@ export function ClusterPage() {
                     <td>
                       <div className="strong">{a.id}</div>
                       <div className="muted small mono">{a.address}</div>
+                      {a.resource_pool && (
+                        <div className="muted small" data-testid="agent-pool">
+                          pool {a.resource_pool}
+                          {a.agent_label ? ` · label ${a.agent_label}` : ""}
+                        </div>
+                      )}
                     </td>
                     <td>
                       <span className={`state state-${a.connected ? "active" : "stopped"}`}>
                         {a.connected ? "connected" : "disconnected"}
                       </span>{" "}
-                      {!a.enabled && <span className="state state-paused">disabled</span>}
+                      {!a.enabled && (
+                        <span className="state state-paused" data-testid="agent-state">
+                          {a.draining && a.slots.some((s) => s.allocation_id) ? "draining" : "disabled"}
+                        </span>
+                      )}
                     </td>
                     <td>
                       <div className="slots">
@@ -156,6 +170,17 @@ export function ClusterPage() {
                         >
                           {a.enabled ? "Disable" : "Enable"}
                         </button>
+                        {canDrain && a.enabled && (
+                          <button
+                            type="button"
+                            disabled={busy === a.id}
+                            onClick={() => void toggle(a, true)}
+                            data-testid="agent-drain"
+                            title="Place no new trials here; running ones finish"
+                          >
+                            Drain
+                          </button>
+                        )}
                       </td>
                     )}
                   </tr>
@@ -172,6 +197,7 @@ export function ClusterPage() {
           </div>
         )}
       </Section>
+      {hasPools && <PoolsPanel />}
       {hasQueue && <QueuePanel />}
     </div>
   );
@@ -183,6 +209,59 @@ function Total({ label, value, hint }: { label: string; value: string; hint?: st
       <div className="total-value">{value}</div>
       <div className="total-label">{label}</div>
     </div>
+  );
+}
+
+function poolSlots(p: ResourcePool): string {
+  const kinds = p.slots ?? [];
+  if (kinds.length === 0) return "none";
+  return kinds
+    .map((s) => `${s.used ?? 0} / ${s.total ?? 0} ${s.slot_type === "SLOT_TYPE_CUDA" ? "GPU" : "CPU"} busy`)
+    .join(", ");
+}
+
+function PoolsPanel() {
+  const pools = usePoll("resource-pools", (s) => api.resourcePools(s));
+  const rows: ResourcePool[] = pools.data?.pools ?? [];
+  return (
+    <Section title="Resource pools">
+      <div data-testid="pools">
+        {pools.error && <ErrorPanel error={pools.error} title="Cannot list the resource pools" />}
+        {pools.loading && !pools.error && <Loading what="resource pools" />}
+        {pools.data && (
+          <table className="table">
+            <thead>
+              <tr>
+                <th>Pool</th>
+                <th>Scheduler</th>
+                <th className="num">Agents</th>
+                <th>Slots</th>
+                <th className="num">Queued</th>
+              </tr>
+            </thead>
+            <tbody>
+              {rows.map((p) => (
+                <tr key={p.name} data-testid="pool-row" data-id={p.name}>
+                  <td>
+                    <div className="strong">
+                      {p.name}
+                      {p.default ? <span className="muted"> (default)</span> : null}
+                    </div>
+                    {p.description && <div className="muted small">{p.description}</div>}
+                  </td>
+                  <td>{p.scheduler}</td>
+                  <td className="num" title={(p.agents ?? []).join(", ")}>
+                    {(p.agents ?? []).length}
+                  </td>
+                  <td data-testid="pool-slots">{poolSlots(p)}</td>
+                  <td className="num">{p.queued_trials ?? 0}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        )}
+      </div>
+    </Section>
   );
 }
 
@@ -222,6 +301,7 @@ function QueuePanel() {
                   <td className="num">{r.priority}</td>
                   <td className="num">
                     {r.slots} {r.slot_type === "SLOT_TYPE_CUDA" ? "GPU" : r.slot_type === "SLOT_TYPE_CPU" ? "CPU" : ""}
+                    {r.resource_pool ? <span className="muted" data-testid="queue-pool"> · {r.resource_pool}</span> : null}
                   </td>
                   <td data-testid="queue-reason" className={r.reason ? "warn" : undefined}>
                     {r.reason ? `cannot start: ${r.reason}` : "free slots"}

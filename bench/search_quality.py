@@ -354,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{b['median_difference']:+.4f}, bohb won {b['won']}/{b['seeds']}, sign test "
             f"p={b['sign_p']:.2g}, Wilcoxon p={b['wilcoxon_p'] or math.nan:.2g}"
         )
-    costs_ms = {str(n): proposal_cost(n) for n in (1_000, 10_000)}
+    repeats = 5 if args.quick else 20
+    costs_ms = {str(n): proposal_cost(n, repeats) for n in (1_000, 10_000)}
     print(
         "    bohb cost per proposal (ms, hard space; model cached / just refitted): "
         + ", ".join(f"{n} results {c['cached_ms']} / {c['refit_ms']}" for n, c in costs_ms.items())

@@ -87,8 +87,8 @@ class PrometheusTelemetry(Telemetry):
         )
         self.rpcs = Histogram(
             "assay_rpc_duration_seconds",
-            "Time the master took to answer a unary gRPC call (or the HTTP route that "
-            "calls it), by method.",
+            "Time the master took to answer a unary gRPC call, by method (the HTTP API "
+            "calls the servicer directly and is not counted here).",
             ["method"],
             buckets=_RPC_BUCKETS,
             registry=r,

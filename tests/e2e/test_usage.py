@@ -162,3 +162,39 @@ def test_an_agent_killed_mid_trial_leaves_no_record_open(
     _eventually(
         lambda: all(r.ended_at is not None for r in _rows(cluster)), 30, cluster, "no open record"
     )
+
+
+def test_a_run_readopted_after_a_master_restart_keeps_one_record(
+    three_agents: Cluster, tmp_path: Path
+) -> None:
+    cluster = three_agents
+    eid = _create(cluster, tmp_path, "restart", batches=300, sleep_s=0.04)
+
+    def open_rows() -> list[Any]:
+        return [r for r in _rows(cluster) if r.experiment_id == eid and r.ended_at is None]
+
+    _eventually(lambda: bool(open_rows()), 60, cluster, "the trial's allocation")
+    [row] = open_rows()
+    time.sleep(2)
+    cluster.procs[0].send_signal(signal.SIGKILL)
+    cluster.procs[0].wait()
+    # Longer than an agent's reconnect delay, so that the run is re-adopted (test_faults).
+    cluster.env["ASSAY_AGENT_RECONNECT_WAIT_S"] = "15"
+    cluster.restart_master()
+
+    def completed() -> bool:
+        try:
+            return _completed(cluster, eid)
+        except AssertionError:
+            return False  # the master is starting
+
+    _eventually(completed, 120, cluster, "the end after the restart")
+    rows = [r for r in _rows(cluster) if r.experiment_id == eid]
+    # Re-adopted: the same allocation, one record, open across the restart, closed at its end.
+    assert [(r.allocation_id, r.agent_id) for r in rows] == [(row.allocation_id, row.agent_id)]
+    assert rows[0].ended_at is not None
+    seen = _agent_spans(cluster)[row.allocation_id]
+    report = cluster.json("usage", "--by", "experiment", "--since", SINCE)["groups"]
+    [accounted] = [g["slot_seconds"] for g in report if int(g["key"]) == eid]
+    print(f"experiment {eid}, master restarted: accounted {accounted:.2f} s, agent saw {seen:.2f}")
+    assert accounted == pytest.approx(seen, rel=0.05)

@@ -275,6 +275,12 @@ export interface QueuedTrial {
   slot_type: SlotType;
   /** Why it cannot start even on the idle cluster; absent when it waits for free slots. */
   reason?: string;
+  /** Its place in its pool's queue as the last scheduling round considered it (1 first). */
+  position?: number;
+  /** too_large | max_slots | quota | share | priority | no_free_slots */
+  wait_kind?: string;
+  /** Why it waits, in words, with the numbers. */
+  waiting?: string;
   resource_pool?: string;
 }
 

@@ -265,6 +265,18 @@ function PoolsPanel() {
   );
 }
 
+// What a queued trial waits for: the scheduler's reason in words, or plain free slots.
+function waitText(r: QueuedTrial): string {
+  if (!r.waiting || r.wait_kind === "no_free_slots") return r.waiting ? `free slots: ${r.waiting}` : "free slots";
+  const label: Record<string, string> = {
+    max_slots: "max_slots",
+    quota: "user quota",
+    share: "fair share",
+    priority: "its turn",
+  };
+  return `${label[r.wait_kind ?? ""] ?? r.wait_kind}: ${r.waiting}`;
+}
+
 function QueuePanel() {
   const queue = usePoll("queue", (s) => api.queue(s));
   const rows: QueuedTrial[] = queue.data?.trials ?? [];
@@ -288,7 +300,9 @@ function QueuePanel() {
             <tbody>
               {rows.map((r, i) => (
                 <tr key={String(r.trial_id)} data-testid="queue-row" data-id={String(r.trial_id)}>
-                  <td className="num">{i + 1}</td>
+                  <td className="num" data-testid="queue-position">
+                    {r.position || i + 1}
+                  </td>
                   <td>
                     <Link to={`/trials/${r.trial_id}`}>{String(r.trial_id)}</Link>
                   </td>
@@ -303,8 +317,12 @@ function QueuePanel() {
                     {r.slots} {r.slot_type === "SLOT_TYPE_CUDA" ? "GPU" : r.slot_type === "SLOT_TYPE_CPU" ? "CPU" : ""}
                     {r.resource_pool ? <span className="muted" data-testid="queue-pool"> · {r.resource_pool}</span> : null}
                   </td>
-                  <td data-testid="queue-reason" className={r.reason ? "warn" : undefined}>
-                    {r.reason ? `cannot start: ${r.reason}` : "free slots"}
+                  <td
+                    data-testid="queue-reason"
+                    data-kind={r.wait_kind || undefined}
+                    className={r.reason ? "warn" : undefined}
+                  >
+                    {r.reason ? `cannot start: ${r.reason}` : waitText(r)}
                   </td>
                 </tr>
               ))}

@@ -30,7 +30,6 @@ class _Master(Protocol):
     def fleet(self) -> Fleet: ...
 
 
-DEFAULT_POOL = "default"
 # A report's window when the caller names no start: the 30 days before its end.
 DEFAULT_DAYS = 30
 # The longest window a report covers (split by day, about ten years of rows per group).
@@ -38,8 +37,9 @@ MAX_DAYS = 3660
 
 
 def pool_of(fleet: Fleet, agent_id: str) -> str:
-    """The resource pool an agent's slots are charged to (its own, from its registration)."""
-    return fleet.pool_of(agent_id) or DEFAULT_POOL
+    """The resource pool an agent's slots are charged to (its own, from its registration;
+    the master's default pool for an agent the fleet does not know)."""
+    return fleet.pool_of(agent_id) or fleet.scheduler.default
 
 
 def connected_slots(fleet: Fleet) -> dict[str, int]:
@@ -143,7 +143,6 @@ def report(
 
 
 __all__ = [
-    "DEFAULT_POOL",
     "UsageReport",
     "capacity",
     "connected_slots",

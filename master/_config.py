@@ -201,13 +201,14 @@ class MasterConfig:
         "-f`); one more is refused until one ends.",
     )
 
-    resource_pools: list[dict[str, str]] = setting(  # noqa: RUF009 - setting() makes a field
+    resource_pools: list[dict[str, Any]] = setting(  # noqa: RUF009 - setting() makes a field
         factory=list,
         kind=ResourcePools(),
         default_text="none: one pool, default_resource_pool, with the priority scheduler",
         help="The resource pools agents join (their resource_pool) and experiments choose "
         "(resources.resource_pool): a list of {name, description, scheduler: "
-        "priority|fair_share}. Each pool is scheduled on its own; a trial never spans pools.",
+        "priority|fair_share, user_slot_quota (this pool's, in place of the master's)}. Each "
+        "pool is scheduled on its own; a trial never spans pools.",
     )
     default_resource_pool: str = setting(
         DEFAULT_POOL,
@@ -231,7 +232,7 @@ class MasterConfig:
     @property
     def pool_specs(self) -> tuple[PoolSpec, ...]:
         """The declared pools; with none, the one default pool (priority scheduler)."""
-        specs = tuple(PoolSpec(**p) for p in self.resource_pools)  # type: ignore[arg-type]
+        specs = tuple(PoolSpec(**p) for p in self.resource_pools)
         return specs or (PoolSpec(self.default_resource_pool),)
 
     def new_pools(self) -> Pools:

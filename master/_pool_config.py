@@ -1,4 +1,5 @@
-"""The `resource_pools` setting's kind: a list of {name, description, scheduler} mappings.
+"""The `resource_pools` setting's kind: a list of {name, description, scheduler,
+user_slot_quota} mappings.
 
 In the YAML file it is a list; in ASSAY_RESOURCE_POOLS or --resource-pools the same list
 as YAML (or JSON) text, e.g. `[{name: default}, {name: gpu, scheduler: fair_share}]`.
@@ -7,13 +8,14 @@ as YAML (or JSON) text, e.g. `[{name: default}, {name: gpu, scheduler: fair_shar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
 from assay.common.settings import Kind, SettingsError
 from assay.master.scheduler import POOL_SCHEDULERS, PoolSpec
 
-_KEYS = ("name", "description", "scheduler")
+_KEYS = ("name", "description", "scheduler", "user_slot_quota")
 
 
 class PoolsError(SettingsError):
@@ -26,14 +28,16 @@ class ResourcePools(Kind):
     @property
     def accepts(self) -> str:
         return (
-            "a list of {name, description, scheduler: " + "|".join(POOL_SCHEDULERS) + "} mappings"
+            "a list of {name, description, scheduler: "
+            + "|".join(POOL_SCHEDULERS)
+            + ", user_slot_quota} mappings"
         )
 
     @property
     def metavar(self) -> str:
         return "YAML"
 
-    def parse(self, value: object) -> list[dict[str, str]]:
+    def parse(self, value: object) -> list[dict[str, Any]]:
         if isinstance(value, str):
             try:
                 value = yaml.safe_load(value)
@@ -44,7 +48,7 @@ class ResourcePools(Kind):
         return [_pool(i, item) for i, item in enumerate(value)]
 
 
-def _pool(i: int, item: object) -> dict[str, str]:
+def _pool(i: int, item: object) -> dict[str, Any]:
     """One entry, checked and with its defaults filled in."""
     if not isinstance(item, dict):
         raise PoolsError(f"resource_pools[{i}] must be a mapping with a name, got {item!r}")
@@ -65,5 +69,14 @@ def _pool(i: int, item: object) -> dict[str, str]:
             f"resource_pools[{i}] ({name}): scheduler must be one of "
             f"{', '.join(POOL_SCHEDULERS)}, got {scheduler!r}"
         )
-    PoolSpec(name, description, scheduler)
-    return {"name": name, "description": description, "scheduler": scheduler}
+    quota = item.get("user_slot_quota")
+    if quota is not None and (isinstance(quota, bool) or not isinstance(quota, int) or quota < 1):
+        raise PoolsError(
+            f"resource_pools[{i}] ({name}): user_slot_quota must be an integer of at least 1 "
+            f"(the slots one user's trials may hold at once in this pool), got {quota!r}"
+        )
+    PoolSpec(name, description, scheduler, quota)
+    entry: dict[str, Any] = {"name": name, "description": description, "scheduler": scheduler}
+    if quota is not None:
+        entry["user_slot_quota"] = quota
+    return entry

@@ -1,13 +1,17 @@
-"""`resources.weight` and `resources.max_slots`: accepted, defaulted, refused with one message."""
+"""`resources.weight` and `resources.max_slots`: accepted, defaulted, refused with one
+message; the master's user_slot_quota and a pool's own."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from assay.common.settings import SettingsError
 from assay.config import parse_config
 from assay.errors import InvalidConfigError
+from assay.master._config import load_master_config
 
 
 def config(**resources: Any) -> dict[str, Any]:
@@ -56,3 +60,17 @@ def test_weight_and_max_slots_are_read() -> None:
 )
 def test_bad_values_get_one_message(resources: dict[str, Any], expected: str) -> None:
     assert only_problem(config(**resources)).startswith(expected)
+
+
+def test_a_pool_may_set_its_own_user_quota(tmp_path: Path) -> None:
+    file = tmp_path / "master.yaml"
+    file.write_text("user_slot_quota: 4\nresource_pools: [{name: default, user_slot_quota: 2}]\n")
+    config = load_master_config(file, {}, {})
+    assert config.user_slot_quota == 4
+    assert config.pool_specs[0].user_slot_quota == 2
+    file.write_text("resource_pools: [{name: default, user_slot_quota: 0}]\n")
+    with pytest.raises(SettingsError, match=r"resource_pools\[0\] \(default\): user_slot_quota"):
+        load_master_config(file, {}, {})
+    file.write_text("user_slot_quota: none\n")
+    with pytest.raises(SettingsError, match="user_slot_quota"):
+        load_master_config(file, {}, {})

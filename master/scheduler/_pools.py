@@ -8,6 +8,7 @@ pool's `Scheduler`; `schedule` splits the queue by pool. Pure, as `Scheduler` is
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,8 +36,18 @@ class PoolSpec:
     name: str
     description: str = ""
     scheduler: PoolScheduler = "priority"
+    # The pool's own user slot quota, in place of the master's (None: the master's).
+    user_slot_quota: int | None = None
 
     def __post_init__(self) -> None:
+        quota = self.user_slot_quota
+        if quota is not None and (
+            isinstance(quota, bool) or not isinstance(quota, int) or quota < 1
+        ):
+            raise ValueError(
+                f"resource pool {self.name!r}: user_slot_quota must be an integer >= 1, "
+                f"got {quota!r}"
+            )
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(
                 f"a resource pool's name must be a non-empty string, got {self.name!r}"
@@ -174,7 +185,11 @@ class Pools:
         for name, requests in by_pool.items():
             if not requests:
                 continue
-            part = self._schedulers[name].schedule(requests, policy=self.kind(name), limits=limits)
+            bounds = limits
+            quota = self.specs[name].user_slot_quota
+            if quota is not None:  # the pool's own quota overrides the master's
+                bounds = dataclasses.replace(limits or Limits(), user_slot_quota=quota)
+            part = self._schedulers[name].schedule(requests, policy=self.kind(name), limits=bounds)
             decision.assignments.extend(part.assignments)
             decision.shares.update(part.shares)  # an experiment is in one pool only
             decision.waiting.update(
@@ -209,6 +224,7 @@ class Pools:
                     "scheduler": spec.scheduler,
                     "state": self._schedulers[spec.name].to_json(),
                 }
+                | ({"user_slot_quota": spec.user_slot_quota} if spec.user_slot_quota else {})
                 for spec in self.specs.values()
             ],
         }
@@ -219,7 +235,12 @@ class Pools:
             raise ValueError("pools snapshot must be an object with a 'pools' list")
         items = data["pools"]
         specs = [
-            PoolSpec(str(i.get("name")), str(i.get("description", "")), i.get("scheduler"))
+            PoolSpec(
+                str(i.get("name")),
+                str(i.get("description", "")),
+                i.get("scheduler"),
+                i.get("user_slot_quota"),
+            )
             for i in items
         ]
         pools = cls(specs, str(data.get("default", DEFAULT_POOL)))

@@ -298,3 +298,24 @@ def test_a_breach_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(module, "Scheduler", Careless)
     with pytest.raises(InvariantError, match="past its max_slots"):
         simulate(1, {"p": SimPool((4,))}, [SimGroup("a", pool="p", max_slots=1)], events=20)
+
+
+def test_a_pools_own_user_quota_replaces_the_masters() -> None:
+    from assay.master.scheduler import Pools, PoolSpec
+
+    pools = Pools([PoolSpec("cpu"), PoolSpec("gpu", user_slot_quota=1)], "cpu")
+    for pool in ("cpu", "gpu"):
+        pools.add_agent(Agent(f"{pool}-0", 4, "cpu"), pool)
+    limits = Limits({"a": Group(user="ann"), "b": Group(user="ann")}, user_slot_quota=3)
+    pending = [
+        Request(f"{p}{i}", 1, "cpu", order=i, group=g, pool=p)
+        for p, g in (("cpu", "a"), ("gpu", "b"))
+        for i in range(4)
+    ]
+    decision = pools.schedule(pending, limits)
+    placed = sorted(a.request_id for a in decision.assignments)
+    assert placed == ["cpu0", "cpu1", "cpu2", "gpu0"]  # 3 in cpu (the master's), 1 in gpu
+    assert "user_slot_quota 1" in decision.waiting["gpu1"].message
+    assert Pools.from_json(pools.to_json()).specs["gpu"].user_slot_quota == 1
+    with pytest.raises(ValueError, match="user_slot_quota must be an integer >= 1"):
+        PoolSpec("gpu", user_slot_quota=0)

@@ -73,11 +73,13 @@ def agent_enable_command(agent_id: str) -> None:
 @click.option(
     "--drain",
     is_flag=True,
-    help="Show the agent as draining until its running trials finish (`agent list`).",
+    help="Let its running trials finish (the agent shows as draining in `agent list` "
+    "until they have) instead of stopping them at a checkpoint.",
 )
 @user_errors
 def agent_disable_command(agent_id: str, drain: bool) -> None:
-    """Stop placing new trials on an agent (running ones continue)."""
+    """Stop placing trials on an agent; its running trials stop at a checkpoint and
+    requeue, to go on elsewhere (with --drain they finish there instead)."""
     _set_enabled(agent_id, False, drain)
 
 

@@ -341,10 +341,13 @@ class Master:
             return known
 
     def set_agent_enabled(self, agent_id: str, enabled: bool, *, drain: bool = False) -> None:
-        """Enable or disable placement on an agent; with `drain`, a disabled agent shows
-        as draining while its running trials finish."""
+        """Enable or disable placement on an agent. Disabling stops the runs there at a
+        checkpoint, and their trials requeue (Determined's disable); with `drain` they
+        finish instead, and the agent shows as draining until they have."""
         with self.lock:
             self.fleet.set_enabled(agent_id, enabled, drain=drain)
+            if not enabled and not drain:
+                self.interpreter.do(agent_life.disabled(agent_id, list(self.runs.values())))
             self.interpreter.schedule()  # disabled: what waits may now never fit, and says so
             self.commit_and_wait()
 

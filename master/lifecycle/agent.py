@@ -1,5 +1,5 @@
 """An agent's transitions: reconnecting with what it still runs, its part of a run ending
-or being lost, and the agent being given up on."""
+or being lost, being disabled, and the agent being given up on."""
 
 from __future__ import annotations
 
@@ -13,10 +13,30 @@ from assay.master.lifecycle._effects import (
     FinishRun,
     Kill,
     KillUnknown,
+    Log,
     PartEnded,
     PartLost,
+    SetTrial,
 )
-from assay.master.lifecycle._model import Run
+from assay.master.lifecycle._model import Run, TrialStatus
+
+
+def disabled(agent_id: str, runs: Iterable[Run]) -> list[Effect]:
+    """An admin disabled the agent without draining it: every run with a part there that
+    is not stopping already stops at a checkpoint and requeues (as for a preemption), so
+    its trial goes on elsewhere. A drain (`disable --drain`) lets them finish instead."""
+    effects: list[Effect] = []
+    for run in runs:
+        if agent_id not in run.agents or agent_id in run.exit_codes or run.stopping is not None:
+            continue
+        message = (
+            f"assay: run {run.run_id} stopped: agent {agent_id} was disabled; "
+            "it checkpoints and requeues"
+        )
+        effects.append(SetTrial(run.trial_id, {"state": TrialStatus.STOPPING}))
+        effects.append(Log(run.trial_id, run.run_id, message))
+        effects.append(Kill(run.allocation_id, graceful=True, stopping="preempt"))
+    return effects
 
 
 def reconcile(agent_id: str, running: Set[str], runs: Iterable[Run]) -> list[Effect]:

@@ -37,7 +37,7 @@ class Outcome(Enum):
 
     CANCELED = "canceled: its experiment was canceled or killed"
     COMPLETED = "completed: the searcher closed it"
-    PREEMPTED = "requeued: preempted for a higher-priority trial"
+    PREEMPTED = "requeued: stopped at a checkpoint to free its slots (preempted, agent disabled)"
     PAUSED = "paused: its experiment was paused"
     RESUMED = "requeued: its experiment was activated while the pause landed"
     LOST = "requeued: an agent of the run was lost (not a restart)"

@@ -316,3 +316,18 @@ def test_after_a_restart_trials_resume_pause_or_finish_the_stop() -> None:
         2: T.CANCELED,
         3: T.CANCELED,
     }
+
+
+def test_disabling_an_agent_stops_at_a_checkpoint_what_runs_there_and_nothing_else() -> None:
+    here = _gang({})  # a0 and a1, running
+    exited_here = Run("2.1.x", 2, 1, 1, (("a0", (1,)),), "tok")
+    exited_here.exit_codes["a0"] = [0]
+    stopping = Run("3.1.x", 3, 1, 1, (("a0", (2,)),), "tok", stopping="pause")
+    elsewhere = Run("4.1.x", 4, 1, 1, (("a2", (0,)),), "tok")
+    effects = agent_life.disabled("a0", [here, exited_here, stopping, elsewhere])
+    assert [type(e) for e in effects] == [fx.SetTrial, fx.Log, fx.Kill]
+    assert effects[0] == fx.SetTrial(1, {"state": TrialStatus.STOPPING})
+    assert effects[2] == fx.Kill("1.1.x", graceful=True, stopping="preempt")
+    log = effects[1]
+    assert isinstance(log, fx.Log)
+    assert "agent a0 was disabled" in log.message

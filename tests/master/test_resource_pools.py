@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from assay.errors import PREEMPTED_EXIT_CODE
 from assay.master._server import MasterServer
 from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc, common_pb2
 from tests.credentials import JOIN_METADATA, authed_channel, master_config
@@ -172,6 +173,28 @@ def test_a_drained_agent_takes_no_new_trial_and_shows_draining(
     for experiment_id in (first, second):
         _kill(api, experiment_id)
     agent.close()
+
+
+def test_disabling_without_drain_stops_its_trials_at_a_checkpoint_and_they_go_on_elsewhere(
+    pooled: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    agent = ScriptedAgent(pooled.port, "leaving", slots=1)
+    experiment_id = _create(api, 1)
+    start = agent.next("start").start
+    other = ScriptedAgent(pooled.port, "staying", slots=1)
+    disabled = api.SetAgentEnabled(api_pb2.SetAgentEnabledRequest(id="leaving", enabled=False))
+    assert (disabled.enabled, disabled.draining) == (False, False)
+    kill = agent.next("kill").kill
+    assert (kill.allocation_id, kill.graceful) == (start.allocation_id, True)
+    agent.exited(start.allocation_id, [PREEMPTED_EXIT_CODE])  # checkpointed, then exited
+    again = other.next("start").start  # requeued: it resumes on the agent still enabled
+    assert again.trial_id == start.trial_id
+    assert again.allocation_id != start.allocation_id
+    agent.nothing(0.3)
+    _kill(api, experiment_id)
+    api.SetAgentEnabled(api_pb2.SetAgentEnabledRequest(id="leaving", enabled=True))
+    for a in (agent, other):
+        a.close()
 
 
 def test_a_restarted_master_re_adopts_a_trial_into_its_agents_pool(tmp_path: Path) -> None:

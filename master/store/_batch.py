@@ -7,8 +7,9 @@ writes cheaply: inserts are grouped per table and written with one executemany e
 updates of the same row merge, so a trial created, started and finished between two
 commits costs one insert.
 
-Order within a batch: inserts (parents before children), then updates, then the ordered
-`call`s, then the master's log lines (one statement for all of them). A call may
+Order within a batch: inserts (parents before children), then updates, then the usage
+records opened and then closed (one statement each), then the ordered `call`s, then the
+master's log lines (one statement for all of them). A call may
 therefore rely on the rows the batch inserts; the master uses calls for writes whose
 order matters among themselves (agent rows, superseding metrics).
 """
@@ -78,9 +79,21 @@ class WriteBatch:
         self._updates: dict[str, dict[Any, dict[str, Any]]] = {}
         self._calls: list[Callable[[Session], object]] = []
         self._logs: list[dict[str, Any]] = []
+        # Usage records opened, and closed (every part of an allocation, or one agent's).
+        self._usage_opened: list[dict[str, Any]] = []
+        self._usage_closed: list[dict[str, Any]] = []
+        self._usage_closed_parts: list[dict[str, Any]] = []
 
     def __bool__(self) -> bool:
-        return bool(self._inserts or self._updates or self._calls or self._logs)
+        return bool(
+            self._inserts
+            or self._updates
+            or self._calls
+            or self._logs
+            or self._usage_opened
+            or self._usage_closed
+            or self._usage_closed_parts
+        )
 
     def __len__(self) -> int:
         return (
@@ -88,6 +101,9 @@ class WriteBatch:
             + sum(len(rows) for rows in self._updates.values())
             + len(self._calls)
             + len(self._logs)
+            + len(self._usage_opened)
+            + len(self._usage_closed)
+            + len(self._usage_closed_parts)
         )
 
     def insert(self, table: Table, row: Mapping[str, Any]) -> None:
@@ -214,26 +230,34 @@ class WriteBatch:
         parts: Sequence[_usage.UsagePart],
         now: dt.datetime,
     ) -> None:
-        """Start the allocation's usage records, one per part (after its row is inserted)."""
-        rows = list(parts)
-        self.call(
-            lambda s: _usage.open_parts(
-                s,
-                allocation_id,
-                experiment_id=experiment_id,
-                trial_id=trial_id,
-                run_id=run_id,
-                parts=rows,
-                started_at=now,
-            )
-        )
+        """Start the allocation's usage records, one per part."""
+        started = _usage.utc(now)
+        self._usage_opened += [
+            {
+                "allocation_id": allocation_id,
+                "agent_id": part.agent_id,
+                "slots": part.slots,
+                "slot_type": part.slot_type,
+                "pool": part.pool,
+                "experiment_id": experiment_id,
+                "trial_id": trial_id,
+                "run_id": run_id,
+                "started_at": started,
+            }
+            for part in parts
+        ]
 
     def usage_ended(
         self, allocation_id: str, now: dt.datetime, *, agent_id: str | None = None
     ) -> None:
-        """Close the allocation's open usage records (one agent's part, or all of them).
-        Idempotent: a record already closed keeps the end it has."""
-        self.call(lambda s: _usage.close(s, allocation_id, now, agent_id))
+        """Close the allocation's open usage records (one agent's part, or all of them),
+        after the records this batch opens. Idempotent: a record already closed keeps the
+        end it has."""
+        row = {"allocation_id": allocation_id, "ended_at": _usage.utc(now)}
+        if agent_id is None:
+            self._usage_closed.append(row)
+        else:
+            self._usage_closed_parts.append({**row, "agent_id": agent_id})
 
     def usage_orphans_closed(self, now: dt.datetime) -> None:
         """Close the usage records of allocations that are not open (a master's start)."""
@@ -350,6 +374,13 @@ class WriteBatch:
             for shape, params_list in by_fields.items():
                 statement = _statement(connection, "update", table, shape)
                 _executemany(connection, statement, params_list)
+        for kind, rows in (
+            ("usage-open", self._usage_opened),
+            ("usage-close", self._usage_closed),
+            ("usage-close-part", self._usage_closed_parts),
+        ):
+            if rows:
+                _executemany(connection, _usage_statement(connection, kind), rows)
         for fn in self._calls:
             fn(session)
         if self._logs:
@@ -407,6 +438,28 @@ def _prepare(dialect: Dialect, kind: str, table: Table, shape: tuple[str, ...]) 
         pairs = [(c, c.onupdate) for c in missing]
         statement = statement.values({c.name: bindparam(c.name) for c, _ in pairs})
     defaults = tuple((column.name, _default_of(column.name, d)) for column, d in pairs)
+    return _compile(dialect, statement, defaults)
+
+
+_USAGE_STATEMENTS: dict[str, Callable[[], Any]] = {
+    "usage-open": _usage.open_statement,
+    "usage-close": lambda: _usage.close_statement(one_agent=False),
+    "usage-close-part": lambda: _usage.close_statement(one_agent=True),
+}
+
+
+def _usage_statement(connection: Connection, kind: str) -> _Prepared:
+    key = (connection.dialect.name, kind, "", ())
+    prepared = _PREPARED.get(key)
+    if prepared is None:
+        statement = _USAGE_STATEMENTS[kind]()
+        prepared = _PREPARED[key] = _compile(connection.dialect, statement, ())
+    return prepared
+
+
+def _compile(
+    dialect: Dialect, statement: Any, defaults: tuple[tuple[str, Callable[[], Any]], ...]
+) -> _Prepared:
     compiled = statement.compile(dialect=dialect)
     processors = compiled._bind_processors  # the column types' own converters
     positional = bool(compiled.positional)

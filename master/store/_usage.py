@@ -18,7 +18,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from sqlalchemy import exists, func, insert, or_, select, update
+from sqlalchemy import (
+    Insert,
+    Update,
+    bindparam,
+    exists,
+    func,
+    insert,
+    literal_column,
+    null,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from assay.master.store._base import StoreBase, now
@@ -79,52 +91,39 @@ class PoolUsage:
 # --- writes (run by WriteBatch in the master's group commit) -------------------------------
 
 
-def open_parts(
-    session: Session,
-    allocation_id: str,
-    *,
-    experiment_id: int,
-    trial_id: int,
-    run_id: int,
-    parts: Sequence[UsagePart],
-    started_at: dt.datetime,
-) -> None:
-    """Record the parts of a new allocation, charged to the experiment's owner (user 0 if
-    the experiment has no row: accounting never fails the batch it is part of)."""
-    owner = session.execute(
-        select(Experiment.owner_id).where(Experiment.id == experiment_id)
-    ).scalar()
-    rows = [
-        {
-            "allocation_id": allocation_id,
-            "agent_id": part.agent_id,
-            "slots": part.slots,
-            "slot_type": part.slot_type,
-            "pool": part.pool,
-            "user_id": owner if owner is not None else 0,
-            "experiment_id": experiment_id,
-            "trial_id": trial_id,
-            "run_id": run_id,
-            "started_at": _utc(started_at),
-            "ended_at": None,
-        }
-        for part in parts
-    ]
-    if rows:
-        session.execute(insert(SlotUsage), rows)
-
-
-def close(
-    session: Session, allocation_id: str, ended_at: dt.datetime, agent_id: str | None = None
-) -> None:
-    """End the allocation's open rows (one agent's, or all): a row already closed keeps
-    its end, so closing again changes nothing."""
-    query = update(SlotUsage).where(
-        SlotUsage.allocation_id == allocation_id, SlotUsage.ended_at.is_(None)
+def open_statement() -> Insert:
+    """One part of a new allocation, charged to the experiment's owner (user 0 if the
+    experiment has no row: accounting never fails the batch it is part of). Written with
+    executemany: the owner is looked up by the statement, not one query per part."""
+    owner = (
+        select(Experiment.owner_id)
+        .where(Experiment.id == bindparam("experiment_id"))
+        .scalar_subquery()
     )
-    if agent_id is not None:
-        query = query.where(SlotUsage.agent_id == agent_id)
-    session.execute(query.values(ended_at=_utc(ended_at)))
+    return insert(SlotUsage).values(
+        allocation_id=bindparam("allocation_id"),
+        agent_id=bindparam("agent_id"),
+        slots=bindparam("slots"),
+        slot_type=bindparam("slot_type"),
+        pool=bindparam("pool"),
+        user_id=func.coalesce(owner, literal_column("0")),
+        experiment_id=bindparam("experiment_id"),
+        trial_id=bindparam("trial_id"),
+        run_id=bindparam("run_id"),
+        started_at=bindparam("started_at"),
+        ended_at=null(),
+    )
+
+
+def close_statement(one_agent: bool) -> Update:
+    """End an allocation's open rows (with `one_agent`, one agent's): a row already
+    closed keeps its end, so closing again changes nothing."""
+    query = update(SlotUsage).where(
+        SlotUsage.allocation_id == bindparam("allocation_id"), SlotUsage.ended_at.is_(None)
+    )
+    if one_agent:
+        query = query.where(SlotUsage.agent_id == bindparam("agent_id"))
+    return query.values(ended_at=bindparam("ended_at"))
 
 
 def close_orphans(session: Session, when: dt.datetime) -> None:
@@ -139,7 +138,7 @@ def close_orphans(session: Session, when: dt.datetime) -> None:
     session.execute(
         update(SlotUsage)
         .where(SlotUsage.ended_at.is_(None), ~live)
-        .values(ended_at=func.coalesce(ended, _utc(when)))
+        .values(ended_at=func.coalesce(ended, utc(when)))
         .execution_options(synchronize_session=False)
     )
 
@@ -167,10 +166,10 @@ class UsageQueries(StoreBase):
         """
         if by not in GROUP_BY:
             raise ValueError(f"cannot group usage by {by!r}: use one of {', '.join(GROUP_BY)}")
-        since, until = _utc(since), _utc(until)
+        since, until = utc(since), utc(until)
         if until <= since:
             raise ValueError(f"the window is empty: until ({until}) is not after since ({since})")
-        current = _utc(at or now())
+        current = utc(at or now())
         totals: dict[tuple[str, str], float] = {}
         names: dict[str, str] = {}
         with self.read() as s:
@@ -195,8 +194,8 @@ class UsageQueries(StoreBase):
             if user_id is not None:
                 query = query.where(SlotUsage.user_id == user_id)
             for row in s.execute(query):
-                start = max(_utc(row[0]), since)
-                end = min(_utc(row[1]) if row[1] is not None else current, until)
+                start = max(utc(row[0]), since)
+                end = min(utc(row[1]) if row[1] is not None else current, until)
                 if end <= start:
                     continue
                 key, name = _group(by, row)
@@ -220,7 +219,7 @@ class UsageQueries(StoreBase):
         self, experiment_ids: Sequence[int], at: dt.datetime | None = None
     ) -> dict[int, float]:
         """All the slot-seconds each experiment's allocations held (open ones up to now)."""
-        current = _utc(at or now())
+        current = utc(at or now())
         totals = dict.fromkeys(experiment_ids, 0.0)
         if not experiment_ids:
             return totals
@@ -234,7 +233,7 @@ class UsageQueries(StoreBase):
                 ).where(SlotUsage.experiment_id.in_(list(experiment_ids)))
             )
             for experiment_id, start, end, slots in rows:
-                span = (_utc(end) if end is not None else current) - _utc(start)
+                span = (utc(end) if end is not None else current) - utc(start)
                 totals[experiment_id] += max(0.0, span.total_seconds()) * slots
         return totals
 
@@ -258,8 +257,8 @@ def pool_usage(
 ) -> list[PoolUsage]:
     """Each pool's used and available slot-seconds in [since, until), from its usage
     (`slot_usage(..., by="pool")`) and its connected slots now (see `PoolUsage`)."""
-    since, until = _utc(since), _utc(until)
-    window = max(0.0, (min(until, _utc(at or now())) - since).total_seconds())
+    since, until = utc(since), utc(until)
+    window = max(0.0, (min(until, utc(at or now())) - since).total_seconds())
     by_pool: dict[str, float] = {}
     for row in used:
         by_pool[row.key] = by_pool.get(row.key, 0.0) + row.slot_seconds
@@ -294,7 +293,7 @@ def _split(start: dt.datetime, end: dt.datetime) -> list[tuple[str, float]]:
     return out
 
 
-def _utc(when: dt.datetime) -> dt.datetime:
+def utc(when: dt.datetime) -> dt.datetime:
     # SQLite keeps no offset: every time is stored in UTC and read back as UTC.
     return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
 
@@ -306,8 +305,8 @@ __all__ = [
     "UsagePart",
     "UsageQueries",
     "UsageRow",
-    "close",
     "close_orphans",
-    "open_parts",
+    "close_statement",
+    "open_statement",
     "pool_usage",
 ]

@@ -126,8 +126,9 @@ class MasterConfig:
         False,
         kind=Boolean(),
         help="Let a higher-priority trial that does not fit stop lower-priority ones "
-        "(they checkpoint and requeue) instead of waiting for free slots; in a fair_share "
-        "pool, let an experiment below its share stop trials of experiments above theirs.",
+        "(they checkpoint and requeue) instead of waiting for free slots, in priority pools "
+        "that do not set their own preemption. fair_share pools preempt for fairness "
+        "unless they set preemption: false.",
     )
     user_slot_quota: int | None = setting(
         kind=Integer(minimum=1),
@@ -207,8 +208,9 @@ class MasterConfig:
         default_text="none: one pool, default_resource_pool, with the priority scheduler",
         help="The resource pools agents join (their resource_pool) and experiments choose "
         "(resources.resource_pool): a list of {name, description, scheduler: "
-        "priority|fair_share, user_slot_quota (this pool's, in place of the master's)}. Each "
-        "pool is scheduled on its own; a trial never spans pools.",
+        "priority|fair_share, user_slot_quota (this pool's, in place of the master's), "
+        "preemption (true|false; default: true for fair_share, else the master's "
+        "preemption)}. Each pool is scheduled on its own; a trial never spans pools.",
     )
     default_resource_pool: str = setting(
         DEFAULT_POOL,
@@ -234,6 +236,13 @@ class MasterConfig:
         """The declared pools; with none, the one default pool (priority scheduler)."""
         specs = tuple(PoolSpec(**p) for p in self.resource_pools)
         return specs or (PoolSpec(self.default_resource_pool),)
+
+    def preempts(self, pool: str) -> bool:
+        """Whether waiting trials of pool `pool` may stop running ones (at a checkpoint)."""
+        for spec in self.pool_specs:
+            if spec.name == pool:
+                return spec.preempts(self.preemption)
+        return self.preemption
 
     def new_pools(self) -> Pools:
         """Empty schedulers for the declared pools (ValueError: they contradict)."""

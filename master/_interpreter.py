@@ -309,11 +309,18 @@ class Interpreter:
         self._note_unplaceable(decision.unschedulable)
         self.waiting = {int(r): wait for r, wait in decision.waiting.items()}
         placed = {a.request_id for a in decision.assignments}
-        if self.config.preemption and decision.shares:
+        if decision.shares:
             self._preempt_for_share(decision, pending)
-        if self.config.preemption and len(placed) < len(pending):
+        if len(placed) < len(pending):
+            preempts = {name: self.config.preempts(name) for name in self.scheduler.names}
             # Only a trial that waits for room: stopping others cannot lift a cap.
-            short = [r for r in pending if r.id not in placed and _waits_for_room(decision, r.id)]
+            short = [
+                r
+                for r in pending
+                if r.id not in placed
+                and preempts.get(self.scheduler.resolve(r.pool), False)
+                and _waits_for_room(decision, r.id)
+            ]
             if short:
                 self._preempt_for(min(short, key=lambda r: r.rank))
         for assignment in decision.assignments:
@@ -348,7 +355,7 @@ class Interpreter:
         if any(run.stopping == "preempt" for run in self.runs.values()):
             return  # one wave at a time: the slots it frees go to the queue first
         for name in self.scheduler.names:
-            if self.scheduler.kind(name) != "fair_share":
+            if self.scheduler.kind(name) != "fair_share" or not self.config.preempts(name):
                 continue
             mine = {r.id: r for r in pending if self.scheduler.resolve(r.pool) == name}
             scheduler = self.scheduler.scheduler(name)

@@ -15,7 +15,7 @@ import yaml
 from assay.common.settings import Kind, SettingsError
 from assay.master.scheduler import POOL_SCHEDULERS, PoolSpec
 
-_KEYS = ("name", "description", "scheduler", "user_slot_quota")
+_KEYS = ("name", "description", "scheduler", "user_slot_quota", "preemption")
 
 
 class PoolsError(SettingsError):
@@ -30,7 +30,7 @@ class ResourcePools(Kind):
         return (
             "a list of {name, description, scheduler: "
             + "|".join(POOL_SCHEDULERS)
-            + ", user_slot_quota} mappings"
+            + ", user_slot_quota, preemption} mappings"
         )
 
     @property
@@ -75,8 +75,16 @@ def _pool(i: int, item: object) -> dict[str, Any]:
             f"resource_pools[{i}] ({name}): user_slot_quota must be an integer of at least 1 "
             f"(the slots one user's trials may hold at once in this pool), got {quota!r}"
         )
-    PoolSpec(name, description, scheduler, quota)
+    preemption = item.get("preemption")
+    if preemption is not None and not isinstance(preemption, bool):
+        raise PoolsError(
+            f"resource_pools[{i}] ({name}): preemption must be true or false (whether "
+            f"waiting trials may stop running ones at a checkpoint), got {preemption!r}"
+        )
+    PoolSpec(name, description, scheduler, quota, preemption)
     entry: dict[str, Any] = {"name": name, "description": description, "scheduler": scheduler}
     if quota is not None:
         entry["user_slot_quota"] = quota
+    if preemption is not None:
+        entry["preemption"] = preemption
     return entry

@@ -38,6 +38,10 @@ class PoolSpec:
     scheduler: PoolScheduler = "priority"
     # The pool's own user slot quota, in place of the master's (None: the master's).
     user_slot_quota: int | None = None
+    # Whether waiting trials may stop running ones here (at a checkpoint): a fair_share
+    # pool for fairness, a priority pool for priority. None: a fair_share pool does, a
+    # priority pool as the master's `preemption` says.
+    preemption: bool | None = None
 
     def __post_init__(self) -> None:
         quota = self.user_slot_quota
@@ -52,11 +56,22 @@ class PoolSpec:
             raise ValueError(
                 f"a resource pool's name must be a non-empty string, got {self.name!r}"
             )
+        if self.preemption is not None and not isinstance(self.preemption, bool):
+            raise ValueError(
+                f"resource pool {self.name!r}: preemption must be true or false, "
+                f"got {self.preemption!r}"
+            )
         if self.scheduler not in POOL_SCHEDULERS:
             raise ValueError(
                 f"resource pool {self.name!r}: scheduler must be one of "
                 f"{', '.join(POOL_SCHEDULERS)}, got {self.scheduler!r}"
             )
+
+    def preempts(self, master_default: bool) -> bool:
+        """Whether trials waiting in this pool may stop running ones (at a checkpoint)."""
+        if self.preemption is not None:
+            return self.preemption
+        return self.scheduler == "fair_share" or master_default
 
 
 class Pools:

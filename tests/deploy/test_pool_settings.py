@@ -76,6 +76,10 @@ def test_a_default_pool_of_another_name_alone(tmp_path: Path) -> None:
             "resource_pools: [{name: default, weight: 2}]\n",
             "resource_pools[0] has unknown key 'weight': a pool takes name, description, scheduler",
         ),
+        (
+            "resource_pools: [{name: default, preemption: sometimes}]\n",
+            "resource_pools[0] (default): preemption must be true or false",
+        ),
         ("resource_pools: [{description: x}]\n", "resource_pools[0].name must be a non-empty"),
         ("resource_pools: [default]\n", "resource_pools[0] must be a mapping with a name"),
         ("resource_pools: gpu\n", "expected a list of {name, description, scheduler"),
@@ -120,3 +124,18 @@ def test_a_bad_pool_setting_stops_the_master_with_one_line(tmp_path: Path) -> No
     assert done.stderr.strip() == (
         "error: resource_pools[0] (gpu): scheduler must be one of priority, fair_share, got 'fifo'"
     )
+
+
+def test_fair_share_pools_preempt_unless_they_say_not_to(tmp_path: Path) -> None:
+    config = _master(
+        tmp_path,
+        "resource_pools:\n"
+        "  - {name: fair, scheduler: fair_share}\n"
+        "  - {name: calm, scheduler: fair_share, preemption: false}\n"
+        "  - {name: ranked}\n"
+        "  - {name: eager, preemption: true}\n"
+        "default_resource_pool: fair\n",
+    )
+
+    preempts = {name: config.preempts(name) for name in ("fair", "calm", "ranked", "eager")}
+    assert preempts == {"fair": True, "calm": False, "ranked": False, "eager": True}

@@ -191,3 +191,35 @@ def test_the_user_quota_and_max_slots_hold_and_say_so(
     assert "user 'admin' holds 2 slots of the user_slot_quota 2" in quota.waiting
     for agent in agents:
         agent.close()
+
+
+@pytest.mark.parametrize("preemption", [None, False])
+def test_a_fair_share_pool_preempts_for_fairness_unless_it_says_not_to(
+    tmp_path: Path, preemption: bool | None
+) -> None:
+    pool: dict[str, Any] = {"name": "shared", "scheduler": "fair_share"}
+    if preemption is not None:
+        pool["preemption"] = preemption
+    server = _server(tmp_path, resource_pools=[pool], default_resource_pool="shared")
+    agent = ScriptedAgent(server.port, "a1", slots=2, pool="shared")
+    try:
+        with authed_channel(f"127.0.0.1:{server.port}") as channel:
+            api = api_pb2_grpc.ApiStub(channel)
+            first = _create(api, trials=2)
+            held = {agent.next("start").start.allocation_id for _ in range(2)}
+            second = _create(api, trials=2)  # same weight: one slot each is fair
+            if preemption is None:
+                kill = agent.next("kill").kill
+                assert kill.graceful
+                assert kill.allocation_id in held
+            else:
+                agent.nothing(1.0)  # it waits for a slot to free instead
+            for experiment_id in (first, second):
+                api.ExperimentAction(
+                    api_pb2.ExperimentActionRequest(
+                        id=experiment_id, action=api_pb2.EXPERIMENT_ACTION_KILL
+                    )
+                )
+    finally:
+        agent.close()
+        server.stop(grace=0.5)

@@ -13,12 +13,11 @@ from assay.master.lifecycle._effects import (
     FinishRun,
     Kill,
     KillUnknown,
-    Log,
     PartEnded,
     PartLost,
-    SetTrial,
 )
-from assay.master.lifecycle._model import Run, TrialStatus
+from assay.master.lifecycle._model import Run
+from assay.master.lifecycle.run import stop_to_requeue
 
 
 def disabled(agent_id: str, runs: Iterable[Run]) -> list[Effect]:
@@ -29,13 +28,7 @@ def disabled(agent_id: str, runs: Iterable[Run]) -> list[Effect]:
     for run in runs:
         if agent_id not in run.agents or agent_id in run.exit_codes or run.stopping is not None:
             continue
-        message = (
-            f"assay: run {run.run_id} stopped: agent {agent_id} was disabled; "
-            "it checkpoints and requeues"
-        )
-        effects.append(SetTrial(run.trial_id, {"state": TrialStatus.STOPPING}))
-        effects.append(Log(run.trial_id, run.run_id, message))
-        effects.append(Kill(run.allocation_id, graceful=True, stopping="preempt"))
+        effects += stop_to_requeue(run, f"stopped: agent {agent_id} was disabled")
     return effects
 
 

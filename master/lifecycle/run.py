@@ -222,11 +222,15 @@ def preemption(
     effects: list[Effect] = []
     why = "below its fair share" if fair_share else f"priority {priority}"
     for run in victims:
-        message = (
-            f"assay: run {run.run_id} preempted for trial {request_id} ({why}); "
-            "it checkpoints and requeues"
-        )
-        effects.append(SetTrial(run.trial_id, {"state": TrialStatus.STOPPING}))
-        effects.append(Log(run.trial_id, run.run_id, message))
-        effects.append(Kill(run.allocation_id, graceful=True, stopping="preempt"))
+        effects += stop_to_requeue(run, f"preempted for trial {request_id} ({why})")
     return effects
+
+
+def stop_to_requeue(run: Run, why: str) -> list[Effect]:
+    """Stop `run` at a checkpoint, its trial to requeue (`Outcome.PREEMPTED`), saying why."""
+    message = f"assay: run {run.run_id} {why}; it checkpoints and requeues"
+    return [
+        SetTrial(run.trial_id, {"state": TrialStatus.STOPPING}),
+        Log(run.trial_id, run.run_id, message),
+        Kill(run.allocation_id, graceful=True, stopping="preempt"),
+    ]

@@ -184,6 +184,7 @@ class QueuedView:
     position: int = 0
     wait_kind: str = ""
     waiting: str = ""
+    slot_type: SlotKind = "cpu"  # what it asks for: its pool's kind of slot
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,7 @@ def cluster_view(
             request.pool or default_pool,
             place(request.pool or default_pool),
             *waits.get(trial.id, ("", "")),
+            slot_type=request.slot_type,
         )
         for request, trial in queue
     )

@@ -394,6 +394,9 @@ class Master:
                 self.queued.values(), key=lambda r: (order.get(int(r.id), len(order)), r.rank)
             )
             waits = {t: (w.kind, w.message) for t, w in self.interpreter.waiting.items()}
+            kinds = {name: self.fleet.slot_type(name) for name in self.scheduler.names}
+            default = self.scheduler.default
+            queue = [replace(r, slot_type=kinds.get(r.pool or default, r.slot_type)) for r in queue]
             return _agents.cluster_view(
                 self.cluster_id,
                 self.fleet.slot_type(),

@@ -502,7 +502,6 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.GetQueueRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetQueueResponse:
         view = self.master.cluster_view()
-        slot_type = wire.slot_type(view.slot_type)
         trials = [
             api_pb2.QueuedTrial(
                 trial_id=q.trial_id,
@@ -510,7 +509,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                 experiment_name=q.experiment_name,
                 priority=q.priority,
                 slots=q.slots,
-                slot_type=slot_type,
+                slot_type=wire.slot_type(q.slot_type),
                 reason=q.reason,
                 position=q.position,
                 wait_kind=q.wait_kind,

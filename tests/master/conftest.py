@@ -75,6 +75,7 @@ class ScriptedAgent:
         join: bool = True,
         pool: str = "",
         label: str = "",
+        slot_type: common_pb2.SlotType.ValueType = common_pb2.SLOT_TYPE_CPU,
     ) -> None:
         self.id = agent_id
         self.error: grpc.RpcError | None = None  # what ended the stream, if the master did
@@ -86,15 +87,12 @@ class ScriptedAgent:
         self.incoming: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         stub = agent_pb2_grpc.AgentServiceStub(self.channel)
-        devices = [
-            common_pb2.Device(index=i, type=common_pb2.SLOT_TYPE_CPU, name="cpu")
-            for i in range(slots)
-        ]
+        devices = [common_pb2.Device(index=i, type=slot_type, name="device") for i in range(slots)]
         self.send(
             agent_pb2.AgentMessage(
                 register=agent_pb2.Register(
                     agent_id=agent_id,
-                    slot_type=common_pb2.SLOT_TYPE_CPU,
+                    slot_type=slot_type,
                     devices=devices,
                     address="127.0.0.1",
                     running_allocations=list(running),

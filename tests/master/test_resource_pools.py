@@ -152,6 +152,23 @@ def test_pools_and_labels_decide_where_trials_run(
         agent.close()
 
 
+def test_the_queue_shows_each_trial_the_slot_type_of_its_pool(
+    pooled: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    cpu = ScriptedAgent(pooled.port, "q-cpu", slots=1)
+    gpu = ScriptedAgent(
+        pooled.port, "q-gpu", slots=1, pool="gpu", slot_type=common_pb2.SLOT_TYPE_CUDA
+    )
+    experiments = [_create(api, 2), _create(api, 2, resource_pool="gpu")]  # too wide: queued
+    eventually(lambda: len(api.GetQueue(api_pb2.GetQueueRequest()).trials) == 2)
+    queued = {q.resource_pool: q.slot_type for q in api.GetQueue(api_pb2.GetQueueRequest()).trials}
+    assert queued == {"default": common_pb2.SLOT_TYPE_CPU, "gpu": common_pb2.SLOT_TYPE_CUDA}
+    for experiment_id in experiments:
+        _kill(api, experiment_id)
+    for agent in (cpu, gpu):
+        agent.close()
+
+
 def test_a_drained_agent_takes_no_new_trial_and_shows_draining(
     pooled: MasterServer, api: api_pb2_grpc.ApiStub
 ) -> None:

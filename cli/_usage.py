@@ -94,7 +94,8 @@ def usage_command(by: str, since: str, until: str, as_json: bool, as_csv: bool) 
         click.echo(
             f"pool {p['pool']}: {p['used_slot_hours']:.2f} of {p['capacity_slot_hours']:.2f} "
             f"slot-hours used ({fmt.percent(p['used_ratio'])} used, "
-            f"{fmt.percent(p['idle_ratio'])} idle; capacity: its connected slots now)"
+            f"{fmt.percent(p['idle_ratio'])} idle; "
+            "capacity: its connected agents since they joined)"
         )
 
 

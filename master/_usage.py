@@ -8,7 +8,7 @@ store (`store/_usage.py`).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -42,17 +42,17 @@ def pool_of(fleet: Fleet, agent_id: str) -> str:
     return fleet.pool_of(agent_id) or fleet.scheduler.default
 
 
-def connected_slots(fleet: Fleet) -> dict[str, int]:
-    """Each pool's slots on connected agents (the caller holds the master's lock)."""
-    slots: dict[str, int] = {}
+def connected_slots(fleet: Fleet) -> dict[str, list[tuple[str, int]]]:
+    """Each pool's connected agents as (agent id, slots) (the caller holds the master's
+    lock)."""
+    slots: dict[str, list[tuple[str, int]]] = {}
     for handle in fleet.agents.values():
         if handle.connected:
-            pool = pool_of(fleet, handle.id)
-            slots[pool] = slots.get(pool, 0) + handle.slots
+            slots.setdefault(pool_of(fleet, handle.id), []).append((handle.id, handle.slots))
     return slots
 
 
-def capacity(master: _Master) -> dict[str, int]:
+def capacity(master: _Master) -> dict[str, list[tuple[str, int]]]:
     """`connected_slots` of the master's fleet, read under its lock."""
     with master.lock:
         return connected_slots(master.fleet)
@@ -124,7 +124,7 @@ def report(
     since: str,
     until: str,
     per_day: bool,
-    capacity: Mapping[str, int],
+    capacity: Mapping[str, Sequence[tuple[str, int]]],
     now: dt.datetime | None = None,
 ) -> UsageReport:
     """Usage in a window for one caller: `user_id` None for an administrator (everyone's
@@ -138,7 +138,9 @@ def report(
         used = groups if grouping == "pool" and not per_day else None
         if used is None:
             used = store.slot_usage(start, end, "pool", at=at)
-        pools = pool_usage(used, capacity, start, end, at)
+        joined = store.agents_joined()
+        agents = {p: [(n, joined.get(a)) for a, n in found] for p, found in capacity.items()}
+        pools = pool_usage(used, agents, start, end, at)
     return UsageReport(start, end, grouping, groups, pools, user_id is None)
 
 

@@ -1315,8 +1315,8 @@ class PoolUsage(_message.Message):
     pool: _builtins.str
     used_slot_seconds: _builtins.float
     capacity_slot_seconds: _builtins.float
-    """The pool's connected slots now, times the window up to now (agents that joined or
-    left during the window count as if there all of it, or not at all).
+    """The slots of the pool's connected agents, each from the later of the window's start
+    and its first join to the window's end or now (an agent that left is not counted).
     """
     used_ratio: _builtins.float
     idle_ratio: _builtins.float

@@ -6,6 +6,8 @@ slots given to a trial's run); a restarted master reads them back here.
 
 from __future__ import annotations
 
+import datetime as dt
+
 from sqlalchemy import select
 
 from assay.master.store._base import StoreBase
@@ -40,6 +42,11 @@ class AgentQueries(StoreBase):
                 )
             )
             return {agent_id: str(digest) for agent_id, digest in rows}
+
+    def agents_joined(self) -> dict[str, dt.datetime]:
+        """Agent id -> when it first joined the cluster (its row's registration time)."""
+        with self.read() as s:
+            return {a: when for a, when in s.execute(select(Agent.id, Agent.registered_at))}
 
     def active_allocations(self) -> list[AllocationRecord]:
         with self.read() as s:

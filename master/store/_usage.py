@@ -69,9 +69,10 @@ class UsageRow:
 class PoolUsage:
     """How much of a pool's slot time was used in a window.
 
-    `capacity_slot_seconds` is the pool's connected slots (as the master sees them when
-    asked) times the window up to now: agents that left or joined during the window are
-    counted as if they had been there all of it, or not at all.
+    `capacity_slot_seconds` counts the agents connected when asked, each from the later of
+    the window's start and its first join to the window's end (or now): an agent that
+    left during the window is not counted, and one that was away for part of it is
+    counted as if it had been there.
     """
 
     pool: str
@@ -250,20 +251,27 @@ class UsageQueries(StoreBase):
 
 def pool_usage(
     used: Sequence[UsageRow],
-    capacity_slots: Mapping[str, int],
+    capacity: Mapping[str, Sequence[tuple[int, dt.datetime | None]]],
     since: dt.datetime,
     until: dt.datetime,
     at: dt.datetime | None = None,
 ) -> list[PoolUsage]:
     """Each pool's used and available slot-seconds in [since, until), from its usage
-    (`slot_usage(..., by="pool")`) and its connected slots now (see `PoolUsage`)."""
+    (`slot_usage(..., by="pool")`) and its connected agents as (slots, first joined; None:
+    unknown, counted from `since`), see `PoolUsage`."""
     since, until = utc(since), utc(until)
-    window = max(0.0, (min(until, utc(at or now())) - since).total_seconds())
+    end = min(until, utc(at or now()))
     by_pool: dict[str, float] = {}
     for row in used:
         by_pool[row.key] = by_pool.get(row.key, 0.0) + row.slot_seconds
-    pools = sorted(set(by_pool) | set(capacity_slots))
-    return [PoolUsage(p, by_pool.get(p, 0.0), capacity_slots.get(p, 0) * window) for p in pools]
+    available: dict[str, float] = {}
+    for pool, agents in capacity.items():
+        available[pool] = sum(
+            slots * max(0.0, (end - max(since, utc(joined) if joined else since)).total_seconds())
+            for slots, joined in agents
+        )
+    pools = sorted(set(by_pool) | set(available))
+    return [PoolUsage(p, by_pool.get(p, 0.0), available.get(p, 0.0)) for p in pools]
 
 
 def _group(by: str, row: Any) -> tuple[str, str]:

@@ -166,10 +166,16 @@ def test_orphans_close_at_their_allocations_end_or_when_found(store: Store) -> N
 
 def test_pool_usage_gives_used_and_idle_shares() -> None:
     used = [UsageRow("default", "default", "", 6 * 3600.0)]
-    pools = pool_usage(used, {"default": 4, "empty": 2}, T0, T0 + 10 * H, at=T0 + 3 * H)
+    capacity: dict[str, list[tuple[int, dt.datetime | None]]] = {
+        "default": [(3, None), (1, T0 - H)],  # joined before the window: all of it counts
+        "empty": [(2, T0)],
+        "late": [(4, T0 + 2 * H)],  # joined an hour before now: one hour of it counts
+    }
+    pools = pool_usage(used, capacity, T0, T0 + 10 * H, at=T0 + 3 * H)
     assert [(p.pool, p.used_slot_seconds, p.capacity_slot_seconds) for p in pools] == [
         ("default", 6 * 3600.0, 4 * 3 * 3600.0),  # the window counts up to now
         ("empty", 0.0, 2 * 3 * 3600.0),
+        ("late", 0.0, 4 * 1 * 3600.0),
     ]
     assert pools[0].used_ratio == pytest.approx(0.5)
     assert pools[0].idle_ratio == pytest.approx(0.5)

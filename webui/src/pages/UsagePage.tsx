@@ -133,7 +133,7 @@ function Pools({ pools }: { pools: PoolUsage[] }) {
           <tr>
             <th>Pool</th>
             <th className="num">Used slot-hours</th>
-            <th className="num" title="its connected slots now, times the window up to now">
+            <th className="num" title="its connected agents' slots, each from its first join (or the window's start) to the window's end (or now)">
               Capacity
             </th>
             <th className="num">Used</th>

@@ -13,6 +13,7 @@ import functools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from assay.config import MAX_WEIGHT, MIN_WEIGHT
 from assay.master.errors import InvalidArgumentError
 from assay.master.lifecycle import ExperimentState, Run
 from assay.master.scheduler import (
@@ -112,8 +113,10 @@ def parse_value(field: str, text: str) -> int | float:
             f"priority must be an integer in {MIN_PRIORITY}..{MAX_PRIORITY} (lower runs "
             f"first), got {text}"
         )
-    if field == "weight" and not 0 < value < float("inf"):
-        raise InvalidArgumentError(f"weight must be a number greater than 0, got {text}")
+    if field == "weight" and not MIN_WEIGHT <= value <= MAX_WEIGHT:
+        raise InvalidArgumentError(
+            f"weight must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, got {text}"
+        )
     if field == "max-slots" and value < 1:
         raise InvalidArgumentError(f"max-slots must be an integer of at least 1, got {text}")
     return value

@@ -13,6 +13,11 @@ from assay.config import parse_config
 from assay.errors import InvalidConfigError
 from assay.master._config import load_master_config
 
+WEIGHT = (
+    "resources.weight: must be a number from 0.001 to 1e+06 (a share relative to other "
+    "experiments' weights; default 1), "
+)
+
 
 def config(**resources: Any) -> dict[str, Any]:
     return {
@@ -45,11 +50,14 @@ def test_weight_and_max_slots_are_read() -> None:
 @pytest.mark.parametrize(
     ("resources", "expected"),
     [
-        ({"weight": 0}, "resources.weight: must be a number greater than 0, got 0"),
-        ({"weight": -1.5}, "resources.weight: must be a number greater than 0, got -1.5"),
+        ({"weight": 0}, WEIGHT + "got 0"),
+        ({"weight": -1.5}, WEIGHT + "got -1.5"),
+        # Two such weights summed to infinity, and the pool's scheduling round failed.
+        ({"weight": 1e308}, WEIGHT + "got 1e+308"),
+        ({"weight": 1e-320}, WEIGHT + "got 1e-320"),
         ({"weight": "heavy"}, "resources.weight: expected a number, got"),
         ({"weight": True}, "resources.weight: expected a number, got"),
-        ({"weight": float("nan")}, "resources.weight: must be a number greater than 0"),
+        ({"weight": float("nan")}, WEIGHT + "got nan"),
         ({"max_slots": 0}, "resources.max_slots: must be at least 1, got 0"),
         ({"max_slots": 1.5}, "resources.max_slots: expected an integer"),
         (

@@ -26,6 +26,8 @@ from assay.config._limits import (
     MAX_NAME_CHARS,
 )
 from assay.config._schema import (
+    MAX_WEIGHT,
+    MIN_WEIGHT,
     CheckpointStorageConfig,
     ExperimentConfig,
     OptimizationsConfig,
@@ -54,6 +56,8 @@ __all__ = [
     "MAX_LABELS",
     "MAX_LABEL_CHARS",
     "MAX_NAME_CHARS",
+    "MAX_WEIGHT",
+    "MIN_WEIGHT",
     "BracketPreview",
     "BracketSpec",
     "Categorical",

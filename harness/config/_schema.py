@@ -65,6 +65,12 @@ _COMMON_SEARCHER_KEYS = (
 )
 
 
+# The weights an experiment may have (`resources.weight`): wide enough for any sharing
+# policy, narrow enough that no sum or ratio of them overflows or vanishes.
+MIN_WEIGHT = 1e-3
+MAX_WEIGHT = 1e6
+
+
 @dataclass(frozen=True)
 class ResourcesConfig:
     """`resources`: what a trial asks for, and the experiment's place among others.
@@ -510,8 +516,12 @@ def _parse_resources(s: Section) -> ResourcesConfig:
     slots = s.get_int("slots_per_trial", 1, minimum=1) or 1
     priority = s.get_int("priority", 42, minimum=1, maximum=99) or 42
     weight = s.get_number("weight", 1.0)
-    if weight is not None and not (0 < weight < float("inf")):
-        s.error("weight", f"must be a number greater than 0, got {s.raw('weight')!r}")
+    if weight is not None and not (MIN_WEIGHT <= weight <= MAX_WEIGHT):
+        s.error(
+            "weight",
+            f"must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g} (a share relative to "
+            f"other experiments' weights; default 1), got {s.raw('weight')!r}",
+        )
         weight = None
     max_slots = s.get_int("max_slots", None, minimum=1)
     if max_slots is not None and 1 <= max_slots < slots:

@@ -32,6 +32,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from assay.config import MAX_WEIGHT, MIN_WEIGHT
 from assay.master.scheduler._placement import choose_agents
 from assay.master.scheduler._preemption import Running, fewest_victims
 from assay.master.scheduler._types import Request
@@ -42,6 +43,9 @@ _EPSILON = 1e-9
 def water_fill(capacity: int, wants: Mapping[str, tuple[float, int]]) -> dict[str, float]:
     """Each group's share of `capacity` slots: `wants` maps group -> (weight, demand)."""
     shares = {group: 0.0 for group in wants}
+    # Weights are clamped to [MIN_WEIGHT, MAX_WEIGHT] (as configs are checked): a stored
+    # value from elsewhere can neither overflow the sum nor divide by zero.
+    wants = {g: (min(max(w, MIN_WEIGHT), MAX_WEIGHT), d) for g, (w, d) in wants.items()}
     active = {group for group, (_, demand) in wants.items() if demand > 0}
     left = float(capacity)
     while active and left > _EPSILON:

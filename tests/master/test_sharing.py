@@ -116,8 +116,9 @@ def test_set_changes_the_queue_at_once_and_outlives_a_restart(
     [
         ("priority", "0", "priority must be an integer in 1..99"),
         ("priority", "high", "priority must be an integer, got 'high'"),
-        ("weight", "-1", "weight must be a number greater than 0, got -1"),
-        ("weight", "nan", "weight must be a number greater than 0"),
+        ("weight", "-1", "weight must be a number from 0.001 to 1e+06, got -1"),
+        ("weight", "nan", "weight must be a number from 0.001 to 1e+06"),
+        ("weight", "1e308", "weight must be a number from 0.001 to 1e+06, got 1e308"),
         ("max-slots", "0", "max-slots must be an integer of at least 1, got 0"),
         ("max-slots", "1.5", "max-slots must be an integer, got '1.5'"),
         ("slots", "2", "cannot set 'slots': the experiment settings that can change are"),

@@ -55,6 +55,13 @@ def test_shares_never_exceed_the_slots_wanted() -> None:
     assert water_fill(10, {"a": (1, 0)}) == {"a": 0.0}
 
 
+def test_extreme_weights_neither_overflow_nor_vanish() -> None:
+    # Stored weights outside the configurable range are clamped to it: 1e308 twice once
+    # summed to infinity, and the round failed on a NaN share.
+    shares = water_fill(4, {"a": (1e308, 4), "b": (1e308, 4), "c": (1e-320, 4)})
+    assert targets(shares, {}) == {"a": 2, "b": 2, "c": 0}
+
+
 def test_targets_round_by_largest_remainder_and_keep_the_sum() -> None:
     shares = water_fill(4, {"a": (1, 9), "b": (1, 9), "c": (1, 9)})
     goal = targets(shares, {"c": 2})

@@ -112,6 +112,6 @@ def test_two_experiments_converge_to_their_weights_and_max_slots_holds(
 
     bad = cluster.cli("experiment", "set", "weight", str(heavy), "0")
     assert bad.returncode == 1
-    assert "error: weight must be a number greater than 0, got 0" in bad.stderr
+    assert "error: weight must be a number from 0.001 to 1e+06, got 0" in bad.stderr
     for eid in (light, heavy):
         cluster.cli("experiment", "kill", str(eid))

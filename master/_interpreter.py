@@ -312,7 +312,10 @@ class Interpreter:
         if decision.shares:
             self._preempt_for_share(decision, pending)
         if len(placed) < len(pending):
-            preempts = {name: self.config.preempts(name) for name in self.scheduler.names}
+            preempts = {
+                name: spec.preempts(self.config.preemption)
+                for name, spec in self.scheduler.specs.items()
+            }
             # Only a trial that waits for room: stopping others cannot lift a cap.
             short = [
                 r
@@ -355,7 +358,8 @@ class Interpreter:
         if any(run.stopping == "preempt" for run in self.runs.values()):
             return  # one wave at a time: the slots it frees go to the queue first
         for name in self.scheduler.names:
-            if self.scheduler.kind(name) != "fair_share" or not self.config.preempts(name):
+            spec = self.scheduler.specs[name]
+            if spec.scheduler != "fair_share" or not spec.preempts(self.config.preemption):
                 continue
             mine = {r.id: r for r in pending if self.scheduler.resolve(r.pool) == name}
             scheduler = self.scheduler.scheduler(name)

@@ -411,15 +411,23 @@ class _Prepared:
 _PREPARED: dict[tuple[str, str, str, tuple[str, ...]], _Prepared] = {}
 
 
+def _cached(
+    connection: Connection,
+    key: tuple[str, str, tuple[str, ...]],
+    build: Callable[[Dialect], _Prepared],
+) -> _Prepared:
+    """The statement `key` names, compiled for the connection's dialect once."""
+    dialect = connection.dialect
+    prepared = _PREPARED.get((dialect.name, *key))
+    if prepared is None:
+        prepared = _PREPARED[(dialect.name, *key)] = build(dialect)
+    return prepared
+
+
 def _statement(
     connection: Connection, kind: str, table: Table, shape: tuple[str, ...]
 ) -> _Prepared:
-    dialect = connection.dialect
-    key = (dialect.name, kind, table.name, shape)
-    prepared = _PREPARED.get(key)
-    if prepared is None:
-        prepared = _PREPARED[key] = _prepare(dialect, kind, table, shape)
-    return prepared
+    return _cached(connection, (kind, table.name, shape), lambda d: _prepare(d, kind, table, shape))
 
 
 def _prepare(dialect: Dialect, kind: str, table: Table, shape: tuple[str, ...]) -> _Prepared:
@@ -449,12 +457,7 @@ _USAGE_STATEMENTS: dict[str, Callable[[], Any]] = {
 
 
 def _usage_statement(connection: Connection, kind: str) -> _Prepared:
-    key = (connection.dialect.name, kind, "", ())
-    prepared = _PREPARED.get(key)
-    if prepared is None:
-        statement = _USAGE_STATEMENTS[kind]()
-        prepared = _PREPARED[key] = _compile(connection.dialect, statement, ())
-    return prepared
+    return _cached(connection, (kind, "", ()), lambda d: _compile(d, _USAGE_STATEMENTS[kind](), ()))
 
 
 def _compile(

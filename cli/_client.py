@@ -280,6 +280,17 @@ class Client:
         response: api_pb2.GetExperimentResponse = self._unary("GetExperiment", request)
         return response
 
+    def get_model_definition(self, experiment_id: int) -> bytes:
+        """The experiment's model definition as uploaded (a tar.gz archive)."""
+        from assay.proto import api_pb2
+
+        request = api_pb2.GetModelDefinitionRequest(experiment_id=experiment_id)
+        # Up to 96 MiB: allow for a slow link, as an upload does.
+        response: api_pb2.GetModelDefinitionResponse = self._unary(
+            "GetModelDefinition", request, timeout=CREATE_TIMEOUT_S
+        )
+        return response.model_definition
+
     def list_experiments(
         self, request: api_pb2.ListExperimentsRequest
     ) -> api_pb2.ListExperimentsResponse:

@@ -388,6 +388,13 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         )
 
     @maps_errors
+    def GetModelDefinition(  # noqa: N802
+        self, request: api_pb2.GetModelDefinitionRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetModelDefinitionResponse:
+        data = self.store.get_model_definition(request.experiment_id)  # NOT_FOUND names the id
+        return api_pb2.GetModelDefinitionResponse(model_definition=data)
+
+    @maps_errors
     def GetTrial(  # noqa: N802
         self, request: api_pb2.GetTrialRequest, context: grpc.ServicerContext
     ) -> common_pb2.Trial:

@@ -215,6 +215,45 @@ class GetExperimentRequest(_message.Message):
 Global___GetExperimentRequest: _TypeAlias = GetExperimentRequest  # noqa: Y015
 
 @_typing.final
+class GetModelDefinitionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPERIMENT_ID_FIELD_NUMBER: _builtins.int
+    experiment_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        experiment_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment_id", b"experiment_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetModelDefinitionRequest: _TypeAlias = GetModelDefinitionRequest  # noqa: Y015
+
+@_typing.final
+class GetModelDefinitionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_DEFINITION_FIELD_NUMBER: _builtins.int
+    model_definition: _builtins.bytes
+    """a tar.gz archive (unpack with assay.common.archive)"""
+    def __init__(
+        self,
+        *,
+        model_definition: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model_definition", b"model_definition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetModelDefinitionResponse: _TypeAlias = GetModelDefinitionResponse  # noqa: Y015
+
+@_typing.final
 class GetExperimentResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

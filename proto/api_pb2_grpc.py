@@ -75,6 +75,11 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsResponse.FromString,
                 _registered_method=True)
+        self.GetModelDefinition = channel.unary_unary(
+                '/assay.v1.Api/GetModelDefinition',
+                request_serializer=assay_dot_proto_dot_api__pb2.GetModelDefinitionRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.GetModelDefinitionResponse.FromString,
+                _registered_method=True)
         self.GetTrial = channel.unary_unary(
                 '/assay.v1.Api/GetTrial',
                 request_serializer=assay_dot_proto_dot_api__pb2.GetTrialRequest.SerializeToString,
@@ -223,6 +228,13 @@ class ApiServicer:
 
     def GetExperimentMetrics(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetModelDefinition(self, request, context):
+        """The experiment's model definition as it was uploaded (a tar.gz archive).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -396,6 +408,11 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.GetExperimentMetrics,
                     request_deserializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsResponse.SerializeToString,
+            ),
+            'GetModelDefinition': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetModelDefinition,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.GetModelDefinitionRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.GetModelDefinitionResponse.SerializeToString,
             ),
             'GetTrial': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTrial,
@@ -709,6 +726,33 @@ class Api:
             '/assay.v1.Api/GetExperimentMetrics',
             assay_dot_proto_dot_api__pb2.GetExperimentMetricsRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.GetExperimentMetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetModelDefinition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/GetModelDefinition',
+            assay_dot_proto_dot_api__pb2.GetModelDefinitionRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.GetModelDefinitionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,8 @@ class ApiStub:
     stored config is patched and the next scheduling round uses the new value.
     """
     GetExperimentMetrics: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetExperimentMetricsRequest, _api_pb2.GetExperimentMetricsResponse]
+    GetModelDefinition: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetModelDefinitionRequest, _api_pb2.GetModelDefinitionResponse]
+    """The experiment's model definition as it was uploaded (a tar.gz archive)."""
     GetTrial: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetTrialRequest, _common_pb2.Trial]
     GetTrialMetrics: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetTrialMetricsRequest, _api_pb2.GetTrialMetricsResponse]
     StreamTrialLogs: _grpc.UnaryStreamMultiCallable[_api_pb2.StreamTrialLogsRequest, _common_pb2.LogLine]
@@ -99,6 +101,8 @@ class ApiAsyncStub(ApiStub):
     stored config is patched and the next scheduling round uses the new value.
     """
     GetExperimentMetrics: _aio.UnaryUnaryMultiCallable[_api_pb2.GetExperimentMetricsRequest, _api_pb2.GetExperimentMetricsResponse]  # type: ignore[assignment]
+    GetModelDefinition: _aio.UnaryUnaryMultiCallable[_api_pb2.GetModelDefinitionRequest, _api_pb2.GetModelDefinitionResponse]  # type: ignore[assignment]
+    """The experiment's model definition as it was uploaded (a tar.gz archive)."""
     GetTrial: _aio.UnaryUnaryMultiCallable[_api_pb2.GetTrialRequest, _common_pb2.Trial]  # type: ignore[assignment]
     GetTrialMetrics: _aio.UnaryUnaryMultiCallable[_api_pb2.GetTrialMetricsRequest, _api_pb2.GetTrialMetricsResponse]  # type: ignore[assignment]
     StreamTrialLogs: _aio.UnaryStreamMultiCallable[_api_pb2.StreamTrialLogsRequest, _common_pb2.LogLine]  # type: ignore[assignment]
@@ -197,6 +201,14 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.GetExperimentMetricsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.GetExperimentMetricsResponse, _abc.Awaitable[_api_pb2.GetExperimentMetricsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetModelDefinition(
+        self,
+        request: _api_pb2.GetModelDefinitionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.GetModelDefinitionResponse, _abc.Awaitable[_api_pb2.GetModelDefinitionResponse]]:
+        """The experiment's model definition as it was uploaded (a tar.gz archive)."""
 
     @_abc_1.abstractmethod
     def GetTrial(

@@ -19,6 +19,7 @@ from assay.master.store._records import (
     TrialRecord,
     UserRecord,
 )
+from assay.master.store._registry import ModelRecord, ModelVersionRecord
 from assay.master.store._store import Store
 from assay.master.store._usage import GROUP_BY, PoolUsage, UsagePart, UsageRow, pool_usage
 
@@ -33,6 +34,8 @@ __all__ = [
     "LogLine",
     "MetricReport",
     "MetricsReported",
+    "ModelRecord",
+    "ModelVersionRecord",
     "Page",
     "PoolUsage",
     "Store",

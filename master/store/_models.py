@@ -257,6 +257,51 @@ class TaskLog(Base):
     message: Mapped[str] = mapped_column(Text)
 
 
+class RegisteredModel(Base):
+    """A model of the registry: a name people share, and its numbered versions.
+
+    `last_version` is the highest version number ever given, so numbers are never reused
+    after a version is deleted.
+    """
+
+    __tablename__ = "models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    labels: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    last_version: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), default=_now, onupdate=_now
+    )
+
+
+class ModelVersion(Base):
+    """One version of a registered model: a checkpoint, pinned against deletion.
+
+    The foreign key to the checkpoint has no ON DELETE: the database itself refuses to
+    drop a checkpoint row a version still names.
+    """
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    checkpoint_uuid: Mapped[str] = mapped_column(ForeignKey("checkpoints.uuid"), index=True)
+    notes: Mapped[str] = mapped_column(Text, default="")
+    labels: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), default=_now, onupdate=_now
+    )
+
+
 __all__ = [
     "Agent",
     "Allocation",
@@ -267,6 +312,8 @@ __all__ = [
     "LoginSession",
     "Metric",
     "MetricRollup",
+    "ModelVersion",
+    "RegisteredModel",
     "SchemaInfo",
     "SlotUsage",
     "TaskLog",

@@ -11,7 +11,8 @@ queries per aggregate:
 - `CheckpointQueries` (_checkpoints.py): checkpoints;
 - `AgentQueries` (_agents.py): agents and allocations;
 - `LogQueries` (_logs.py): trial logs;
-- `UsageQueries` (_usage.py): slot usage by user, experiment, pool, agent or day.
+- `UsageQueries` (_usage.py): slot usage by user, experiment, pool, agent or day;
+- `RegistryQueries` (_registry.py): registered models and their versions.
 
 Each write method says how it behaves when retried: the master retries through
 outages, so writes are idempotent where a retry is possible.
@@ -34,6 +35,7 @@ from assay.master.store._logs import LogQueries
 from assay.master.store._metrics import MetricQueries
 from assay.master.store._migrate import migrate
 from assay.master.store._models import SchemaInfo
+from assay.master.store._registry import RegistryQueries
 from assay.master.store._usage import UsageQueries
 from assay.master.store._users import UserQueries
 
@@ -46,6 +48,7 @@ class Store(
     AgentQueries,
     LogQueries,
     UsageQueries,
+    RegistryQueries,
 ):
     """The experiment store on one database (SQLite or PostgreSQL)."""
 

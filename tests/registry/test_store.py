@@ -1,0 +1,145 @@
+"""The registry in the store: models, versions, their numbers, pins and bad input."""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+
+import pytest
+from sqlalchemy import delete
+from sqlalchemy.exc import IntegrityError
+
+from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError
+from assay.master.store import CheckpointRecord, Store
+from assay.master.store._models import Checkpoint
+from tests.store import _seed as seed
+
+
+def _checkpoint(store: Store, trial_id: int, run_id: int, batches: int = 10) -> str:
+    uuid = str(uuidlib.uuid4())
+    store.add_checkpoint(
+        CheckpointRecord(
+            uuid=uuid,
+            trial_id=trial_id,
+            run_id=run_id,
+            total_batches=batches,
+            state="COMPLETED",
+            location=f"/ckpt/{uuid}",
+            files={"model.pt": 10},
+        )
+    )
+    return uuid
+
+
+def test_a_model_is_created_listed_patched_and_archived(store: Store) -> None:
+    alice = store.user_id("alice")
+    made = store.create_model(
+        "resnet", owner_id=alice, description="d", labels=["a", " b", "a"], metadata={"k": 1}
+    )
+    assert (made.name, made.owner, made.labels, made.metadata) == (
+        "resnet",
+        "alice",
+        ("a", "b"),
+        {"k": 1},
+    )
+    assert (made.num_versions, made.latest_version, made.archived) == (0, 0, False)
+    store.create_model("bert", owner_id=alice, labels=["nlp"])
+
+    assert [m.name for m in store.list_models()] == ["bert", "resnet"]
+    assert [m.name for m in store.list_models(name="RES")] == ["resnet"]
+    assert [m.name for m in store.list_models(label="nlp")] == ["bert"]
+
+    patched = store.patch_model("resnet", metadata={"k": None, "j": "x"}, labels=["c"])
+    assert (patched.metadata, patched.labels, patched.description) == ({"j": "x"}, ("c",), "d")
+    store.patch_model("resnet", archived=True)
+    assert [m.name for m in store.list_models(archived=False)] == ["bert"]
+    assert [m.name for m in store.list_models(archived=True)] == ["resnet"]
+
+
+def test_versions_count_up_and_numbers_are_not_reused(store: Store) -> None:
+    _, trial_id, run_id = seed.trial_with_run(store)
+    first, second = (
+        _checkpoint(store, trial_id, run_id, 10),
+        _checkpoint(store, trial_id, run_id, 20),
+    )
+    bob = store.user_id("bob")
+    store.create_model("m", owner_id=store.user_id("alice"))
+
+    v1 = store.register_version("m", first, user_id=bob, notes="n", labels=["prod"])
+    v2 = store.register_version("m", second, user_id=bob, metadata={"acc": 0.9})
+    assert (v1.version, v1.user, v1.notes, v1.labels, v1.checkpoint_uuid) == (
+        1,
+        "bob",
+        "n",
+        ("prod",),
+        first,
+    )
+    assert (v2.version, v2.metadata) == (2, {"acc": 0.9})
+    assert store.get_version("m", 0).version == 2  # 0: the latest
+    assert store.get_model("m").num_versions == 2
+
+    assert store.checkpoint_references([first, second, "x"]) == {
+        first: [("m", 1)],
+        second: [("m", 2)],
+    }
+    store.delete_version("m", 2)
+    assert store.register_version("m", second, user_id=bob).version == 3
+    assert [v.version for v in store.list_versions("m")] == [1, 3]
+    assert store.patch_version("m", 3, notes="better").notes == "better"
+
+
+def test_bad_input_is_refused_and_nothing_changes(store: Store) -> None:
+    _, trial_id, run_id = seed.trial_with_run(store)
+    ckpt = _checkpoint(store, trial_id, run_id)
+    alice = store.user_id("alice")
+    store.create_model("m", owner_id=alice, labels=["keep"])
+
+    with pytest.raises(ConflictError, match="a model named 'm' exists already"):
+        store.create_model("m", owner_id=alice)
+    for name in ("", "a/b", "-x", "x" * 129, "a b"):
+        with pytest.raises(InvalidArgumentError, match="model name .* is not allowed"):
+            store.create_model(name, owner_id=alice)
+    with pytest.raises(InvalidArgumentError, match="label"):
+        store.patch_model("m", labels=["ok", ""])
+    with pytest.raises(InvalidArgumentError, match="KiB"):
+        store.patch_model("m", metadata={"big": "x" * 70_000})
+    with pytest.raises(NotFoundError, match="model 'nope' does not exist"):
+        store.register_version("nope", ckpt, user_id=alice)
+    with pytest.raises(NotFoundError, match="checkpoint 0000 does not exist"):
+        store.register_version("m", "0000", user_id=alice)
+    with pytest.raises(NotFoundError, match="has no version 7"):
+        store.get_version("m", 7)
+    assert store.get_model("m").labels == ("keep",)
+    assert store.list_versions("m") == []
+
+    store.set_checkpoint_state(ckpt, "DELETED")
+    with pytest.raises(ConflictError, match="was deleted"):
+        store.register_version("m", ckpt, user_id=alice)
+    store.set_checkpoint_state(ckpt, "COMPLETED")
+    store.patch_model("m", archived=True)
+    with pytest.raises(ConflictError, match="archived"):
+        store.register_version("m", ckpt, user_id=alice)
+
+
+def test_a_model_with_versions_is_deleted_only_with_force(store: Store) -> None:
+    _, trial_id, run_id = seed.trial_with_run(store)
+    ckpt = _checkpoint(store, trial_id, run_id)
+    store.create_model("m", owner_id=store.user_id("alice"))
+    store.register_version("m", ckpt, user_id=store.user_id("alice"))
+
+    with pytest.raises(ConflictError, match="has 1 version: delete them first"):
+        store.delete_model("m")
+    assert store.get_model("m").num_versions == 1
+    assert store.delete_model("m", force=True) == 1
+    with pytest.raises(NotFoundError):
+        store.get_model("m")
+    assert store.checkpoint_references([ckpt]) == {}
+
+
+def test_the_database_keeps_a_registered_checkpoint_row(store: Store) -> None:
+    _, trial_id, run_id = seed.trial_with_run(store)
+    ckpt = _checkpoint(store, trial_id, run_id)
+    store.create_model("m", owner_id=store.user_id("alice"))
+    store.register_version("m", ckpt, user_id=store.user_id("alice"))
+    with pytest.raises(IntegrityError), store.write() as s:
+        s.execute(delete(Checkpoint).where(Checkpoint.uuid == ckpt))
+    assert store.get_checkpoint(ckpt).uuid == ckpt

@@ -54,6 +54,35 @@ class MasterError(AssayError):
     code: str | None = None
 
 
+class NotFoundError(MasterError):
+    """The experiment, trial, checkpoint or other record named does not exist."""
+
+
+class AuthenticationError(MasterError):
+    """No valid session: a wrong password, or a token that expired or was revoked."""
+
+
+class ForbiddenError(MasterError):
+    """The user may not do this (another user's experiment, an administrator's action)."""
+
+
+class InvalidRequestError(MasterError):
+    """The request itself is wrong: an invalid config, a bad value, an action that does
+    not fit the record's state; the message says what to change."""
+
+
+# The typed error each gRPC status becomes (any other: MasterError).
+_ERRORS: dict[str, type[MasterError]] = {
+    "NOT_FOUND": NotFoundError,
+    "UNAUTHENTICATED": AuthenticationError,
+    "PERMISSION_DENIED": ForbiddenError,
+    "INVALID_ARGUMENT": InvalidRequestError,
+    "FAILED_PRECONDITION": InvalidRequestError,
+    "ALREADY_EXISTS": InvalidRequestError,
+    "OUT_OF_RANGE": InvalidRequestError,
+}
+
+
 class Client:
     """A lazily opened channel to `address` (HOST:PORT; HOST alone: port 8090)."""
 
@@ -116,7 +145,7 @@ class Client:
             waited = f" within {timeout:g} s" if timeout else ""
             return MasterError(f"the master at {self.address} did not answer{waited}")
         if name in _USER_CODES and details:
-            return MasterError(details)
+            return _ERRORS.get(name, MasterError)(details)
         return MasterError(
             f"the master at {self.address} failed the request ({name})"
             + (f": {details}" if details else "")
@@ -139,6 +168,11 @@ class Client:
             else:
                 self._session_token = ""
         return self._session_token
+
+    def use_token(self, token: str) -> None:
+        """Send `token` (a session token from `assay user login` or the web UI) with
+        every call, instead of a stored or ASSAY_USER session; nothing is saved."""
+        self._session_token = token
 
     def _login_from_env(self) -> str:
         found = _credentials.env_credentials()

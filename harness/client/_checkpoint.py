@@ -1,0 +1,143 @@
+"""`Checkpoint`: a stored checkpoint, to download or to load back into its Trial."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from assay.cli import _format as fmt
+from assay.errors import AssayError
+
+if TYPE_CHECKING:
+    from assay._trial import Trial as UserTrial
+    from assay.cli._client import Client
+    from assay.proto import common_pb2
+
+# (master address, experiment id) -> where its model definition was unpacked, once per
+# process: importing a Trial may import more of its files later, so they stay.
+_MODEL_DIRS: dict[tuple[str, int], Path] = {}
+
+
+class Checkpoint:
+    """A checkpoint as the master recorded it."""
+
+    def __init__(self, api: Client, record: common_pb2.Checkpoint) -> None:
+        self._api = api
+        self._record = record
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(uuid={self.uuid!r}, trial_id={self.trial_id})"
+
+    @property
+    def uuid(self) -> str:
+        return str(self._record.uuid)
+
+    @property
+    def trial_id(self) -> int:
+        return int(self._record.trial_id)
+
+    @property
+    def experiment_id(self) -> int:
+        return int(self._record.experiment_id)
+
+    @property
+    def total_batches(self) -> int:
+        """How many batches its trial had trained when it was taken."""
+        return int(self._record.total_batches)
+
+    @property
+    def state(self) -> str:
+        """COMPLETED, or DELETED once removed from storage."""
+        return fmt.checkpoint_state(self._record.state)
+
+    @property
+    def location(self) -> str:
+        """A directory (shared_fs) or s3://bucket/prefix."""
+        return str(self._record.location)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """What a Core API script stored with it (`metadata=`); empty for a Trial's."""
+        return fmt.struct(self._record.user_metadata)
+
+    @property
+    def validation_metrics(self) -> dict[str, float]:
+        """The validation metrics reported at its batch count (empty if none were)."""
+        return dict(self._record.validation_metrics)
+
+    def download(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Copy its files into `path` (new or empty; default ./checkpoints/UUID),
+        verifying each file's size and sha256, and return the directory."""
+        from assay.cli._checkpoint import download
+
+        target = Path(path) if path is not None else Path("checkpoints") / self.uuid
+        download(self._api, self.uuid, target)
+        return target
+
+    def load(self, trial_class: type[UserTrial] | None = None, **trial_kwargs: Any) -> UserTrial:
+        """Its Trial, built on the CPU with the checkpoint's hyperparameters, every
+        wrapped model's weights loaded, in eval mode: `trial.model(x)` predicts.
+
+        `trial_class` None: the class the experiment's `entrypoint` names, imported from
+        the model definition the experiment was created with. `trial_kwargs` go to the
+        Trial's constructor after the context. A shared_fs checkpoint is read where it is
+        mounted, if it is; otherwise it is downloaded to a temporary directory first."""
+        from assay._checkpoint import verify_checkpoint
+        from assay.pytorch import load_trial_from_checkpoint_path
+
+        if trial_class is None:
+            trial_class = self._trial_class()
+        path, recorded = self._local_copy()
+        verify_checkpoint(path, recorded)
+        return load_trial_from_checkpoint_path(path, trial_class, trial_kwargs or None)
+
+    def _local_copy(self) -> tuple[Path, dict[str, str] | None]:
+        sha = {f.name: f.sha256 for f in self._record.files}
+        recorded = sha if sha and all(sha.values()) else None
+        location = self.location
+        if location and "://" not in location and Path(location).is_dir():
+            return Path(location), recorded
+        target = Path(tempfile.mkdtemp(prefix=f"assay-{self.uuid[:8]}-")) / "checkpoint"
+        return self.download(target), recorded
+
+    def _trial_class(self) -> type[UserTrial]:
+        from assay._loader import load_trial_class
+        from assay.common.archive import unpack_model_dir
+
+        experiment = self._api.get_experiment(self.experiment_id).experiment
+        entrypoint = fmt.struct(experiment.config).get("entrypoint")
+        if not isinstance(entrypoint, str) or ":" not in entrypoint or " " in entrypoint:
+            raise AssayError(
+                f"experiment {self.experiment_id}'s entrypoint {entrypoint!r} is a command, "
+                "not a Trial class: load the files with Checkpoint.download() instead"
+            )
+        key = (self._api.address, self.experiment_id)
+        model_dir = _MODEL_DIRS.get(key)
+        if model_dir is None:
+            model_dir = Path(tempfile.mkdtemp(prefix=f"assay-exp{self.experiment_id}-")) / "model"
+            unpack_model_dir(self._api.get_model_definition(self.experiment_id), model_dir)
+            _MODEL_DIRS[key] = model_dir
+        return load_trial_class(model_dir, entrypoint)
+
+
+def best_checkpoints(
+    found: Sequence[Checkpoint], n: int, metric: str, smaller: bool, owner: str
+) -> list[Checkpoint]:
+    """The `n` of `found` with the best `metric`, best first (ties: fewer batches first)."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    scored = [c for c in found if metric in c.validation_metrics]
+    if not scored:
+        raise AssayError(
+            f"no checkpoint of {owner} has a validation {metric}"
+            + ("" if found else " (it has no checkpoints)")
+        )
+
+    def key(c: Checkpoint) -> tuple[float, int]:
+        value = c.validation_metrics[metric]
+        return (value if smaller else -value, c.total_batches)
+
+    return sorted(scored, key=key)[:n]

@@ -44,6 +44,9 @@ def banner(config: ExperimentConfig, device: str | None = None) -> str:
     what = f"{length.value} {length.unit.value}" if length is not None else "no max_length"
     device = device or guess_device()
     hparams = _format(local_hparams(config))
+    precision = config.optimizations.mixed_precision
+    if precision != "off":  # auto is resolved (and logged) once torch sees the device
+        what += f", mixed_precision {precision}"
     return (
         f"run-local {config.name}: {slots} slot{'s' if slots != 1 else ''} on {device}, "
         f"{what}; {hparams or 'no hyperparameters'}"

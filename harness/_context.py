@@ -12,6 +12,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch import nn
 
+from assay._activation_checkpointing import apply_activation_checkpointing
 from assay._distributed import DistributedContext
 from assay._precision import PrecisionPlugin, UserScaler
 from assay._trial import CallableReducer, MetricReducer
@@ -251,6 +252,7 @@ class TrialContext:
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Move `model` to the slot's device; wrap it in DDP when the trial has several slots."""
         model = model.to(self.device)
+        apply_activation_checkpointing(model, self._config.optimizations.activation_checkpointing)
         if self.distributed.is_distributed:
             from torch.nn.parallel import DistributedDataParallel
 

@@ -8,6 +8,7 @@ before clipping, steps skipped on inf/NaN); bf16 has fp32's range and needs none
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from assay.config import Precision
 
 _NO_AUTOCAST = contextlib.nullcontext()
+log = logging.getLogger("assay")
 
 
 class PrecisionPlugin:
@@ -126,7 +128,23 @@ class UserScaler:
         self._unscaled.clear()
 
 
+def resolve_precision(name: Precision, device: torch.device) -> Precision:
+    """What `mixed_precision: auto` means on `device`: bf16 where the device computes in
+    bfloat16 natively (CUDA with `torch.cuda.is_bf16_supported()`), else fp16 with the
+    loss scaler on CUDA, else off (on CPU, autocast is slower than fp32). Other names stand."""
+    if name != "auto":
+        return name
+    if device.type != "cuda":
+        return "off"
+    with torch.cuda.device(device):
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
 def make_precision(name: Precision, device: torch.device) -> PrecisionPlugin:
+    """The plugin for `name` on `device`; `auto` is resolved here and the choice logged."""
+    if name == "auto":
+        name = resolve_precision(name, device)
+        log.info("mixed_precision auto: %s on %s", name, device)
     plugins: dict[str, type[PrecisionPlugin]] = {
         "off": PrecisionPlugin,
         "bf16": BF16Precision,

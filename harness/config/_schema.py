@@ -19,7 +19,7 @@ from assay.config._reader import REQUIRED, Section, type_name
 from assay.config._search import SearcherConfig, searcher_problems
 from assay.errors import InvalidConfigError
 
-Precision = Literal["off", "fp16", "bf16"]
+Precision = Literal["off", "fp16", "bf16", "auto"]
 # `bayesian` is an alias: random search with the tpe sampler; `async_halving` is
 # Determined's name of ASHA.
 SEARCHER_NAMES = ("single", "grid", "random", "asha", "adaptive_asha", "bayesian", "async_halving")
@@ -94,6 +94,8 @@ class ResourcesConfig:
 class OptimizationsConfig:
     aggregation_frequency: int = 1
     mixed_precision: Precision = "off"
+    # Module class names whose instances recompute their activations in backward.
+    activation_checkpointing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -569,9 +571,23 @@ def _parse_optimizations(s: Section, warnings: list[str]) -> OptimizationsConfig
         )
         precision = "off"
     else:
-        precision = s.get_choice("mixed_precision", ("off", "fp16", "bf16"), "off")
+        precision = s.get_choice("mixed_precision", ("off", "fp16", "bf16", "auto"), "off")
+    checkpointed = _activation_checkpointing(s)
     s.finish()
-    return OptimizationsConfig(aggregation_frequency=freq, mixed_precision=precision)  # type: ignore[arg-type]
+    return OptimizationsConfig(
+        aggregation_frequency=freq,
+        mixed_precision=precision,  # type: ignore[arg-type]
+        activation_checkpointing=checkpointed,
+    )
+
+
+def _activation_checkpointing(s: Section) -> tuple[str, ...]:
+    """`activation_checkpointing: [TransformerBlock, ...]`: module class names."""
+    names = s.get_str_list("activation_checkpointing")
+    for name in names:
+        if not name.isidentifier():
+            s.error("activation_checkpointing", f"{name!r} is not a Python class name")
+    return tuple(names)
 
 
 _SHARED_FS_KEYS = ("host_path", "storage_path")

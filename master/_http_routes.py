@@ -224,4 +224,78 @@ ROUTES: tuple[Route, ...] = (
         "Slot-hours used in [since, until) by user, experiment, pool, agent or day; a user "
         "sees only their own usage, an admin everyone's and each pool's idle share",
     ),
+    Route(
+        "GET",
+        "/models",
+        "ListModels",
+        "Registered models by name, filtered by a part of the name, a label or archived",
+    ),
+    Route(
+        "POST",
+        "/models",
+        "CreateModel",
+        'Create a model: a JSON body {"name", "description", "labels", "metadata"}',
+        body=True,
+    ),
+    Route("GET", "/models/{name}", "GetModel", "A registered model"),
+    Route(
+        "POST",
+        "/models/{name}/set",
+        "PatchModel",
+        'Change a model\'s description, labels (replaced: {"labels": {"labels": [...]}}) or '
+        "metadata (keys merged, null removes one); its owner or an admin",
+        body=True,
+    ),
+    Route(
+        "POST",
+        "/models/{name}/archive",
+        "ArchiveModel",
+        "Archive a model: listed apart, no new versions (its owner or an admin)",
+    ),
+    Route(
+        "POST",
+        "/models/{name}/unarchive",
+        "UnarchiveModel",
+        "Unarchive a model (its owner or an admin)",
+    ),
+    Route(
+        "POST",
+        "/models/{name}/delete",
+        "DeleteModel",
+        "Delete a model; one with versions only with force=true, which deletes them too "
+        "(its owner or an admin)",
+    ),
+    Route(
+        "GET",
+        "/models/{name}/versions",
+        "ListModelVersions",
+        "A model's versions, each with its checkpoint (experiment, trial, metrics)",
+    ),
+    Route(
+        "POST",
+        "/models/{name}/versions",
+        "RegisterModelVersion",
+        'Register a checkpoint as the model\'s next version: a JSON body {"checkpoint_uuid", '
+        '"notes", "labels", "metadata"}; the checkpoint is then kept from deletion',
+        body=True,
+    ),
+    Route(
+        "GET",
+        "/models/{name}/versions/{version}",
+        "GetModelVersion",
+        "One version of a model (0: the latest)",
+    ),
+    Route(
+        "POST",
+        "/models/{name}/versions/{version}/set",
+        "PatchModelVersion",
+        "Change a version's notes, labels or metadata (the model's owner or an admin)",
+        body=True,
+    ),
+    Route(
+        "POST",
+        "/models/{name}/versions/{version}/delete",
+        "DeleteModelVersion",
+        "Delete a version; its checkpoint is no longer kept for it (model owner or admin)",
+    ),
 )

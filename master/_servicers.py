@@ -16,7 +16,7 @@ import grpc
 from assay import __version__
 from assay.common.archive import MAX_MODEL_DEF_BYTES
 from assay.master import _agent_wire as wire
-from assay.master import _checkpoints, _convert, _usage
+from assay.master import _checkpoints, _convert, _registry, _usage
 from assay.master._auth import Principal
 from assay.master._core import Master
 from assay.master._guard import Guard, bearer, caller, metadata_dict
@@ -551,6 +551,134 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self.master.set_agent_enabled(request.id, request.enabled, drain=request.drain)
         [agent] = [a for a in self.master.cluster_view().agents if a.id == request.id]
         return wire.agent_message(agent)
+
+    # --- the model registry (who may do what: _registry.py) -------------------------------
+
+    @maps_errors
+    def CreateModel(  # noqa: N802
+        self, request: api_pb2.CreateModelRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Model:
+        who = self._who(context)
+        record = self.store.create_model(
+            request.name,
+            owner_id=who.user_id,
+            description=request.description,
+            labels=list(request.labels),
+            metadata=_registry.metadata(request.metadata),
+        )
+        return _registry.model_message(record)
+
+    @maps_errors
+    def GetModel(  # noqa: N802
+        self, request: api_pb2.GetModelRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Model:
+        return _registry.model_message(self.store.get_model(request.name))
+
+    @maps_errors
+    def ListModels(  # noqa: N802
+        self, request: api_pb2.ListModelsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListModelsResponse:
+        found = self.store.list_models(
+            name=request.name or None,
+            label=request.label or None,
+            archived=request.archived if request.HasField("archived") else None,
+        )
+        return api_pb2.ListModelsResponse(models=[_registry.model_message(m) for m in found])
+
+    @maps_errors
+    def PatchModel(  # noqa: N802
+        self, request: api_pb2.PatchModelRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Model:
+        _registry.may_edit_model(self.store, self._who(context), request.name, "change")
+        record = self.store.patch_model(
+            request.name,
+            description=request.description if request.HasField("description") else None,
+            labels=list(request.labels.labels) if request.HasField("labels") else None,
+            metadata=(
+                _registry.metadata(request.metadata) if request.HasField("metadata") else None
+            ),
+        )
+        return _registry.model_message(record)
+
+    @maps_errors
+    def ArchiveModel(  # noqa: N802
+        self, request: api_pb2.ArchiveModelRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Model:
+        _registry.may_edit_model(self.store, self._who(context), request.name, "archive")
+        return _registry.model_message(self.store.patch_model(request.name, archived=True))
+
+    @maps_errors
+    def UnarchiveModel(  # noqa: N802
+        self, request: api_pb2.UnarchiveModelRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Model:
+        _registry.may_edit_model(self.store, self._who(context), request.name, "unarchive")
+        return _registry.model_message(self.store.patch_model(request.name, archived=False))
+
+    @maps_errors
+    def DeleteModel(  # noqa: N802
+        self, request: api_pb2.DeleteModelRequest, context: grpc.ServicerContext
+    ) -> api_pb2.DeleteModelResponse:
+        _registry.may_edit_model(self.store, self._who(context), request.name, "delete")
+        deleted = self.store.delete_model(request.name, force=request.force)
+        return api_pb2.DeleteModelResponse(versions_deleted=deleted)
+
+    @maps_errors
+    def RegisterModelVersion(  # noqa: N802
+        self, request: api_pb2.RegisterModelVersionRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ModelVersion:
+        who = self._who(context)
+        self.store.get_model(request.name)  # an unknown model is named before the checkpoint
+        uuid = _registry.checkpoint_uuid(request.checkpoint_uuid)
+        _registry.may_read_checkpoint(self.store, who, uuid)
+        record = self.store.register_version(
+            request.name,
+            uuid,
+            user_id=who.user_id,
+            notes=request.notes,
+            labels=list(request.labels),
+            metadata=_registry.metadata(request.metadata),
+        )
+        return _registry.version_message(self.store, record)
+
+    @maps_errors
+    def ListModelVersions(  # noqa: N802
+        self, request: api_pb2.ListModelVersionsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListModelVersionsResponse:
+        versions = self.store.list_versions(request.name)
+        return api_pb2.ListModelVersionsResponse(
+            versions=[_registry.version_message(self.store, v) for v in versions]
+        )
+
+    @maps_errors
+    def GetModelVersion(  # noqa: N802
+        self, request: api_pb2.GetModelVersionRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ModelVersion:
+        record = self.store.get_version(request.name, request.version)
+        return _registry.version_message(self.store, record)
+
+    @maps_errors
+    def PatchModelVersion(  # noqa: N802
+        self, request: api_pb2.PatchModelVersionRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ModelVersion:
+        _registry.may_edit_model(self.store, self._who(context), request.name, "change versions of")
+        record = self.store.patch_version(
+            request.name,
+            request.version,
+            notes=request.notes if request.HasField("notes") else None,
+            labels=list(request.labels.labels) if request.HasField("labels") else None,
+            metadata=(
+                _registry.metadata(request.metadata) if request.HasField("metadata") else None
+            ),
+        )
+        return _registry.version_message(self.store, record)
+
+    @maps_errors
+    def DeleteModelVersion(  # noqa: N802
+        self, request: api_pb2.DeleteModelVersionRequest, context: grpc.ServicerContext
+    ) -> api_pb2.DeleteModelVersionResponse:
+        _registry.may_edit_model(self.store, self._who(context), request.name, "delete versions of")
+        self.store.delete_version(request.name, request.version)
+        return api_pb2.DeleteModelVersionResponse()
 
 
 def _user_message(user: UserRecord) -> api_pb2.User:

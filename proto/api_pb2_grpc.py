@@ -175,6 +175,66 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsResponse.FromString,
                 _registered_method=True)
+        self.CreateModel = channel.unary_unary(
+                '/assay.v1.Api/CreateModel',
+                request_serializer=assay_dot_proto_dot_api__pb2.CreateModelRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Model.FromString,
+                _registered_method=True)
+        self.GetModel = channel.unary_unary(
+                '/assay.v1.Api/GetModel',
+                request_serializer=assay_dot_proto_dot_api__pb2.GetModelRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Model.FromString,
+                _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/assay.v1.Api/ListModels',
+                request_serializer=assay_dot_proto_dot_api__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
+        self.PatchModel = channel.unary_unary(
+                '/assay.v1.Api/PatchModel',
+                request_serializer=assay_dot_proto_dot_api__pb2.PatchModelRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Model.FromString,
+                _registered_method=True)
+        self.ArchiveModel = channel.unary_unary(
+                '/assay.v1.Api/ArchiveModel',
+                request_serializer=assay_dot_proto_dot_api__pb2.ArchiveModelRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Model.FromString,
+                _registered_method=True)
+        self.UnarchiveModel = channel.unary_unary(
+                '/assay.v1.Api/UnarchiveModel',
+                request_serializer=assay_dot_proto_dot_api__pb2.UnarchiveModelRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Model.FromString,
+                _registered_method=True)
+        self.DeleteModel = channel.unary_unary(
+                '/assay.v1.Api/DeleteModel',
+                request_serializer=assay_dot_proto_dot_api__pb2.DeleteModelRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.DeleteModelResponse.FromString,
+                _registered_method=True)
+        self.RegisterModelVersion = channel.unary_unary(
+                '/assay.v1.Api/RegisterModelVersion',
+                request_serializer=assay_dot_proto_dot_api__pb2.RegisterModelVersionRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ModelVersion.FromString,
+                _registered_method=True)
+        self.ListModelVersions = channel.unary_unary(
+                '/assay.v1.Api/ListModelVersions',
+                request_serializer=assay_dot_proto_dot_api__pb2.ListModelVersionsRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ListModelVersionsResponse.FromString,
+                _registered_method=True)
+        self.GetModelVersion = channel.unary_unary(
+                '/assay.v1.Api/GetModelVersion',
+                request_serializer=assay_dot_proto_dot_api__pb2.GetModelVersionRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ModelVersion.FromString,
+                _registered_method=True)
+        self.PatchModelVersion = channel.unary_unary(
+                '/assay.v1.Api/PatchModelVersion',
+                request_serializer=assay_dot_proto_dot_api__pb2.PatchModelVersionRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ModelVersion.FromString,
+                _registered_method=True)
+        self.DeleteModelVersion = channel.unary_unary(
+                '/assay.v1.Api/DeleteModelVersion',
+                request_serializer=assay_dot_proto_dot_api__pb2.DeleteModelVersionRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.DeleteModelVersionResponse.FromString,
+                _registered_method=True)
 
 
 class ApiServicer:
@@ -366,6 +426,83 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateModel(self, request, context):
+        """The model registry. Any user reads it; a model is edited, archived and deleted by its
+        owner or an admin; a version is registered by anyone who may read the checkpoint's
+        experiment. A version pins its checkpoint: GC keeps it, deleting it is refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModels(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PatchModel(self, request, context):
+        """Description and labels are replaced when given; metadata keys are merged (null removes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ArchiveModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnarchiveModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteModel(self, request, context):
+        """FAILED_PRECONDITION for a model with versions, unless `force` (they go with it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterModelVersion(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModelVersions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetModelVersion(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PatchModelVersion(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteModelVersion(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ApiServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -508,6 +645,66 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.ListResourcePools,
                     request_deserializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsResponse.SerializeToString,
+            ),
+            'CreateModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateModel,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.CreateModelRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Model.SerializeToString,
+            ),
+            'GetModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetModel,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.GetModelRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Model.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ListModelsRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'PatchModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.PatchModel,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.PatchModelRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Model.SerializeToString,
+            ),
+            'ArchiveModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.ArchiveModel,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ArchiveModelRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Model.SerializeToString,
+            ),
+            'UnarchiveModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnarchiveModel,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.UnarchiveModelRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Model.SerializeToString,
+            ),
+            'DeleteModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteModel,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.DeleteModelRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.DeleteModelResponse.SerializeToString,
+            ),
+            'RegisterModelVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterModelVersion,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.RegisterModelVersionRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ModelVersion.SerializeToString,
+            ),
+            'ListModelVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModelVersions,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ListModelVersionsRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ListModelVersionsResponse.SerializeToString,
+            ),
+            'GetModelVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetModelVersion,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.GetModelVersionRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ModelVersion.SerializeToString,
+            ),
+            'PatchModelVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.PatchModelVersion,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.PatchModelVersionRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ModelVersion.SerializeToString,
+            ),
+            'DeleteModelVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteModelVersion,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.DeleteModelVersionRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.DeleteModelVersionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1266,6 +1463,330 @@ class Api:
             '/assay.v1.Api/ListResourcePools',
             assay_dot_proto_dot_api__pb2.ListResourcePoolsRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.ListResourcePoolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/CreateModel',
+            assay_dot_proto_dot_api__pb2.CreateModelRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Model.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/GetModel',
+            assay_dot_proto_dot_api__pb2.GetModelRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Model.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ListModels',
+            assay_dot_proto_dot_api__pb2.ListModelsRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PatchModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/PatchModel',
+            assay_dot_proto_dot_api__pb2.PatchModelRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Model.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ArchiveModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ArchiveModel',
+            assay_dot_proto_dot_api__pb2.ArchiveModelRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Model.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnarchiveModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/UnarchiveModel',
+            assay_dot_proto_dot_api__pb2.UnarchiveModelRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Model.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/DeleteModel',
+            assay_dot_proto_dot_api__pb2.DeleteModelRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.DeleteModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterModelVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/RegisterModelVersion',
+            assay_dot_proto_dot_api__pb2.RegisterModelVersionRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ModelVersion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModelVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ListModelVersions',
+            assay_dot_proto_dot_api__pb2.ListModelVersionsRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ListModelVersionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetModelVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/GetModelVersion',
+            assay_dot_proto_dot_api__pb2.GetModelVersionRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ModelVersion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PatchModelVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/PatchModelVersion',
+            assay_dot_proto_dot_api__pb2.PatchModelVersionRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ModelVersion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteModelVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/DeleteModelVersion',
+            assay_dot_proto_dot_api__pb2.DeleteModelVersionRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.DeleteModelVersionResponse.FromString,
             options,
             channel_credentials,
             insecure,

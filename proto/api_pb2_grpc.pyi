@@ -83,6 +83,24 @@ class ApiStub:
     """
     ListResourcePools: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListResourcePoolsRequest, _api_pb2.ListResourcePoolsResponse]
     """The resource pools the master declares, with their agents, slots and queued trials."""
+    CreateModel: _grpc.UnaryUnaryMultiCallable[_api_pb2.CreateModelRequest, _api_pb2.Model]
+    """The model registry. Any user reads it; a model is edited, archived and deleted by its
+    owner or an admin; a version is registered by anyone who may read the checkpoint's
+    experiment. A version pins its checkpoint: GC keeps it, deleting it is refused.
+    """
+    GetModel: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetModelRequest, _api_pb2.Model]
+    ListModels: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListModelsRequest, _api_pb2.ListModelsResponse]
+    PatchModel: _grpc.UnaryUnaryMultiCallable[_api_pb2.PatchModelRequest, _api_pb2.Model]
+    """Description and labels are replaced when given; metadata keys are merged (null removes)."""
+    ArchiveModel: _grpc.UnaryUnaryMultiCallable[_api_pb2.ArchiveModelRequest, _api_pb2.Model]
+    UnarchiveModel: _grpc.UnaryUnaryMultiCallable[_api_pb2.UnarchiveModelRequest, _api_pb2.Model]
+    DeleteModel: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeleteModelRequest, _api_pb2.DeleteModelResponse]
+    """FAILED_PRECONDITION for a model with versions, unless `force` (they go with it)."""
+    RegisterModelVersion: _grpc.UnaryUnaryMultiCallable[_api_pb2.RegisterModelVersionRequest, _api_pb2.ModelVersion]
+    ListModelVersions: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListModelVersionsRequest, _api_pb2.ListModelVersionsResponse]
+    GetModelVersion: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetModelVersionRequest, _api_pb2.ModelVersion]
+    PatchModelVersion: _grpc.UnaryUnaryMultiCallable[_api_pb2.PatchModelVersionRequest, _api_pb2.ModelVersion]
+    DeleteModelVersion: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeleteModelVersionRequest, _api_pb2.DeleteModelVersionResponse]
 
 @_typing.type_check_only
 class ApiAsyncStub(ApiStub):
@@ -138,6 +156,24 @@ class ApiAsyncStub(ApiStub):
     """
     ListResourcePools: _aio.UnaryUnaryMultiCallable[_api_pb2.ListResourcePoolsRequest, _api_pb2.ListResourcePoolsResponse]  # type: ignore[assignment]
     """The resource pools the master declares, with their agents, slots and queued trials."""
+    CreateModel: _aio.UnaryUnaryMultiCallable[_api_pb2.CreateModelRequest, _api_pb2.Model]  # type: ignore[assignment]
+    """The model registry. Any user reads it; a model is edited, archived and deleted by its
+    owner or an admin; a version is registered by anyone who may read the checkpoint's
+    experiment. A version pins its checkpoint: GC keeps it, deleting it is refused.
+    """
+    GetModel: _aio.UnaryUnaryMultiCallable[_api_pb2.GetModelRequest, _api_pb2.Model]  # type: ignore[assignment]
+    ListModels: _aio.UnaryUnaryMultiCallable[_api_pb2.ListModelsRequest, _api_pb2.ListModelsResponse]  # type: ignore[assignment]
+    PatchModel: _aio.UnaryUnaryMultiCallable[_api_pb2.PatchModelRequest, _api_pb2.Model]  # type: ignore[assignment]
+    """Description and labels are replaced when given; metadata keys are merged (null removes)."""
+    ArchiveModel: _aio.UnaryUnaryMultiCallable[_api_pb2.ArchiveModelRequest, _api_pb2.Model]  # type: ignore[assignment]
+    UnarchiveModel: _aio.UnaryUnaryMultiCallable[_api_pb2.UnarchiveModelRequest, _api_pb2.Model]  # type: ignore[assignment]
+    DeleteModel: _aio.UnaryUnaryMultiCallable[_api_pb2.DeleteModelRequest, _api_pb2.DeleteModelResponse]  # type: ignore[assignment]
+    """FAILED_PRECONDITION for a model with versions, unless `force` (they go with it)."""
+    RegisterModelVersion: _aio.UnaryUnaryMultiCallable[_api_pb2.RegisterModelVersionRequest, _api_pb2.ModelVersion]  # type: ignore[assignment]
+    ListModelVersions: _aio.UnaryUnaryMultiCallable[_api_pb2.ListModelVersionsRequest, _api_pb2.ListModelVersionsResponse]  # type: ignore[assignment]
+    GetModelVersion: _aio.UnaryUnaryMultiCallable[_api_pb2.GetModelVersionRequest, _api_pb2.ModelVersion]  # type: ignore[assignment]
+    PatchModelVersion: _aio.UnaryUnaryMultiCallable[_api_pb2.PatchModelVersionRequest, _api_pb2.ModelVersion]  # type: ignore[assignment]
+    DeleteModelVersion: _aio.UnaryUnaryMultiCallable[_api_pb2.DeleteModelVersionRequest, _api_pb2.DeleteModelVersionResponse]  # type: ignore[assignment]
 
 class ApiServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -358,5 +394,95 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.ListResourcePoolsResponse, _abc.Awaitable[_api_pb2.ListResourcePoolsResponse]]:
         """The resource pools the master declares, with their agents, slots and queued trials."""
+
+    @_abc_1.abstractmethod
+    def CreateModel(
+        self,
+        request: _api_pb2.CreateModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Model, _abc.Awaitable[_api_pb2.Model]]:
+        """The model registry. Any user reads it; a model is edited, archived and deleted by its
+        owner or an admin; a version is registered by anyone who may read the checkpoint's
+        experiment. A version pins its checkpoint: GC keeps it, deleting it is refused.
+        """
+
+    @_abc_1.abstractmethod
+    def GetModel(
+        self,
+        request: _api_pb2.GetModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Model, _abc.Awaitable[_api_pb2.Model]]: ...
+
+    @_abc_1.abstractmethod
+    def ListModels(
+        self,
+        request: _api_pb2.ListModelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ListModelsResponse, _abc.Awaitable[_api_pb2.ListModelsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PatchModel(
+        self,
+        request: _api_pb2.PatchModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Model, _abc.Awaitable[_api_pb2.Model]]:
+        """Description and labels are replaced when given; metadata keys are merged (null removes)."""
+
+    @_abc_1.abstractmethod
+    def ArchiveModel(
+        self,
+        request: _api_pb2.ArchiveModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Model, _abc.Awaitable[_api_pb2.Model]]: ...
+
+    @_abc_1.abstractmethod
+    def UnarchiveModel(
+        self,
+        request: _api_pb2.UnarchiveModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Model, _abc.Awaitable[_api_pb2.Model]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteModel(
+        self,
+        request: _api_pb2.DeleteModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeleteModelResponse, _abc.Awaitable[_api_pb2.DeleteModelResponse]]:
+        """FAILED_PRECONDITION for a model with versions, unless `force` (they go with it)."""
+
+    @_abc_1.abstractmethod
+    def RegisterModelVersion(
+        self,
+        request: _api_pb2.RegisterModelVersionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ModelVersion, _abc.Awaitable[_api_pb2.ModelVersion]]: ...
+
+    @_abc_1.abstractmethod
+    def ListModelVersions(
+        self,
+        request: _api_pb2.ListModelVersionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ListModelVersionsResponse, _abc.Awaitable[_api_pb2.ListModelVersionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetModelVersion(
+        self,
+        request: _api_pb2.GetModelVersionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ModelVersion, _abc.Awaitable[_api_pb2.ModelVersion]]: ...
+
+    @_abc_1.abstractmethod
+    def PatchModelVersion(
+        self,
+        request: _api_pb2.PatchModelVersionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ModelVersion, _abc.Awaitable[_api_pb2.ModelVersion]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteModelVersion(
+        self,
+        request: _api_pb2.DeleteModelVersionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeleteModelVersionResponse, _abc.Awaitable[_api_pb2.DeleteModelVersionResponse]]: ...
 
 def add_ApiServicer_to_server(servicer: ApiServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -31,6 +31,7 @@ MAX_LABELS = 64
 MAX_LABEL_CHARS = 255
 MAX_METADATA_BYTES = 64 * 1024
 MAX_TEXT_CHARS = 64 * 1024
+MAX_METADATA_DEPTH = 16  # what protobuf readers take back as a Struct, with room to spare
 DELETED = "DELETED"
 
 
@@ -101,7 +102,19 @@ def check_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
             "character): keep large data in the checkpoint's files"
         )
     loaded: dict[str, Any] = json.loads(text)
+    if _depth(loaded) > MAX_METADATA_DEPTH:
+        raise InvalidArgumentError(
+            f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep: flatten it"
+        )
     return loaded
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
 
 
 def merge_metadata(old: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:

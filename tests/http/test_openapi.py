@@ -59,6 +59,18 @@ def test_every_route_is_in_it(document: dict[str, Any]) -> None:
         ("post", "/api/v1/users/{username}/activate"),
         ("post", "/api/v1/users/{username}/deactivate"),
         ("get", "/api/v1/openapi.json"),
+        ("get", "/api/v1/models"),
+        ("post", "/api/v1/models"),
+        ("get", "/api/v1/models/{name}"),
+        ("post", "/api/v1/models/{name}/set"),
+        ("post", "/api/v1/models/{name}/archive"),
+        ("post", "/api/v1/models/{name}/unarchive"),
+        ("post", "/api/v1/models/{name}/delete"),
+        ("get", "/api/v1/models/{name}/versions"),
+        ("post", "/api/v1/models/{name}/versions"),
+        ("get", "/api/v1/models/{name}/versions/{version}"),
+        ("post", "/api/v1/models/{name}/versions/{version}/set"),
+        ("post", "/api/v1/models/{name}/versions/{version}/delete"),
     }
     present = {(m, p) for p, ops in document["paths"].items() for m in ops}
     assert present == expected

@@ -146,6 +146,7 @@ def _fill(path: str) -> str:
         "{uuid}": "x",
         "{username}": "u",
         "{name}": "priority",
+        "{version}": "1",
     }
     for key, value in values.items():
         path = path.replace(key, value)

@@ -14,10 +14,11 @@ from torch import nn
 
 from assay._activation_checkpointing import apply_activation_checkpointing
 from assay._distributed import DistributedContext
-from assay._precision import PrecisionPlugin, UserScaler
+from assay._precision import FP16Precision, PrecisionPlugin, UserScaler
 from assay._trial import CallableReducer, MetricReducer
 from assay.config import ExperimentConfig
 from assay.errors import HyperparameterError, TrainingError
+from assay.strategy import Strategy, strategy_for
 
 T = TypeVar("T")
 ClipGrads = Callable[[Iterator[nn.Parameter]], Any]
@@ -92,9 +93,10 @@ class _WrappedReducer:
 class TrialContext:
     """Given to `Trial.__init__`; the harness owns everything it wraps.
 
-    Models are moved to the slot's device and wrapped in DistributedDataParallel when the
-    trial has several slots. `backward` and `step_optimizer` apply loss scaling, gradient
-    accumulation (`optimizations.aggregation_frequency`) and gradient clipping.
+    Models are moved to the slot's device and wrapped by the strategy
+    (`optimizations.strategy`: DDP or FSDP) when the trial has several slots. `backward`
+    and `step_optimizer` apply loss scaling, gradient accumulation
+    (`optimizations.aggregation_frequency`) and gradient clipping.
     """
 
     def __init__(
@@ -121,7 +123,16 @@ class TrialContext:
         gbs = self._hparams.get("global_batch_size")
         self._global_batch_size = None if gbs is None else int(gbs)
         self.models: list[nn.Module] = []
-        self._ddp_models: list[Any] = []
+        optimizations = config.optimizations
+        self._strategy: Strategy = strategy_for(
+            optimizations.strategy,
+            distributed,
+            device,
+            fsdp=optimizations.fsdp,
+            precision=precision.name,
+        )
+        if isinstance(precision, FP16Precision):
+            precision.scaler = self._strategy.grad_scaler()
         self.optimizers: list[torch.optim.Optimizer] = []
         self._schedulers: list[_Scheduler] = []
         self._epoch = 0
@@ -250,15 +261,11 @@ class TrialContext:
         return moved
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Move `model` to the slot's device; wrap it in DDP when the trial has several slots."""
+        """Move `model` to the slot's device; on several slots, wrap it as
+        `optimizations.strategy` says (DDP, or FSDP sharding it in place)."""
         model = model.to(self.device)
         apply_activation_checkpointing(model, self._config.optimizations.activation_checkpointing)
-        if self.distributed.is_distributed:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=ids)
-            self._ddp_models.append(model)
+        model = self._strategy.wrap_model(model)
         self.models.append(model)
         return model
 
@@ -278,6 +285,7 @@ class TrialContext:
                 f"backward_passes_per_step must be a positive integer, got "
                 f"{backward_passes_per_step!r}"
             )
+        optimizer = self._strategy.wrap_optimizer(optimizer)
         self.optimizers.append(optimizer)
         return optimizer
 
@@ -319,6 +327,12 @@ class TrialContext:
             raise TrainingError(
                 "optimizations.mixed_precision is fp16, which scales the loss already: "
                 "either drop wrap_scaler or set mixed_precision to off and autocast yourself"
+            )
+        if self._strategy.name == "fsdp":
+            raise TrainingError(
+                "under strategy fsdp each rank holds only its gradient shards, which a plain "
+                "GradScaler checks alone: use mixed_precision: fp16, whose scaler is "
+                "sharding-aware, instead of wrap_scaler"
             )
         for required in ("scale", "step", "update", "unscale_", "state_dict"):
             if not callable(getattr(scaler, required, None)):
@@ -396,7 +410,7 @@ class TrialContext:
             if callable(clip_grads):
                 clip_grads(params)
             else:
-                torch.nn.utils.clip_grad_norm_(list(params), float(clip_grads))
+                self._strategy.clip_grad_norm(params, float(clip_grads))
         stepper.step(optimizer)
         self._stepped = True
         if auto_zero_grads:
@@ -410,16 +424,14 @@ class TrialContext:
     def _begin_batch(
         self, epoch: int, batch: int, batch_in_epoch: int = 0
     ) -> contextlib.AbstractContextManager[Any]:
-        """Enter the batch: set counters, and suspend DDP sync off accumulation boundaries."""
+        """Enter the batch: set counters, and suspend gradient sync off accumulation
+        boundaries (the strategy's no-sync context)."""
         self._epoch, self._batch, self._batch_in_epoch = epoch, batch, batch_in_epoch
         self._boundary = (batch + 1) % self._aggregation == 0
         self._stepped = False
-        if self._boundary or not self._ddp_models:
+        if self._boundary:
             return _NO_CONTEXT
-        stack = contextlib.ExitStack()
-        for model in self._ddp_models:
-            stack.enter_context(model.no_sync())
-        return stack
+        return self._strategy.no_sync()
 
     def _end_batch(self) -> None:
         if self._boundary and self._stepped:
@@ -454,7 +466,7 @@ class TrialContext:
         return self._precision
 
     def _unwrapped_models(self) -> list[nn.Module]:
-        return [getattr(m, "module", m) for m in self.models]
+        return [self._strategy.unwrap(m) for m in self.models]
 
 
 _NO_CONTEXT = contextlib.nullcontext()

@@ -8,7 +8,7 @@ takes the same decisions at the same batch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -392,8 +392,8 @@ class TrialController:
             with torch.no_grad():
                 if self.evaluation == "full":
                     full = self._evaluate_full_dataset()
-                for batch_idx, batch in enumerate(
-                    self.val_data.epoch(0) if self.evaluation != "full" else ()
+                for batch_idx, (batch, counts) in enumerate(
+                    self._lockstep(self.val_data.epoch(0) if self.evaluation != "full" else ())
                 ):
                     batch = context.to_device(batch)
                     with context._precision.autocast():
@@ -402,6 +402,8 @@ class TrialController:
                             out = evaluate(batch, batch_idx)
                         else:
                             out = evaluate(batch)
+                    if not counts:
+                        continue
                     if not isinstance(out, Mapping):
                         raise TrainingError(
                             "evaluate_batch must return a dict of metrics, got "
@@ -460,12 +462,35 @@ class TrialController:
         self._call("on_validation_end", dict(metrics))
         return improved
 
+    def _lockstep(self, batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
+        """Validation batches with whether each counts. Under a strategy whose forward is
+        a collective (FSDP), ranks agree before each batch whether any has one left; a
+        rank out of batches evaluates its last one again, not counted, so that every rank
+        runs as many forwards."""
+        if not (self.context._strategy.forward_is_collective and self.dist.is_distributed):
+            yield from ((batch, True) for batch in batches)
+            return
+        last: Any = None
+        iterator = iter(batches)
+        while True:
+            batch = next(iterator, _END)
+            if not self.dist.any(batch is not _END):
+                return
+            if batch is not _END:
+                last = batch
+                yield batch, True
+                continue
+            if last is None:
+                last = next(iter(self.val_loader))
+            yield last, False
+
     def _evaluate_full_dataset(self) -> dict[str, float]:
         """`evaluate_full_dataset` on rank 0 with the whole validation loader; its metrics
-        (or its failure) are broadcast to the other ranks."""
+        (or its failure) are broadcast to the other ranks. Under a strategy whose forward
+        is a collective (FSDP), every rank runs it and rank 0's answer counts."""
         answer: tuple[dict[str, float] | None, str | None] = (None, None)
         error: BaseException | None = None
-        if self.dist.is_chief:
+        if self.dist.is_chief or self.context._strategy.forward_is_collective:
             try:
                 with self.context._precision.autocast():
                     out = self.trial.evaluate_full_dataset(self.val_loader)
@@ -507,12 +532,16 @@ class TrialController:
             # Mid-accumulation, each rank's partial gradients are part of the state.
             "gradients": self._local_gradients() if mid_accumulation else None,
         }
+        # Full state dicts: a collective under a sharding strategy (rank 0 gets them whole).
+        strategy = context._strategy
+        models = [strategy.model_state_dict(m) for m in context.models]
+        optimizers = [strategy.optimizer_state_dict(o) for o in context.optimizers]
         everyone = self.dist.allgather(mine)
         if not self.dist.is_chief:
             return
         payload: dict[str, Any] = {
-            "models": [m.state_dict() for m in context._unwrapped_models()],
-            "optimizers": [o.state_dict() for o in context.optimizers],
+            "models": models,
+            "optimizers": optimizers,
             "lr_schedulers": [s.state_dict() for s in context._lr_schedulers],
             "precision": context._precision.state_dict(),
             "rng": [e["rng"] for e in everyone],
@@ -549,10 +578,7 @@ class TrialController:
         self._call("on_checkpoint_end", str(path))
 
     def _local_gradients(self) -> list[list[torch.Tensor | None]]:
-        return [
-            [None if p.grad is None else p.grad.detach().cpu() for p in model.parameters()]
-            for model in self.context._unwrapped_models()
-        ]
+        return self.context._strategy.local_gradients(self.context.models)
 
     def restore(self, path: Path, recorded: Mapping[str, str] | None = None) -> None:
         """Load a checkpoint written by `_checkpoint` (any world size) into this slot.
@@ -589,10 +615,11 @@ class TrialController:
             },
         )
         try:
-            for model, sd in zip(context._unwrapped_models(), models, strict=True):
-                model.load_state_dict(sd)
+            strategy = context._strategy
+            for model, sd in zip(context.models, models, strict=True):
+                strategy.load_model_state_dict(model, sd)
             for optimizer, sd in zip(context.optimizers, optimizers, strict=True):
-                optimizer.load_state_dict(sd)
+                strategy.load_optimizer_state_dict(optimizer, sd)
             for scheduler, sd in zip(context._lr_schedulers, schedulers, strict=True):
                 scheduler.load_state_dict(sd)
             context._precision.load_state_dict(load_file(path, "precision"))
@@ -640,9 +667,10 @@ class TrialController:
                 f"{saved_world_size} slots; restore it on {saved_world_size} slots"
             )
         gradients = load_file(path, "gradients")[self.dist.rank]
-        for model, grads in zip(self.context._unwrapped_models(), gradients, strict=True):
-            for param, grad in zip(model.parameters(), grads, strict=True):
-                param.grad = None if grad is None else grad.to(param.device)
+        self.context._strategy.restore_local_gradients(self.context.models, gradients)
+
+
+_END = object()
 
 
 def _floats(values: list[torch.Tensor | float]) -> list[float]:

@@ -90,12 +90,37 @@ class ResourcesConfig:
     agent_label: str | None = None
 
 
+StrategyName = Literal["ddp", "fsdp"]
+FSDPSharding = Literal["full_shard", "shard_grad_op", "hybrid_shard"]
+
+
+@dataclass(frozen=True)
+class FSDPConfig:
+    """`optimizations.fsdp`: how FSDP shards the model (with `strategy: fsdp`).
+
+    `wrap` names module classes sharded as units of their own; `min_num_params` instead
+    makes a unit of every submodule holding at least that many parameters not yet in a
+    unit. The root module is always a unit. `reshard_after_forward` None: as `sharding`
+    says (full_shard and hybrid_shard free parameters after forward, shard_grad_op keeps
+    them until backward).
+    """
+
+    sharding: FSDPSharding = "full_shard"
+    wrap: tuple[str, ...] = ()
+    min_num_params: int | None = None
+    cpu_offload: bool = False
+    reshard_after_forward: bool | None = None
+
+
 @dataclass(frozen=True)
 class OptimizationsConfig:
     aggregation_frequency: int = 1
     mixed_precision: Precision = "off"
     # Module class names whose instances recompute their activations in backward.
     activation_checkpointing: tuple[str, ...] = ()
+    # How the model is distributed over several slots (one slot needs no wrapper).
+    strategy: StrategyName = "ddp"
+    fsdp: FSDPConfig = FSDPConfig()
 
 
 @dataclass(frozen=True)
@@ -573,12 +598,49 @@ def _parse_optimizations(s: Section, warnings: list[str]) -> OptimizationsConfig
     else:
         precision = s.get_choice("mixed_precision", ("off", "fp16", "bf16", "auto"), "off")
     checkpointed = _activation_checkpointing(s)
+    strategy, fsdp = _parse_strategy(s)
     s.finish()
     return OptimizationsConfig(
         aggregation_frequency=freq,
         mixed_precision=precision,  # type: ignore[arg-type]
         activation_checkpointing=checkpointed,
+        strategy=strategy,  # type: ignore[arg-type]
+        fsdp=fsdp,
     )
+
+
+def _parse_strategy(s: Section) -> tuple[str, FSDPConfig]:
+    """`strategy: ddp | fsdp` and the `fsdp` block, which only fsdp reads."""
+    strategy = s.get_choice("strategy", ("ddp", "fsdp"), "ddp")
+    f = s.section("fsdp")
+    if f.data and strategy != "fsdp":
+        s.error("fsdp", "applies to strategy: fsdp; set optimizations.strategy: fsdp or remove it")
+    sharding = f.get_choice(
+        "sharding", ("full_shard", "shard_grad_op", "hybrid_shard"), "full_shard"
+    )
+    wrap = f.get_str_list("wrap")
+    for name in wrap:
+        if not name.isidentifier():
+            f.error("wrap", f"{name!r} is not a Python class name")
+    min_params = f.get_int("min_num_params", None, minimum=1)
+    if wrap and min_params is not None:
+        f.error(
+            "min_num_params",
+            "give either wrap (module classes) or min_num_params (a size policy), not both",
+        )
+    cpu_offload = f.get_bool("cpu_offload", False)
+    reshard: bool | None = None
+    if f.has("reshard_after_forward"):
+        reshard = f.get_bool("reshard_after_forward", True)
+    f.finish()
+    fsdp = FSDPConfig(
+        sharding=sharding,  # type: ignore[arg-type]
+        wrap=tuple(wrap),
+        min_num_params=min_params,
+        cpu_offload=cpu_offload,
+        reshard_after_forward=reshard,
+    )
+    return strategy, fsdp
 
 
 def _activation_checkpointing(s: Section) -> tuple[str, ...]:

@@ -1,0 +1,23 @@
+"""Ways of distributing a model over a trial's slots, one module each, behind `Strategy`.
+
+`ddp` (DistributedDataParallel, the default) replicates the model; `fsdp` (FSDP2) shards
+parameters, gradients and optimizer state. One slot uses `SingleDeviceStrategy`, no
+wrapper. Trials reach them through `TrialContext.wrap_model`, Core API scripts through
+`core_context.setup(model, optimizer)`.
+"""
+
+from assay.strategy._base import ReduceOp, Strategy
+from assay.strategy._ddp import DDPStrategy
+from assay.strategy._fsdp import FSDPStrategy
+from assay.strategy._select import make_strategy, strategy_for
+from assay.strategy._single import SingleDeviceStrategy
+
+__all__ = [
+    "DDPStrategy",
+    "FSDPStrategy",
+    "ReduceOp",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "make_strategy",
+    "strategy_for",
+]

@@ -97,6 +97,7 @@ class Client:
         self._channel: Any = None
         self._stub: Any = None
         self._session_token: str | None = None
+        self._token_given = False  # use_token: never replaced by an ASSAY_USER login
 
     @property
     def stub(self) -> Any:
@@ -173,6 +174,7 @@ class Client:
         """Send `token` (a session token from `assay user login` or the web UI) with
         every call, instead of a stored or ASSAY_USER session; nothing is saved."""
         self._session_token = token
+        self._token_given = True
 
     def _login_from_env(self) -> str:
         found = _credentials.env_credentials()
@@ -200,7 +202,7 @@ class Client:
             return send()
         except grpc.RpcError as e:
             renew = e.code() == grpc.StatusCode.UNAUTHENTICATED and method != "Login"
-            if not renew or _credentials.env_credentials() is None:
+            if not renew or self._token_given or _credentials.env_credentials() is None:
                 raise
         self._session_token = self._login_from_env()
         return send()

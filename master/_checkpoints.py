@@ -5,7 +5,8 @@ first and refuses the whole request (nothing deleted) when one is not a uuid
 (`InvalidArgumentError`), is unknown (`NotFoundError`), belongs to an experiment of another
 user (`PermissionDeniedError`, unless the caller is an administrator), or is the latest
 checkpoint of a trial that has not ended (`ConflictError`, FAILED_PRECONDITION): a queued,
-running, paused or stopping trial restores from it. Then each is deleted from its
+running, paused or stopping trial restores from it; or is pinned by a registered model
+version (`CheckpointInUseError`, naming the versions). Then each is deleted from its
 experiment's storage and marked DELETED, as garbage collection does (`assay.master._gc`); a
 checkpoint already DELETED counts as deleted, files already gone count as missing, and a
 storage failure, or a record whose location is not where its experiment's storage keeps
@@ -23,6 +24,7 @@ from assay.errors import InvalidConfigError
 from assay.master._gc import DELETED, GCResult, StorageCache, delete_records
 from assay.master._storage_policy import StoragePolicy
 from assay.master.errors import (
+    CheckpointInUseError,
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
@@ -66,6 +68,7 @@ def delete_checkpoints(
     if user is not None:
         for experiment in experiments.values():
             _check_owner(experiment, user)
+    _check_unpinned(store, wanted)
 
     to_delete: list[CheckpointRecord] = []
     already: list[str] = []
@@ -118,6 +121,19 @@ def normalise_uuids(uuids: Sequence[str]) -> list[str]:
     if len(wanted) > MAX_UUIDS:
         raise InvalidArgumentError(f"at most {MAX_UUIDS} checkpoints per request")
     return wanted
+
+
+def _check_unpinned(store: Store, uuids: Sequence[str]) -> None:
+    """Refuse (`CheckpointInUseError`) when a registered model version pins one of `uuids`."""
+    pinned = store.checkpoint_references(uuids)
+    if pinned:
+        uuid, versions = next(iter(pinned.items()))
+        named = ", ".join(f"model {m!r} version {v}" for m, v in versions)
+        more = f" (and {len(pinned) - 1} more of them are)" if len(pinned) > 1 else ""
+        raise CheckpointInUseError(
+            f"checkpoint {uuid} is registered as {named}{more}: delete those versions "
+            "(assay model delete-version) before deleting the checkpoint"
+        )
 
 
 def _check_owner(experiment: ExperimentRecord, user: str) -> None:

@@ -280,6 +280,10 @@ def delete_records(
     missing: list[str] = []
     failed: dict[str, str] = {}
     for record in records:
+        if store.checkpoint_references([record.uuid]):
+            # Registered since the caller chose it: a model version pins it now.
+            log.info("checkpoint %s: registered as a model version; kept", record.uuid)
+            continue
         try:
             gone = delete_checkpoint(
                 store,
@@ -316,7 +320,8 @@ def collect(
     CANCELED or ERROR; all its trials are then candidates). Trials the store already shows
     in one of those states count as ended too, so a collection missed by a master restart is
     made up by the next one. The latest checkpoint of a trial the store shows in any other
-    state is never deleted, whatever the caller says.
+    state is never deleted, whatever the caller says, nor is a checkpoint that a
+    registered model version pins.
 
     Each checkpoint to delete is removed from the storage `config` describes (shared_fs: the
     directory `root/<experiment_id>/<uuid>`, or `root/<uuid>` for one recorded there
@@ -338,6 +343,7 @@ def collect(
         GCPolicy.from_config(config), listed, experiment_ended=experiment_ended
     )
     doomed -= protected
+    doomed -= set(store.checkpoint_references(doomed))  # pinned by a model version
     records = [c for t in listed for c in t.checkpoints if c.uuid in doomed]
     if not records:
         return GCResult()

@@ -23,6 +23,10 @@ class ConflictError(StoreError):
     """A write contradicts what is stored (e.g. a re-sent report with other values)."""
 
 
+class CheckpointInUseError(ConflictError):
+    """A checkpoint that a registered model version pins cannot be deleted."""
+
+
 class StaleRunError(StoreError):
     """A report from a run of a trial that a newer run has replaced (a zombie process)."""
 

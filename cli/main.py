@@ -16,6 +16,7 @@ from ._common import DEFAULT_MASTER, RootGroup, Settings
 from ._deploy import deploy
 from ._experiment import experiment
 from ._job import job
+from ._model import model
 from ._preview import preview_search
 from ._trial import run_local_command, trial
 from ._usage import usage_command
@@ -55,6 +56,7 @@ cli.add_aliased(preview_search)
 cli.add_aliased(user, "u")
 cli.add_aliased(job, "j")
 cli.add_aliased(usage_command)
+cli.add_aliased(model, "m")
 
 
 def main() -> None:

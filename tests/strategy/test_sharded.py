@@ -1,0 +1,388 @@
+"""Sharded checkpoints (`assay.strategy._sharded`) against ground truth, on CPU with gloo.
+
+One module fixture trains a `fully_shard`ed MLP with Adam on 2 real processes for K steps,
+saves it sharded, gathers the full state dict as the reference, then trains M more steps
+(the straight run). Restores on 1, 2 and 4 ranks (FSDP), on 2 ranks of DDP and on one
+plain process continue M steps; each is compared, bit for bit (fp32), with the same world
+continuing from the gathered reference state, and the 2-rank restore with the straight run.
+
+This file is also the worker those processes run: `python test_sharded.py PHASE JSON`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+K_STEPS = 3
+M_STEPS = 3
+GLOBAL_BATCH = 8
+
+
+# --- the worker ---------------------------------------------------------------------------
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 4),
+    )
+
+
+def _wrap(model: torch.nn.Module, strategy: str, world: int) -> torch.nn.Module:
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.children():
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        return model
+    if strategy == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    return model
+
+
+def _batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(GLOBAL_BATCH, 8, generator=generator)
+    y = torch.randn(GLOBAL_BATCH, 4, generator=generator)
+    return x[rank::world], y[rank::world]
+
+
+def _train(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, start: int, steps: int
+) -> None:
+    import torch.distributed as dist
+
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    for step in range(start, start + steps):
+        x, y = _batch(step, rank, world)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+
+
+def _build(strategy: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = _wrap(_model(), strategy, world)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def _full(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    # A copy: some entries (Adam's `step`) are the optimizer's live tensors.
+    state: dict[str, Any] = _clone({"model": model_state, "optimizer": optim_state})
+    return state
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_clone(v) for v in value)
+    return value
+
+
+def _load_full(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    state = torch.load(path, weights_only=True)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=StateDictOptions(full_state_dict=True),
+    )
+
+
+def _worker(phase: str, args: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    from assay.strategy._sharded import save_sharded
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    strategy = args.get("strategy", "")
+    if strategy != "single":
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    out = Path(args["out"])
+    if phase == "first":
+        model, optimizer = _build(strategy, world)
+        _train(model, optimizer, 0, K_STEPS)
+        save_sharded(
+            Path(args["ckpt"]), model, optimizer, rank=rank, world_size=world, strategy=strategy
+        )
+        reference = _full(model, optimizer)
+        _train(model, optimizer, K_STEPS, M_STEPS)
+        straight = _full(model, optimizer)
+        if rank == 0:
+            torch.save(reference, out / "reference.pt")
+            torch.save(straight, out / "straight.pt")
+    elif phase == "restore":
+        for each in args["strategies"]:
+            _restore(each, world, rank, Path(args["ckpt"]), out)
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _restore(strategy: str, world: int, rank: int, ckpt: Path, out: Path) -> None:
+    """Restore `ckpt` and continue; beside it, continue from the gathered reference."""
+    from assay.strategy._sharded import load_sharded
+
+    model, optimizer = _build(strategy, world)
+    load_sharded(ckpt, model, optimizer)
+    loaded = _full(model, optimizer)
+    _train(model, optimizer, K_STEPS, M_STEPS)
+    restored = _full(model, optimizer)
+    twin, twin_optimizer = _build(strategy, world)
+    _load_full(twin, twin_optimizer, out / "reference.pt")
+    _train(twin, twin_optimizer, K_STEPS, M_STEPS)
+    continued = _full(twin, twin_optimizer)
+    if rank == 0:
+        name = f"{strategy}{world}"
+        torch.save(loaded, out / f"loaded-{name}.pt")
+        torch.save(restored, out / f"restored-{name}.pt")
+        torch.save(continued, out / f"continued-{name}.pt")
+
+
+# --- launching ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(phase: str, world: int, **args: Any) -> None:
+    """`world` processes of this file's worker, as torchrun would start them."""
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+        command = [sys.executable, __file__, phase, json.dumps(args, default=str)]
+        procs.append(subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True))
+    failures = []
+    for rank, proc in enumerate(procs):
+        _, err = proc.communicate(timeout=240)
+        if proc.returncode != 0:
+            failures.append(f"rank {rank} exited {proc.returncode}:\n{err[-3000:]}")
+    assert not failures, "\n".join(failures)
+
+
+def _equal(a: Any, b: Any, where: str = "") -> None:
+    """`a` and `b` hold the same values, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype, where
+        assert torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict), where
+        assert a.keys() == b.keys(), f"{where}: {a.keys()} vs {b.keys()}"
+        for key in a:
+            _equal(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+def _load(path: Path) -> Any:
+    return torch.load(path, weights_only=True)
+
+
+# --- tests --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 FSDP ranks: K steps, saved sharded into `ckpt`, gathered, M more steps."""
+    out = tmp_path_factory.mktemp("sharded")
+    launch("first", 2, strategy="fsdp", ckpt=out / "ckpt", out=out)
+    return out
+
+
+def test_manifest_lists_every_file_with_its_sha256(first: Path) -> None:
+    from assay.strategy._sharded import SHARD_MANIFEST, is_sharded
+
+    ckpt = first / "ckpt"
+    manifest = json.loads((ckpt / SHARD_MANIFEST).read_text())
+
+    assert is_sharded(ckpt)
+    assert manifest["world_size"] == 2
+    assert manifest["strategy"] == "fsdp"
+    assert manifest["contents"] == ["model", "optimizer"]
+    on_disk = {p.name for p in ckpt.iterdir()} - {SHARD_MANIFEST}
+    assert set(manifest["files"]) == on_disk
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= on_disk
+    for name, entry in manifest["files"].items():
+        data = (ckpt / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_to_full_state_dict_equals_the_gathered_state_dict(first: Path) -> None:
+    from assay.strategy._sharded import to_full_state_dict
+
+    full = to_full_state_dict(first / "ckpt")
+
+    _equal(full, _load(first / "reference.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("world", "strategies"), [(1, ["fsdp"]), (2, ["fsdp", "ddp"]), (4, ["fsdp"])]
+)
+def test_restored_on_another_world_continues_bit_identically(
+    first: Path, world: int, strategies: list[str]
+) -> None:
+    launch("restore", world, strategies=strategies, ckpt=first / "ckpt", out=first)
+
+    for strategy in strategies:
+        name = f"{strategy}{world}"
+        _equal(_load(first / f"loaded-{name}.pt"), _load(first / "reference.pt"))
+        _equal(_load(first / f"restored-{name}.pt"), _load(first / f"continued-{name}.pt"))
+    if world == 2:  # the same world: the restore continues as the straight run did
+        _equal(_load(first / "restored-fsdp2.pt"), _load(first / "straight.pt"))
+
+
+def test_restored_into_one_plain_process_without_a_process_group(first: Path) -> None:
+    from assay.strategy._sharded import load_sharded
+
+    model, optimizer = _build("single", 1)
+    load_sharded(first / "ckpt", model, optimizer)
+    _equal(_full(model, optimizer), _load(first / "reference.pt"))
+    _train(model, optimizer, K_STEPS, M_STEPS)
+
+    twin, twin_optimizer = _build("single", 1)
+    _load_full(twin, twin_optimizer, first / "reference.pt")
+    _train(twin, twin_optimizer, K_STEPS, M_STEPS)
+    _equal(_full(model, optimizer), _full(twin, twin_optimizer))
+
+
+def test_model_alone_loads_without_its_optimizer(first: Path) -> None:
+    from assay.strategy._sharded import load_sharded
+
+    model = _model()
+    load_sharded(first / "ckpt", model, None)
+
+    _equal(model.state_dict(), _load(first / "reference.pt")["model"])
+
+
+def _copy(first: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "ckpt"
+    shutil.copytree(first / "ckpt", target)
+    return target
+
+
+def test_a_corrupted_shard_is_refused(first: Path, tmp_path: Path) -> None:
+    from assay._checkpoint import CheckpointError
+    from assay.strategy._sharded import load_sharded, to_full_state_dict
+
+    ckpt = _copy(first, tmp_path)
+    shard = ckpt / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+    model, optimizer = _build("single", 1)
+    with pytest.raises(CheckpointError, match=r"__1_0.distcp fails its sha256"):
+        load_sharded(ckpt, model, optimizer)
+    with pytest.raises(CheckpointError, match=r"__1_0.distcp fails its sha256"):
+        to_full_state_dict(ckpt)
+
+
+def test_a_missing_shard_and_a_missing_manifest_are_refused(first: Path, tmp_path: Path) -> None:
+    from assay._checkpoint import CheckpointError
+    from assay.strategy._sharded import SHARD_MANIFEST, is_sharded, load_sharded
+
+    ckpt = _copy(first, tmp_path)
+    (ckpt / "__0_0.distcp").unlink()
+    with pytest.raises(CheckpointError, match="incomplete: __0_0.distcp is missing"):
+        load_sharded(ckpt, _model(), None)
+
+    (ckpt / SHARD_MANIFEST).unlink()
+    assert not is_sharded(ckpt)
+    with pytest.raises(
+        CheckpointError, match=f"not a sharded checkpoint: it has no {SHARD_MANIFEST}"
+    ):
+        load_sharded(ckpt, _model(), None)
+
+
+def test_metadata_that_would_run_code_is_refused_even_with_a_matching_sha256(
+    first: Path, tmp_path: Path
+) -> None:
+    from assay._checkpoint import CheckpointError
+    from assay.strategy._sharded import SHARD_MANIFEST, to_full_state_dict
+
+    ckpt = _copy(first, tmp_path)
+    evil = pickle.dumps(_Evil())
+    (ckpt / ".metadata").write_bytes(evil)
+    manifest = json.loads((ckpt / SHARD_MANIFEST).read_text())
+    manifest["files"][".metadata"] = {
+        "size": len(evil),
+        "sha256": hashlib.sha256(evil).hexdigest(),
+    }
+    (ckpt / SHARD_MANIFEST).write_text(json.dumps(manifest))
+
+    with pytest.raises(CheckpointError, match=r"refers to posix.system|refers to os.system"):
+        to_full_state_dict(ckpt)
+    assert not (tmp_path / "pwned").exists()
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("touch pwned",))
+
+
+def test_a_model_of_another_shape_is_refused_with_the_reason(first: Path) -> None:
+    from assay._checkpoint import CheckpointError
+    from assay.strategy._sharded import load_sharded
+
+    other = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    with pytest.raises(CheckpointError, match="does not fit this model"):
+        load_sharded(first / "ckpt", other, None)
+
+
+def test_save_refuses_a_rank_that_is_not_the_process_groups(tmp_path: Path) -> None:
+    from assay.strategy._sharded import save_sharded
+
+    with pytest.raises(ValueError, match="does not match the process group"):
+        save_sharded(tmp_path, _model(), None, rank=1, world_size=2, strategy="fsdp")
+    assert list(tmp_path.iterdir()) == []
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], json.loads(sys.argv[2]))

@@ -139,3 +139,83 @@ def seed_asha(store: Store) -> Seeded:
     batch.set_experiment(experiment_id, progress=1.0, end_time=_now())
     store.apply(batch)
     return Seeded(experiment_id, trial_ids, [t[0] for t in TRIALS], checkpoint)
+
+
+@dataclass
+class SeededRun:
+    experiment_id: int
+    trial_ids: list[int]
+
+
+def seed_search(
+    store: Store,
+    name: str,
+    hyperparameters: dict[str, object],
+    trials: list[tuple[dict[str, object], list[tuple[int, float]]]],
+    metric: str = "accuracy",
+    smaller_is_better: bool = False,
+) -> SeededRun:
+    """A completed experiment with these trials: (hparams, [(batches, metric value)])."""
+    config = {
+        "name": name,
+        "entrypoint": "model_def:DigitsTrial",
+        "hyperparameters": hyperparameters,
+        "searcher": {
+            "name": "random" if len(trials) > 1 else "single",
+            "metric": metric,
+            "smaller_is_better": smaller_is_better,
+            "max_length": {"batches": max(b for _, vs in trials for b, _ in vs)},
+            "max_trials": len(trials),
+        },
+    }
+    experiment_id = store.reserve_id("experiments")
+    batch = WriteBatch()
+    batch.add_experiment(
+        experiment_id,
+        name=name,
+        owner_id=store.user_id("admin"),
+        config=config,
+        model_definition=b"",
+        state="COMPLETED",
+        description="",
+        labels=[],
+        priority=42,
+        now=_now(),
+    )
+    store.apply(batch)
+    trial_ids: list[int] = []
+    for i, (hparams, validations) in enumerate(trials):
+        trial_id, run_id = store.reserve_id("trials"), 1
+        trial_ids.append(trial_id)
+        batch = WriteBatch()
+        batch.add_trial(
+            trial_id,
+            experiment_id=experiment_id,
+            request_id=f"{name}-{i}",
+            hparams=hparams,
+            seed=i,
+            state="RUNNING",
+            now=_now(),
+        )
+        batch.set_trial(trial_id, run_id=run_id)
+        store.apply(batch)
+        last = validations[-1][0]
+        losses = [MetricReport(b, {"loss": 1.0 / b}) for b in range(10, last + 1, 10)]
+        store.report_metrics(trial_id, run_id, "training", losses)
+        reports = [MetricReport(b, {metric: v}) for b, v in validations]
+        store.report_metrics(trial_id, run_id, "validation", reports)
+        values = [v for _, v in validations]
+        batch = WriteBatch()
+        batch.set_trial(
+            trial_id,
+            state="COMPLETED",
+            total_batches=last,
+            best_validation=min(values) if smaller_is_better else max(values),
+            start_time=_now(),
+            end_time=_now(),
+        )
+        store.apply(batch)
+    batch = WriteBatch()
+    batch.set_experiment(experiment_id, progress=1.0, end_time=_now())
+    store.apply(batch)
+    return SeededRun(experiment_id, trial_ids)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Locator, Page, expect
 
 from assay.master.store import Store
 from tests.e2e.conftest import start_cluster, stop_cluster
@@ -89,12 +89,14 @@ def runs(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         stop_cluster(cluster)
 
 
-def _delta_row(page: Page, trial_id: int):  # type: ignore[no-untyped-def]
+def _delta_row(page: Page, trial_id: int) -> Locator:
     return page.locator(f'[data-testid="delta-row"][data-trial="{trial_id}"]')
 
 
 def _value(page: Page, trial_id: int, testid: str) -> float:
-    text = _delta_row(page, trial_id).locator(f'[data-testid="{testid}"]').get_attribute("data-value")
+    text = (
+        _delta_row(page, trial_id).locator(f'[data-testid="{testid}"]').get_attribute("data-value")
+    )
     assert text is not None
     return float(text)
 
@@ -106,7 +108,9 @@ def test_pick_and_compare_trials_across_experiments(runs: Runs) -> None:
     page = site.page()
     page.goto(f"{site.base}/experiments/{runs.a.experiment_id}")
     for trial_id in (a0, a1):
-        page.locator(f'[data-testid="trial-row"][data-id="{trial_id}"] [data-testid="pick-trial"]').check()
+        page.locator(
+            f'[data-testid="trial-row"][data-id="{trial_id}"] [data-testid="pick-trial"]'
+        ).check()
     expect(page.locator('[data-testid="compare-picked"]')).to_contain_text("2 trials")
 
     # The pick is kept across pages: an experiment is added from the list.
@@ -117,7 +121,9 @@ def test_pick_and_compare_trials_across_experiments(runs: Runs) -> None:
         "Picked to compare: 2 trials and 1 experiment"
     )
     page.locator('[data-testid="compare-open"]').click()
-    page.wait_for_url(re.compile(rf"/compare\?trials={a0},{a1}&experiments={runs.b.experiment_id}$"))
+    page.wait_for_url(
+        re.compile(rf"/compare\?trials={a0},{a1}&experiments={runs.b.experiment_id}$")
+    )
     compare_url = page.url
 
     rows = page.locator('[data-testid="delta-row"]')
@@ -144,7 +150,9 @@ def test_pick_and_compare_trials_across_experiments(runs: Runs) -> None:
         "global_batch_size",
         "lr",
     ]
-    expect(page.locator('[data-testid="compare-hparams-hidden"]')).to_contain_text("1 hyperparameter")
+    expect(page.locator('[data-testid="compare-hparams-hidden"]')).to_contain_text(
+        "1 hyperparameter"
+    )
     page.locator('[data-testid="compare-hparams-all"]').check()
     expect(hparams).to_have_count(3)
     expect(page.locator('[data-testid="hparam-row"][data-name="dropout"]')).to_be_visible()
@@ -152,9 +160,9 @@ def test_pick_and_compare_trials_across_experiments(runs: Runs) -> None:
     # A chart per metric, a line per trial, the legend naming experiment and trial.
     accuracy = page.locator('[data-testid="compare-chart"][data-metric="validation.accuracy"]')
     expect(accuracy).to_have_attribute("data-drawn", "3")
-    expect(page.locator('[data-testid="compare-chart"][data-metric="training.loss"]')).to_have_attribute(
-        "data-drawn", "3"
-    )
+    expect(
+        page.locator('[data-testid="compare-chart"][data-metric="training.loss"]')
+    ).to_have_attribute("data-drawn", "3")
     expect(accuracy.locator(".u-legend")).to_contain_text(
         f"single-b (experiment {runs.b.experiment_id}) · trial {b0}"
     )
@@ -164,7 +172,9 @@ def test_pick_and_compare_trials_across_experiments(runs: Runs) -> None:
     other = site.page()
     other.goto(compare_url)
     expect(other.locator('[data-testid="delta-row"]')).to_have_count(3)
-    expect(other.locator('[data-testid="compare-chart"]').first).to_have_attribute("data-drawn", "3")
+    expect(other.locator('[data-testid="compare-chart"]').first).to_have_attribute(
+        "data-drawn", "3"
+    )
     other.context.close()
 
     # Removing a trial that came with its experiment keeps the rest.
@@ -191,7 +201,10 @@ def test_compare_names_what_does_not_exist(runs: Runs) -> None:
 
 
 def _ids(page: Page) -> list[str]:
-    return [r.get_attribute("data-id") or "" for r in page.locator('[data-testid="experiment-row"]').all()]
+    return [
+        r.get_attribute("data-id") or ""
+        for r in page.locator('[data-testid="experiment-row"]').all()
+    ]
 
 
 def test_list_columns_are_kept_and_sort_by_metric_and_hparam(runs: Runs) -> None:

@@ -6,12 +6,14 @@ import { plural } from "./format";
 import { usePoll, useSession } from "./hooks";
 import { AccountPage } from "./pages/AccountPage";
 import { ClusterPage } from "./pages/ClusterPage";
+import { ComparePage } from "./pages/ComparePage";
 import { ExperimentListPage } from "./pages/ExperimentListPage";
 import { ExperimentPage } from "./pages/ExperimentPage";
 import { LoginPage } from "./pages/LoginPage";
 import { TrialPage } from "./pages/TrialPage";
 import { UsagePage } from "./pages/UsagePage";
 import { UsersPage } from "./pages/UsersPage";
+import { clearSelection, comparePath, useSelection } from "./selection";
 import { endSession, lastEndReason, loginPath, rememberUser } from "./session";
 import "./styles.css";
 
@@ -28,6 +30,9 @@ function TopBar() {
       <nav>
         <NavLink to="/" end>
           Experiments
+        </NavLink>
+        <NavLink to="/compare" data-testid="nav-compare">
+          Compare
         </NavLink>
         <NavLink to="/cluster">Cluster</NavLink>
         <NavLink to="/usage" data-testid="nav-usage">
@@ -109,7 +114,29 @@ function LoggedIn() {
       <main>
         <Outlet />
       </main>
+      <CompareBar />
     </>
+  );
+}
+
+/** What is picked for comparison (on any page but the compare page): open or forget it. */
+function CompareBar() {
+  const selection = useSelection();
+  const { pathname } = useLocation();
+  const n = selection.trials.length;
+  const m = selection.experiments.length;
+  if (n + m === 0 || pathname === "/compare") return null;
+  const parts = [n ? plural(n, "trial") : "", m ? plural(m, "experiment") : ""].filter(Boolean);
+  return (
+    <div className="compare-bar" data-testid="compare-bar">
+      <span data-testid="compare-picked">Picked to compare: {parts.join(" and ")}</span>
+      <Link to={comparePath(selection)} className="button primary" data-testid="compare-open">
+        Compare
+      </Link>
+      <button type="button" onClick={clearSelection} data-testid="compare-clear">
+        Clear
+      </button>
+    </div>
   );
 }
 
@@ -139,6 +166,7 @@ function App() {
           <Route path="/" element={<ExperimentListPage />} />
           <Route path="/experiments/:id" element={<ExperimentPage />} />
           <Route path="/trials/:id" element={<TrialPage />} />
+          <Route path="/compare" element={<ComparePage />} />
           <Route path="/cluster" element={<ClusterPage />} />
           <Route path="/usage" element={<UsagePage />} />
           <Route path="/users" element={<UsersPage />} />

@@ -39,6 +39,7 @@ import {
   searcherInfo,
   toYaml,
 } from "../format";
+import { toggleSelected, useSelection } from "../selection";
 import { usePoll, useQueryState, useSession } from "../hooks";
 import { fmtSlotHours } from "./UsagePage";
 
@@ -394,6 +395,7 @@ function HparamsPanel({ detail }: { detail: ExperimentDetail }) {
 type TrialSort = { key: string; asc: boolean };
 
 function TrialsPanel({ detail }: { detail: ExperimentDetail }) {
+  const picked = useSelection();
   const e = detail.experiment;
   const { metric, smallerIsBetter } = searcherInfo(e.config);
   const specs = useMemo(() => hparamSpecs(e.config), [e.config]);
@@ -452,6 +454,16 @@ function TrialsPanel({ detail }: { detail: ExperimentDetail }) {
         <table className="table" data-testid="trials">
           <thead>
             <tr>
+              <th className="pick">
+                <input
+                  type="checkbox"
+                  title="Pick every trial to compare"
+                  aria-label="Pick every trial to compare"
+                  checked={rows.length > 0 && rows.every((t) => picked.trials.includes(String(t.id)))}
+                  onChange={(e) => rows.forEach((t) => toggleSelected("trials", String(t.id), e.target.checked))}
+                  data-testid="pick-all-trials"
+                />
+              </th>
               {th("id", "Trial", "num")}
               {th("state", "State")}
               {hpNames.map((n) => th(`hp:${n}`, n, "num"))}
@@ -464,6 +476,16 @@ function TrialsPanel({ detail }: { detail: ExperimentDetail }) {
           <tbody>
             {rows.map((t) => (
               <tr key={String(t.id)} data-testid="trial-row" data-id={String(t.id)}>
+                <td className="pick">
+                  <input
+                    type="checkbox"
+                    title="Pick to compare"
+                    aria-label={`Pick trial ${String(t.id)} to compare`}
+                    checked={picked.trials.includes(String(t.id))}
+                    onChange={(e) => toggleSelected("trials", String(t.id), e.target.checked)}
+                    data-testid="pick-trial"
+                  />
+                </td>
                 <td className="num">
                   <Link to={`/trials/${t.id}`}>{String(t.id)}</Link>
                 </td>

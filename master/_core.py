@@ -198,6 +198,7 @@ class Master:
                 priority=config.resources.priority,
                 now=now,
                 config_text=prepared.config_text,
+                project_id=prepared.project_id,
             )
             experiment = ExperimentState(
                 experiment_id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -20,15 +21,17 @@ from assay.master import _checkpoints, _convert, _registry, _usage
 from assay.master._auth import Principal
 from assay.master._core import Master
 from assay.master._guard import Guard, bearer, caller, metadata_dict
+from assay.master._roles import ADMIN, EDITOR, Roles
 from assay.master._secrets import masked_config_text
 from assay.master._status import maps_errors, maps_errors_async, maps_errors_stream
 from assay.master._trial_logs import FollowerLimit, stream_trial_logs
 from assay.master.errors import (
     InvalidArgumentError,
+    NotFoundError,
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from assay.master.store import UserRecord
+from assay.master.store import ProjectRecord, UserRecord, WorkspaceRecord
 from assay.proto import (
     api_pb2,
     api_pb2_grpc,
@@ -63,6 +66,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self.auth = guard.auth
         self.log_followers = FollowerLimit(master.config.log_followers_per_user)
         self._uploads: dict[str, int] = {}  # user -> CreateExperimentStream calls in flight
+        self.roles = Roles(self.store)
 
     # --- who is calling -------------------------------------------------------------
 
@@ -80,16 +84,15 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             raise PermissionDeniedError(f"only an administrator may {what}; {who.username} is not")
         return who
 
-    def _may_change(self, who: Principal, experiment_id: int, what: str) -> None:
-        """Regular users change their own experiments only; administrators any."""
-        if who.admin:
-            return
-        owner = self.store.get_experiment(experiment_id).owner
-        if owner != who.username:
-            raise PermissionDeniedError(
-                f"experiment {experiment_id} belongs to {owner}: only they or an administrator "
-                f"may {what} it"
-            )
+    def _may_read(self, context: Any, experiment_id: int) -> Principal:
+        """The caller, if they may read the experiment (a viewer of its workspace)."""
+        who = self._who(context)
+        self.roles.experiment(who, experiment_id)
+        return who
+
+    def _may_change(self, who: Principal, experiment_id: int) -> None:
+        """Editors of the experiment's workspace steer any of its experiments (see _roles)."""
+        self.roles.experiment(who, experiment_id, EDITOR)
 
     # --- users ----------------------------------------------------------------------
 
@@ -276,10 +279,17 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             )
         else:
             prepared = self.master.prepare_experiment(*args, owner=owner)
+        config = prepared.config
+        project = await loop.run_in_executor(
+            self.pool,
+            partial(self.roles.new_experiment_project, who, config.workspace, config.project),
+        )
+        prepared = dataclasses.replace(prepared, project_id=project.id)
         self.master.quota.take(prepared.owner_id, who.admin, len(model_definition))
         record, ticket, why = self.master.add_experiment(prepared, activate=activate)
         await self.master.commit.wait_async(ticket)
         experiment = _convert.experiment(record, num_trials=1, parsed=prepared.config)
+        experiment.workspace, experiment.project = project.workspace, project.name
         warnings = (
             [
                 f"its trials cannot start on this cluster as it is: each {why}; they wait until "
@@ -298,6 +308,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         smaller = bool(record.config.get("searcher", {}).get("smaller_is_better", True))
         best = (min(bests) if smaller else max(bests)) if bests else None
         message = _convert.experiment(record, num_trials=len(trials), best=best)
+        message.workspace, message.project = record.workspace, record.project
         text = self.store.get_config_text(experiment_id) if with_text else None
         if text is not None:
             message.config_yaml = masked_config_text(text, record.config) or ""
@@ -307,6 +318,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def GetExperiment(  # noqa: N802
         self, request: api_pb2.GetExperimentRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetExperimentResponse:
+        who = self._may_read(context, request.id)
         experiment = self._experiment(request.id, with_text=True)
         trials = [_convert.trial(t) for t in self.store.list_trials(request.id)]
         waiting = self.master.unplaceable
@@ -320,7 +332,6 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         response = api_pb2.GetExperimentResponse(
             experiment=experiment, trials=trials, metric_names=names
         )
-        who = self._who(context)
         if who.admin or experiment.owner == who.username:  # usage is its owner's to see
             response.slot_seconds = self.store.experiment_slot_seconds([request.id])[request.id]
         return response
@@ -339,6 +350,9 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             label=request.label or None,
             owner=request.owner or None,
             archived=request.archived if request.HasField("archived") else None,
+            workspaces=self.roles.visible(self._who(context)),
+            workspace=request.workspace or None,
+            project=request.project or None,
             sort=request.sort_by or "id",
             descending=not request.ascending,
             limit=request.limit or 50,
@@ -358,7 +372,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                 "unknown experiment action; give one of pause, "
                 "activate, cancel, kill, archive, unarchive"
             )
-        self._may_change(self._who(context), request.id, action)
+        self._may_change(self._who(context), request.id)
         self.master.experiment_action(request.id, action)
         return self._experiment(request.id)
 
@@ -366,7 +380,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def SetExperimentResource(  # noqa: N802
         self, request: api_pb2.SetExperimentResourceRequest, context: grpc.ServicerContext
     ) -> common_pb2.Experiment:
-        self._may_change(self._who(context), request.id, f"change the {request.name} of")
+        self._may_change(self._who(context), request.id)
         self.master.set_experiment_resource(request.id, request.name, request.value)
         return self._experiment(request.id)
 
@@ -374,6 +388,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def GetExperimentMetrics(  # noqa: N802
         self, request: api_pb2.GetExperimentMetricsRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetExperimentMetricsResponse:
+        self._may_read(context, request.id)
         curves = self.store.experiment_curves(
             request.id,
             request.name,
@@ -391,6 +406,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def GetModelDefinition(  # noqa: N802
         self, request: api_pb2.GetModelDefinitionRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetModelDefinitionResponse:
+        self._may_read(context, request.experiment_id)
         data = self.store.get_model_definition(request.experiment_id)  # NOT_FOUND names the id
         return api_pb2.GetModelDefinitionResponse(model_definition=data)
 
@@ -398,6 +414,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def GetTrial(  # noqa: N802
         self, request: api_pb2.GetTrialRequest, context: grpc.ServicerContext
     ) -> common_pb2.Trial:
+        self.roles.trial(self._who(context), request.id)
         trial = _convert.trial(self.store.get_trial(request.id))
         allocation_id = self.master.run_of_trial.get(request.id)
         if allocation_id is not None:  # running: each rank's latest utilisation
@@ -408,7 +425,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def GetTrialMetrics(  # noqa: N802
         self, request: api_pb2.GetTrialMetricsRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetTrialMetricsResponse:
-        self.store.get_trial(request.id)
+        self.roles.trial(self._who(context), request.id)
         group = request.group or "validation"
         names = self.store.metric_names(request.id).get(group, [])
         by_batch: dict[int, dict[str, float]] = {}
@@ -440,7 +457,8 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         async def read(call: Callable[[], _T]) -> _T:
             return await loop.run_in_executor(self.pool, call)
 
-        await read(partial(self.store.get_trial, request.trial_id))
+        who = caller() or await self.guard.principal_async(metadata, self.pool)
+        await read(partial(self.roles.trial, who, request.trial_id))
         lines = stream_trial_logs(
             self.store,
             read,
@@ -452,7 +470,6 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         )
         slot: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if request.follow:
-            who = caller() or await self.guard.principal_async(metadata, self.pool)
             slot = self.log_followers.hold(who.username)
         with slot:
             async with contextlib.aclosing(lines):
@@ -463,10 +480,12 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
     def ListCheckpoints(  # noqa: N802
         self, request: api_pb2.ListCheckpointsRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListCheckpointsResponse:
+        who = self._who(context)
         if request.trial_id:
+            self.roles.trial(who, request.trial_id)
             trials = [self.store.get_trial(request.trial_id)]
         else:
-            self.store.get_experiment(request.experiment_id)
+            self.roles.experiment(who, request.experiment_id)
             trials = self.store.list_trials(request.experiment_id)
         return api_pb2.ListCheckpointsResponse(
             checkpoints=[
@@ -494,6 +513,10 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.GetCheckpointRequest, context: grpc.ServicerContext
     ) -> common_pb2.Checkpoint:
         record = self.store.get_checkpoint(request.uuid)
+        try:
+            self.roles.trial(self._who(context), record.trial_id)
+        except NotFoundError:
+            raise NotFoundError(f"checkpoint {request.uuid} does not exist") from None
         trial = self.store.get_trial(record.trial_id)
         return _convert.checkpoint(record, trial.experiment_id)
 
@@ -509,6 +532,11 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.GetQueueRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetQueueResponse:
         view = self.master.cluster_view()
+        visible = self.roles.visible(self._who(context))
+        queue = view.queue
+        if visible is not None:  # a user sees the queued trials of their workspaces only
+            shown = self.store.experiments_in({q.experiment_id for q in queue}, visible)
+            queue = tuple(q for q in queue if q.experiment_id in shown)
         trials = [
             api_pb2.QueuedTrial(
                 trial_id=q.trial_id,
@@ -523,7 +551,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                 waiting=q.waiting,
                 resource_pool=q.pool,
             )
-            for q in view.queue
+            for q in queue
         ]
         return api_pb2.GetQueueResponse(trials=trials)
 
@@ -630,6 +658,10 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self.store.get_model(request.name)  # an unknown model is named before the checkpoint
         uuid = _registry.checkpoint_uuid(request.checkpoint_uuid)
         _registry.may_read_checkpoint(self.store, who, uuid)
+        try:  # a checkpoint of a workspace the caller is not in is not theirs to register
+            self.roles.trial(who, self.store.get_checkpoint(uuid).trial_id)
+        except NotFoundError:
+            raise NotFoundError(f"checkpoint {uuid} does not exist") from None
         record = self.store.register_version(
             request.name,
             uuid,
@@ -679,6 +711,170 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         _registry.may_edit_model(self.store, self._who(context), request.name, "delete versions of")
         self.store.delete_version(request.name, request.version)
         return api_pb2.DeleteModelVersionResponse()
+
+
+    # --- workspaces and projects (who may do what: _roles) ----------------------------
+
+    def _workspace_message(self, who: Principal, found: WorkspaceRecord) -> api_pb2.Workspace:
+        return api_pb2.Workspace(
+            name=found.name,
+            archived=found.archived,
+            num_projects=found.num_projects,
+            num_experiments=found.num_experiments,
+            role=self.roles.role(who, found.id) or "",
+        )
+
+    def _members(self, workspace_id: int) -> api_pb2.ListWorkspaceMembersResponse:
+        return api_pb2.ListWorkspaceMembersResponse(
+            members=[
+                api_pb2.WorkspaceMember(username=m.username, role=m.role)
+                for m in self.store.list_members(workspace_id)
+            ]
+        )
+
+    @maps_errors
+    def CreateWorkspace(  # noqa: N802
+        self, request: api_pb2.CreateWorkspaceRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Workspace:
+        who = self._who(context)
+        created = self.store.create_workspace(request.name, who.user_id)
+        return self._workspace_message(who, created)
+
+    @maps_errors
+    def ListWorkspaces(  # noqa: N802
+        self, request: api_pb2.ListWorkspacesRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListWorkspacesResponse:
+        who = self._who(context)
+        found = self.store.list_workspaces(self.roles.visible(who))
+        return api_pb2.ListWorkspacesResponse(
+            workspaces=[self._workspace_message(who, w) for w in found]
+        )
+
+    @maps_errors
+    def GetWorkspace(  # noqa: N802
+        self, request: api_pb2.GetWorkspaceRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetWorkspaceResponse:
+        who = self._who(context)
+        found = self.roles.workspace(who, request.name)
+        return api_pb2.GetWorkspaceResponse(
+            workspace=self._workspace_message(who, found),
+            projects=[_project_message(p) for p in self.store.list_projects(found.id)],
+            members=self._members(found.id).members,
+        )
+
+    @maps_errors
+    def ArchiveWorkspace(  # noqa: N802
+        self, request: api_pb2.ArchiveWorkspaceRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Workspace:
+        who = self._who(context)
+        found = self.roles.workspace(who, request.name, ADMIN)
+        self.store.set_workspace_archived(found.id, request.archived)
+        return self._workspace_message(who, self.store.get_workspace(found.name))
+
+    @maps_errors
+    def DeleteWorkspace(  # noqa: N802
+        self, request: api_pb2.DeleteWorkspaceRequest, context: grpc.ServicerContext
+    ) -> api_pb2.DeleteWorkspaceResponse:
+        found = self.roles.workspace(self._who(context), request.name, ADMIN)
+        self.store.delete_workspace(found.id)
+        return api_pb2.DeleteWorkspaceResponse()
+
+    @maps_errors
+    def ListWorkspaceMembers(  # noqa: N802
+        self, request: api_pb2.ListWorkspaceMembersRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListWorkspaceMembersResponse:
+        found = self.roles.workspace(self._who(context), request.workspace)
+        return self._members(found.id)
+
+    @maps_errors
+    def SetWorkspaceMember(  # noqa: N802
+        self, request: api_pb2.SetWorkspaceMemberRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListWorkspaceMembersResponse:
+        found = self.roles.workspace(self._who(context), request.workspace, ADMIN)
+        user = self.store.get_user(request.username)
+        self.store.set_member(found.id, user.id, request.role)
+        return self._members(found.id)
+
+    @maps_errors
+    def RemoveWorkspaceMember(  # noqa: N802
+        self, request: api_pb2.RemoveWorkspaceMemberRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListWorkspaceMembersResponse:
+        found = self.roles.workspace(self._who(context), request.workspace, ADMIN)
+        user = self.store.get_user(request.username)
+        if not self.store.remove_member(found.id, user.id):
+            raise NotFoundError(f"{user.username} is not a member of workspace {found.name!r}")
+        return self._members(found.id)
+
+    @maps_errors
+    def CreateProject(  # noqa: N802
+        self, request: api_pb2.CreateProjectRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Project:
+        found = self.roles.workspace(self._who(context), request.workspace, EDITOR)
+        if found.archived:
+            raise InvalidArgumentError(
+                f"workspace {found.name!r} is archived: unarchive it to add projects"
+            )
+        created = self.store.create_project(found.id, request.name, request.description)
+        return _project_message(created)
+
+    @maps_errors
+    def ListProjects(  # noqa: N802
+        self, request: api_pb2.ListProjectsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListProjectsResponse:
+        who = self._who(context)
+        if request.workspace:
+            found = self.roles.workspace(who, request.workspace)
+            projects = self.store.list_projects(found.id)
+        else:
+            projects = self.store.list_projects(visible=self.roles.visible(who))
+        return api_pb2.ListProjectsResponse(projects=[_project_message(p) for p in projects])
+
+    @maps_errors
+    def GetProject(  # noqa: N802
+        self, request: api_pb2.GetProjectRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Project:
+        found = self.roles.project(self._who(context), request.workspace, request.name)
+        return _project_message(found)
+
+    @maps_errors
+    def ArchiveProject(  # noqa: N802
+        self, request: api_pb2.ArchiveProjectRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Project:
+        found = self.roles.project(self._who(context), request.workspace, request.name, ADMIN)
+        self.store.set_project_archived(found.id, request.archived)
+        return _project_message(self.store.get_project(found.id))
+
+    @maps_errors
+    def DeleteProject(  # noqa: N802
+        self, request: api_pb2.DeleteProjectRequest, context: grpc.ServicerContext
+    ) -> api_pb2.DeleteProjectResponse:
+        found = self.roles.project(self._who(context), request.workspace, request.name, ADMIN)
+        self.store.delete_project(found.id)
+        return api_pb2.DeleteProjectResponse()
+
+    @maps_errors
+    def MoveExperiment(  # noqa: N802
+        self, request: api_pb2.MoveExperimentRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Experiment:
+        who = self._who(context)
+        self._may_change(who, request.id)
+        target = self.roles.project_ref(who, request.project, EDITOR)
+        if target.archived:
+            raise InvalidArgumentError(
+                f"project {target.workspace}/{target.name} is archived: unarchive it first"
+            )
+        self.store.move_experiment(request.id, target.id)
+        return self._experiment(request.id)
+
+
+def _project_message(found: ProjectRecord) -> api_pb2.Project:
+    return api_pb2.Project(
+        workspace=found.workspace,
+        name=found.name,
+        description=found.description,
+        archived=found.archived,
+        num_experiments=found.num_experiments,
+    )
 
 
 def _user_message(user: UserRecord) -> api_pb2.User:

@@ -43,6 +43,7 @@ class PreparedExperiment:
     owner_id: int
     searcher: Searcher
     config_text: str | None = None  # as submitted: order and comments, for people
+    project_id: int | None = None  # None: the Default workspace's Uncategorized project
 
 
 def check_submission(

@@ -324,6 +324,8 @@ class ListExperimentsRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     ARCHIVED_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PROJECT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """substring, case-insensitive"""
     label: _builtins.str
@@ -335,6 +337,10 @@ class ListExperimentsRequest(_message.Message):
     """default 50, at most 1000"""
     offset: _builtins.int
     archived: _builtins.bool
+    workspace: _builtins.str
+    """only experiments of this workspace"""
+    project: _builtins.str
+    """only experiments of projects of this name"""
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.ExperimentState.ValueType]: ...
     def __init__(
@@ -349,10 +355,12 @@ class ListExperimentsRequest(_message.Message):
         limit: _builtins.int = ...,
         offset: _builtins.int = ...,
         archived: _builtins.bool | None = ...,
+        workspace: _builtins.str = ...,
+        project: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_archived", b"_archived", "archived", b"archived"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_archived", b"_archived", "archived", b"archived", "ascending", b"ascending", "label", b"label", "limit", b"limit", "name", b"name", "offset", b"offset", "owner", b"owner", "sort_by", b"sort_by", "states", b"states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_archived", b"_archived", "archived", b"archived", "ascending", b"ascending", "label", b"label", "limit", b"limit", "name", b"name", "offset", b"offset", "owner", b"owner", "project", b"project", "sort_by", b"sort_by", "states", b"states", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__archived: _TypeAlias = _typing.Literal["archived"]  # noqa: Y015
     _WhichOneofArgType__archived: _TypeAlias = _typing.Literal["_archived", b"_archived"]  # noqa: Y015
@@ -1930,3 +1938,508 @@ class DeleteModelVersionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteModelVersionResponse: _TypeAlias = DeleteModelVersionResponse  # noqa: Y015
+
+@_typing.final
+class Workspace(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ARCHIVED_FIELD_NUMBER: _builtins.int
+    NUM_PROJECTS_FIELD_NUMBER: _builtins.int
+    NUM_EXPERIMENTS_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    archived: _builtins.bool
+    num_projects: _builtins.int
+    num_experiments: _builtins.int
+    role: _builtins.str
+    """The caller's role in it: viewer | editor | admin ("admin" for a cluster admin who is
+    not a member).
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        archived: _builtins.bool = ...,
+        num_projects: _builtins.int = ...,
+        num_experiments: _builtins.int = ...,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "name", b"name", "num_experiments", b"num_experiments", "num_projects", b"num_projects", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Workspace: _TypeAlias = Workspace  # noqa: Y015
+
+@_typing.final
+class Project(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    ARCHIVED_FIELD_NUMBER: _builtins.int
+    NUM_EXPERIMENTS_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    name: _builtins.str
+    description: _builtins.str
+    archived: _builtins.bool
+    num_experiments: _builtins.int
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        archived: _builtins.bool = ...,
+        num_experiments: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "description", b"description", "name", b"name", "num_experiments", b"num_experiments", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Project: _TypeAlias = Project  # noqa: Y015
+
+@_typing.final
+class WorkspaceMember(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERNAME_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    username: _builtins.str
+    role: _builtins.str
+    """viewer | editor | admin"""
+    def __init__(
+        self,
+        *,
+        username: _builtins.str = ...,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role", "username", b"username"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkspaceMember: _TypeAlias = WorkspaceMember  # noqa: Y015
+
+@_typing.final
+class CreateWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWorkspaceRequest: _TypeAlias = CreateWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkspacesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkspacesRequest: _TypeAlias = ListWorkspacesRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkspacesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspaces(self) -> _containers.RepeatedCompositeFieldContainer[Global___Workspace]: ...
+    def __init__(
+        self,
+        *,
+        workspaces: _abc.Iterable[Global___Workspace] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspaces", b"workspaces"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkspacesResponse: _TypeAlias = ListWorkspacesResponse  # noqa: Y015
+
+@_typing.final
+class GetWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWorkspaceRequest: _TypeAlias = GetWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class GetWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PROJECTS_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspace(self) -> Global___Workspace: ...
+    @_builtins.property
+    def projects(self) -> _containers.RepeatedCompositeFieldContainer[Global___Project]: ...
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkspaceMember]: ...
+    def __init__(
+        self,
+        *,
+        workspace: Global___Workspace | None = ...,
+        projects: _abc.Iterable[Global___Project] | None = ...,
+        members: _abc.Iterable[Global___WorkspaceMember] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["members", b"members", "projects", b"projects", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWorkspaceResponse: _TypeAlias = GetWorkspaceResponse  # noqa: Y015
+
+@_typing.final
+class ArchiveWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ARCHIVED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    archived: _builtins.bool
+    """false: unarchive"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        archived: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArchiveWorkspaceRequest: _TypeAlias = ArchiveWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class DeleteWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteWorkspaceRequest: _TypeAlias = DeleteWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class DeleteWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteWorkspaceResponse: _TypeAlias = DeleteWorkspaceResponse  # noqa: Y015
+
+@_typing.final
+class ListWorkspaceMembersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkspaceMembersRequest: _TypeAlias = ListWorkspaceMembersRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkspaceMembersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkspaceMember]: ...
+    def __init__(
+        self,
+        *,
+        members: _abc.Iterable[Global___WorkspaceMember] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["members", b"members"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkspaceMembersResponse: _TypeAlias = ListWorkspaceMembersResponse  # noqa: Y015
+
+@_typing.final
+class SetWorkspaceMemberRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    username: _builtins.str
+    role: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        username: _builtins.str = ...,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role", "username", b"username", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetWorkspaceMemberRequest: _TypeAlias = SetWorkspaceMemberRequest  # noqa: Y015
+
+@_typing.final
+class RemoveWorkspaceMemberRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    username: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        username: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["username", b"username", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveWorkspaceMemberRequest: _TypeAlias = RemoveWorkspaceMemberRequest  # noqa: Y015
+
+@_typing.final
+class CreateProjectRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    name: _builtins.str
+    description: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateProjectRequest: _TypeAlias = CreateProjectRequest  # noqa: Y015
+
+@_typing.final
+class ListProjectsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    """empty: the projects of every workspace the caller sees"""
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProjectsRequest: _TypeAlias = ListProjectsRequest  # noqa: Y015
+
+@_typing.final
+class ListProjectsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def projects(self) -> _containers.RepeatedCompositeFieldContainer[Global___Project]: ...
+    def __init__(
+        self,
+        *,
+        projects: _abc.Iterable[Global___Project] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["projects", b"projects"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProjectsResponse: _TypeAlias = ListProjectsResponse  # noqa: Y015
+
+@_typing.final
+class GetProjectRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProjectRequest: _TypeAlias = GetProjectRequest  # noqa: Y015
+
+@_typing.final
+class ArchiveProjectRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARCHIVED_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    name: _builtins.str
+    archived: _builtins.bool
+    """false: unarchive"""
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        name: _builtins.str = ...,
+        archived: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "name", b"name", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArchiveProjectRequest: _TypeAlias = ArchiveProjectRequest  # noqa: Y015
+
+@_typing.final
+class DeleteProjectRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteProjectRequest: _TypeAlias = DeleteProjectRequest  # noqa: Y015
+
+@_typing.final
+class DeleteProjectResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteProjectResponse: _TypeAlias = DeleteProjectResponse  # noqa: Y015
+
+@_typing.final
+class MoveExperimentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    PROJECT_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    project: _builtins.str
+    """WORKSPACE/PROJECT, or a project's name when only one workspace has it."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        project: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "project", b"project"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MoveExperimentRequest: _TypeAlias = MoveExperimentRequest  # noqa: Y015

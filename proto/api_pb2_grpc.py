@@ -235,6 +235,76 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.DeleteModelVersionRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.DeleteModelVersionResponse.FromString,
                 _registered_method=True)
+        self.CreateWorkspace = channel.unary_unary(
+                '/assay.v1.Api/CreateWorkspace',
+                request_serializer=assay_dot_proto_dot_api__pb2.CreateWorkspaceRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Workspace.FromString,
+                _registered_method=True)
+        self.ListWorkspaces = channel.unary_unary(
+                '/assay.v1.Api/ListWorkspaces',
+                request_serializer=assay_dot_proto_dot_api__pb2.ListWorkspacesRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ListWorkspacesResponse.FromString,
+                _registered_method=True)
+        self.GetWorkspace = channel.unary_unary(
+                '/assay.v1.Api/GetWorkspace',
+                request_serializer=assay_dot_proto_dot_api__pb2.GetWorkspaceRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.GetWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.ArchiveWorkspace = channel.unary_unary(
+                '/assay.v1.Api/ArchiveWorkspace',
+                request_serializer=assay_dot_proto_dot_api__pb2.ArchiveWorkspaceRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Workspace.FromString,
+                _registered_method=True)
+        self.DeleteWorkspace = channel.unary_unary(
+                '/assay.v1.Api/DeleteWorkspace',
+                request_serializer=assay_dot_proto_dot_api__pb2.DeleteWorkspaceRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.DeleteWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.ListWorkspaceMembers = channel.unary_unary(
+                '/assay.v1.Api/ListWorkspaceMembers',
+                request_serializer=assay_dot_proto_dot_api__pb2.ListWorkspaceMembersRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ListWorkspaceMembersResponse.FromString,
+                _registered_method=True)
+        self.SetWorkspaceMember = channel.unary_unary(
+                '/assay.v1.Api/SetWorkspaceMember',
+                request_serializer=assay_dot_proto_dot_api__pb2.SetWorkspaceMemberRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ListWorkspaceMembersResponse.FromString,
+                _registered_method=True)
+        self.RemoveWorkspaceMember = channel.unary_unary(
+                '/assay.v1.Api/RemoveWorkspaceMember',
+                request_serializer=assay_dot_proto_dot_api__pb2.RemoveWorkspaceMemberRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ListWorkspaceMembersResponse.FromString,
+                _registered_method=True)
+        self.CreateProject = channel.unary_unary(
+                '/assay.v1.Api/CreateProject',
+                request_serializer=assay_dot_proto_dot_api__pb2.CreateProjectRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Project.FromString,
+                _registered_method=True)
+        self.ListProjects = channel.unary_unary(
+                '/assay.v1.Api/ListProjects',
+                request_serializer=assay_dot_proto_dot_api__pb2.ListProjectsRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ListProjectsResponse.FromString,
+                _registered_method=True)
+        self.GetProject = channel.unary_unary(
+                '/assay.v1.Api/GetProject',
+                request_serializer=assay_dot_proto_dot_api__pb2.GetProjectRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Project.FromString,
+                _registered_method=True)
+        self.ArchiveProject = channel.unary_unary(
+                '/assay.v1.Api/ArchiveProject',
+                request_serializer=assay_dot_proto_dot_api__pb2.ArchiveProjectRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Project.FromString,
+                _registered_method=True)
+        self.DeleteProject = channel.unary_unary(
+                '/assay.v1.Api/DeleteProject',
+                request_serializer=assay_dot_proto_dot_api__pb2.DeleteProjectRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.DeleteProjectResponse.FromString,
+                _registered_method=True)
+        self.MoveExperiment = channel.unary_unary(
+                '/assay.v1.Api/MoveExperiment',
+                request_serializer=assay_dot_proto_dot_api__pb2.MoveExperimentRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_common__pb2.Experiment.FromString,
+                _registered_method=True)
 
 
 class ApiServicer:
@@ -503,6 +573,100 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateWorkspace(self, request, context):
+        """Workspaces and projects. A user sees only the workspaces they are a member of
+        (cluster admins: all); a non-member gets NOT_FOUND. Roles: viewer reads; editor also
+        creates projects and experiments and steers any experiment of the workspace; admin
+        also manages members, archives and deletes. Any user may create a workspace, and is
+        its first admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkspaces(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWorkspace(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ArchiveWorkspace(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteWorkspace(self, request, context):
+        """FAILED_PRECONDITION (nothing deleted) while it holds experiments; its empty projects
+        go with it. The Default workspace cannot be deleted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkspaceMembers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetWorkspaceMember(self, request, context):
+        """Add a member, or change a member's role (viewer | editor | admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveWorkspaceMember(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateProject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListProjects(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetProject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ArchiveProject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteProject(self, request, context):
+        """FAILED_PRECONDITION (nothing deleted) while it holds experiments.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MoveExperiment(self, request, context):
+        """File an experiment under another project (editor of both workspaces).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ApiServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -705,6 +869,76 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.DeleteModelVersion,
                     request_deserializer=assay_dot_proto_dot_api__pb2.DeleteModelVersionRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.DeleteModelVersionResponse.SerializeToString,
+            ),
+            'CreateWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWorkspace,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.CreateWorkspaceRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Workspace.SerializeToString,
+            ),
+            'ListWorkspaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkspaces,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ListWorkspacesRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ListWorkspacesResponse.SerializeToString,
+            ),
+            'GetWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkspace,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.GetWorkspaceRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.GetWorkspaceResponse.SerializeToString,
+            ),
+            'ArchiveWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.ArchiveWorkspace,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ArchiveWorkspaceRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Workspace.SerializeToString,
+            ),
+            'DeleteWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteWorkspace,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.DeleteWorkspaceRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.DeleteWorkspaceResponse.SerializeToString,
+            ),
+            'ListWorkspaceMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkspaceMembers,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ListWorkspaceMembersRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ListWorkspaceMembersResponse.SerializeToString,
+            ),
+            'SetWorkspaceMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkspaceMember,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.SetWorkspaceMemberRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ListWorkspaceMembersResponse.SerializeToString,
+            ),
+            'RemoveWorkspaceMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveWorkspaceMember,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.RemoveWorkspaceMemberRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ListWorkspaceMembersResponse.SerializeToString,
+            ),
+            'CreateProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateProject,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.CreateProjectRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Project.SerializeToString,
+            ),
+            'ListProjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProjects,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ListProjectsRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ListProjectsResponse.SerializeToString,
+            ),
+            'GetProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProject,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.GetProjectRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Project.SerializeToString,
+            ),
+            'ArchiveProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.ArchiveProject,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ArchiveProjectRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Project.SerializeToString,
+            ),
+            'DeleteProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteProject,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.DeleteProjectRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.DeleteProjectResponse.SerializeToString,
+            ),
+            'MoveExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveExperiment,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.MoveExperimentRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_common__pb2.Experiment.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1787,6 +2021,384 @@ class Api:
             '/assay.v1.Api/DeleteModelVersion',
             assay_dot_proto_dot_api__pb2.DeleteModelVersionRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.DeleteModelVersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/CreateWorkspace',
+            assay_dot_proto_dot_api__pb2.CreateWorkspaceRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Workspace.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkspaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ListWorkspaces',
+            assay_dot_proto_dot_api__pb2.ListWorkspacesRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ListWorkspacesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/GetWorkspace',
+            assay_dot_proto_dot_api__pb2.GetWorkspaceRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.GetWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ArchiveWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ArchiveWorkspace',
+            assay_dot_proto_dot_api__pb2.ArchiveWorkspaceRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Workspace.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/DeleteWorkspace',
+            assay_dot_proto_dot_api__pb2.DeleteWorkspaceRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.DeleteWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkspaceMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ListWorkspaceMembers',
+            assay_dot_proto_dot_api__pb2.ListWorkspaceMembersRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ListWorkspaceMembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkspaceMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/SetWorkspaceMember',
+            assay_dot_proto_dot_api__pb2.SetWorkspaceMemberRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ListWorkspaceMembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveWorkspaceMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/RemoveWorkspaceMember',
+            assay_dot_proto_dot_api__pb2.RemoveWorkspaceMemberRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ListWorkspaceMembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/CreateProject',
+            assay_dot_proto_dot_api__pb2.CreateProjectRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Project.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ListProjects',
+            assay_dot_proto_dot_api__pb2.ListProjectsRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ListProjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/GetProject',
+            assay_dot_proto_dot_api__pb2.GetProjectRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Project.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ArchiveProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ArchiveProject',
+            assay_dot_proto_dot_api__pb2.ArchiveProjectRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Project.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/DeleteProject',
+            assay_dot_proto_dot_api__pb2.DeleteProjectRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.DeleteProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/MoveExperiment',
+            assay_dot_proto_dot_api__pb2.MoveExperimentRequest.SerializeToString,
+            assay_dot_proto_dot_common__pb2.Experiment.FromString,
             options,
             channel_credentials,
             insecure,

@@ -101,6 +101,32 @@ class ApiStub:
     GetModelVersion: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetModelVersionRequest, _api_pb2.ModelVersion]
     PatchModelVersion: _grpc.UnaryUnaryMultiCallable[_api_pb2.PatchModelVersionRequest, _api_pb2.ModelVersion]
     DeleteModelVersion: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeleteModelVersionRequest, _api_pb2.DeleteModelVersionResponse]
+    CreateWorkspace: _grpc.UnaryUnaryMultiCallable[_api_pb2.CreateWorkspaceRequest, _api_pb2.Workspace]
+    """Workspaces and projects. A user sees only the workspaces they are a member of
+    (cluster admins: all); a non-member gets NOT_FOUND. Roles: viewer reads; editor also
+    creates projects and experiments and steers any experiment of the workspace; admin
+    also manages members, archives and deletes. Any user may create a workspace, and is
+    its first admin.
+    """
+    ListWorkspaces: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListWorkspacesRequest, _api_pb2.ListWorkspacesResponse]
+    GetWorkspace: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetWorkspaceRequest, _api_pb2.GetWorkspaceResponse]
+    ArchiveWorkspace: _grpc.UnaryUnaryMultiCallable[_api_pb2.ArchiveWorkspaceRequest, _api_pb2.Workspace]
+    DeleteWorkspace: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeleteWorkspaceRequest, _api_pb2.DeleteWorkspaceResponse]
+    """FAILED_PRECONDITION (nothing deleted) while it holds experiments; its empty projects
+    go with it. The Default workspace cannot be deleted.
+    """
+    ListWorkspaceMembers: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListWorkspaceMembersRequest, _api_pb2.ListWorkspaceMembersResponse]
+    SetWorkspaceMember: _grpc.UnaryUnaryMultiCallable[_api_pb2.SetWorkspaceMemberRequest, _api_pb2.ListWorkspaceMembersResponse]
+    """Add a member, or change a member's role (viewer | editor | admin)."""
+    RemoveWorkspaceMember: _grpc.UnaryUnaryMultiCallable[_api_pb2.RemoveWorkspaceMemberRequest, _api_pb2.ListWorkspaceMembersResponse]
+    CreateProject: _grpc.UnaryUnaryMultiCallable[_api_pb2.CreateProjectRequest, _api_pb2.Project]
+    ListProjects: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListProjectsRequest, _api_pb2.ListProjectsResponse]
+    GetProject: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetProjectRequest, _api_pb2.Project]
+    ArchiveProject: _grpc.UnaryUnaryMultiCallable[_api_pb2.ArchiveProjectRequest, _api_pb2.Project]
+    DeleteProject: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeleteProjectRequest, _api_pb2.DeleteProjectResponse]
+    """FAILED_PRECONDITION (nothing deleted) while it holds experiments."""
+    MoveExperiment: _grpc.UnaryUnaryMultiCallable[_api_pb2.MoveExperimentRequest, _common_pb2.Experiment]
+    """File an experiment under another project (editor of both workspaces)."""
 
 @_typing.type_check_only
 class ApiAsyncStub(ApiStub):
@@ -174,6 +200,32 @@ class ApiAsyncStub(ApiStub):
     GetModelVersion: _aio.UnaryUnaryMultiCallable[_api_pb2.GetModelVersionRequest, _api_pb2.ModelVersion]  # type: ignore[assignment]
     PatchModelVersion: _aio.UnaryUnaryMultiCallable[_api_pb2.PatchModelVersionRequest, _api_pb2.ModelVersion]  # type: ignore[assignment]
     DeleteModelVersion: _aio.UnaryUnaryMultiCallable[_api_pb2.DeleteModelVersionRequest, _api_pb2.DeleteModelVersionResponse]  # type: ignore[assignment]
+    CreateWorkspace: _aio.UnaryUnaryMultiCallable[_api_pb2.CreateWorkspaceRequest, _api_pb2.Workspace]  # type: ignore[assignment]
+    """Workspaces and projects. A user sees only the workspaces they are a member of
+    (cluster admins: all); a non-member gets NOT_FOUND. Roles: viewer reads; editor also
+    creates projects and experiments and steers any experiment of the workspace; admin
+    also manages members, archives and deletes. Any user may create a workspace, and is
+    its first admin.
+    """
+    ListWorkspaces: _aio.UnaryUnaryMultiCallable[_api_pb2.ListWorkspacesRequest, _api_pb2.ListWorkspacesResponse]  # type: ignore[assignment]
+    GetWorkspace: _aio.UnaryUnaryMultiCallable[_api_pb2.GetWorkspaceRequest, _api_pb2.GetWorkspaceResponse]  # type: ignore[assignment]
+    ArchiveWorkspace: _aio.UnaryUnaryMultiCallable[_api_pb2.ArchiveWorkspaceRequest, _api_pb2.Workspace]  # type: ignore[assignment]
+    DeleteWorkspace: _aio.UnaryUnaryMultiCallable[_api_pb2.DeleteWorkspaceRequest, _api_pb2.DeleteWorkspaceResponse]  # type: ignore[assignment]
+    """FAILED_PRECONDITION (nothing deleted) while it holds experiments; its empty projects
+    go with it. The Default workspace cannot be deleted.
+    """
+    ListWorkspaceMembers: _aio.UnaryUnaryMultiCallable[_api_pb2.ListWorkspaceMembersRequest, _api_pb2.ListWorkspaceMembersResponse]  # type: ignore[assignment]
+    SetWorkspaceMember: _aio.UnaryUnaryMultiCallable[_api_pb2.SetWorkspaceMemberRequest, _api_pb2.ListWorkspaceMembersResponse]  # type: ignore[assignment]
+    """Add a member, or change a member's role (viewer | editor | admin)."""
+    RemoveWorkspaceMember: _aio.UnaryUnaryMultiCallable[_api_pb2.RemoveWorkspaceMemberRequest, _api_pb2.ListWorkspaceMembersResponse]  # type: ignore[assignment]
+    CreateProject: _aio.UnaryUnaryMultiCallable[_api_pb2.CreateProjectRequest, _api_pb2.Project]  # type: ignore[assignment]
+    ListProjects: _aio.UnaryUnaryMultiCallable[_api_pb2.ListProjectsRequest, _api_pb2.ListProjectsResponse]  # type: ignore[assignment]
+    GetProject: _aio.UnaryUnaryMultiCallable[_api_pb2.GetProjectRequest, _api_pb2.Project]  # type: ignore[assignment]
+    ArchiveProject: _aio.UnaryUnaryMultiCallable[_api_pb2.ArchiveProjectRequest, _api_pb2.Project]  # type: ignore[assignment]
+    DeleteProject: _aio.UnaryUnaryMultiCallable[_api_pb2.DeleteProjectRequest, _api_pb2.DeleteProjectResponse]  # type: ignore[assignment]
+    """FAILED_PRECONDITION (nothing deleted) while it holds experiments."""
+    MoveExperiment: _aio.UnaryUnaryMultiCallable[_api_pb2.MoveExperimentRequest, _common_pb2.Experiment]  # type: ignore[assignment]
+    """File an experiment under another project (editor of both workspaces)."""
 
 class ApiServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -484,5 +536,115 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.DeleteModelVersionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.DeleteModelVersionResponse, _abc.Awaitable[_api_pb2.DeleteModelVersionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateWorkspace(
+        self,
+        request: _api_pb2.CreateWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Workspace, _abc.Awaitable[_api_pb2.Workspace]]:
+        """Workspaces and projects. A user sees only the workspaces they are a member of
+        (cluster admins: all); a non-member gets NOT_FOUND. Roles: viewer reads; editor also
+        creates projects and experiments and steers any experiment of the workspace; admin
+        also manages members, archives and deletes. Any user may create a workspace, and is
+        its first admin.
+        """
+
+    @_abc_1.abstractmethod
+    def ListWorkspaces(
+        self,
+        request: _api_pb2.ListWorkspacesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ListWorkspacesResponse, _abc.Awaitable[_api_pb2.ListWorkspacesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetWorkspace(
+        self,
+        request: _api_pb2.GetWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.GetWorkspaceResponse, _abc.Awaitable[_api_pb2.GetWorkspaceResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ArchiveWorkspace(
+        self,
+        request: _api_pb2.ArchiveWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Workspace, _abc.Awaitable[_api_pb2.Workspace]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteWorkspace(
+        self,
+        request: _api_pb2.DeleteWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeleteWorkspaceResponse, _abc.Awaitable[_api_pb2.DeleteWorkspaceResponse]]:
+        """FAILED_PRECONDITION (nothing deleted) while it holds experiments; its empty projects
+        go with it. The Default workspace cannot be deleted.
+        """
+
+    @_abc_1.abstractmethod
+    def ListWorkspaceMembers(
+        self,
+        request: _api_pb2.ListWorkspaceMembersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ListWorkspaceMembersResponse, _abc.Awaitable[_api_pb2.ListWorkspaceMembersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetWorkspaceMember(
+        self,
+        request: _api_pb2.SetWorkspaceMemberRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ListWorkspaceMembersResponse, _abc.Awaitable[_api_pb2.ListWorkspaceMembersResponse]]:
+        """Add a member, or change a member's role (viewer | editor | admin)."""
+
+    @_abc_1.abstractmethod
+    def RemoveWorkspaceMember(
+        self,
+        request: _api_pb2.RemoveWorkspaceMemberRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ListWorkspaceMembersResponse, _abc.Awaitable[_api_pb2.ListWorkspaceMembersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateProject(
+        self,
+        request: _api_pb2.CreateProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Project, _abc.Awaitable[_api_pb2.Project]]: ...
+
+    @_abc_1.abstractmethod
+    def ListProjects(
+        self,
+        request: _api_pb2.ListProjectsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ListProjectsResponse, _abc.Awaitable[_api_pb2.ListProjectsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetProject(
+        self,
+        request: _api_pb2.GetProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Project, _abc.Awaitable[_api_pb2.Project]]: ...
+
+    @_abc_1.abstractmethod
+    def ArchiveProject(
+        self,
+        request: _api_pb2.ArchiveProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Project, _abc.Awaitable[_api_pb2.Project]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteProject(
+        self,
+        request: _api_pb2.DeleteProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeleteProjectResponse, _abc.Awaitable[_api_pb2.DeleteProjectResponse]]:
+        """FAILED_PRECONDITION (nothing deleted) while it holds experiments."""
+
+    @_abc_1.abstractmethod
+    def MoveExperiment(
+        self,
+        request: _api_pb2.MoveExperimentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Experiment, _abc.Awaitable[_common_pb2.Experiment]]:
+        """File an experiment under another project (editor of both workspaces)."""
 
 def add_ApiServicer_to_server(servicer: ApiServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -131,6 +131,8 @@ class Experiment(_message.Message):
     START_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
     CONFIG_YAML_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PROJECT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     name: _builtins.str
     description: _builtins.str
@@ -147,6 +149,9 @@ class Experiment(_message.Message):
     in GetExperiment; empty for experiments stored before it was kept, and for a text
     whose masking could not be verified complete (then read `config`).
     """
+    workspace: _builtins.str
+    """Where it is filed."""
+    project: _builtins.str
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -176,10 +181,12 @@ class Experiment(_message.Message):
         start_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
         config_yaml: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        project: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "config", b"config", "end_time", b"end_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "archived", b"archived", "best_validation", b"best_validation", "config", b"config", "config_yaml", b"config_yaml", "description", b"description", "end_time", b"end_time", "id", b"id", "labels", b"labels", "name", b"name", "num_trials", b"num_trials", "owner", b"owner", "priority", b"priority", "progress", b"progress", "searcher", b"searcher", "start_time", b"start_time", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "archived", b"archived", "best_validation", b"best_validation", "config", b"config", "config_yaml", b"config_yaml", "description", b"description", "end_time", b"end_time", "id", b"id", "labels", b"labels", "name", b"name", "num_trials", b"num_trials", "owner", b"owner", "priority", b"priority", "progress", b"progress", "project", b"project", "searcher", b"searcher", "start_time", b"start_time", "state", b"state", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__best_validation: _TypeAlias = _typing.Literal["best_validation"]  # noqa: Y015
     _WhichOneofArgType__best_validation: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation"]  # noqa: Y015
@@ -206,6 +213,8 @@ class Trial(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     WAITING_FIELD_NUMBER: _builtins.int
     RANKS_FIELD_NUMBER: _builtins.int
+    PARENT_TRIAL_ID_FIELD_NUMBER: _builtins.int
+    SEARCH_ROUND_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     experiment_id: _builtins.int
     state: Global___TrialState.ValueType
@@ -221,6 +230,12 @@ class Trial(_message.Message):
     """Queued and unable to start on the cluster as it is: why, with the numbers
     ("needs 6 CPU slots; the cluster has 4 (1 agent)"). Empty otherwise.
     """
+    parent_trial_id: _builtins.int
+    """Lineage (pbt): the trial whose checkpoint this one started from (its weights,
+    optimizer state and batch count), and the search round that created it. Unset for a
+    trial that started from scratch.
+    """
+    search_round: _builtins.int
     @_builtins.property
     def hparams(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -251,14 +266,25 @@ class Trial(_message.Message):
         last_error: _builtins.str = ...,
         waiting: _builtins.str = ...,
         ranks: _abc.Iterable[Global___RankUsage] | None = ...,
+        parent_trial_id: _builtins.int | None = ...,
+        search_round: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "hparams", b"hparams", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "_parent_trial_id", b"_parent_trial_id", "_search_round", b"_search_round", "best_validation", b"best_validation", "end_time", b"end_time", "hparams", b"hparams", "parent_trial_id", b"parent_trial_id", "search_round", b"search_round", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "end_time", b"end_time", "experiment_id", b"experiment_id", "hparams", b"hparams", "id", b"id", "last_error", b"last_error", "latest_checkpoint", b"latest_checkpoint", "ranks", b"ranks", "restarts", b"restarts", "run_id", b"run_id", "seed", b"seed", "start_time", b"start_time", "state", b"state", "total_batches", b"total_batches", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "_parent_trial_id", b"_parent_trial_id", "_search_round", b"_search_round", "best_validation", b"best_validation", "end_time", b"end_time", "experiment_id", b"experiment_id", "hparams", b"hparams", "id", b"id", "last_error", b"last_error", "latest_checkpoint", b"latest_checkpoint", "parent_trial_id", b"parent_trial_id", "ranks", b"ranks", "restarts", b"restarts", "run_id", b"run_id", "search_round", b"search_round", "seed", b"seed", "start_time", b"start_time", "state", b"state", "total_batches", b"total_batches", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__best_validation: _TypeAlias = _typing.Literal["best_validation"]  # noqa: Y015
     _WhichOneofArgType__best_validation: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation"]  # noqa: Y015
+    _WhichOneofReturnType__parent_trial_id: _TypeAlias = _typing.Literal["parent_trial_id"]  # noqa: Y015
+    _WhichOneofArgType__parent_trial_id: _TypeAlias = _typing.Literal["_parent_trial_id", b"_parent_trial_id"]  # noqa: Y015
+    _WhichOneofReturnType__search_round: _TypeAlias = _typing.Literal["search_round"]  # noqa: Y015
+    _WhichOneofArgType__search_round: _TypeAlias = _typing.Literal["_search_round", b"_search_round"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__best_validation) -> _WhichOneofReturnType__best_validation | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parent_trial_id) -> _WhichOneofReturnType__parent_trial_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__search_round) -> _WhichOneofReturnType__search_round | None: ...
 
 Global___Trial: _TypeAlias = Trial  # noqa: Y015
 

@@ -181,13 +181,8 @@ def test_mnist_trainer_tutorial_config() -> None:
     assert config.searcher.max_length.to_dict() == {"epochs": 1}
     assert searcher_in_batches(config).max_length.to_dict() == {"batches": 938}  # ceil(937.5)
     assert config.hyperparameters["n_filters1"] == Const(32)
-    assert config.warnings == (
-        f"workspace: {FLAT}",
-        f"project: {FLAT}",
-    )
-
-
-FLAT = "projects and workspaces come with a later release; the experiment goes to the flat list"
+    assert config.warnings == ()
+    assert (config.workspace, config.project) == ("Uncategorized", "Uncategorized")
 
 
 def test_adaptive_asha_with_time_metric() -> None:
@@ -238,7 +233,7 @@ def test_preview_search_on_determined_configs(tmp_path: Path, text: str, expecte
     assert result.exit_code == 0, result.output
     assert expected in result.stdout
     if text is MNIST_TRAINER:
-        assert "warning: workspace: projects and workspaces" in result.stderr
+        assert "workspace" not in result.stderr
         assert "is 938 batches on a cluster" in result.stderr
 
 
@@ -581,10 +576,15 @@ def test_profiling() -> None:
     one_problem(base(profiling={"enabled": True, "begin_on_batch": 0}), "profiling: ", "profiler")
 
 
-def test_debug_workspace_and_project_warn() -> None:
+def test_debug_warns_and_workspace_and_project_are_kept() -> None:
     config = parse_config(base(debug=True, workspace="w", project="p"))
 
-    assert [w.split(":")[0] for w in config.warnings] == ["workspace", "project", "debug"]
+    assert [w.split(":")[0] for w in config.warnings] == ["debug"]
+    assert (config.workspace, config.project) == ("w", "p")
+
+
+def test_workspace_and_project_must_be_strings() -> None:
+    one_problem(base(workspace=3), "workspace: expected a string", "int")
 
 
 def test_tensorboard_storage_is_refused() -> None:

@@ -51,9 +51,6 @@ _CONTAINER_KEYS = {
     "add_capabilities": "remove it",
     "drop_capabilities": "remove it",
 }
-_FLAT_LIST = (
-    "projects and workspaces come with a later release; the experiment goes to the flat list"
-)
 _NO_HOROVOD = (
     "a Horovod setting: under Assay gradients are all-reduced by torch "
     "DistributedDataParallel (the Trial API's, or a script's own)"
@@ -200,10 +197,6 @@ def _check_name(name: str, s: Section, where: str) -> bool:
 
 def check_top_level(top: Section, warnings: list[str]) -> None:
     """Determined's top-level keys that Assay does not have."""
-    for key in ("workspace", "project"):
-        if key in top.data:
-            top.raw(key)
-            warnings.append(f"{key}: {_FLAT_LIST}")
     if "debug" in top.data:
         top.raw("debug")
         warnings.append(

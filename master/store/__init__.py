@@ -22,27 +22,37 @@ from assay.master.store._records import (
 from assay.master.store._registry import ModelRecord, ModelVersionRecord
 from assay.master.store._store import Store
 from assay.master.store._usage import GROUP_BY, PoolUsage, UsagePart, UsageRow, pool_usage
+from assay.master.store._workspaces import (
+    ROLES,
+    MemberRecord,
+    ProjectRecord,
+    WorkspaceRecord,
+)
 
 __all__ = [
     "GROUP_BY",
     "MAX_PAGE",
+    "ROLES",
     "SORT_COLUMNS",
     "AgentRecord",
     "AllocationRecord",
     "CheckpointRecord",
     "ExperimentRecord",
     "LogLine",
+    "MemberRecord",
     "MetricReport",
     "MetricsReported",
     "ModelRecord",
     "ModelVersionRecord",
     "Page",
     "PoolUsage",
+    "ProjectRecord",
     "Store",
     "TrialRecord",
     "UsagePart",
     "UsageRow",
     "UserRecord",
+    "WorkspaceRecord",
     "WriteBatch",
     "current_revision",
     "head_revision",

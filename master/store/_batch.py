@@ -139,6 +139,7 @@ class WriteBatch:
         priority: int,
         now: dt.datetime,
         config_text: str | None = None,
+        project_id: int | None = None,
     ) -> None:
         self.insert(
             _EXPERIMENTS,
@@ -160,6 +161,8 @@ class WriteBatch:
                 "updated_at": now,
                 # Only when given: a store written by tests at an older schema has no column.
                 **({"config_text": config_text} if config_text is not None else {}),
+                # Only when given: the column's default is the Default workspace's project.
+                **({"project_id": project_id} if project_id is not None else {}),
             },
         )
         rows = [{"experiment_id": experiment_id, "label": label} for label in sorted(set(labels))]

@@ -9,7 +9,7 @@ new rows take.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, exists, func, select, text
@@ -18,7 +18,14 @@ from sqlalchemy.orm import Session
 from assay.master.errors import InvalidArgumentError, NotFoundError
 from assay.master.store._base import StoreBase
 from assay.master.store._batch import EXPERIMENT_FIELDS
-from assay.master.store._models import Experiment, ExperimentLabel, Trial, User
+from assay.master.store._models import (
+    Experiment,
+    ExperimentLabel,
+    Project,
+    Trial,
+    User,
+    Workspace,
+)
 from assay.master.store._records import ExperimentRecord, Page, TrialRecord
 
 # Columns the experiment list may be sorted by (user input never names a column).
@@ -84,7 +91,7 @@ class ExperimentQueries(StoreBase):
             row = s.execute(_experiment_query().where(Experiment.id == experiment_id)).first()
             if row is None:
                 raise NotFoundError(f"experiment {experiment_id} does not exist")
-            return _experiment(s, row[0], row[1])
+            return _experiment(s, *row)
 
     def get_model_definition(self, experiment_id: int) -> bytes:
         with self.read() as s:
@@ -135,12 +142,19 @@ class ExperimentQueries(StoreBase):
         label: str | None = None,
         owner: str | None = None,
         archived: bool | None = None,
+        workspaces: Collection[int] | None = None,
+        workspace: str | None = None,
+        project: str | None = None,
         sort: str = "id",
         descending: bool = True,
         limit: int = 50,
         offset: int = 0,
     ) -> Page[ExperimentRecord]:
-        """Filter, sort (a whitelisted column) and paginate; values are bound, never spliced."""
+        """Filter, sort (a whitelisted column) and paginate; values are bound, never spliced.
+
+        `workspaces`: only experiments in these workspaces (by id; None: every one);
+        `workspace`, `project`: only those in the workspace or project of that name.
+        """
         if sort not in SORT_COLUMNS:
             allowed = ", ".join(sorted(SORT_COLUMNS))
             raise InvalidArgumentError(f"cannot sort by {sort!r}; sort by one of: {allowed}")
@@ -163,6 +177,12 @@ class ExperimentQueries(StoreBase):
             query = query.where(User.username == owner)
         if archived is not None:
             query = query.where(Experiment.archived.is_(archived))
+        if workspaces is not None:
+            query = query.where(Project.workspace_id.in_(list(workspaces)))
+        if workspace:
+            query = query.where(Workspace.name == workspace)
+        if project:
+            query = query.where(Project.name == project)
         column = SORT_COLUMNS[sort]
         # Explicit NULL placement: SQLite and PostgreSQL disagree by default.
         if descending:
@@ -172,7 +192,7 @@ class ExperimentQueries(StoreBase):
         with self.read() as s:
             total = s.execute(select(func.count()).select_from(query.subquery())).scalar_one()
             rows = s.execute(query.order_by(*order).limit(limit).offset(offset)).all()
-            items = [_experiment(s, row[0], row[1]) for row in rows]
+            items = [_experiment(s, *row) for row in rows]
         return Page(items=items, total=total, offset=offset, limit=limit)
 
     def get_trial(self, trial_id: int) -> TrialRecord:
@@ -190,11 +210,18 @@ class ExperimentQueries(StoreBase):
             return [_trial(t) for t in trials]
 
 
-def _experiment_query() -> Any:  # Select[Experiment, str]; its spelling differs in 2.0/2.1
-    return select(Experiment, User.username).join(User, User.id == Experiment.owner_id)
+def _experiment_query() -> Any:  # Select[Experiment, str, ...]; its spelling differs in 2.0/2.1
+    return (
+        select(Experiment, User.username, Project.name, Workspace.name)
+        .join(User, User.id == Experiment.owner_id)
+        .join(Project, Project.id == Experiment.project_id)
+        .join(Workspace, Workspace.id == Project.workspace_id)
+    )
 
 
-def _experiment(s: Session, e: Experiment, owner: str) -> ExperimentRecord:
+def _experiment(
+    s: Session, e: Experiment, owner: str, project: str = "", workspace: str = ""
+) -> ExperimentRecord:
     labels = s.execute(
         select(ExperimentLabel.label)
         .where(ExperimentLabel.experiment_id == e.id)
@@ -218,6 +245,9 @@ def _experiment(s: Session, e: Experiment, owner: str) -> ExperimentRecord:
     )
 
 
+        project_id=e.project_id,
+        project=project,
+        workspace=workspace,
 def _trial(t: Trial) -> TrialRecord:
     return TrialRecord(
         id=t.id,

@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -86,12 +87,57 @@ class LoginSession(Base):
     last_used_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class Workspace(Base):
+    """A team's space: its projects hold experiments; its members have roles in it."""
+
+    __tablename__ = "workspaces"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Project(Base):
+    """A group of experiments in one workspace (its name is unique there)."""
+
+    __tablename__ = "projects"
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    description: Mapped[str] = mapped_column(Text, default="")
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class WorkspaceMember(Base):
+    """A user's role in a workspace: viewer, editor or admin."""
+
+    __tablename__ = "workspace_members"
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
+    )
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    role: Mapped[str] = mapped_column(String(16))
+
+
+# The "Default" workspace and its "Uncategorized" project, made by migration 0009 (the
+# first rows of their tables): where an experiment goes when its config names neither.
+DEFAULT_WORKSPACE_ID = 1
+DEFAULT_PROJECT_ID = 1
+
+
 class Experiment(Base):
     __tablename__ = "experiments"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(255), index=True)
     description: Mapped[str] = mapped_column(Text, default="")
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    project_id: Mapped[int] = mapped_column(
+        ForeignKey("projects.id"), index=True, server_default=text(str(DEFAULT_PROJECT_ID))
+    )
     state: Mapped[str] = mapped_column(String(32), index=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     # The YAML as submitted (order and comments kept), for people; None before 0005.
@@ -308,6 +354,8 @@ __all__ = [
     "Base",
     "Checkpoint",
     "Experiment",
+    "DEFAULT_PROJECT_ID",
+    "DEFAULT_WORKSPACE_ID",
     "ExperimentLabel",
     "LoginSession",
     "Metric",
@@ -317,6 +365,9 @@ __all__ = [
     "SchemaInfo",
     "SlotUsage",
     "TaskLog",
+    "Project",
     "Trial",
     "User",
 ]
+    "Workspace",
+    "WorkspaceMember",

@@ -59,6 +59,10 @@ class ExperimentRecord:
     created_at: dt.datetime
     start_time: dt.datetime | None
     end_time: dt.datetime | None
+    # Where it is filed: its project, and the project's workspace.
+    project_id: int = 1
+    project: str = ""
+    workspace: str = ""
 
 
 @dataclass(frozen=True)

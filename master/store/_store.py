@@ -12,7 +12,8 @@ queries per aggregate:
 - `AgentQueries` (_agents.py): agents and allocations;
 - `LogQueries` (_logs.py): trial logs;
 - `UsageQueries` (_usage.py): slot usage by user, experiment, pool, agent or day;
-- `RegistryQueries` (_registry.py): registered models and their versions.
+- `RegistryQueries` (_registry.py): registered models and their versions;
+- `WorkspaceQueries` (_workspaces.py): workspaces, projects and members' roles.
 
 Each write method says how it behaves when retried: the master retries through
 outages, so writes are idempotent where a retry is possible.
@@ -38,6 +39,7 @@ from assay.master.store._models import SchemaInfo
 from assay.master.store._registry import RegistryQueries
 from assay.master.store._usage import UsageQueries
 from assay.master.store._users import UserQueries
+from assay.master.store._workspaces import WorkspaceQueries
 
 
 class Store(
@@ -49,6 +51,7 @@ class Store(
     LogQueries,
     UsageQueries,
     RegistryQueries,
+    WorkspaceQueries,
 ):
     """The experiment store on one database (SQLite or PostgreSQL)."""
 

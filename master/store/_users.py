@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import Engine, delete, exists, select
+from sqlalchemy import Engine, delete, exists, inspect, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from assay.master.errors import ConflictError, NotFoundError
 from assay.master.store._base import StoreBase, now
-from assay.master.store._models import LoginSession, User
+from assay.master.store._models import DEFAULT_WORKSPACE_ID, LoginSession, User, WorkspaceMember
 from assay.master.store._records import Credentials, SessionRecord, UserRecord
 
 
@@ -26,21 +26,38 @@ class UserQueries(StoreBase):
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         self._user_ids: dict[str, int] = {}  # users are never deleted: ids are stable
+        self._has_workspaces: bool | None = None
 
     # --- users ----------------------------------------------------------------------------
 
     def create_user(
         self, username: str, *, password_hash: str | None = None, admin: bool = False
     ) -> UserRecord:
-        """Create a user; creating an existing one is refused."""
+        """Create a user; creating an existing one is refused. A new user is an editor of
+        the Default workspace (an admin of it may remove them)."""
         try:
             with self.write() as s:
                 user = User(username=username, password_hash=password_hash, admin=admin)
                 s.add(user)
                 s.flush()
+                if self._workspaces_exist():
+                    s.add(
+                        WorkspaceMember(
+                            workspace_id=DEFAULT_WORKSPACE_ID, user_id=user.id, role="editor"
+                        )
+                    )
+                    s.flush()
                 return _user(user)
         except IntegrityError:
             raise ConflictError(f"user {username!r} already exists") from None
+
+    def _workspaces_exist(self) -> bool:
+        """Whether the schema has workspaces (0009): a store opened without migrating, on
+        a database of an older release, has none to add a new user to."""
+        if self._has_workspaces is None:
+            tables = inspect(self.engine).get_table_names()
+            self._has_workspaces = "workspace_members" in tables
+        return self._has_workspaces
 
     def get_user(self, username: str) -> UserRecord:
         with self.read() as s:

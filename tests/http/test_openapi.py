@@ -71,6 +71,23 @@ def test_every_route_is_in_it(document: dict[str, Any]) -> None:
         ("get", "/api/v1/models/{name}/versions/{version}"),
         ("post", "/api/v1/models/{name}/versions/{version}/set"),
         ("post", "/api/v1/models/{name}/versions/{version}/delete"),
+        ("post", "/api/v1/experiments/{id}/move"),
+        ("get", "/api/v1/workspaces"),
+        ("post", "/api/v1/workspaces"),
+        ("get", "/api/v1/workspaces/{name}"),
+        ("post", "/api/v1/workspaces/{name}/archive"),
+        ("post", "/api/v1/workspaces/{name}/unarchive"),
+        ("post", "/api/v1/workspaces/{name}/delete"),
+        ("get", "/api/v1/workspaces/{workspace}/members"),
+        ("post", "/api/v1/workspaces/{workspace}/members"),
+        ("post", "/api/v1/workspaces/{workspace}/members/{username}/remove"),
+        ("get", "/api/v1/projects"),
+        ("get", "/api/v1/workspaces/{workspace}/projects"),
+        ("post", "/api/v1/workspaces/{workspace}/projects"),
+        ("get", "/api/v1/workspaces/{workspace}/projects/{name}"),
+        ("post", "/api/v1/workspaces/{workspace}/projects/{name}/archive"),
+        ("post", "/api/v1/workspaces/{workspace}/projects/{name}/unarchive"),
+        ("post", "/api/v1/workspaces/{workspace}/projects/{name}/delete"),
     }
     present = {(m, p) for p, ops in document["paths"].items() for m in ops}
     assert present == expected

@@ -147,6 +147,7 @@ def _fill(path: str) -> str:
         "{username}": "u",
         "{name}": "priority",
         "{version}": "1",
+        "{workspace}": "w",
     }
     for key, value in values.items():
         path = path.replace(key, value)
@@ -172,7 +173,7 @@ def test_every_http_route_refuses_every_bad_credential(guarded: Site) -> None:
     assert _http(guarded, "GET", "/api/v1/health", {})[0] == 200
 
 
-def test_regular_users_change_only_their_own_experiments(guarded: Site) -> None:
+def test_a_viewer_changes_no_experiment_of_the_workspace(guarded: Site) -> None:
     master = guarded.master
     address = f"127.0.0.1:{master.port}"
     master.auth.create_user("bob", "bob-password-1")
@@ -189,6 +190,10 @@ def test_regular_users_change_only_their_own_experiments(guarded: Site) -> None:
             api_pb2.ExperimentActionRequest(id=own.id, action=api_pb2.EXPERIMENT_ACTION_PAUSE)
         )
         assert paused.state == common_pb2.EXPERIMENT_STATE_PAUSED
+        # Every user is an editor of the Default workspace; as a viewer bob only reads.
+        guarded.api.SetWorkspaceMember(
+            api_pb2.SetWorkspaceMemberRequest(workspace="Default", username="bob", role="viewer")
+        )
         forbidden: list[Callable[[], object]] = [
             lambda: bob.ExperimentAction(
                 api_pb2.ExperimentActionRequest(id=admins, action=api_pb2.EXPERIMENT_ACTION_KILL)
@@ -209,7 +214,7 @@ def test_regular_users_change_only_their_own_experiments(guarded: Site) -> None:
                 call()
             assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert master.store.get_experiment(admins).state == "PAUSED"
-        # Reading is open to every user.
+        # A viewer reads every experiment of the workspace.
         got = bob.GetExperiment(api_pb2.GetExperimentRequest(id=admins))
         assert got.experiment.owner == "admin"
     finally:

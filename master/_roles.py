@@ -1,0 +1,164 @@
+"""Who may read or change what, by role in a workspace: the one check of gRPC and HTTP.
+
+The HTTP API calls the same servicer methods as gRPC, and each method that names an
+experiment, trial, checkpoint, workspace or project asks `Roles` before it acts:
+
+- viewer: reads the workspace, its projects and their experiments (trials, metrics,
+  logs, checkpoints);
+- editor: also creates projects and experiments in it, and steers (pause, activate,
+  cancel, kill, archive, set, move) any experiment of it, their own or others';
+- admin: also adds and removes members, changes their roles, archives and deletes.
+
+Cluster admins may do everything everywhere. A user who is not a member of the
+workspace gets NOT_FOUND, with the same text as for an id that does not exist, so ids
+in other workspaces do not leak; a member whose role is too low gets PERMISSION_DENIED
+naming the role that is needed.
+"""
+
+from __future__ import annotations
+
+from assay.master._auth import Principal
+from assay.master.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
+from assay.master.store import ProjectRecord, Store, WorkspaceRecord
+from assay.master.store._models import DEFAULT_WORKSPACE_ID
+
+VIEWER, EDITOR, ADMIN = "viewer", "editor", "admin"
+UNCATEGORIZED = "Uncategorized"
+_RANK = {VIEWER: 0, EDITOR: 1, ADMIN: 2}
+_WHAT = {
+    VIEWER: "reading it",
+    EDITOR: "creating and steering experiments in it",
+    ADMIN: "managing its members, archiving and deleting",
+}
+
+
+class Roles:
+    """Role checks against the store (each reads the caller's membership afresh, so a
+    change of role applies to the next call)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def visible(self, who: Principal) -> set[int] | None:
+        """The ids of the workspaces `who` sees (None: every one, for a cluster admin)."""
+        if who.admin:
+            return None
+        return set(self.store.roles_of(who.user_id))
+
+    def role(self, who: Principal, workspace_id: int) -> str | None:
+        """`who`'s role in the workspace (a cluster admin's is admin), or None."""
+        if who.admin:
+            return ADMIN
+        return self.store.role_in(who.user_id, workspace_id)
+
+    def _need(
+        self, who: Principal, workspace_id: int, need: str, missing: str, name: str | None = None
+    ) -> str:
+        role = self.role(who, workspace_id)
+        if role is None:
+            raise NotFoundError(missing)
+        if _RANK[role] < _RANK[need]:
+            name = name or self._workspace_name(workspace_id)
+            raise PermissionDeniedError(
+                f"{who.username} is {'an' if role[0] in 'ae' else 'a'} {role} of workspace "
+                f"{name!r}: {_WHAT[need]} needs the {need} role (ask an admin of the "
+                "workspace: `assay workspace add-member`)"
+            )
+        return role
+
+    def experiment(self, who: Principal, experiment_id: int, need: str = VIEWER) -> int:
+        """Check `who` has `need` in the experiment's workspace; return its project id."""
+        missing = f"experiment {experiment_id} does not exist"
+        workspace_id, project_id = self.store.experiment_place(experiment_id)
+        self._need(who, workspace_id, need, missing)
+        return project_id
+
+    def trial(self, who: Principal, trial_id: int, need: str = VIEWER) -> int:
+        """Check `who` may read (or `need`) the trial's experiment; return the experiment id."""
+        experiment_id = self.store.get_trial(trial_id).experiment_id
+        try:
+            self.experiment(who, experiment_id, need)
+        except NotFoundError:
+            raise NotFoundError(f"trial {trial_id} does not exist") from None
+        return experiment_id
+
+    def workspace(self, who: Principal, name: str, need: str = VIEWER) -> WorkspaceRecord:
+        """The workspace named `name`, if `who` has `need` in it."""
+        missing = f"workspace {name!r} does not exist"
+        if not name:
+            raise InvalidArgumentError("give a workspace's name")
+        found = self.store.get_workspace(name)
+        self._need(who, found.id, need, missing, found.name)
+        return found
+
+    def project(
+        self, who: Principal, workspace: str, name: str, need: str = VIEWER
+    ) -> ProjectRecord:
+        """The project `name` of `workspace`, if `who` has `need` in the workspace."""
+        found = self.workspace(who, workspace)
+        project = self.store.find_project(found.name, name)
+        self._need(who, found.id, need, f"workspace {workspace!r} does not exist", found.name)
+        return project
+
+    def project_ref(self, who: Principal, ref: str, need: str = VIEWER) -> ProjectRecord:
+        """A project named as WORKSPACE/PROJECT, or by its name alone when only one of
+        the workspaces `who` sees has a project of that name."""
+        if not ref:
+            raise InvalidArgumentError("give a project as WORKSPACE/PROJECT or its name")
+        workspace, slash, name = ref.rpartition("/")
+        if slash:
+            return self.project(who, workspace, name, need)
+        visible = self.visible(who)
+        matches = [p for p in self.store.list_projects(visible=visible) if p.name == name]
+        if not matches:
+            raise NotFoundError(f"project {name!r} does not exist in a workspace you belong to")
+        if len(matches) > 1:
+            names = ", ".join(f"{p.workspace}/{p.name}" for p in matches)
+            raise InvalidArgumentError(
+                f"project {name!r} is in several workspaces ({names}): name it as WORKSPACE/PROJECT"
+            )
+        return self.project(who, matches[0].workspace, name, need)
+
+    def new_experiment_project(
+        self, who: Principal, workspace: str | None, project: str | None
+    ) -> ProjectRecord:
+        """The project an experiment whose config names `workspace` and `project` goes
+        to (Default / Uncategorized for what it leaves out), if `who` is an editor there
+        and neither is archived. An unknown name is an error naming the choices."""
+        workspace = workspace or "Default"
+        project = project or UNCATEGORIZED
+        visible = self.visible(who)
+        workspaces = self.store.list_workspaces(visible)
+        found = next((w for w in workspaces if w.name == workspace), None)
+        if found is None and workspace == UNCATEGORIZED:  # Determined's default workspace
+            found = next((w for w in workspaces if w.id == DEFAULT_WORKSPACE_ID), None)
+        if found is None:
+            choices = ", ".join(w.name for w in workspaces) or "none"
+            raise InvalidArgumentError(
+                f"workspace: there is no workspace {workspace!r} you belong to; yours are "
+                f"{choices} (create one with `assay workspace create`)"
+            )
+        projects = self.store.list_projects(found.id)
+        chosen = next((p for p in projects if p.name == project), None)
+        if chosen is None:
+            choices = ", ".join(p.name for p in projects) or "none"
+            raise InvalidArgumentError(
+                f"project: workspace {workspace!r} has no project {project!r}; its projects "
+                f"are {choices} (create one with `assay project create {workspace} NAME`)"
+            )
+        self._need(who, found.id, EDITOR, f"workspace {workspace!r} does not exist", workspace)
+        if found.archived or chosen.archived:
+            kind = "workspace" if found.archived else "project"
+            raise InvalidArgumentError(
+                f"{kind} {found.name if found.archived else chosen.name!r} is archived: "
+                "unarchive it, or submit to another project"
+            )
+        return chosen
+
+    def _workspace_name(self, workspace_id: int) -> str:
+        for w in self.store.list_workspaces({workspace_id}):
+            return w.name
+        return str(workspace_id)
+
+
+__all__ = ["ADMIN", "EDITOR", "VIEWER", "Roles"]

@@ -106,6 +106,39 @@ def _check(shown: str, got_size: int, got_sha: str, size: int, sha256: str) -> N
         )
 
 
+@checkpoint.command("describe")
+@click.argument("uuid")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def describe_command(uuid: str, as_json: bool) -> None:
+    """Show a checkpoint: its trial, batches, state, where it is stored, its validation
+    metrics and its files with their sizes and sha256s."""
+    from assay.common.archive import format_bytes
+
+    c = fmt.checkpoint_dict(client().get_checkpoint(uuid))
+    if as_json:
+        echo_json(c)
+        return
+    metrics = " ".join(f"{k}={fmt.metric(v)}" for k, v in c["validation_metrics"].items())
+    fields = [
+        ("UUID", c["uuid"]),
+        ("Experiment", c["experiment_id"]),
+        ("Trial", c["trial_id"]),
+        ("Run", c["run_id"]),
+        ("Batches", c["total_batches"]),
+        ("State", c["state"]),
+        ("Location", c["location"] or None),
+        ("Size", format_bytes(c["size_bytes"])),
+        ("Validation", metrics or None),
+        ("Metadata", ", ".join(f"{k}={v}" for k, v in c["user_metadata"].items()) or None),
+    ]
+    for key, value in fields:
+        click.echo(f"{key + ':':17}{'-' if value is None else value}")
+    click.echo("Files:")
+    for f in c["files"]:
+        click.echo(f"  {f['name']}  {format_bytes(f['size_bytes'])}  {f['sha256'] or '-'}")
+
+
 @checkpoint.command("download")
 @click.argument("uuid")
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))

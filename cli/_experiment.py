@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -50,9 +50,23 @@ def experiment() -> None:
     is_flag=True,
     help='Print {"id": N}; with --follow, the summary as the last line.',
 )
+@click.option(
+    "--config",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a config key (dotted, e.g. searcher.max_length.batches=200; VALUE is YAML). "
+    "Repeat for several.",
+)
 @user_errors
 def create_command(
-    config: Path, model_dir: Path, follow: bool, paused: bool, quiet: bool, as_json: bool
+    config: Path,
+    model_dir: Path,
+    follow: bool,
+    paused: bool,
+    quiet: bool,
+    as_json: bool,
+    overrides: tuple[str, ...],
 ) -> None:
     """Upload MODEL_DIR with the experiment CONFIG and start searching.
 
@@ -65,11 +79,22 @@ def create_command(
 
     if follow and paused:
         raise click.UsageError("--follow needs a running experiment; drop --paused")
-    parsed = load_config(config)  # every problem, with its key path, before any upload
+    if overrides:
+        import yaml
+
+        from assay.config import parse_config
+
+        from ._template import apply_overrides, read_partial
+
+        data = apply_overrides(read_partial(config), overrides)
+        parsed = parse_config(data)
+        text = yaml.safe_dump(data, sort_keys=False)
+    else:
+        parsed = load_config(config)  # every problem, with its key path, before any upload
+        text = config.read_text()
     searcher_in_batches(parsed)  # the master's searchers count batches
     for warning in parsed.warnings:
         click.echo(f"warning: {warning}", err=True)
-    text = config.read_text()
     if not model_dir.is_dir():
         raise AssayError(f"model directory {model_dir} does not exist")
     from assay._precheck import entrypoint_problem
@@ -320,3 +345,79 @@ def wait_command(experiment_id: int, timeout: float | None, quiet: bool, as_json
         verb="waiting",
         timeout=timeout,
     )
+
+
+# A secret as the master shows it (master/_secrets.py MASK): never a real value.
+_MASKED = "********"
+
+
+def _masked_keys(config: Any, at: str = "") -> list[str]:
+    if isinstance(config, dict):
+        return [k for key, v in config.items() for k in _masked_keys(v, f"{at}{key}.")]
+    if isinstance(config, list):
+        return [k for i, v in enumerate(config) for k in _masked_keys(v, f"{at}{i}.")]
+    return [at.rstrip(".")] if config == _MASKED else []
+
+
+@experiment.command("fork")
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    metavar="FILE|KEY=VALUE",
+    help="A partial config FILE merged over ID's config, or one KEY=VALUE set "
+    "(dotted keys; VALUE is YAML). Repeat for several; applied in order.",
+)
+@click.option("--paused", is_flag=True, help="Create it paused (start with `experiment activate`).")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id": N, "forked_from": ID}.')
+@user_errors
+def fork_command(experiment_id: int, configs: tuple[str, ...], paused: bool, as_json: bool) -> None:
+    """Create a new experiment from experiment ID's config and model definition, with
+    the changes --config gives. The new experiment starts from scratch (no checkpoint)."""
+    import yaml
+
+    from assay.config import parse_config
+
+    from ._template import compose
+
+    api = client()
+    source = api.get_experiment(experiment_id).experiment
+    # The config as submitted (key order kept), else its parsed form.
+    base = yaml.safe_load(source.config_yaml) if source.config_yaml else None
+    data = compose(base if isinstance(base, dict) else fmt.struct(source.config), configs)
+    masked = _masked_keys(data)
+    if masked:
+        raise AssayError(
+            f"experiment {experiment_id}'s config holds secrets the master does not show "
+            f"({', '.join(masked)}): give each with --config {masked[0]}=VALUE"
+        )
+    parsed = parse_config(data)  # every problem, with its key path, before any upload
+    for warning in parsed.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    archive = api.get_model_definition(experiment_id)
+    response = api.create_experiment(yaml.safe_dump(data, sort_keys=False), archive, not paused)
+    for warning in response.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    created = response.experiment.id
+    if as_json:
+        echo_json({"id": created, "forked_from": experiment_id})
+    else:
+        state = " (paused)" if paused else ""
+        click.echo(f"Created experiment {created}{state}, forked from experiment {experiment_id}")
+
+
+@experiment.command("download-model-def")
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@user_errors
+def download_model_def_command(experiment_id: int, directory: Path) -> None:
+    """Unpack experiment ID's model definition, as it was uploaded, into DIR (new or empty)."""
+    from assay.common.archive import unpack_model_dir
+
+    data = client().get_model_definition(experiment_id)
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise AssayError(f"{directory} is not empty: give a new or empty directory")
+    unpack_model_dir(data, directory)
+    count = sum(1 for p in directory.rglob("*") if p.is_file())
+    click.echo(f"experiment {experiment_id}'s model definition ({count} files) is in {directory}")

@@ -217,6 +217,35 @@ def _check_group(api: Client, trial_id: int, group: str) -> None:
         raise AssayError(f"trial {trial_id} has no {group!r} metrics; it has reported none yet")
 
 
+@trial.command("download")
+@click.argument("trial_id", metavar="ID", type=int)
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--best", "which", flag_value="best", help="Its best checkpoint (searcher.metric).")
+@click.option("--latest", "which", flag_value="latest", help="Its checkpoint of the most batches.")
+@click.option("--json", "as_json", is_flag=True, help="Print the checkpoint as one JSON object.")
+@user_errors
+def download_command(trial_id: int, directory: Path, which: str | None, as_json: bool) -> None:
+    """Copy trial ID's best (--best) or latest (--latest) checkpoint into DIR (new or
+    empty), verifying every file's size and sha256."""
+    from assay.client import Trial
+
+    from ._checkpoint import download
+
+    if which is None:
+        raise click.UsageError("say which checkpoint: --best or --latest")
+    api = client()
+    found = Trial(api, api.get_trial(trial_id))
+    chosen = found.top_checkpoint() if which == "best" else found.latest_checkpoint()
+    download(api, chosen.uuid, directory)
+    if as_json:
+        echo_json(fmt.checkpoint_dict(api.get_checkpoint(chosen.uuid)))
+        return
+    click.echo(
+        f"downloaded trial {trial_id}'s {which} checkpoint {chosen.uuid} "
+        f"(batch {chosen.total_batches}) to {directory}"
+    )
+
+
 @trial.command("download-tensorboard")
 @click.argument("trial_id", metavar="ID", type=int)
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))

@@ -1,0 +1,95 @@
+"""Composing an experiment config: `--config key=value` overrides and partial configs
+merged over a base (what `experiment create --config` and `experiment fork` do)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from assay.errors import AssayError
+
+# `searcher.max_length.batches=200`: dotted keys of letters, digits, `_` and `-`.
+_OVERRIDE = re.compile(r"([A-Za-z_][\w-]*(?:\.[A-Za-z_0-9][\w-]*)*)=(.*)", re.S)
+
+
+def is_override(text: str) -> bool:
+    """Whether `text` reads as KEY=VALUE (else it names a file)."""
+    return _OVERRIDE.fullmatch(text) is not None
+
+
+def merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `top` laid over it: mappings merge key by key, anything else in `top`
+    (lists included) replaces what `base` has."""
+    merged = dict(base)
+    for key, value in top.items():
+        below = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(below, Mapping):
+            merged[key] = merge(below, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """`config` with each `a.b.c=VALUE` set; VALUE is read as YAML (`0.1`, `true`,
+    `[1, 2]`, `{type: int, minval: 1, maxval: 4}`), so a string needs no quotes."""
+    result = dict(config)
+    for text in overrides:
+        found = _OVERRIDE.fullmatch(text)
+        if found is None:
+            raise AssayError(
+                f"--config {text!r} is not KEY=VALUE (e.g. searcher.max_length.batches=200)"
+            )
+        keys, raw = found[1].split("."), found[2]
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise AssayError(f"--config {text!r}: the value is not valid YAML: {e}") from None
+        patch: dict[str, Any] = {keys[-1]: value}
+        for key in reversed(keys[:-1]):
+            patch = {key: patch}
+        _check_path(result, keys, text)
+        result = merge(result, patch)
+    return result
+
+
+def _check_path(config: Mapping[str, Any], keys: list[str], text: str) -> None:
+    """Refuse to replace a value that is not a mapping by descending into it."""
+    node: Any = config
+    for depth, key in enumerate(keys[:-1]):
+        node = node.get(key) if isinstance(node, Mapping) else None
+        if node is not None and not isinstance(node, Mapping):
+            where = ".".join(keys[: depth + 1])
+            raise AssayError(
+                f"--config {text!r}: {where} is {node!r}, not a mapping; set {where}=... instead"
+            )
+
+
+def read_partial(path: Path) -> dict[str, Any]:
+    """A YAML file holding a (partial) config mapping."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise AssayError(f"cannot read config file {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise AssayError(f"{path} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise AssayError(f"{path} must hold a mapping of config keys, not {type(data).__name__}")
+    return dict(data)
+
+
+def compose(base: Mapping[str, Any], configs: Iterable[str]) -> dict[str, Any]:
+    """`base` with each `--config` laid over it in order: a FILE is merged, a KEY=VALUE set."""
+    result = dict(base)
+    for given in configs:
+        if is_override(given):
+            result = apply_overrides(result, [given])
+        else:
+            result = merge(result, read_partial(Path(given)))
+    return result

@@ -1,0 +1,164 @@
+"""Building on earlier work from the CLI, on one real cluster: `create --config`
+overrides, `experiment fork`, `experiment download-model-def`, `trial download
+--best|--latest` and `checkpoint describe`, each with its bad paths."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REGRESSION_DIR, regression_config
+from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    found = start_cluster(tmp_path_factory.mktemp("verbs"), None, agents=1, slots=1)
+    try:
+        yield found
+    finally:
+        stop_cluster(found)
+
+
+@pytest.fixture(scope="module")
+def done(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A completed experiment created with overrides: checkpoints at batches 4 and 8."""
+    path = tmp_path_factory.mktemp("configs") / "base.yaml"
+    path.write_text(yaml.safe_dump(regression_config(batches=40)))
+    created = cluster.json(
+        "experiment",
+        "create",
+        str(path),
+        str(REGRESSION_DIR),
+        "--config",
+        "searcher.max_length.batches=8",
+        "--config",
+        "name=verbs-overridden",
+        "--config",
+        "min_validation_period={batches: 4}",
+        "--config",
+        "min_checkpoint_period.batches=4",
+        "--config",
+        "checkpoint_storage.save_trial_latest=2",
+        "--follow",
+        "-q",
+    )
+    return dict(cluster.json("experiment", "describe", str(created["id"])))
+
+
+def _fails(cluster: Cluster, *args: str) -> str:
+    result = cluster.cli(*args)
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr
+    return result.stderr.strip()
+
+
+def test_create_applies_config_overrides(done: dict[str, Any]) -> None:
+    assert done["state"] == "COMPLETED"
+    assert done["name"] == "verbs-overridden"
+    assert done["config"]["searcher"]["max_length"] == {"batches": 8}
+    assert done["config"]["min_validation_period"] == {"batches": 4}
+    assert done["trials"][0]["total_batches"] == 8
+
+
+def test_bad_overrides_are_refused_before_upload(cluster: Cluster, tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(regression_config(batches=8)))
+    before = cluster.json("experiment", "list", "--all")
+    base = ("experiment", "create", str(path), str(REGRESSION_DIR), "--config")
+    assert "is not KEY=VALUE" in _fails(cluster, *base, "no-equals-sign")
+    assert "searcher.max_length" in _fails(cluster, *base, "searcher.max_length.batches=-1")
+    assert "name is 'regression', not a mapping" in _fails(cluster, *base, "name.first=x")
+    assert "not valid YAML" in _fails(cluster, *base, "hyperparameters.lr=[1,")
+    assert cluster.json("experiment", "list", "--all") == before
+
+
+def test_download_model_def(cluster: Cluster, done: dict[str, Any], tmp_path: Path) -> None:
+    target = tmp_path / "def"
+    result = cluster.cli("experiment", "download-model-def", str(done["id"]), str(target))
+    assert result.returncode == 0, result.stderr
+    assert filecmp.cmp(target / "model_def.py", REGRESSION_DIR / "model_def.py", shallow=False)
+    again = _fails(cluster, "experiment", "download-model-def", str(done["id"]), str(target))
+    assert "not empty" in again
+    assert "experiment 99999 does not exist" in _fails(
+        cluster, "experiment", "download-model-def", "99999", str(tmp_path / "none")
+    )
+
+
+def test_fork_takes_the_config_and_model_definition(
+    cluster: Cluster, done: dict[str, Any], tmp_path: Path
+) -> None:
+    partial = tmp_path / "partial.yaml"
+    partial.write_text("description: a fork\nhyperparameters: {lr: 0.01}\n")
+    forked = cluster.json(
+        "experiment",
+        "fork",
+        str(done["id"]),
+        "--config",
+        str(partial),
+        "--config",
+        "name=verbs-fork",
+        "--paused",
+    )
+    assert forked["forked_from"] == done["id"]
+    new = cluster.json("experiment", "describe", str(forked["id"]))
+    try:
+        assert new["name"] == "verbs-fork"
+        assert new["config"]["description"] == "a fork"
+        assert new["config"]["hyperparameters"]["lr"] == 0.01
+        # Everything else is the source's, its own overrides included.
+        assert new["config"]["searcher"] == done["config"]["searcher"]
+        assert new["config"]["min_checkpoint_period"] == {"batches": 4}
+        code = tmp_path / "code"
+        got = cluster.cli("experiment", "download-model-def", str(forked["id"]), str(code))
+        assert got.returncode == 0, got.stderr
+        assert filecmp.cmp(code / "model_def.py", REGRESSION_DIR / "model_def.py", shallow=False)
+    finally:
+        cluster.cli("experiment", "kill", str(forked["id"]))
+
+    before = cluster.json("experiment", "list", "--all")
+    assert "experiment 99999 does not exist" in _fails(cluster, "experiment", "fork", "99999")
+    bad = _fails(cluster, "experiment", "fork", str(done["id"]), "--config", "searcher.name=nope")
+    assert "searcher.name" in bad
+    missing = _fails(cluster, "experiment", "fork", str(done["id"]), "--config", "no/such.yaml")
+    assert "cannot read config file no/such.yaml" in missing
+    assert cluster.json("experiment", "list", "--all") == before
+
+
+def test_trial_download_best_and_latest(
+    cluster: Cluster, done: dict[str, Any], tmp_path: Path
+) -> None:
+    trial_id = str(done["trials"][0]["id"])
+    checkpoints = cluster.json("checkpoint", "list", str(done["id"]))
+    assert sorted(c["total_batches"] for c in checkpoints) == [4, 8]
+    best = min(checkpoints, key=lambda c: c["validation_metrics"]["val_loss"])
+
+    got = cluster.json("trial", "download", trial_id, str(tmp_path / "best"), "--best")
+    assert got["uuid"] == best["uuid"]
+    manifest = json.loads((tmp_path / "best" / "metadata.json").read_text())
+    assert manifest["uuid"] == best["uuid"]
+    got = cluster.json("trial", "download", trial_id, str(tmp_path / "latest"), "--latest")
+    assert got["total_batches"] == 8
+
+    assert "--best or --latest" in _fails(cluster, "trial", "download", trial_id, str(tmp_path))
+    assert "trial 99999" in _fails(cluster, "trial", "download", "99999", "x", "--best")
+
+
+def test_checkpoint_describe(cluster: Cluster, done: dict[str, Any]) -> None:
+    listed = cluster.json("checkpoint", "list", str(done["id"]))[0]
+    described = cluster.json("checkpoint", "describe", listed["uuid"])
+    assert described == listed
+    shown = cluster.cli("checkpoint", "describe", listed["uuid"])
+    assert shown.returncode == 0, shown.stderr
+    assert "metadata.json" in shown.stdout
+    assert f"Trial:           {listed['trial_id']}" in shown.stdout
+    unknown = "00000000-0000-0000-0000-000000000000"
+    assert "does not exist" in _fails(cluster, "checkpoint", "describe", unknown)

@@ -327,19 +327,27 @@ def set_version_command(
 
 @model.command("archive")
 @click.argument("name")
+@_JSON
 @user_errors
-def archive_command(name: str) -> None:
+def archive_command(name: str, as_json: bool) -> None:
     """Archive a model: hidden from `model list`, and it takes no new versions."""
-    client().archive_model(name, True)
+    changed = client().archive_model(name, True)
+    if as_json:
+        echo_json(model_dict(changed))
+        return
     click.echo(f"archived model {name}")
 
 
 @model.command("unarchive")
 @click.argument("name")
+@_JSON
 @user_errors
-def unarchive_command(name: str) -> None:
+def unarchive_command(name: str, as_json: bool) -> None:
     """Unarchive a model."""
-    client().archive_model(name, False)
+    changed = client().archive_model(name, False)
+    if as_json:
+        echo_json(model_dict(changed))
+        return
     click.echo(f"unarchived model {name}")
 
 
@@ -358,12 +366,16 @@ def _confirm(question: str, yes: bool) -> None:
 @click.argument("name")
 @click.option("--force", is_flag=True, help="Delete the model's versions too.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_JSON
 @user_errors
-def delete_command(name: str, force: bool, yes: bool) -> None:
+def delete_command(name: str, force: bool, yes: bool, as_json: bool) -> None:
     """Delete a model. One with versions is refused unless --force, which deletes them
     too; their checkpoints stay, no longer pinned (garbage collection may then take them)."""
     _confirm(f"Delete model {name}{' and its versions' if force else ''}?", yes)
     count = client().delete_model(name, force=force)
+    if as_json:
+        echo_json({"deleted": name, "versions_deleted": count})
+        return
     also = f" and {count} version{'s' if count != 1 else ''}" if count else ""
     click.echo(f"deleted model {name}{also}")
 
@@ -372,9 +384,13 @@ def delete_command(name: str, force: bool, yes: bool) -> None:
 @click.argument("name")
 @click.argument("version", type=click.IntRange(min=1))
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_JSON
 @user_errors
-def delete_version_command(name: str, version: int, yes: bool) -> None:
+def delete_version_command(name: str, version: int, yes: bool, as_json: bool) -> None:
     """Delete one version of a model; its checkpoint stays, no longer pinned by it."""
     _confirm(f"Delete {name} version {version}?", yes)
     client().delete_model_version(name, version)
+    if as_json:
+        echo_json({"model": name, "deleted_version": version})
+        return
     click.echo(f"deleted {name} version {version}")

@@ -177,8 +177,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(phase: str, world: int, **args: Any) -> None:
-    """`world` processes of this file's worker, as torchrun would start them."""
+def launch(phase: str, world: int, *, script: str = __file__, **args: Any) -> None:
+    """`world` processes of `script`'s worker (this file's), as torchrun starts them."""
     port = _free_port()
     procs = []
     for rank in range(world):
@@ -191,7 +191,7 @@ def launch(phase: str, world: int, **args: Any) -> None:
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
         }
-        command = [sys.executable, __file__, phase, json.dumps(args, default=str)]
+        command = [sys.executable, script, phase, json.dumps(args, default=str)]
         procs.append(subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True))
     failures = []
     for rank, proc in enumerate(procs):

@@ -8,6 +8,9 @@
     best = exp.top_checkpoint()                  # by the searcher's metric
     trial = best.load()                          # the Trial, its models' weights loaded
     trial.model(x)
+    model = client.create_model("digits")
+    model.register_version(best, notes="first")  # pins the checkpoint against GC
+    client.get_model("digits").get_version().load()   # the latest version's Trial
 
 Every call goes through the same gRPC client as the `assay` CLI, so the two cannot
 disagree. Errors are `AssayError`s: `NotFoundError`, `AuthenticationError`,
@@ -26,13 +29,17 @@ from assay.cli._client import (
 )
 from assay.client._checkpoint import Checkpoint
 from assay.client._experiment import Experiment, Trial
+from assay.client._model import Model, ModelVersion
 from assay.client._session import (
     Session,
     create_experiment,
+    create_model,
     get_checkpoint,
     get_experiment,
+    get_model,
     get_trial,
     list_experiments,
+    list_models,
     login,
     logout,
 )
@@ -44,14 +51,19 @@ __all__ = [
     "ForbiddenError",
     "InvalidRequestError",
     "MasterError",
+    "Model",
+    "ModelVersion",
     "NotFoundError",
     "Session",
     "Trial",
     "create_experiment",
+    "create_model",
     "get_checkpoint",
     "get_experiment",
+    "get_model",
     "get_trial",
     "list_experiments",
+    "list_models",
     "login",
     "logout",
 ]

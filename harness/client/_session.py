@@ -14,6 +14,7 @@ from assay.cli._client import AuthenticationError, Client
 from assay.cli._common import DEFAULT_MASTER
 from assay.client._checkpoint import Checkpoint
 from assay.client._experiment import Experiment, Trial
+from assay.client._model import Model
 from assay.errors import AssayError
 
 if TYPE_CHECKING:
@@ -117,6 +118,33 @@ class Session:
             request.archived = archived
         response = self.api.list_experiments(request)
         return [Experiment(self.api, e) for e in response.experiments]
+
+    def create_model(
+        self,
+        name: str,
+        description: str = "",
+        *,
+        labels: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Model:
+        """Register a new model `name` (no versions yet); `InvalidRequestError` if the
+        name is taken or not 1-128 letters, digits, '.', '_' or '-'."""
+        found = self.api.create_model(
+            name, description=description, labels=labels, metadata=metadata
+        )
+        return Model(self.api, found)
+
+    def get_model(self, name: str) -> Model:
+        """Registered model `name`; `NotFoundError` if there is none."""
+        return Model(self.api, self.api.get_model(name))
+
+    def list_models(
+        self, *, name: str = "", label: str = "", archived: bool | None = None
+    ) -> list[Model]:
+        """Registered models whose name contains `name` (any case), with `label`, and
+        archived or not (None: both)."""
+        found = self.api.list_models(name=name, label=label, archived=archived)
+        return [Model(self.api, m) for m in found]
 
     def logout(self) -> None:
         """End this session at the master (and forget a stored one) and close the channel."""
@@ -226,3 +254,24 @@ def get_checkpoint(uuid: str) -> Checkpoint:
 def list_experiments(**filters: Any) -> list[Experiment]:
     """See `Session.list_experiments` for the filters."""
     return _session().list_experiments(**filters)
+
+
+def create_model(
+    name: str,
+    description: str = "",
+    *,
+    labels: list[str] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Model:
+    """See `Session.create_model`."""
+    return _session().create_model(name, description, labels=labels, metadata=metadata)
+
+
+def get_model(name: str) -> Model:
+    """See `Session.get_model`."""
+    return _session().get_model(name)
+
+
+def list_models(*, name: str = "", label: str = "", archived: bool | None = None) -> list[Model]:
+    """See `Session.list_models`."""
+    return _session().list_models(name=name, label=label, archived=archived)

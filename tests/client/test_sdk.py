@@ -89,6 +89,19 @@ def test_a_search_its_best_checkpoint_loads_into_a_model_that_gives_its_metric(
     assert not model.training
     assert _validation_loss(model) == pytest.approx(best.validation_metrics["val_loss"], rel=1e-5)
 
+    # Registered, then loaded back from the registry: the same weights.
+    registered = client.create_model("sdk-regression", "the grid's best", labels=["test"])
+    version = registered.register_version(best, notes="lowest val_loss")
+    assert (version.model_name, version.version) == ("sdk-regression", 1)
+    assert version.checkpoint.uuid == best.uuid
+    assert [v.notes for v in client.get_model("sdk-regression").versions()] == ["lowest val_loss"]
+    latest = client.get_model("sdk-regression").get_version()
+    again = vars(latest.load())["model"]
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
+    assert [m.name for m in client.list_models(label="test")] == ["sdk-regression"]
+
     # The same weights, through a download of the files.
     copy = best.download(tmp_path / "copy")
     assert (copy / "metadata.json").is_file()
@@ -166,6 +179,13 @@ def test_bad_input_raises_one_clear_error(
     bad["searcher"]["max_length"] = {"batches": -1}
     with pytest.raises(client.InvalidRequestError, match="searcher.max_length"):
         client.create_experiment(bad, REGRESSION_DIR)
+    with pytest.raises(client.NotFoundError):
+        client.get_model("no-such-model")
+    client.create_model("sdk-twice")
+    with pytest.raises(client.InvalidRequestError):
+        client.create_model("sdk-twice")
+    with pytest.raises(client.NotFoundError):
+        client.get_model("sdk-twice").register_version("00000000-0000-0000-0000-000000000000")
     with pytest.raises(AssayError, match="unknown experiment state 'DONE'"):
         client.list_experiments(states=["done"])
     with pytest.raises(AssayError, match="does not exist"):

@@ -25,6 +25,25 @@ if TYPE_CHECKING:
 
 UNARY_TIMEOUT_S = 30.0
 CREATE_TIMEOUT_S = 300.0
+# The workspace and project RPCs, called through `Client.workspace_call`.
+WORKSPACE_RPCS = frozenset(
+    {
+        "CreateWorkspace",
+        "ListWorkspaces",
+        "GetWorkspace",
+        "ArchiveWorkspace",
+        "DeleteWorkspace",
+        "ListWorkspaceMembers",
+        "SetWorkspaceMember",
+        "RemoveWorkspaceMember",
+        "CreateProject",
+        "ListProjects",
+        "GetProject",
+        "ArchiveProject",
+        "DeleteProject",
+        "MoveExperiment",
+    }
+)
 MAX_MESSAGE_BYTES = 128 * 2**20  # above the 96 MiB model-definition limit
 # A submission up to this size is one message (the master takes at most 4 MiB); a
 # larger model definition is sent in pieces of UPLOAD_CHUNK_BYTES.
@@ -590,6 +609,18 @@ class Client:
         request = api_pb2.DeleteModelVersionRequest(name=name, version=version)
         self._unary("DeleteModelVersion", request)
 
+
+    # --- workspaces and projects -------------------------------------------------------
+
+    def workspace_call(self, method: str, **fields: Any) -> Any:
+        """One of the workspace and project RPCs (CreateWorkspace, ListProjects,
+        MoveExperiment, ...) with its request's fields; returns its response."""
+        from assay.proto import api_pb2
+
+        if method not in WORKSPACE_RPCS:
+            raise ValueError(f"{method} is not a workspace or project RPC")
+        request = getattr(api_pb2, f"{method}Request")(**fields)
+        return self._unary(method, request)
 
 def http_port_message(address: str) -> str:
     """What to say when `address` answered in HTTP/1: most likely the master's web UI

@@ -21,6 +21,7 @@ from ._preview import preview_search
 from ._trial import run_local_command, trial
 from ._usage import usage_command
 from ._user import user
+from ._workspace import project, workspace
 
 __all__ = ["cli", "main", "run_local_command"]
 
@@ -57,6 +58,8 @@ cli.add_aliased(user, "u")
 cli.add_aliased(job, "j")
 cli.add_aliased(usage_command)
 cli.add_aliased(model, "m")
+cli.add_aliased(workspace, "w")
+cli.add_aliased(project, "p")
 
 
 def main() -> None:

@@ -154,8 +154,11 @@ def seed_search(
     trials: list[tuple[dict[str, object], list[tuple[int, float]]]],
     metric: str = "accuracy",
     smaller_is_better: bool = False,
+    checkpoint: str | None = None,
 ) -> SeededRun:
-    """A completed experiment with these trials: (hparams, [(batches, metric value)])."""
+    """A completed experiment with these trials: (hparams, [(batches, metric value)]);
+    with `checkpoint`, the first trial keeps a checkpoint of that uuid at its last batch,
+    its validation metrics there in the checkpoint's metadata."""
     config = {
         "name": name,
         "entrypoint": "model_def:DigitsTrial",
@@ -205,12 +208,27 @@ def seed_search(
         reports = [MetricReport(b, {metric: v}) for b, v in validations]
         store.report_metrics(trial_id, run_id, "validation", reports)
         values = [v for _, v in validations]
+        kept = checkpoint if checkpoint and i == 0 else None
+        if kept:
+            store.add_checkpoint(
+                CheckpointRecord(
+                    uuid=kept,
+                    trial_id=trial_id,
+                    run_id=run_id,
+                    total_batches=last,
+                    state="COMPLETED",
+                    location=f"/var/lib/assay/checkpoints/{kept}",
+                    files={"models.pt": 48_213},
+                    user_metadata={"validation_metrics": {metric: values[-1]}},
+                )
+            )
         batch = WriteBatch()
         batch.set_trial(
             trial_id,
             state="COMPLETED",
             total_batches=last,
             best_validation=min(values) if smaller_is_better else max(values),
+            latest_checkpoint=kept,
             start_time=_now(),
             end_time=_now(),
         )

@@ -284,6 +284,36 @@ export interface QueuedTrial {
   resource_pool?: string;
 }
 
+export interface Model {
+  id: Int64;
+  name: string;
+  description: string;
+  labels: string[];
+  metadata?: JsonObject;
+  archived: boolean;
+  owner: string;
+  num_versions: number;
+  /** 0: none yet. */
+  latest_version: number;
+  created_at?: string;
+  updated_at?: string;
+}
+
+export interface ModelVersion {
+  model: string;
+  version: number;
+  checkpoint_uuid: string;
+  /** Its experiment, trial, batches, files and validation metrics. */
+  checkpoint?: Checkpoint;
+  notes: string;
+  labels: string[];
+  metadata?: JsonObject;
+  /** Who registered it. */
+  user: string;
+  created_at?: string;
+  updated_at?: string;
+}
+
 export interface LoginAnswer {
   token: string;
   expires_at: string;
@@ -551,6 +581,27 @@ export const api = {
 
   resourcePools: (signal?: AbortSignal) =>
     request<{ pools?: ResourcePool[] }>("GET", "/resource-pools", { signal }),
+
+  models: (params: { name?: string; label?: string; archived?: boolean }, signal?: AbortSignal) =>
+    request<{ models?: Model[] }>("GET", "/models", { query: { ...params }, signal }),
+
+  model: (name: string, signal?: AbortSignal) =>
+    request<Model>("GET", `/models/${encodeURIComponent(name)}`, { signal }),
+
+  createModel: (name: string, description: string) =>
+    request<Model>("POST", "/models", { body: { name, description } }),
+
+  modelVersions: (name: string, signal?: AbortSignal) =>
+    request<{ versions?: ModelVersion[] }>("GET", `/models/${encodeURIComponent(name)}/versions`, { signal }),
+
+  /** The checkpoint becomes the model's next version (and is kept from deletion). */
+  registerVersion: (name: string, checkpointUuid: string, notes: string) =>
+    request<ModelVersion>("POST", `/models/${encodeURIComponent(name)}/versions`, {
+      body: { checkpoint_uuid: checkpointUuid, notes },
+    }),
+
+  setModelArchived: (name: string, archived: boolean) =>
+    request<Model>("POST", `/models/${encodeURIComponent(name)}/${archived ? "archive" : "unarchive"}`),
 
   openapi: (signal?: AbortSignal) =>
     request<{ paths: Record<string, unknown> }>("GET", "/openapi.json", { signal }),

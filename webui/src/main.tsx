@@ -10,6 +10,7 @@ import { ComparePage } from "./pages/ComparePage";
 import { ExperimentListPage } from "./pages/ExperimentListPage";
 import { ExperimentPage } from "./pages/ExperimentPage";
 import { LoginPage } from "./pages/LoginPage";
+import { ModelPage, ModelsPage } from "./pages/ModelsPage";
 import { TrialPage } from "./pages/TrialPage";
 import { UsagePage } from "./pages/UsagePage";
 import { UsersPage } from "./pages/UsersPage";
@@ -30,6 +31,9 @@ function TopBar() {
       <nav>
         <NavLink to="/" end>
           Experiments
+        </NavLink>
+        <NavLink to="/models" data-testid="nav-models">
+          Models
         </NavLink>
         <NavLink to="/compare" data-testid="nav-compare">
           Compare
@@ -167,6 +171,8 @@ function App() {
           <Route path="/experiments/:id" element={<ExperimentPage />} />
           <Route path="/trials/:id" element={<TrialPage />} />
           <Route path="/compare" element={<ComparePage />} />
+          <Route path="/models" element={<ModelsPage />} />
+          <Route path="/models/:name" element={<ModelPage />} />
           <Route path="/cluster" element={<ClusterPage />} />
           <Route path="/usage" element={<UsagePage />} />
           <Route path="/users" element={<UsersPage />} />

@@ -13,6 +13,7 @@ import {
   type Trial,
 } from "../api";
 import { Curves } from "../components/Curves";
+import { RegisterCheckpoint } from "../components/RegisterModel";
 import { HparamPlots, hparamAxes, type HpPoint } from "../components/HparamPlots";
 import { seriesColor } from "../components/Plot";
 import {
@@ -596,6 +597,8 @@ function BestCheckpoint({
           </dl>
           <div className="label">Download</div>
           <CopyCommand command={downloadCommand(shown.uuid)} />
+          <div className="label">Model registry</div>
+          <RegisterCheckpoint uuid={shown.uuid} />
           <div className="muted small" data-testid="checkpoint-count">
             {plural(all.length, "checkpoint")} in this experiment.
           </div>

@@ -3,6 +3,7 @@ import { useEffect, useMemo } from "react";
 import { Link, useParams } from "react-router";
 import { api, num, type MetricsReport, type Trial } from "../api";
 import { LogViewer } from "../components/LogViewer";
+import { RegisterCheckpoint } from "../components/RegisterModel";
 import { RankUsageTable } from "../components/RankUsageTable";
 import { TrialCharts } from "../components/TrialCharts";
 import { CopyCommand, ErrorPanel, Loading, Section, StateBadge, downloadCommand } from "../components/ui";
@@ -162,6 +163,7 @@ function TrialView({ t, live, refreshError }: { t: Trial; live: boolean; refresh
                     <th>Metrics</th>
                     <th className="num">Size</th>
                     <th>Download</th>
+                    <th>Model registry</th>
                   </tr>
                 </thead>
                 <tbody>
@@ -184,11 +186,14 @@ function TrialView({ t, live, refreshError }: { t: Trial; live: boolean; refresh
                         <td>
                           {c.state === "CHECKPOINT_STATE_DELETED" ? "deleted" : <CopyCommand command={downloadCommand(c.uuid)} />}
                         </td>
+                        <td className="nowrap">
+                          {c.state !== "CHECKPOINT_STATE_DELETED" && <RegisterCheckpoint uuid={c.uuid} />}
+                        </td>
                       </tr>
                     ))}
                   {checkpoints.data.checkpoints.length === 0 && (
                     <tr>
-                      <td colSpan={6} className="empty">
+                      <td colSpan={7} className="empty">
                         No checkpoints yet.
                       </td>
                     </tr>

@@ -131,8 +131,9 @@ class TrialContext:
             fsdp=optimizations.fsdp,
             precision=precision.name,
         )
-        if isinstance(precision, FP16Precision):
-            precision.scaler = self._strategy.grad_scaler()
+        scaler = self._strategy.grad_scaler()
+        if scaler is not None and isinstance(precision, FP16Precision):
+            precision.scaler = scaler
         self.optimizers: list[torch.optim.Optimizer] = []
         self._schedulers: list[_Scheduler] = []
         self._epoch = 0

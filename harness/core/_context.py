@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path, PurePosixPath
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from assay._spec import ClusterSpec, LocalSpec, spec_from_env
 from assay.common.storage import SharedFSStorage, StorageManager, storage_for, trial_storage
@@ -28,6 +28,12 @@ from assay.core._preempt import PreemptContext, PreemptMode
 from assay.core._searcher import SearcherContext, _SearchState
 from assay.core._tensorboard import TensorBoardFiles
 from assay.core._train import TrainContext
+
+if TYPE_CHECKING:
+    import torch
+
+    from assay.config import OptimizationsConfig
+    from assay.strategy import Strategy
 
 log = logging.getLogger("assay")
 
@@ -51,6 +57,7 @@ class Context:
         info: ClusterInfo | None,
         backend: Backend | None,
         tensorboard: TensorBoardFiles,
+        optimizations: OptimizationsConfig | None = None,
     ) -> None:
         self.distributed = distributed
         self.train = train
@@ -60,6 +67,49 @@ class Context:
         self.info = info
         self._backend = backend
         self._tensorboard = tensorboard
+        self._optimizations = optimizations
+        self._strategy: Strategy | None = None
+
+    @overload
+    def setup(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    @overload
+    def setup(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]: ...
+    def setup(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+    ) -> torch.nn.Module | tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """Distribute `model` as the experiment's `optimizations.strategy` says (Lightning
+        Fabric's `setup`): moved to this slot's device, then wrapped in DDP or sharded with
+        FSDP on several processes (one process: no wrapper). `optimizer` is pointed at the
+        wrapped model's parameters, so it may be built before `setup`, but must not have
+        stepped. Joins the process group if the script has not. `core.strategy` then gives
+        the no-sync context, global-norm clipping and full state dicts."""
+        strategy = self.strategy
+        wrapped = strategy.wrap_model(model)
+        if optimizer is None:
+            return wrapped
+        return wrapped, strategy.wrap_optimizer(optimizer)
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy `setup` wraps with (made on first use)."""
+        if self._strategy is None:
+            import torch
+
+            from assay.config import OptimizationsConfig
+            from assay.strategy import make_strategy
+
+            if self.distributed.size > 1:
+                self.distributed._join()
+            device = torch.device("cpu")
+            if torch.cuda.is_available():
+                index = self.distributed.local_rank % torch.cuda.device_count()
+                torch.cuda.set_device(index)
+                device = torch.device("cuda", index)
+            options = self._optimizations or OptimizationsConfig()
+            self._strategy = make_strategy(options, self.distributed, device)
+        return self._strategy
 
     def __enter__(self) -> Context:
         return self
@@ -169,6 +219,7 @@ def init(
         info=info,
         backend=backend,
         tensorboard=tensorboard,
+        optimizations=config.optimizations if config is not None else None,
     )
 
 

@@ -72,9 +72,10 @@ class Strategy(ABC):
         `max_norm`; returns that norm before clipping (a plain tensor)."""
         return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
 
-    def grad_scaler(self) -> torch.amp.GradScaler:
-        """The fp16 loss scaler fit for this strategy's gradients."""
-        return torch.amp.GradScaler(self.device.type)
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        """An fp16 loss scaler for this strategy's gradients, if the plain
+        `torch.amp.GradScaler` does not fit them (None: it does)."""
+        return None
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
         """`tensor` reduced over every rank (a new tensor; the input is left as it was)."""

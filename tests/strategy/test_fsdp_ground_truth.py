@@ -1,0 +1,168 @@
+"""FSDP (FSDP2 over gloo, real processes) against the single-process PyTorch loop.
+
+Each test trains the regression fixture through `assay.run_local` with
+`optimizations.strategy: fsdp` and compares the final weights with a hand-written loop:
+2 ranks of batch b equal one process of batch 2b; accumulation of k equals a batch k
+times larger; clipping uses the global norm over every rank's shards. fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import assay
+from tests.conftest import REGRESSION_DIR, regression_config
+
+sys.path.insert(0, str(REGRESSION_DIR))
+from model_def import make_data, make_model, make_optimizer, reference_train
+
+TOL = 1e-5
+
+
+def fsdp_run(
+    tmp_path: Path,
+    *,
+    fsdp: dict[str, Any] | None = None,
+    strategy: str = "fsdp",
+    resume_from: str | None = None,
+    **kwargs: Any,
+) -> assay.LocalResult:
+    config = regression_config(**kwargs)
+    config["optimizations"]["strategy"] = strategy
+    if fsdp is not None:
+        config["optimizations"]["fsdp"] = fsdp
+    return assay.run_local(
+        config=config,
+        model_dir=REGRESSION_DIR,
+        checkpoint_dir=tmp_path / "ckpt",
+        resume_from=resume_from,
+    )
+
+
+def weights(result: assay.LocalResult) -> dict[str, torch.Tensor]:
+    assert result.checkpoint is not None
+    state: dict[str, torch.Tensor] = torch.load(
+        Path(result.checkpoint) / "models.pt", weights_only=True
+    )[0]
+    return state
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def clipped_reference(*, batch_size: int, batches: int, clip: float) -> dict[str, torch.Tensor]:
+    """`reference_train` with every step's gradients clipped to a global norm of `clip`."""
+    torch.manual_seed(3)
+    model = make_model(0.0)
+    optimizer = make_optimizer(model, 0.05)
+    loader = DataLoader(make_data(256, seed=1), batch_size=batch_size, shuffle=False)
+    done = 0
+    while done < batches:
+        for x, y in loader:
+            nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()), clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            done += 1
+            if done == batches:
+                break
+    return model.state_dict()
+
+
+@pytest.mark.slow
+def test_two_ranks_of_b_equal_one_process_of_2b(tmp_path: Path) -> None:
+    result = fsdp_run(
+        tmp_path, fsdp={"wrap": ["Linear"]}, batches=20, global_batch_size=16, slots=2
+    )
+    expected = reference_train(seed=3, lr=0.05, batch_size=16, batches=20).state_dict()
+    assert result.total_batches == 20
+    assert max_abs_diff(weights(result), expected) <= TOL
+
+
+@pytest.mark.slow
+def test_accumulation_of_k_equals_a_batch_k_times_larger(tmp_path: Path) -> None:
+    result = fsdp_run(tmp_path, batches=40, global_batch_size=4, slots=2, aggregation=4)
+    expected = reference_train(seed=3, lr=0.05, batch_size=16, batches=10).state_dict()
+    assert max_abs_diff(weights(result), expected) <= TOL
+
+
+@pytest.mark.slow
+def test_clipping_uses_the_global_norm_of_the_sharded_gradients(tmp_path: Path) -> None:
+    result = fsdp_run(
+        tmp_path,
+        fsdp={"min_num_params": 100},
+        batches=20,
+        global_batch_size=16,
+        slots=2,
+        clip=0.05,
+    )
+    expected = clipped_reference(batch_size=16, batches=20, clip=0.05)
+    unclipped = reference_train(seed=3, lr=0.05, batch_size=16, batches=20).state_dict()
+    assert max_abs_diff(expected, unclipped) > 1e-2  # the clip engages
+    assert max_abs_diff(weights(result), expected) <= TOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fsdp",
+    [{"sharding": "shard_grad_op"}, {"sharding": "hybrid_shard", "wrap": ["Linear"]}],
+    ids=["shard_grad_op", "hybrid_shard"],
+)
+def test_other_shardings_train_the_same_model(tmp_path: Path, fsdp: dict[str, Any]) -> None:
+    result = fsdp_run(tmp_path, fsdp=fsdp, batches=8, global_batch_size=16, slots=2)
+    expected = reference_train(seed=3, lr=0.05, batch_size=16, batches=8).state_dict()
+    assert max_abs_diff(weights(result), expected) <= TOL
+
+
+def test_one_slot_needs_no_wrapper(tmp_path: Path) -> None:
+    result = fsdp_run(tmp_path, fsdp={"wrap": ["Linear"]}, batches=6, global_batch_size=16)
+    expected = reference_train(seed=3, lr=0.05, batch_size=16, batches=6).state_dict()
+    assert max_abs_diff(weights(result), expected) <= 1e-6
+
+
+@pytest.mark.slow
+def test_an_fsdp_checkpoint_continues_on_one_slot_and_under_ddp(tmp_path: Path) -> None:
+    # SGD with momentum: the optimizer's state must come back too.
+    first = fsdp_run(tmp_path / "a", batches=10, global_batch_size=16, slots=2)
+    assert first.checkpoint is not None
+    expected = reference_train(seed=3, lr=0.05, batch_size=16, batches=20).state_dict()
+    one = fsdp_run(tmp_path / "b", batches=20, global_batch_size=16, resume_from=first.checkpoint)
+    assert one.total_batches == 20
+    assert max_abs_diff(weights(one), expected) <= TOL
+    ddp = fsdp_run(
+        tmp_path / "c",
+        strategy="ddp",
+        batches=20,
+        global_batch_size=16,
+        slots=2,
+        resume_from=first.checkpoint,
+    )
+    assert max_abs_diff(weights(ddp), expected) <= TOL
+
+
+@pytest.mark.slow
+def test_a_ddp_checkpoint_continues_under_fsdp(tmp_path: Path) -> None:
+    first = fsdp_run(tmp_path / "a", strategy="ddp", batches=10, global_batch_size=16, slots=2)
+    assert first.checkpoint is not None
+    resumed = fsdp_run(
+        tmp_path / "b", batches=20, global_batch_size=16, slots=2, resume_from=first.checkpoint
+    )
+    expected = reference_train(seed=3, lr=0.05, batch_size=16, batches=20).state_dict()
+    assert max_abs_diff(weights(resumed), expected) <= TOL
+
+
+@pytest.mark.slow
+def test_a_wrap_class_the_model_lacks_is_named(tmp_path: Path) -> None:
+    with pytest.raises(assay.TrainingError, match="TransformerBlock.*Linear"):
+        fsdp_run(
+            tmp_path, fsdp={"wrap": ["TransformerBlock"]}, batches=2, global_batch_size=16, slots=2
+        )

@@ -299,6 +299,7 @@ class RegistryQueries(StoreBase):
         labels: Sequence[str] | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> ModelVersionRecord:
+        _numbered(version)
         with self.write() as s:
             model = _find_model(s, name, lock=True)
             row = _find_version(s, model, version)
@@ -315,6 +316,7 @@ class RegistryQueries(StoreBase):
     def delete_version(self, name: str, version: int) -> None:
         """Delete one version (its number is not given again); its checkpoint is no
         longer pinned by it."""
+        _numbered(version)
         with self.write() as s:
             model = _find_model(s, name, lock=True)
             s.delete(_find_version(s, model, version))
@@ -335,6 +337,12 @@ class RegistryQueries(StoreBase):
                 for uuid, model, version in rows:
                     found.setdefault(uuid, []).append((model, version))
         return found
+
+
+def _numbered(version: int) -> None:
+    """Changes name their version: 0 (the latest, for reads) is refused."""
+    if version < 1:
+        raise InvalidArgumentError(f"give a version number (1, 2, ...), not {version}")
 
 
 def _find_model(s: Session, name: str, *, lock: bool = False) -> RegisteredModel:

@@ -108,6 +108,8 @@ def test_bad_input_is_refused_and_nothing_changes(store: Store) -> None:
         store.register_version("m", "0000", user_id=alice)
     with pytest.raises(NotFoundError, match="has no version 7"):
         store.get_version("m", 7)
+    with pytest.raises(InvalidArgumentError, match="give a version number"):
+        store.delete_version("m", 0)
     assert store.get_model("m").labels == ("keep",)
     assert store.list_versions("m") == []
 

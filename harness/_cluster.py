@@ -129,6 +129,9 @@ class ClusterSession:
         log_metrics("training", report)  # the logs show what run-local prints
         self.backend.report_metrics("training", report.total_batches, report.metrics)
 
+    def report_metrics(self, group: str, report: MetricsReport) -> None:
+        self.backend.report_metrics(group, report.total_batches, report.metrics)
+
     def report_validation_metrics(self, report: MetricsReport) -> None:
         log_metrics("validation", report)
         self.backend.report_metrics("validation", report.total_batches, report.metrics)

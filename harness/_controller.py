@@ -28,6 +28,8 @@ from assay._checkpoint import (
 from assay._context import TrialContext
 from assay._data import ShardedLoader
 from assay._preempt import PreemptWatcher
+from assay._rank_metrics import GROUP as RANK_GROUP
+from assay._rank_metrics import RankMeter, rank_metrics
 from assay._session import CheckpointReport, MetricsReport, Session
 from assay._trial import (
     BuiltinReducer,
@@ -130,6 +132,7 @@ class TrialController:
         # Training metric values since the last report, in batch order: tensors stay on
         # their device until the report; floats are numbers or values from a checkpoint.
         self._window: dict[str, list[torch.Tensor | float]] = {}
+        self._rank_meter = RankMeter(context.device)
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -248,6 +251,7 @@ class TrialController:
         context._end_batch()
         state.total_batches += 1
         state.batch_in_epoch += 1
+        self._rank_meter.batch_done()
         self._accumulate(out)
 
     def _end_epoch(self) -> None:
@@ -325,9 +329,13 @@ class TrialController:
             return
         metrics = {name: acc[0] / acc[1] for name, acc in totals.items()}
         metrics.update(self._wrapped_metrics(training=True))
+        system = rank_metrics(self.dist.allgather(self._rank_meter.sample()))
         if self.session is not None:
             self.session.report_training_metrics(
                 MetricsReport(self.state.total_batches, self.state.epoch, metrics)
+            )
+            self.session.report_metrics(
+                RANK_GROUP, MetricsReport(self.state.total_batches, self.state.epoch, system)
             )
         if self.callbacks:
             longest = max(len(values) for values in window.values())

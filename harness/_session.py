@@ -38,6 +38,9 @@ class Session(Protocol):
 
     def report_validation_metrics(self, report: MetricsReport) -> None: ...
 
+    def report_metrics(self, group: str, report: MetricsReport) -> None:
+        """A custom group's metrics (the harness's own: `system`, per rank)."""
+
     def report_checkpoint(self, report: CheckpointReport) -> None: ...
 
     def complete_target(
@@ -57,6 +60,8 @@ class LocalSession:
     echo: bool = True
     training: list[MetricsReport] = field(default_factory=list)
     validation: list[MetricsReport] = field(default_factory=list)
+    # Other groups' reports (`system`: each rank's memory and step time), by group.
+    groups: dict[str, list[MetricsReport]] = field(default_factory=dict)
     checkpoints: list[CheckpointReport] = field(default_factory=list)
     completed: list[tuple[int, float]] = field(default_factory=list)
 
@@ -74,6 +79,9 @@ class LocalSession:
         self.validation.append(report)
         if self.echo:
             log_metrics("validation", report)
+
+    def report_metrics(self, group: str, report: MetricsReport) -> None:
+        self.groups.setdefault(group, []).append(report)
 
     def report_checkpoint(self, report: CheckpointReport) -> None:
         self.checkpoints.append(report)

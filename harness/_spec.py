@@ -175,6 +175,8 @@ class LocalResult:
     hparams: dict[str, Any] = field(default_factory=dict)
     training_history: list[dict[str, Any]] = field(default_factory=list)
     validation_history: list[dict[str, Any]] = field(default_factory=list)
+    # The `system` group: each rank's peak memory and step time (see `assay._rank_metrics`).
+    system_history: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -184,6 +186,7 @@ class LocalResult:
             "hparams": self.hparams,
             "training_history": self.training_history,
             "validation_history": self.validation_history,
+            "system_history": self.system_history,
         }
 
 

@@ -25,6 +25,7 @@ from assay._distributed import DistributedContext, default_device
 from assay._loader import load_trial_class
 from assay._precision import make_precision
 from assay._preempt import POLL_INTERVAL_S, PreemptWatcher
+from assay._rank_metrics import GROUP as RANK_GROUP
 from assay._session import LocalSession, Session
 from assay._spec import LocalResult, WorkerSpec
 from assay._trial import Trial, construct_trial
@@ -213,6 +214,10 @@ def local_result(result: RunResult, session: Session, hparams: Mapping[str, Any]
         validation_history=[
             {"total_batches": r.total_batches, "epoch": r.epoch, "metrics": r.metrics}
             for r in history.validation
+        ],
+        system_history=[
+            {"total_batches": r.total_batches, "epoch": r.epoch, "metrics": r.metrics}
+            for r in history.groups.get(RANK_GROUP, [])
         ],
     )
 

@@ -299,7 +299,8 @@ def test_operations_are_followed_and_completed_with_the_searcher_metric(full_run
 
 def test_metrics_arrive_in_their_groups(full_run: FullRun) -> None:
     service = full_run.service
-    assert {r.group for r in service.of("ReportMetrics")} == {"training", "validation"}
+    groups = {r.group for r in service.of("ReportMetrics")}
+    assert groups == {"training", "validation", "system"}
     assert all(len(r.reports) == 1 for r in service.of("ReportMetrics"))
     training = service.metrics("training")
     assert [r.total_batches for r in training] == [4, 8, 12, 16]  # every scheduling_unit
@@ -307,6 +308,10 @@ def test_metrics_arrive_in_their_groups(full_run: FullRun) -> None:
     validation = service.metrics("validation")
     assert [r.total_batches for r in validation] == [8, 16]
     assert all("val_loss" in r.metrics for r in validation)
+    # Each rank's peak memory and step time, with every training report.
+    system = service.metrics("system")
+    assert [r.total_batches for r in system] == [4, 8, 12, 16]
+    assert all(set(r.metrics) == {"memory_peak_mb/rank_0", "step_time_ms/rank_0"} for r in system)
 
 
 def test_checkpoints_are_reported_with_their_files(full_run: FullRun) -> None:

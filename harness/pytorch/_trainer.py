@@ -361,6 +361,10 @@ class _RecordingSession(LocalSession):
         super().report_validation_metrics(report)
         self._backend.report_metrics("validation", report.total_batches, report.metrics)
 
+    def report_metrics(self, group: str, report: MetricsReport) -> None:
+        super().report_metrics(group, report)
+        self._backend.report_metrics(group, report.total_batches, report.metrics)
+
     def report_checkpoint(self, report: CheckpointReport) -> None:
         super().report_checkpoint(report)
         self._backend.report_checkpoint(report.metadata, str(report.path))

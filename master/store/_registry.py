@@ -181,7 +181,9 @@ class RegistryQueries(StoreBase):
         if archived is not None:
             query = query.where(RegisteredModel.archived == archived)
         if name:
-            query = query.where(func.lower(RegisteredModel.name).contains(name.lower()))
+            query = query.where(
+                func.lower(RegisteredModel.name).contains(name.lower(), autoescape=True)
+            )
         with self.read() as s:
             rows = [m for m in s.execute(query).scalars() if not label or label in m.labels]
             return _models(s, rows)

@@ -46,6 +46,7 @@ def test_a_model_is_created_listed_patched_and_archived(store: Store) -> None:
 
     assert [m.name for m in store.list_models()] == ["bert", "resnet"]
     assert [m.name for m in store.list_models(name="RES")] == ["resnet"]
+    assert store.list_models(name="%") == []  # a part of the name, not a pattern
     assert [m.name for m in store.list_models(label="nlp")] == ["bert"]
 
     patched = store.patch_model("resnet", metadata={"k": None, "j": "x"}, labels=["c"])

@@ -75,7 +75,7 @@ def clipped_reference(*, batch_size: int, batches: int, clip: float) -> dict[str
             done += 1
             if done == batches:
                 break
-    return model.state_dict()
+    return dict(model.state_dict())
 
 
 @pytest.mark.slow

@@ -17,10 +17,10 @@ def main() -> None:
     hp = info.trial.hparams
     with assay.core.init() as core:
         torch.manual_seed(3)
-        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        plain = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
         # Built before setup: setup points it at the sharded parameters.
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        model, optimizer = core.setup(model, optimizer)
+        sgd = torch.optim.SGD(plain.parameters(), lr=0.05, momentum=0.9)
+        model, optimizer = core.setup(plain, sgd)
         x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
         y = x.sum(1, keepdim=True)
         rank, size = core.distributed.rank, core.distributed.size

@@ -25,6 +25,7 @@ from assay._spec import ClusterSpec
 from assay.agent._devices import SlotKind
 from assay.agent._isolation import Identity, Isolation
 from assay.agent._logs import LogBatcher
+from assay.agent._nccl import interface_of, nccl_environment
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
 from assay.common.archive import ModelDefinitionError, unpack_model_dir
 from assay.common.tls import ClientTls
@@ -163,6 +164,7 @@ class Allocation:
         self.harness_command = tuple(harness_command)
         self.slot_kind = slot_kind
         self.address = address
+        self.interface = interface_of(address)
         self.tls = tls
         self.grace = grace
         self.keep_dir = keep_dir
@@ -274,6 +276,9 @@ class Allocation:
         # The config's environment_variables; those set below win (the config may not name
         # them, and this order keeps it so).
         env.update(_config_environment(start.config_json, self.slot_kind))
+        # The interface other machines reach this one at, for NCCL and Gloo; the config's
+        # variables (NCCL_DEBUG, NCCL_SOCKET_IFNAME, ...) and the agent's own stand.
+        env.update(nccl_environment(self.interface, env))
         env.update(
             torchrun_env(
                 rank=rank,

@@ -142,21 +142,48 @@ def describe_command(uuid: str, as_json: bool) -> None:
 @checkpoint.command("download")
 @click.argument("uuid")
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Also write full_state_dict.pt beside the shards of a sharded (FSDP) checkpoint.",
+)
 @user_errors
-def download_command(uuid: str, directory: Path) -> None:
+def download_command(uuid: str, directory: Path, full: bool) -> None:
     """Copy a checkpoint into DIR (new or empty), verifying every file's size and sha256.
 
     shared_fs checkpoints are copied from the storage mounted on this machine at the same
     path; s3 checkpoints are downloaded with the experiment's checkpoint_storage settings
     (endpoint_url, region, access_key/secret_key), or boto3's usual credentials (AWS_*
     variables, ~/.aws) when the config has none.
+
+    With --full, a sharded checkpoint (written by every rank of an FSDP trial) also gets a
+    plain `torch.save`d `{"model": ..., "optimizer": ...}` state dict of full tensors,
+    `full_state_dict.pt`, beside its shards: what you hand on. It is gathered here, in
+    this process, from the verified shards.
     """
     from assay.common.archive import format_bytes
 
-    count, total = download(client(), uuid, directory)
+    api = client()
+    if full:
+        _check_sharded(api.get_checkpoint(uuid))
+    count, total = download(api, uuid, directory)
     click.echo(
         f"downloaded checkpoint {uuid} ({count} files, {format_bytes(total)}) to {directory}"
     )
+    if full:
+        from assay.strategy._sharded import write_full_state_dicts
+
+        for path in write_full_state_dicts(directory):
+            click.echo(f"wrote the full state dict {path}")
+
+
+def _check_sharded(ckpt: common_pb2.Checkpoint) -> None:
+    names = [PurePosixPath(f.name) for f in ckpt.files]
+    if not any(n.name == "shards.json" and len(n.parts) <= 2 for n in names):
+        raise AssayError(
+            f"checkpoint {ckpt.uuid} is not sharded: its files are full state dicts already; "
+            "download it without --full"
+        )
 
 
 def download(api: Client, uuid: str, directory: Path) -> tuple[int, int]:

@@ -3,7 +3,9 @@
 A Trial's checkpoint is a directory: `metadata.json` (every file's size and sha256, the
 trial's hyperparameters, its batch count) and `models.pt`, one `state_dict` per model
 the Trial wrapped with `context.wrap_model`, in the order it wrapped them, saved with
-`torch.save` and loaded with `weights_only=True`. `load_checkpoint` checks the files
+`torch.save` and loaded with `weights_only=True`; a sharded checkpoint (FSDP's, through
+`torch.distributed.checkpoint`) gives the same full state_dicts, gathered from its shards
+in this one process. `load_checkpoint` checks the files
 against the sha256s the master recorded for them (a UUID) or the manifest (a directory)
 and returns those states with the metadata; `load_trial` rebuilds your Trial around them
 for inference.
@@ -42,8 +44,9 @@ class LoadedCheckpoint:
     trial_id: int
     total_batches: int
     hparams: dict[str, Any]
-    # The Trial's models' state_dicts (on the CPU), in the order it wrapped them; empty
-    # for a checkpoint written by a script through the Core API (read `path` instead).
+    # The Trial's models' state_dicts (on the CPU), in the order it wrapped them (full
+    # ones, from a sharded checkpoint too); empty for a checkpoint written by a script
+    # through the Core API that holds no sharded checkpoint (read `path` instead).
     models: list[dict[str, Any]]
     # What a Core API script passed as `metadata` when it stored the checkpoint.
     user_metadata: dict[str, Any]
@@ -78,12 +81,7 @@ def load_checkpoint(
             )
         path, recorded = _resolve(str(source).lower(), master, cache_dir)
     metadata = verify_checkpoint(path, recorded)
-    models: list[dict[str, Any]] = []
-    if (path / MODELS_FILE).is_file():
-        loaded = load_file(path, "models")
-        if not isinstance(loaded, list) or not all(isinstance(m, Mapping) for m in loaded):
-            raise CheckpointError(f"{path / MODELS_FILE} is not a list of state_dicts")
-        models = [dict(m) for m in loaded]
+    models = load_models(path)
     return LoadedCheckpoint(
         path=path,
         uuid=metadata.uuid,
@@ -93,6 +91,19 @@ def load_checkpoint(
         models=models,
         user_metadata=dict(metadata.user_metadata),
     )
+
+
+def load_models(path: Path) -> list[dict[str, Any]]:
+    """The full state_dict of each model in checkpoint `path` (already verified): from
+    `models.pt`, else gathered from its sharded checkpoints (none: empty)."""
+    if (path / MODELS_FILE).is_file():
+        loaded = load_file(path, "models")
+        if not isinstance(loaded, list) or not all(isinstance(m, Mapping) for m in loaded):
+            raise CheckpointError(f"{path / MODELS_FILE} is not a list of state_dicts")
+        return [dict(m) for m in loaded]
+    from assay.strategy._sharded import sharded_parts, to_full_state_dict
+
+    return [dict(to_full_state_dict(part)["model"]) for part in sharded_parts(path)]
 
 
 def _resolve(

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from assay._checkpoint import load_file, verify_checkpoint
+from assay._checkpoint import verify_checkpoint
 from assay._context import TrialContext
 from assay._distributed import DistributedContext
 from assay._precision import make_precision
@@ -457,7 +457,9 @@ def load_trial_from_checkpoint_path(
         trial = trial_class(context, **trial_kwargs)
     else:
         trial = construct_trial(trial_class, context)
-    models = load_file(path, "models")
+    from assay._load import load_models  # models.pt, or gathered from a sharded checkpoint
+
+    models = load_models(path)
     if len(models) != len(context.models):
         raise TrialLoadError(
             f"checkpoint {path} holds {len(models)} models but {trial_class.__qualname__} "

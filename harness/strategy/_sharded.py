@@ -61,6 +61,7 @@ from torch.futures import Future
 from assay._checkpoint import CheckpointError, FileEntry
 
 SHARD_MANIFEST = "shards.json"
+FULL_STATE_DICT = "full_state_dict.pt"
 DCP_METADATA = ".metadata"
 SHARD_FORMAT = "torch.distributed.checkpoint"
 SHARD_FORMAT_VERSION = 1
@@ -162,6 +163,28 @@ def to_full_state_dict(directory: Path) -> dict[str, Any]:
         # `_load_state_dict_from_keys` calls, minus the process group.
         _load_state_dict(state, storage_reader=reader, planner=_SafeEmptyPlanner(), no_dist=True)  # type: ignore[no-untyped-call]
     return state
+
+
+def sharded_parts(checkpoint: Path) -> list[Path]:
+    """The sharded checkpoints in checkpoint directory `checkpoint`: itself when it is
+    one, else those of its subdirectories that are, by name."""
+    checkpoint = Path(checkpoint)
+    if is_sharded(checkpoint):
+        return [checkpoint]
+    return sorted(p for p in checkpoint.iterdir() if p.is_dir() and is_sharded(p))
+
+
+def write_full_state_dicts(checkpoint: Path) -> list[Path]:
+    """Beside the shards of each sharded checkpoint in `checkpoint`, `full_state_dict.pt`:
+    `to_full_state_dict`'s dict saved with `torch.save`; the files written."""
+    written = []
+    for part in sharded_parts(checkpoint):
+        target = part / FULL_STATE_DICT
+        tmp = part / f".{FULL_STATE_DICT}.tmp"
+        torch.save(to_full_state_dict(part), tmp)
+        os.replace(tmp, target)
+        written.append(target)
+    return written
 
 
 def read_shard_manifest(directory: Path) -> dict[str, Any]:
@@ -409,10 +432,13 @@ def _quiet() -> Iterator[None]:
 
 
 __all__ = [
+    "FULL_STATE_DICT",
     "SHARD_MANIFEST",
     "is_sharded",
     "load_sharded",
     "read_shard_manifest",
     "save_sharded",
+    "sharded_parts",
     "to_full_state_dict",
+    "write_full_state_dicts",
 ]

@@ -20,10 +20,16 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from assay.proto import common_pb2
+    from tests.cli.conftest import FakeApi
+if __name__ != "__main__":  # not in the worker processes
+    from tests.cli.conftest import master  # noqa: F401  (the fake master's fixture)
 
 K_STEPS = 3
 M_STEPS = 3
@@ -382,6 +388,105 @@ def test_save_refuses_a_rank_that_is_not_the_process_groups(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="does not match the process group"):
         save_sharded(tmp_path, _model(), None, rank=1, world_size=2, strategy="fsdp")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- handing a model on: load_checkpoint, load_trial, checkpoint download --full -----------
+
+UUID = "6f1c2a9e-0000-4000-8000-0000000000fd"
+
+
+def _stored(first: Path, root: Path, *, sharded_in: str = "") -> common_pb2.Checkpoint:
+    """`first`'s sharded checkpoint as checkpoint UUID on shared storage under `root` (in
+    subdirectory `sharded_in`, if given), with the record the master keeps of it."""
+    from assay._checkpoint import CheckpointMetadata, seal_checkpoint
+    from assay.proto import common_pb2
+
+    staging = root / f".tmp-{UUID}"
+    shutil.copytree(first / "ckpt", staging / sharded_in)
+    metadata = CheckpointMetadata(
+        uuid=UUID,
+        total_batches=3,
+        epoch=0,
+        batch_in_epoch=0,
+        world_size=2,
+        trial_id=11,
+        hparams={},
+        kind="core",
+    )
+    final = seal_checkpoint(staging, root / UUID, metadata)
+    files = [
+        common_pb2.CheckpointFile(name=name, size_bytes=entry.size, sha256=entry.sha256)
+        for name, entry in sorted(metadata.files.items())
+    ]
+    return common_pb2.Checkpoint(
+        uuid=UUID,
+        trial_id=11,
+        experiment_id=7,
+        total_batches=3,
+        state=common_pb2.CHECKPOINT_STATE_COMPLETED,
+        location=str(final),
+        files=files,
+    )
+
+
+def _reference(first: Path) -> dict[str, Any]:
+    state: dict[str, Any] = torch.load(first / "reference.pt", weights_only=True)
+    return state
+
+
+@pytest.mark.parametrize("sharded_in", ["", "model0"])
+def test_load_checkpoint_gives_the_full_model_state_dict(
+    first: Path, tmp_path: Path, sharded_in: str
+) -> None:
+    import assay
+
+    _stored(first, tmp_path, sharded_in=sharded_in)
+
+    loaded = assay.load_checkpoint(tmp_path / UUID)
+
+    assert len(loaded.models) == 1
+    _equal(loaded.models[0], _reference(first)["model"])
+    model = _model()
+    model.load_state_dict(loaded.models[0])  # an unwrapped model, one process
+
+
+def test_download_full_writes_the_full_state_dict_beside_the_shards(
+    first: Path, tmp_path: Path, master: FakeApi
+) -> None:
+    import assay
+    from assay.strategy._sharded import FULL_STATE_DICT
+    from tests.cli.conftest import assert_ok, run_cli
+
+    master.responses["GetCheckpoint"] = _stored(first, tmp_path / "storage")
+    dest = tmp_path / "out"
+
+    done = run_cli("c", "download", UUID, dest, "--full", master=master, timeout=120)
+
+    assert_ok(done)
+    assert f"wrote the full state dict {dest / FULL_STATE_DICT}" in done.stdout
+    _equal(torch.load(dest / FULL_STATE_DICT, weights_only=True), _reference(first))
+    assert assay.load_checkpoint(dest).uuid == UUID  # still a checkpoint as stored
+
+
+def test_download_full_of_an_unsharded_checkpoint_is_refused_before_copying(
+    tmp_path: Path, master: FakeApi
+) -> None:
+    from assay.proto import common_pb2
+    from tests.cli.conftest import assert_one_line_error, run_cli
+
+    master.responses["GetCheckpoint"] = common_pb2.Checkpoint(
+        uuid=UUID,
+        experiment_id=7,
+        state=common_pb2.CHECKPOINT_STATE_COMPLETED,
+        location=str(tmp_path),
+        files=[common_pb2.CheckpointFile(name="models.pt", size_bytes=1, sha256="0" * 64)],
+    )
+    dest = tmp_path / "out"
+
+    done = run_cli("c", "download", UUID, dest, "--full", master=master)
+
+    assert_one_line_error(done, f"checkpoint {UUID} is not sharded", "without --full")
+    assert not dest.exists()
 
 
 if __name__ == "__main__":

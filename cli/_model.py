@@ -242,9 +242,9 @@ def download_command(args: tuple[str, ...]) -> None:
         try:
             number = int(args[1])
         except ValueError:
-            raise click.UsageError(f"VERSION must be a number, not {args[1]!r}") from None
+            raise click.UsageError(f"the VERSION must be a number, not {args[1]!r}") from None
         if number < 1:
-            raise click.UsageError("VERSION counts from 1")
+            raise click.UsageError("the VERSION counts from 1")
     from assay.common.archive import format_bytes
 
     api = client()

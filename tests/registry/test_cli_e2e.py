@@ -14,6 +14,7 @@ import yaml
 
 from assay.cli import _format as fmt
 from assay.cli._client import Client
+from assay.cli._model import version_dict
 from tests.conftest import REGRESSION_DIR, regression_config
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
 
@@ -60,7 +61,11 @@ def _state(api: Client, eid: int) -> str:
 def run(cluster: Cluster, api: Client, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """An experiment that checkpoints every 4 batches and keeps only its latest checkpoint;
     its first checkpoint is registered as `regressor` version 1 while it trains."""
-    config = regression_config(batches=60, checkpoint_period=4, validation_period=4, sleep_s=0.1)
+    made = cluster.json(
+        "model", "create", "regressor", "--description", "y = ax + b", "--label", "demo"
+    )
+    assert made["owner"] == "admin"
+    config = regression_config(batches=80, checkpoint_period=4, validation_period=4, sleep_s=0.1)
     config["checkpoint_storage"] = {
         "type": "shared_fs",
         "save_trial_best": 0,
@@ -70,14 +75,12 @@ def run(cluster: Cluster, api: Client, tmp_path_factory: pytest.TempPathFactory)
     path.write_text(yaml.safe_dump(config))
     eid = int(cluster.json("experiment", "create", str(path), str(REGRESSION_DIR))["id"])
     first = _eventually(
-        lambda: api.list_checkpoints(eid), cluster, "the experiment's first checkpoint"
+        lambda: api.list_checkpoints(eid), cluster, "the experiment's first checkpoint", 300
     )[0]
-    made = cluster.json(
-        "model", "create", "regressor", "--description", "y = ax + b", "--label", "demo"
-    )
-    assert made["owner"] == "admin"
-    registered = cluster.json(
-        "model", "register-version", "regressor", first.uuid, "--notes", "first checkpoint"
+    # In this process, not a CLI one (which takes seconds to start on a busy machine):
+    # the trial must still be running. The CLI's register-version is tested below.
+    registered = version_dict(
+        api.register_model_version("regressor", first.uuid, notes="first checkpoint")
     )
     assert _state(api, eid) == "ACTIVE", (
         "the trial ended before its checkpoint was registered: slow it down"

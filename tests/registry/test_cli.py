@@ -1,0 +1,68 @@
+"""What `assay model` sends: a patch carries only what was given (labels replaced, cleared
+or left alone; metadata merged, null removing a key), and usage mistakes are one line."""
+
+from __future__ import annotations
+
+from google.protobuf import json_format
+
+from assay.proto import api_pb2
+from tests.cli.conftest import FakeApi, assert_ok, assert_one_line_error, master, run_cli
+
+__all__ = ["master"]
+
+
+def test_set_sends_only_what_was_given(master: FakeApi) -> None:
+    master.responses["PatchModel"] = api_pb2.Model(name="m")
+
+    assert_ok(
+        run_cli(
+            "model", "set", "m", "--metadata", "acc=0.9", "--metadata", "old=null", master=master
+        )
+    )
+    assert_ok(run_cli("model", "set", "m", "--clear-labels", master=master))
+    assert_ok(
+        run_cli("m", "set", "m", "--description", "", "--label", "a", "--label", "b", master=master)
+    )
+
+    first, cleared, described = master.calls("PatchModel")
+    assert json_format.MessageToDict(first.metadata) == {"acc": 0.9, "old": None}
+    assert not first.HasField("labels")
+    assert not first.HasField("description")
+    assert cleared.HasField("labels")
+    assert list(cleared.labels.labels) == []
+    assert not cleared.HasField("metadata")
+    assert described.HasField("description")
+    assert described.description == ""
+    assert list(described.labels.labels) == ["a", "b"]
+
+
+def test_register_and_download_name_their_version(master: FakeApi) -> None:
+    master.responses["RegisterModelVersion"] = api_pb2.ModelVersion(model="m", version=3)
+
+    done = run_cli(
+        "model", "register-version", "m", "UUID", "--notes", "n", "--label", "x", master=master
+    )
+
+    assert_ok(done)
+    assert "as m version 3" in done.stdout
+    [sent] = master.calls("RegisterModelVersion")
+    assert (sent.name, sent.checkpoint_uuid, sent.notes, list(sent.labels)) == (
+        "m",
+        "UUID",
+        "n",
+        ["x"],
+    )
+
+
+def test_usage_mistakes_are_one_line(master: FakeApi) -> None:
+    assert_one_line_error(run_cli("model", "set", "m", master=master), "nothing to change")
+    assert_one_line_error(run_cli("model", "download", "m", master=master), "NAME [VERSION] DIR")
+    assert_one_line_error(
+        run_cli("model", "download", "m", "x", "d", master=master), "VERSION must be a number"
+    )
+    assert_one_line_error(
+        run_cli("model", "set", "m", "--metadata", "novalue", master=master), "KEY=VALUE"
+    )
+    assert_one_line_error(run_cli("model", "delete", "m", master=master), "nothing deleted")
+    assert master.calls("PatchModel") == []
+    assert master.calls("DeleteModel") == []

@@ -254,6 +254,12 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
     click.echo("")
     click.echo(fmt.trial_rows(list(response.trials), fmt.struct(response.experiment.config)))
     for t in response.trials:
+        if t.HasField("parent_trial_id"):
+            click.echo(
+                f"trial {t.id} started from trial {t.parent_trial_id}'s checkpoint "
+                f"(round {t.search_round})"
+            )
+    for t in response.trials:
         if t.waiting:
             click.echo(f"trial {t.id} cannot start: {t.waiting}")
 

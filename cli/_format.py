@@ -108,6 +108,9 @@ def trial_dict(t: common_pb2.Trial) -> dict[str, Any]:
         "restarts": t.restarts,
         "last_error": t.last_error or None,
         "waiting": t.waiting or None,
+        # Lineage (pbt): the trial whose checkpoint it started from, and in which round.
+        "parent_trial_id": t.parent_trial_id if t.HasField("parent_trial_id") else None,
+        "search_round": t.search_round if t.HasField("search_round") else None,
     }
 
 

@@ -8,6 +8,7 @@ budget. Nothing here talks to the master or imports torch or Optuna.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -22,7 +23,7 @@ from ._format import table
 @click.option("--json", "as_json", is_flag=True, help="Print the preview as one JSON object.")
 @user_errors
 def preview_search(config_file: Path, as_json: bool) -> None:
-    """Show the trials, rung lengths and budget the searcher of CONFIG will use."""
+    """Show the trials, rung lengths (pbt: rounds) and budget the searcher of CONFIG will use."""
     from assay.config import load_config, preview, searcher_in_batches
     from assay.config._schema import UNBOUNDED_LENGTH
 
@@ -60,6 +61,9 @@ def preview_search(config_file: Path, as_json: bool) -> None:
         echo_json(plan.to_dict())
         return
     unit = plan.unit
+    if plan.rounds:
+        _show_rounds(plan)
+        return
     sampler = "" if plan.sampler == "random" else f", sampler {plan.sampler}"
     click.echo(f"searcher {plan.searcher}{sampler}; max_length {plan.max_length} {unit}")
     rows = []
@@ -86,3 +90,16 @@ def preview_search(config_file: Path, as_json: bool) -> None:
                 f"halving; raise max_trials or lower the number of rungs",
                 err=True,
             )
+
+
+def _show_rounds(plan: Any) -> None:
+    """pbt: one row per round (its population, the new copies, the length all reach)."""
+    unit = plan.unit
+    click.echo(
+        f"searcher pbt; {plan.max_concurrent_trials} trials, {len(plan.rounds)} rounds of "
+        f"{plan.rounds[0].length} {unit}"
+    )
+    rows = [[r.round, r.trials, r.new_trials, r.length, r.budget] for r in plan.rounds]
+    headers = ["ROUND", "TRIALS", "NEW", f"LENGTH ({unit})", "BUDGET"]
+    click.echo(table(headers, rows))
+    click.echo(f"total: {plan.total_trials} trials, {plan.total_budget} {unit}")

@@ -141,6 +141,7 @@ def describe_command(trial_id: int, as_json: bool) -> None:
         ("Checkpoint", t["latest_checkpoint"]),
         ("Restarts", t["restarts"]),
         ("Last error", t["last_error"]),
+        ("Copied from", _lineage(t)),
         ("Run", t["run_id"]),
         ("Seed", t["seed"]),
         ("Started", t["start_time"]),
@@ -151,6 +152,13 @@ def describe_command(trial_id: int, as_json: bool) -> None:
     click.echo("Hyperparameters:")
     for key, value in sorted(t["hparams"].items()):
         click.echo(f"  {key}: {json.dumps(value)}")
+
+
+def _lineage(t: dict[str, Any]) -> str | None:
+    """`trial 3 (round 1)`: whose checkpoint the trial started from (pbt's exploit)."""
+    if t["parent_trial_id"] is None:
+        return None
+    return f"trial {t['parent_trial_id']} (round {t['search_round']})"
 
 
 @trial.command("logs")

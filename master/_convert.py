@@ -129,6 +129,10 @@ def trial(record: TrialRecord) -> common_pb2.Trial:
     _fill(message.hparams, record.hparams, f"trial {record.id}'s hyperparameters")
     if record.best_validation is not None:
         message.best_validation = record.best_validation
+    if record.parent_trial_id is not None:
+        message.parent_trial_id = record.parent_trial_id
+    if record.search_round is not None:
+        message.search_round = record.search_round
     return message
 
 

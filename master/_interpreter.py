@@ -35,6 +35,7 @@ from assay.master._state import Ledger, ModelCache, load_live
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._usage import pool_of
 from assay.master.lifecycle import (
+    TERMINAL_TRIAL,
     ExperimentState,
     ExperimentStatus,
     Run,
@@ -47,7 +48,7 @@ from assay.master.lifecycle import _effects as fx
 from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
-from assay.master.lifecycle.run import end_trial, preemption
+from assay.master.lifecycle.run import end_trial, preemption, requeue, stop_to_requeue
 from assay.master.scheduler import Decision, Request, Running, Wait, choose_victims
 from assay.master.searcher import Create, Operation
 from assay.master.store import AllocationRecord, Store, UsagePart, WriteBatch
@@ -95,6 +96,9 @@ class Interpreter:
         # Checkpoint deletions, one at a time, off the master's lock (storage I/O).
         self.gc = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gc")
         self._storages: dict[str, Any] = {}
+        # Trials created from a running trial's checkpoint (pbt), by that trial's id: they
+        # start when its run ends, from the checkpoint it leaves.
+        self._awaiting: dict[int, list[int]] = {}
 
     @property
     def batch(self) -> WriteBatch:
@@ -118,6 +122,8 @@ class Interpreter:
         for allocation in active:
             if not self._await_run(allocation):
                 self._allocation_ended(allocation.id)
+        for experiment in self.experiments.values():
+            self._resume_copies(experiment)
         # Usage records whose allocation is over (or gone with its trial) close now.
         self.batch.usage_orphans_closed(_now())
         for experiment in list(self.experiments.values()):
@@ -167,6 +173,24 @@ class Interpreter:
                 experiment.by_request[op.request_id] = trial
                 self.batch.rename_trial_request(trial.id, op.request_id)
         self.search(experiment, ops)
+
+    def _resume_copies(self, experiment: ExperimentState) -> None:
+        """Copies (pbt) that had not started from their parent's checkpoint when the master
+        stopped: each waits for its parent's run, or takes its parent's checkpoint now."""
+        for trial in experiment.trials.values():
+            parent = self.trials.get(trial.parent_id) if trial.parent_id is not None else None
+            if (
+                parent is None
+                or trial.run_id
+                or trial.checkpoint is not None
+                or trial.state not in (T.QUEUED, T.PAUSED)
+            ):
+                continue
+            if parent.id in self.run_of_trial:
+                trial.awaiting_parent = True
+                self._awaiting.setdefault(parent.id, []).append(trial.id)
+            else:
+                self._copy_checkpoint(trial, parent)
 
     # --- effects --------------------------------------------------------------------------
 
@@ -244,8 +268,11 @@ class Interpreter:
     def search(self, experiment: ExperimentState, ops: Sequence[Operation]) -> None:
         """Carry out the searcher's operations (and those they lead to), then record it."""
         pending = deque(ops)
+        copied: set[str] = set()
         while pending:
             op = pending.popleft()
+            if isinstance(op, Create) and op.checkpoint_from is not None:
+                copied.add(op.checkpoint_from)
             for effect in experiment_life.apply_operation(
                 experiment, op, self.run_of_trial, _now()
             ):
@@ -258,6 +285,8 @@ class Interpreter:
                     pending.extend(handler(effect.request_id, *effect.args))
                 else:
                     self._apply(effect)
+        for request_id in sorted(copied):
+            self._checkpoint_for_copies(experiment.by_request[request_id])
         progress = max(experiment.progress, experiment.searcher.progress())
         search = {"searcher_state": experiment.search_state(), "progress": progress}
         self.ledger.set_experiment(experiment.id, search)
@@ -275,9 +304,65 @@ class Interpreter:
         trial = TrialState(
             trial_id, new.experiment_id, new.request_id, new.hparams, new.seed, new.state
         )
+        parent = None
+        if new.checkpoint_from is not None:
+            parent = self.experiments[new.experiment_id].by_request.get(new.checkpoint_from)
+            if parent is None:
+                raise ValueError(f"Create({new.request_id}): no trial {new.checkpoint_from!r}")
+            trial.parent_id, trial.search_round = parent.id, new.search_round
+            if parent.id in self.run_of_trial:
+                # Its parent has not stopped at a checkpoint yet: it starts once it has.
+                trial.state, trial.awaiting_parent = T.PAUSED, True
+                self._awaiting.setdefault(parent.id, []).append(trial.id)
         self.ledger.add_trial(trial, _now())
+        if parent is not None and not trial.awaiting_parent:
+            self._copy_checkpoint(trial, parent)
         if trial.state == T.QUEUED:
             self.ledger.enqueue(trial.id)
+
+    def _copy_checkpoint(self, trial: TrialState, parent: TrialState) -> None:
+        """`trial` starts from `parent`'s latest checkpoint, at its batch count. The store
+        names that checkpoint as the trial's latest until it has one of its own, which keeps
+        it from garbage collection and tells a restarted master where the trial starts."""
+        restore = parent.checkpoint
+        if restore is None:
+            message = f"assay: trial {parent.id} left no checkpoint to copy; starting from scratch"
+            self.do([fx.Log(trial.id, trial.run_id, message, "WARNING")])
+            return
+        self.ledger.set_trial(
+            trial.id, {"checkpoint": restore, "total_batches": restore.total_batches}
+        )
+        self.batch.set_trial(trial.id, latest_checkpoint=restore.uuid)
+        message = (
+            f"assay: starts from checkpoint {restore.uuid} of trial {parent.id} at batch "
+            f"{restore.total_batches} (round {trial.search_round})"
+        )
+        self.do([fx.Log(trial.id, trial.run_id, message)])
+
+    def _checkpoint_for_copies(self, parent: TrialState) -> None:
+        """A running trial that others copy, and that goes on training, stops at a
+        checkpoint first (and resumes from it): a trial that pauses or closes checkpoints
+        as it stops anyway."""
+        allocation_id = self.run_of_trial.get(parent.id)
+        run = self.runs.get(allocation_id) if allocation_id is not None else None
+        if run is None or run.stopping is not None or parent.closed or parent.target is None:
+            return
+        why = f"stops at a checkpoint for trials {self._awaiting.get(parent.id, [])} to copy"
+        self.do(stop_to_requeue(run, why))
+
+    def _release_copies(self, parent: TrialState) -> None:
+        """The parent's run ended: the trials waiting for it start from its checkpoint."""
+        for trial_id in self._awaiting.pop(parent.id, []):
+            trial = self.trials.get(trial_id)
+            if trial is None or not trial.awaiting_parent:
+                continue
+            trial.awaiting_parent = False
+            if trial.state in TERMINAL_TRIAL:
+                continue
+            self._copy_checkpoint(trial, parent)
+            experiment = self.experiments[trial.experiment_id]
+            if experiment.state == E.ACTIVE and trial.target is not None and not trial.closed:
+                self.do(requeue(trial))
 
     def _settle(self, experiment_id: int) -> None:
         experiment = self.experiments.get(experiment_id)
@@ -512,6 +597,8 @@ class Interpreter:
         outcome, effects = finish_run(run, trial, end, _now())
         self.telemetry.allocation_ended(outcome.name.lower())
         log.debug("trial %d run %d ended: %s", trial.id, run.run_id, outcome.value)
+        if trial.id in self._awaiting:
+            self._release_copies(trial)  # before its own effects: it may requeue and resume
         self.do(effects)
 
     def _allocation_ended(self, allocation_id: str) -> None:

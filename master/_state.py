@@ -66,6 +66,8 @@ class Ledger:
             seed=trial.seed,
             state=trial.state,
             now=now,
+            parent_trial_id=trial.parent_id,
+            search_round=trial.search_round if trial.parent_id is not None else None,
         )
         self.experiments[trial.experiment_id].add_trial(trial)
         self.trials[trial.id] = trial
@@ -231,6 +233,8 @@ def load_live(store: Store) -> list[ExperimentState]:
                     last_error=t.last_error,
                     target=mark.get("target"),
                     closed=bool(mark.get("closed", False)),
+                    parent_id=t.parent_trial_id,
+                    search_round=t.search_round or 0,
                 )
                 experiment.add_trial(trial)
             out.append(experiment)

@@ -16,13 +16,22 @@ from assay.config import _determined, _limits
 from assay.config._hparams import Const, HParam, overflow_problems, parse_hparams
 from assay.config._length import Length, LengthUnit
 from assay.config._reader import REQUIRED, Section, type_name
-from assay.config._search import SearcherConfig, searcher_problems
+from assay.config._search import PBT_KEYS, SearcherConfig, searcher_problems
 from assay.errors import InvalidConfigError
 
 Precision = Literal["off", "fp16", "bf16", "auto"]
 # `bayesian` is an alias: random search with the tpe sampler; `async_halving` is
 # Determined's name of ASHA.
-SEARCHER_NAMES = ("single", "grid", "random", "asha", "adaptive_asha", "bayesian", "async_halving")
+SEARCHER_NAMES = (
+    "single",
+    "grid",
+    "random",
+    "asha",
+    "adaptive_asha",
+    "bayesian",
+    "async_halving",
+    "pbt",
+)
 _ALIASES = {"async_halving": "asha"}
 # Keys each searcher accepts besides the common ones; their values are checked by
 # `assay.config._search.searcher_problems`, shared with the searchers themselves.
@@ -52,6 +61,8 @@ _SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
         "stop_once",
     ),
     "bayesian": ("max_trials", "max_concurrent_trials", "sampler"),
+    # Determined's keys; `length_per_round` is read as the length (max_length) of a round.
+    "pbt": ("length_per_round", *PBT_KEYS),
 }
 _SEARCHER_KEYS["async_halving"] = _SEARCHER_KEYS["asha"]
 # Every searcher reads these (besides its own keys).
@@ -492,6 +503,15 @@ def _parse_searcher(
                 "counts progress (e.g. batches)",
             )
         max_length = Length.batches(max_time) if max_time is not None else None
+    elif name == "pbt":
+        if s.has("max_length"):
+            s.raw("max_length")
+            s.error(
+                "max_length",
+                "pbt trains length_per_round per round for num_rounds rounds; give "
+                "length_per_round instead",
+            )
+        max_length = _parse_length(s, "length_per_round", required=True, units=units)
     elif units.script and name in _UNBOUNDED_SEARCHERS and not s.has("max_length"):
         # Determined 0.38's Core API configs leave it out: the script decides how long it
         # trains, and exiting 0 ends the trial.
@@ -513,6 +533,7 @@ def _parse_searcher(
         "mode",
         "sampler",
         "random_fraction",
+        *PBT_KEYS,
     ):
         if key in s.data:
             options[key] = s.raw(key)

@@ -56,6 +56,11 @@ DEFAULT_MAX_CONCURRENT_TRIALS = 16
 """`max_concurrent_trials` of grid, random and bayesian searches when it is 0 or absent
 (Determined's default): new trials are created as earlier ones end."""
 _NEEDS_MAX_TRIALS = ("random", "asha", "adaptive_asha", "bayesian")
+PBT_KEYS = ("population_size", "num_rounds", "replace_function", "explore_function")
+"""`searcher` keys of pbt kept in `SearcherConfig.options` (`length_per_round` becomes
+its `max_length`)."""
+PBT_DEFAULTS = {"truncate_fraction": 0.25, "resample_probability": 0.25, "perturb_factor": 0.2}
+MAX_PBT_ROUNDS = 10_000
 
 Divisor = int | float
 """A successive-halving divisor: an integer >= 2 or a finite number > 1 (e.g. 2.5)."""
@@ -183,6 +188,8 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
 
     options = config.options
     name = config.name
+    if name == "pbt":
+        return pbt_problems(config)
     if name in _NEEDS_MAX_TRIALS and config.max_trials is None:
         bad("max_trials", f"is required for the {name} searcher (how many trials to run)")
     if config.max_trials is not None and config.max_trials > MAX_TRIALS:
@@ -314,6 +321,136 @@ def _grid_problems(space: Mapping[str, HParam]) -> list[str]:
                 f"lower the counts (an int without count is every integer of its range)"
             )
     return problems
+
+
+# --- population-based training ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PBTSpec:
+    """A pbt search resolved: `population_size` trials train `length_per_round` units per
+    round for `num_rounds` rounds; after each round but the last, the worst
+    `truncate_fraction` are closed and replaced by copies of the best (exploit), whose
+    hyperparameters are perturbed (explore)."""
+
+    population_size: int
+    num_rounds: int
+    length_per_round: int
+    truncate_fraction: float
+    resample_probability: float
+    perturb_factor: float
+    unit: str = "batches"
+
+    @property
+    def replaced_per_round(self) -> int:
+        """How many of the worst trials each round closes and replaces (at most all but
+        one: the best always goes on)."""
+        return min(
+            math.floor(self.truncate_fraction * self.population_size), self.population_size - 1
+        )
+
+
+def pbt_problems(config: SearcherConfig) -> list[str]:
+    """Every problem with a pbt searcher's keys, as `key.path: what to fix`."""
+    problems: list[str] = []
+    options = config.options
+
+    def bad(key: str, message: str) -> None:
+        problems.append(f"searcher.{key}: {message}")
+
+    for key, minimum, maximum, what in (
+        ("population_size", 2, MAX_CONCURRENT_TRIALS, "trials trained at once"),
+        ("num_rounds", 1, MAX_PBT_ROUNDS, "rounds of training, exploit and explore"),
+    ):
+        value = options.get(key)
+        if value is None:
+            bad(key, f"is required for the pbt searcher ({what}), e.g. {key}: {minimum * 4}")
+        elif not _is_int(value) or not minimum <= value <= maximum:
+            bad(key, f"expected an integer from {minimum} to {maximum:,} ({what}), got {value!r}")
+    for group, keys in (
+        ("replace_function", ("truncate_fraction",)),
+        ("explore_function", ("resample_probability", "perturb_factor")),
+    ):
+        section = options.get(group, {})
+        if not isinstance(section, Mapping):
+            bad(group, f"expected a mapping of {', '.join(keys)}, got {section!r}")
+            continue
+        for extra in sorted(set(section) - set(keys), key=str):
+            bad(f"{group}.{extra}", f"unknown key; {group} takes {', '.join(keys)}")
+        for key in keys:
+            if key in section:
+                problem = _fraction_problem(key, section[key])
+                if problem:
+                    bad(f"{group}.{key}", problem)
+    if problems:
+        return problems
+    spec = pbt_spec_of(config)
+    if spec.replaced_per_round == 0 and spec.num_rounds > 1:
+        bad(
+            "replace_function.truncate_fraction",
+            f"replaces no trial: {spec.truncate_fraction} of a population of "
+            f"{spec.population_size} is less than one; raise it to at least "
+            f"{1 / spec.population_size:.3g}",
+        )
+    trials = spec.population_size + (spec.num_rounds - 1) * spec.replaced_per_round
+    if trials > MAX_TRIALS:
+        problems.append(
+            f"searcher: pbt would create {trials:,} trials, more than {MAX_TRIALS:,}; "
+            f"lower num_rounds or population_size"
+        )
+    return problems
+
+
+def _fraction_problem(key: str, value: Any) -> str | None:
+    """What is wrong with a pbt fraction: truncate_fraction in (0, 0.5],
+    resample_probability in [0, 1], perturb_factor in (0, 1)."""
+    what = {
+        "truncate_fraction": "the share of the population replaced each round",
+        "resample_probability": "the chance each hyperparameter is redrawn",
+        "perturb_factor": "a numeric hyperparameter is multiplied by 1 +- it",
+    }[key]
+    interval = {
+        "truncate_fraction": "(0, 0.5]",
+        "resample_probability": "[0, 1]",
+        "perturb_factor": "(0, 1)",
+    }[key]
+    number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if number and key == "truncate_fraction":
+        ok = 0 < value <= 0.5
+    elif number and key == "resample_probability":
+        ok = 0 <= value <= 1
+    else:
+        ok = number and 0 < value < 1
+    return None if ok else f"expected a number in {interval} ({what}), got {value!r}"
+
+
+def pbt_spec_of(config: SearcherConfig) -> PBTSpec:
+    """The pbt plan of `config` (its options checked by `pbt_problems`); `max_length` is the
+    length of one round."""
+    options = config.options
+    replace = dict(options.get("replace_function") or {})
+    explore = dict(options.get("explore_function") or {})
+    return PBTSpec(
+        population_size=int(options["population_size"]),
+        num_rounds=int(options["num_rounds"]),
+        length_per_round=config.max_length.value,
+        truncate_fraction=float(
+            replace.get("truncate_fraction", PBT_DEFAULTS["truncate_fraction"])
+        ),
+        resample_probability=float(
+            explore.get("resample_probability", PBT_DEFAULTS["resample_probability"])
+        ),
+        perturb_factor=float(explore.get("perturb_factor", PBT_DEFAULTS["perturb_factor"])),
+        unit=config.max_length.unit.value,
+    )
+
+
+def pbt_spec(config: SearcherConfig) -> PBTSpec:
+    """`pbt_spec_of` after checking; raise ValueError listing every problem."""
+    problems = pbt_problems(config)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return pbt_spec_of(config)
 
 
 # --- the resolved plan --------------------------------------------------------------------
@@ -452,6 +589,18 @@ class BracketPreview:
 
 
 @dataclass(frozen=True)
+class RoundPreview:
+    """A pbt round: its trials (`new_trials` of them created for it, copies of better
+    ones after the first), the length all of them reach by its end, and its budget."""
+
+    round: int
+    trials: int
+    new_trials: int
+    length: int
+    budget: int
+
+
+@dataclass(frozen=True)
 class Preview:
     """What a search will run, computed from the rung arithmetic alone (nothing runs):
     trials per bracket and rung, lengths per rung and the total budget, in `unit`."""
@@ -465,6 +614,7 @@ class Preview:
     brackets: tuple[BracketPreview, ...]
     total_trials: int
     total_budget: int
+    rounds: tuple[RoundPreview, ...] = ()  # pbt's (its brackets are empty)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -472,6 +622,8 @@ class Preview:
 
 def preview(config: SearcherConfig, space: Mapping[str, HParam]) -> Preview:
     """The plan of `config` over `space`; raises ValueError for invalid options."""
+    if config.name == "pbt":
+        return _pbt_preview(pbt_spec(config))
     spec = search_spec(config, space)
     brackets = []
     for b in spec.brackets:
@@ -494,4 +646,30 @@ def preview(config: SearcherConfig, space: Mapping[str, HParam]) -> Preview:
         brackets=tuple(brackets),
         total_trials=sum(b.max_trials for b in brackets),
         total_budget=sum(b.budget for b in brackets),
+    )
+
+
+def _pbt_preview(spec: PBTSpec) -> Preview:
+    length = spec.length_per_round
+    rounds = tuple(
+        RoundPreview(
+            round=r,
+            trials=spec.population_size,
+            new_trials=spec.population_size if r == 0 else spec.replaced_per_round,
+            length=(r + 1) * length,
+            budget=spec.population_size * length,
+        )
+        for r in range(spec.num_rounds)
+    )
+    return Preview(
+        searcher="pbt",
+        sampler="random",
+        unit=spec.unit,
+        max_length=spec.num_rounds * length,
+        divisor=1,
+        max_concurrent_trials=spec.population_size,
+        brackets=(),
+        total_trials=sum(r.new_trials for r in rounds),
+        total_budget=sum(r.budget for r in rounds),
+        rounds=rounds,
     )

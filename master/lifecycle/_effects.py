@@ -108,6 +108,8 @@ class NewTrial:
     hparams: Mapping[str, Any] = field(default_factory=dict)
     seed: int = 0
     state: TrialStatus = TrialStatus.QUEUED
+    checkpoint_from: str | None = None  # the request id of the trial it starts from
+    search_round: int = 0
 
 
 @dataclass(frozen=True)

@@ -104,11 +104,19 @@ class TrialState:
     order: int = 0  # its place in the queue, kept when it is requeued (0: not queued yet)
     # Some checkpoint of it was recorded (so its end may leave some to collect).
     checkpointed: bool = False
+    # Lineage (pbt's exploit): the trial whose checkpoint it started from, and the round of
+    # the search that created it.
+    parent_id: int | None = None
+    search_round: int = 0
+    # It waits for its parent's run to end, to start from the checkpoint that run leaves.
+    awaiting_parent: bool = False
 
 
 # Fields of `TrialState` the store does not keep as columns: the search state holds
 # `target` and `closed`, and the queue order is rebuilt at start-up.
-MEMORY_ONLY = frozenset({"target", "closed", "order", "checkpoint", "checkpointed"})
+MEMORY_ONLY = frozenset(
+    {"target", "closed", "order", "checkpoint", "checkpointed", "awaiting_parent"}
+)
 
 
 @dataclass

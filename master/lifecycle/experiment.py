@@ -67,7 +67,7 @@ def act(
     if action == "activate":
         effects: list[Effect] = [SetExperiment(experiment.id, {"state": E.ACTIVE})]
         for trial in experiment.trials.values():
-            if trial.state != T.PAUSED:
+            if trial.state != T.PAUSED or trial.awaiting_parent:
                 continue
             if trial.closed:
                 effects += close_paused(experiment, trial, now)
@@ -127,12 +127,21 @@ def apply_operation(
         if op.request_id in experiment.by_request:  # adopted at start-up
             return [created]
         state = T.QUEUED if experiment.state == E.ACTIVE else T.PAUSED
-        return [NewTrial(experiment.id, op.request_id, op.hparams, op.seed, state), created]
+        new = NewTrial(
+            experiment.id,
+            op.request_id,
+            op.hparams,
+            op.seed,
+            state,
+            checkpoint_from=op.checkpoint_from,
+            search_round=op.round,
+        )
+        return [new, created]
     if isinstance(op, ValidateAfter):
         trial = experiment.by_request[op.request_id]
         effects: list[Effect] = [SetTrial(trial.id, {"target": op.length})]
         waiting = trial.state == T.PAUSED and trial.id not in running
-        if waiting and experiment.state == E.ACTIVE:
+        if waiting and experiment.state == E.ACTIVE and not trial.awaiting_parent:
             effects += requeue(trial)  # a promotion: it resumes from its checkpoint
         return effects
     if isinstance(op, Close):

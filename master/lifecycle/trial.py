@@ -201,6 +201,8 @@ def after_restart(
         if stopping:
             # A cancel or kill was under way: finish it rather than resume.
             effects += end_trial(trial, T.CANCELED, now)
+        elif trial.awaiting_parent:
+            continue  # it starts when its parent's run ends
         elif trial.state == T.PAUSED and trial.closed and experiment.state == E.ACTIVE:
             effects += close_paused(experiment, trial, now)
         elif trial.state == T.PAUSED and (trial.target is None or experiment.state != E.ACTIVE):

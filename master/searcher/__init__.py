@@ -11,7 +11,9 @@ played in memory.
 
 Searchers: `single`, `grid`, `random`, `bayesian` (random with the tpe sampler), `asha`
 and `adaptive_asha`, with `sampler: random | tpe | bohb` where trials are sampled (`bohb`:
-a density model of the highest rung with enough results, see `_bohb`).
+a density model of the highest rung with enough results, see `_bohb`); and `pbt`,
+population-based training (`_pbt`), whose `Create`s may start from another trial's
+checkpoint.
 """
 
 from assay.config import BracketPreview, Preview, RungPreview, preview, rung_lengths
@@ -27,6 +29,7 @@ from ._ops import (
     Shutdown,
     ValidateAfter,
 )
+from ._pbt import PBTSearcher
 from ._searcher import make_searcher, restore_searcher
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "Create",
     "ExitedReason",
     "Operation",
+    "PBTSearcher",
     "Preview",
     "RungPreview",
     "Searcher",

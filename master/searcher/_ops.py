@@ -5,6 +5,11 @@ searcher's snapshot. A trial is *live* while it has an outstanding `ValidateAfte
 its validation is reported and the same call returns neither a new `ValidateAfter` nor a
 `Close` for it, it is *paused*: the master checkpoints it and frees its slot, and a later
 `ValidateAfter` (a promotion) resumes it from that checkpoint. `Close` is final.
+
+A `Create` with `checkpoint_from` (population-based training's exploit) names a paused or
+closed trial: the new trial's first run starts from that trial's latest checkpoint,
+continuing its batch count. If that trial is still running, the master stops it at a
+checkpoint first (it resumes from there) so that the copy starts where it validated.
 """
 
 from __future__ import annotations
@@ -20,11 +25,25 @@ EXITED_REASONS: tuple[ExitedReason, ...] = ("invalid_hp", "errored", "user_cance
 @dataclass(frozen=True)
 class Create:
     """Create a trial with these hyperparameters and seed; its first `ValidateAfter`
-    always follows in the same list."""
+    always follows in the same list. With `checkpoint_from` (a request id) it starts from
+    that trial's latest checkpoint; `round` is the search round that created it (pbt's
+    lineage, 0 for other searchers)."""
 
     request_id: str
     hparams: dict[str, Any]
     seed: int
+    checkpoint_from: str | None = None
+    round: int = 0
+
+    def __repr__(self) -> str:
+        # The lineage only when there is one: a plain Create reads (and digests) as before.
+        lineage = ""
+        if self.checkpoint_from is not None or self.round:
+            lineage = f", checkpoint_from={self.checkpoint_from!r}, round={self.round!r}"
+        return (
+            f"Create(request_id={self.request_id!r}, hparams={self.hparams!r}, "
+            f"seed={self.seed!r}{lineage})"
+        )
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,19 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from assay.config import HParam, LengthUnit, SearcherConfig, SearchSpec, preview, search_spec
+from assay.config import (
+    HParam,
+    LengthUnit,
+    SearcherConfig,
+    SearchSpec,
+    pbt_spec,
+    preview,
+    search_spec,
+)
 
 from ._asha import Bracket
 from ._ops import EXITED_REASONS, Create, ExitedReason, Operation, Searcher, Shutdown
+from ._pbt import PBTSearcher
 from ._samplers import GridSampler, RandomSampler, Sampler, derive_seed
 
 SNAPSHOT_VERSION = 1
@@ -197,11 +206,17 @@ def restore_searcher(
     return searcher
 
 
-def _make(config: SearcherConfig, space: Mapping[str, HParam], seed: int) -> HalvingSearcher:
+def _make(
+    config: SearcherConfig, space: Mapping[str, HParam], seed: int
+) -> HalvingSearcher | PBTSearcher:
     if config.max_length.unit is not LengthUnit.BATCHES:
         raise ValueError(
             f"searcher.max_length: the searchers count batches; got "
             f"{config.max_length.to_dict()}, give e.g. {{batches: 1000}}"
+        )
+    if config.name == "pbt":
+        return PBTSearcher(
+            pbt_spec(config), space, seed=seed, smaller_is_better=config.smaller_is_better
         )
     spec = search_spec(config, space)
     sampler: Sampler

@@ -174,6 +174,14 @@ class SimulatedMaster:
                 self.trials[op.request_id] = SimulatedTrial(
                     dict(op.hparams), op.seed, created_at=self.result.events
                 )
+                if op.checkpoint_from is not None:
+                    # It starts from the parent's checkpoint: where the parent paused.
+                    parent = self._known(op.checkpoint_from)
+                    if parent.target is not None or not parent.lengths:
+                        raise ProtocolError(
+                            f"{op}: its parent is training or has not validated yet"
+                        )
+                    self.trials[op.request_id].batches = parent.batches
                 self.apply(self.searcher.on_trial_created(op.request_id))
                 expect_validate = op.request_id
             elif isinstance(op, ValidateAfter):

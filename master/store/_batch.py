@@ -179,7 +179,14 @@ class WriteBatch:
         seed: int,
         state: str,
         now: dt.datetime,
+        parent_trial_id: int | None = None,
+        search_round: int | None = None,
     ) -> None:
+        lineage = (
+            {"parent_trial_id": parent_trial_id, "search_round": search_round}
+            if parent_trial_id is not None or search_round is not None
+            else {}  # only when given: a store written by tests at an older schema lacks them
+        )
         self.insert(
             _TRIALS,
             {
@@ -198,6 +205,7 @@ class WriteBatch:
                 "start_time": None,
                 "end_time": None,
                 "last_error": None,
+                **lineage,
             },
         )
 

@@ -187,6 +187,11 @@ class Trial(Base):
     end_time: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     # Why its last run failed ("agent0: rank 0 exited with code 7"), for describe.
     last_error: Mapped[str | None] = mapped_column(Text)
+    # Lineage: the trial whose checkpoint it started from (pbt's exploit), and the round
+    # of the search that created it; null for a trial that started from scratch. Loaded
+    # only where a trial is read whole (`LINEAGE`), so that writers work on any schema.
+    parent_trial_id: Mapped[int | None] = mapped_column(Integer, deferred=True)
+    search_round: Mapped[int | None] = mapped_column(Integer, deferred=True)
 
 
 class Metric(Base):

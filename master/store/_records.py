@@ -81,6 +81,8 @@ class TrialRecord:
     start_time: dt.datetime | None
     end_time: dt.datetime | None
     last_error: str | None = None
+    parent_trial_id: int | None = None  # the trial whose checkpoint it started from
+    search_round: int | None = None  # the search round that created it (pbt)
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,8 @@ def _list_request(
 @click.option("--name", help="Only names containing this (case-insensitive).")
 @click.option("--label", help="Only experiments with this label.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--workspace", help="Only experiments of this workspace.")
+@click.option("--project", help="Only experiments of projects of this name.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @user_errors
 def list_command(
@@ -191,11 +193,15 @@ def list_command(
     name: str | None,
     label: str | None,
     limit: int,
+    workspace: str | None,
+    project: str | None,
     as_json: bool,
 ) -> None:
-    """List the newest experiments, oldest first (archived ones only with --all)."""
+    """List the newest experiments of your workspaces, oldest first (archived ones only
+    with --all)."""
     request = _list_request(show_all, states, name, label, limit)
     response = client().list_experiments(request)
+    request.workspace, request.project = workspace or "", project or ""
     experiments = sorted(
         (fmt.experiment_summary(e) for e in response.experiments), key=lambda e: e["id"]
     )

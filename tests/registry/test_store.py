@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid as uuidlib
 
 import pytest
@@ -146,3 +147,28 @@ def test_the_database_keeps_a_registered_checkpoint_row(store: Store) -> None:
     with pytest.raises(IntegrityError), store.write() as s:
         s.execute(delete(Checkpoint).where(Checkpoint.uuid == ckpt))
     assert store.get_checkpoint(ckpt).uuid == ckpt
+
+
+def test_concurrent_registrations_get_distinct_numbers(store: Store) -> None:
+    _, trial_id, run_id = seed.trial_with_run(store)
+    ckpt = _checkpoint(store, trial_id, run_id)
+    user = store.user_id("alice")
+    store.create_model("m", owner_id=user)
+    numbers: list[int] = []
+    errors: list[BaseException] = []
+
+    def register() -> None:
+        try:
+            numbers.append(store.register_version("m", ckpt, user_id=user).version)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=register) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert errors == []
+    assert sorted(numbers) == list(range(1, 9))
+    assert store.get_model("m").latest_version == 8

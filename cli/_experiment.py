@@ -58,6 +58,12 @@ def experiment() -> None:
     help="Set a config key (dotted, e.g. searcher.max_length.batches=200; VALUE is YAML). "
     "Repeat for several.",
 )
+@click.option(
+    "--project",
+    help="File it under this project (the config's `project`); WORKSPACE/PROJECT also "
+    "sets the workspace.",
+)
+@click.option("--workspace", help="File it in this workspace (the config's `workspace`).")
 @user_errors
 def create_command(
     config: Path,
@@ -67,6 +73,8 @@ def create_command(
     quiet: bool,
     as_json: bool,
     overrides: tuple[str, ...],
+    project: str | None,
+    workspace: str | None,
 ) -> None:
     """Upload MODEL_DIR with the experiment CONFIG and start searching.
 
@@ -79,6 +87,7 @@ def create_command(
 
     if follow and paused:
         raise click.UsageError("--follow needs a running experiment; drop --paused")
+    overrides = (*overrides, *_filing(workspace, project))
     if overrides:
         import yaml
 
@@ -115,6 +124,19 @@ def create_command(
     if not follow:
         return
     watch(api, created.id, logs=True, quiet=quiet, as_json=as_json, verb="following")
+
+
+def _filing(workspace: str | None, project: str | None) -> list[str]:
+    """--workspace and --project as config overrides (quoted: a name is never YAML)."""
+    import json
+
+    if project and "/" in project:
+        named, _, project = project.rpartition("/")
+        if workspace and workspace != named:
+            raise click.UsageError(f"--project {named}/{project} is not in --workspace {workspace}")
+        workspace = named
+    found = [("workspace", workspace), ("project", project)]
+    return [f"{key}={json.dumps(value)}" for key, value in found if value]
 
 
 def watch(
@@ -182,9 +204,9 @@ def _list_request(
 )
 @click.option("--name", help="Only names containing this (case-insensitive).")
 @click.option("--label", help="Only experiments with this label.")
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--workspace", help="Only experiments of this workspace.")
 @click.option("--project", help="Only experiments of projects of this name.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @user_errors
 def list_command(
@@ -192,16 +214,16 @@ def list_command(
     states: tuple[str, ...],
     name: str | None,
     label: str | None,
-    limit: int,
     workspace: str | None,
     project: str | None,
+    limit: int,
     as_json: bool,
 ) -> None:
     """List the newest experiments of your workspaces, oldest first (archived ones only
     with --all)."""
     request = _list_request(show_all, states, name, label, limit)
-    response = client().list_experiments(request)
     request.workspace, request.project = workspace or "", project or ""
+    response = client().list_experiments(request)
     experiments = sorted(
         (fmt.experiment_summary(e) for e in response.experiments), key=lambda e: e["id"]
     )

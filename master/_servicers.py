@@ -712,7 +712,6 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self.store.delete_version(request.name, request.version)
         return api_pb2.DeleteModelVersionResponse()
 
-
     # --- workspaces and projects (who may do what: _roles) ----------------------------
 
     def _workspace_message(self, who: Principal, found: WorkspaceRecord) -> api_pb2.Workspace:

@@ -180,6 +180,9 @@ class ExperimentConfig:
     name: str = "experiment"
     description: str = ""
     labels: tuple[str, ...] = ()
+    # Where the experiment is filed (Determined's keys); None: Default / Uncategorized.
+    workspace: str | None = None
+    project: str | None = None
     resources: ResourcesConfig = ResourcesConfig()
     optimizations: OptimizationsConfig = OptimizationsConfig()
     min_validation_period: Length | None = None
@@ -191,9 +194,6 @@ class ExperimentConfig:
     data: Mapping[str, Any] = field(default_factory=dict)
     command: tuple[str, ...] | None = None
     # Determined's keys: filled in by the parser when given.
-    # Where the experiment is filed (Determined's keys); None: Default / Uncategorized.
-    workspace: str | None = None
-    project: str | None = None
     records_per_epoch: int | None = None
     checkpoint_policy: Literal["best", "all", "none"] = "best"
     perform_initial_validation: bool = False
@@ -288,6 +288,8 @@ def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
         name=name,
         description=description,
         labels=labels,
+        workspace=top.get_str("workspace", None),
+        project=top.get_str("project", None),
         resources=resources,
         optimizations=optimizations,
         min_validation_period=min_val,
@@ -299,8 +301,6 @@ def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
         data=dict(top.get_mapping("data") or {}),
         command=command,
         records_per_epoch=top.get_int("records_per_epoch", None, minimum=1),
-        workspace=top.get_str("workspace", None),
-        project=top.get_str("project", None),
         checkpoint_policy=policy,  # type: ignore[arg-type]
         perform_initial_validation=top.get_bool("perform_initial_validation", False),
         environment_variables=env.variables,

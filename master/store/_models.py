@@ -354,25 +354,25 @@ class ModelVersion(Base):
 
 
 __all__ = [
+    "DEFAULT_PROJECT_ID",
+    "DEFAULT_WORKSPACE_ID",
     "Agent",
     "Allocation",
     "Base",
     "Checkpoint",
     "Experiment",
-    "DEFAULT_PROJECT_ID",
-    "DEFAULT_WORKSPACE_ID",
     "ExperimentLabel",
     "LoginSession",
     "Metric",
     "MetricRollup",
+    "Project",
     "ModelVersion",
     "RegisteredModel",
     "SchemaInfo",
     "SlotUsage",
     "TaskLog",
-    "Project",
     "Trial",
     "User",
-]
     "Workspace",
     "WorkspaceMember",
+]

@@ -91,6 +91,7 @@ class TrialController:
         self.preempt = preempt
         self.metric_required = metric_required
         self._batches_since_vote = 0
+        self._preempt_pending = False
         self._just_validated = False
         self.evaluation = evaluation_mode(type(trial))
         self.callbacks: dict[str, PyTorchCallback] = check_callbacks(trial.build_callbacks())
@@ -179,8 +180,10 @@ class TrialController:
                     batches = None
                 self._after_batch()
                 stop = self._should_stop()
-                if stop == "preempt":
-                    return self._stop_for_preemption()
+                if stop == "preempt" or self._preempt_pending:
+                    if not self._gradients_stranded():
+                        return self._stop_for_preemption()
+                    self._preempt_pending = True  # stop at the accumulation's boundary
                 if stop == "user":
                     return self._finish_on_request()
             self._complete_target()
@@ -233,6 +236,13 @@ class TrialController:
         if (due or just_validated) and self.dist.any(user):
             return "user"
         return None
+
+    def _gradients_stranded(self) -> bool:
+        """Whether a checkpoint now would lose gradients: mid-accumulation under a
+        strategy that cannot save them (FSDP holds them inside its units)."""
+        aggregation = self.config.optimizations.aggregation_frequency
+        mid = self.state.total_batches % aggregation != 0
+        return mid and not self.context._strategy.saves_partial_gradients
 
     def _stop_for_preemption(self) -> RunResult:
         self._flush_training_metrics()

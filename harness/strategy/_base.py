@@ -41,6 +41,8 @@ class Strategy(ABC):
     # Whether every forward is a collective (FSDP gathers parameters in it): then every
     # rank must run as many forwards as the others, in validation too.
     forward_is_collective: ClassVar[bool] = False
+    # Whether `local_gradients` can save a partial accumulation for a checkpoint.
+    saves_partial_gradients: ClassVar[bool] = True
 
     def __init__(self, ranks: Ranks, device: torch.device) -> None:
         self.ranks = ranks

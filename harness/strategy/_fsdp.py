@@ -47,6 +47,7 @@ class FSDPStrategy(Strategy):
 
     name = "fsdp"
     forward_is_collective = True
+    saves_partial_gradients = False  # a preemption waits for the accumulation's boundary
 
     def __init__(
         self,

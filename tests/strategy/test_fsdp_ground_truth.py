@@ -166,3 +166,34 @@ def test_a_wrap_class_the_model_lacks_is_named(tmp_path: Path) -> None:
         fsdp_run(
             tmp_path, fsdp={"wrap": ["TransformerBlock"]}, batches=2, global_batch_size=16, slots=2
         )
+
+
+@pytest.mark.slow
+def test_fp16_skips_a_step_with_inf_gradients_on_every_rank(tmp_path: Path) -> None:
+    # Each rank sees inf in its own gradient shards only; ShardedGradScaler's check is
+    # agreed across ranks, so both skip the step and the weights stay as initialised.
+    result = fsdp_run(
+        tmp_path, batches=1, global_batch_size=16, slots=2, precision="fp16", plant_inf_at=0
+    )
+    torch.manual_seed(3)
+    initial = make_model(0.0).state_dict()
+    assert max_abs_diff(weights(result), initial) == 0.0
+    assert result.checkpoint is not None
+    precision = torch.load(Path(result.checkpoint) / "precision.pt", weights_only=True)
+    assert float(precision["scaler"]["scale"]) == 2.0**15
+
+
+@pytest.mark.slow
+def test_bf16_with_cpu_offload_trains_close_to_fp32(tmp_path: Path) -> None:
+    result = fsdp_run(
+        tmp_path,
+        fsdp={"wrap": ["Linear"], "cpu_offload": True},
+        batches=8,
+        global_batch_size=16,
+        slots=2,
+        precision="bf16",
+    )
+    expected = reference_train(seed=3, lr=0.05, batch_size=16, batches=8).state_dict()
+    got = weights(result)
+    assert all(v.dtype == torch.float32 for v in got.values())  # the sharded masters stay fp32
+    assert max_abs_diff(got, expected) <= 5e-2

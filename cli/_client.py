@@ -335,6 +335,32 @@ class Client:
         response: api_pb2.GetExperimentResponse = self._unary("GetExperiment", request)
         return response
 
+    def patch_experiment(
+        self,
+        experiment_id: int,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        labels: list[str] | None = None,
+        add_labels: list[str] | None = None,
+        remove_labels: list[str] | None = None,
+    ) -> common_pb2.Experiment:
+        """Change what is given; `labels` replaces them, then the adds and removes apply."""
+        from assay.proto import api_pb2
+
+        request = api_pb2.PatchExperimentRequest(
+            id=experiment_id, add_labels=add_labels or [], remove_labels=remove_labels or []
+        )
+        if name is not None:
+            request.name = name
+        if description is not None:
+            request.description = description
+        if labels is not None:
+            request.labels.SetInParent()
+            request.labels.labels.extend(labels)
+        experiment: common_pb2.Experiment = self._unary("PatchExperiment", request)
+        return experiment
+
     def get_model_definition(self, experiment_id: int) -> bytes:
         """The experiment's model definition as uploaded (a tar.gz archive)."""
         from assay.proto import api_pb2

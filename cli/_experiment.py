@@ -29,6 +29,7 @@ STATES = [
 ]
 ACTIONS = ["pause", "activate", "cancel", "kill", "archive", "unarchive"]
 SETTABLE = ["priority", "weight", "max-slots"]  # what `experiment set` changes
+DESCRIBING = ["name", "description", "labels"]  # ... and these, in any state
 
 
 @click.group("experiment", cls=AliasedGroup)
@@ -342,14 +343,30 @@ for _action in ACTIONS:
 
 
 @experiment.command("set")
-@click.argument("name", metavar="priority|weight|max-slots", type=click.Choice(SETTABLE))
+@click.argument(
+    "name",
+    metavar="priority|weight|max-slots|name|description|labels",
+    type=click.Choice(SETTABLE + DESCRIBING),
+)
 @click.argument("experiment_id", metavar="ID", type=int)
 @click.argument("value", metavar="VALUE")
 @user_errors
 def set_command(name: str, experiment_id: int, value: str) -> None:
     """Change a live experiment's priority (1..99, lower first), fair-share weight (> 0)
     or max-slots (>= 1); its queued trials take the value at the next scheduling round,
-    and the stored config keeps it."""
+    and the stored config keeps it. The name, description and labels (comma-separated;
+    "" for none) of any experiment change too."""
+    if name in DESCRIBING:
+        labels = [x.strip() for x in value.split(",") if x.strip()]
+        patched = client().patch_experiment(
+            experiment_id,
+            name=value if name == "name" else None,
+            description=value if name == "description" else None,
+            labels=labels if name == "labels" else None,
+        )
+        now = ", ".join(patched.labels) or "(none)" if name == "labels" else value
+        click.echo(f"experiment {experiment_id}: {name} is now {now}")
+        return
     result = client().set_experiment_resource(experiment_id, name, value)
     resources = fmt.struct(result.config).get("resources") or {}
     key = name.replace("-", "_")
@@ -455,3 +472,28 @@ def download_model_def_command(experiment_id: int, directory: Path) -> None:
     unpack_model_dir(data, directory)
     count = sum(1 for p in directory.rglob("*") if p.is_file())
     click.echo(f"experiment {experiment_id}'s model definition ({count} files) is in {directory}")
+
+
+@experiment.group("label", cls=AliasedGroup)
+def label_group() -> None:
+    """Add or remove an experiment's labels."""
+
+
+@label_group.command("add")
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.argument("label")
+@user_errors
+def label_add_command(experiment_id: int, label: str) -> None:
+    """Give experiment ID the label LABEL (nothing changes if it has it)."""
+    patched = client().patch_experiment(experiment_id, add_labels=[label])
+    click.echo(f"experiment {experiment_id}: labels {', '.join(patched.labels)}")
+
+
+@label_group.command("remove")
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.argument("label")
+@user_errors
+def label_remove_command(experiment_id: int, label: str) -> None:
+    """Take LABEL off experiment ID (nothing changes if it does not have it)."""
+    patched = client().patch_experiment(experiment_id, remove_labels=[label])
+    click.echo(f"experiment {experiment_id}: labels {', '.join(patched.labels) or '(none)'}")

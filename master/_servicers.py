@@ -403,6 +403,41 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         )
 
     @maps_errors
+    def PatchExperiment(  # noqa: N802
+        self, request: api_pb2.PatchExperimentRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Experiment:
+        from assay.config import _limits
+
+        self._may_change(self._who(context), request.id)
+        name = request.name.strip() if request.HasField("name") else None
+        description = request.description if request.HasField("description") else None
+        labels = list(request.labels.labels) if request.HasField("labels") else None
+        added, removed = list(request.add_labels), list(request.remove_labels)
+        problems = (
+            []
+            if description is None
+            else _limits.text_problems(description, "description", "description")
+        )
+        for text, kind in [
+            *([(name, "name")] if name is not None else []),
+            *((label, "label") for label in [*(labels or []), *added]),
+        ]:
+            if not text.strip() or "\x00" in text:
+                problems.append(f"{kind} {text!r}: give 1 or more characters, without NUL")
+            problems.extend(_limits.text_problems(text, kind, kind))  # type: ignore[arg-type]
+        if problems:
+            raise InvalidArgumentError("; ".join(problems))
+        self.store.patch_experiment(
+            request.id,
+            name=name,
+            description=description,
+            labels=labels,
+            add_labels=added,
+            remove_labels=removed,
+        )
+        return self._experiment(request.id)
+
+    @maps_errors
     def GetModelDefinition(  # noqa: N802
         self, request: api_pb2.GetModelDefinitionRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetModelDefinitionResponse:

@@ -216,6 +216,54 @@ class GetExperimentRequest(_message.Message):
 Global___GetExperimentRequest: _TypeAlias = GetExperimentRequest  # noqa: Y015
 
 @_typing.final
+class PatchExperimentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    ADD_LABELS_FIELD_NUMBER: _builtins.int
+    REMOVE_LABELS_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    name: _builtins.str
+    description: _builtins.str
+    @_builtins.property
+    def labels(self) -> Global___LabelList:
+        """present: replaces its labels"""
+
+    @_builtins.property
+    def add_labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def remove_labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """a label it does not have is no error"""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        name: _builtins.str | None = ...,
+        description: _builtins.str | None = ...,
+        labels: Global___LabelList | None = ...,
+        add_labels: _abc.Iterable[_builtins.str] | None = ...,
+        remove_labels: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_description", b"_description", "_name", b"_name", "description", b"description", "labels", b"labels", "name", b"name"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_description", b"_description", "_name", b"_name", "add_labels", b"add_labels", "description", b"description", "id", b"id", "labels", b"labels", "name", b"name", "remove_labels", b"remove_labels"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__description: _TypeAlias = _typing.Literal["description"]  # noqa: Y015
+    _WhichOneofArgType__description: _TypeAlias = _typing.Literal["_description", b"_description"]  # noqa: Y015
+    _WhichOneofReturnType__name: _TypeAlias = _typing.Literal["name"]  # noqa: Y015
+    _WhichOneofArgType__name: _TypeAlias = _typing.Literal["_name", b"_name"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__description) -> _WhichOneofReturnType__description | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__name) -> _WhichOneofReturnType__name | None: ...
+
+Global___PatchExperimentRequest: _TypeAlias = PatchExperimentRequest  # noqa: Y015
+
+@_typing.final
 class GetModelDefinitionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -75,6 +75,11 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsResponse.FromString,
                 _registered_method=True)
+        self.PatchExperiment = channel.unary_unary(
+                '/assay.v1.Api/PatchExperiment',
+                request_serializer=assay_dot_proto_dot_api__pb2.PatchExperimentRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_common__pb2.Experiment.FromString,
+                _registered_method=True)
         self.GetModelDefinition = channel.unary_unary(
                 '/assay.v1.Api/GetModelDefinition',
                 request_serializer=assay_dot_proto_dot_api__pb2.GetModelDefinitionRequest.SerializeToString,
@@ -358,6 +363,13 @@ class ApiServicer:
 
     def GetExperimentMetrics(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PatchExperiment(self, request, context):
+        """Change an experiment's name, description or labels, in any state (editors).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -709,6 +721,11 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.GetExperimentMetrics,
                     request_deserializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsResponse.SerializeToString,
+            ),
+            'PatchExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.PatchExperiment,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.PatchExperimentRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_common__pb2.Experiment.SerializeToString,
             ),
             'GetModelDefinition': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelDefinition,
@@ -1157,6 +1174,33 @@ class Api:
             '/assay.v1.Api/GetExperimentMetrics',
             assay_dot_proto_dot_api__pb2.GetExperimentMetricsRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.GetExperimentMetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PatchExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/PatchExperiment',
+            assay_dot_proto_dot_api__pb2.PatchExperimentRequest.SerializeToString,
+            assay_dot_proto_dot_common__pb2.Experiment.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,8 @@ class ApiStub:
     stored config is patched and the next scheduling round uses the new value.
     """
     GetExperimentMetrics: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetExperimentMetricsRequest, _api_pb2.GetExperimentMetricsResponse]
+    PatchExperiment: _grpc.UnaryUnaryMultiCallable[_api_pb2.PatchExperimentRequest, _common_pb2.Experiment]
+    """Change an experiment's name, description or labels, in any state (editors)."""
     GetModelDefinition: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetModelDefinitionRequest, _api_pb2.GetModelDefinitionResponse]
     """The experiment's model definition as it was uploaded (a tar.gz archive)."""
     GetTrial: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetTrialRequest, _common_pb2.Trial]
@@ -145,6 +147,8 @@ class ApiAsyncStub(ApiStub):
     stored config is patched and the next scheduling round uses the new value.
     """
     GetExperimentMetrics: _aio.UnaryUnaryMultiCallable[_api_pb2.GetExperimentMetricsRequest, _api_pb2.GetExperimentMetricsResponse]  # type: ignore[assignment]
+    PatchExperiment: _aio.UnaryUnaryMultiCallable[_api_pb2.PatchExperimentRequest, _common_pb2.Experiment]  # type: ignore[assignment]
+    """Change an experiment's name, description or labels, in any state (editors)."""
     GetModelDefinition: _aio.UnaryUnaryMultiCallable[_api_pb2.GetModelDefinitionRequest, _api_pb2.GetModelDefinitionResponse]  # type: ignore[assignment]
     """The experiment's model definition as it was uploaded (a tar.gz archive)."""
     GetTrial: _aio.UnaryUnaryMultiCallable[_api_pb2.GetTrialRequest, _common_pb2.Trial]  # type: ignore[assignment]
@@ -289,6 +293,14 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.GetExperimentMetricsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.GetExperimentMetricsResponse, _abc.Awaitable[_api_pb2.GetExperimentMetricsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PatchExperiment(
+        self,
+        request: _api_pb2.PatchExperimentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Experiment, _abc.Awaitable[_common_pb2.Experiment]]:
+        """Change an experiment's name, description or labels, in any state (editors)."""
 
     @_abc_1.abstractmethod
     def GetModelDefinition(

@@ -37,6 +37,10 @@ class Experiment:
         return str(self._record.name)
 
     @property
+    def description(self) -> str:
+        return str(self._record.description)
+
+    @property
     def owner(self) -> str:
         return str(self._record.owner)
 
@@ -120,6 +124,22 @@ class Experiment:
 
     def unarchive(self) -> None:
         self._act("unarchive")
+
+    def set_name(self, name: str) -> None:
+        self._record = self._api.patch_experiment(self.id, name=name)
+
+    def set_description(self, description: str) -> None:
+        self._record = self._api.patch_experiment(self.id, description=description)
+
+    def set_labels(self, labels: list[str]) -> None:
+        """Replace its labels."""
+        self._record = self._api.patch_experiment(self.id, labels=labels)
+
+    def add_label(self, label: str) -> None:
+        self._record = self._api.patch_experiment(self.id, add_labels=[label])
+
+    def remove_label(self, label: str) -> None:
+        self._record = self._api.patch_experiment(self.id, remove_labels=[label])
 
     def trials(self) -> list[Trial]:
         """Its trials, in the order they were created."""

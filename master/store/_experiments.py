@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, exists, func, select, text
 from sqlalchemy.orm import Session
 
+from assay.config._limits import MAX_LABELS
 from assay.master.errors import InvalidArgumentError, NotFoundError
 from assay.master.store._base import StoreBase
 from assay.master.store._batch import EXPERIMENT_FIELDS
@@ -133,6 +134,48 @@ class ExperimentQueries(StoreBase):
                 raise NotFoundError(f"experiment {experiment_id} does not exist")
             for key, value in fields.items():
                 setattr(experiment, key, value)
+
+    def patch_experiment(
+        self,
+        experiment_id: int,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        labels: Sequence[str] | None = None,
+        add_labels: Sequence[str] = (),
+        remove_labels: Sequence[str] = (),
+    ) -> None:
+        """Set its name and description (None: as they are) and its labels: `labels`
+        replaces them, then `add_labels` and `remove_labels` apply. Idempotent. The
+        caller checks the texts (`assay.config` limits)."""
+        with self.write() as s:
+            experiment = s.get(Experiment, experiment_id)
+            if experiment is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            if name is not None:
+                experiment.name = name
+            if description is not None:
+                experiment.description = description
+            current = set(
+                s.execute(
+                    select(ExperimentLabel.label).where(
+                        ExperimentLabel.experiment_id == experiment_id
+                    )
+                ).scalars()
+            )
+            wanted = set(current if labels is None else labels)
+            wanted = (wanted | set(add_labels)) - set(remove_labels)
+            if len(wanted) > MAX_LABELS:
+                raise InvalidArgumentError(
+                    f"experiment {experiment_id} would have {len(wanted)} labels; an "
+                    f"experiment may have at most {MAX_LABELS}"
+                )
+            for label in current - wanted:
+                row = s.get(ExperimentLabel, (experiment_id, label))
+                if row is not None:
+                    s.delete(row)
+            for label in sorted(wanted - current):
+                s.add(ExperimentLabel(experiment_id=experiment_id, label=label))
 
     def list_experiments(
         self,

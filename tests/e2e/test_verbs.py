@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from assay import client
 from tests.conftest import REGRESSION_DIR, regression_config
+from tests.credentials import ADMIN_PASSWORD
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slow
@@ -162,3 +164,35 @@ def test_checkpoint_describe(cluster: Cluster, done: dict[str, Any]) -> None:
     assert f"Trial:           {listed['trial_id']}" in shown.stdout
     unknown = "00000000-0000-0000-0000-000000000000"
     assert "does not exist" in _fails(cluster, "checkpoint", "describe", unknown)
+
+
+def test_set_name_description_labels_and_label_add_remove(
+    cluster: Cluster, done: dict[str, Any]
+) -> None:
+    eid = str(done["id"])
+    for field, value in [("name", "renamed"), ("description", "two\nlines"), ("labels", "a, b")]:
+        result = cluster.cli("experiment", "set", field, eid, value)
+        assert result.returncode == 0, result.stderr
+    assert "labels is now a, b" in result.stdout
+    assert cluster.cli("experiment", "label", "add", eid, "c").returncode == 0
+    assert cluster.cli("experiment", "label", "add", eid, "c").returncode == 0  # idempotent
+    removed = cluster.cli("experiment", "label", "remove", eid, "a")
+    assert removed.stdout.strip() == f"experiment {eid}: labels b, c"
+    assert cluster.cli("experiment", "label", "remove", eid, "zzz").returncode == 0
+    listed = cluster.json("experiment", "list", "--name", "renamed")
+    assert [(e["id"], e["labels"]) for e in listed] == [(done["id"], ["b", "c"])]
+    assert cluster.json("experiment", "list", "--label", "c")[0]["id"] == done["id"]
+    assert cluster.json("experiment", "list", "--label", "a") == []
+    client.login(cluster.address, "admin", ADMIN_PASSWORD)
+    assert client.get_experiment(done["id"]).description == "two\nlines"
+
+    assert "name" in _fails(cluster, "experiment", "set", "name", eid, " ")
+    assert "at most 255" in _fails(cluster, "experiment", "label", "add", eid, "x" * 300)
+    assert "control character" in _fails(cluster, "experiment", "set", "name", eid, "a\x01b")
+    assert "experiment 99999 does not exist" in _fails(
+        cluster, "experiment", "label", "add", "99999", "x"
+    )
+    unchanged = cluster.json("experiment", "list", "--name", "renamed")[0]
+    assert unchanged["labels"] == ["b", "c"]
+    assert cluster.cli("experiment", "set", "labels", eid, "").returncode == 0
+    assert cluster.json("experiment", "list", "--name", "renamed")[0]["labels"] == []

@@ -155,6 +155,7 @@ def seed_search(
     metric: str = "accuracy",
     smaller_is_better: bool = False,
     checkpoint: str | None = None,
+    project_id: int | None = None,
 ) -> SeededRun:
     """A completed experiment with these trials: (hparams, [(batches, metric value)]);
     with `checkpoint`, the first trial keeps a checkpoint of that uuid at its last batch,
@@ -184,6 +185,7 @@ def seed_search(
         labels=[],
         priority=42,
         now=_now(),
+        project_id=project_id,
     )
     store.apply(batch)
     trial_ids: list[int] = []

@@ -176,6 +176,10 @@ def _requests(t: Team) -> dict[str, tuple[str, Callable[[], Any]]]:
             lambda: api_pb2.SetExperimentResourceRequest(id=eid, name="priority", value="42"),
         ),
         "MoveExperiment": ("editor", lambda: api_pb2.MoveExperimentRequest(id=eid, project="p1")),
+        "PatchExperiment": (
+            "editor",
+            lambda: api_pb2.PatchExperimentRequest(id=eid, add_labels=["reviewed"]),
+        ),
         "CreateProject": (
             "editor",
             lambda: api_pb2.CreateProjectRequest(workspace="team", name=f"p-{next(_names)}"),

@@ -85,6 +85,8 @@ export interface Experiment {
   num_trials: number;
   start_time?: string;
   end_time?: string;
+  workspace?: string;
+  project?: string;
 }
 
 export interface Trial {
@@ -314,6 +316,34 @@ export interface ModelVersion {
   updated_at?: string;
 }
 
+export interface Workspace {
+  name: string;
+  archived: boolean;
+  num_projects: number;
+  num_experiments: number;
+  /** The caller's role: viewer | editor | admin. */
+  role: string;
+}
+
+export interface Project {
+  workspace: string;
+  name: string;
+  description: string;
+  archived: boolean;
+  num_experiments: number;
+}
+
+export interface WorkspaceMember {
+  username: string;
+  role: string;
+}
+
+export interface WorkspaceDetail {
+  workspace: Workspace;
+  projects?: Project[];
+  members?: WorkspaceMember[];
+}
+
 export interface LoginAnswer {
   token: string;
   expires_at: string;
@@ -449,6 +479,8 @@ export interface ListExperimentsParams {
   limit?: number;
   offset?: number;
   archived?: boolean;
+  workspace?: string;
+  project?: string;
 }
 
 export const api = {
@@ -602,6 +634,21 @@ export const api = {
 
   setModelArchived: (name: string, archived: boolean) =>
     request<Model>("POST", `/models/${encodeURIComponent(name)}/${archived ? "archive" : "unarchive"}`),
+
+  workspaces: (signal?: AbortSignal) => request<{ workspaces?: Workspace[] }>("GET", "/workspaces", { signal }),
+
+  workspace: (name: string, signal?: AbortSignal) =>
+    request<WorkspaceDetail>("GET", `/workspaces/${encodeURIComponent(name)}`, { signal }),
+
+  createWorkspace: (name: string) => request<Workspace>("POST", "/workspaces", { body: { name } }),
+
+  project: (workspace: string, name: string, signal?: AbortSignal) =>
+    request<Project>("GET", `/workspaces/${encodeURIComponent(workspace)}/projects/${encodeURIComponent(name)}`, {
+      signal,
+    }),
+
+  createProject: (workspace: string, name: string, description: string) =>
+    request<Project>("POST", `/workspaces/${encodeURIComponent(workspace)}/projects`, { body: { name, description } }),
 
   openapi: (signal?: AbortSignal) =>
     request<{ paths: Record<string, unknown> }>("GET", "/openapi.json", { signal }),

@@ -14,6 +14,7 @@ import { ModelPage, ModelsPage } from "./pages/ModelsPage";
 import { TrialPage } from "./pages/TrialPage";
 import { UsagePage } from "./pages/UsagePage";
 import { UsersPage } from "./pages/UsersPage";
+import { ProjectPage, WorkspacePage, WorkspacesPage } from "./pages/WorkspacesPage";
 import { clearSelection, comparePath, useSelection } from "./selection";
 import { endSession, lastEndReason, loginPath, rememberUser } from "./session";
 import "./styles.css";
@@ -31,6 +32,9 @@ function TopBar() {
       <nav>
         <NavLink to="/" end>
           Experiments
+        </NavLink>
+        <NavLink to="/workspaces" data-testid="nav-workspaces">
+          Workspaces
         </NavLink>
         <NavLink to="/models" data-testid="nav-models">
           Models
@@ -171,6 +175,9 @@ function App() {
           <Route path="/experiments/:id" element={<ExperimentPage />} />
           <Route path="/trials/:id" element={<TrialPage />} />
           <Route path="/compare" element={<ComparePage />} />
+          <Route path="/workspaces" element={<WorkspacesPage />} />
+          <Route path="/workspaces/:name" element={<WorkspacePage />} />
+          <Route path="/workspaces/:workspace/projects/:name" element={<ProjectPage />} />
           <Route path="/models" element={<ModelsPage />} />
           <Route path="/models/:name" element={<ModelPage />} />
           <Route path="/cluster" element={<ClusterPage />} />

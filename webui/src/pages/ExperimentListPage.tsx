@@ -12,7 +12,7 @@ import {
   type ListExperimentsParams,
 } from "../api";
 import { ErrorPanel, ExperimentActions, Loading, Progress, StateBadge } from "../components/ui";
-import { fmtDuration, fmtNumber, fmtTime, fmtValue, searcherInfo, stateLabel } from "../format";
+import { fmtDuration, fmtNumber, fmtTime, fmtValue, plural, searcherInfo, stateLabel } from "../format";
 import { usePoll } from "../hooks";
 import { toggleSelected, useSelection } from "../selection";
 
@@ -53,6 +53,19 @@ function finite(v: number): number | undefined {
 const BASE_COLUMNS: Column[] = [
   { id: "id", title: "ID", serverSort: "id", className: "num", fixed: true, cell: (e) => <Link to={`/experiments/${e.id}`}>{String(e.id)}</Link> },
   { id: "name", title: "Name", serverSort: "name", fixed: true, cell: (e) => <NameCell e={e} /> },
+  {
+    id: "project",
+    title: "Project",
+    value: (e) => (e.project ? `${e.workspace ?? ""}/${e.project}` : undefined),
+    cell: (e) =>
+      e.project ? (
+        <Link to={projectPath(e.workspace ?? "", e.project)} className="muted-link">
+          {e.workspace}/{e.project}
+        </Link>
+      ) : (
+        "–"
+      ),
+  },
   { id: "state", title: "State", serverSort: "state", cell: (e) => <StateBadge state={e.state} testId="experiment-state" /> },
   { id: "searcher", title: "Searcher", value: (e) => e.searcher || undefined, cell: (e) => e.searcher || "–" },
   { id: "progress", title: "Progress", serverSort: "progress", cell: (e) => <Progress value={num(e.progress)} /> },
@@ -192,7 +205,17 @@ function compareValues(a: number | string | undefined, b: number | string | unde
   return asc ? c : -c;
 }
 
-function listParams(q: URLSearchParams, serverSort: boolean): ListExperimentsParams {
+export function projectPath(workspace: string, project: string): string {
+  return `/workspaces/${encodeURIComponent(workspace)}/projects/${encodeURIComponent(project)}`;
+}
+
+/** The experiments of one project (its page), or of every project the user sees. */
+export interface ListScope {
+  workspace?: string;
+  project?: string;
+}
+
+function listParams(q: URLSearchParams, serverSort: boolean, scope: ListScope): ListExperimentsParams {
   const limit = Number(q.get("limit")) || DEFAULT_LIMIT;
   const page = Math.max(1, Number(q.get("page")) || 1);
   const archived = q.get("archived");
@@ -208,16 +231,18 @@ function listParams(q: URLSearchParams, serverSort: boolean): ListExperimentsPar
     limit: serverSort ? limit : CLIENT_SORT_LIMIT,
     offset: serverSort ? (page - 1) * limit : 0,
     archived: archived === "all" ? undefined : archived === "only",
+    workspace: scope.workspace,
+    project: scope.project,
   };
 }
 
-export function ExperimentListPage() {
+export function ExperimentListPage({ scope = {}, title = "Experiments" }: { scope?: ListScope; title?: string }) {
   const [q, setQ] = useSearchParams();
   const sortId = q.get("sort") ?? "id";
   const asc = q.get("order") === "asc";
   const baseSort = BASE_COLUMNS.find((c) => c.id === sortId || c.serverSort === sortId);
   const serverSort = !!baseSort?.serverSort;
-  const params = listParams(q, serverSort);
+  const params = listParams(q, serverSort, scope);
   const key = JSON.stringify(params);
   const list = usePoll(key, (signal) => api.experiments(params, signal));
   const [actionError, setActionError] = useState<unknown>(null);
@@ -226,8 +251,8 @@ export function ExperimentListPage() {
   const picked = useSelection();
 
   useEffect(() => {
-    document.title = "Experiments · Assay";
-  }, []);
+    document.title = `${title} · Assay`;
+  }, [title]);
   // A fresh list supersedes rows updated by an action.
   useEffect(() => setUpdated({}), [list.data]);
 
@@ -276,13 +301,18 @@ export function ExperimentListPage() {
   }, [serverSort, fetched, sortColumn, asc, page, limit]);
 
   return (
-    <div className="page">
-      <div className="page-title">
-        <h1>Experiments</h1>
-        <span className="muted">{list.data ? `${total} in all` : ""}</span>
+    <div className={scope.project ? "project-experiments" : "page"}>
+      {!scope.project && (
+        <div className="page-title">
+          <h1>{title}</h1>
+          <span className="muted">{list.data ? `${total} in all` : ""}</span>
+        </div>
+      )}
+      {scope.project && <div className="muted">{list.data ? plural(total, "experiment") : ""}</div>}
+      <div className="list-tools">
+        <Filters q={q} update={update} />
+        <ColumnMenu choice={choice} setChoice={setChoice} extras={extras} />
       </div>
-      <Filters q={q} update={update} />
-      <ColumnMenu choice={choice} setChoice={setChoice} extras={extras} />
       {actionError !== null && <ErrorPanel error={actionError} title="The action failed" />}
       {list.error && <ErrorPanel error={list.error} title="Cannot list experiments" />}
       {list.loading && !list.error && <Loading what="experiments" />}

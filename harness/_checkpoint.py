@@ -64,6 +64,9 @@ class CheckpointMetadata:
     torch_version: str = field(default_factory=lambda: _torch_version())
     # What wrote it: "trial" (the Trial harness) or "core" (a script's store_path).
     kind: str = "trial"
+    # The strategy of a sharded checkpoint inside it (its shards.json says, e.g. "fsdp");
+    # empty for one of full state dicts.
+    strategy: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)
@@ -205,6 +208,8 @@ def seal_checkpoint(
         )
     metadata.files.update(file_entries(staging))
     metadata.files.update(extra or {})
+    if not metadata.strategy:
+        metadata.strategy = _sharded_strategy(staging)
     metadata.created_at = time.time()
     manifest = staging / MANIFEST
     with manifest.open("wb") as f:
@@ -216,6 +221,16 @@ def seal_checkpoint(
     os.rename(staging, final)
     _fsync_dir(final.parent)
     return final
+
+
+def _sharded_strategy(directory: Path) -> str:
+    """The strategy that `shards.json` (assay.strategy's shard manifest) in `directory`
+    or one of its subdirectories names; empty without one."""
+    for manifest in [directory / "shards.json", *sorted(directory.glob("*/shards.json"))]:
+        if manifest.is_file():
+            with contextlib.suppress(ValueError, TypeError, AttributeError, OSError):
+                return str(json.loads(manifest.read_text()).get("strategy", ""))
+    return ""
 
 
 def new_uuid() -> str:

@@ -6,9 +6,11 @@ experiment's `checkpoint_storage` (shared_fs or S3), with a `metadata.json` mani
 listing every file with its size and sha256, renamed into place (or uploaded, manifest
 last) only once complete, then reported to the master. With `shard=True` every process
 calls it together, writes its own files, and they become one checkpoint (two processes
-writing the same file name is an error). `restore_path(uuid)` gives the directory back,
-verified against the sha256s the master recorded for it (the trial's latest checkpoint)
-or else its manifest. Off the cluster checkpoints live under `./checkpoints`.
+writing the same file name is an error). `save_sharded(model, optimizer)` and
+`load_sharded(uuid, model, optimizer)` store and restore a model's shards that way
+(`torch.distributed.checkpoint`; any world size on restore). `restore_path(uuid)` gives
+the directory back, verified against the sha256s the master recorded for it (the trial's
+latest checkpoint) or else its manifest. Off the cluster checkpoints live under `./checkpoints`.
 """
 
 from __future__ import annotations
@@ -149,6 +151,37 @@ class CheckpointContext:
                 if manifest.is_file() and _is_manifest(manifest):
                     manifest.unlink()
         return uuid
+
+    def save_sharded(
+        self,
+        model: Any,
+        optimizer: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Store `model` (and `optimizer`) as a sharded checkpoint: every process calls it
+        together and writes only the shards it holds (`torch.distributed.checkpoint`);
+        return the checkpoint's uuid. It restores onto any number of processes, under
+        FSDP, DDP or none (`load_sharded`)."""
+        from assay.strategy._sharded import save_sharded, strategy_of
+
+        with self.store_path(metadata, shard=True) as (path, uuid):
+            save_sharded(
+                path,
+                model,
+                optimizer,
+                rank=self._dist.rank,
+                world_size=self._dist.size,
+                strategy=strategy_of(model),
+            )
+        return uuid
+
+    def load_sharded(self, storage_id: str, model: Any, optimizer: Any = None) -> None:
+        """Load sharded checkpoint `storage_id` into `model` (and `optimizer`) as they are
+        wrapped now, verified first; every process calls it together."""
+        from assay.strategy._sharded import load_sharded
+
+        with self.restore_path(storage_id) as path:
+            load_sharded(path, model, optimizer)
 
     @property
     def _in_place(self) -> bool:

@@ -124,6 +124,17 @@ def save_sharded(
         dist.barrier()
 
 
+def strategy_of(model: torch.nn.Module) -> str:
+    """The strategy `model` is wrapped with: "fsdp", "ddp" or "single"."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return "ddp"
+    if any(isinstance(m, FSDPModule) for m in model.modules()):
+        return "fsdp"
+    return "single"
+
+
 def load_sharded(
     directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
 ) -> None:
@@ -439,6 +450,7 @@ __all__ = [
     "read_shard_manifest",
     "save_sharded",
     "sharded_parts",
+    "strategy_of",
     "to_full_state_dict",
     "write_full_state_dicts",
 ]

@@ -439,10 +439,12 @@ def test_load_checkpoint_gives_the_full_model_state_dict(
     first: Path, tmp_path: Path, sharded_in: str
 ) -> None:
     import assay
+    from assay._checkpoint import read_metadata
 
     _stored(first, tmp_path, sharded_in=sharded_in)
 
     loaded = assay.load_checkpoint(tmp_path / UUID)
+    assert read_metadata(tmp_path / UUID).strategy == "fsdp"  # from shards.json
 
     assert len(loaded.models) == 1
     _equal(loaded.models[0], _reference(first)["model"])

@@ -1,6 +1,7 @@
-"""A sharded checkpoint stored by 2 real FSDP processes through the Core API's
-`store_path(shard=True)`, on shared_fs and on S3 (moto's server), then restored in one
-process and deleted whole by the master's garbage collection.
+"""A sharded checkpoint stored by 2 real FSDP processes through the Core API
+(`store_path(shard=True)` + `save_sharded` on shared_fs, `core.checkpoint.save_sharded` on
+S3 from moto's server), restored by them (`core.checkpoint.load_sharded`) and in one
+process, and deleted whole by the master's garbage collection.
 
 Every rank writes and (on S3) uploads its own shards; the chief writes `shards.json` and
 `metadata.json`, the manifest, last. This file is also the worker: `python FILE JSON`.
@@ -22,7 +23,7 @@ if __name__ == "__main__":  # the worker: the repository's tests are importable
 from assay._checkpoint import MANIFEST, FileEntry, read_metadata, verify_checkpoint
 from assay.common.storage import S3Storage, SharedFSStorage
 from assay.strategy._sharded import SHARD_MANIFEST, to_full_state_dict
-from tests.strategy.test_sharded import _build, _equal, _full, _train, launch
+from tests.strategy.test_sharded import _build, _equal, _full, _load, _train, launch
 
 if TYPE_CHECKING:
     from assay.master.store import CheckpointRecord
@@ -58,18 +59,25 @@ def _worker(args: dict[str, Any]) -> None:
     )
     model, optimizer = _build("fsdp", distributed.size)
     _train(model, optimizer, 0, 2)
-    with checkpoints.store_path({"steps_completed": 2}, shard=True) as (path, uuid):
-        save_sharded(
-            path,
-            model,
-            optimizer,
-            rank=distributed.rank,
-            world_size=distributed.size,
-            strategy="fsdp",
-        )
+    if "bucket" in args:  # the Core API's one call
+        uuid = checkpoints.save_sharded(model, optimizer, {"steps_completed": 2})
+    else:
+        with checkpoints.store_path({"steps_completed": 2}, shard=True) as (path, uuid):
+            save_sharded(
+                path,
+                model,
+                optimizer,
+                rank=distributed.rank,
+                world_size=distributed.size,
+                strategy="fsdp",
+            )
     full = _full(model, optimizer)
+    fresh, fresh_optimizer = _build("fsdp", distributed.size)
+    checkpoints.load_sharded(uuid, fresh, fresh_optimizer)  # verified, from storage
+    restored = _full(fresh, fresh_optimizer)
     if distributed.is_chief:
         torch.save(full, out / "full.pt")
+        torch.save(restored, out / "restored.pt")
         (out / "uuid").write_text(uuid)
     dist.barrier()
     dist.destroy_process_group()
@@ -98,6 +106,7 @@ def _check_manifest(ckpt: Path) -> None:
     assert set(shards["files"]) | {SHARD_MANIFEST} == set(metadata.files)
     assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= set(shards["files"])
     assert metadata.world_size == 2
+    assert metadata.strategy == "fsdp"
 
 
 @pytest.mark.slow
@@ -112,6 +121,7 @@ def test_shared_fs_stores_restores_and_deletes_a_sharded_checkpoint_whole(
     _check_manifest(ckpt)
     assert sorted(p.name for p in root.iterdir()) == [uuid]  # no staging left behind
     _equal(to_full_state_dict(ckpt), torch.load(tmp_path / "full.pt", weights_only=True))
+    _equal(_load(tmp_path / "restored.pt"), _load(tmp_path / "full.pt"))
 
     from assay.master._gc import delete_checkpoint
 
@@ -156,6 +166,7 @@ def test_s3_stores_every_ranks_shards_restores_and_deletes_them_whole(
         f"runs/{uuid}/{MANIFEST}"
     } == set(keys)
     _equal(to_full_state_dict(local), torch.load(tmp_path / "full.pt", weights_only=True))
+    _equal(_load(tmp_path / "restored.pt"), _load(tmp_path / "full.pt"))
 
     from assay.master._gc import delete_checkpoint
 

@@ -40,6 +40,7 @@ from assay.config._schema import (
 from assay.config._search import (
     BracketPreview,
     BracketSpec,
+    Objective,
     PBTSpec,
     Preview,
     RoundPreview,
@@ -81,6 +82,7 @@ __all__ = [
     "RoundPreview",
     "RungPreview",
     "SearchSpec",
+    "Objective",
     "SearcherConfig",
     "environment_of",
     "grid_points",

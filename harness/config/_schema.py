@@ -16,7 +16,13 @@ from assay.config import _determined, _limits
 from assay.config._hparams import Const, HParam, overflow_problems, parse_hparams
 from assay.config._length import Length, LengthUnit
 from assay.config._reader import REQUIRED, Section, type_name
-from assay.config._search import PBT_KEYS, SearcherConfig, searcher_problems
+from assay.config._search import (
+    PBT_KEYS,
+    Objective,
+    SearcherConfig,
+    parse_objectives,
+    searcher_problems,
+)
 from assay.errors import InvalidConfigError
 
 Precision = Literal["off", "fp16", "bf16", "auto"]
@@ -73,6 +79,7 @@ _COMMON_SEARCHER_KEYS = (
     "max_length",
     "time_metric",
     "max_time",
+    "metrics",
 )
 
 
@@ -490,7 +497,19 @@ def _parse_searcher(
 ) -> SearcherConfig:
     given = s.get_required_choice("name", SEARCHER_NAMES)
     name = _ALIASES.get(given, given) if given is not None else None
-    metric = s.get_str("metric", REQUIRED)
+    objectives: tuple[Objective, ...] = ()
+    if s.has("metrics"):
+        objectives, problems = parse_objectives(s.raw("metrics"))
+        s.problems.extend(problems)
+        if s.has("metric") or s.has("smaller_is_better"):
+            s.error(
+                "metrics",
+                "give metric (with smaller_is_better) for one metric or metrics for several, "
+                "not both; move the metric into metrics as {name, smaller_is_better}",
+            )
+        metric = objectives[0].name if objectives else ""
+    else:
+        metric = s.get_str("metric", REQUIRED)
     time_metric = s.get_str("time_metric", None)
     if s.has("max_time"):
         if s.has("max_length"):
@@ -518,7 +537,9 @@ def _parse_searcher(
         max_length = Length.batches(UNBOUNDED_LENGTH)
     else:
         max_length = _parse_length(s, "max_length", required=True, units=units)
-    smaller = s.get_bool("smaller_is_better", True)
+    smaller = (
+        objectives[0].smaller_is_better if objectives else s.get_bool("smaller_is_better", True)
+    )
     max_trials = s.get_int("max_trials", None, minimum=1)
     concurrent = s.get_int("max_concurrent_trials", 0, minimum=0) or 0
     options: dict[str, Any] = {}
@@ -555,6 +576,7 @@ def _parse_searcher(
         max_concurrent_trials=concurrent,
         options=options,
         time_metric=time_metric,
+        objectives=objectives,
     )
     # The option rules need a valid name and length to mean anything; a max_trials that is
     # present but invalid has had its own message.

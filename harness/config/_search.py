@@ -61,9 +61,54 @@ PBT_KEYS = ("population_size", "num_rounds", "replace_function", "explore_functi
 its `max_length`)."""
 PBT_DEFAULTS = {"truncate_fraction": 0.25, "resample_probability": 0.25, "perturb_factor": 0.2}
 MAX_PBT_ROUNDS = 10_000
+MAX_OBJECTIVES = 8
+"""The most metrics a multi-objective search (`searcher.metrics`) optimises at once."""
+MULTI_OBJECTIVE_SEARCHERS = ("random", "grid", "bayesian")
+"""The searchers that take `searcher.metrics`: those that never compare trials to stop one
+early (ASHA, adaptive ASHA and PBT rank trials on one order)."""
 
 Divisor = int | float
 """A successive-halving divisor: an integer >= 2 or a finite number > 1 (e.g. 2.5)."""
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One metric of a multi-objective search (`searcher.metrics`)."""
+
+    name: str
+    smaller_is_better: bool = True
+
+
+def parse_objectives(value: Any) -> tuple[tuple[Objective, ...], list[str]]:
+    """`searcher.metrics` as objectives, and every problem with it (as `key.path: fix`)."""
+    problems: list[str] = []
+    example = "e.g. [{name: val_loss, smaller_is_better: true}, {name: latency_ms}]"
+    if not isinstance(value, list) or not 2 <= len(value) <= MAX_OBJECTIVES:
+        got = f"{len(value)} entries" if isinstance(value, list) else repr(value)
+        return (), [
+            f"searcher.metrics: expected a list of 2 to {MAX_OBJECTIVES} metrics, {example}; "
+            f"got {got} (one metric is searcher.metric)"
+        ]
+    objectives: list[Objective] = []
+    for i, entry in enumerate(value):
+        where = f"searcher.metrics[{i}]"
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where}: expected {{name, smaller_is_better}}, got {entry!r}")
+            continue
+        for extra in sorted(set(entry) - {"name", "smaller_is_better"}, key=str):
+            problems.append(f"{where}.{extra}: unknown key; a metric has name, smaller_is_better")
+        name, smaller = entry.get("name"), entry.get("smaller_is_better", True)
+        if not isinstance(name, str) or not name.strip():
+            problems.append(f"{where}.name: expected a validation metric's name, got {name!r}")
+        elif any(o.name == name for o in objectives):
+            problems.append(f"{where}.name: {name!r} is listed twice")
+        if not isinstance(smaller, bool):
+            problems.append(f"{where}.smaller_is_better: expected true or false, got {smaller!r}")
+        if isinstance(name, str) and name.strip() and isinstance(smaller, bool):
+            objectives.append(Objective(name, smaller))
+    return (tuple(objectives), problems) if not problems else ((), problems)
 
 
 @dataclass(frozen=True)
@@ -82,6 +127,9 @@ class SearcherConfig:
     # Determined 0.38's `time_metric`: the validation metric that measures how far a trial
     # has trained (scripts report it); lengths are then in its units (`max_time`).
     time_metric: str | None = None
+    # A multi-objective search's metrics (`searcher.metrics`); `metric` and
+    # `smaller_is_better` are then the first one's. Empty for one metric.
+    objectives: tuple[Objective, ...] = ()
 
 
 # --- rung arithmetic ---------------------------------------------------------------------
@@ -188,6 +236,10 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
 
     options = config.options
     name = config.name
+    if config.objectives:
+        problems.extend(_multi_objective_problems(config))
+        if problems:
+            return problems
     if name == "pbt":
         return pbt_problems(config)
     if name in _NEEDS_MAX_TRIALS and config.max_trials is None:
@@ -251,6 +303,28 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
     if name == "grid":
         problems.extend(_grid_problems(space))
     return problems
+
+
+def _multi_objective_problems(config: SearcherConfig) -> list[str]:
+    """Why `config`'s searcher cannot optimise several metrics, if it cannot."""
+    name, sampler = config.name, config.options.get("sampler", "random")
+    if name not in MULTI_OBJECTIVE_SEARCHERS:
+        why = (
+            "a single trial has no trade-off to search"
+            if name == "single"
+            else "its early stopping ranks trials on one metric, and several metrics give "
+            "no one order"
+        )
+        return [
+            f"searcher.metrics: the {name} searcher takes one metric ({why}); use name: "
+            f"random or grid, or sampler: tpe (multi-objective), or give searcher.metric"
+        ]
+    if sampler == "bohb":
+        return [
+            "searcher.metrics: the bohb sampler models one metric's rungs; use sampler: tpe "
+            "(multi-objective) or random"
+        ]
+    return []
 
 
 def _is_int(value: Any) -> bool:

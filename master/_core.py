@@ -25,6 +25,7 @@ from assay.master._checkpoints import recorded_sha256, reported_location
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
+from assay.master._multi_objective import validation_vector
 from assay.master._quota import SubmissionQuota
 from assay.master._rank_usage import RankUsageBoard
 from assay.master._sharing import changed, parse_value
@@ -445,13 +446,19 @@ class Master:
         `stop_requested`: the trial's code asked to end here (Determined's
         `set_stop_requested`), at or before its target: it ends as completed once its
         process exits, and the searcher counts it as a trial that ended early.
+        A multi-objective search is told every metric of the validation (`searcher.metrics`).
         """
+        result: float | list[float | None] = metric
+        experiment = self.experiments.get(run.experiment_id)  # one read: no lock needed
+        if experiment is not None and experiment.config.searcher.objectives:
+            names = [o.name for o in experiment.config.searcher.objectives]
+            result = validation_vector(self.store, run.trial_id, total_batches, names)
         with self.lock:
             trial = self.trials.get(run.trial_id)
             experiment = self.experiments.get(run.experiment_id)
             if trial is not None and experiment is not None:
                 effects = trial_life.validated(
-                    trial, experiment, total_batches, metric, stop_requested=stop_requested
+                    trial, experiment, total_batches, result, stop_requested=stop_requested
                 )
                 self.interpreter.do(effects)
                 if effects:

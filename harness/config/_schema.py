@@ -498,6 +498,7 @@ def _parse_searcher(
     given = s.get_required_choice("name", SEARCHER_NAMES)
     name = _ALIASES.get(given, given) if given is not None else None
     objectives: tuple[Objective, ...] = ()
+    metric: str | None
     if s.has("metrics"):
         objectives, problems = parse_objectives(s.raw("metrics"))
         s.problems.extend(problems)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from assay.master._agents import StartRun as AgentStart
@@ -134,7 +134,7 @@ def validated(
     trial: TrialState,
     experiment: ExperimentState,
     total_batches: int,
-    metric: float,
+    metric: float | Sequence[float | None],
     *,
     stop_requested: bool,
 ) -> list[Effect]:

@@ -16,7 +16,7 @@ and (random) hyperparameters derived from the experiment seed and `i`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from assay.config import (
@@ -30,6 +30,7 @@ from assay.config import (
 )
 
 from ._asha import Bracket
+from ._multi import MultiTPESampler, orient
 from ._ops import EXITED_REASONS, Create, ExitedReason, Operation, Searcher, Shutdown
 from ._pbt import PBTSearcher
 from ._samplers import GridSampler, RandomSampler, Sampler, derive_seed
@@ -48,8 +49,11 @@ class HalvingSearcher(Searcher):
         seed: int,
         smaller_is_better: bool,
         budgets: tuple[int, ...],
+        objectives: Sequence[bool] = (),
     ) -> None:
         self.spec = spec
+        # A multi-objective search's smaller_is_better per metric (empty for one metric).
+        self._objectives = tuple(objectives)
         self._sampler = sampler
         self._seed = seed
         self._sign = 1.0 if smaller_is_better else -1.0
@@ -71,8 +75,24 @@ class HalvingSearcher(Searcher):
         return []
 
     def on_validation_completed(
-        self, request_id: str, metric: float, length: int
+        self, request_id: str, metric: float | Sequence[float | None], length: int
     ) -> list[Operation]:
+        """`metric`: the searcher metric, or in a multi-objective search every metric in
+        the config's order (None or NaN where a trial did not report one)."""
+        if isinstance(metric, Sequence):
+            if len(metric) != len(self._objectives) or not metric:
+                raise ValueError(
+                    f"a validation of {len(metric)} metrics for a search of {len(self._objectives)}"
+                )
+            vector = orient(metric, self._objectives)
+            first = vector[0]
+            value = first if math.isfinite(first) else None
+            ops = self._bracket(request_id).report(request_id, value, length)
+            if isinstance(self._sampler, MultiTPESampler):
+                self._sampler.observe_vector(request_id, length, vector)
+            else:
+                self._sampler.observe(request_id, length, value)
+            return ops + self._after_event()
         value = self.normalize(metric)
         ops = self._bracket(request_id).report(request_id, value, length)
         self._sampler.observe(request_id, length, value)
@@ -222,6 +242,8 @@ def _make(
     sampler: Sampler
     if spec.sampler == "grid":
         sampler = GridSampler(space)
+    elif spec.sampler == "tpe" and config.objectives:
+        sampler = MultiTPESampler(space, seed, len(config.objectives))
     elif spec.sampler == "tpe":
         from ._tpe import TPESampler
 
@@ -234,5 +256,10 @@ def _make(
         sampler = RandomSampler(space, seed)
     budgets = tuple(b.budget for b in preview(config, space).brackets)
     return HalvingSearcher(
-        spec, sampler, seed=seed, smaller_is_better=config.smaller_is_better, budgets=budgets
+        spec,
+        sampler,
+        seed=seed,
+        smaller_is_better=config.smaller_is_better,
+        budgets=budgets,
+        objectives=[o.smaller_is_better for o in config.objectives],
     )

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import psutil
 
+from assay.agent._topology import gpu_islands
 from assay.errors import AssayError
 from assay.proto import common_pb2
 
@@ -41,6 +42,8 @@ class DeviceInfo:
     memory_bytes: int
     utilization: float = 0.0
     memory_used_bytes: int = 0  # a GPU's, last sample (0 for CPU slots)
+    # GPUs joined by NVLink (else on one NUMA node) share a number; see `_topology`.
+    island: int = 0
 
     def to_proto(self) -> common_pb2.Device:
         return common_pb2.Device(
@@ -50,6 +53,7 @@ class DeviceInfo:
             uuid=self.uuid,
             memory_bytes=self.memory_bytes,
             utilization=self.utilization,
+            island=self.island,
         )
 
 
@@ -139,7 +143,8 @@ def _gpus(nvml: Any) -> list[DeviceInfo]:
                 utilization=float(rates.gpu) / 100.0,
             )
         )
-    return devices
+    islands = gpu_islands(nvml, [d.index for d in devices])
+    return [replace(d, island=islands[d.index]) for d in devices]
 
 
 def cpu_devices(slots: int | None = None) -> list[DeviceInfo]:

@@ -320,6 +320,7 @@ def agent_dict(a: common_pb2.Agent) -> dict[str, Any]:
                 "uuid": d.uuid,
                 "memory_bytes": d.memory_bytes,
                 "utilization": d.utilization,
+                "island": d.island,
             }
             for d in a.devices
         ],

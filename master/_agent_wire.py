@@ -28,7 +28,9 @@ def slot_type(kind: SlotKind) -> common_pb2.SlotType.ValueType:
 
 
 def devices(messages: Iterable[common_pb2.Device]) -> tuple[Device, ...]:
-    return tuple(Device(d.index, d.name, d.uuid, d.memory_bytes, d.utilization) for d in messages)
+    return tuple(
+        Device(d.index, d.name, d.uuid, d.memory_bytes, d.utilization, d.island) for d in messages
+    )
 
 
 def registration(register: agent_pb2.Register, peer_host: str) -> Registration:
@@ -103,6 +105,7 @@ def device_message(device: Device, kind: SlotKind) -> common_pb2.Device:
         uuid=device.uuid,
         memory_bytes=device.memory_bytes,
         utilization=device.utilization,
+        island=device.island,
     )
 
 

@@ -27,6 +27,7 @@ class Device:
     uuid: str = ""
     memory_bytes: int = 0
     utilization: float = 0.0  # 0-1, last sample
+    island: int = 0  # GPUs joined by NVLink (else on one NUMA node) share one
 
 
 @dataclass(frozen=True)

@@ -491,6 +491,7 @@ class Device(_message.Message):
     UUID_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     UTILIZATION_FIELD_NUMBER: _builtins.int
+    ISLAND_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     type: Global___SlotType.ValueType
     name: _builtins.str
@@ -499,6 +500,8 @@ class Device(_message.Message):
     memory_bytes: _builtins.int
     utilization: _builtins.float
     """0-1, last sample"""
+    island: _builtins.int
+    """GPUs joined by NVLink (else on one NUMA node) share an island number (0, 1, ...)."""
     def __init__(
         self,
         *,
@@ -508,10 +511,11 @@ class Device(_message.Message):
         uuid: _builtins.str = ...,
         memory_bytes: _builtins.int = ...,
         utilization: _builtins.float = ...,
+        island: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "memory_bytes", b"memory_bytes", "name", b"name", "type", b"type", "utilization", b"utilization", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "island", b"island", "memory_bytes", b"memory_bytes", "name", b"name", "type", b"type", "utilization", b"utilization", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -140,6 +140,11 @@ def _filing(workspace: str | None, project: str | None) -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in found if value]
 
 
+def _filed(found: Any) -> str | None:
+    """WORKSPACE/PROJECT, or None from a master that files nothing."""
+    return f"{found.workspace}/{found.project}" if found.project else None
+
+
 def watch(
     api: Client,
     experiment_id: int,
@@ -273,6 +278,7 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
         ("Best validation", fmt.metric(e["best_validation"])),
         ("Best trial", best["id"] if best else None),
         ("Owner", e["owner"] or None),
+        ("Project", _filed(response.experiment)),
         ("Labels", ", ".join(e["labels"]) or None),
         ("Started", e["start_time"]),
         ("Ended", e["end_time"]),

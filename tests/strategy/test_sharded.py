@@ -269,7 +269,9 @@ def test_to_full_state_dict_equals_the_gathered_state_dict(first: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("world", "strategies"), [(1, ["fsdp"]), (2, ["fsdp", "ddp"]), (4, ["fsdp"])]
+    ("world", "strategies"),
+    [(1, ["fsdp"]), (2, ["fsdp", "ddp"]), (4, ["fsdp"])],
+    ids=["fsdp-on-1", "fsdp-and-ddp-on-2", "fsdp-on-4"],
 )
 def test_restored_on_another_world_continues_bit_identically(
     first: Path, world: int, strategies: list[str]
@@ -450,6 +452,36 @@ def test_load_checkpoint_gives_the_full_model_state_dict(
     _equal(loaded.models[0], _reference(first)["model"])
     model = _model()
     model.load_state_dict(loaded.models[0])  # an unwrapped model, one process
+
+
+def test_load_trial_builds_the_trial_around_the_gathered_weights(
+    first: Path, tmp_path: Path
+) -> None:
+    import assay
+
+    class OneModelTrial(assay.Trial):
+        def __init__(self, context: assay.TrialContext) -> None:
+            self.model = context.wrap_model(_model())
+
+        def build_training_data_loader(self) -> Any:
+            raise NotImplementedError
+
+        def build_validation_data_loader(self) -> Any:
+            raise NotImplementedError
+
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            raise NotImplementedError
+
+        def evaluate_batch(self, batch: Any) -> Any:
+            raise NotImplementedError
+
+    _stored(first, tmp_path)
+
+    trial = assay.load_checkpoint(tmp_path / UUID).load_trial(OneModelTrial)
+
+    assert isinstance(trial, OneModelTrial)
+    _equal(trial.model.state_dict(), _reference(first)["model"])
+    assert not trial.model.training
 
 
 def test_download_full_writes_the_full_state_dict_beside_the_shards(

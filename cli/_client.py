@@ -361,6 +361,34 @@ class Client:
         experiment: common_pb2.Experiment = self._unary("PatchExperiment", request)
         return experiment
 
+    def create_template(self, name: str, config_yaml: str) -> api_pb2.Template:
+        from assay.proto import api_pb2
+
+        request = api_pb2.CreateTemplateRequest(name=name, config_yaml=config_yaml)
+        template: api_pb2.Template = self._unary("CreateTemplate", request)
+        return template
+
+    def get_template(self, name: str) -> api_pb2.Template:
+        from assay.proto import api_pb2
+
+        template: api_pb2.Template = self._unary(
+            "GetTemplate", api_pb2.GetTemplateRequest(name=name)
+        )
+        return template
+
+    def list_templates(self) -> list[api_pb2.Template]:
+        from assay.proto import api_pb2
+
+        response: api_pb2.ListTemplatesResponse = self._unary(
+            "ListTemplates", api_pb2.ListTemplatesRequest()
+        )
+        return list(response.templates)
+
+    def delete_template(self, name: str) -> None:
+        from assay.proto import api_pb2
+
+        self._unary("DeleteTemplate", api_pb2.DeleteTemplateRequest(name=name))
+
     def get_model_definition(self, experiment_id: int) -> bytes:
         """The experiment's model definition as uploaded (a tar.gz archive)."""
         from assay.proto import api_pb2

@@ -65,6 +65,11 @@ def experiment() -> None:
     "sets the workspace.",
 )
 @click.option("--workspace", help="File it in this workspace (the config's `workspace`).")
+@click.option(
+    "--template",
+    metavar="NAME",
+    help="Merge CONFIG over template NAME (`assay template list`); --config applies last.",
+)
 @user_errors
 def create_command(
     config: Path,
@@ -76,6 +81,7 @@ def create_command(
     overrides: tuple[str, ...],
     project: str | None,
     workspace: str | None,
+    template: str | None,
 ) -> None:
     """Upload MODEL_DIR with the experiment CONFIG and start searching.
 
@@ -89,14 +95,18 @@ def create_command(
     if follow and paused:
         raise click.UsageError("--follow needs a running experiment; drop --paused")
     overrides = (*overrides, *_filing(workspace, project))
-    if overrides:
+    if overrides or template:
         import yaml
 
         from assay.config import parse_config
 
-        from ._template import apply_overrides, read_partial
+        from ._template import apply_overrides, merge, read_partial
 
-        data = apply_overrides(read_partial(config), overrides)
+        data = read_partial(config)
+        if template:
+            base = yaml.safe_load(client().get_template(template).config_yaml)
+            data = merge(base if isinstance(base, dict) else {}, data)
+        data = apply_overrides(data, overrides)
         parsed = parse_config(data)
         text = yaml.safe_dump(data, sort_keys=False)
     else:

@@ -6,11 +6,19 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import click
 import yaml
 
 from assay.errors import AssayError
+
+from . import _format as fmt
+from ._client import client
+from ._common import AliasedGroup, echo_json, user_errors
+
+if TYPE_CHECKING:
+    from assay.proto import api_pb2
 
 # `searcher.max_length.batches=200`: dotted keys of letters, digits, `_` and `-`.
 _OVERRIDE = re.compile(r"([A-Za-z_][\w-]*(?:\.[A-Za-z_0-9][\w-]*)*)=(.*)", re.S)
@@ -93,3 +101,73 @@ def compose(base: Mapping[str, Any], configs: Iterable[str]) -> dict[str, Any]:
         else:
             result = merge(result, read_partial(Path(given)))
     return result
+
+
+# --- `assay template`: named partial configs on the master --------------------------------
+
+
+@click.group("template", cls=AliasedGroup)
+def template() -> None:
+    """Experiment templates: partial configs that `experiment create --template NAME`
+    merges under the experiment's own config."""
+
+
+def _template_dict(t: api_pb2.Template) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "owner": t.owner,
+        "created_at": t.created_at.ToDatetime().isoformat() + "Z",
+        "config": yaml.safe_load(t.config_yaml) or {},
+    }
+
+
+@template.command("create")
+@click.argument("name")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the template as one JSON object.")
+@user_errors
+def create_command(name: str, file: Path, as_json: bool) -> None:
+    """Store FILE (a YAML mapping of config keys) as template NAME. Every user can read
+    templates: keep secrets out of them."""
+    read_partial(file)  # a mapping, or one clear error before anything is sent
+    created = client().create_template(name, file.read_text())
+    if as_json:
+        echo_json(_template_dict(created))
+    else:
+        click.echo(f"Created template {created.name}")
+
+
+@template.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@user_errors
+def list_command(as_json: bool) -> None:
+    """List the templates, by name."""
+    found = [_template_dict(t) for t in client().list_templates()]
+    if as_json:
+        echo_json(found)
+        return
+    rows = [[t["name"], t["owner"], ", ".join(t["config"]), t["created_at"]] for t in found]
+    click.echo(fmt.table(["NAME", "OWNER", "KEYS", "CREATED"], rows))
+
+
+@template.command("describe")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def describe_command(name: str, as_json: bool) -> None:
+    """Print template NAME's config (YAML)."""
+    found = client().get_template(name)
+    if as_json:
+        echo_json(_template_dict(found))
+    else:
+        click.echo(found.config_yaml.rstrip())
+
+
+@template.command("delete")
+@click.argument("name")
+@user_errors
+def delete_command(name: str) -> None:
+    """Delete template NAME (its creator or an administrator); experiments created from
+    it keep their configs."""
+    client().delete_template(name)
+    click.echo(f"Deleted template {name}")

@@ -18,6 +18,7 @@ from ._experiment import experiment
 from ._job import job
 from ._model import model
 from ._preview import preview_search
+from ._template import template
 from ._trial import run_local_command, trial
 from ._usage import usage_command
 from ._user import user
@@ -60,6 +61,7 @@ cli.add_aliased(usage_command)
 cli.add_aliased(model, "m")
 cli.add_aliased(workspace, "w")
 cli.add_aliased(project, "p")
+cli.add_aliased(template)
 
 
 def main() -> None:

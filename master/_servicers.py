@@ -32,6 +32,7 @@ from assay.master.errors import (
     ResourceExhaustedError,
 )
 from assay.master.store import ProjectRecord, UserRecord, WorkspaceRecord
+from assay.master.store._templates import TemplateRecord
 from assay.proto import (
     api_pb2,
     api_pb2_grpc,
@@ -401,6 +402,44 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
                 for t, c in curves.items()
             ]
         )
+
+    @maps_errors
+    def CreateTemplate(  # noqa: N802
+        self, request: api_pb2.CreateTemplateRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Template:
+        who = self._who(context)
+        self.store.create_template(
+            request.name, _template_config(request.config_yaml), owner_id=who.user_id
+        )
+        return _template_message(self.store.get_template(request.name))
+
+    @maps_errors
+    def GetTemplate(  # noqa: N802
+        self, request: api_pb2.GetTemplateRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Template:
+        return _template_message(self.store.get_template(request.name))
+
+    @maps_errors
+    def ListTemplates(  # noqa: N802
+        self, request: api_pb2.ListTemplatesRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListTemplatesResponse:
+        return api_pb2.ListTemplatesResponse(
+            templates=[_template_message(t) for t in self.store.list_templates()]
+        )
+
+    @maps_errors
+    def DeleteTemplate(  # noqa: N802
+        self, request: api_pb2.DeleteTemplateRequest, context: grpc.ServicerContext
+    ) -> api_pb2.DeleteTemplateResponse:
+        who = self._who(context)
+        found = self.store.get_template(request.name)
+        if not who.admin and found.owner != who.username:
+            raise PermissionDeniedError(
+                f"template {request.name!r} is {found.owner}'s: only they or an administrator "
+                "may delete it"
+            )
+        self.store.delete_template(request.name)
+        return api_pb2.DeleteTemplateResponse()
 
     @maps_errors
     def PatchExperiment(  # noqa: N802
@@ -909,6 +948,50 @@ def _project_message(found: ProjectRecord) -> api_pb2.Project:
         archived=found.archived,
         num_experiments=found.num_experiments,
     )
+
+
+def _template_config(text: str) -> dict[str, Any]:
+    """A template's YAML as a mapping, refused if it holds a secret: every user reads
+    templates."""
+    import yaml
+
+    from assay.config import _limits
+    from assay.master._secrets import is_secret_name
+
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise InvalidArgumentError(f"the template is not valid YAML: {e}") from None
+    if not isinstance(config, dict) or not config:
+        raise InvalidArgumentError("a template must be a non-empty mapping of config keys")
+    problems, too_deep = _limits.value_problems(config)
+    if problems or too_deep:
+        raise InvalidArgumentError("; ".join(problems) or "the template nests too deep")
+    pending: list[Any] = [config]
+    while pending:
+        value = pending.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(key, str) and is_secret_name(key) and item not in (None, ""):
+                raise InvalidArgumentError(
+                    f"the template sets {key}: every user can read templates, so keep secrets "
+                    "in the experiment's own config"
+                )
+            if isinstance(item, dict | list):
+                pending.append(item)
+    return config
+
+
+def _template_message(found: TemplateRecord) -> api_pb2.Template:
+    import yaml
+
+    message = api_pb2.Template(
+        name=found.name,
+        config_yaml=yaml.safe_dump(found.config, sort_keys=False),
+        owner=found.owner,
+    )
+    message.created_at.FromDatetime(found.created_at)
+    return message
 
 
 def _user_message(user: UserRecord) -> api_pb2.User:

@@ -216,6 +216,148 @@ class GetExperimentRequest(_message.Message):
 Global___GetExperimentRequest: _TypeAlias = GetExperimentRequest  # noqa: Y015
 
 @_typing.final
+class Template(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CONFIG_YAML_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    config_yaml: _builtins.str
+    """the partial config, as YAML"""
+    owner: _builtins.str
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        config_yaml: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_yaml", b"config_yaml", "created_at", b"created_at", "name", b"name", "owner", b"owner"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Template: _TypeAlias = Template  # noqa: Y015
+
+@_typing.final
+class CreateTemplateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CONFIG_YAML_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """1-128 letters, digits, '.', '_' or '-', starting with a letter or digit."""
+    config_yaml: _builtins.str
+    """a YAML mapping of config keys"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        config_yaml: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_yaml", b"config_yaml", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateTemplateRequest: _TypeAlias = CreateTemplateRequest  # noqa: Y015
+
+@_typing.final
+class GetTemplateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTemplateRequest: _TypeAlias = GetTemplateRequest  # noqa: Y015
+
+@_typing.final
+class ListTemplatesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTemplatesRequest: _TypeAlias = ListTemplatesRequest  # noqa: Y015
+
+@_typing.final
+class ListTemplatesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEMPLATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def templates(self) -> _containers.RepeatedCompositeFieldContainer[Global___Template]: ...
+    def __init__(
+        self,
+        *,
+        templates: _abc.Iterable[Global___Template] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["templates", b"templates"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTemplatesResponse: _TypeAlias = ListTemplatesResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTemplateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTemplateRequest: _TypeAlias = DeleteTemplateRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTemplateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTemplateResponse: _TypeAlias = DeleteTemplateResponse  # noqa: Y015
+
+@_typing.final
 class PatchExperimentRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -310,6 +452,8 @@ class GetExperimentResponse(_message.Message):
     TRIALS_FIELD_NUMBER: _builtins.int
     METRIC_NAMES_FIELD_NUMBER: _builtins.int
     SLOT_SECONDS_FIELD_NUMBER: _builtins.int
+    OBJECTIVES_FIELD_NUMBER: _builtins.int
+    PARETO_POINTS_FIELD_NUMBER: _builtins.int
     slot_seconds: _builtins.float
     """Slot-seconds its trials' allocations have held (running ones up to now)."""
     @_builtins.property
@@ -320,6 +464,16 @@ class GetExperimentResponse(_message.Message):
     def metric_names(self) -> _containers.RepeatedCompositeFieldContainer[Global___MetricName]:
         """Every metric some trial of the experiment has reported, by group."""
 
+    @_builtins.property
+    def objectives(self) -> _containers.RepeatedCompositeFieldContainer[Global___Objective]:
+        """A multi-objective search's metrics (searcher.metrics), in order; empty otherwise."""
+
+    @_builtins.property
+    def pareto_points(self) -> _containers.RepeatedCompositeFieldContainer[Global___ParetoPoint]:
+        """Each validated trial's final validation vector and Pareto rank, by trial id (with
+        objectives only): the Pareto front is the points with on_front.
+        """
+
     def __init__(
         self,
         *,
@@ -327,14 +481,74 @@ class GetExperimentResponse(_message.Message):
         trials: _abc.Iterable[_common_pb2.Trial] | None = ...,
         metric_names: _abc.Iterable[Global___MetricName] | None = ...,
         slot_seconds: _builtins.float = ...,
+        objectives: _abc.Iterable[Global___Objective] | None = ...,
+        pareto_points: _abc.Iterable[Global___ParetoPoint] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "metric_names", b"metric_names", "slot_seconds", b"slot_seconds", "trials", b"trials"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "metric_names", b"metric_names", "objectives", b"objectives", "pareto_points", b"pareto_points", "slot_seconds", b"slot_seconds", "trials", b"trials"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetExperimentResponse: _TypeAlias = GetExperimentResponse  # noqa: Y015
+
+@_typing.final
+class Objective(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SMALLER_IS_BETTER_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    smaller_is_better: _builtins.bool
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        smaller_is_better: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "smaller_is_better", b"smaller_is_better"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Objective: _TypeAlias = Objective  # noqa: Y015
+
+@_typing.final
+class ParetoPoint(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIAL_ID_FIELD_NUMBER: _builtins.int
+    TOTAL_BATCHES_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    ON_FRONT_FIELD_NUMBER: _builtins.int
+    trial_id: _builtins.int
+    total_batches: _builtins.int
+    """of the validation the values are from"""
+    rank: _builtins.int
+    """non-domination rank: 0 on the front; incomplete points rank last"""
+    on_front: _builtins.bool
+    @_builtins.property
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """in the order of objectives; NaN where not reported"""
+
+    def __init__(
+        self,
+        *,
+        trial_id: _builtins.int = ...,
+        total_batches: _builtins.int = ...,
+        values: _abc.Iterable[_builtins.float] | None = ...,
+        rank: _builtins.int = ...,
+        on_front: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["on_front", b"on_front", "rank", b"rank", "total_batches", b"total_batches", "trial_id", b"trial_id", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ParetoPoint: _TypeAlias = ParetoPoint  # noqa: Y015
 
 @_typing.final
 class MetricName(_message.Message):

@@ -80,6 +80,26 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.PatchExperimentRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_common__pb2.Experiment.FromString,
                 _registered_method=True)
+        self.CreateTemplate = channel.unary_unary(
+                '/assay.v1.Api/CreateTemplate',
+                request_serializer=assay_dot_proto_dot_api__pb2.CreateTemplateRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Template.FromString,
+                _registered_method=True)
+        self.GetTemplate = channel.unary_unary(
+                '/assay.v1.Api/GetTemplate',
+                request_serializer=assay_dot_proto_dot_api__pb2.GetTemplateRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.Template.FromString,
+                _registered_method=True)
+        self.ListTemplates = channel.unary_unary(
+                '/assay.v1.Api/ListTemplates',
+                request_serializer=assay_dot_proto_dot_api__pb2.ListTemplatesRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ListTemplatesResponse.FromString,
+                _registered_method=True)
+        self.DeleteTemplate = channel.unary_unary(
+                '/assay.v1.Api/DeleteTemplate',
+                request_serializer=assay_dot_proto_dot_api__pb2.DeleteTemplateRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.DeleteTemplateResponse.FromString,
+                _registered_method=True)
         self.GetModelDefinition = channel.unary_unary(
                 '/assay.v1.Api/GetModelDefinition',
                 request_serializer=assay_dot_proto_dot_api__pb2.GetModelDefinitionRequest.SerializeToString,
@@ -370,6 +390,32 @@ class ApiServicer:
     def PatchExperiment(self, request, context):
         """Change an experiment's name, description or labels, in any state (editors).
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateTemplate(self, request, context):
+        """Experiment templates: partial configs, merged under an experiment's own config by
+        `experiment create --template`. Any user reads and creates; the creator or an admin deletes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTemplate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTemplates(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTemplate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -726,6 +772,26 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.PatchExperiment,
                     request_deserializer=assay_dot_proto_dot_api__pb2.PatchExperimentRequest.FromString,
                     response_serializer=assay_dot_proto_dot_common__pb2.Experiment.SerializeToString,
+            ),
+            'CreateTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTemplate,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.CreateTemplateRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Template.SerializeToString,
+            ),
+            'GetTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTemplate,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.GetTemplateRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.Template.SerializeToString,
+            ),
+            'ListTemplates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTemplates,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ListTemplatesRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ListTemplatesResponse.SerializeToString,
+            ),
+            'DeleteTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTemplate,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.DeleteTemplateRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.DeleteTemplateResponse.SerializeToString,
             ),
             'GetModelDefinition': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelDefinition,
@@ -1201,6 +1267,114 @@ class Api:
             '/assay.v1.Api/PatchExperiment',
             assay_dot_proto_dot_api__pb2.PatchExperimentRequest.SerializeToString,
             assay_dot_proto_dot_common__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTemplate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/CreateTemplate',
+            assay_dot_proto_dot_api__pb2.CreateTemplateRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Template.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTemplate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/GetTemplate',
+            assay_dot_proto_dot_api__pb2.GetTemplateRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.Template.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTemplates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ListTemplates',
+            assay_dot_proto_dot_api__pb2.ListTemplatesRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ListTemplatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTemplate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/DeleteTemplate',
+            assay_dot_proto_dot_api__pb2.DeleteTemplateRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.DeleteTemplateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,13 @@ class ApiStub:
     GetExperimentMetrics: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetExperimentMetricsRequest, _api_pb2.GetExperimentMetricsResponse]
     PatchExperiment: _grpc.UnaryUnaryMultiCallable[_api_pb2.PatchExperimentRequest, _common_pb2.Experiment]
     """Change an experiment's name, description or labels, in any state (editors)."""
+    CreateTemplate: _grpc.UnaryUnaryMultiCallable[_api_pb2.CreateTemplateRequest, _api_pb2.Template]
+    """Experiment templates: partial configs, merged under an experiment's own config by
+    `experiment create --template`. Any user reads and creates; the creator or an admin deletes.
+    """
+    GetTemplate: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetTemplateRequest, _api_pb2.Template]
+    ListTemplates: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListTemplatesRequest, _api_pb2.ListTemplatesResponse]
+    DeleteTemplate: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeleteTemplateRequest, _api_pb2.DeleteTemplateResponse]
     GetModelDefinition: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetModelDefinitionRequest, _api_pb2.GetModelDefinitionResponse]
     """The experiment's model definition as it was uploaded (a tar.gz archive)."""
     GetTrial: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetTrialRequest, _common_pb2.Trial]
@@ -149,6 +156,13 @@ class ApiAsyncStub(ApiStub):
     GetExperimentMetrics: _aio.UnaryUnaryMultiCallable[_api_pb2.GetExperimentMetricsRequest, _api_pb2.GetExperimentMetricsResponse]  # type: ignore[assignment]
     PatchExperiment: _aio.UnaryUnaryMultiCallable[_api_pb2.PatchExperimentRequest, _common_pb2.Experiment]  # type: ignore[assignment]
     """Change an experiment's name, description or labels, in any state (editors)."""
+    CreateTemplate: _aio.UnaryUnaryMultiCallable[_api_pb2.CreateTemplateRequest, _api_pb2.Template]  # type: ignore[assignment]
+    """Experiment templates: partial configs, merged under an experiment's own config by
+    `experiment create --template`. Any user reads and creates; the creator or an admin deletes.
+    """
+    GetTemplate: _aio.UnaryUnaryMultiCallable[_api_pb2.GetTemplateRequest, _api_pb2.Template]  # type: ignore[assignment]
+    ListTemplates: _aio.UnaryUnaryMultiCallable[_api_pb2.ListTemplatesRequest, _api_pb2.ListTemplatesResponse]  # type: ignore[assignment]
+    DeleteTemplate: _aio.UnaryUnaryMultiCallable[_api_pb2.DeleteTemplateRequest, _api_pb2.DeleteTemplateResponse]  # type: ignore[assignment]
     GetModelDefinition: _aio.UnaryUnaryMultiCallable[_api_pb2.GetModelDefinitionRequest, _api_pb2.GetModelDefinitionResponse]  # type: ignore[assignment]
     """The experiment's model definition as it was uploaded (a tar.gz archive)."""
     GetTrial: _aio.UnaryUnaryMultiCallable[_api_pb2.GetTrialRequest, _common_pb2.Trial]  # type: ignore[assignment]
@@ -301,6 +315,37 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.Experiment, _abc.Awaitable[_common_pb2.Experiment]]:
         """Change an experiment's name, description or labels, in any state (editors)."""
+
+    @_abc_1.abstractmethod
+    def CreateTemplate(
+        self,
+        request: _api_pb2.CreateTemplateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Template, _abc.Awaitable[_api_pb2.Template]]:
+        """Experiment templates: partial configs, merged under an experiment's own config by
+        `experiment create --template`. Any user reads and creates; the creator or an admin deletes.
+        """
+
+    @_abc_1.abstractmethod
+    def GetTemplate(
+        self,
+        request: _api_pb2.GetTemplateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.Template, _abc.Awaitable[_api_pb2.Template]]: ...
+
+    @_abc_1.abstractmethod
+    def ListTemplates(
+        self,
+        request: _api_pb2.ListTemplatesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ListTemplatesResponse, _abc.Awaitable[_api_pb2.ListTemplatesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteTemplate(
+        self,
+        request: _api_pb2.DeleteTemplateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeleteTemplateResponse, _abc.Awaitable[_api_pb2.DeleteTemplateResponse]]: ...
 
     @_abc_1.abstractmethod
     def GetModelDefinition(

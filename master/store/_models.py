@@ -353,6 +353,20 @@ class ModelVersion(Base):
     )
 
 
+class ExperimentTemplate(Base):
+    """A named partial experiment config, merged under an experiment's own at creation."""
+
+    __tablename__ = "experiment_templates"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), default=_now, onupdate=_now
+    )
+
+
 __all__ = [
     "DEFAULT_PROJECT_ID",
     "DEFAULT_WORKSPACE_ID",
@@ -362,6 +376,7 @@ __all__ = [
     "Checkpoint",
     "Experiment",
     "ExperimentLabel",
+    "ExperimentTemplate",
     "LoginSession",
     "Metric",
     "MetricRollup",

@@ -13,7 +13,8 @@ queries per aggregate:
 - `LogQueries` (_logs.py): trial logs;
 - `UsageQueries` (_usage.py): slot usage by user, experiment, pool, agent or day;
 - `RegistryQueries` (_registry.py): registered models and their versions;
-- `WorkspaceQueries` (_workspaces.py): workspaces, projects and members' roles.
+- `WorkspaceQueries` (_workspaces.py): workspaces, projects and members' roles;
+- `TemplateQueries` (_templates.py): experiment templates.
 
 Each write method says how it behaves when retried: the master retries through
 outages, so writes are idempotent where a retry is possible.
@@ -37,6 +38,7 @@ from assay.master.store._metrics import MetricQueries
 from assay.master.store._migrate import migrate
 from assay.master.store._models import SchemaInfo
 from assay.master.store._registry import RegistryQueries
+from assay.master.store._templates import TemplateQueries
 from assay.master.store._usage import UsageQueries
 from assay.master.store._users import UserQueries
 from assay.master.store._workspaces import WorkspaceQueries
@@ -52,6 +54,7 @@ class Store(
     UsageQueries,
     RegistryQueries,
     WorkspaceQueries,
+    TemplateQueries,
 ):
     """The experiment store on one database (SQLite or PostgreSQL)."""
 

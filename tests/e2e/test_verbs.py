@@ -196,3 +196,57 @@ def test_set_name_description_labels_and_label_add_remove(
     assert unchanged["labels"] == ["b", "c"]
     assert cluster.cli("experiment", "set", "labels", eid, "").returncode == 0
     assert cluster.json("experiment", "list", "--name", "renamed")[0]["labels"] == []
+
+
+def test_templates_merge_under_the_experiment_config(cluster: Cluster, tmp_path: Path) -> None:
+    partial = tmp_path / "t.yaml"
+    partial.write_text(
+        "description: from the template\n"
+        "searcher: {name: single, metric: val_loss, max_length: {batches: 4}}\n"
+        "resources: {slots_per_trial: 1}\n"
+    )
+    made = cluster.json("template", "create", "verbs-small", str(partial))
+    assert made["config"]["searcher"]["max_length"] == {"batches": 4}
+    assert [t["name"] for t in cluster.json("template", "list")] == ["verbs-small"]
+    shown = cluster.cli("template", "describe", "verbs-small")
+    assert "max_length:" in shown.stdout
+
+    own = tmp_path / "own.yaml"
+    config = regression_config(batches=40)
+    del config["searcher"]
+    config["name"] = "verbs-templated"
+    own.write_text(yaml.safe_dump(config))
+    created = cluster.json(
+        "experiment",
+        "create",
+        str(own),
+        str(REGRESSION_DIR),
+        "--template",
+        "verbs-small",
+        "--config",
+        "description=overridden",
+        "--paused",
+    )
+    try:
+        got = cluster.json("experiment", "describe", str(created["id"]))
+        assert got["config"]["searcher"]["max_length"] == {"batches": 4}  # the template's
+        assert got["config"]["hyperparameters"]["lr"] == 0.05  # the experiment's own
+        assert got["config"]["description"] == "overridden"  # --config last
+    finally:
+        cluster.cli("experiment", "kill", str(created["id"]))
+
+    assert "exists already" in _fails(cluster, "template", "create", "verbs-small", str(partial))
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("checkpoint_storage: {type: s3, bucket: b, secret_key: hunter2}\n")
+    assert "keep secrets" in _fails(cluster, "template", "create", "verbs-secret", str(secret))
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n")
+    assert "must hold a mapping" in _fails(cluster, "template", "create", "x", str(listed))
+    assert "not allowed" in _fails(cluster, "template", "create", "bad name", str(partial))
+    unknown = _fails(
+        cluster, "experiment", "create", str(own), str(REGRESSION_DIR), "--template", "nope"
+    )
+    assert "template 'nope' does not exist" in unknown
+    assert cluster.cli("template", "delete", "verbs-small").returncode == 0
+    assert cluster.json("template", "list") == []
+    assert "does not exist" in _fails(cluster, "template", "delete", "verbs-small")

@@ -52,6 +52,11 @@ ANY_USER = {
     "CreateWorkspace",  # its creator becomes its admin
     # The model registry: any user reads it; a model is edited by its owner or an admin
     # (tests/registry); registering a checkpoint needs a role (below).
+    # Experiment templates: any user reads and creates; the creator or an admin deletes.
+    "CreateTemplate",
+    "GetTemplate",
+    "ListTemplates",
+    "DeleteTemplate",
     "CreateModel",
     "GetModel",
     "ListModels",

@@ -99,6 +99,10 @@ def test_workspaces_projects_and_a_project_s_experiments(seeded: Seeded) -> None
     expect(rows.first).to_have_attribute("data-id", str(seeded.digits.experiment_id))
     expect(rows.first.locator('td[data-column="project"]')).to_have_text("vision/digits")
     screenshot(page, "project")
+    rows.first.locator('td[data-column="name"] a').click()
+    expect(page.locator('[data-testid="experiment-project"]')).to_have_text("vision/digits")
+    page.locator('[data-testid="experiment-project"] a').click()
+    page.wait_for_url("**/workspaces/vision/projects/digits")
 
     # The whole list has both, each with its project.
     page.goto(site.base + "/")

@@ -13,7 +13,7 @@ import {
 } from "../api";
 import { ErrorPanel, ExperimentActions, Loading, Progress, StateBadge } from "../components/ui";
 import { fmtDuration, fmtNumber, fmtTime, fmtValue, plural, searcherInfo, stateLabel } from "../format";
-import { usePoll } from "../hooks";
+import { POLL_MS, usePoll } from "../hooks";
 import { toggleSelected, useSelection } from "../selection";
 
 const PAGE_SIZES = [25, 50, 100];
@@ -244,7 +244,12 @@ export function ExperimentListPage({ scope = {}, title = "Experiments" }: { scop
   const serverSort = !!baseSort?.serverSort;
   const params = listParams(q, serverSort, scope);
   const key = JSON.stringify(params);
-  const list = usePoll(key, (signal) => api.experiments(params, signal));
+  // Sorting here reads up to CLIENT_SORT_LIMIT experiments: less often, and never faster
+  // than a few times the time that takes.
+  const list = usePoll(key, (signal) => api.experiments(params, signal), {
+    intervalMs: serverSort ? POLL_MS : 10_000,
+    backoff: serverSort ? 0 : 5,
+  });
   const [actionError, setActionError] = useState<unknown>(null);
   const [updated, setUpdated] = useState<Record<string, Experiment>>({});
   const [choice, setChoice] = useColumnChoice();

@@ -42,6 +42,7 @@ import {
 } from "../format";
 import { toggleSelected, useSelection } from "../selection";
 import { usePoll, useQueryState, useSession } from "../hooks";
+import { projectPath } from "./ExperimentListPage";
 import { fmtSlotHours } from "./UsagePage";
 
 /** Points per trial asked of the server: enough for a wide chart, extremes kept. */
@@ -196,6 +197,16 @@ function Header({
           <dt>Trials</dt>
           <dd>{e.num_trials}</dd>
         </div>
+        {e.project && (
+          <div>
+            <dt>Project</dt>
+            <dd data-testid="experiment-project">
+              <Link to={projectPath(e.workspace ?? "", e.project)}>
+                {e.workspace}/{e.project}
+              </Link>
+            </dd>
+          </div>
+        )}
         <div>
           <dt>Owner</dt>
           <dd>{e.owner || "–"}</dd>

@@ -384,6 +384,29 @@ def test_a_model_of_another_shape_is_refused_with_the_reason(first: Path) -> Non
         load_sharded(first / "ckpt", other, None)
 
 
+def test_one_plain_process_saves_a_model_alone_and_refuses_to_load_an_optimizer(
+    tmp_path: Path,
+) -> None:
+    from assay._checkpoint import CheckpointError
+    from assay.strategy._sharded import load_sharded, read_shard_manifest, save_sharded
+
+    model = _model()
+    save_sharded(tmp_path, model, None, rank=0, world_size=1, strategy="single")
+    manifest = read_shard_manifest(tmp_path)
+    assert (manifest["world_size"], manifest["contents"]) == (1, ["model"])
+
+    fresh, optimizer = _build("single", 1)
+    with pytest.raises(CheckpointError, match="holds no optimizer state; load it without"):
+        load_sharded(tmp_path, fresh, optimizer)
+    with torch.no_grad():
+        for parameter in fresh.parameters():
+            parameter.add_(1.0)
+    load_sharded(tmp_path, fresh, None)
+    _equal(fresh.state_dict(), model.state_dict())
+    with pytest.raises(CheckpointError, match="already holds a sharded checkpoint"):
+        save_sharded(tmp_path, model, None, rank=0, world_size=1, strategy="single")
+
+
 def test_save_refuses_a_rank_that_is_not_the_process_groups(tmp_path: Path) -> None:
     from assay.strategy._sharded import save_sharded
 

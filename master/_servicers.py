@@ -574,6 +574,15 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.DeleteCheckpointsRequest, context: grpc.ServicerContext
     ) -> api_pb2.DeleteCheckpointsResponse:
         who = self._who(context)
+        for uuid in request.uuids:  # a checkpoint of another workspace does not exist for you
+            try:
+                trial_id = self.store.get_checkpoint(uuid).trial_id
+            except NotFoundError:
+                continue  # named by the deletion below
+            try:
+                self.roles.trial(who, trial_id)
+            except NotFoundError:
+                raise NotFoundError(f"checkpoint {uuid} does not exist") from None
         return _checkpoints.delete_response(
             self.store,
             request,

@@ -6,6 +6,7 @@ a master that serves the store and no agent."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store, WriteBatch
@@ -150,8 +151,8 @@ class SeededRun:
 def seed_search(
     store: Store,
     name: str,
-    hyperparameters: dict[str, object],
-    trials: list[tuple[dict[str, object], list[tuple[int, float]]]],
+    hyperparameters: Mapping[str, object],
+    trials: Sequence[tuple[Mapping[str, object], Sequence[tuple[int, float]]]],
     metric: str = "accuracy",
     smaller_is_better: bool = False,
     checkpoint: str | None = None,
@@ -163,7 +164,7 @@ def seed_search(
     config = {
         "name": name,
         "entrypoint": "model_def:DigitsTrial",
-        "hyperparameters": hyperparameters,
+        "hyperparameters": dict(hyperparameters),
         "searcher": {
             "name": "random" if len(trials) > 1 else "single",
             "metric": metric,
@@ -197,7 +198,7 @@ def seed_search(
             trial_id,
             experiment_id=experiment_id,
             request_id=f"{name}-{i}",
-            hparams=hparams,
+            hparams=dict(hparams),
             seed=i,
             state="RUNNING",
             now=_now(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -275,7 +276,7 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
     (HPARAMS: the searched hyperparameters). --json adds its config."""
     response = client().get_experiment(experiment_id)
     if as_json:
-        echo_json(fmt.experiment_detail(response))
+        echo_json({**fmt.experiment_detail(response), **_pareto_dict(response)})
         return
     e = fmt.experiment_summary(response.experiment)
     best = fmt.best_trial(response.trials, fmt.struct(response.experiment.config))
@@ -307,6 +308,56 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
     for t in response.trials:
         if t.waiting:
             click.echo(f"trial {t.id} cannot start: {t.waiting}")
+    if response.objectives:
+        click.echo("")
+        click.echo(_pareto_table(response))
+
+
+def _pareto_dict(response: api_pb2.GetExperimentResponse) -> dict[str, Any]:
+    """A multi-objective experiment's metrics and points (NaN as null); {} otherwise."""
+    if not response.objectives:
+        return {}
+    return {
+        "objectives": [
+            {"name": o.name, "smaller_is_better": o.smaller_is_better} for o in response.objectives
+        ],
+        "pareto_front": [p.trial_id for p in response.pareto_points if p.on_front],
+        "pareto_points": [
+            {
+                "trial_id": p.trial_id,
+                "total_batches": p.total_batches,
+                "values": [v if math.isfinite(v) else None for v in p.values],
+                "rank": p.rank,
+                "on_front": p.on_front,
+            }
+            for p in response.pareto_points
+        ],
+    }
+
+
+def _pareto_table(response: api_pb2.GetExperimentResponse) -> str:
+    """The trials' final validation vectors, the Pareto front (*) first."""
+    arrows = ", ".join(
+        f"{o.name} {'lower' if o.smaller_is_better else 'higher'} is better"
+        for o in response.objectives
+    )
+    front = [p.trial_id for p in response.pareto_points if p.on_front]
+    head = f"Pareto front ({arrows}): " + (
+        ", ".join(f"trial {t}" for t in front) if front else "no trial has validated yet"
+    )
+    points = sorted(response.pareto_points, key=lambda p: (p.rank, p.trial_id))
+    headers = ["", "TRIAL", *[o.name.upper() for o in response.objectives], "RANK", "BATCHES"]
+    rows = [
+        [
+            "*" if p.on_front else "",
+            str(p.trial_id),
+            *[fmt.metric(v) if math.isfinite(v) else "-" for v in p.values],
+            str(p.rank),
+            str(p.total_batches),
+        ]
+        for p in points
+    ]
+    return head + ("\n" + fmt.table(headers, rows) if rows else "")
 
 
 @experiment.command("list-trials")

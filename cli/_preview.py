@@ -57,10 +57,19 @@ def preview_search(config_file: Path, as_json: bool) -> None:
         )
     if note is not None:
         click.echo(note, err=True)
+    objectives = [
+        {"name": o.name, "smaller_is_better": o.smaller_is_better} for o in searcher.objectives
+    ]
     if as_json:
-        echo_json(plan.to_dict())
+        echo_json({**plan.to_dict(), **({"metrics": objectives} if objectives else {})})
         return
     unit = plan.unit
+    if objectives:
+        listed = ", ".join(
+            f"{o['name']} ({'lower' if o['smaller_is_better'] else 'higher'} is better)"
+            for o in objectives
+        )
+        click.echo(f"metrics: {listed}; the experiment reports their Pareto front")
     if plan.rounds:
         _show_rounds(plan)
         return

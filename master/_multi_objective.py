@@ -9,12 +9,15 @@ are kept as reported; ranks compare them smaller-is-better per the config.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 
 from assay.config import Objective
+from assay.config._search import parse_objectives
 from assay.master.searcher._multi import orient, pareto_ranks
 from assay.master.store._base import StoreBase
 from assay.master.store._models import Metric, Trial
@@ -35,6 +38,7 @@ def validation_vector(
                 Metric.trial_id == trial_id,
                 Metric.group == VALIDATION,
                 Metric.name.in_(list(names)),
+                Metric.superseded.is_(False),
             )
             .order_by(Metric.total_batches, Metric.run_id)
         ).all()
@@ -73,6 +77,7 @@ def pareto_points(
                 Trial.experiment_id == experiment_id,
                 Metric.group == VALIDATION,
                 Metric.name.in_(names),
+                Metric.superseded.is_(False),
             )
             .order_by(Metric.trial_id, Metric.total_batches, Metric.run_id)
         ).all()
@@ -87,3 +92,36 @@ def pareto_points(
     oriented = [orient(v, [o.smaller_is_better for o in objectives]) for v in vectors]
     ranks = pareto_ranks(oriented)
     return [ParetoPoint(t, final[t][0], v, r) for t, v, r in zip(ids, vectors, ranks, strict=True)]
+
+
+def objectives_of(config: Mapping[str, Any]) -> tuple[Objective, ...]:
+    """The objectives of a stored (already validated) experiment config; () for one metric."""
+    searcher = config.get("searcher")
+    raw = searcher.get("metrics") if isinstance(searcher, Mapping) else None
+    if raw is None:
+        return ()
+    objectives, _ = parse_objectives(raw)
+    return objectives
+
+
+def fill_pareto(
+    store: StoreBase, experiment_id: int, config: Mapping[str, Any], response: Any
+) -> None:
+    """Set a GetExperimentResponse's `objectives` and `pareto_points`."""
+    from assay.proto import api_pb2
+
+    objectives = objectives_of(config)
+    for o in objectives:
+        response.objectives.append(
+            api_pb2.Objective(name=o.name, smaller_is_better=o.smaller_is_better)
+        )
+    for p in pareto_points(store, experiment_id, objectives):
+        response.pareto_points.append(
+            api_pb2.ParetoPoint(
+                trial_id=p.trial_id,
+                total_batches=p.total_batches,
+                values=[math.nan if v is None else v for v in p.values],
+                rank=p.rank,
+                on_front=p.on_front,
+            )
+        )

@@ -21,6 +21,7 @@ from assay.master import _checkpoints, _convert, _registry, _usage
 from assay.master._auth import Principal
 from assay.master._core import Master
 from assay.master._guard import Guard, bearer, caller, metadata_dict
+from assay.master._multi_objective import fill_pareto
 from assay.master._roles import ADMIN, EDITOR, Roles
 from assay.master._secrets import masked_config_text
 from assay.master._status import maps_errors, maps_errors_async, maps_errors_stream
@@ -333,6 +334,8 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         response = api_pb2.GetExperimentResponse(
             experiment=experiment, trials=trials, metric_names=names
         )
+        record = self.store.get_experiment(request.id)
+        fill_pareto(self.store, request.id, record.config, response)  # searcher.metrics
         if who.admin or experiment.owner == who.username:  # usage is its owner's to see
             response.slot_seconds = self.store.experiment_slot_seconds([request.id])[request.id]
         return response

@@ -4,10 +4,15 @@ thing it refuses."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
+from assay.cli.main import cli
 from assay.config import Objective, parse_config, preview
 from assay.errors import InvalidConfigError
 
@@ -120,3 +125,30 @@ def test_pbt_is_refused() -> None:
 def test_bad_metrics_lists(metrics: Any, expected: str) -> None:
     found = problems(with_searcher(metrics=metrics))
     assert any(expected in p for p in found), found
+
+
+def test_preview_search_shows_the_metrics(tmp_path: Path) -> None:
+    path = tmp_path / "multi.yaml"
+    path.write_text(yaml.safe_dump(with_searcher(sampler="tpe")))
+    result = CliRunner().invoke(cli, ["preview-search", str(path)])
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0]
+    assert first == (
+        "metrics: val_loss (lower is better), accuracy (higher is better); "
+        "the experiment reports their Pareto front"
+    )
+    result = CliRunner().invoke(cli, ["preview-search", str(path), "--json"])
+    plan = json.loads(result.output.splitlines()[-1])
+    assert plan["metrics"] == [
+        {"name": "val_loss", "smaller_is_better": True},
+        {"name": "accuracy", "smaller_is_better": False},
+    ]
+    assert (plan["sampler"], plan["total_trials"]) == ("tpe", 6)
+
+
+def test_preview_search_refuses_asha_with_metrics(tmp_path: Path) -> None:
+    path = tmp_path / "asha.yaml"
+    path.write_text(yaml.safe_dump(with_searcher(name="asha")))
+    result = CliRunner().invoke(cli, ["preview-search", str(path)])
+    assert result.exit_code != 0
+    assert "searcher.metrics: the asha searcher takes one metric" in result.output

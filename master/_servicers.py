@@ -21,7 +21,7 @@ from assay.master import _checkpoints, _convert, _registry, _usage
 from assay.master._auth import Principal
 from assay.master._core import Master
 from assay.master._guard import Guard, bearer, caller, metadata_dict
-from assay.master._multi_objective import fill_pareto
+from assay.master._multi_objective import fill_pareto, objectives_of
 from assay.master._roles import ADMIN, EDITOR, Roles
 from assay.master._secrets import masked_config_text
 from assay.master._status import maps_errors, maps_errors_async, maps_errors_stream
@@ -308,6 +308,8 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         trials = self.store.list_trials(experiment_id)
         bests = [t.best_validation for t in trials if t.best_validation is not None]
         smaller = bool(record.config.get("searcher", {}).get("smaller_is_better", True))
+        if objectives := objectives_of(record.config):  # searcher.metrics: the first one's
+            smaller = objectives[0].smaller_is_better
         best = (min(bests) if smaller else max(bests)) if bests else None
         message = _convert.experiment(record, num_trials=len(trials), best=best)
         message.workspace, message.project = record.workspace, record.project

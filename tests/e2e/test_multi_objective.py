@@ -57,9 +57,10 @@ def test_tpe_search_on_two_metrics_reports_a_non_dominated_front(
     mo_cluster: Cluster, tmp_path: Path
 ) -> None:
     cluster = mo_cluster
+    # The first metric (the searcher metric wherever one is used) is larger-is-better.
     metrics = [
-        {"name": "val_loss", "smaller_is_better": True},
         {"name": "weight_norm", "smaller_is_better": False},
+        {"name": "val_loss", "smaller_is_better": True},
     ]
     searcher = {
         "name": "random",
@@ -83,10 +84,10 @@ def test_tpe_search_on_two_metrics_reports_a_non_dominated_front(
         last = max(rows, key=lambda r: int(r["total_batches"]))
         assert p["total_batches"] == 4
         assert p["values"] == pytest.approx(
-            [last["metrics"]["val_loss"], last["metrics"]["weight_norm"]]
+            [last["metrics"]["weight_norm"], last["metrics"]["val_loss"]]
         )
     # The front: exactly the points no other point dominates (weight_norm larger-is-better).
-    oriented = {p["trial_id"]: [p["values"][0], -p["values"][1]] for p in points}
+    oriented = {p["trial_id"]: [-p["values"][0], p["values"][1]] for p in points}
     front = set(described["pareto_front"])
     assert front
     for t, v in oriented.items():
@@ -108,8 +109,11 @@ def test_tpe_search_on_two_metrics_reports_a_non_dominated_front(
         assert got == pytest.approx(want)
 
     text = cluster.cli("experiment", "describe", str(eid)).stdout
-    assert "Pareto front (val_loss lower is better, weight_norm higher is better): trial" in text
-    assert all(math.isfinite(p["values"][0]) for p in points)
+    assert "Pareto front (weight_norm higher is better, val_loss lower is better): trial" in text
+    assert all(math.isfinite(v) for p in points for v in p["values"])
+    # The experiment's best is the first metric's, in its direction.
+    listed = {e["id"]: e for e in cluster.json("experiment", "list")}
+    assert listed[eid]["best_validation"] == pytest.approx(max(p["values"][0] for p in points))
 
 
 def test_asha_with_several_metrics_is_refused_before_anything_runs(

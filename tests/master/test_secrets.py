@@ -341,6 +341,7 @@ def _read_over_http(
         "experiments": [str(i) for i in experiment_ids],
         "trials": [str(i) for i in trial_ids],
         "checkpoints": ["00000000-0000-0000-0000-000000000000"],  # none was made
+        "workspaces": ["Default"],  # and its project, for /workspaces/{workspace}/projects/{name}
     }
     queries = {
         "GetExperimentMetrics": "?name=loss",
@@ -355,7 +356,10 @@ def _read_over_http(
         if route.path_fields:
             collection = route.path.split("/")[1]
             placeholder = "{" + route.path_fields[0] + "}"
-            filled = [route.path.replace(placeholder, v) for v in ids[collection]]
+            filled = [
+                route.path.replace(placeholder, v).replace("{name}", "Uncategorized")
+                for v in ids[collection]
+            ]
         for path in filled:
             reply = site.get(PREFIX + path + queries.get(route.rpc, ""))
             expected = 404 if route.rpc == "GetCheckpoint" else 200

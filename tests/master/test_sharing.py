@@ -144,7 +144,7 @@ def test_max_slots_below_slots_per_trial_is_refused(
     assert "max-slots must be at least the experiment's slots_per_trial (2)" in details
 
 
-def test_only_the_owner_or_an_admin_may_set(
+def test_only_an_editor_of_the_workspace_or_an_admin_may_set(
     master: MasterServer, api: api_pb2_grpc.ApiStub
 ) -> None:
     address = f"127.0.0.1:{master.port}"
@@ -153,9 +153,13 @@ def test_only_the_owner_or_an_admin_may_set(
     bob = api_pb2_grpc.ApiStub(authed_channel(address, login(address, "bob", "bob-password-123")))
     eve = api_pb2_grpc.ApiStub(authed_channel(address, login(address, "eve", "eve-password-123")))
     eid = _create(bob)
+    # Every user is an editor of the Default workspace; as a viewer eve may not steer.
+    api.SetWorkspaceMember(
+        api_pb2.SetWorkspaceMemberRequest(workspace="Default", username="eve", role="viewer")
+    )
     code, details = _code(lambda: _set(eve, eid, "priority", "1"))
     assert code == grpc.StatusCode.PERMISSION_DENIED
-    assert f"experiment {eid} belongs to bob" in details
+    assert "eve is a viewer of workspace 'Default'" in details
     assert _set(bob, eid, "priority", "5").priority == 5
     assert _set(api, eid, "priority", "7").priority == 7  # the admin
     code, _ = _code(lambda: _set(api, 9999, "priority", "7"))

@@ -270,6 +270,8 @@ def test_describe_json_shape(master: FakeApi) -> None:
                 "restarts": 1,
                 "last_error": None,
                 "waiting": None,
+                "parent_trial_id": None,
+                "search_round": None,
             },
             {
                 "id": 12,
@@ -281,6 +283,8 @@ def test_describe_json_shape(master: FakeApi) -> None:
                 "restarts": 0,
                 "last_error": None,
                 "waiting": None,
+                "parent_trial_id": None,
+                "search_round": None,
             },
         ],
     }
@@ -330,6 +334,8 @@ def test_list_trials_json(master: FakeApi) -> None:
         "restarts",
         "last_error",
         "waiting",
+        "parent_trial_id",
+        "search_round",
     }
 
 

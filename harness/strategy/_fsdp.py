@@ -10,6 +10,7 @@ across machines (a 2-D mesh, replicate x shard).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -60,9 +61,11 @@ class FSDPStrategy(Strategy):
         self.config = config or FSDPConfig()
         self.precision = precision
         self._mesh: DeviceMesh | None = None
-        # id of each parameter before sharding -> its name, per wrapped model: lets an
-        # optimizer built before wrapping be pointed at the sharded parameters.
-        self._before: dict[int, tuple[nn.Module, str]] = {}
+        # id of each parameter before sharding -> (a weak reference to it, its model, its
+        # name): lets an optimizer built before wrapping be pointed at the sharded
+        # parameters. Weak, so the unsharded tensors are freed (and a reused id is told
+        # apart from the parameter that had it).
+        self._before: dict[int, tuple[weakref.ref[nn.Parameter], nn.Module, str]] = {}
 
     # --- wrapping ------------------------------------------------------------------------
 
@@ -89,7 +92,7 @@ class FSDPStrategy(Strategy):
             raise TrainingError("this model is already sharded: wrap each model once")
         model = model.to(self.device)
         for name, param in model.named_parameters():
-            self._before[id(param)] = (model, name)
+            self._before[id(param)] = (weakref.ref(param), model, name)
         options: dict[str, Any] = {
             "mesh": self.mesh(),
             "reshard_after_forward": self._reshard(),
@@ -124,12 +127,12 @@ class FSDPStrategy(Strategy):
                 if id(p) in sharded:
                     params.append(p)
                     continue
-                if id(p) not in self._before:
+                ref, model, name = self._before.get(id(p), (None, None, ""))
+                if ref is None or ref() is not p or model is None:
                     raise TrainingError(
                         "under FSDP an optimizer may only step parameters of models wrapped "
                         "with wrap_model / setup"
                     )
-                model, name = self._before[id(p)]
                 params.append(current[(id(model), name)])
                 stale = True
             group["params"] = params

@@ -135,3 +135,22 @@ def test_clipping_returns_the_global_norm_as_a_plain_tensor() -> None:
     norm = strategy.clip_grad_norm(model.parameters(), 0.01)
     assert type(norm) is torch.Tensor
     assert torch.allclose(norm, expected)
+
+
+def test_a_trial_scaler_is_refused_under_fsdp() -> None:
+    from assay import TrialContext
+    from assay._precision import make_precision
+    from assay.config import parse_config
+    from tests.conftest import regression_config
+
+    raw = regression_config(batches=4, slots=2)
+    raw["optimizations"]["strategy"] = "fsdp"
+    context = TrialContext(
+        config=parse_config(raw),
+        hparams={"global_batch_size": 16},
+        distributed=DistributedContext(rank=0, size=2, local_size=2),
+        device=CPU,
+        precision=make_precision("off", CPU),
+    )
+    with pytest.raises(TrainingError, match="use mixed_precision: fp16"):
+        context.wrap_scaler(torch.amp.GradScaler("cpu"))

@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, exists, func, select, text
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, undefer
 
 from assay.config._limits import MAX_LABELS
 from assay.master.errors import InvalidArgumentError, NotFoundError
@@ -240,7 +240,7 @@ class ExperimentQueries(StoreBase):
 
     def get_trial(self, trial_id: int) -> TrialRecord:
         with self.read() as s:
-            trial = s.get(Trial, trial_id)
+            trial = s.get(Trial, trial_id, options=_LINEAGE)
             if trial is None:
                 raise NotFoundError(f"trial {trial_id} does not exist")
             return _trial(trial)
@@ -248,7 +248,10 @@ class ExperimentQueries(StoreBase):
     def list_trials(self, experiment_id: int) -> list[TrialRecord]:
         with self.read() as s:
             trials = s.execute(
-                select(Trial).where(Trial.experiment_id == experiment_id).order_by(Trial.id)
+                select(Trial)
+                .options(*_LINEAGE)
+                .where(Trial.experiment_id == experiment_id)
+                .order_by(Trial.id)
             ).scalars()
             return [_trial(t) for t in trials]
 
@@ -285,12 +288,15 @@ def _experiment(
         created_at=e.created_at,
         start_time=e.start_time,
         end_time=e.end_time,
-    )
-
-
         project_id=e.project_id,
         project=project,
         workspace=workspace,
+    )
+
+
+_LINEAGE = (undefer(Trial.parent_trial_id), undefer(Trial.search_round))
+
+
 def _trial(t: Trial) -> TrialRecord:
     return TrialRecord(
         id=t.id,
@@ -307,6 +313,8 @@ def _trial(t: Trial) -> TrialRecord:
         start_time=t.start_time,
         end_time=t.end_time,
         last_error=t.last_error,
+        parent_trial_id=t.parent_trial_id,
+        search_round=t.search_round,
     )
 
 

@@ -663,7 +663,6 @@ class Client:
         request = api_pb2.DeleteModelVersionRequest(name=name, version=version)
         self._unary("DeleteModelVersion", request)
 
-
     # --- workspaces and projects -------------------------------------------------------
 
     def workspace_call(self, method: str, **fields: Any) -> Any:
@@ -675,6 +674,7 @@ class Client:
             raise ValueError(f"{method} is not a workspace or project RPC")
         request = getattr(api_pb2, f"{method}Request")(**fields)
         return self._unary(method, request)
+
 
 def http_port_message(address: str) -> str:
     """What to say when `address` answered in HTTP/1: most likely the master's web UI

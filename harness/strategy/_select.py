@@ -15,13 +15,17 @@ from assay.strategy._single import SingleDeviceStrategy
 def make_strategy(
     optimizations: OptimizationsConfig, ranks: Ranks, device: torch.device
 ) -> Strategy:
-    """The strategy `optimizations.strategy` names; one process needs no wrapper."""
+    """The strategy `optimizations.strategy` names; one process needs no wrapper.
+    `mixed_precision: auto` is resolved for `device` first, so FSDP's precision policy
+    follows what auto picks."""
+    from assay._precision import resolve_precision
+
     return strategy_for(
         optimizations.strategy,
         ranks,
         device,
         fsdp=optimizations.fsdp,
-        precision=optimizations.mixed_precision,
+        precision=resolve_precision(optimizations.mixed_precision, device),
     )
 
 

@@ -154,3 +154,16 @@ def test_a_trial_scaler_is_refused_under_fsdp() -> None:
     )
     with pytest.raises(TrainingError, match="use mixed_precision: fp16"):
         context.wrap_scaler(torch.amp.GradScaler("cpu"))
+
+
+def test_make_strategy_resolves_auto_precision_for_the_device() -> None:
+    from assay.config._schema import OptimizationsConfig
+    from assay.strategy import make_strategy
+
+    two = DistributedContext(size=2, local_size=2)
+    options = OptimizationsConfig(strategy="fsdp", mixed_precision="auto")
+
+    strategy = make_strategy(options, two, CPU)
+
+    assert isinstance(strategy, FSDPStrategy)
+    assert strategy.precision == "off"  # what auto means on a CPU

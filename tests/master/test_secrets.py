@@ -342,7 +342,9 @@ def _read_over_http(
         "trials": [str(i) for i in trial_ids],
         "checkpoints": ["00000000-0000-0000-0000-000000000000"],  # none was made
         "workspaces": ["Default"],  # and its project, for /workspaces/{workspace}/projects/{name}
+        "models": ["kept"],  # made here, with no version
     }
+    seen.add("CreateModel", site.api.CreateModel(api_pb2.CreateModelRequest(name="kept")))
     queries = {
         "GetExperimentMetrics": "?name=loss",
         "ListCheckpoints": f"?experiment_id={experiment_ids[-1]}",
@@ -357,12 +359,15 @@ def _read_over_http(
             collection = route.path.split("/")[1]
             placeholder = "{" + route.path_fields[0] + "}"
             filled = [
-                route.path.replace(placeholder, v).replace("{name}", "Uncategorized")
+                route.path.replace(placeholder, v)
+                .replace("{name}", "Uncategorized")
+                .replace("{version}", "0")
                 for v in ids[collection]
             ]
         for path in filled:
             reply = site.get(PREFIX + path + queries.get(route.rpc, ""))
-            expected = 404 if route.rpc == "GetCheckpoint" else 200
+            # No checkpoint was made, and the model has no version.
+            expected = 404 if route.rpc in ("GetCheckpoint", "GetModelVersion") else 200
             assert reply.status == expected, (path, reply.body)
             seen.add(f"GET {path}", reply.body)
     for path in ("/api/v1/openapi.json", "/api/v1/health", "/"):

@@ -172,12 +172,27 @@ def experiment_detail(response: api_pb2.GetExperimentResponse) -> dict[str, Any]
     }
 
 
+def searcher_objective(config: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """The metric a stored config's searcher ranks trials by, and whether smaller is better:
+    `searcher.metric`, or the first of a multi-objective search's `searcher.metrics`
+    (a name, or `{name, smaller_is_better}`)."""
+    searcher = config.get("searcher") or {}
+    metrics = searcher.get("metrics")
+    if isinstance(metrics, Sequence) and not isinstance(metrics, str) and metrics:
+        first = metrics[0]
+        if isinstance(first, Mapping):
+            name = first.get("name")
+            return (None if name is None else str(name)), bool(first.get("smaller_is_better", True))
+        return str(first), True
+    metric = searcher.get("metric")
+    return (None if metric is None else str(metric)), bool(searcher.get("smaller_is_better", True))
+
+
 def best_trial(
     trials: Sequence[common_pb2.Trial], config: Mapping[str, Any]
 ) -> dict[str, Any] | None:
     """The trial with the best validation of the searcher's metric (None before any)."""
-    searcher = config.get("searcher") or {}
-    smaller = bool(searcher.get("smaller_is_better", True))
+    smaller = searcher_objective(config)[1]
     scored = [t for t in trials if t.HasField("best_validation")]
     if not scored:
         return None

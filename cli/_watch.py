@@ -107,8 +107,7 @@ def progress_line(response: api_pb2.GetExperimentResponse) -> str:
 
 
 def _metric_name(config: Mapping[str, Any]) -> str:
-    searcher = config.get("searcher") or {}
-    return str(searcher.get("metric") or "metric")
+    return fmt.searcher_objective(config)[0] or "metric"
 
 
 def _trial_end(t: common_pb2.Trial, metric: str) -> str:
@@ -234,7 +233,7 @@ def summarize(api: Client, response: api_pb2.GetExperimentResponse) -> Summary:
         return summary
     summary.best_validation = best["best_validation"]
     summary.best_trial = best["id"]
-    smaller = bool((config.get("searcher") or {}).get("smaller_is_better", True))
+    smaller = fmt.searcher_objective(config)[1]
     kept = [
         c
         for c in api.list_checkpoints(response.experiment.id, best["id"])

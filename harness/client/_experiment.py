@@ -264,10 +264,10 @@ def _completed(c: common_pb2.Checkpoint) -> bool:
 def _ranking(
     config: dict[str, Any], sort_by: str | None, smaller_is_better: bool | None
 ) -> tuple[str, bool]:
-    searcher = config.get("searcher") or {}
-    metric = sort_by or searcher.get("metric")
+    searched, smaller = fmt.searcher_objective(config)
+    metric = sort_by or searched
     if not metric:
         raise AssayError("the experiment's searcher names no metric: pass sort_by=")
     if smaller_is_better is None:
-        smaller_is_better = bool(searcher.get("smaller_is_better", True))
+        smaller_is_better = smaller
     return str(metric), smaller_is_better

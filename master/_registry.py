@@ -1,11 +1,10 @@
 """The model registry's RPCs between the wire and the store: who may do what, and records
 to messages.
 
-Who may do what is decided here, in `may_edit_model` and `may_read_checkpoint`, so that
-workspace roles replace two functions, not a rule per RPC: any logged-in user reads
-the registry; a model's owner or an administrator edits, archives and deletes it and
-its versions; a version is registered by anyone who may read the checkpoint's
-experiment (today: every logged-in user).
+Who may edit a model is decided here, in `may_edit_model`: any logged-in user reads the
+registry; a model's owner or an administrator edits, archives and deletes it and its
+versions; a version is registered by anyone who may read the checkpoint's experiment
+(a viewer of its workspace: `Roles.checkpoint`).
 """
 
 from __future__ import annotations
@@ -32,12 +31,6 @@ def may_edit_model(store: Store, who: Principal, name: str, what: str) -> None:
         raise PermissionDeniedError(
             f"model {name!r} belongs to {owner}: only they or an administrator may {what} it"
         )
-
-
-def may_read_checkpoint(store: Store, who: Principal, uuid: str) -> None:
-    """Whoever may read the checkpoint's experiment may register it; `NotFoundError`
-    for an unknown checkpoint. Every logged-in user reads every experiment today."""
-    store.get_checkpoint(checkpoint_uuid(uuid))
 
 
 def checkpoint_uuid(raw: str) -> str:

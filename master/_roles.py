@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from assay.master._auth import Principal
 from assay.master.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
-from assay.master.store import ProjectRecord, Store, WorkspaceRecord
+from assay.master.store import CheckpointRecord, ProjectRecord, Store, WorkspaceRecord
 from assay.master.store._models import DEFAULT_WORKSPACE_ID
 
 VIEWER, EDITOR, ADMIN = "viewer", "editor", "admin"
@@ -81,6 +81,14 @@ class Roles:
         except NotFoundError:
             raise NotFoundError(f"trial {trial_id} does not exist") from None
         return experiment_id
+
+    def checkpoint(self, who: Principal, record: CheckpointRecord, need: str = VIEWER) -> None:
+        """Check `who` may read (or `need`) the checkpoint's experiment; to a non-member the
+        checkpoint does not exist."""
+        try:
+            self.trial(who, record.trial_id, need)
+        except NotFoundError:
+            raise NotFoundError(f"checkpoint {record.uuid} does not exist") from None
 
     def workspace(self, who: Principal, name: str, need: str = VIEWER) -> WorkspaceRecord:
         """The workspace named `name`, if `who` has `need` in it."""

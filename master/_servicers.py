@@ -581,13 +581,10 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         who = self._who(context)
         for uuid in request.uuids:  # a checkpoint of another workspace does not exist for you
             try:
-                trial_id = self.store.get_checkpoint(uuid).trial_id
+                record = self.store.get_checkpoint(uuid)
             except NotFoundError:
                 continue  # named by the deletion below
-            try:
-                self.roles.trial(who, trial_id)
-            except NotFoundError:
-                raise NotFoundError(f"checkpoint {uuid} does not exist") from None
+            self.roles.checkpoint(who, record)
         return _checkpoints.delete_response(
             self.store,
             request,
@@ -601,10 +598,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.GetCheckpointRequest, context: grpc.ServicerContext
     ) -> common_pb2.Checkpoint:
         record = self.store.get_checkpoint(request.uuid)
-        try:
-            self.roles.trial(self._who(context), record.trial_id)
-        except NotFoundError:
-            raise NotFoundError(f"checkpoint {request.uuid} does not exist") from None
+        self.roles.checkpoint(self._who(context), record)
         trial = self.store.get_trial(record.trial_id)
         return _convert.checkpoint(record, trial.experiment_id)
 
@@ -745,11 +739,8 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         who = self._who(context)
         self.store.get_model(request.name)  # an unknown model is named before the checkpoint
         uuid = _registry.checkpoint_uuid(request.checkpoint_uuid)
-        _registry.may_read_checkpoint(self.store, who, uuid)
-        try:  # a checkpoint of a workspace the caller is not in is not theirs to register
-            self.roles.trial(who, self.store.get_checkpoint(uuid).trial_id)
-        except NotFoundError:
-            raise NotFoundError(f"checkpoint {uuid} does not exist") from None
+        # A checkpoint of a workspace the caller is not in is not theirs to register.
+        self.roles.checkpoint(who, self.store.get_checkpoint(uuid))
         record = self.store.register_version(
             request.name,
             uuid,

@@ -273,15 +273,11 @@ def set_command(
     as_json: bool,
 ) -> None:
     """Change a model's description, labels (replaced) or metadata (merged)."""
-    if labels and clear_labels:
-        raise click.UsageError("give --label or --clear-labels, not both")
-    if description is None and not labels and not clear_labels and not metadata:
-        raise click.UsageError("nothing to change: give --description, --label or --metadata")
+    new_labels, new_metadata = _changes(
+        "--description", description, labels, clear_labels, metadata
+    )
     changed = client().patch_model(
-        name,
-        description=description,
-        labels=[] if clear_labels else (list(labels) if labels else None),
-        metadata=parse_metadata(metadata) if metadata else None,
+        name, description=description, labels=new_labels, metadata=new_metadata
     )
     if as_json:
         echo_json(model_dict(changed))
@@ -308,21 +304,31 @@ def set_version_command(
     as_json: bool,
 ) -> None:
     """Change a version's notes, labels (replaced) or metadata (merged)."""
-    if labels and clear_labels:
-        raise click.UsageError("give --label or --clear-labels, not both")
-    if notes is None and not labels and not clear_labels and not metadata:
-        raise click.UsageError("nothing to change: give --notes, --label or --metadata")
+    new_labels, new_metadata = _changes("--notes", notes, labels, clear_labels, metadata)
     changed = client().patch_model_version(
-        name,
-        version,
-        notes=notes,
-        labels=[] if clear_labels else (list(labels) if labels else None),
-        metadata=parse_metadata(metadata) if metadata else None,
+        name, version, notes=notes, labels=new_labels, metadata=new_metadata
     )
     if as_json:
         echo_json(version_dict(changed))
         return
     click.echo(f"changed {changed.model} version {changed.version}")
+
+
+def _changes(
+    text_option: str,
+    text: str | None,
+    labels: tuple[str, ...],
+    clear_labels: bool,
+    metadata: tuple[str, ...],
+) -> tuple[list[str] | None, dict[str, Any] | None]:
+    """What `set`/`set-version` send for labels and metadata (None: unchanged), or the
+    usage error for options that clash or change nothing."""
+    if labels and clear_labels:
+        raise click.UsageError("give --label or --clear-labels, not both")
+    if text is None and not labels and not clear_labels and not metadata:
+        raise click.UsageError(f"nothing to change: give {text_option}, --label or --metadata")
+    new_labels = [] if clear_labels else (list(labels) if labels else None)
+    return new_labels, (parse_metadata(metadata) if metadata else None)
 
 
 @model.command("archive")

@@ -26,6 +26,18 @@ from tests.webui.seeding import SeededRun, seed_search
 pytestmark = pytest.mark.slow
 
 
+def _tick(box: Locator, checked: bool = True) -> None:
+    """Click a checkbox and wait for it to show the new state. The page's boxes are
+    controlled by the address or by stored state, which React applies after the click
+    returns, so Playwright's own check() (which reads the state at once) can see the old
+    one on a loaded machine."""
+    box.click()
+    if checked:
+        expect(box).to_be_checked()
+    else:
+        expect(box).not_to_be_checked()
+
+
 @dataclass
 class Runs:
     site: Site
@@ -108,15 +120,17 @@ def test_pick_and_compare_trials_across_experiments(runs: Runs) -> None:
     page = site.page()
     page.goto(f"{site.base}/experiments/{runs.a.experiment_id}")
     for trial_id in (a0, a1):
-        page.locator(
-            f'[data-testid="trial-row"][data-id="{trial_id}"] [data-testid="pick-trial"]'
-        ).check()
+        _tick(
+            page.locator(
+                f'[data-testid="trial-row"][data-id="{trial_id}"] [data-testid="pick-trial"]'
+            )
+        )
     expect(page.locator('[data-testid="compare-picked"]')).to_contain_text("2 trials")
 
     # The pick is kept across pages: an experiment is added from the list.
     page.goto(site.base + "/")
     row = page.locator(f'[data-testid="experiment-row"][data-id="{runs.b.experiment_id}"]')
-    row.locator('[data-testid="pick-experiment"]').check()
+    _tick(row.locator('[data-testid="pick-experiment"]'))
     expect(page.locator('[data-testid="compare-picked"]')).to_have_text(
         "Picked to compare: 2 trials and 1 experiment"
     )
@@ -153,7 +167,7 @@ def test_pick_and_compare_trials_across_experiments(runs: Runs) -> None:
     expect(page.locator('[data-testid="compare-hparams-hidden"]')).to_contain_text(
         "1 hyperparameter"
     )
-    page.locator('[data-testid="compare-hparams-all"]').check()
+    _tick(page.locator('[data-testid="compare-hparams-all"]'))
     expect(hparams).to_have_count(3)
     expect(page.locator('[data-testid="hparam-row"][data-name="dropout"]')).to_be_visible()
 
@@ -215,9 +229,9 @@ def test_list_columns_are_kept_and_sort_by_metric_and_hparam(runs: Runs) -> None
     expect(page.locator('[data-testid="experiment-row"]')).to_have_count(3)
     page.locator('[data-testid="columns-button"]').click()
     menu = page.locator('[data-testid="columns-menu"]')
-    menu.locator('[data-column="metric:accuracy"]').check()
-    menu.locator('[data-column="hp:global_batch_size"]').check()
-    menu.locator('[data-column="owner"]').uncheck()
+    _tick(menu.locator('[data-column="metric:accuracy"]'))
+    _tick(menu.locator('[data-column="hp:global_batch_size"]'))
+    _tick(menu.locator('[data-column="owner"]'), checked=False)
     page.locator('[data-testid="columns-button"]').click()
     head = page.locator('[data-testid="experiments"] thead')
     expect(head.locator('th[data-column="owner"]')).to_have_count(0)

@@ -413,6 +413,30 @@ class Client:
         experiment: common_pb2.Experiment = self._unary("ExperimentAction", request)
         return experiment
 
+    def delete_experiment(self, experiment_id: int) -> api_pb2.DeleteExperimentResponse:
+        from assay.proto import api_pb2
+
+        request = api_pb2.DeleteExperimentRequest(id=experiment_id)
+        # Deleting from object storage takes a request per checkpoint: allow for many.
+        response: api_pb2.DeleteExperimentResponse = self._unary(
+            "DeleteExperiment", request, timeout=CREATE_TIMEOUT_S
+        )
+        return response
+
+    def kill_trial(self, trial_id: int) -> common_pb2.Trial:
+        from assay.proto import api_pb2
+
+        trial: common_pb2.Trial = self._unary("KillTrial", api_pb2.KillTrialRequest(id=trial_id))
+        return trial
+
+    def continue_experiment(self, experiment_id: int, config_yaml: str) -> common_pb2.Experiment:
+        """Continue a finished single-trial experiment (`config_yaml`: the keys to change)."""
+        from assay.proto import api_pb2
+
+        request = api_pb2.ContinueExperimentRequest(id=experiment_id, config_yaml=config_yaml)
+        experiment: common_pb2.Experiment = self._unary("ContinueExperiment", request)
+        return experiment
+
     def set_experiment_resource(
         self, experiment_id: int, name: str, value: str
     ) -> common_pb2.Experiment:

@@ -525,6 +525,46 @@ def fork_command(experiment_id: int, configs: tuple[str, ...], paused: bool, as_
         click.echo(f"Created experiment {created}{state}, forked from experiment {experiment_id}")
 
 
+@experiment.command("continue")
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.option(
+    "--config",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change a config key (dotted; VALUE is YAML), e.g. searcher.max_length.batches=200. "
+    "Repeat for several.",
+)
+@click.option(
+    "--config-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A partial config FILE of the keys to change (--config applies over it).",
+)
+@user_errors
+def continue_command(
+    experiment_id: int, overrides: tuple[str, ...], config_file: Path | None
+) -> None:
+    """Continue a COMPLETED, CANCELED or ERROR single-trial experiment: its trial resumes
+    from its latest checkpoint and trains on to the new searcher.max_length (its metrics
+    go on from the batch count it had). Only searcher.max_length, max_restarts,
+    min_validation_period and min_checkpoint_period may change; to change anything else,
+    `experiment fork` starts a new experiment."""
+    import yaml
+
+    from ._template import apply_overrides, read_partial
+
+    changes = read_partial(config_file) if config_file is not None else {}
+    changes = apply_overrides(changes, overrides)
+    text = yaml.safe_dump(changes, sort_keys=False) if changes else ""
+    result = client().continue_experiment(experiment_id, text)
+    length = (fmt.struct(result.config).get("searcher") or {}).get("max_length")
+    to = ""
+    if isinstance(length, dict):  # JSON numbers come back as floats: 8.0 reads as 8
+        to = " to " + ", ".join(f"{v:g} {k}" for k, v in length.items())
+    state = fmt.experiment_state(result.state)
+    click.echo(f"experiment {experiment_id} continues{to} (state {state})")
+
+
 @experiment.command("download-model-def")
 @click.argument("experiment_id", metavar="ID", type=int)
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
@@ -539,6 +579,42 @@ def download_model_def_command(experiment_id: int, directory: Path) -> None:
     unpack_model_dir(data, directory)
     count = sum(1 for p in directory.rglob("*") if p.is_file())
     click.echo(f"experiment {experiment_id}'s model definition ({count} files) is in {directory}")
+
+
+@experiment.command("delete")
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@user_errors
+def delete_command(experiment_id: int, yes: bool) -> None:
+    """Delete an ended experiment: its checkpoints' files, then its trials, metrics,
+    logs and checkpoint records, for good.
+
+    The master refuses (and deletes nothing) while the experiment is active, paused or
+    stopping (kill it first), or while a registered model version uses one of its
+    checkpoints (the message names them).
+    """
+    if not yes:
+        try:
+            sure = click.confirm(
+                f"Delete experiment {experiment_id}, its metrics, logs and checkpoints for good?",
+                default=False,
+            )
+        except click.Abort:  # no answer (stdin closed, or Ctrl-D)
+            sure = False
+        if not sure:
+            raise AssayError("nothing deleted (pass --yes to skip this question)")
+    answer = client().delete_experiment(experiment_id)
+    count = len(answer.deleted_checkpoints)
+    click.echo(
+        f"deleted experiment {experiment_id} and {count} checkpoint{'s' if count != 1 else ''}"
+    )
+    if answer.failed:
+        for uuid, why in sorted(answer.failed.items()):
+            click.echo(f"failed {uuid}: {why}", err=True)
+        raise AssayError(
+            f"experiment {experiment_id} is deleted, but the files of {len(answer.failed)} of "
+            "its checkpoints could not be (left where they are, named above)"
+        )
 
 
 @experiment.group("label", cls=AliasedGroup)

@@ -154,6 +154,21 @@ def describe_command(trial_id: int, as_json: bool) -> None:
         click.echo(f"  {key}: {json.dumps(value)}")
 
 
+@trial.command("kill")
+@click.argument("trial_id", metavar="ID", type=int)
+@user_errors
+def kill_command(trial_id: int) -> None:
+    """Kill one trial of an active or paused experiment, without checkpointing.
+
+    The trial ends CANCELED and its searcher sees it exit; the experiment goes on with
+    its other trials.
+    """
+    result = client().kill_trial(trial_id)
+    state = fmt.trial_state(result.state)
+    ending = "killed" if state == "CANCELED" else "being killed"
+    click.echo(f"trial {trial_id} of experiment {result.experiment_id} {ending} (state {state})")
+
+
 def _lineage(t: dict[str, Any]) -> str | None:
     """`trial 3 (round 1)`: whose checkpoint the trial started from (pbt's exploit)."""
     if t["parent_trial_id"] is None:

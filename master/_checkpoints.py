@@ -1,4 +1,5 @@
-"""`DeleteCheckpoints`: a user deletes checkpoints by uuid (`assay checkpoint delete`).
+"""`DeleteCheckpoints`: a user deletes checkpoints by uuid (`assay checkpoint delete`);
+`DeleteExperiment` (`assay experiment delete`): an ended experiment with its checkpoints.
 
 The servicer only converts: `delete_checkpoints(store, uuids, user=...)` checks every uuid
 first and refuses the whole request (nothing deleted) when one is not a uuid
@@ -32,6 +33,7 @@ from assay.master.errors import (
 )
 from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, ExperimentRecord, Store
+from assay.master.store._experiments import ENDED_EXPERIMENT, pinned_message
 from assay.proto import api_pb2
 
 MAX_UUIDS = 1000
@@ -102,6 +104,65 @@ def delete_checkpoints(
         missing.extend(result.missing)
         failed.update(result.failed)
     return GCResult(tuple(deleted), tuple(missing), failed)
+
+
+def delete_experiment(
+    store: Store,
+    experiment_id: int,
+    *,
+    default_root: Path | None = None,
+    policy: StoragePolicy | None = None,
+) -> GCResult:
+    """`DeleteExperiment`: delete an ended experiment, its checkpoints' files first.
+
+    Refused, with nothing deleted, while the experiment has not ended (`ConflictError`:
+    kill it, or wait for its end) or while a registered model version pins one of its
+    checkpoints (`CheckpointInUseError`, naming the models and versions).
+
+    The files go first, best-effort, through garbage collection's own deletion
+    (`delete_records`: each checkpoint is removed from the experiment's storage, then
+    marked DELETED); then every row of the experiment goes in one store transaction
+    (`Store.delete_experiment`, which checks both rules again under lock). A crash
+    between the two leaves the experiment whole, some of its checkpoints DELETED as
+    garbage collection leaves them, and the next `experiment delete` finishes. A
+    checkpoint whose files could not be deleted is returned in `failed` (why, with its
+    place), and its files are left there: the rows go all the same, so that an
+    unreachable storage or a forged record cannot keep the experiment for ever.
+    """
+    record = store.get_experiment(experiment_id)
+    if record.state not in ENDED_EXPERIMENT:
+        advice = (
+            "wait for it to end"
+            if record.state.startswith("STOPPING")
+            else f"kill it first (assay experiment kill {experiment_id})"
+        )
+        raise ConflictError(
+            f"experiment {experiment_id} is {record.state}: {advice}; only an ended experiment "
+            "(COMPLETED, CANCELED or ERROR) can be deleted"
+        )
+    records = [c for t in store.list_trials(experiment_id) for c in store.list_checkpoints(t.id)]
+    pinned = store.checkpoint_references([c.uuid for c in records])
+    if pinned:
+        rows = [(uuid, m, v) for uuid, versions in pinned.items() for m, v in versions]
+        raise CheckpointInUseError(pinned_message(experiment_id, rows))
+    deleted = [c.uuid for c in records if c.state == DELETED]
+    live = [c for c in records if c.state != DELETED]
+    result = GCResult()
+    if live:
+        config = _storage_config(record)
+        if config is None:
+            reason = "the experiment's config is unreadable: no storage to delete from"
+            result = GCResult(failed={c.uuid: f"{reason} ({c.location})" for c in live})
+        else:
+            storages = StorageCache(default_root, policy=policy)
+            result = delete_records(store, live, config, storages, experiment_id)
+    store.delete_experiment(experiment_id)
+    where = {c.uuid: c.location for c in live}
+    failed = {
+        uuid: why if where[uuid] in why else f"{why} (its files: {where[uuid]})"
+        for uuid, why in result.failed.items()
+    }
+    return GCResult((*deleted, *result.deleted), result.missing, failed)
 
 
 def normalise_uuids(uuids: Sequence[str]) -> list[str]:

@@ -15,20 +15,26 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
+import yaml
+
+from assay.config import searcher_in_batches
 from assay.master import _agents
 from assay.master._agents import AgentHandle, ClusterView, Load, Outbox, Registration
 from assay.master._auth import mask_secrets
 from assay.master._checkpoints import recorded_sha256, reported_location
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
+from assay.master._continue import continued_config
 from assay.master._interpreter import Interpreter, Recorder
 from assay.master._multi_objective import validation_vector
 from assay.master._quota import SubmissionQuota
 from assay.master._rank_usage import RankUsageBoard
 from assay.master._sharing import changed, parse_value
+from assay.master._state import new_searcher, trial_state
 from assay.master._submission import (
     PreparedExperiment,
     check_resource_pool,
@@ -238,6 +244,66 @@ class Master:
         record = self.store.get_experiment(experiment_id)
         experiment_life.check_action(experiment_id, record.state, action)
         self.store.update_experiment(experiment_id, archived=action == "archive")
+
+    def kill_trial(self, trial_id: int) -> None:
+        """`assay trial kill`: kill one trial of a live experiment (see
+        `experiment_life.kill_trial`); `ConflictError` for a trial that has ended."""
+        with self.lock:
+            trial = self.trials.get(trial_id)
+            if trial is not None:
+                experiment = self.experiments[trial.experiment_id]
+                run = self.ledger.runs_by_trial().get(trial_id)
+                self.interpreter.do(experiment_life.kill_trial(experiment, trial, run, _now()))
+                self.interpreter.schedule()
+                self.commit_and_wait()
+                return
+        self.commit.flush()
+        record = self.store.get_trial(trial_id)  # NotFoundError: none
+        raise ConflictError(f"cannot kill trial {trial_id}: it has ended ({record.state})")
+
+    def continue_experiment(self, experiment_id: int, overrides: Mapping[str, Any]) -> None:
+        """`experiment continue`: a finished single-trial experiment's trial resumes from
+        its latest checkpoint and trains on to the length of the config with `overrides`
+        laid over it (`_continue.CONTINUABLE`); the stored config becomes that one, so a
+        restarted master knows the new length. `ConflictError` or `InvalidArgumentError`
+        say why it cannot."""
+        with self.lock:
+            live = self.experiments.get(experiment_id)
+            if live is not None:
+                experiment_life.check_action(experiment_id, live.state, "continue")
+        self.commit.flush()
+        record = self.store.get_experiment(experiment_id)  # NotFoundError: none
+        experiment_life.check_action(experiment_id, record.state, "continue")
+        raw, config = continued_config(experiment_id, record.config, overrides)
+        searcher = new_searcher(config)
+        length = searcher_in_batches(config).max_length.value
+        with self.lock:
+            if experiment_id in self.experiments:  # continued by another call meanwhile
+                raise ConflictError(f"cannot continue experiment {experiment_id}: it is active")
+            experiment = ExperimentState(
+                experiment_id,
+                config,
+                ExperimentStatus(record.state),
+                record.priority,
+                searcher,
+                progress=record.progress,
+                owner=record.owner,
+                needs_start=True,  # its searcher's first Create adopts the trial
+            )
+            for t in self.store.list_trials(experiment_id):
+                experiment.add_trial(trial_state(self.store, t, {}))
+            trial = min(experiment.trials.values(), key=lambda t: t.id, default=None)
+            if trial is None:
+                raise ConflictError(f"experiment {experiment_id} has no trial to continue")
+            effects = experiment_life.continue_trial(experiment, trial, length)
+            self.ledger.add_experiment(experiment)
+            self.batch.set_experiment(
+                experiment_id, config=raw, config_text=yaml.safe_dump(raw, sort_keys=False)
+            )
+            self.interpreter.do(effects)
+            self.interpreter.adopt_trials(experiment)  # the trial's target: the new length
+            self.interpreter.schedule()
+            self.commit_and_wait()
 
     def set_experiment_resource(self, experiment_id: int, name: str, value: str) -> None:
         """`experiment set NAME VALUE`: a live experiment's priority, weight or max-slots

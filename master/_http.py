@@ -214,7 +214,7 @@ class HttpServer:
     ) -> web.StreamResponse:
         """The route's call, its credentials accepted."""
         body = b""
-        if request.method == "POST":
+        if request.method != "GET":  # POST, DELETE: a change
             _refuse_other_sites(request)
             body = await _read_body(request, route.max_body)
         path = dict(request.match_info)

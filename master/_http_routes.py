@@ -23,7 +23,7 @@ _SERVICE = api_pb2.DESCRIPTOR.services_by_name["Api"]
 
 @dataclass(frozen=True)
 class Route:
-    method: str  # GET | POST
+    method: str  # GET | POST | DELETE
     path: str  # under PREFIX, e.g. "/experiments/{id}"
     rpc: str  # a method of the Api service
     summary: str
@@ -124,7 +124,8 @@ ROUTES: tuple[Route, ...] = (
         "/experiments",
         "CreateExperiment",
         "Submit an experiment: the config as YAML text and the model directory as a "
-        "base64 gzip tar (what `assay experiment create` packs)",
+        "base64 gzip tar (what `assay experiment create` packs), or with "
+        "`model_definition_from` another experiment's (a fork)",
         body=True,
         max_body=_CREATE_BODY,
     ),
@@ -141,11 +142,27 @@ ROUTES: tuple[Route, ...] = (
         "One metric's curve for every trial of an experiment, downsampled",
     ),
     Route(
+        "DELETE",
+        "/experiments/{id}",
+        "DeleteExperiment",
+        "Delete an ended experiment: its checkpoints' files, then its trials, metrics, "
+        "logs and checkpoint records (refused while it runs or a model version pins one "
+        "of its checkpoints)",
+    ),
+    Route(
         "POST",
         "/experiments/{id}/move",
         "MoveExperiment",
         'File an experiment under another project: a JSON body {"project": '
         '"WORKSPACE/PROJECT"} (an editor of both workspaces)',
+        body=True,
+    ),
+    Route(
+        "POST",
+        "/experiments/{id}/continue",
+        "ContinueExperiment",
+        "Continue a finished single-trial experiment's trial from its latest checkpoint: a "
+        'JSON body {"config_yaml"}, the keys to change (e.g. searcher.max_length)',
         body=True,
     ),
     Route(
@@ -164,6 +181,13 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("GET", "/trials/{id}", "GetTrial", "A trial"),
     Route("GET", "/trials/{id}/metrics", "GetTrialMetrics", "A trial's metrics of one group"),
+    Route(
+        "POST",
+        "/trials/{id}/kill",
+        "KillTrial",
+        "Kill one trial of a live experiment; the searcher sees it exit and the "
+        "experiment goes on with its other trials",
+    ),
     Route(
         "GET",
         "/trials/{trial_id}/logs",

@@ -5,8 +5,10 @@ experiment, trial, checkpoint, workspace or project asks `Roles` before it acts:
 
 - viewer: reads the workspace, its projects and their experiments (trials, metrics,
   logs, checkpoints);
-- editor: also creates projects and experiments in it, and steers (pause, activate,
-  cancel, kill, archive, set, move) any experiment of it, their own or others';
+- editor: also creates projects and experiments in it, steers (pause, activate,
+  cancel, kill, archive, set, move, kill a trial) and deletes any experiment of it and
+  its checkpoints, their own or others' (an experiment's owner deletes it, and its
+  checkpoints, with any role);
 - admin: also adds and removes members, changes their roles, archives and deletes.
 
 Cluster admins may do everything everywhere. A user who is not a member of the
@@ -27,7 +29,7 @@ UNCATEGORIZED = "Uncategorized"
 _RANK = {VIEWER: 0, EDITOR: 1, ADMIN: 2}
 _WHAT = {
     VIEWER: "reading it",
-    EDITOR: "creating and steering experiments in it",
+    EDITOR: "creating, steering and deleting experiments in it",
     ADMIN: "managing its members, archiving and deleting",
 }
 
@@ -66,27 +68,45 @@ class Roles:
             )
         return role
 
-    def experiment(self, who: Principal, experiment_id: int, need: str = VIEWER) -> int:
-        """Check `who` has `need` in the experiment's workspace; return its project id."""
+    def experiment(
+        self, who: Principal, experiment_id: int, need: str = VIEWER, *, owner_may: bool = False
+    ) -> int:
+        """Check `who` has `need` in the experiment's workspace; return its project id.
+
+        `owner_may`: the experiment's owner may too, with any role there (deleting its
+        experiment or checkpoints stays theirs when their role was lowered to viewer)."""
         missing = f"experiment {experiment_id} does not exist"
         workspace_id, project_id = self.store.experiment_place(experiment_id)
+        if owner_may and need != VIEWER:
+            self._need(who, workspace_id, VIEWER, missing)
+            if self.store.get_experiment(experiment_id).owner == who.username:
+                return project_id
         self._need(who, workspace_id, need, missing)
         return project_id
 
-    def trial(self, who: Principal, trial_id: int, need: str = VIEWER) -> int:
+    def trial(
+        self, who: Principal, trial_id: int, need: str = VIEWER, *, owner_may: bool = False
+    ) -> int:
         """Check `who` may read (or `need`) the trial's experiment; return the experiment id."""
         experiment_id = self.store.get_trial(trial_id).experiment_id
         try:
-            self.experiment(who, experiment_id, need)
+            self.experiment(who, experiment_id, need, owner_may=owner_may)
         except NotFoundError:
             raise NotFoundError(f"trial {trial_id} does not exist") from None
         return experiment_id
 
-    def checkpoint(self, who: Principal, record: CheckpointRecord, need: str = VIEWER) -> None:
+    def checkpoint(
+        self,
+        who: Principal,
+        record: CheckpointRecord,
+        need: str = VIEWER,
+        *,
+        owner_may: bool = False,
+    ) -> None:
         """Check `who` may read (or `need`) the checkpoint's experiment; to a non-member the
         checkpoint does not exist."""
         try:
-            self.trial(who, record.trial_id, need)
+            self.trial(who, record.trial_id, need, owner_may=owner_may)
         except NotFoundError:
             raise NotFoundError(f"checkpoint {record.uuid} does not exist") from None
 

@@ -212,9 +212,29 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         ],
     ) -> api_pb2.CreateExperimentResponse:
         """On the event loop: submissions are the hot path, and thread hops cost most."""
-        return await self._create(
-            request.config_yaml, request.model_definition, request.activate, context
-        )
+        model_definition = request.model_definition
+        if request.model_definition_from:
+            model_definition = await self._model_definition_from(request, context)
+        return await self._create(request.config_yaml, model_definition, request.activate, context)
+
+    async def _model_definition_from(
+        self, request: api_pb2.CreateExperimentRequest, context: Any
+    ) -> bytes:
+        """A fork's model definition: that of the experiment it names, which the caller
+        must be able to read (off the loop: it reads the store)."""
+        source = request.model_definition_from
+        if request.model_definition:
+            raise InvalidArgumentError(
+                "give the model definition or model_definition_from (an experiment whose "
+                "model definition to use), not both"
+            )
+        loop = asyncio.get_running_loop()
+        who = caller()
+        if who is None:
+            metadata = metadata_dict(context.invocation_metadata())
+            who = await self.guard.principal_async(metadata, self.pool)
+        await loop.run_in_executor(self.pool, self.roles.experiment, who, source)
+        return await loop.run_in_executor(self.pool, self.store.get_model_definition, source)
 
     @maps_errors_async
     async def CreateExperimentStream(  # noqa: N802
@@ -383,12 +403,53 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         return self._experiment(request.id)
 
     @maps_errors
+    def ContinueExperiment(  # noqa: N802
+        self, request: api_pb2.ContinueExperimentRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Experiment:
+        from assay.master._continue import parse_overrides
+
+        self._may_change(self._who(context), request.id)  # an editor, as for activate
+        overrides = parse_overrides(request.id, request.config_yaml)
+        self.master.continue_experiment(request.id, overrides)
+        return self._experiment(request.id)
+
+    @maps_errors
     def SetExperimentResource(  # noqa: N802
         self, request: api_pb2.SetExperimentResourceRequest, context: grpc.ServicerContext
     ) -> common_pb2.Experiment:
         self._may_change(self._who(context), request.id)
         self.master.set_experiment_resource(request.id, request.name, request.value)
         return self._experiment(request.id)
+
+    @maps_errors
+    def GetSearcherEvents(  # noqa: N802
+        self, request: api_pb2.GetSearcherEventsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetSearcherEventsResponse:
+        from assay.master import _custom_search
+
+        # The runner steers the search: an editor's role, as pausing the experiment is.
+        self._may_change(self._who(context), request.experiment_id)
+        view = _custom_search.searcher_events(
+            self.master, request.experiment_id, request.after_event_id
+        )
+        return _custom_search.events_response(view)
+
+    @maps_errors
+    def PostSearcherOperations(  # noqa: N802
+        self, request: api_pb2.PostSearcherOperationsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PostSearcherOperationsResponse:
+        from assay.master import _custom_search
+
+        self._may_change(self._who(context), request.experiment_id)
+        acknowledged = _custom_search.post_operations(
+            self.master,
+            request.experiment_id,
+            request.triggered_by_event_id,
+            _custom_search.operations_of(request),
+            method_state=request.method_state,
+            progress=request.progress if request.HasField("progress") else None,
+        )
+        return api_pb2.PostSearcherOperationsResponse(acknowledged_event_id=acknowledged)
 
     @maps_errors
     def GetExperimentMetrics(  # noqa: N802
@@ -490,6 +551,30 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         return api_pb2.GetModelDefinitionResponse(model_definition=data)
 
     @maps_errors
+    def DeleteExperiment(  # noqa: N802
+        self, request: api_pb2.DeleteExperimentRequest, context: grpc.ServicerContext
+    ) -> api_pb2.DeleteExperimentResponse:
+        # Editors of its workspace (and its owner) delete it; see _checkpoints.delete_experiment.
+        self.roles.experiment(self._who(context), request.id, EDITOR, owner_may=True)
+        result = _checkpoints.delete_experiment(
+            self.store,
+            request.id,
+            default_root=self.master.config.checkpoint_root,
+            policy=self.master.config.storage_policy,
+        )
+        return api_pb2.DeleteExperimentResponse(
+            deleted_checkpoints=list(result.deleted), failed=dict(result.failed)
+        )
+
+    @maps_errors
+    def KillTrial(  # noqa: N802
+        self, request: api_pb2.KillTrialRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Trial:
+        self.roles.trial(self._who(context), request.id, EDITOR)  # as killing its experiment
+        self.master.kill_trial(request.id)
+        return _convert.trial(self.store.get_trial(request.id))
+
+    @maps_errors
     def GetTrial(  # noqa: N802
         self, request: api_pb2.GetTrialRequest, context: grpc.ServicerContext
     ) -> common_pb2.Trial:
@@ -579,16 +664,18 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
         self, request: api_pb2.DeleteCheckpointsRequest, context: grpc.ServicerContext
     ) -> api_pb2.DeleteCheckpointsResponse:
         who = self._who(context)
-        for uuid in request.uuids:  # a checkpoint of another workspace does not exist for you
+        # A checkpoint of another workspace does not exist for you (each uuid as it is
+        # looked up below: stripped and lowercased).
+        for uuid in _checkpoints.normalise_uuids(request.uuids):
             try:
                 record = self.store.get_checkpoint(uuid)
             except NotFoundError:
                 continue  # named by the deletion below
-            self.roles.checkpoint(who, record)
+            self.roles.checkpoint(who, record, EDITOR, owner_may=True)
         return _checkpoints.delete_response(
             self.store,
             request,
-            user=None if who.admin else who.username,
+            user=None,  # the roles above: editors of its workspace, or its owner
             default_root=self.master.config.checkpoint_root,
             policy=self.master.config.storage_policy,
         )

@@ -116,6 +116,7 @@ class CreateExperimentRequest(_message.Message):
     CONFIG_YAML_FIELD_NUMBER: _builtins.int
     MODEL_DEFINITION_FIELD_NUMBER: _builtins.int
     ACTIVATE_FIELD_NUMBER: _builtins.int
+    MODEL_DEFINITION_FROM_FIELD_NUMBER: _builtins.int
     config_yaml: _builtins.str
     """The experiment config as YAML text: the master validates it and reports every
     problem with its key path.
@@ -125,16 +126,21 @@ class CreateExperimentRequest(_message.Message):
     most 4 MiB: a larger archive (up to 96 MiB) goes through CreateExperimentStream.
     """
     activate: _builtins.bool
+    model_definition_from: _builtins.int
+    """Instead of `model_definition`: the model definition of this experiment (the caller
+    must be able to read it), as the web UI's "Fork" does.
+    """
     def __init__(
         self,
         *,
         config_yaml: _builtins.str = ...,
         model_definition: _builtins.bytes = ...,
         activate: _builtins.bool = ...,
+        model_definition_from: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "config_yaml", b"config_yaml", "model_definition", b"model_definition"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "config_yaml", b"config_yaml", "model_definition", b"model_definition", "model_definition_from", b"model_definition_from"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -404,6 +410,31 @@ class PatchExperimentRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__name) -> _WhichOneofReturnType__name | None: ...
 
 Global___PatchExperimentRequest: _TypeAlias = PatchExperimentRequest  # noqa: Y015
+
+@_typing.final
+class ContinueExperimentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CONFIG_YAML_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    config_yaml: _builtins.str
+    """A YAML mapping of the keys to change, merged over the stored config ("" for none):
+    searcher.max_length, max_restarts, min_validation_period, min_checkpoint_period.
+    """
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        config_yaml: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_yaml", b"config_yaml", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContinueExperimentRequest: _TypeAlias = ContinueExperimentRequest  # noqa: Y015
 
 @_typing.final
 class GetModelDefinitionRequest(_message.Message):
@@ -780,6 +811,279 @@ class GetExperimentMetricsResponse(_message.Message):
 Global___GetExperimentMetricsResponse: _TypeAlias = GetExperimentMetricsResponse  # noqa: Y015
 
 @_typing.final
+class GetSearcherEventsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPERIMENT_ID_FIELD_NUMBER: _builtins.int
+    AFTER_EVENT_ID_FIELD_NUMBER: _builtins.int
+    experiment_id: _builtins.int
+    after_event_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        experiment_id: _builtins.int = ...,
+        after_event_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_event_id", b"after_event_id", "experiment_id", b"experiment_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSearcherEventsRequest: _TypeAlias = GetSearcherEventsRequest  # noqa: Y015
+
+@_typing.final
+class SearcherEvent(_message.Message):
+    """What a custom searcher is told, in order; ids count 1, 2, ... per experiment."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    METRIC_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    EXITED_REASON_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    kind: _builtins.str
+    """initial_operations | trial_created | validation_completed | trial_closed |
+    trial_exited_early
+    """
+    request_id: _builtins.str
+    metric: _builtins.float
+    """validation_completed: the searcher metric (NaN or inf as reported)"""
+    length: _builtins.int
+    """validation_completed: the batches the trial has trained"""
+    exited_reason: _builtins.str
+    """trial_exited_early: invalid_hp | errored | user_canceled"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        metric: _builtins.float = ...,
+        length: _builtins.int = ...,
+        exited_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exited_reason", b"exited_reason", "id", b"id", "kind", b"kind", "length", b"length", "metric", b"metric", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearcherEvent: _TypeAlias = SearcherEvent  # noqa: Y015
+
+@_typing.final
+class GetSearcherEventsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_EVENT_ID_FIELD_NUMBER: _builtins.int
+    METHOD_STATE_FIELD_NUMBER: _builtins.int
+    SHUTDOWN_FIELD_NUMBER: _builtins.int
+    EXPERIMENT_STATE_FIELD_NUMBER: _builtins.int
+    acknowledged_event_id: _builtins.int
+    """The last event a batch of operations answered (the events up to it are gone)."""
+    method_state: _builtins.bytes
+    """What the runner saved with that batch (SearchMethod.save_method_state)."""
+    shutdown: _builtins.bool
+    experiment_state: _builtins.str
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___SearcherEvent]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___SearcherEvent] | None = ...,
+        acknowledged_event_id: _builtins.int = ...,
+        method_state: _builtins.bytes = ...,
+        shutdown: _builtins.bool = ...,
+        experiment_state: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_event_id", b"acknowledged_event_id", "events", b"events", "experiment_state", b"experiment_state", "method_state", b"method_state", "shutdown", b"shutdown"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSearcherEventsResponse: _TypeAlias = GetSearcherEventsResponse  # noqa: Y015
+
+@_typing.final
+class CreateTrialOperation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    HPARAMS_JSON_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    hparams_json: _builtins.str
+    """a point of the config's hyperparameters (constants optional)"""
+    seed: _builtins.int
+    """unset: derived from the experiment seed"""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        hparams_json: _builtins.str = ...,
+        seed: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "hparams_json", b"hparams_json", "request_id", b"request_id", "seed", b"seed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
+    _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
+
+Global___CreateTrialOperation: _TypeAlias = CreateTrialOperation  # noqa: Y015
+
+@_typing.final
+class ValidateAfterOperation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    length: _builtins.int
+    """batches in all, more than the trial's previous length"""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        length: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["length", b"length", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ValidateAfterOperation: _TypeAlias = ValidateAfterOperation  # noqa: Y015
+
+@_typing.final
+class CloseTrialOperation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseTrialOperation: _TypeAlias = CloseTrialOperation  # noqa: Y015
+
+@_typing.final
+class ShutdownOperation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShutdownOperation: _TypeAlias = ShutdownOperation  # noqa: Y015
+
+@_typing.final
+class SearcherOperation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREATE_FIELD_NUMBER: _builtins.int
+    VALIDATE_AFTER_FIELD_NUMBER: _builtins.int
+    CLOSE_FIELD_NUMBER: _builtins.int
+    SHUTDOWN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def create(self) -> Global___CreateTrialOperation: ...
+    @_builtins.property
+    def validate_after(self) -> Global___ValidateAfterOperation: ...
+    @_builtins.property
+    def close(self) -> Global___CloseTrialOperation: ...
+    @_builtins.property
+    def shutdown(self) -> Global___ShutdownOperation: ...
+    def __init__(
+        self,
+        *,
+        create: Global___CreateTrialOperation | None = ...,
+        validate_after: Global___ValidateAfterOperation | None = ...,
+        close: Global___CloseTrialOperation | None = ...,
+        shutdown: Global___ShutdownOperation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "create", b"create", "operation", b"operation", "shutdown", b"shutdown", "validate_after", b"validate_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "create", b"create", "operation", b"operation", "shutdown", b"shutdown", "validate_after", b"validate_after"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["create", "validate_after", "close", "shutdown"]  # noqa: Y015
+    _WhichOneofArgType_operation: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_operation) -> _WhichOneofReturnType_operation | None: ...
+
+Global___SearcherOperation: _TypeAlias = SearcherOperation  # noqa: Y015
+
+@_typing.final
+class PostSearcherOperationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPERIMENT_ID_FIELD_NUMBER: _builtins.int
+    TRIGGERED_BY_EVENT_ID_FIELD_NUMBER: _builtins.int
+    OPERATIONS_FIELD_NUMBER: _builtins.int
+    METHOD_STATE_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    experiment_id: _builtins.int
+    triggered_by_event_id: _builtins.int
+    method_state: _builtins.bytes
+    """at most 1 MiB"""
+    progress: _builtins.float
+    """0..1"""
+    @_builtins.property
+    def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___SearcherOperation]: ...
+    def __init__(
+        self,
+        *,
+        experiment_id: _builtins.int = ...,
+        triggered_by_event_id: _builtins.int = ...,
+        operations: _abc.Iterable[Global___SearcherOperation] | None = ...,
+        method_state: _builtins.bytes = ...,
+        progress: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_progress", b"_progress", "progress", b"progress"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_progress", b"_progress", "experiment_id", b"experiment_id", "method_state", b"method_state", "operations", b"operations", "progress", b"progress", "triggered_by_event_id", b"triggered_by_event_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__progress: _TypeAlias = _typing.Literal["progress"]  # noqa: Y015
+    _WhichOneofArgType__progress: _TypeAlias = _typing.Literal["_progress", b"_progress"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__progress) -> _WhichOneofReturnType__progress | None: ...
+
+Global___PostSearcherOperationsRequest: _TypeAlias = PostSearcherOperationsRequest  # noqa: Y015
+
+@_typing.final
+class PostSearcherOperationsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACKNOWLEDGED_EVENT_ID_FIELD_NUMBER: _builtins.int
+    acknowledged_event_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        acknowledged_event_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_event_id", b"acknowledged_event_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PostSearcherOperationsResponse: _TypeAlias = PostSearcherOperationsResponse  # noqa: Y015
+
+@_typing.final
 class GetTrialRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -797,6 +1101,94 @@ class GetTrialRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTrialRequest: _TypeAlias = GetTrialRequest  # noqa: Y015
+
+@_typing.final
+class KillTrialRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KillTrialRequest: _TypeAlias = KillTrialRequest  # noqa: Y015
+
+@_typing.final
+class DeleteExperimentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteExperimentRequest: _TypeAlias = DeleteExperimentRequest  # noqa: Y015
+
+@_typing.final
+class DeleteExperimentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FailedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    DELETED_CHECKPOINTS_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def deleted_checkpoints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Checkpoints removed from storage (or already gone) with the experiment."""
+
+    @_builtins.property
+    def failed(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """uuid -> why its files could not be deleted; the files are left where they are
+        (the experiment's records are deleted all the same).
+        """
+
+    def __init__(
+        self,
+        *,
+        deleted_checkpoints: _abc.Iterable[_builtins.str] | None = ...,
+        failed: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_checkpoints", b"deleted_checkpoints", "failed", b"failed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteExperimentResponse: _TypeAlias = DeleteExperimentResponse  # noqa: Y015
 
 @_typing.final
 class GetTrialMetricsRequest(_message.Message):

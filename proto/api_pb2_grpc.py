@@ -75,9 +75,24 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsResponse.FromString,
                 _registered_method=True)
+        self.GetSearcherEvents = channel.unary_unary(
+                '/assay.v1.Api/GetSearcherEvents',
+                request_serializer=assay_dot_proto_dot_api__pb2.GetSearcherEventsRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.GetSearcherEventsResponse.FromString,
+                _registered_method=True)
+        self.PostSearcherOperations = channel.unary_unary(
+                '/assay.v1.Api/PostSearcherOperations',
+                request_serializer=assay_dot_proto_dot_api__pb2.PostSearcherOperationsRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.PostSearcherOperationsResponse.FromString,
+                _registered_method=True)
         self.PatchExperiment = channel.unary_unary(
                 '/assay.v1.Api/PatchExperiment',
                 request_serializer=assay_dot_proto_dot_api__pb2.PatchExperimentRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_common__pb2.Experiment.FromString,
+                _registered_method=True)
+        self.ContinueExperiment = channel.unary_unary(
+                '/assay.v1.Api/ContinueExperiment',
+                request_serializer=assay_dot_proto_dot_api__pb2.ContinueExperimentRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_common__pb2.Experiment.FromString,
                 _registered_method=True)
         self.CreateTemplate = channel.unary_unary(
@@ -105,6 +120,11 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.GetModelDefinitionRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.GetModelDefinitionResponse.FromString,
                 _registered_method=True)
+        self.DeleteExperiment = channel.unary_unary(
+                '/assay.v1.Api/DeleteExperiment',
+                request_serializer=assay_dot_proto_dot_api__pb2.DeleteExperimentRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.DeleteExperimentResponse.FromString,
+                _registered_method=True)
         self.GetTrial = channel.unary_unary(
                 '/assay.v1.Api/GetTrial',
                 request_serializer=assay_dot_proto_dot_api__pb2.GetTrialRequest.SerializeToString,
@@ -114,6 +134,11 @@ class ApiStub:
                 '/assay.v1.Api/GetTrialMetrics',
                 request_serializer=assay_dot_proto_dot_api__pb2.GetTrialMetricsRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.GetTrialMetricsResponse.FromString,
+                _registered_method=True)
+        self.KillTrial = channel.unary_unary(
+                '/assay.v1.Api/KillTrial',
+                request_serializer=assay_dot_proto_dot_api__pb2.KillTrialRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_common__pb2.Trial.FromString,
                 _registered_method=True)
         self.StreamTrialLogs = channel.unary_stream(
                 '/assay.v1.Api/StreamTrialLogs',
@@ -387,8 +412,35 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSearcherEvents(self, request, context):
+        """A custom search (searcher.name: custom) is driven by a runner of the Python SDK
+        (assay.client.searcher), as an editor of the experiment's workspace: it reads the
+        events queued after `after_event_id`, with the state it saved with its last batch...
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PostSearcherOperations(self, request, context):
+        """...and answers the events up to `triggered_by_event_id` with one batch of operations,
+        applied whole or refused whole (INVALID_ARGUMENT says why), and its state to keep.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PatchExperiment(self, request, context):
         """Change an experiment's name, description or labels, in any state (editors).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ContinueExperiment(self, request, context):
+        """Continue a COMPLETED, CANCELED or ERROR single-trial experiment (editors): its trial
+        resumes from its latest checkpoint and trains on to the new searcher.max_length.
+        FAILED_PRECONDITION for a live experiment, several trials or no checkpoint;
+        INVALID_ARGUMENT for a change a continued trial cannot take.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -427,6 +479,16 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteExperiment(self, request, context):
+        """Deletes an ended experiment (COMPLETED, CANCELED or ERROR): its checkpoints' files in
+        storage, then its trials, metrics, logs and checkpoint records (editors of its
+        workspace). FAILED_PRECONDITION while it runs, or while a registered model version
+        pins one of its checkpoints (the message names them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetTrial(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -435,6 +497,14 @@ class ApiServicer:
 
     def GetTrialMetrics(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KillTrial(self, request, context):
+        """Kills one trial of a live experiment (editors): it ends CANCELED, the searcher sees
+        it exit early, and the experiment goes on with its other trials.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -768,9 +838,24 @@ def add_ApiServicer_to_server(servicer, server):
                     request_deserializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.GetExperimentMetricsResponse.SerializeToString,
             ),
+            'GetSearcherEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSearcherEvents,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.GetSearcherEventsRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.GetSearcherEventsResponse.SerializeToString,
+            ),
+            'PostSearcherOperations': grpc.unary_unary_rpc_method_handler(
+                    servicer.PostSearcherOperations,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.PostSearcherOperationsRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.PostSearcherOperationsResponse.SerializeToString,
+            ),
             'PatchExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.PatchExperiment,
                     request_deserializer=assay_dot_proto_dot_api__pb2.PatchExperimentRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_common__pb2.Experiment.SerializeToString,
+            ),
+            'ContinueExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.ContinueExperiment,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ContinueExperimentRequest.FromString,
                     response_serializer=assay_dot_proto_dot_common__pb2.Experiment.SerializeToString,
             ),
             'CreateTemplate': grpc.unary_unary_rpc_method_handler(
@@ -798,6 +883,11 @@ def add_ApiServicer_to_server(servicer, server):
                     request_deserializer=assay_dot_proto_dot_api__pb2.GetModelDefinitionRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.GetModelDefinitionResponse.SerializeToString,
             ),
+            'DeleteExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteExperiment,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.DeleteExperimentRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.DeleteExperimentResponse.SerializeToString,
+            ),
             'GetTrial': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTrial,
                     request_deserializer=assay_dot_proto_dot_api__pb2.GetTrialRequest.FromString,
@@ -807,6 +897,11 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.GetTrialMetrics,
                     request_deserializer=assay_dot_proto_dot_api__pb2.GetTrialMetricsRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.GetTrialMetricsResponse.SerializeToString,
+            ),
+            'KillTrial': grpc.unary_unary_rpc_method_handler(
+                    servicer.KillTrial,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.KillTrialRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_common__pb2.Trial.SerializeToString,
             ),
             'StreamTrialLogs': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamTrialLogs,
@@ -1251,6 +1346,60 @@ class Api:
             _registered_method=True)
 
     @staticmethod
+    def GetSearcherEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/GetSearcherEvents',
+            assay_dot_proto_dot_api__pb2.GetSearcherEventsRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.GetSearcherEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PostSearcherOperations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/PostSearcherOperations',
+            assay_dot_proto_dot_api__pb2.PostSearcherOperationsRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.PostSearcherOperationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def PatchExperiment(request,
             target,
             options=(),
@@ -1266,6 +1415,33 @@ class Api:
             target,
             '/assay.v1.Api/PatchExperiment',
             assay_dot_proto_dot_api__pb2.PatchExperimentRequest.SerializeToString,
+            assay_dot_proto_dot_common__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ContinueExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ContinueExperiment',
+            assay_dot_proto_dot_api__pb2.ContinueExperimentRequest.SerializeToString,
             assay_dot_proto_dot_common__pb2.Experiment.FromString,
             options,
             channel_credentials,
@@ -1413,6 +1589,33 @@ class Api:
             _registered_method=True)
 
     @staticmethod
+    def DeleteExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/DeleteExperiment',
+            assay_dot_proto_dot_api__pb2.DeleteExperimentRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.DeleteExperimentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def GetTrial(request,
             target,
             options=(),
@@ -1456,6 +1659,33 @@ class Api:
             '/assay.v1.Api/GetTrialMetrics',
             assay_dot_proto_dot_api__pb2.GetTrialMetricsRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.GetTrialMetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KillTrial(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/KillTrial',
+            assay_dot_proto_dot_api__pb2.KillTrialRequest.SerializeToString,
+            assay_dot_proto_dot_common__pb2.Trial.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,8 +46,23 @@ class ApiStub:
     stored config is patched and the next scheduling round uses the new value.
     """
     GetExperimentMetrics: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetExperimentMetricsRequest, _api_pb2.GetExperimentMetricsResponse]
+    GetSearcherEvents: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetSearcherEventsRequest, _api_pb2.GetSearcherEventsResponse]
+    """A custom search (searcher.name: custom) is driven by a runner of the Python SDK
+    (assay.client.searcher), as an editor of the experiment's workspace: it reads the
+    events queued after `after_event_id`, with the state it saved with its last batch...
+    """
+    PostSearcherOperations: _grpc.UnaryUnaryMultiCallable[_api_pb2.PostSearcherOperationsRequest, _api_pb2.PostSearcherOperationsResponse]
+    """...and answers the events up to `triggered_by_event_id` with one batch of operations,
+    applied whole or refused whole (INVALID_ARGUMENT says why), and its state to keep.
+    """
     PatchExperiment: _grpc.UnaryUnaryMultiCallable[_api_pb2.PatchExperimentRequest, _common_pb2.Experiment]
     """Change an experiment's name, description or labels, in any state (editors)."""
+    ContinueExperiment: _grpc.UnaryUnaryMultiCallable[_api_pb2.ContinueExperimentRequest, _common_pb2.Experiment]
+    """Continue a COMPLETED, CANCELED or ERROR single-trial experiment (editors): its trial
+    resumes from its latest checkpoint and trains on to the new searcher.max_length.
+    FAILED_PRECONDITION for a live experiment, several trials or no checkpoint;
+    INVALID_ARGUMENT for a change a continued trial cannot take.
+    """
     CreateTemplate: _grpc.UnaryUnaryMultiCallable[_api_pb2.CreateTemplateRequest, _api_pb2.Template]
     """Experiment templates: partial configs, merged under an experiment's own config by
     `experiment create --template`. Any user reads and creates; the creator or an admin deletes.
@@ -57,8 +72,18 @@ class ApiStub:
     DeleteTemplate: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeleteTemplateRequest, _api_pb2.DeleteTemplateResponse]
     GetModelDefinition: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetModelDefinitionRequest, _api_pb2.GetModelDefinitionResponse]
     """The experiment's model definition as it was uploaded (a tar.gz archive)."""
+    DeleteExperiment: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeleteExperimentRequest, _api_pb2.DeleteExperimentResponse]
+    """Deletes an ended experiment (COMPLETED, CANCELED or ERROR): its checkpoints' files in
+    storage, then its trials, metrics, logs and checkpoint records (editors of its
+    workspace). FAILED_PRECONDITION while it runs, or while a registered model version
+    pins one of its checkpoints (the message names them).
+    """
     GetTrial: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetTrialRequest, _common_pb2.Trial]
     GetTrialMetrics: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetTrialMetricsRequest, _api_pb2.GetTrialMetricsResponse]
+    KillTrial: _grpc.UnaryUnaryMultiCallable[_api_pb2.KillTrialRequest, _common_pb2.Trial]
+    """Kills one trial of a live experiment (editors): it ends CANCELED, the searcher sees
+    it exit early, and the experiment goes on with its other trials.
+    """
     StreamTrialLogs: _grpc.UnaryStreamMultiCallable[_api_pb2.StreamTrialLogsRequest, _common_pb2.LogLine]
     """Log lines after `after_id`; with `follow`, keeps streaming until the trial ends."""
     ListCheckpoints: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListCheckpointsRequest, _api_pb2.ListCheckpointsResponse]
@@ -154,8 +179,23 @@ class ApiAsyncStub(ApiStub):
     stored config is patched and the next scheduling round uses the new value.
     """
     GetExperimentMetrics: _aio.UnaryUnaryMultiCallable[_api_pb2.GetExperimentMetricsRequest, _api_pb2.GetExperimentMetricsResponse]  # type: ignore[assignment]
+    GetSearcherEvents: _aio.UnaryUnaryMultiCallable[_api_pb2.GetSearcherEventsRequest, _api_pb2.GetSearcherEventsResponse]  # type: ignore[assignment]
+    """A custom search (searcher.name: custom) is driven by a runner of the Python SDK
+    (assay.client.searcher), as an editor of the experiment's workspace: it reads the
+    events queued after `after_event_id`, with the state it saved with its last batch...
+    """
+    PostSearcherOperations: _aio.UnaryUnaryMultiCallable[_api_pb2.PostSearcherOperationsRequest, _api_pb2.PostSearcherOperationsResponse]  # type: ignore[assignment]
+    """...and answers the events up to `triggered_by_event_id` with one batch of operations,
+    applied whole or refused whole (INVALID_ARGUMENT says why), and its state to keep.
+    """
     PatchExperiment: _aio.UnaryUnaryMultiCallable[_api_pb2.PatchExperimentRequest, _common_pb2.Experiment]  # type: ignore[assignment]
     """Change an experiment's name, description or labels, in any state (editors)."""
+    ContinueExperiment: _aio.UnaryUnaryMultiCallable[_api_pb2.ContinueExperimentRequest, _common_pb2.Experiment]  # type: ignore[assignment]
+    """Continue a COMPLETED, CANCELED or ERROR single-trial experiment (editors): its trial
+    resumes from its latest checkpoint and trains on to the new searcher.max_length.
+    FAILED_PRECONDITION for a live experiment, several trials or no checkpoint;
+    INVALID_ARGUMENT for a change a continued trial cannot take.
+    """
     CreateTemplate: _aio.UnaryUnaryMultiCallable[_api_pb2.CreateTemplateRequest, _api_pb2.Template]  # type: ignore[assignment]
     """Experiment templates: partial configs, merged under an experiment's own config by
     `experiment create --template`. Any user reads and creates; the creator or an admin deletes.
@@ -165,8 +205,18 @@ class ApiAsyncStub(ApiStub):
     DeleteTemplate: _aio.UnaryUnaryMultiCallable[_api_pb2.DeleteTemplateRequest, _api_pb2.DeleteTemplateResponse]  # type: ignore[assignment]
     GetModelDefinition: _aio.UnaryUnaryMultiCallable[_api_pb2.GetModelDefinitionRequest, _api_pb2.GetModelDefinitionResponse]  # type: ignore[assignment]
     """The experiment's model definition as it was uploaded (a tar.gz archive)."""
+    DeleteExperiment: _aio.UnaryUnaryMultiCallable[_api_pb2.DeleteExperimentRequest, _api_pb2.DeleteExperimentResponse]  # type: ignore[assignment]
+    """Deletes an ended experiment (COMPLETED, CANCELED or ERROR): its checkpoints' files in
+    storage, then its trials, metrics, logs and checkpoint records (editors of its
+    workspace). FAILED_PRECONDITION while it runs, or while a registered model version
+    pins one of its checkpoints (the message names them).
+    """
     GetTrial: _aio.UnaryUnaryMultiCallable[_api_pb2.GetTrialRequest, _common_pb2.Trial]  # type: ignore[assignment]
     GetTrialMetrics: _aio.UnaryUnaryMultiCallable[_api_pb2.GetTrialMetricsRequest, _api_pb2.GetTrialMetricsResponse]  # type: ignore[assignment]
+    KillTrial: _aio.UnaryUnaryMultiCallable[_api_pb2.KillTrialRequest, _common_pb2.Trial]  # type: ignore[assignment]
+    """Kills one trial of a live experiment (editors): it ends CANCELED, the searcher sees
+    it exit early, and the experiment goes on with its other trials.
+    """
     StreamTrialLogs: _aio.UnaryStreamMultiCallable[_api_pb2.StreamTrialLogsRequest, _common_pb2.LogLine]  # type: ignore[assignment]
     """Log lines after `after_id`; with `follow`, keeps streaming until the trial ends."""
     ListCheckpoints: _aio.UnaryUnaryMultiCallable[_api_pb2.ListCheckpointsRequest, _api_pb2.ListCheckpointsResponse]  # type: ignore[assignment]
@@ -309,12 +359,45 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_api_pb2.GetExperimentMetricsResponse, _abc.Awaitable[_api_pb2.GetExperimentMetricsResponse]]: ...
 
     @_abc_1.abstractmethod
+    def GetSearcherEvents(
+        self,
+        request: _api_pb2.GetSearcherEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.GetSearcherEventsResponse, _abc.Awaitable[_api_pb2.GetSearcherEventsResponse]]:
+        """A custom search (searcher.name: custom) is driven by a runner of the Python SDK
+        (assay.client.searcher), as an editor of the experiment's workspace: it reads the
+        events queued after `after_event_id`, with the state it saved with its last batch...
+        """
+
+    @_abc_1.abstractmethod
+    def PostSearcherOperations(
+        self,
+        request: _api_pb2.PostSearcherOperationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.PostSearcherOperationsResponse, _abc.Awaitable[_api_pb2.PostSearcherOperationsResponse]]:
+        """...and answers the events up to `triggered_by_event_id` with one batch of operations,
+        applied whole or refused whole (INVALID_ARGUMENT says why), and its state to keep.
+        """
+
+    @_abc_1.abstractmethod
     def PatchExperiment(
         self,
         request: _api_pb2.PatchExperimentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.Experiment, _abc.Awaitable[_common_pb2.Experiment]]:
         """Change an experiment's name, description or labels, in any state (editors)."""
+
+    @_abc_1.abstractmethod
+    def ContinueExperiment(
+        self,
+        request: _api_pb2.ContinueExperimentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Experiment, _abc.Awaitable[_common_pb2.Experiment]]:
+        """Continue a COMPLETED, CANCELED or ERROR single-trial experiment (editors): its trial
+        resumes from its latest checkpoint and trains on to the new searcher.max_length.
+        FAILED_PRECONDITION for a live experiment, several trials or no checkpoint;
+        INVALID_ARGUMENT for a change a continued trial cannot take.
+        """
 
     @_abc_1.abstractmethod
     def CreateTemplate(
@@ -356,6 +439,18 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         """The experiment's model definition as it was uploaded (a tar.gz archive)."""
 
     @_abc_1.abstractmethod
+    def DeleteExperiment(
+        self,
+        request: _api_pb2.DeleteExperimentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DeleteExperimentResponse, _abc.Awaitable[_api_pb2.DeleteExperimentResponse]]:
+        """Deletes an ended experiment (COMPLETED, CANCELED or ERROR): its checkpoints' files in
+        storage, then its trials, metrics, logs and checkpoint records (editors of its
+        workspace). FAILED_PRECONDITION while it runs, or while a registered model version
+        pins one of its checkpoints (the message names them).
+        """
+
+    @_abc_1.abstractmethod
     def GetTrial(
         self,
         request: _api_pb2.GetTrialRequest,
@@ -368,6 +463,16 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.GetTrialMetricsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.GetTrialMetricsResponse, _abc.Awaitable[_api_pb2.GetTrialMetricsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def KillTrial(
+        self,
+        request: _api_pb2.KillTrialRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Trial, _abc.Awaitable[_common_pb2.Trial]]:
+        """Kills one trial of a live experiment (editors): it ends CANCELED, the searcher sees
+        it exit early, and the experiment goes on with its other trials.
+        """
 
     @_abc_1.abstractmethod
     def StreamTrialLogs(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from assay.cli import _format as fmt
@@ -125,6 +125,39 @@ class Experiment:
     def unarchive(self) -> None:
         self._act("unarchive")
 
+    def delete(self) -> list[str]:
+        """Delete the ended experiment, its checkpoints (files and records), trials,
+        metrics and logs, for good; return the uuids of the checkpoints deleted.
+        Refused (`AssayError`, nothing deleted) while it is active, paused or stopping,
+        or while a registered model version uses one of its checkpoints. Raises
+        `AssayError` too, after the deletion, naming checkpoints whose files could not
+        be deleted from storage."""
+        answer = self._api.delete_experiment(self.id)
+        if answer.failed:
+            named = "; ".join(f"{uuid}: {why}" for uuid, why in sorted(answer.failed.items()))
+            raise AssayError(
+                f"experiment {self.id} is deleted, but these checkpoints' files are left "
+                f"in storage: {named}"
+            )
+        return list(answer.deleted_checkpoints)
+
+    def continue_training(
+        self, batches: int | None = None, *, config: Mapping[str, Any] | None = None
+    ) -> None:
+        """Continue this finished (COMPLETED, CANCELED or ERROR) single-trial experiment:
+        its trial resumes from its latest checkpoint and trains on to `batches` in all
+        (`searcher.max_length.batches`), with the changes of `config` (a partial config:
+        searcher.max_length, max_restarts, min_validation_period, min_checkpoint_period).
+        `AssayError` says why it cannot; `.wait()` follows it to its end."""
+        import yaml
+
+        changes: dict[str, Any] = dict(config or {})
+        if batches is not None:
+            searcher = dict(changes.get("searcher") or {})
+            changes["searcher"] = {**searcher, "max_length": {"batches": batches}}
+        text = yaml.safe_dump(changes, sort_keys=False) if changes else ""
+        self._record = self._api.continue_experiment(self.id, text)
+
     def set_name(self, name: str) -> None:
         self._record = self._api.patch_experiment(self.id, name=name)
 
@@ -211,6 +244,11 @@ class Trial:
         """Read the trial again from the master."""
         self._record = self._api.get_trial(self.id)
         return self
+
+    def kill(self) -> None:
+        """Kill this trial now, without checkpointing: it ends CANCELED, its searcher sees
+        it exit, and its experiment goes on with its other trials."""
+        self._record = self._api.kill_trial(self.id)
 
     def metrics(self, group: str = "validation") -> Iterator[dict[str, Any]]:
         """Its reports of metrics `group` (training, validation or a custom group), in

@@ -63,7 +63,8 @@ TRIAL_EDGES: Mapping[TrialStatus, frozenset[TrialStatus]] = {
     T.ERROR: frozenset(),
 }
 
-StopKind = Literal["pause", "cancel", "kill", "preempt"]
+# "kill_trial": a user killed that one trial (`assay trial kill`); the others go on.
+StopKind = Literal["pause", "cancel", "kill", "preempt", "kill_trial"]
 # The stop a restarted master finishes for a run of an experiment in each state.
 STOP_OF_EXPERIMENT: Mapping[ExperimentStatus, StopKind] = {
     E.PAUSED: "pause",

@@ -50,7 +50,9 @@ def reconcile(agent_id: str, running: Set[str], runs: Iterable[Run]) -> list[Eff
             if agent_id in run.awaiting:
                 effects.append(Adopt(run.allocation_id, agent_id))
             if run.stopping is not None:
-                effects.append(Kill(run.allocation_id, graceful=run.stopping != "kill"))
+                effects.append(
+                    Kill(run.allocation_id, graceful=run.stopping not in ("kill", "kill_trial"))
+                )
         else:
             # The agent lost it (or it exited while nobody listened): not the user's doing.
             effects.append(PartLost(run.allocation_id, agent_id))

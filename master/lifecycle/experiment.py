@@ -28,7 +28,7 @@ from assay.master.lifecycle._model import (
     TrialState,
     TrialStatus,
 )
-from assay.master.lifecycle.run import end_trial, requeue
+from assay.master.lifecycle.run import end_trial, killed, requeue
 from assay.master.searcher import Close, Create, Operation, Shutdown, ValidateAfter
 
 E, T = ExperimentStatus, TrialStatus
@@ -84,6 +84,30 @@ def act(
     ]
 
 
+def kill_trial(
+    experiment: ExperimentState, trial: TrialState, run: Run | None, now: dt.datetime
+) -> list[Effect]:
+    """A user's kill of one trial of a live experiment (`assay trial kill`; `run`: the
+    trial's run, if it has one): a running trial is killed and ends CANCELED when its
+    processes are gone (`Outcome.KILLED`); one without a run ends CANCELED now. Either way
+    the searcher sees it exit early, and the experiment goes on with its other trials."""
+    if experiment.state not in (E.ACTIVE, E.PAUSED):
+        raise ConflictError(
+            f"cannot kill trial {trial.id}: its experiment {experiment.id} is "
+            f"{experiment.state} and stops all its trials already"
+        )
+    if trial.state in TERMINAL_TRIAL:
+        raise ConflictError(f"cannot kill trial {trial.id}: it has ended ({trial.state})")
+    if run is not None:
+        if run.stopping == "kill_trial":
+            return []  # being killed already
+        return [
+            SetTrial(trial.id, {"state": T.STOPPING}),
+            Kill(run.allocation_id, graceful=False, stopping="kill_trial"),
+        ]
+    return [Dequeue(trial.id), *killed(trial, now), Settle(experiment.id)]
+
+
 def close_paused(experiment: ExperimentState, trial: TrialState, now: dt.datetime) -> list[Effect]:
     """A paused trial the searcher has closed has nothing left to run: it completes (its
     run ended, or it waited in the queue, while its experiment was paused)."""
@@ -106,6 +130,8 @@ def _stop(
         if trial.state in TERMINAL_TRIAL:
             continue
         run = runs.get(trial.id)
+        if run is not None and run.stopping == "kill_trial" and how == "pause":
+            continue  # a user's kill of the trial lands as it was
         if run is not None:
             effects.append(SetTrial(trial.id, {"state": T.STOPPING}))
             effects.append(Kill(run.allocation_id, graceful=how != "kill", stopping=how))

@@ -36,6 +36,7 @@ class Outcome(Enum):
     """What a run's end makes of its trial."""
 
     CANCELED = "canceled: its experiment was canceled or killed"
+    KILLED = "canceled: a user killed the trial; the searcher sees it exit, the others go on"
     COMPLETED = "completed: the searcher closed it"
     PREEMPTED = "requeued: stopped at a checkpoint to free its slots (preempted, agent disabled)"
     PAUSED = "paused: its experiment was paused"
@@ -82,6 +83,8 @@ def run_outcome(end: RunEnd) -> Outcome:
     """The first row that applies, in this order."""
     if end.stopping in ("cancel", "kill"):
         return Outcome.CANCELED
+    if end.stopping == "kill_trial":
+        return Outcome.KILLED
     if end.closed and (end.ok or end.preempted):
         # Done: the searcher closed it, whatever stop was landing as it exited (a pause
         # or preemption that stopped it at a checkpoint leaves nothing more to run).
@@ -141,6 +144,15 @@ def end_trial(trial: TrialState, state: TrialStatus, now: dt.datetime) -> list[E
     return effects
 
 
+def killed(trial: TrialState, now: dt.datetime) -> list[Effect]:
+    """A trial a user killed ends CANCELED, and its searcher sees it exit early (as
+    Determined's does: a search asks for what it still needs)."""
+    return [
+        *end_trial(trial, TrialStatus.CANCELED, now),
+        Tell(trial.experiment_id, trial.request_id, "on_trial_exited_early", ("user_canceled",)),
+    ]
+
+
 def requeue(trial: TrialState, **fields: object) -> list[Effect]:
     return [SetTrial(trial.id, {"state": TrialStatus.QUEUED, **fields}), Enqueue(trial.id)]
 
@@ -156,6 +168,8 @@ def finish_run(
     effects: list[Effect] = []
     if outcome is O.CANCELED:
         effects += end_trial(trial, T.CANCELED, now)
+    elif outcome is O.KILLED:
+        effects += killed(trial, now)
     elif outcome is O.COMPLETED:
         effects += end_trial(trial, T.COMPLETED, now)
         effects.append(Tell(exp, req, "on_trial_closed"))

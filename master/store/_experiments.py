@@ -12,17 +12,29 @@ import threading
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, exists, func, select, text
+from sqlalchemy import Engine, delete, exists, func, select, text
 from sqlalchemy.orm import Session, undefer
 
 from assay.config._limits import MAX_LABELS
-from assay.master.errors import InvalidArgumentError, NotFoundError
+from assay.master.errors import (
+    CheckpointInUseError,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from assay.master.store._base import StoreBase
 from assay.master.store._batch import EXPERIMENT_FIELDS
 from assay.master.store._models import (
+    Allocation,
+    Checkpoint,
     Experiment,
     ExperimentLabel,
+    Metric,
+    MetricRollup,
+    ModelVersion,
     Project,
+    RegisteredModel,
+    TaskLog,
     Trial,
     User,
     Workspace,
@@ -42,6 +54,7 @@ SORT_COLUMNS: dict[str, Any] = {
     "end_time": Experiment.end_time,
 }
 MAX_PAGE = 1000
+ENDED_EXPERIMENT = frozenset({"COMPLETED", "CANCELED", "ERROR"})
 _ID_BLOCK = 32
 
 
@@ -245,6 +258,39 @@ class ExperimentQueries(StoreBase):
                 raise NotFoundError(f"trial {trial_id} does not exist")
             return _trial(trial)
 
+    def delete_experiment(self, experiment_id: int) -> None:
+        """Delete an ended experiment's rows in one transaction: its labels, trials,
+        metrics and their rollups, logs, allocations and checkpoint records (its slot
+        usage stays: usage outlives what it counts). Nothing is deleted when it has not
+        ended (`ConflictError`) or when a registered model version pins one of its
+        checkpoints (`CheckpointInUseError`, naming the versions); the experiment row is
+        locked first, so a version registered meanwhile is seen here or refused there."""
+        with self.write() as s:
+            experiment = s.get(Experiment, experiment_id, with_for_update=True)
+            if experiment is None:
+                raise NotFoundError(f"experiment {experiment_id} does not exist")
+            if experiment.state not in ENDED_EXPERIMENT:
+                raise ConflictError(
+                    f"experiment {experiment_id} is {experiment.state}: only an ended "
+                    "experiment (COMPLETED, CANCELED or ERROR) can be deleted"
+                )
+            trials = select(Trial.id).where(Trial.experiment_id == experiment_id)
+            checkpoints = select(Checkpoint.uuid).where(Checkpoint.trial_id.in_(trials))
+            s.execute(checkpoints.with_for_update()).all()  # as register_version does
+            pinned = s.execute(
+                select(ModelVersion.checkpoint_uuid, RegisteredModel.name, ModelVersion.version)
+                .join(RegisteredModel, RegisteredModel.id == ModelVersion.model_id)
+                .where(ModelVersion.checkpoint_uuid.in_(checkpoints))
+                .order_by(RegisteredModel.name, ModelVersion.version)
+            ).all()
+            if pinned:
+                raise CheckpointInUseError(pinned_message(experiment_id, pinned))
+            for table in (Metric, MetricRollup, TaskLog, Allocation, Checkpoint):
+                s.execute(delete(table).where(table.trial_id.in_(trials)))
+            s.execute(delete(Trial).where(Trial.experiment_id == experiment_id))
+            s.execute(delete(ExperimentLabel).where(ExperimentLabel.experiment_id == experiment_id))
+            s.execute(delete(Experiment).where(Experiment.id == experiment_id))
+
     def list_trials(self, experiment_id: int) -> list[TrialRecord]:
         with self.read() as s:
             trials = s.execute(
@@ -254,6 +300,16 @@ class ExperimentQueries(StoreBase):
                 .order_by(Trial.id)
             ).scalars()
             return [_trial(t) for t in trials]
+
+
+def pinned_message(experiment_id: int, pinned: Sequence[Any]) -> str:
+    """Why experiment `experiment_id` cannot be deleted: `pinned` rows of (checkpoint
+    uuid, model name, version) that register its checkpoints."""
+    named = ", ".join(f"model {model!r} version {version}" for _, model, version in pinned)
+    return (
+        f"experiment {experiment_id} cannot be deleted: its checkpoints are registered as "
+        f"{named}; delete those versions (assay model delete-version) first"
+    )
 
 
 def _experiment_query() -> Any:  # Select[Experiment, str, ...]; its spelling differs in 2.0/2.1

@@ -27,6 +27,7 @@ NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 ROWS = [
     ("cancel", RunEnd((0,), stopping="cancel", closed=True), Outcome.CANCELED),
     ("kill", RunEnd((-9,), stopping="kill"), Outcome.CANCELED),
+    ("kill-trial", RunEnd((-9,), stopping="kill_trial", closed=True), Outcome.KILLED),
     ("closed-and-ok", RunEnd((0, 0), stopping="pause", closed=True), Outcome.COMPLETED),
     (
         "closed-as-its-pause-landed",
@@ -167,3 +168,13 @@ def test_a_lost_agent_requeues_without_counting_a_restart() -> None:
     assert _states(effects) == [TrialStatus.QUEUED]
     assert not any("restarts" in e.fields for e in effects if isinstance(e, fx.SetTrial))
     assert fx.Enqueue(7) in effects
+
+
+def test_a_killed_trial_ends_canceled_and_its_searcher_sees_it_exit() -> None:
+    trial = _trial(checkpointed=True)
+    outcome, effects = finish_run(_run(), trial, RunEnd((-9,), stopping="kill_trial"), NOW)
+    assert outcome is Outcome.KILLED
+    assert _states(effects) == [TrialStatus.CANCELED]
+    assert fx.CollectGarbage(3, ended_trial_ids=(7,)) in effects
+    assert fx.Tell(3, "r7", "on_trial_exited_early", ("user_canceled",)) in effects
+    assert isinstance(effects[-1], fx.Settle)

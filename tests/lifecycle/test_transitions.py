@@ -11,12 +11,14 @@ from assay.config import parse_config
 from assay.master._state import new_searcher
 from assay.master.errors import ConflictError
 from assay.master.lifecycle import (
+    CONTINUE_EDGES,
     EXPERIMENT_EDGES,
     TERMINAL_EXPERIMENT,
     TERMINAL_TRIAL,
     TRIAL_EDGES,
     ExperimentState,
     ExperimentStatus,
+    Restore,
     Run,
     TrialState,
     TrialStatus,
@@ -62,9 +64,10 @@ def _states(effects: list[fx.Effect]) -> dict[int, object]:
     }
 
 
-def test_terminal_states_have_no_way_out() -> None:
-    assert all(not EXPERIMENT_EDGES[s] for s in TERMINAL_EXPERIMENT)
-    assert all(not TRIAL_EDGES[s] for s in TERMINAL_TRIAL)
+def test_terminal_states_have_no_way_out_but_continue() -> None:
+    out = {(str(s), str(n)) for s in TERMINAL_EXPERIMENT for n in EXPERIMENT_EDGES[s]}
+    out |= {(str(s), str(n)) for s in TERMINAL_TRIAL for n in TRIAL_EDGES[s]}
+    assert out == CONTINUE_EDGES
     assert set(EXPERIMENT_EDGES) == set(ExperimentStatus)
     assert set(TRIAL_EDGES) == set(TrialStatus)
 
@@ -106,6 +109,41 @@ def test_kill_is_not_graceful_and_cancels_queued_trials() -> None:
     assert _states(effects) == {1: T.STOPPING, 2: T.CANCELED}
     assert fx.CollectGarbage(1, ended_trial_ids=(2,)) in effects
     assert effects[-1] == fx.Settle(1)
+
+
+def test_a_trial_kill_stops_that_trial_only_and_its_searcher_sees_it_exit() -> None:
+    experiment = _experiment()
+    running = _trial(experiment, 1, T.RUNNING)
+    queued = _trial(experiment, 2, T.QUEUED)
+    other = _trial(experiment, 3, T.RUNNING)
+    run = _run(running)
+    effects = experiment_life.kill_trial(experiment, running, run, NOW)
+    assert effects == [
+        fx.SetTrial(1, {"state": T.STOPPING}),
+        fx.Kill(run.allocation_id, graceful=False, stopping="kill_trial"),
+    ]
+    run.stopping = "kill_trial"
+    assert experiment_life.kill_trial(experiment, running, run, NOW) == []  # once
+    # A pause meanwhile stops the other trials and lets the kill land.
+    paused = experiment_life.act(experiment, "pause", {1: run, 3: _run(other)}, NOW)
+    assert _states(paused) == {2: T.PAUSED, 3: T.STOPPING}
+    effects = experiment_life.kill_trial(experiment, queued, None, NOW)
+    assert fx.Dequeue(2) in effects
+    assert _states(effects) == {2: T.CANCELED}
+    assert fx.Tell(1, "r2", "on_trial_exited_early", ("user_canceled",)) in effects
+    assert effects[-1] == fx.Settle(1)
+    assert not any(isinstance(e, fx.SetExperiment) for e in effects)
+
+
+def test_a_trial_kill_is_refused_for_an_ended_trial_or_a_stopping_experiment() -> None:
+    experiment = _experiment()
+    done = _trial(experiment, 1, T.COMPLETED)
+    with pytest.raises(ConflictError, match="cannot kill trial 1: it has ended"):
+        experiment_life.kill_trial(experiment, done, None, NOW)
+    experiment.state = E.STOPPING_KILLED
+    live = _trial(experiment, 2, T.STOPPING)
+    with pytest.raises(ConflictError, match="STOPPING_KILLED and stops all its trials"):
+        experiment_life.kill_trial(experiment, live, _run(live), NOW)
 
 
 def test_activate_requeues_only_trials_with_a_target() -> None:
@@ -331,3 +369,63 @@ def test_disabling_an_agent_stops_at_a_checkpoint_what_runs_there_and_nothing_el
     log = effects[1]
     assert isinstance(log, fx.Log)
     assert "agent a0 was disabled" in log.message
+
+
+def _finished(state: ExperimentStatus, batches: int | None = 4, **searcher: Any) -> ExperimentState:
+    experiment = _experiment(state, **searcher)
+    checkpoint = Restore("c1", batches, "/c") if batches is not None else None
+    _trial(experiment, 1, T.COMPLETED, checkpoint=checkpoint, total_batches=4, restarts=2)
+    return experiment
+
+
+@pytest.mark.parametrize("state", [E.COMPLETED, E.CANCELED, E.ERROR])
+def test_continue_makes_the_experiment_active_and_queues_its_trial_afresh(
+    state: ExperimentStatus,
+) -> None:
+    experiment = _finished(state)
+    effects = experiment_life.continue_trial(experiment, experiment.trials[1], 8)
+    assert effects == [
+        fx.SetExperiment(1, {"state": E.ACTIVE, "end_time": None, "progress": 0.5}),
+        fx.SetTrial(
+            1,
+            {
+                "state": T.QUEUED,
+                "end_time": None,
+                "restarts": 0,
+                "closed": False,
+                "target": None,
+            },
+        ),
+        fx.Enqueue(1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("state", "batches", "searcher", "message"),
+    [
+        (E.ACTIVE, 4, {}, "cannot continue experiment 1: it is ACTIVE; continue applies to "),
+        (E.PAUSED, 4, {}, "it is PAUSED"),
+        (E.COMPLETED, None, {}, "trial 1 has no checkpoint to continue from: `assay experiment "),
+        (E.COMPLETED, 4, {"max_length": {"batches": 4}}, r"batch 4: continue to a longer"),
+        (
+            E.COMPLETED,
+            4,
+            {"name": "random", "max_trials": 1},
+            "is a random search: continue applies to a single-trial",
+        ),
+    ],
+)
+def test_continue_refuses_what_cannot_go_on(
+    state: ExperimentStatus, batches: int | None, searcher: dict[str, Any], message: str
+) -> None:
+    experiment = _finished(state, batches, **searcher)
+    length = experiment.config.searcher.max_length.value
+    with pytest.raises(ConflictError, match=message):
+        experiment_life.continue_trial(experiment, experiment.trials[1], length)
+
+
+def test_continue_refuses_an_experiment_of_several_trials() -> None:
+    experiment = _finished(E.COMPLETED)
+    _trial(experiment, 2, T.COMPLETED, checkpoint=Restore("c2", 4, "/c"))
+    with pytest.raises(ConflictError, match="has 2 trials: continue applies to a single-trial"):
+        experiment_life.continue_trial(experiment, experiment.trials[1], 8)

@@ -266,7 +266,7 @@ def test_a_legit_report_is_recorded_and_deleted_by_its_owner(
     assert master.store.get_checkpoint(older).location == str(root / older)
 
 
-def test_only_the_owner_or_an_administrator_deletes(
+def test_a_viewer_may_not_delete_an_editor_of_the_workspace_may(
     master: MasterServer, api: api_pb2_grpc.ApiStub, run: Callable[..., Running]
 ) -> None:
     admins = run()  # created by admin
@@ -275,6 +275,8 @@ def test_only_the_owner_or_an_administrator_deletes(
     admins.process.report(100, 0.5)
     _write_checkpoint(root / older)
     api.CreateUser(api_pb2.CreateUserRequest(username="bob", password="bob-password-123"))
+    member = api_pb2.SetWorkspaceMemberRequest(workspace="Default", username="bob", role="viewer")
+    api.SetWorkspaceMember(member)
     address = f"127.0.0.1:{master.port}"
     bob, channel = authed_api(address, login(address, "bob", "bob-password-123"))
     try:
@@ -284,13 +286,18 @@ def test_only_the_owner_or_an_administrator_deletes(
                     api_pb2.DeleteCheckpointsRequest(uuids=[spelling])  # noqa: B023
                 ),
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"experiment {admins.experiment_id} belongs to admin",
+                "bob is a viewer of workspace 'Default'",
             )
+        assert (root / older).is_dir()
+        assert master.store.get_checkpoint(older).state == "COMPLETED"
+        member.role = "editor"
+        api.SetWorkspaceMember(member)
+        answer = bob.DeleteCheckpoints(api_pb2.DeleteCheckpointsRequest(uuids=[older]))
+        assert list(answer.deleted) == [older]
     finally:
         channel.close()
-
-    assert (root / older).is_dir()
-    assert master.store.get_checkpoint(older).state == "COMPLETED"
+    assert not (root / older).exists()
+    assert master.store.get_checkpoint(older).state == "DELETED"
 
 
 # --- records already in the store ----------------------------------------------------------

@@ -133,6 +133,11 @@ def _requests(t: Team) -> dict[str, tuple[str, Callable[[], Any]]]:
         store.set_member(team_id, tmp_id, "viewer")
         return api_pb2.RemoveWorkspaceMemberRequest(workspace="team", username="tmp")
 
+    def fresh_trial() -> api_pb2.KillTrialRequest:
+        """A trial of a new paused experiment of "team", for each kill to have its own."""
+        [trial] = store.list_trials(t.site.create(activate=False, workspace="team", project="p1"))
+        return api_pb2.KillTrialRequest(id=trial.id)
+
     def chunks() -> Iterator[api_pb2.CreateExperimentChunk]:
         yield api_pb2.CreateExperimentChunk(
             config_yaml=experiment_yaml(workspace="team", project="p1"),
@@ -185,12 +190,15 @@ def _requests(t: Team) -> dict[str, tuple[str, Callable[[], Any]]]:
             "editor",
             lambda: api_pb2.PatchExperimentRequest(id=eid, add_labels=["reviewed"]),
         ),
+        "KillTrial": ("editor", fresh_trial),
+        # The experiment is paused: past the role check, its deletion is refused.
+        "DeleteExperiment": ("editor", lambda: api_pb2.DeleteExperimentRequest(id=eid)),
         "CreateProject": (
             "editor",
             lambda: api_pb2.CreateProjectRequest(workspace="team", name=f"p-{next(_names)}"),
         ),
         "DeleteCheckpoints": (
-            "viewer",  # and then its experiment's owner only (tests/security)
+            "editor",  # or its experiment's owner with any role (test_delete_roles)
             lambda: api_pb2.DeleteCheckpointsRequest(uuids=[t.checkpoint]),
         ),
         "ArchiveWorkspace": (
@@ -221,9 +229,9 @@ NON_MEMBER = {
     "CreateExperiment": grpc.StatusCode.INVALID_ARGUMENT,
     "CreateExperimentStream": grpc.StatusCode.INVALID_ARGUMENT,
 }
-# Refused to members for another reason than their role: deleting a checkpoint stays its
-# experiment's owner's (or a cluster admin's), so members get PERMISSION_DENIED.
-OWNER_ONLY = {"DeleteCheckpoints"}
+# Refused to members for another reason than their role (none now: deleting a
+# checkpoint is for editors of its workspace, as deleting its experiment is).
+OWNER_ONLY: set[str] = set()
 
 
 def _call(stub: api_pb2_grpc.ApiStub, rpc: str, request: Any, token: str = "") -> grpc.StatusCode:

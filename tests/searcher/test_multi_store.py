@@ -83,6 +83,28 @@ def test_a_restarted_trial_counts_its_new_run(store: Store) -> None:  # noqa: F8
     assert [p.values for p in pareto_points(store, eid, OBJECTIVES)] == [(0.4, 0.5)]
 
 
+def test_a_trials_point_is_one_validation_its_final_not_its_best_per_metric(
+    store: Store,  # noqa: F811
+) -> None:
+    # The README's choice: a point is the vector of one validation, the trial's last (as
+    # Optuna takes the values a trial reports as its result). Each metric's best would mix
+    # validations into a point the model never reached: here (0.1, 0.9), on the front.
+    eid = seed.experiment(store, config=CONFIG)
+    a, ra = _trial(store, eid, "t0")
+    b, rb = _trial(store, eid, "t1")
+    _validate(store, a, ra, 4, loss=0.1, acc=0.5)  # its best loss
+    _validate(store, a, ra, 8, loss=0.3, acc=0.9)  # its best acc
+    _validate(store, a, ra, 12, loss=0.4, acc=0.6)  # its final validation
+    _validate(store, b, rb, 12, loss=0.2, acc=0.7)
+    points = pareto_points(store, eid, OBJECTIVES)
+    assert [(p.trial_id, p.total_batches, p.values, p.on_front) for p in points] == [
+        (a, 12, (0.4, 0.6), False),
+        (b, 12, (0.2, 0.7), True),
+    ]
+    # The searcher is told the same vector at that validation.
+    assert validation_vector(store, a, 12, ["loss", "acc"]) == [0.4, 0.6]
+
+
 def test_one_metric_configs_have_no_objectives() -> None:
     assert objectives_of({"searcher": {"name": "random", "metric": "loss"}}) == ()
     assert objectives_of({}) == ()

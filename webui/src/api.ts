@@ -105,6 +105,9 @@ export interface Trial {
   last_error: string;
   /** While it runs: each rank's latest utilisation, from its agent's heartbeat. */
   ranks?: RankUsage[];
+  /** A pbt copy: the trial whose checkpoint it started from, and the round that made it. */
+  parent_trial_id?: Int64;
+  search_round?: number;
 }
 
 export interface RankUsage {
@@ -134,6 +137,26 @@ export interface ExperimentDetail {
   metric_names?: MetricName[];
   /** Slot-seconds its allocations held (running ones up to now); its owner and admins only. */
   slot_seconds?: Double;
+  /** A multi-objective search's metrics (searcher.metrics), in order; empty otherwise. */
+  objectives?: Objective[];
+  /** Each validated trial's final validation vector and its Pareto rank (with objectives). */
+  pareto_points?: ParetoPoint[];
+}
+
+export interface Objective {
+  name: string;
+  smaller_is_better: boolean;
+}
+
+export interface ParetoPoint {
+  trial_id: Int64;
+  /** The batch count of the validation the values are from. */
+  total_batches: Int64;
+  /** In the order of the objectives; "NaN" where the trial did not report one. */
+  values: Double[];
+  /** Non-domination rank: 0 on the front. */
+  rank: number;
+  on_front: boolean;
 }
 
 export type UsageBy = "user" | "experiment" | "pool" | "agent" | "day";

@@ -148,6 +148,16 @@ export interface SearcherInfo {
 
 export function searcherInfo(config: JsonObject | undefined): SearcherInfo {
   const s = asObject(config?.["searcher"]);
+  // A multi-objective search: its first metric serves where one is needed (a bare name is
+  // smaller-is-better).
+  const first = Array.isArray(s?.["metrics"]) ? s["metrics"][0] : undefined;
+  if (typeof s?.["metric"] !== "string" && first !== undefined) {
+    const named = asObject(first);
+    return {
+      metric: typeof first === "string" ? first : typeof named?.["name"] === "string" ? named["name"] : "",
+      smallerIsBetter: named?.["smaller_is_better"] !== false,
+    };
+  }
   return {
     metric: typeof s?.["metric"] === "string" ? s["metric"] : "",
     smallerIsBetter: s?.["smaller_is_better"] !== false,

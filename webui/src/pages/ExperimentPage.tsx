@@ -15,6 +15,8 @@ import {
 import { Curves } from "../components/Curves";
 import { RegisterCheckpoint } from "../components/RegisterModel";
 import { HparamPlots, hparamAxes, type HpPoint } from "../components/HparamPlots";
+import { LineageCell, LineagePanel, showsLineage } from "../components/Lineage";
+import { ParetoPanel } from "../components/Pareto";
 import { seriesColor } from "../components/Plot";
 import {
   CopyCommand,
@@ -114,7 +116,9 @@ export function ExperimentPage() {
         setParam={setParam}
       />
       <HparamsPanel detail={detail.data} />
+      <ParetoPanel detail={detail.data} />
       <TrialsPanel detail={detail.data} />
+      <LineagePanel detail={detail.data} />
       <div className="two-col">
         {/* Asked for once the curves are in, so as not to slow the master down meanwhile. */}
         {curvesSettled ? (
@@ -416,6 +420,7 @@ function TrialsPanel({ detail }: { detail: ExperimentDetail }) {
     return hparamAxes(specs, points).map((a) => a.name);
   }, [specs, detail.trials]);
   const [sort, setSort] = useState<TrialSort>({ key: "id", asc: true });
+  const lineage = showsLineage(detail);
 
   const value = useCallback(
     (t: Trial, key: string): number | string => {
@@ -482,6 +487,7 @@ function TrialsPanel({ detail }: { detail: ExperimentDetail }) {
               {th("batches", "Batches", "num")}
               {th("best", `Best ${metric || "metric"}`, "num")}
               {th("restarts", "Restarts", "num")}
+              {lineage && <th>Lineage</th>}
               <th>Checkpoint</th>
             </tr>
           </thead>
@@ -517,6 +523,11 @@ function TrialsPanel({ detail }: { detail: ExperimentDetail }) {
                 <td className="num">{fmtInt(num(t.total_batches))}</td>
                 <td className="num">{fmtNumber(num(t.best_validation))}</td>
                 <td className="num">{t.restarts}</td>
+                {lineage && (
+                  <td className="nowrap">
+                    <LineageCell t={t} />
+                  </td>
+                )}
                 <td className="mono small">{t.latest_checkpoint ? t.latest_checkpoint.slice(0, 8) : "–"}</td>
               </tr>
             ))}

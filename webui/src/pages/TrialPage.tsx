@@ -2,6 +2,7 @@
 import { useEffect, useMemo } from "react";
 import { Link, useParams } from "react-router";
 import { api, num, type MetricsReport, type Trial } from "../api";
+import { TrialLineage } from "../components/Lineage";
 import { LogViewer } from "../components/LogViewer";
 import { RegisterCheckpoint } from "../components/RegisterModel";
 import { RankUsageTable } from "../components/RankUsageTable";
@@ -110,6 +111,7 @@ function TrialView({ t, live, refreshError }: { t: Trial; live: boolean; refresh
             <dd>{fmtDuration(t.start_time, t.end_time)}</dd>
           </div>
         </dl>
+        <TrialLineage t={t} byGroup={byGroup} />
         {t.last_error && (
           <div className="last-error" data-testid="last-error">
             <strong>Last error{t.state === "TRIAL_STATE_ERROR" ? "" : ` (run ${t.run_id})`}:</strong> {t.last_error}

@@ -155,6 +155,10 @@ class Interpreter:
         log.info("trial %d run %d: waiting for its agents to confirm it", trial.id, run.run_id)
         return True
 
+    def adopt_trials(self, experiment: ExperimentState) -> None:
+        """Start the search of an experiment whose trials exist already (a continued one)."""
+        self._adopt_trials(experiment)
+
     def _adopt_trials(self, experiment: ExperimentState) -> None:
         """Start the search of an experiment stored without one, on the trials it has.
 

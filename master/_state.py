@@ -29,7 +29,7 @@ from assay.master.lifecycle import (
 )
 from assay.master.scheduler import Request, SlotType
 from assay.master.searcher import Searcher, make_searcher, restore_searcher
-from assay.master.store import Store, WriteBatch
+from assay.master.store import Store, TrialRecord, WriteBatch
 
 
 class Ledger:
@@ -215,39 +215,45 @@ def load_live(store: Store) -> list[ExperimentState]:
             )
             marks: Mapping[str, Any] = saved.get("trials", {})
             for t in store.list_trials(record.id):
-                mark = marks.get(t.request_id, {})
-                trial = TrialState(
-                    id=t.id,
-                    experiment_id=t.experiment_id,
-                    request_id=t.request_id,
-                    hparams=t.hparams,
-                    seed=t.seed,
-                    state=TrialStatus(t.state),
-                    run_id=t.run_id,
-                    restarts=t.restarts,
-                    total_batches=t.total_batches,
-                    best_validation=t.best_validation,
-                    checkpoint=_restore(store, t.latest_checkpoint),
-                    checkpointed=t.latest_checkpoint is not None,
-                    start_time=t.start_time,
-                    last_error=t.last_error,
-                    target=mark.get("target"),
-                    closed=bool(mark.get("closed", False)),
-                    parent_id=t.parent_trial_id,
-                    search_round=t.search_round or 0,
-                )
-                experiment.add_trial(trial)
+                experiment.add_trial(trial_state(store, t, marks.get(t.request_id, {})))
             out.append(experiment)
         offset += len(page.items)
         if not page.items or offset >= page.total:
             return out
 
 
-def _restore(store: Store, uuid: str | None) -> Restore | None:
+def trial_state(store: Store, t: TrialRecord, mark: Mapping[str, Any]) -> TrialState:
+    """A stored trial as memory holds it (`mark`: the search state's side of it)."""
+    return TrialState(
+        id=t.id,
+        experiment_id=t.experiment_id,
+        request_id=t.request_id,
+        hparams=t.hparams,
+        seed=t.seed,
+        state=TrialStatus(t.state),
+        run_id=t.run_id,
+        restarts=t.restarts,
+        total_batches=t.total_batches,
+        best_validation=t.best_validation,
+        checkpoint=restore_point(store, t.latest_checkpoint),
+        checkpointed=t.latest_checkpoint is not None,
+        start_time=t.start_time,
+        last_error=t.last_error,
+        target=mark.get("target"),
+        closed=bool(mark.get("closed", False)),
+        parent_id=t.parent_trial_id,
+        search_round=t.search_round or 0,
+    )
+
+
+def restore_point(store: Store, uuid: str | None) -> Restore | None:
+    """The checkpoint `uuid` as a run restores from it; None if there is none to read."""
     if not uuid:
         return None
     try:
         c = store.get_checkpoint(uuid)
     except NotFoundError:
+        return None
+    if c.state == "DELETED":
         return None
     return Restore(c.uuid, c.total_batches, c.location, recorded_sha256(c))

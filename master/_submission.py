@@ -71,6 +71,11 @@ def check_submission(
 _REMEMBERED_CHARS = 64 * 1024
 
 
+def check_config(config_yaml: str) -> ExperimentConfig:
+    """The config a text parses to, checked as a submission's is; `InvalidArgumentError`."""
+    return _parsed_config.__wrapped__(config_yaml)
+
+
 def check_resource_pool(config: ExperimentConfig, pools: Sequence[str]) -> None:
     """`InvalidArgumentError` for a `resources.resource_pool` the master does not declare."""
     pool = config.resources.resource_pool

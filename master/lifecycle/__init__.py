@@ -10,6 +10,7 @@ the master through a seeded fake cluster and checks the invariants at every step
 
 from assay.master.lifecycle import _effects as effects
 from assay.master.lifecycle._model import (
+    CONTINUE_EDGES,
     EXPERIMENT_EDGES,
     LIVE_EXPERIMENT,
     MEMORY_ONLY,
@@ -29,6 +30,7 @@ from assay.master.lifecycle._model import (
 from assay.master.lifecycle.run import Outcome, RunEnd, finish_run, run_end, run_outcome
 
 __all__ = [
+    "CONTINUE_EDGES",
     "EXPERIMENT_EDGES",
     "LIVE_EXPERIMENT",
     "MEMORY_ONLY",

@@ -43,25 +43,32 @@ TERMINAL_EXPERIMENT = frozenset({E.COMPLETED, E.CANCELED, E.ERROR})
 TERMINAL_TRIAL = frozenset({T.COMPLETED, T.CANCELED, T.ERROR})
 LIVE_EXPERIMENT = (E.ACTIVE, E.PAUSED, E.STOPPING_CANCELED, E.STOPPING_KILLED)
 
-# Every move a state may make (a state may also be written again unchanged).
+# Every move a state may make (a state may also be written again unchanged). The moves
+# out of an ended state are `experiment continue`'s alone (`CONTINUE_EDGES`): nothing
+# else brings an ended experiment or trial back.
 EXPERIMENT_EDGES: Mapping[ExperimentStatus, frozenset[ExperimentStatus]] = {
     E.ACTIVE: frozenset({E.PAUSED, E.STOPPING_CANCELED, E.STOPPING_KILLED, E.COMPLETED, E.ERROR}),
     E.PAUSED: frozenset({E.ACTIVE, E.STOPPING_CANCELED, E.STOPPING_KILLED}),
     E.STOPPING_CANCELED: frozenset({E.STOPPING_KILLED, E.CANCELED}),
     E.STOPPING_KILLED: frozenset({E.CANCELED}),
-    E.COMPLETED: frozenset(),
-    E.CANCELED: frozenset(),
-    E.ERROR: frozenset(),
+    E.COMPLETED: frozenset({E.ACTIVE}),
+    E.CANCELED: frozenset({E.ACTIVE}),
+    E.ERROR: frozenset({E.ACTIVE}),
 }
 TRIAL_EDGES: Mapping[TrialStatus, frozenset[TrialStatus]] = {
     T.QUEUED: frozenset({T.RUNNING, T.PAUSED, T.COMPLETED, T.CANCELED, T.ERROR}),
     T.RUNNING: frozenset({T.STOPPING, T.QUEUED, T.PAUSED, T.COMPLETED, T.CANCELED, T.ERROR}),
     T.STOPPING: frozenset({T.QUEUED, T.PAUSED, T.COMPLETED, T.CANCELED, T.ERROR}),
     T.PAUSED: frozenset({T.QUEUED, T.COMPLETED, T.CANCELED}),
-    T.COMPLETED: frozenset(),
-    T.CANCELED: frozenset(),
-    T.ERROR: frozenset(),
+    T.COMPLETED: frozenset({T.QUEUED}),
+    T.CANCELED: frozenset({T.QUEUED}),
+    T.ERROR: frozenset({T.QUEUED}),
 }
+# The edges `experiment continue` adds (every other move out of an ended state is a bug).
+CONTINUE_EDGES: frozenset[tuple[str, str]] = frozenset(
+    {(str(s), str(E.ACTIVE)) for s in (E.COMPLETED, E.CANCELED, E.ERROR)}
+    | {(str(s), str(T.QUEUED)) for s in (T.COMPLETED, T.CANCELED, T.ERROR)}
+)
 
 # "kill_trial": a user killed that one trial (`assay trial kill`); the others go on.
 StopKind = Literal["pause", "cancel", "kill", "preempt", "kill_trial"]

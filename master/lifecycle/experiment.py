@@ -40,6 +40,7 @@ ALLOWED_ACTIONS: Mapping[str, Set[ExperimentStatus]] = {
     "kill": {E.ACTIVE, E.PAUSED, E.STOPPING_CANCELED, E.STOPPING_KILLED},
     "archive": TERMINAL_EXPERIMENT,
     "unarchive": TERMINAL_EXPERIMENT,
+    "continue": TERMINAL_EXPERIMENT,
 }
 
 
@@ -106,6 +107,42 @@ def kill_trial(
             Kill(run.allocation_id, graceful=False, stopping="kill_trial"),
         ]
     return [Dequeue(trial.id), *killed(trial, now), Settle(experiment.id)]
+
+
+def continue_trial(experiment: ExperimentState, trial: TrialState, length: int) -> list[Effect]:
+    """`experiment continue`: a finished single-trial experiment is active again and its
+    trial queued, to resume from its latest checkpoint and train on to `length` batches
+    (the searcher of the continued config sets the target). The trial's restarts count
+    afresh; its checkpoint is where the run starts, so no batch is trained twice."""
+    check_action(experiment.id, experiment.state, "continue")
+    if set(experiment.trials) != {trial.id}:
+        raise ConflictError(
+            f"experiment {experiment.id} has {len(experiment.trials)} trials: continue "
+            f"applies to a single-trial experiment (use `assay experiment fork {experiment.id}`)"
+        )
+    if experiment.config.searcher.name != "single":
+        raise ConflictError(
+            f"experiment {experiment.id} is a {experiment.config.searcher.name} search: "
+            "continue applies to a single-trial (searcher: single) experiment; `assay "
+            f"experiment fork {experiment.id}` starts a new search from its config"
+        )
+    restore = trial.checkpoint
+    if restore is None:
+        raise ConflictError(
+            f"experiment {experiment.id}'s trial {trial.id} has no checkpoint to continue "
+            f"from: `assay experiment fork {experiment.id}` trains a new one from scratch"
+        )
+    if length <= restore.total_batches:
+        raise ConflictError(
+            f"trial {trial.id}'s latest checkpoint is at batch {restore.total_batches}: "
+            f"continue to a longer searcher.max_length (it is {length} batches), e.g. "
+            f"--config searcher.max_length.batches={2 * restore.total_batches}"
+        )
+    progress = min(restore.total_batches / length, 0.99)
+    return [
+        SetExperiment(experiment.id, {"state": E.ACTIVE, "end_time": None, "progress": progress}),
+        *requeue(trial, end_time=None, restarts=0, closed=False, target=None),
+    ]
 
 
 def close_paused(experiment: ExperimentState, trial: TrialState, now: dt.datetime) -> list[Effect]:

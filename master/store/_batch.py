@@ -63,7 +63,8 @@ EXPERIMENT_FIELDS = frozenset(
         "searcher_state",
         "archived",
         "priority",
-        "config",  # resources patched by `experiment set`
+        "config",  # resources patched by `experiment set`, lengths by `experiment continue`
+        "config_text",  # `experiment continue`: the config it goes on with
         "description",
         "start_time",
         "end_time",

@@ -153,6 +153,23 @@ class MasterAdapter:
         self.master.experiment_action(experiment_id, action)
         self._waited()
 
+    def continue_(self, experiment_id: int, overrides: dict[str, Any]) -> None:
+        self.master.continue_experiment(experiment_id, overrides)
+        self._waited()
+
+    def continuable(self, experiment_id: int) -> int | None:
+        """The batch count an ended experiment's trial would continue from, or None when
+        continue must refuse it (not a single search, or no checkpoint left)."""
+        record = self.store.get_experiment(experiment_id)
+        trials = self.store.list_trials(experiment_id)
+        if record.config["searcher"]["name"] != "single" or len(trials) != 1:
+            return None
+        uuid = trials[0].latest_checkpoint
+        if uuid is None:
+            return None
+        checkpoint = self.store.get_checkpoint(uuid)
+        return None if checkpoint.state == "DELETED" else checkpoint.total_batches
+
     def final_states(self, experiment_id: int) -> tuple[str, dict[int, str]]:
         """An ended experiment's state and its trials' as stored."""
         state = self.store.get_experiment(experiment_id).state

@@ -19,7 +19,7 @@ from typing import NoReturn
 import yaml
 
 from assay.errors import INVALID_HP_EXIT_CODE
-from assay.master.errors import ConflictError
+from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.lifecycle.simulate._adapter import MasterAdapter
 from assay.master.lifecycle.simulate._checks import (
     check_move,
@@ -30,6 +30,10 @@ from assay.master.lifecycle.simulate._checks import (
 )
 from assay.master.lifecycle.simulate._cluster import Cluster, FakeAgent
 from assay.master.lifecycle.simulate._snapshot import (
+    CONTINUE_EXPERIMENT_EDGES,
+    CONTINUE_EXPERIMENT_MOVES,
+    CONTINUE_TRIAL_EDGES,
+    CONTINUE_TRIAL_MOVES,
     EXPERIMENT_EDGES,
     EXPERIMENT_MOVES,
     NEW,
@@ -152,18 +156,24 @@ class Simulation:
             raise
 
     def _observe(self) -> None:
+        # Only a continue step may bring an ended experiment and its trial back.
+        continuing = self.step_name.startswith("continue ")
+        trial_edges = CONTINUE_TRIAL_EDGES if continuing else TRIAL_EDGES
+        experiment_edges = CONTINUE_EXPERIMENT_EDGES if continuing else EXPERIMENT_EDGES
         for kind, key, old, state in self.adapter.moves():
-            check_move(kind, key, old, state, TRIAL_EDGES if kind == "trial" else EXPERIMENT_EDGES)
+            check_move(kind, key, old, state, trial_edges if kind == "trial" else experiment_edges)
         new = self.adapter.snapshot()
         check_snapshot(new)
         check_progress(self.snapshot, new)
+        experiment_moves = CONTINUE_EXPERIMENT_MOVES if continuing else EXPERIMENT_MOVES
+        trial_moves = CONTINUE_TRIAL_MOVES if continuing else TRIAL_MOVES
         for experiment_id, experiment in new.experiments.items():
             old = self.seen_experiments.get(experiment_id, NEW)
-            check_move("experiment", experiment_id, old, experiment.state, EXPERIMENT_MOVES)
+            check_move("experiment", experiment_id, old, experiment.state, experiment_moves)
             self.seen_experiments[experiment_id] = experiment.state
         for trial_id, trial in new.trials.items():
             old = self.seen_trials.get(trial_id, NEW)
-            check_move("trial", trial_id, old, trial.state, TRIAL_MOVES)
+            check_move("trial", trial_id, old, trial.state, trial_moves)
             self.seen_trials[trial_id] = trial.state
         for experiment_id in self.seen_experiments.keys() - new.experiments.keys() - self.ended:
             self._ended(experiment_id)
@@ -241,6 +251,11 @@ class Simulation:
             ),
             (1.5 if len(live) < self.max_experiments else 0.1, "create", self._create),
             (0.8 if live else 0.0, "action", lambda: self._action(rng.choice(live))),
+            (
+                0.3 if self.ended else 0.0,
+                "continue",
+                lambda: self._continue(rng.choice(sorted(self.ended))),
+            ),
             (0.3 if connected else 0.0, "enable", lambda: self._toggle(rng.choice(connected))),
             (0.2, "reap", self.adapter.reap),
             (
@@ -278,6 +293,25 @@ class Simulation:
             return
         if state not in _ACTIONS[action]:
             raise InvariantError(f"{action} accepted for a {state} experiment")
+
+    def _continue(self, experiment_id: int) -> None:
+        """Continue an ended experiment 8 batches past its trial's newest checkpoint; it
+        must be refused unless that is a `single` search's one trial with a checkpoint."""
+        self.step_name = f"continue {experiment_id}"
+        at = self.adapter.continuable(experiment_id)
+        length = {"searcher": {"max_length": {"batches": (at or 0) + 8}}}
+        try:
+            self.adapter.continue_(experiment_id, length)
+        except (ConflictError, InvalidArgumentError) as e:
+            if at is not None:
+                raise InvariantError(f"continue refused for experiment {experiment_id}: {e}") from e
+            self.stats.events["continue-refused"] += 1
+            return
+        if at is None:
+            raise InvariantError(f"continue accepted for experiment {experiment_id}")
+        if self.adapter.snapshot().experiments[experiment_id].state != "ACTIVE":
+            raise InvariantError(f"experiment {experiment_id} continued, yet not active")
+        self.ended.discard(experiment_id)
 
     def _toggle(self, agent: FakeAgent) -> None:
         self.adapter.set_enabled(agent.id, self.rng.random() < 0.6)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from assay.master.lifecycle import CONTINUE_EDGES, TERMINAL_TRIAL
 from assay.master.lifecycle import EXPERIMENT_EDGES as LIFECYCLE_EXPERIMENT_EDGES
-from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.lifecycle import TRIAL_EDGES as LIFECYCLE_TRIAL_EDGES
 
 Placement = tuple[tuple[str, tuple[int, ...]], ...]
@@ -23,14 +23,24 @@ NEW = "NEW"  # before the trial or experiment exists
 TERMINAL = frozenset(str(s) for s in TERMINAL_TRIAL)
 # Each move the master writes: the lifecycle's edges, where a trial or experiment starts,
 # and a state written again unchanged.
-TRIAL_EDGES: Mapping[str, frozenset[str]] = {
+# The moves out of an end (`CONTINUE_EDGES`) are allowed in a continue step only
+# (`CONTINUE_TRIAL_EDGES`, ...): in any other they are a bug.
+CONTINUE_TRIAL_EDGES: Mapping[str, frozenset[str]] = {
     NEW: frozenset({"QUEUED", "PAUSED"}),
     **{str(k): frozenset(str(s) for s in {k, *v}) for k, v in LIFECYCLE_TRIAL_EDGES.items()},
 }
-EXPERIMENT_EDGES: Mapping[str, frozenset[str]] = {
+CONTINUE_EXPERIMENT_EDGES: Mapping[str, frozenset[str]] = {
     NEW: frozenset({"ACTIVE", "PAUSED"}),
     **{str(k): frozenset(str(s) for s in {k, *v}) for k, v in LIFECYCLE_EXPERIMENT_EDGES.items()},
 }
+
+
+def _without_continue(edges: Mapping[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    return {k: frozenset(s for s in v if (k, s) not in CONTINUE_EDGES) for k, v in edges.items()}
+
+
+TRIAL_EDGES = _without_continue(CONTINUE_TRIAL_EDGES)
+EXPERIMENT_EDGES = _without_continue(CONTINUE_EXPERIMENT_EDGES)
 
 
 def step_moves(
@@ -56,6 +66,10 @@ def step_moves(
 # requeued, placed and preempted at once), through states that are not over.
 TRIAL_MOVES = step_moves(TRIAL_EDGES, frozenset(TRIAL_EDGES) - TERMINAL - {NEW})
 EXPERIMENT_MOVES = step_moves(EXPERIMENT_EDGES, frozenset(EXPERIMENT_EDGES) - TERMINAL - {NEW})
+CONTINUE_TRIAL_MOVES = step_moves(CONTINUE_TRIAL_EDGES, frozenset(TRIAL_EDGES) - TERMINAL - {NEW})
+CONTINUE_EXPERIMENT_MOVES = step_moves(
+    CONTINUE_EXPERIMENT_EDGES, frozenset(EXPERIMENT_EDGES) - TERMINAL - {NEW}
+)
 
 
 # --- the master's state -------------------------------------------------------------------

@@ -23,7 +23,8 @@ from ._format import table
 @click.option("--json", "as_json", is_flag=True, help="Print the preview as one JSON object.")
 @user_errors
 def preview_search(config_file: Path, as_json: bool) -> None:
-    """Show the trials, rung lengths (pbt: rounds) and budget the searcher of CONFIG will use."""
+    """Show the trials, rung lengths (pbt: rounds) and budget the searcher of CONFIG will use
+    (custom: its plan comes from user code)."""
     from assay.config import load_config, preview, searcher_in_batches
     from assay.config._schema import UNBOUNDED_LENGTH
 
@@ -31,6 +32,9 @@ def preview_search(config_file: Path, as_json: bool) -> None:
     for warning in config.warnings:
         click.echo(f"warning: {warning}", err=True)
     searcher = config.searcher
+    if searcher.name == "custom":
+        _show_custom(searcher, as_json)
+        return
     note = None
     if searcher.max_length.unit.value != "batches":
         # The master converts epochs with records_per_epoch; show its numbers when it can.
@@ -112,3 +116,36 @@ def _show_rounds(plan: Any) -> None:
     headers = ["ROUND", "TRIALS", "NEW", f"LENGTH ({unit})", "BUDGET"]
     click.echo(table(headers, rows))
     click.echo(f"total: {plan.total_trials} trials, {plan.total_budget} {unit}")
+
+
+def _show_custom(searcher: Any, as_json: bool) -> None:
+    """custom: no plan to show; the user's SearchMethod decides every trial."""
+    from assay.config._schema import UNBOUNDED_LENGTH
+
+    bound = searcher.max_length
+    max_length = None if bound.value >= UNBOUNDED_LENGTH else bound.to_dict()
+    if as_json:
+        echo_json(
+            {
+                "searcher": "custom",
+                "plan": "user code",
+                "metric": searcher.metric,
+                "smaller_is_better": searcher.smaller_is_better,
+                "max_trials": searcher.max_trials,
+                "max_length": max_length,
+            }
+        )
+        return
+    direction = "lower" if searcher.smaller_is_better else "higher"
+    click.echo(
+        f"searcher custom: the plan comes from user code (a SearchMethod run by "
+        f"assay.client.searcher's RemoteSearchRunner), not from the config; metric "
+        f"{searcher.metric} ({direction} is better)"
+    )
+    bounds = []
+    if searcher.max_trials is not None:
+        bounds.append(f"at most {searcher.max_trials} trials")
+    if max_length is not None:
+        bounds.append(f"lengths up to {bound.value} {bound.unit.value}")
+    if bounds:
+        click.echo(f"bounds: {', '.join(bounds)}")

@@ -828,7 +828,7 @@ def test_unknown_searcher_name_reports_only_the_name() -> None:
 
     assert [p for p in problems if p.startswith("searcher")] == [
         "searcher.name: expected one of single | grid | random | asha | adaptive_asha | "
-        "bayesian | async_halving | pbt, got 'randum'"
+        "bayesian | async_halving | pbt | custom, got 'randum'"
     ]
 
 

@@ -37,6 +37,7 @@ SEARCHER_NAMES = (
     "bayesian",
     "async_halving",
     "pbt",
+    "custom",
 )
 _ALIASES = {"async_halving": "asha"}
 # Keys each searcher accepts besides the common ones; their values are checked by
@@ -69,6 +70,9 @@ _SEARCHER_KEYS: dict[str, tuple[str, ...]] = {
     "bayesian": ("max_trials", "max_concurrent_trials", "sampler"),
     # Determined's keys; `length_per_round` is read as the length (max_length) of a round.
     "pbt": ("length_per_round", *PBT_KEYS),
+    # Operations come from user code (assay.client.searcher); max_trials and max_length,
+    # when given, bound what that code may ask for.
+    "custom": ("max_trials",),
 }
 _SEARCHER_KEYS["async_halving"] = _SEARCHER_KEYS["asha"]
 # Every searcher reads these (besides its own keys).
@@ -532,6 +536,9 @@ def _parse_searcher(
                 "length_per_round instead",
             )
         max_length = _parse_length(s, "length_per_round", required=True, units=units)
+    elif name == "custom" and not s.has("max_length"):
+        # The user's SearchMethod decides every length; max_length is an optional bound.
+        max_length = Length.batches(UNBOUNDED_LENGTH)
     elif units.script and name in _UNBOUNDED_SEARCHERS and not s.has("max_length"):
         # Determined 0.38's Core API configs leave it out: the script decides how long it
         # trains, and exiting 0 ends the trial.

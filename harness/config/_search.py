@@ -236,6 +236,8 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
 
     options = config.options
     name = config.name
+    if name == "custom":
+        return custom_problems(config)
     if config.objectives:
         problems.extend(_multi_objective_problems(config))
         if problems:
@@ -302,6 +304,28 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
         _check_brackets(options["bracket_rungs"], divisor, batches, config.max_trials, bad)
     if name == "grid":
         problems.extend(_grid_problems(space))
+    return problems
+
+
+def custom_problems(config: SearcherConfig) -> list[str]:
+    """Every problem with a custom searcher's keys: it optimises one metric (its
+    `SearchMethod` is told that metric's value) and may bound the trials it creates."""
+    problems: list[str] = []
+    if config.objectives:
+        problems.append(
+            "searcher.metrics: the custom searcher's SearchMethod is told one metric per "
+            "validation; give searcher.metric (and smaller_is_better)"
+        )
+    if config.time_metric is not None:
+        problems.append(
+            "searcher.time_metric: the custom searcher's lengths are batches; give "
+            "max_length (optional) instead of max_time"
+        )
+    if config.max_trials is not None and config.max_trials > MAX_TRIALS:
+        problems.append(
+            f"searcher: max_trials must be at most {MAX_TRIALS:,} (the largest search the "
+            f"master runs), got {config.max_trials:,}"
+        )
     return problems
 
 
@@ -695,7 +719,13 @@ class Preview:
 
 
 def preview(config: SearcherConfig, space: Mapping[str, HParam]) -> Preview:
-    """The plan of `config` over `space`; raises ValueError for invalid options."""
+    """The plan of `config` over `space`; raises ValueError for invalid options, and for
+    the custom searcher, whose plan comes from user code."""
+    if config.name == "custom":
+        raise ValueError(
+            "searcher custom: the plan comes from user code (a SearchMethod run by "
+            "assay.client.searcher), not from the config"
+        )
     if config.name == "pbt":
         return _pbt_preview(pbt_spec(config))
     spec = search_spec(config, space)

@@ -13,12 +13,15 @@ Searchers: `single`, `grid`, `random`, `bayesian` (random with the tpe sampler),
 and `adaptive_asha`, with `sampler: random | tpe | bohb` where trials are sampled (`bohb`:
 a density model of the highest rung with enough results, see `_bohb`); and `pbt`,
 population-based training (`_pbt`), whose `Create`s may start from another trial's
-checkpoint.
+checkpoint; and `custom` (`_custom`), whose operations come from user code run outside
+the master (`assay.client.searcher`): it queues the events for that code and applies the
+batches of operations it answers with.
 """
 
 from assay.config import BracketPreview, Preview, RungPreview, preview, rung_lengths
 
 from ._asha import INVALID_HP_FACTOR, promotion_quota
+from ._custom import MAX_METHOD_STATE, CustomSearcher, OperationsError
 from ._ops import (
     EXITED_REASONS,
     Close,
@@ -38,8 +41,11 @@ __all__ = [
     "BracketPreview",
     "Close",
     "Create",
+    "CustomSearcher",
     "ExitedReason",
+    "MAX_METHOD_STATE",
     "Operation",
+    "OperationsError",
     "PBTSearcher",
     "Preview",
     "RungPreview",

@@ -30,6 +30,7 @@ from assay.config import (
 )
 
 from ._asha import Bracket
+from ._custom import CustomSearcher
 from ._multi import MultiTPESampler, orient
 from ._ops import EXITED_REASONS, Create, ExitedReason, Operation, Searcher, Shutdown
 from ._pbt import PBTSearcher
@@ -228,11 +229,21 @@ def restore_searcher(
 
 def _make(
     config: SearcherConfig, space: Mapping[str, HParam], seed: int
-) -> HalvingSearcher | PBTSearcher:
+) -> HalvingSearcher | PBTSearcher | CustomSearcher:
     if config.max_length.unit is not LengthUnit.BATCHES:
         raise ValueError(
             f"searcher.max_length: the searchers count batches; got "
             f"{config.max_length.to_dict()}, give e.g. {{batches: 1000}}"
+        )
+    if config.name == "custom":
+        from assay.config._schema import UNBOUNDED_LENGTH
+
+        bound = config.max_length.value
+        return CustomSearcher(
+            space,
+            seed=seed,
+            max_trials=config.max_trials,
+            max_length=None if bound >= UNBOUNDED_LENGTH else bound,
         )
     if config.name == "pbt":
         return PBTSearcher(

@@ -186,6 +186,20 @@ def _requests(t: Team) -> dict[str, tuple[str, Callable[[], Any]]]:
             lambda: api_pb2.SetExperimentResourceRequest(id=eid, name="priority", value="42"),
         ),
         "MoveExperiment": ("editor", lambda: api_pb2.MoveExperimentRequest(id=eid, project="p1")),
+        # A custom search's runner steers the experiment: editors, as for pausing it (this
+        # experiment's searcher is single: past the role check, the call is refused).
+        "GetSearcherEvents": (
+            "editor",
+            lambda: api_pb2.GetSearcherEventsRequest(experiment_id=eid),
+        ),
+        "PostSearcherOperations": (
+            "editor",
+            lambda: api_pb2.PostSearcherOperationsRequest(
+                experiment_id=eid,
+                triggered_by_event_id=1,
+                operations=[api_pb2.SearcherOperation(shutdown=api_pb2.ShutdownOperation())],
+            ),
+        ),
         "PatchExperiment": (
             "editor",
             lambda: api_pb2.PatchExperimentRequest(id=eid, add_labels=["reviewed"]),

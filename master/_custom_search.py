@@ -1,0 +1,169 @@
+"""The master's side of a custom search (`searcher.name: custom`): the two calls of its
+runner, under the master's lock.
+
+`searcher_events` reads the events queued for the runner after an event id, with the
+state the runner saved with its last batch; `post_operations` checks a batch of
+operations whole (`CustomSearcher.apply`), carries it out as any searcher's operations
+are (`Interpreter.search`, which records the searcher's snapshot with them) and returns
+once that is committed. The roles are the servicer's question.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from assay.master.errors import ConflictError, InvalidArgumentError
+from assay.master.lifecycle import _effects as fx
+from assay.master.searcher import (
+    Close,
+    Create,
+    CustomSearcher,
+    Operation,
+    OperationsError,
+    Shutdown,
+    ValidateAfter,
+)
+from assay.proto import api_pb2
+
+if TYPE_CHECKING:
+    from assay.master._core import Master
+
+
+@dataclass(frozen=True)
+class SearcherView:
+    """What a runner reads: the events after the one it asked from, and where the
+    search stands."""
+
+    experiment_state: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    acknowledged: int = 0
+    method_state: bytes = b""
+    shutdown: bool = False
+
+
+def _custom(searcher: Any, experiment_id: int) -> CustomSearcher:
+    if not isinstance(searcher, CustomSearcher):
+        raise InvalidArgumentError(
+            f"experiment {experiment_id} does not use the custom searcher (searcher.name: "
+            "custom): its searcher takes no operations from user code"
+        )
+    return searcher
+
+
+def searcher_events(master: Master, experiment_id: int, after: int) -> SearcherView:
+    with master.lock:
+        experiment = master.experiments.get(experiment_id)
+        if experiment is not None:
+            searcher = _custom(experiment.searcher, experiment_id)
+            return SearcherView(
+                experiment_state=str(experiment.state),
+                events=searcher.events_after(after),
+                acknowledged=searcher.acknowledged,
+                method_state=searcher.method_state,
+                shutdown=searcher.shutdown,
+            )
+    # Ended (or none): the stored snapshot says how far it went; nothing is left to answer.
+    master.commit.flush()
+    record = master.store.get_experiment(experiment_id)  # NotFoundError: none
+    saved: Mapping[str, Any] = (record.searcher_state or {}).get("searcher") or {}
+    if saved.get("searcher") != "custom":
+        _custom(None, experiment_id)
+    return SearcherView(
+        experiment_state=str(record.state),
+        acknowledged=int(saved.get("acknowledged", 0)),
+        method_state=base64.b64decode(saved.get("method_state", "")),
+        shutdown=bool(saved.get("shutdown", False)),
+    )
+
+
+def post_operations(
+    master: Master,
+    experiment_id: int,
+    triggered_by: int,
+    ops: Sequence[Operation],
+    *,
+    method_state: bytes,
+    progress: float | None,
+) -> int:
+    """Apply a runner's batch; return the last event it answered."""
+    with master.lock:
+        experiment = master.experiments.get(experiment_id)
+        if experiment is None:
+            master.store.get_experiment(experiment_id)  # NotFoundError: none
+            raise ConflictError(
+                f"experiment {experiment_id} has ended: its search takes no more operations"
+            )
+        searcher = _custom(experiment.searcher, experiment_id)
+        try:
+            carried = searcher.apply(
+                triggered_by, ops, method_state=method_state, progress=progress
+            )
+        except OperationsError as e:
+            raise InvalidArgumentError(f"experiment {experiment_id}: {e}") from None
+        master.interpreter.search(experiment, carried)
+        # A Shutdown after the last trial ended ends the experiment now.
+        master.interpreter.do([fx.Settle(experiment_id)])
+        master.interpreter.schedule()
+        master.commit_and_wait()
+        return searcher.acknowledged
+
+
+# --- the wire ------------------------------------------------------------------------------
+
+
+def events_response(view: SearcherView) -> api_pb2.GetSearcherEventsResponse:
+    return api_pb2.GetSearcherEventsResponse(
+        events=[
+            api_pb2.SearcherEvent(
+                id=int(e["id"]),
+                kind=str(e["kind"]),
+                request_id=str(e.get("request_id", "")),
+                metric=float(e.get("metric", 0.0)),  # "nan", "inf" and "-inf" as floats
+                length=int(e.get("length", 0)),
+                exited_reason=str(e.get("reason", "")),
+            )
+            for e in view.events
+        ],
+        acknowledged_event_id=view.acknowledged,
+        method_state=view.method_state,
+        shutdown=view.shutdown,
+        experiment_state=view.experiment_state,
+    )
+
+
+def operations_of(request: api_pb2.PostSearcherOperationsRequest) -> list[Operation]:
+    """The request's operations; `InvalidArgumentError` for one that cannot be read."""
+    ops: list[Operation] = []
+    for i, op in enumerate(request.operations):
+        kind = op.WhichOneof("operation")
+        where = f"operation {i + 1}"
+        if kind == "create":
+            try:
+                hparams = json.loads(op.create.hparams_json or "{}")
+            except json.JSONDecodeError as e:
+                raise InvalidArgumentError(
+                    f"{where} (Create): hparams_json is not JSON ({e})"
+                ) from None
+            if not isinstance(hparams, dict):
+                raise InvalidArgumentError(
+                    f"{where} (Create): hparams_json must be a JSON object of hyperparameters"
+                )
+            seed = op.create.seed if op.create.HasField("seed") else -1
+            if op.create.HasField("seed") and not 0 <= seed < 2**31:
+                raise InvalidArgumentError(
+                    f"{where} (Create): seed must be from 0 to 2**31 - 1, got {seed}"
+                )
+            ops.append(Create(op.create.request_id, hparams, seed))
+        elif kind == "validate_after":
+            ops.append(ValidateAfter(op.validate_after.request_id, op.validate_after.length))
+        elif kind == "close":
+            ops.append(Close(op.close.request_id))
+        elif kind == "shutdown":
+            ops.append(Shutdown())
+        else:
+            raise InvalidArgumentError(f"{where}: names no operation")
+    return ops

@@ -205,6 +205,8 @@ def _requests(t: Team) -> dict[str, tuple[str, Callable[[], Any]]]:
             lambda: api_pb2.PatchExperimentRequest(id=eid, add_labels=["reviewed"]),
         ),
         "KillTrial": ("editor", fresh_trial),
+        # The experiment is paused: past the role check, continuing it is refused.
+        "ContinueExperiment": ("editor", lambda: api_pb2.ContinueExperimentRequest(id=eid)),
         # The experiment is paused: past the role check, its deletion is refused.
         "DeleteExperiment": ("editor", lambda: api_pb2.DeleteExperimentRequest(id=eid)),
         "CreateProject": (
@@ -426,3 +428,31 @@ def test_a_workspace_admin_manages_members_and_a_role_change_applies_at_once(
     ada.SetWorkspaceMember(
         api_pb2.SetWorkspaceMemberRequest(workspace="team", username="vera", role="viewer")
     )
+
+
+def test_a_fork_reads_its_model_definition_with_the_sources_read_role(team: Team) -> None:
+    """CreateExperiment with `model_definition_from` (the web UI's Fork): a viewer of the
+    source may fork it into a workspace where they are an editor; to anyone else the
+    source does not exist."""
+    fork = api_pb2.CreateExperimentRequest(
+        config_yaml=experiment_yaml(), model_definition_from=team.experiment_id
+    )
+    assert _call(team.stubs["otto"], "CreateExperiment", fork) == grpc.StatusCode.NOT_FOUND
+    created = team.stubs["vera"].CreateExperiment(fork).experiment
+    try:
+        source = api_pb2.GetModelDefinitionRequest(experiment_id=team.experiment_id)
+        copy = api_pb2.GetModelDefinitionRequest(experiment_id=created.id)
+        api = team.site.api
+        assert api.GetModelDefinition(copy) == api.GetModelDefinition(source)
+        assert created.workspace == "Default"
+    finally:
+        api_kill = api_pb2.ExperimentActionRequest(
+            id=created.id, action=api_pb2.EXPERIMENT_ACTION_KILL
+        )
+        team.site.api.ExperimentAction(api_kill)
+    both = api_pb2.CreateExperimentRequest(
+        config_yaml=experiment_yaml(),
+        model_definition=model_archive(),
+        model_definition_from=team.experiment_id,
+    )
+    assert _call(team.stubs["vera"], "CreateExperiment", both) == grpc.StatusCode.INVALID_ARGUMENT

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from assay import client
+from assay.errors import AssayError
 from tests.conftest import REGRESSION_DIR, regression_config
 from tests.credentials import ADMIN_PASSWORD
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
@@ -250,3 +251,149 @@ def test_templates_merge_under_the_experiment_config(cluster: Cluster, tmp_path:
     assert cluster.cli("template", "delete", "verbs-small").returncode == 0
     assert cluster.json("template", "list") == []
     assert "does not exist" in _fails(cluster, "template", "delete", "verbs-small")
+
+
+def test_continue_trains_the_same_trial_on_from_its_checkpoint(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(regression_config(batches=4, scheduling_unit=1)))
+    created = cluster.json(
+        "experiment", "create", str(path), str(REGRESSION_DIR), "--config", "name=continued"
+    )
+    exp = str(created["id"])
+    assert cluster.cli("experiment", "wait", exp, "-q").returncode == 0
+    first = cluster.json("experiment", "describe", exp)["trials"][0]
+    assert first["total_batches"] == 4
+    before = cluster.json("checkpoint", "list", exp)
+    assert [c["total_batches"] for c in before] == [4]
+
+    got = cluster.cli("experiment", "continue", exp, "--config", "searcher.max_length.batches=8")
+    assert got.returncode == 0, got.stderr
+    assert f"experiment {exp} continues to 8 batches" in got.stdout
+    assert cluster.cli("experiment", "wait", exp, "-q").returncode == 0
+    after = cluster.json("experiment", "describe", exp)
+    assert after["state"] == "COMPLETED"
+    assert after["config"]["searcher"]["max_length"] == {"batches": 8}  # stored: a restart knows
+    (trial,) = after["trials"]
+    assert (trial["id"], trial["total_batches"]) == (first["id"], 8)
+    # Every batch trained once: the second run went on from batch 4 to 8.
+    rows = cluster.json("trial", "metrics", str(trial["id"]), "--group", "training")
+    assert [r["total_batches"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8]
+    checkpoints = cluster.json("checkpoint", "list", exp)
+    latest = max(checkpoints, key=lambda c: c["total_batches"])
+    assert (latest["total_batches"], latest["trial_id"], latest["run_id"]) == (8, trial["id"], 2)
+    assert trial["latest_checkpoint"] == latest["uuid"]
+    logs = cluster.cli("trial", "logs", str(trial["id"])).stdout
+    assert before[0]["uuid"] in logs  # the second run restored the first one's checkpoint
+
+    # Each bad case, one clear error: a change a continued trial cannot take, a length
+    # not past its checkpoint, a live experiment, several trials, no checkpoint.
+    bad = _fails(cluster, "experiment", "continue", exp, "--config", "hyperparameters.lr=0.5")
+    assert "continue cannot change hyperparameters.lr: a continued trial keeps" in bad
+    assert f"`assay experiment fork {exp} --config ...`" in bad
+    again = _fails(cluster, "experiment", "continue", exp)
+    assert "latest checkpoint is at batch 8: continue to a longer searcher.max_length" in again
+    paused = cluster.json("experiment", "create", str(path), str(REGRESSION_DIR), "--paused")
+    live = str(paused["id"])
+    refused = _fails(cluster, "experiment", "continue", live)
+    assert f"cannot continue experiment {live}: it is PAUSED" in refused
+    cluster.cli("experiment", "kill", live)
+    assert cluster.cli("experiment", "wait", live, "-q").returncode != 0  # CANCELED
+    empty = _fails(cluster, "experiment", "continue", live, "--config", "max_restarts=2")
+    assert "has no checkpoint to continue from: `assay experiment fork" in empty
+    grid = cluster.json(
+        "experiment",
+        "create",
+        str(path),
+        str(REGRESSION_DIR),
+        "--paused",
+        "--config",
+        "searcher={name: grid, metric: val_loss, max_length: {batches: 4}}",
+        "--config",
+        "hyperparameters.lr={type: categorical, vals: [0.01, 0.05]}",
+    )
+    cluster.cli("experiment", "kill", str(grid["id"]))
+    cluster.cli("experiment", "wait", str(grid["id"]), "-q")
+    several = _fails(cluster, "experiment", "continue", str(grid["id"]))
+    assert "has 2 trials: continue applies to a single-trial experiment" in several
+    assert "experiment 99999 does not exist" in _fails(cluster, "experiment", "continue", "99999")
+    # The SDK's call is the same RPC: its refusal is the master's message.
+    client.login(cluster.address, "admin", ADMIN_PASSWORD)
+    with pytest.raises(AssayError, match="continue cannot change searcher.metric"):
+        client.get_experiment(int(exp)).continue_training(16, config={"searcher": {"metric": "x"}})
+
+
+def test_trial_kill_then_experiment_delete(
+    cluster: Cluster, done: dict[str, Any], tmp_path: Path
+) -> None:
+    """`trial kill` ends one trial and the search goes on; `experiment delete` refuses a
+    live experiment and a registered checkpoint, then deletes files and rows, and
+    nothing of another experiment."""
+    import time
+
+    client.login(cluster.address, "admin", ADMIN_PASSWORD)
+    config = regression_config(batches=200, scheduling_unit=20, checkpoint_period=100)
+    config["name"] = "verbs-kill"
+    config["searcher"]["name"] = "grid"
+    config["hyperparameters"]["lr"] = {"type": "categorical", "vals": [0.01, 0.05]}
+    path = tmp_path / "kill.yaml"
+    path.write_text(yaml.safe_dump(config))
+    exp = str(cluster.json("experiment", "create", str(path), str(REGRESSION_DIR))["id"])
+    experiment = client.get_experiment(int(exp))
+    deadline = time.monotonic() + 120
+    running: list[client.Trial] = []
+    while not running:  # one slot: one trial runs, the other waits for it
+        assert time.monotonic() < deadline, "no trial started"
+        running = [t for t in experiment.trials() if t.state == "RUNNING"]
+        time.sleep(0.2)
+    victim = running[0]
+    killed = cluster.cli("trial", "kill", str(victim.id))
+    assert killed.returncode == 0, killed.stderr
+    assert f"trial {victim.id} of experiment {exp}" in killed.stdout
+    assert experiment.wait(progress=False, timeout=240) == "COMPLETED"
+    trials = {t["id"]: t for t in cluster.json("experiment", "describe", exp)["trials"]}
+    assert trials.pop(victim.id)["state"] == "CANCELED"
+    [other] = trials.values()
+    assert (other["state"], other["total_batches"]) == ("COMPLETED", 200)
+    with pytest.raises(AssayError, match=f"cannot kill trial {victim.id}: it has ended"):
+        victim.kill()
+
+    # Deletion: refused while it runs, and while a model version pins a checkpoint.
+    created = cluster.json("experiment", "create", str(path), str(REGRESSION_DIR), "--paused")
+    paused = str(created["id"])
+    refused = _fails(cluster, "experiment", "delete", paused, "--yes")
+    assert f"experiment {paused} is PAUSED: kill it first" in refused
+    checkpoints = [c for c in cluster.json("checkpoint", "list", exp) if c["state"] == "COMPLETED"]
+    assert checkpoints
+    assert all(Path(c["location"]).is_dir() for c in checkpoints)
+    assert cluster.cli("model", "create", "verbs-deleted").returncode == 0
+    pinned = cluster.cli("model", "register-version", "verbs-deleted", checkpoints[0]["uuid"])
+    assert pinned.returncode == 0, pinned.stderr
+    in_use = _fails(cluster, "experiment", "delete", exp, "--yes")
+    assert "registered as model 'verbs-deleted' version 1" in in_use
+    assert cluster.json("experiment", "describe", exp)["state"] == "COMPLETED"
+    assert all(Path(c["location"]).is_dir() for c in checkpoints)
+    unpin = cluster.cli("model", "delete-version", "verbs-deleted", "1", "--yes")
+    assert unpin.returncode == 0, unpin.stderr
+
+    kept = cluster.json("checkpoint", "list", str(done["id"]))
+    deleted = cluster.cli("experiment", "delete", exp, "--yes")
+    assert deleted.returncode == 0, deleted.stderr
+    assert f"deleted experiment {exp} and " in deleted.stdout
+    assert not any(Path(c["location"]).exists() for c in checkpoints)
+    assert f"experiment {exp} does not exist" in _fails(cluster, "experiment", "describe", exp)
+    assert "does not exist" in _fails(cluster, "trial", "describe", str(other["id"]))
+    uuid = checkpoints[0]["uuid"]
+    assert "does not exist" in _fails(cluster, "checkpoint", "describe", uuid)
+    assert int(exp) not in {e["id"] for e in cluster.json("experiment", "list", "--all")}
+    # Nothing else is lost: another experiment's checkpoints, the model.
+    assert cluster.json("checkpoint", "list", str(done["id"])) == kept
+    assert all(Path(c["location"]).is_dir() for c in kept if c["state"] == "COMPLETED")
+    assert cluster.json("model", "describe", "verbs-deleted")["name"] == "verbs-deleted"
+    # The SDK's delete: the killed paused experiment, which has no checkpoints.
+    assert cluster.cli("experiment", "kill", paused).returncode == 0
+    stopped = client.get_experiment(int(paused))
+    assert stopped.wait(progress=False, timeout=60) == "CANCELED"
+    assert stopped.delete() == []
+    assert "does not exist" in _fails(cluster, "experiment", "describe", paused)

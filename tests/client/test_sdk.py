@@ -136,6 +136,26 @@ def _until(experiment: client.Experiment, state: str, timeout: float = 120) -> N
         time.sleep(0.3)
 
 
+def test_metrics_as_a_dataframe(session: client.Session) -> None:
+    pd = pytest.importorskip(
+        "pandas", reason="pandas is not installed (Trial.metrics_dataframe needs it)"
+    )
+    experiment = client.list_experiments(name="sdk-search", states=["COMPLETED"])[0]
+    trial = experiment.trials()[0]
+    frame = trial.metrics_dataframe("validation")
+    assert isinstance(frame, pd.DataFrame)
+    assert list(frame["total_batches"]) == [8, 16]
+    # One row per report, one column per metric: the same values as metrics() yields.
+    assert frame.to_dict("records") == list(trial.metrics("validation"))
+    training = trial.metrics_dataframe("training")
+    assert len(training) == len(list(trial.metrics("training"))) > 0
+    assert {"total_batches", "loss"} <= set(training.columns)
+    # A group the trial never reported: no rows, but the batch column.
+    empty = trial.metrics_dataframe("never-reported")
+    assert empty.empty
+    assert list(empty.columns) == ["total_batches"]
+
+
 def test_pause_activate_and_kill(session: client.Session) -> None:
     config = regression_config(batches=400, sleep_s=0.05)
     config["name"] = "sdk-control"

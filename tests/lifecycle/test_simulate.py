@@ -407,3 +407,43 @@ def test_a_restart_with_nothing_live_restores_nothing(tmp_path: Path) -> None:
         check_restart(before, adapter.snapshot(search=True), keep_runs=False)
     finally:
         adapter.close()
+
+
+def test_a_continued_experiment_keeps_its_new_length_across_a_restart(tmp_path: Path) -> None:
+    """A single trial of 4 batches completes; continued, its master restarts: the new
+    master holds the new length (stored config, the trial's target) and the trial ends
+    there, its runs restored from its newest checkpoint (batch 4 first)."""
+    import yaml
+
+    from assay.master.lifecycle.simulate._simulation import Simulation, _master_errors
+    from assay.master.lifecycle.simulate._workload import model_archive
+
+    config = {
+        "name": "continued",
+        "entrypoint": "model_def:T",
+        "hyperparameters": {"global_batch_size": 8, "lr": 0.1},
+        "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 4}},
+    }
+    with _master_errors() as errors:
+        sim = Simulation(7, tmp_path, errors)
+        try:
+            adapter = sim.adapter
+            experiment_id = adapter.create(yaml.safe_dump(config), model_archive(), activate=True)
+            sim.drain()
+            assert adapter.continuable(experiment_id) == 4
+            sim.step((f"continue {experiment_id}", lambda: sim._continue(experiment_id)))
+            sim.step(("restart", sim._restart))
+            experiment = adapter.master.experiments[experiment_id]
+            assert experiment.config.searcher.max_length.value == 12
+            [trial] = experiment.trials.values()
+            assert (trial.target, trial.checkpoint and trial.checkpoint.total_batches) == (12, 4)
+            sim.drain()
+            stored = adapter.store.get_experiment(experiment_id)
+            assert stored.state == "COMPLETED"
+            assert stored.config["searcher"]["max_length"] == {"batches": 12}
+            [ended] = adapter.store.list_trials(experiment_id)
+            assert (ended.state, ended.total_batches) == ("COMPLETED", 12)
+            assert ended.run_id >= 2  # (the fake harness checks each run restores the newest)
+            assert not errors.lines
+        finally:
+            adapter.close()

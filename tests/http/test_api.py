@@ -160,7 +160,8 @@ def test_unknown_routes_and_methods(world: World) -> None:
     assert wrong.status == 405
     assert wrong.headers["Allow"] == "GET"
     assert "GET" in wrong.json()["error"]
-    assert site.call("DELETE", f"/api/v1/experiments/{world.experiment_id}").status == 405
+    assert site.call("DELETE", f"/api/v1/experiments/{world.experiment_id}/pause").status == 405
+    assert site.call("DELETE", "/api/v1/experiments/999999").status == 404  # DeleteExperiment
     assert site.get(f"/api/v1/experiments/{world.experiment_id}/pause").status == 405
 
 

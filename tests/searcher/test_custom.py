@@ -100,9 +100,10 @@ def test_a_missing_seed_is_derived_from_the_experiment_seed() -> None:
     [create, _] = s.apply(1, [Create("a", POINT, -1), ValidateAfter("a", 1)])
     again = searcher()
     again.initial_operations()
-    assert again.apply(1, [Create("b", POINT, -1), ValidateAfter("b", 1)])[0].seed == create.seed
+    [other, _] = again.apply(1, [Create("b", POINT, -1), ValidateAfter("b", 1)])
     assert isinstance(create, Create)
-    assert create.seed >= 0
+    assert isinstance(other, Create)
+    assert other.seed == create.seed >= 0
 
 
 def test_shutdown_closes_every_open_trial_first() -> None:

@@ -6,10 +6,25 @@ a master that serves the store and no agent."""
 from __future__ import annotations
 
 import datetime as dt
+import io
+import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store, WriteBatch
+
+# The search's model definition: a tar.gz of one file, which a fork of it copies.
+MODEL_DEF_SOURCE = b"class DigitsTrial:  # seeded: never run\n    pass\n"
+
+
+def _model_definition() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        info = tarfile.TarInfo("model_def.py")
+        info.size = len(MODEL_DEF_SOURCE)
+        archive.addfile(info, io.BytesIO(MODEL_DEF_SOURCE))
+    return buffer.getvalue()
+
 
 CONFIG = {
     "name": "asha-rungs",
@@ -79,7 +94,7 @@ def seed_asha(store: Store) -> Seeded:
         name=str(CONFIG["name"]),
         owner_id=store.user_id("admin"),
         config=CONFIG,
-        model_definition=b"",
+        model_definition=_model_definition(),
         state="COMPLETED",
         description="",
         labels=[],

@@ -6,7 +6,8 @@ a log scale, the training loss reaches 0 and below, one checkpoint was kept. Eve
 is drawn (a single validation as a marker, found by its colour on the canvas); log axes
 are ticked at round positive values in one notation, from about the data's least
 positive value, and no point is cut by the plot's edge; the counts read in the singular
-where they are one; ordinary log lines have a blank level; the progress label is centred.
+where they are one; ordinary log lines have a blank level; the progress label is centred;
+"Fork" submits the edited config with the search's model definition.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 from playwright.sync_api import Browser, Page, expect
 
 from assay.master.store import Store
 from tests.e2e.conftest import start_cluster, stop_cluster
 from tests.webui.conftest import Site, screenshot
-from tests.webui.seeding import Seeded, seed_asha
+from tests.webui.seeding import MODEL_DEF_SOURCE, Seeded, seed_asha
 
 pytestmark = pytest.mark.slow
 
@@ -201,3 +204,45 @@ def test_the_progress_label_is_centred(seeded: tuple[Site, Seeded]) -> None:
         assert abs(dx) <= 1.5, off
         assert abs(dy) <= 1.5, off
     page.context.close()
+
+
+def test_fork_submits_the_edited_config_with_the_same_model_definition(
+    seeded: tuple[Site, Seeded], tmp_path: Path
+) -> None:
+    """ "Fork" opens the config as YAML; a config the master refuses says why in the
+    dialog and creates nothing; an edited one becomes a new experiment, shown at once,
+    whose model definition is the source's. (Last in the module: the fork is the newest
+    experiment.)"""
+    site, data = seeded
+    page = site.page()
+    page.goto(f"{site.base}/experiments/{data.experiment_id}")
+    page.locator('[data-testid="fork-experiment"]').click()
+    editor = page.locator('[data-testid="fork-config"]')
+    expect(editor).to_be_focused()
+    config = yaml.safe_load(editor.input_value())
+    assert config["name"] == "asha-rungs"
+    assert config["searcher"]["max_trials"] == 7
+    before = site.cluster.json("experiment", "list", "--all")
+    editor.fill(yaml.safe_dump({**config, "searcher": {**config["searcher"], "name": "nope"}}))
+    page.locator('[data-testid="fork-submit"]').click()
+    expect(page.locator('[data-testid="fork-form"] .error-panel')).to_contain_text("searcher.name")
+    assert site.cluster.json("experiment", "list", "--all") == before
+
+    config["name"] = "asha-fork"
+    config["searcher"]["max_trials"] = 2
+    editor.fill(yaml.safe_dump(config))
+    page.locator('[data-testid="fork-submit"]').click()
+    expect(page.locator("h1")).to_contain_text("asha-fork")
+    fork_id = int(page.url.rstrip("/").rsplit("/", 1)[-1])
+    try:
+        assert fork_id != data.experiment_id
+        described = site.cluster.json("experiment", "describe", str(fork_id))
+        assert described["config"]["searcher"]["max_trials"] == 2
+        code = tmp_path / "m"
+        got = site.cluster.cli("experiment", "download-model-def", str(fork_id), str(code))
+        assert got.returncode == 0, got.stderr
+        assert (code / "model_def.py").read_bytes() == MODEL_DEF_SOURCE
+        screenshot(page, "fork")
+    finally:
+        site.cluster.cli("experiment", "kill", str(fork_id))
+        page.context.close()

@@ -559,6 +559,12 @@ export const api = {
   experimentAction: (id: Int64, action: ExperimentAction) =>
     request<Experiment>("POST", `/experiments/${id}/${action}`),
 
+  /** A new experiment of `configYaml` with experiment `from`'s model definition (a fork). */
+  forkExperiment: (from: Int64, configYaml: string, activate: boolean) =>
+    request<{ experiment: Experiment; warnings?: string[] }>("POST", "/experiments", {
+      body: { config_yaml: configYaml, model_definition_from: from, activate },
+    }),
+
   trial: (id: Int64, signal?: AbortSignal) => request<Trial>("GET", `/trials/${id}`, { signal }),
 
   trialMetrics: (id: Int64, group: string, maxPoints: number, signal?: AbortSignal) =>

@@ -13,6 +13,7 @@ import {
   type Trial,
 } from "../api";
 import { Curves } from "../components/Curves";
+import { ForkButton } from "../components/ForkDialog";
 import { RegisterCheckpoint } from "../components/RegisterModel";
 import { HparamPlots, hparamAxes, type HpPoint } from "../components/HparamPlots";
 import { LineageCell, LineagePanel, showsLineage } from "../components/Lineage";
@@ -178,6 +179,7 @@ function Header({
         ))}
         <div className="spacer" />
         <ExperimentActions experiment={e} onDone={onDone} />
+        <ForkButton experiment={e} />
       </div>
       {e.description && <p className="description">{e.description}</p>}
       <dl className="facts">

@@ -154,15 +154,31 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint(root: Path, payload: dict[str, Any], metadata: CheckpointMetadata) -> Path:
-    """Write `payload` (file stem -> object for torch.save) as checkpoint `metadata.uuid`."""
+def staging_dir(root: Path, uuid: str) -> Path:
+    """Where checkpoint `uuid` is written under `root` before it is renamed into place."""
+    return root / f".tmp-{uuid}"
+
+
+def write_checkpoint(
+    root: Path,
+    payload: dict[str, Any],
+    metadata: CheckpointMetadata,
+    *,
+    shards: dict[str, FileEntry] | None = None,
+) -> Path:
+    """Write `payload` (file stem -> object for torch.save) as checkpoint `metadata.uuid`.
+
+    `shards`: the files of a sharded checkpoint that every rank already wrote, by name
+    with their entries as each rank hashed them: into `staging_dir` (then kept there, not
+    hashed again) or into object storage (then only listed)."""
     import torch
 
     root.mkdir(parents=True, exist_ok=True)
     final = root / metadata.uuid
-    tmp = root / f".tmp-{metadata.uuid}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = staging_dir(root, metadata.uuid)
+    if shards is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(exist_ok=shards is not None)
     try:
         for stem, obj in payload.items():
             path = tmp / f"{stem}.pt"
@@ -170,22 +186,25 @@ def write_checkpoint(root: Path, payload: dict[str, Any], metadata: CheckpointMe
                 torch.save(obj, f)
                 f.flush()
                 os.fsync(f.fileno())
-        return seal_checkpoint(tmp, final, metadata)
+        return seal_checkpoint(tmp, final, metadata, shards)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def file_entries(directory: Path) -> dict[str, FileEntry]:
-    """Every file under `directory` (subdirectories too) by relative POSIX name."""
+def file_entries(
+    directory: Path, known: Mapping[str, FileEntry] | None = None
+) -> dict[str, FileEntry]:
+    """Every file under `directory` (subdirectories too) by relative POSIX name; those in
+    `known` with the entry given there, not hashed again."""
     entries: dict[str, FileEntry] = {}
     for path in sorted(directory.rglob("*")):
         if path.is_symlink():
             raise CheckpointError(f"checkpoint file {path.relative_to(directory)} is a symlink")
         if path.is_file():
-            entries[path.relative_to(directory).as_posix()] = FileEntry(
-                path.stat().st_size, _sha256(path)
-            )
+            name = path.relative_to(directory).as_posix()
+            entry = (known or {}).get(name)
+            entries[name] = entry or FileEntry(path.stat().st_size, _sha256(path))
     return entries
 
 
@@ -199,14 +218,15 @@ def seal_checkpoint(
     into `metadata.files`, write the manifest last, and rename `staging` to `final`.
 
     The files must already be flushed; a reader never sees `final` half-written. `extra`:
-    entries of files stored elsewhere by other processes (a sharded checkpoint).
+    entries of files stored elsewhere by other processes (a sharded checkpoint), or put
+    into `staging` by them (not hashed again).
     """
     if (staging / MANIFEST).exists():
         raise CheckpointError(
             f"a checkpoint may not hold its own {MANIFEST}: Assay writes it (the manifest); "
             "name that file differently"
         )
-    metadata.files.update(file_entries(staging))
+    metadata.files.update(file_entries(staging, extra))
     metadata.files.update(extra or {})
     if not metadata.strategy:
         metadata.strategy = _sharded_strategy(staging)

@@ -234,7 +234,7 @@ def run_cluster_slot(
         worker = worker_spec(
             spec, model_dir, checkpoint_dir=checkpoint_dir, resume_from=resume_from
         )
-        run_worker(worker, env=env, session_factory=make_session)
+        run_worker(worker, env=env, session_factory=make_session, storage=storage)
     finally:
         for session in sessions:
             session.close()

@@ -8,6 +8,7 @@ takes the same decisions at the same batch.
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,12 +17,15 @@ from typing import Any, cast
 import torch
 
 from assay._checkpoint import (
+    CheckpointError,
     CheckpointMetadata,
+    FileEntry,
     capture_rng_state,
     load_file,
     load_user_state,
     new_uuid,
     restore_rng_state,
+    staging_dir,
     verify_checkpoint,
     write_checkpoint,
 )
@@ -41,8 +45,13 @@ from assay._trial import (
     check_callbacks,
     evaluation_mode,
 )
-from assay.common.storage import tensorboard_name
-from assay.errors import SearcherMetricError, TrainingError, TrialPreempted
+from assay.common.storage import StorageManager, tensorboard_name
+from assay.errors import (
+    SearcherMetricError,
+    TrainingError,
+    TrialContractError,
+    TrialPreempted,
+)
 
 log = logging.getLogger("assay")
 # Distributed ranks agree on stopping every this many batches (one small CPU collective).
@@ -83,10 +92,14 @@ class TrialController:
         seed: int,
         preempt: PreemptWatcher | None = None,
         metric_required: bool = True,
+        storage: StorageManager | None = None,
     ) -> None:
         """`metric_required=False` (the Trainer off-cluster without a searcher config):
         validations need not return `searcher.metric`; `checkpoint_policy: best` then
-        checkpoints only when the metric is there and improves."""
+        checkpoints only when the metric is there and improves. `storage`: where every
+        rank uploads its own files of a sharded checkpoint (object storage; `checkpoint_root`
+        is then each process's local directory); None: `checkpoint_root` is one directory
+        that every rank writes into (shared_fs, or one machine)."""
         self.trial = trial
         self.preempt = preempt
         self.metric_required = metric_required
@@ -103,6 +116,7 @@ class TrialController:
         self.session = session
         self.config = context._config
         self.checkpoint_root = checkpoint_root
+        self.storage = storage
         rank, size = self.dist.rank, self.dist.size
         self.train_data = ShardedLoader(
             trial.build_training_data_loader(), rank=rank, size=size, seed=seed, training=True
@@ -158,6 +172,7 @@ class TrialController:
             target = self.dist.broadcast(ask)
             if target is None:
                 break
+            self._check_target(target)
             while self.state.total_batches < target:
                 if batches is None:
                     if self.state.batch_in_epoch == 0:
@@ -243,6 +258,20 @@ class TrialController:
         aggregation = self.config.optimizations.aggregation_frequency
         mid = self.state.total_batches % aggregation != 0
         return mid and not self.context._strategy.saves_partial_gradients
+
+    def _check_target(self, target: int) -> None:
+        """Refuse, before training towards it, a target that ends in the middle of a
+        gradient accumulation under a strategy that cannot checkpoint one (FSDP)."""
+        aggregation = self.config.optimizations.aggregation_frequency
+        if target % aggregation == 0 or self.context._strategy.saves_partial_gradients:
+            return
+        raise TrialContractError(
+            f"the searcher asks to train to batch {target}, which ends in the middle of a "
+            f"gradient accumulation (optimizations.aggregation_frequency: {aggregation}); "
+            f"under strategy {self.context._strategy.name} a checkpoint cannot be taken "
+            "there: make searcher.max_length (and the searcher's other lengths, in batches) "
+            f"multiples of {aggregation}"
+        )
 
     def _stop_for_preemption(self) -> RunResult:
         self._flush_training_metrics()
@@ -550,16 +579,24 @@ class TrialController:
             # Mid-accumulation, each rank's partial gradients are part of the state.
             "gradients": self._local_gradients() if mid_accumulation else None,
         }
-        # Full state dicts: a collective under a sharding strategy (rank 0 gets them whole).
         strategy = context._strategy
-        models = [strategy.model_state_dict(m) for m in context.models]
-        optimizers = [strategy.optimizer_state_dict(o) for o in context.optimizers]
+        uuid = new_uuid() if self.dist.is_chief else ""
+        shards: dict[str, FileEntry] | None = None
+        state: dict[str, Any]
+        if strategy.shards_checkpoints and self.dist.is_distributed:
+            uuid = self.dist.broadcast(uuid)
+            state, shards = self._write_shards(uuid)
+        else:
+            # Full state dicts: a collective under a sharding strategy (rank 0 gets them).
+            state = {
+                "models": [strategy.model_state_dict(m) for m in context.models],
+                "optimizers": [strategy.optimizer_state_dict(o) for o in context.optimizers],
+            }
         everyone = self.dist.allgather(mine)
         if not self.dist.is_chief:
             return
         payload: dict[str, Any] = {
-            "models": models,
-            "optimizers": optimizers,
+            **state,
             "lr_schedulers": [s.state_dict() for s in context._lr_schedulers],
             "precision": context._precision.state_dict(),
             "rng": [e["rng"] for e in everyone],
@@ -580,7 +617,7 @@ class TrialController:
         if context._scalers:
             payload["scalers"] = [s.scaler.state_dict() for s in context._scalers]
         metadata = CheckpointMetadata(
-            uuid=new_uuid(),
+            uuid=uuid,
             total_batches=self.state.total_batches,
             epoch=self.state.epoch,
             batch_in_epoch=self.state.batch_in_epoch,
@@ -588,12 +625,69 @@ class TrialController:
             trial_id=context.get_trial_id(),
             hparams=context.get_hparams(),
         )
-        path = write_checkpoint(self.checkpoint_root, payload, metadata)
+        path = write_checkpoint(self.checkpoint_root, payload, metadata, shards=shards)
         self.last_checkpoint = path
         self._call("on_checkpoint_write_end", str(path))
         assert self.session is not None
         self.session.report_checkpoint(CheckpointReport(path, metadata))
         self._call("on_checkpoint_end", str(path))
+
+    def _write_shards(self, uuid: str) -> tuple[dict[str, Any], dict[str, FileEntry]]:
+        """Every rank writes its shards of each model (with the optimizers that step it)
+        into `model-NNN/` of checkpoint `uuid` (`assay.strategy._sharded`, DCP), and puts
+        them where the checkpoint is stored: on one directory that every rank writes into
+        (shared_fs), in place; with object storage, each rank other than the chief uploads
+        its own files from its own machine (the chief's go with the manifest). Returns the
+        layout record (what `restore` checks) and every rank's files with their entries,
+        once every rank's are stored; every rank fails together."""
+        from assay.strategy._sharded import save_sharded
+
+        context, dist = self.context, self.dist
+        strategy = context._strategy
+        staging = staging_dir(self.checkpoint_root, uuid)
+        uploads = self.storage is not None and not dist.is_chief
+        own = self.checkpoint_root / f".tmp-{uuid}.rank{dist.rank}" if uploads else staging
+        owners = [_owner_index(context.models, strategy._owner(o)) for o in context.optimizers]
+        mine: dict[str, FileEntry] = {}
+        failure: BaseException | None = None
+        try:
+            own.mkdir(parents=True, exist_ok=True)
+            for i, model in enumerate(context.models):
+                part = _shard_dir(i)
+                written = save_sharded(
+                    own / part,
+                    model,
+                    [o for o, owner in zip(context.optimizers, owners, strict=True) if owner == i],
+                    rank=dist.rank,
+                    world_size=dist.size,
+                    strategy=strategy.name,
+                )
+                mine.update({f"{part}/{name}": entry for name, entry in written.items()})
+            if uploads:
+                assert self.storage is not None
+                upload_part = getattr(self.storage, "upload_part", None)
+                if upload_part is None:
+                    raise CheckpointError(f"{self.storage!r} cannot store sharded checkpoints")
+                upload_part(own, uuid)
+        except BaseException as e:  # raised below, on every rank
+            failure = e
+        finally:
+            if uploads:
+                shutil.rmtree(own, ignore_errors=True)
+        # Every rank's files are stored before the chief writes the manifest: a checkpoint
+        # that a rank could not store is reported by none.
+        if dist.any(failure is not None):
+            if dist.is_chief:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise failure or CheckpointError(
+                f"sharded checkpoint {uuid}: another rank could not write or store its shards "
+                "(see its log); nothing was reported"
+            )
+        shards: dict[str, FileEntry] = {}
+        for entries in dist.allgather(mine):
+            shards.update(entries)
+        layout = {"models": [_shard_dir(i) for i in range(len(context.models))], "owners": owners}
+        return {"sharded": layout}, shards
 
     def _local_gradients(self) -> list[list[torch.Tensor | None]]:
         return self.context._strategy.local_gradients(self.context.models)
@@ -605,11 +699,20 @@ class TrialController:
         every file must match before anything is loaded."""
         metadata = verify_checkpoint(path, recorded)
         context = self.context
-        models = load_file(path, "models")
-        optimizers = load_file(path, "optimizers")
+        # A sharded checkpoint (FSDP's) holds each model with its optimizers as every
+        # rank's shards; they load onto this world's ranks, whatever wraps the model now.
+        layout = load_file(path, "sharded") if "sharded.pt" in metadata.files else None
+        models: list[Any] | None = None
+        optimizers: list[Any] | None = None
+        if layout is None:
+            models = load_file(path, "models")
+            optimizers = load_file(path, "optimizers")
+            _match("models", len(models), len(context.models))
+            _match("optimizers", len(optimizers), len(context.optimizers))
+        else:
+            _match("models", len(layout["models"]), len(context.models))
+            _match("optimizers", len(layout["owners"]), len(context.optimizers))
         schedulers = load_file(path, "lr_schedulers")
-        _match("models", len(models), len(context.models))
-        _match("optimizers", len(optimizers), len(context.optimizers))
         _match("LR schedulers", len(schedulers), len(context._lr_schedulers))
         callback_states: dict[str, Any] = {}
         if "callbacks.pt" in metadata.files:
@@ -632,11 +735,15 @@ class TrialController:
                 "callbacks": callback_states,
             },
         )
+        if layout is not None:
+            self._load_shards(path, layout)
         try:
             strategy = context._strategy
-            for model, sd in zip(context.models, models, strict=True):
+            for model, sd in zip(context.models, models or [], strict=models is not None):
                 strategy.load_model_state_dict(model, sd)
-            for optimizer, sd in zip(context.optimizers, optimizers, strict=True):
+            for optimizer, sd in zip(
+                context.optimizers, optimizers or [], strict=optimizers is not None
+            ):
                 strategy.load_optimizer_state_dict(optimizer, sd)
             for scheduler, sd in zip(context._lr_schedulers, schedulers, strict=True):
                 scheduler.load_state_dict(sd)
@@ -677,6 +784,34 @@ class TrialController:
         self._checkpointed = True
         self._restored_uuid = metadata.uuid
         context._initial_batch = self.state.total_batches
+        if self.dist.is_chief:
+            log.info(
+                "restored checkpoint %s at batch %d (taken on %d slot%s%s) onto %d slot%s",
+                metadata.uuid,
+                self.state.total_batches,
+                metadata.world_size,
+                "" if metadata.world_size == 1 else "s",
+                ", sharded" if layout is not None else "",
+                self.dist.size,
+                "" if self.dist.size == 1 else "s",
+            )
+
+    def _load_shards(self, path: Path, layout: Mapping[str, Any]) -> None:
+        """Load each model of sharded checkpoint `path` with the optimizers that step it
+        (every rank together; resharded onto this world, or into one plain process)."""
+        from assay.strategy._sharded import load_sharded
+
+        context = self.context
+        strategy = context._strategy
+        owners = [_owner_index(context.models, strategy._owner(o)) for o in context.optimizers]
+        if owners != list(layout["owners"]):
+            raise TrainingError(
+                f"checkpoint {path} pairs its optimizers with models {layout['owners']} but "
+                f"the Trial's step models {owners}; restore it with the same model definition"
+            )
+        for i, (model, part) in enumerate(zip(context.models, layout["models"], strict=True)):
+            mine = [o for o, owner in zip(context.optimizers, owners, strict=True) if owner == i]
+            load_sharded(path / str(part), model, mine)
 
     def _restore_gradients(self, path: Path, saved_world_size: int) -> None:
         if saved_world_size != self.dist.size:
@@ -708,6 +843,16 @@ def _number(name: str, value: Any) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     raise TrainingError(f"metric {name!r} must be a number or a scalar tensor, got {value!r}")
+
+
+def _shard_dir(index: int) -> str:
+    """The directory of model `index`'s shards in a sharded checkpoint (in the order
+    `assay.strategy._sharded.sharded_parts` lists them)."""
+    return f"model-{index:03d}"
+
+
+def _owner_index(models: list[torch.nn.Module], owner: torch.nn.Module) -> int:
+    return next(i for i, model in enumerate(models) if model is owner)
 
 
 def _match(what: str, saved: int, now: int) -> None:

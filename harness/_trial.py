@@ -168,7 +168,8 @@ class PyTorchCallback:
     def on_checkpoint_load_start(self, checkpoint: dict[str, Any]) -> None:
         """Before a checkpoint is loaded: its contents (`models_state_dict`,
         `optimizers_state_dict`, `lr_schedulers_state_dict`, `callbacks`, `uuid`,
-        `total_batches`)."""
+        `total_batches`). In a sharded checkpoint (FSDP's) the models and optimizers are
+        every rank's shards, not gathered: their two entries are None."""
 
     def on_trial_shutdown(self) -> None:
         """Last, whatever the reason training ended."""

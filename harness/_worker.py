@@ -29,6 +29,7 @@ from assay._rank_metrics import GROUP as RANK_GROUP
 from assay._session import LocalSession, Session
 from assay._spec import LocalResult, WorkerSpec
 from assay._trial import Trial, construct_trial
+from assay.common.storage import StorageManager
 from assay.config import ExperimentConfig, Length, parse_config
 from assay.errors import AssayError, PermanentError, TrainingError, TrialContractError
 
@@ -45,6 +46,7 @@ def run_worker(
     trial_class: type[Trial] | None = None,
     env: Mapping[str, str] | None,
     session_factory: SessionFactory | None = None,
+    storage: StorageManager | None = None,
 ) -> LocalResult | None:
     """Train this slot; rank 0 returns the result, the other ranks None.
 
@@ -52,7 +54,8 @@ def run_worker(
     `LocalSession` and the result carries its metric history; with one, the session it
     returns decides the targets and receives the reports (the history is then empty).
     `spec.hparams` / `spec.trial_seed`, when given, replace the hyperparameters sampled
-    from `reproducibility.experiment_seed` and that seed.
+    from `reproducibility.experiment_seed` and that seed. `storage`: object storage that
+    every rank uploads its own shards of a sharded checkpoint to (`TrialController`).
     """
     config = parse_config(spec.config)
     if trial_class is None:
@@ -84,6 +87,7 @@ def run_worker(
         resume_sha256=spec.resume_sha256,
         preempt=preempt,
         max_length=config.searcher.max_length if local is not None else None,
+        storage=storage,
     )
     if session is None:
         return None
@@ -172,6 +176,7 @@ def train_slot(
     preempt: PreemptWatcher | None = None,
     max_length: Length | None = None,
     metric_required: bool = True,
+    storage: StorageManager | None = None,
 ) -> RunResult:
     """Restore `resume_from` if given (verified against `resume_sha256`, the master's record
     of its files, when given) and run the trial controller on this slot.
@@ -188,6 +193,7 @@ def train_slot(
             seed=context.get_trial_seed(),
             preempt=preempt,
             metric_required=metric_required,
+            storage=storage,
         )
         if isinstance(session, LocalSession) and max_length is not None:
             session.max_batches = max_length.to_batches(controller.batches_per_epoch)

@@ -31,6 +31,7 @@ from assay._session import CheckpointReport, LocalSession, MetricsReport, Sessio
 from assay._spec import ClusterSpec, LocalResult, LocalSpec, spec_from_env
 from assay._trial import Trial, construct_trial
 from assay._worker import build_context, local_result, preempt_watcher, train_slot
+from assay.common.storage import StorageManager
 from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
 from assay.errors import AssayError, TrialLoadError, TrialPreempted
 
@@ -279,7 +280,8 @@ class Trainer:
         self, spec: ClusterSpec, latest_checkpoint: str | Path | None
     ) -> LocalResult | None:
         context = self.context
-        with _cluster_session(spec, context.distributed.is_chief) as (session, ckpts, resume):
+        chief = context.distributed.is_chief
+        with _cluster_session(spec, chief) as (session, ckpts, resume, storage):
             preempt = preempt_watcher(session, None)
             try:
                 result = train_slot(
@@ -289,6 +291,7 @@ class Trainer:
                     ckpts,
                     resume_from=resume or latest_checkpoint,
                     preempt=preempt,
+                    storage=storage,
                 )
             except TrialPreempted as e:
                 from assay._worker import leave_process_group
@@ -388,9 +391,10 @@ def _resolve_checkpoint(latest: str | Path | None, checkpoints: Path) -> Path | 
 @contextlib.contextmanager
 def _cluster_session(
     spec: ClusterSpec, chief: bool
-) -> Iterator[tuple[Session | None, Path, Path | None]]:
-    """Rank 0's `ClusterSession` (None on other ranks), where checkpoints are written, and
-    the checkpoint to restore: as `assay._cluster.run_cluster_slot` sets them up."""
+) -> Iterator[tuple[Session | None, Path, Path | None, StorageManager | None]]:
+    """Rank 0's `ClusterSession` (None on other ranks), where checkpoints are written, the
+    checkpoint to restore, and the object storage every rank uploads its shards to (None
+    on shared_fs): as `assay._cluster.run_cluster_slot` sets them up."""
     from assay._cluster import ClusterSession, fetch_checkpoint
     from assay._trial_client import TrialClient, retry_budget_from_env
     from assay.common.storage import is_remote, storage_for
@@ -399,7 +403,7 @@ def _cluster_session(
     scratch = Path(tempfile.mkdtemp(prefix="assay-checkpoints-"))
     session: ClusterSession | None = None
     try:
-        storage = None
+        storage: StorageManager | None = None
         checkpoints = Path(spec.checkpoint_root)
         if storage_config.type != "shared_fs":
             storage = storage_for(storage_config)
@@ -411,7 +415,7 @@ def _cluster_session(
             client = TrialClient(spec.trial_api, spec.token, retry_s=retry_budget_from_env(None))
             local_root = checkpoints if storage is not None else None
             session = ClusterSession(client, spec, storage, local_root)
-        yield session, checkpoints, resume
+        yield session, checkpoints, resume, storage
     finally:
         if session is not None:
             session.close()

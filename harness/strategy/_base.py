@@ -43,6 +43,9 @@ class Strategy(ABC):
     forward_is_collective: ClassVar[bool] = False
     # Whether `local_gradients` can save a partial accumulation for a checkpoint.
     saves_partial_gradients: ClassVar[bool] = True
+    # Whether a Trial's checkpoint holds the models and optimizers as every rank's shards
+    # (`assay.strategy._sharded`) rather than full state dicts gathered on rank 0.
+    shards_checkpoints: ClassVar[bool] = False
 
     def __init__(self, ranks: Ranks, device: torch.device) -> None:
         self.ranks = ranks

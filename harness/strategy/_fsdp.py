@@ -49,6 +49,7 @@ class FSDPStrategy(Strategy):
     name = "fsdp"
     forward_is_collective = True
     saves_partial_gradients = False  # a preemption waits for the accumulation's boundary
+    shards_checkpoints = True  # every rank writes its own shards (DCP)
 
     def __init__(
         self,

@@ -28,7 +28,7 @@ import json
 import os
 import pickle
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,19 +72,24 @@ def is_sharded(directory: Path) -> bool:
     return (Path(directory) / SHARD_MANIFEST).is_file()
 
 
+Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None
+"""One optimizer, several (each over its own parameters of the model), or none."""
+
+
 def save_sharded(
     directory: Path,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
+    optimizer: Optimizers,
     *,
     rank: int,
     world_size: int,
     strategy: str,
-) -> None:
+) -> dict[str, FileEntry]:
     """Write this rank's shards of `model` (and `optimizer`) into `directory`; every rank
     calls it together. `directory` may be shared by the ranks or each rank's own (the
     files' names never collide); the chief's holds the manifest, written last. When it
-    returns on any rank, the manifest is written."""
+    returns on any rank, the manifest is written. Returns the files this rank wrote (the
+    manifest aside) with their sizes and sha256s."""
     directory = Path(directory)
     _check_world(rank, world_size)
     if (directory / SHARD_MANIFEST).exists():
@@ -122,6 +127,7 @@ def save_sharded(
         )
     if world_size > 1:
         dist.barrier()
+    return mine
 
 
 def strategy_of(model: torch.nn.Module) -> str:
@@ -135,9 +141,7 @@ def strategy_of(model: torch.nn.Module) -> str:
     return "single"
 
 
-def load_sharded(
-    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
-) -> None:
+def load_sharded(directory: Path, model: torch.nn.Module, optimizer: Optimizers) -> None:
     """Load the sharded checkpoint in `directory` into `model` (and `optimizer`) as they
     are wrapped now (FSDP on any number of ranks, DDP, or a plain module in one process);
     every rank calls it together. A file that fails its sha256 is refused before it is
@@ -145,6 +149,7 @@ def load_sharded(
     directory = Path(directory)
     manifest = read_shard_manifest(directory)
     contents = set(manifest["contents"])
+    optimizer = _optimizers(optimizer)
     if optimizer is not None and "optimizer" not in contents:
         raise CheckpointError(
             f"sharded checkpoint {directory} holds no optimizer state; load it without an optimizer"
@@ -228,9 +233,21 @@ def read_shard_manifest(directory: Path) -> dict[str, Any]:
 # --- state dicts ------------------------------------------------------------------------
 
 
-def _live_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def _optimizers(
+    optimizer: Optimizers,
+) -> torch.optim.Optimizer | list[torch.optim.Optimizer] | None:
+    """`optimizer` as one optimizer, a list of several, or None for none at all."""
+    if optimizer is None or isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    optimizers = list(optimizer)
+    return optimizers or None
+
+
+def _live_state(model: torch.nn.Module, optimizer: Optimizers) -> dict[str, Any]:
     """The state dicts DCP saves from and loads into: DTensor shards under FSDP, full
-    tensors otherwise, keyed by the user's parameter names whatever wraps the model."""
+    tensors otherwise, keyed by the user's parameter names whatever wraps the model.
+    Several optimizers' states are one, their parameter groups one after the other."""
+    optimizer = _optimizers(optimizer)
     if optimizer is None:
         model_state, _ = get_state_dict(model, [], options=StateDictOptions())
         return {"model": model_state}

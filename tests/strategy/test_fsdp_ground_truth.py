@@ -47,11 +47,10 @@ def fsdp_run(
 
 
 def weights(result: assay.LocalResult) -> dict[str, torch.Tensor]:
+    """The model's full weights in the run's last checkpoint (gathered from its shards
+    when it is sharded, as an FSDP run on several slots writes it)."""
     assert result.checkpoint is not None
-    state: dict[str, torch.Tensor] = torch.load(
-        Path(result.checkpoint) / "models.pt", weights_only=True
-    )[0]
-    return state
+    return dict(assay.load_checkpoint(result.checkpoint).models[0])
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

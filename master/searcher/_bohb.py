@@ -7,9 +7,10 @@ ranges are not searched, so `d` counts only what is). The rule for a new trial:
 
 1. With probability `random_fraction` (default 1/3), or when no rung qualifies, the trial
    gets the random sampler's draw for its index (the same point `sampler: random` gives).
-2. Otherwise the model is fitted on the HIGHEST rung with at least `2 * (d + 1)` results:
-   its results sorted (a result that is not finite is worst; ties by trial index), the
-   good set is the best `max(d + 1, floor(0.15 * n))`, the bad set the next
+2. Otherwise the model is fitted on the HIGHEST rung whose best 15% hold at least `d + 1`
+   results, i.e. with at least `ceil((d + 1) / 0.15)` results (34 for 4 searched
+   hyperparameters, 74 for 10): its results sorted (a result that is not finite is worst;
+   ties by trial index), the good set is the best `floor(0.15 * n)`, the bad set the next
    `max(d + 1, floor(0.85 * n))` of the rest. `l` and `g` are products of one kernel per
    dimension over the good and bad sets: Gaussian for a scaled value, Aitchison-Aitken
    for a categorical (the same value has weight `1 - bw`, each other `bw / (c - 1)`).
@@ -19,8 +20,14 @@ ranges are not searched, so `d` counts only what is). The rule for a new trial:
    from a Gaussian truncated to [0, 1], a categorical kept with probability `1 - bw`,
    else uniform), and the one with the largest `l(x) / g(x)` is proposed.
 
-These are HpBandSter's defaults (top_n_percent 15, min_points_in_model d + 1 for each
-set, num_samples 64, bandwidth_factor 3, min_bandwidth 1e-3, random_fraction 1/3).
+These are HpBandSter's defaults (top_n_percent 15, min_points_in_model d + 1, num_samples
+64, bandwidth_factor 3, min_bandwidth 1e-3, random_fraction 1/3) but for one: HpBandSter
+models a budget from `2 * (d + 1)` results, padding the good set to `d + 1` points. In
+Hyperband every budget is also sampled directly, so its results span the space; in ASHA
+a rung above the bottom holds only promoted trials, already the best `1 / divisor ** k`,
+and a padded good set there (the best 5 of 10 for d = 4) is the better half of a chosen
+few, ranked by noise. Requiring a true top 15% makes such a rung wait until it is
+populated, and the bottom rungs, which hold every trial, are modelled meanwhile.
 
 Proposals are pure functions of the history and the experiment seed: trial `i` draws from
 `derive_seed(seed, "bohb", i)`, and the history (each trial's point and its result at
@@ -45,7 +52,7 @@ from assay.config._hparams import assemble, leaves
 
 from ._samplers import derive_seed
 
-GOOD_FRACTION = 0.15
+TOP_N_PERCENT = 15
 CANDIDATES = 64
 BANDWIDTH_FACTOR = 3.0
 MIN_BANDWIDTH = 1e-3
@@ -153,8 +160,8 @@ class _Model:
 
     def __init__(self, ranked: _Array, choices: NDArray[np.int64]) -> None:
         n, d = ranked.shape
-        n_good = max(d + 1, math.floor(GOOD_FRACTION * n))
-        n_bad = max(d + 1, math.floor((1 - GOOD_FRACTION) * n))
+        n_good = max(d + 1, n * TOP_N_PERCENT // 100)
+        n_bad = max(d + 1, n * (100 - TOP_N_PERCENT) // 100)
         self.good = _Density(ranked[:n_good], choices)
         self.bad = _Density(ranked[n_good : n_good + n_bad], choices)
 
@@ -194,8 +201,8 @@ class BOHBSampler:
 
     @property
     def min_points(self) -> int:
-        """Results a rung needs before it is modelled: d + 1 for each of the two sets."""
-        return 2 * (len(self._dims) + 1)
+        """Results a rung needs before it is modelled: d + 1 in its best 15%."""
+        return -(-100 * (len(self._dims) + 1) // TOP_N_PERCENT)
 
     def propose(self, index: int, request_id: str) -> dict[str, Any]:
         rng = np.random.default_rng(derive_seed(self._seed, "bohb", index))

@@ -31,8 +31,9 @@ ODD_SPACE: dict[str, HParam] = {
     "k": Const("fixed"),
     "g": {"h": {"deep": Int(0, 1)}, "empty": {}},
 }
-# Searched: i, l, c, g.h.deep -> d = 4, so a rung is modelled from 2 * (4 + 1) = 10 results.
-ODD_MIN_POINTS = 10
+# Searched: i, l, c, g.h.deep -> d = 4, so a rung is modelled once its best 15% hold d + 1 = 5
+# results: from ceil(5 / 0.15) = 34 results on.
+ODD_MIN_POINTS = 34
 
 
 def score(point: Mapping[str, Any]) -> float:
@@ -83,12 +84,12 @@ def test_below_the_threshold_it_is_the_random_sampler() -> None:
     bohb = BOHBSampler(ODD_SPACE, seed=7, random_fraction=0.0)
     rnd = RandomSampler(ODD_SPACE, seed=7)
     assert bohb.min_points == ODD_MIN_POINTS
-    # Many results, but at rungs none of which has 10: every draw is random search's.
+    # Many results, but at rungs none of which has 34: every draw is random search's.
     for index in range(ODD_MIN_POINTS * 3 - 3):
         assert bohb.propose(index, f"t{index}") == rnd.propose(index, f"t{index}")
         bohb.observe(f"t{index}", [10, 40, 160][index % 3], float(index))
     assert all(e["model"] is None for e in bohb.history.values())
-    bohb.observe("t0", 40, 1.0)  # the tenth result at length 40
+    bohb.observe("t0", 40, 1.0)  # the 34th result at length 40
     index = ODD_MIN_POINTS * 3
     bohb.propose(index, f"t{index}")
     assert bohb.history[f"t{index}"]["model"] == 40
@@ -96,14 +97,14 @@ def test_below_the_threshold_it_is_the_random_sampler() -> None:
 
 def test_the_highest_rung_with_enough_results_is_modelled() -> None:
     sampler = BOHBSampler(ODD_SPACE, seed=3, random_fraction=0.0)
-    fed(sampler, 30, length=10)
-    fed(sampler, 9, length=40, start=30)  # 9 at 40: still short
+    fed(sampler, 40, length=10)
+    fed(sampler, 33, length=40, start=40)  # 33 at 40: still short (floor(0.15 * 33) = 4)
     assert sampler.model_rung() == 10
-    fed(sampler, 1, length=40, start=39)
+    fed(sampler, 1, length=40, start=73)
     assert sampler.model_rung() == 40
     sampler.observe("t0", 160, None)  # one result higher up changes nothing
     assert sampler.model_rung() == 40
-    sampler.forget("t35")  # a replaced trial's results are dropped
+    sampler.forget("t45")  # a replaced trial's results are dropped
     assert sampler.model_rung() == 10
 
 
@@ -125,7 +126,7 @@ def test_the_random_fraction_holds() -> None:
 
 def test_same_history_and_seed_same_proposal() -> None:
     def run(seed: int) -> list[dict[str, Any]]:
-        return fed(BOHBSampler(ODD_SPACE, seed=seed, random_fraction=1 / 3), 40)
+        return fed(BOHBSampler(ODD_SPACE, seed=seed, random_fraction=1 / 3), 50)
 
     first = run(5)
     assert first == run(5)
@@ -134,8 +135,8 @@ def test_same_history_and_seed_same_proposal() -> None:
 
 def test_restored_sampler_proposes_like_the_original() -> None:
     original = BOHBSampler(ODD_SPACE, seed=2, random_fraction=1 / 3)
-    fed(original, 25, length=10)
-    fed(original, 12, length=40, start=25)
+    fed(original, 40, length=10)
+    fed(original, 37, length=40, start=40)
     original.observe("t3", 40, None)
     original.observe("t4", 160, 0.5)
     original.forget("t5")
@@ -143,11 +144,12 @@ def test_restored_sampler_proposes_like_the_original() -> None:
     restored.restore(roundtrip(original.snapshot()))
     assert roundtrip(restored.snapshot()) == roundtrip(original.snapshot())
     # The original's model is cached, the restored one refits: the same proposals.
-    for index in range(37, 60):
+    for index in range(77, 100):
         assert restored.propose(index, f"t{index}") == original.propose(index, f"t{index}")
         value = float(index % 7)
         restored.observe(f"t{index}", 40, value)
         original.observe(f"t{index}", 40, value)
+    assert any(original.history[f"t{i}"]["model"] == 40 for i in range(77, 100))
 
 
 def test_a_snapshot_of_another_space_is_refused() -> None:
@@ -160,14 +162,14 @@ def test_a_snapshot_of_another_space_is_refused() -> None:
 
 def test_the_model_is_cached_until_its_rung_gets_a_result() -> None:
     sampler = BOHBSampler(ODD_SPACE, seed=4, random_fraction=0.0)
-    fed(sampler, 20, length=10)
-    sampler.propose(20, "t20")
+    fed(sampler, 40, length=10)
+    sampler.propose(40, "t40")
     model = sampler._models[10]
-    sampler.propose(21, "t21")
+    sampler.propose(41, "t41")
     assert sampler._models[10] is model  # no new result: no refit
-    sampler.observe("t20", 40, 1.0)  # another rung's result
+    sampler.observe("t40", 40, 1.0)  # another rung's result
     assert sampler._models[10] is model
-    sampler.observe("t21", 10, 1.0)
+    sampler.observe("t41", 10, 1.0)
     assert 10 not in sampler._models
 
 

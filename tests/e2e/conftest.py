@@ -31,6 +31,7 @@ class Cluster:
     master_cmd: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     http_port: int = 0  # the web UI and JSON API, http://127.0.0.1:<http_port>/
+    db_url: str | None = None  # None: SQLite in the state directory
 
     def restart_master(self) -> None:
         """Start the master again (same port, state and database) after it died."""
@@ -90,7 +91,9 @@ def start_cluster(
     state = tmp / "master"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     http_port = free_port()
-    cluster = Cluster(address=f"127.0.0.1:{port}", state_dir=state, http_port=http_port)
+    cluster = Cluster(
+        address=f"127.0.0.1:{port}", state_dir=state, http_port=http_port, db_url=db_url
+    )
     master_cmd = [
         sys.executable,
         "-m",
@@ -147,13 +150,16 @@ def stop_cluster(cluster: Cluster) -> None:
             proc.wait()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """Two agents of 2 slots, on each store, shared by a module's tests."""
     db_url = None
     if request.param == "postgresql":
         db_url = request.getfixturevalue("postgres_url")
         _empty_postgres(db_url)
-    c = start_cluster(tmp_path, db_url, agents=2, slots=2)
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), db_url, agents=2, slots=2)
     try:
         yield c
     finally:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from assay.master.errors import ConflictError, InvalidArgumentError
+from assay.master.lifecycle import ExperimentStatus
 from assay.master.lifecycle import _effects as fx
 from assay.master.searcher import (
     Close,
@@ -98,6 +99,11 @@ def post_operations(
                 f"experiment {experiment_id} has ended: its search takes no more operations"
             )
         searcher = _custom(experiment.searcher, experiment_id)
+        if experiment.state not in (ExperimentStatus.ACTIVE, ExperimentStatus.PAUSED):
+            raise ConflictError(
+                f"experiment {experiment_id} is {experiment.state.lower()}: its search takes "
+                "no more operations"
+            )
         try:
             carried = searcher.apply(
                 triggered_by, ops, method_state=method_state, progress=progress

@@ -229,7 +229,8 @@ class RemoteSearchRunner:
             )
             if view.experiment_state in _TERMINAL:
                 return experiment_id
-            if not view.events:
+            if not view.events or view.experiment_state.startswith("STOPPING"):
+                # Nothing new; or canceled or killed, its trials stopping: wait for the end.
                 time.sleep(self.poll_seconds)
                 continue
             ops: list[Operation] = []

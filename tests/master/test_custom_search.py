@@ -91,6 +91,17 @@ def test_a_runner_reads_events_and_its_batches_are_checked(custom_site: Site) ->
     got = site.api.GetExperiment(api_pb2.GetExperimentRequest(id=eid)).experiment
     assert got.progress == pytest.approx(0.5)
 
+    cancel = api_pb2.ExperimentActionRequest(id=eid, action=api_pb2.EXPERIMENT_ACTION_CANCEL)
+    site.api.ExperimentAction(cancel)
+    with pytest.raises(grpc.RpcError) as refused:
+        _post(site, eid, 3, [])
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "its search takes no more operations" in str(refused.value.details())
+    events = site.api.GetSearcherEvents(
+        api_pb2.GetSearcherEventsRequest(experiment_id=eid, after_event_id=1)
+    )
+    assert (events.experiment_state, events.acknowledged_event_id) == ("CANCELED", 1)
+
 
 def test_another_searcher_takes_no_operations(custom_site: Site) -> None:
     eid = custom_site.create()

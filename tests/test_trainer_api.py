@@ -196,8 +196,10 @@ def test_tutorial_as_a_script(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_tutorial_on_two_slots(tmp_path: Path) -> None:
-    """torch.distributed (gloo) on two CPU processes, as torchrun would start them."""
+def test_tutorial_on_two_slots_under_fsdp_checkpoints_sharded_and_resumes(tmp_path: Path) -> None:
+    """torch.distributed (gloo) on two CPU processes, as torchrun would start them, under
+    `optimizations.strategy: fsdp`: each rank writes its own shards into the checkpoint,
+    which the tutorial then continues from on one slot (no FSDP)."""
     port = free_port()
     procs = []
     for rank in range(2):
@@ -214,7 +216,7 @@ def test_tutorial_on_two_slots(tmp_path: Path) -> None:
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(TRAINER_DIR / "train.py"), "--epochs", "1"],
+                [sys.executable, str(TRAINER_DIR / "train.py"), "--strategy", "fsdp"],
                 cwd=tmp_path,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -230,3 +232,16 @@ def test_tutorial_on_two_slots(tmp_path: Path) -> None:
     # 16 per slot: each rank sees half the 1,437 images, 45 global batches an epoch.
     assert result["total_batches"] == 45
     assert result["validation_metrics"]["accuracy"] > 0.5
+    checkpoint = Path(result["checkpoint"])
+    shards = json.loads((checkpoint / "model-000" / "shards.json").read_text())
+    assert (shards["world_size"], shards["strategy"]) == (2, "fsdp")
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(shards["files"])
+    assert not (checkpoint / "models.pt").exists()
+
+    again = digits.run(epochs=2, latest_checkpoint=checkpoint.name, strategy="fsdp")
+    assert again is not None
+    assert again["total_batches"] == 90
+    assert again["validation_metrics"]["accuracy"] > 0.5
+    # The StepLR (every epoch) and the Trial's weights went on from the sharded checkpoint.
+    schedulers = torch.load(Path(again["checkpoint"]) / "lr_schedulers.pt", weights_only=True)
+    assert schedulers[0]["last_epoch"] == 2

@@ -34,6 +34,27 @@ every live trial trains at once, the first to finish reports first) with at most
     is > 0 and the Wilcoxon p-value (the sign test's without scipy) < 0.05. Also the cost
     of one bohb proposal with 1,000 and 10,000 results at the modelled rung, with the
     rung's model cached and just refitted.
+(e) peers, side by side with (d): Ray Tune's ASHA (`AsyncHyperBandScheduler` with its
+    random search) and Ray Tune's BOHB (`HyperBandForBOHB` with `TuneBOHB`, HpBandSter's
+    kernel densities over ConfigSpace), on both problems, the same 20 seeds, the same
+    concurrency (CONCURRENT trials at once) and the same budget. Ray's scheduler and
+    searcher objects are driven in the same simulated clock as ours (`run_ray`: each batch
+    one time unit, every running trial trains at once, the first to finish reports first;
+    the calls, their order and the pause/resume/stop rules of Ray Tune's TuneController),
+    with no Ray processes: a real Tune run on this machine spends seconds per trial in
+    process start-up and its result order would follow the OS scheduler, not the curves.
+    Mapping: Ray's time attribute is a rung clock 1, 4, 16, 64, 256 standing for 3, 15,
+    62, 250, 1000 batches (our rungs): reduction factor 4, grace period 1 and max_t 256 give
+    Ray's ASHA exactly our 5 rungs, and HyperBand's brackets (r0 = 256 / 4**s) start at
+    the same lengths. Budget: per seed, a peer trains until it has trained as many batches
+    (all trials together) as our asha with the random sampler did with the same seed
+    (BOHB_TRIALS trials); the result that crosses it still counts (as in (b)). Per seed,
+    peer's best final loss - ours (> 0: ours won), with the statistics of (d). Targets: our
+    asha (random sampler) at least as good as Ray's ASHA (median difference >= 0), and our
+    asha + bohb better than both peers (median > 0, Wilcoxon p < 0.05) on both problems.
+    Needs `pip install -e '.[bench-peers]'`; without Ray the rows are skipped, with a line
+    saying so. `--quick` leaves them out: HpBandSter proposes in about 0.2 s on a loaded
+    2-core machine, so the peers take about a minute per seed and problem.
 
     python bench/search_quality.py [--quick] [--seeds N]
 
@@ -170,6 +191,17 @@ class Run:
     batches: int  # batches trained in all
     trace: list[tuple[int, float, int]]  # (batches so far, loss, length)
 
+    def best_within(self, budget: int) -> float:
+        """The best final loss once `budget` batches are trained (the result that crosses
+        it counts): the same run stopped there."""
+        best = math.inf
+        for batches, value, length in self.trace:
+            if length == MAX_LENGTH:
+                best = min(best, value)
+            if batches >= budget:
+                break
+        return best
+
     def cost_to_reach(self, target: float) -> float:
         """Batches trained when the best final loss first reached `target` (inf if never)."""
         for batches, value, length in self.trace:
@@ -254,24 +286,36 @@ def wilcoxon(differences: list[float]) -> float | None:
         return None
     if not any(differences):
         return 1.0
-    return float(scipy_wilcoxon(differences).pvalue)
+    # A run with no final result (inf) ranks above every finite difference.
+    finite = [abs(d) for d in differences if math.isfinite(d)]
+    top = 1.0 + max(finite, default=0.0)
+    ranked = [d if math.isfinite(d) else math.copysign(top, d) for d in differences]
+    return float(scipy_wilcoxon(ranked).pvalue)
 
 
-def paired(problem: Problem, seeds: list[int]) -> dict[str, Any]:
-    """asha + bohb against asha + random on `problem`, paired by seed."""
-    bohb = [run_ours("asha", BOHB_TRIALS, s, "bohb", problem).best for s in seeds]
-    rand = [run_ours("asha", BOHB_TRIALS, s, "random", problem).best for s in seeds]
-    diffs = [r - b for r, b in zip(rand, bohb, strict=True)]
+def paired_stats(ours: list[float], theirs: list[float]) -> dict[str, Any]:
+    """Per seed, theirs - ours (> 0: ours won): median, seeds won, sign test, Wilcoxon."""
+    diffs = [t - o for o, t in zip(ours, theirs, strict=True)]
     p = wilcoxon(diffs)
     return {
-        "median_best": median(bohb),
-        "random_sampler_median_best": median(rand),
         "median_difference": round(median(diffs), 5),
         "won": sum(d > 0 for d in diffs),
-        "seeds": len(seeds),
+        "seeds": len(diffs),
         "sign_p": round(sign_test(diffs), 6),
         "wilcoxon_p": None if p is None else round(p, 6),
     }
+
+
+def paired(problem: Problem, seeds: list[int]) -> tuple[dict[str, Any], list[Run], list[Run]]:
+    """asha + bohb against asha + random on `problem`, paired by seed (and the runs)."""
+    bohb = [run_ours("asha", BOHB_TRIALS, s, "bohb", problem) for s in seeds]
+    rand = [run_ours("asha", BOHB_TRIALS, s, "random", problem) for s in seeds]
+    stats = {
+        "median_best": median([b.best for b in bohb]),
+        "random_sampler_median_best": median([r.best for r in rand]),
+        **paired_stats([b.best for b in bohb], [r.best for r in rand]),
+    }
+    return stats, rand, bohb
 
 
 def proposal_cost(results: int, repeats: int = 20) -> dict[str, float]:
@@ -297,6 +341,285 @@ def proposal_cost(results: int, repeats: int = 20) -> dict[str, float]:
         return round(1000 * (time.perf_counter() - t0) / repeats, 2)
 
     return {"cached_ms": timed(False), "refit_ms": timed(True)}
+
+
+# Peers: Ray Tune's ASHA and BOHB on the same simulated curves (module doc, (e)).
+# Ray's time attribute: a rung clock whose k-th point (RAY_REDUCTION**k) is our k-th rung.
+RAY_REDUCTION = 4
+RAY_CLOCK = {RAY_REDUCTION**k: length for k, length in enumerate(RUNGS)}  # 1: 3, ... 256: 1000
+RAY_MAX_T = max(RAY_CLOCK)
+# Ray Tune's status and decision strings (ray.tune.experiment.Trial, TrialScheduler).
+PENDING, RUNNING, PAUSED, TERMINATED = "PENDING", "RUNNING", "PAUSED", "TERMINATED"
+CONTINUE, PAUSE, STOP = "CONTINUE", "PAUSE", "STOP"
+
+
+def ray_plan() -> dict[str, Any]:
+    """The schedulers' settings, and the rungs they imply by Ray's own formulas."""
+    grace, rf, max_t = 1, RAY_REDUCTION, RAY_MAX_T
+    # AsyncHyperBandScheduler's _Bracket(min_t=grace, max_t, rf, s=0)
+    asha_rungs = [grace * rf**k for k in range(int(math.log(max_t / grace) / math.log(rf) + 1))]
+    # HyperBandScheduler: s_max + 1 brackets, bracket s starts at int(max_t * rf**-s)
+    s_max_1 = round(math.log(max_t) / math.log(rf)) + 1
+    hb_r0 = [int(max_t * rf ** (-s)) for s in reversed(range(s_max_1))]
+    return {
+        "time_attr": "rung",
+        "asha": {"max_t": max_t, "grace_period": grace, "reduction_factor": rf},
+        "hyperband": {"max_t": max_t, "reduction_factor": rf},
+        "asha_rungs_batches": [RAY_CLOCK[t] for t in asha_rungs],
+        "hyperband_r0_batches": [RAY_CLOCK[t] for t in hb_r0],
+    }
+
+
+def ray_space(space: Mapping[str, HParam]) -> tuple[dict[str, tuple[Any, ...]], dict[str, Any]]:
+    """Our search space as Ray Tune domains, (kind, args) per name, and the constants."""
+    searched: dict[str, tuple[Any, ...]] = {}
+    constants: dict[str, Any] = {}
+    for name, hp in space.items():
+        if isinstance(hp, Const):
+            constants[name] = hp.val
+        elif isinstance(hp, Log):
+            searched[name] = ("loguniform", hp.base**hp.minval, hp.base**hp.maxval)
+        elif isinstance(hp, Int):
+            searched[name] = ("randint", hp.minval, hp.maxval + 1)  # Ray's upper is exclusive
+        elif isinstance(hp, Double):
+            searched[name] = ("uniform", hp.minval, hp.maxval)
+        elif isinstance(hp, Categorical):
+            searched[name] = ("choice", list(hp.vals))
+        else:
+            raise TypeError(f"{name}: no Ray Tune domain for {type(hp).__name__}")
+    return searched, constants
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars (ConfigSpace's draws) as Python ones."""
+    return value.item() if hasattr(value, "item") else value
+
+
+@dataclass(eq=False)
+class _RayTrial:
+    """The parts of ray.tune.experiment.Trial that Ray's schedulers read."""
+
+    trial_id: str
+    hparams: dict[str, Any]
+    seed: int
+    status: str = PENDING
+    is_saving: bool = False
+    rung: int = -1  # index into RUNGS of its last result
+    batches: int = 0
+    last_result: dict[str, Any] | None = None
+    generation: int = 0  # invalidates its queued event when it pauses or stops
+
+    def __hash__(self) -> int:
+        return hash(self.trial_id)
+
+
+class _RaySearcher:
+    """Ray Tune's random search for ASHA: its domains' own samplers, one numpy stream."""
+
+    def __init__(self, domains: Mapping[str, Any], seed: int) -> None:
+        import numpy as np
+
+        self.domains = domains
+        self.rng = np.random.RandomState(seed)
+
+    def suggest(self, trial_id: str) -> dict[str, Any]:
+        return {k: d.sample(random_state=self.rng) for k, d in self.domains.items()}
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        pass
+
+    def on_trial_complete(self, trial_id: str, result: Any = None, error: bool = False) -> None:
+        pass
+
+    def on_pause(self, trial_id: str) -> None:
+        pass
+
+    def on_unpause(self, trial_id: str) -> None:
+        pass
+
+
+class _RayController:
+    """Ray Tune's TuneController as its schedulers see it, on the simulated clock."""
+
+    def __init__(self, scheduler: Any, searcher: Any) -> None:
+        self.scheduler = scheduler
+        self.searcher = searcher
+        self.search_alg = self  # schedulers call tune_controller.search_alg.searcher
+        self.trials: list[_RayTrial] = []
+
+    def get_trials(self) -> list[_RayTrial]:
+        return self.trials
+
+    def stop_trial(self, trial: _RayTrial) -> None:
+        # TuneController.stop_trial
+        if trial.status == TERMINATED:
+            return
+        if trial.status in (PENDING, PAUSED):
+            self.scheduler.on_trial_remove(self, trial)
+            self.searcher.on_trial_complete(trial.trial_id)
+        else:
+            self.scheduler.on_trial_complete(self, trial, trial.last_result)
+            self.searcher.on_trial_complete(trial.trial_id, result=trial.last_result)
+        trial.status = TERMINATED
+        trial.generation += 1
+
+
+def run_ray(
+    scheduler: Any,
+    searcher: Any,
+    problem: Problem,
+    seed: int,
+    budget: int,
+    constants: Mapping[str, Any] | None = None,
+) -> Run:
+    """Drive Ray Tune's `scheduler` and `searcher` until `budget` batches are trained.
+
+    CONCURRENT trials run at once; the trial whose next rung ends first reports first.
+    Each report goes to the scheduler, then (unless it stops the trial) to the searcher,
+    as TuneController._process_trial_result does; STOP ends the trial, PAUSE frees its
+    slot, and free slots go to scheduler.choose_trial_to_run(), or to a new trial from
+    searcher.suggest() when it has none to run."""
+    import heapq
+
+    rng = random.Random(seed)
+    ctrl = _RayController(scheduler, searcher)
+    queue: list[tuple[int, int, int, _RayTrial]] = []  # (time done, tie, generation, trial)
+    tie = 0
+    now = trained = 0
+    best = math.inf
+    trace: list[tuple[int, float, int]] = []
+
+    def start(trial: _RayTrial) -> None:
+        nonlocal tie
+        trial.status = RUNNING
+        tie += 1
+        done = now + RUNGS[trial.rung + 1] - trial.batches
+        heapq.heappush(queue, (done, tie, trial.generation, trial))
+
+    def running() -> int:
+        return sum(t.status == RUNNING for t in ctrl.trials)
+
+    def fill() -> None:
+        while running() < CONCURRENT:
+            trial = scheduler.choose_trial_to_run(ctrl)
+            if trial is None:
+                trial_id = f"{seed}_{len(ctrl.trials):05d}"
+                config = searcher.suggest(trial_id)
+                if config is None:
+                    return
+                hparams = {**(constants or {}), **{k: _plain(v) for k, v in config.items()}}
+                new = _RayTrial(trial_id, hparams, rng.randrange(2**31))
+                ctrl.trials.append(new)
+                scheduler.on_trial_add(ctrl, new)
+                trial = scheduler.choose_trial_to_run(ctrl)
+                if trial is None:
+                    return
+            start(trial)
+
+    fill()
+    while queue and trained < budget:
+        now, _, generation, trial = heapq.heappop(queue)
+        if generation != trial.generation or trial.status != RUNNING:
+            continue
+        trial.rung += 1
+        length = RUNGS[trial.rung]
+        trained += length - trial.batches
+        trial.batches = length
+        value = problem.loss(trial.hparams, length, trial.seed)
+        trace.append((trained, value, length))
+        if length == MAX_LENGTH:
+            best = min(best, value)
+        result = {"loss": value, "rung": RAY_REDUCTION**trial.rung, "batches": length}
+        result["training_iteration"] = trial.rung + 1
+        decision = scheduler.on_trial_result(ctrl, trial, result)
+        if decision != STOP:
+            searcher.on_trial_result(trial.trial_id, result)
+        trial.last_result = result
+        if decision == STOP or length == MAX_LENGTH:
+            ctrl.stop_trial(trial)
+        elif decision == PAUSE:
+            trial.status = PAUSED
+            trial.generation += 1
+        else:
+            start(trial)
+        fill()
+    return Run(best, trained, trace)
+
+
+def ray_peers(problem: Problem, seeds: list[int], budgets: list[int]) -> dict[str, list[Run]] | str:
+    """Ray Tune's ASHA and BOHB on `problem`, seed by seed at the given budgets; a line
+    saying why not when Ray Tune (or, for BOHB, HpBandSter and ConfigSpace) is missing."""
+    import logging
+    import warnings
+
+    try:
+        import numpy as np
+        from ray import tune
+        from ray.tune.schedulers import ASHAScheduler, HyperBandForBOHB
+        from ray.tune.search.bohb import TuneBOHB
+    except ImportError as e:
+        return f"(e) peers skipped: {e.msg}; install them with pip install -e '.[bench-peers]'"
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    logging.getLogger("hpbandster").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="hpbandster|ConfigSpace|statsmodels|ray")
+    plan = ray_plan()
+    searched, constants = ray_space(problem.space)
+    domains = {name: getattr(tune, kind)(*args) for name, (kind, *args) in searched.items()}
+    runs: dict[str, list[Run]] = {"ray_asha": [], "ray_bohb": []}
+    for seed, budget in zip(seeds, budgets, strict=True):
+        np.random.seed(seed)  # ASHA draws its bracket from numpy's global stream
+        asha = ASHAScheduler(time_attr=plan["time_attr"], metric="loss", mode="min", **plan["asha"])
+        runs["ray_asha"].append(
+            run_ray(asha, _RaySearcher(domains, seed), problem, seed, budget, constants)
+        )
+        hb = HyperBandForBOHB(
+            time_attr=plan["time_attr"], metric="loss", mode="min", **plan["hyperband"]
+        )
+        bohb = TuneBOHB(
+            space=TuneBOHB.convert_search_space(domains),
+            metric="loss",
+            mode="min",
+            seed=seed,
+            max_concurrent=CONCURRENT,
+        )
+        np.random.seed(seed)  # HpBandSter's kernel densities sample from numpy's global stream
+        runs["ray_bohb"].append(run_ray(hb, bohb, problem, seed, budget, constants))
+    return runs
+
+
+def peer_rows(
+    problem: Problem, seeds: list[int], rand: list[Run], bohb: list[Run]
+) -> dict[str, Any] | str:
+    """(e) on `problem`: Ray Tune's ASHA and BOHB against our asha with the random and the
+    bohb sampler (the first len(seeds) runs of (d)), each pair at our run's budget: a peer
+    runs to the larger of the two and is read at each (`Run.best_within`)."""
+    rand, bohb = rand[: len(seeds)], bohb[: len(seeds)]
+    budgets = [max(r.batches, b.batches) for r, b in zip(rand, bohb, strict=True)]
+    peers = ray_peers(problem, seeds, budgets)
+    if isinstance(peers, str):
+        return peers
+    out: dict[str, Any] = {
+        "seeds": len(seeds),
+        "asha_median_budget": median([float(r.batches) for r in rand]),
+        "asha_bohb_median_budget": median([float(b.batches) for b in bohb]),
+    }
+    for name, runs in peers.items():
+        at_asha = [p.best_within(r.batches) for p, r in zip(runs, rand, strict=True)]
+        at_bohb = [p.best_within(b.batches) for p, b in zip(runs, bohb, strict=True)]
+        out[name] = {
+            "median_best_at_asha_budget": median(at_asha),
+            "median_best_at_asha_bohb_budget": median(at_bohb),
+            "no_final_result": sum(not math.isfinite(v) for v in at_asha + at_bohb),
+            "trials": median([float(sum(n == RUNGS[0] for _, _, n in r.trace)) for r in runs]),
+            "vs_asha": paired_stats([r.best for r in rand], at_asha),
+            "vs_asha_bohb": paired_stats([b.best for b in bohb], at_bohb),
+        }
+    return out
+
+
+def _met_better(stats: Mapping[str, Any]) -> bool:
+    p = stats["sign_p"] if stats["wilcoxon_p"] is None else stats["wilcoxon_p"]
+    return bool(stats["median_difference"] > 0 and p < P_TARGET)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,12 +664,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     bohb_seeds = list(range(args.seeds or (10 if args.quick else 20)))
-    bohb = {p.name: paired(p, bohb_seeds) for p in PROBLEMS}
-    bohb_passed = all(
-        b["median_difference"] > 0
-        and (b["sign_p"] if b["wilcoxon_p"] is None else b["wilcoxon_p"]) < P_TARGET
-        for b in bohb.values()
-    )
+    pairs = {p.name: paired(p, bohb_seeds) for p in PROBLEMS}
+    bohb = {name: stats for name, (stats, _, _) in pairs.items()}
+    bohb_passed = all(_met_better(b) for b in bohb.values())
     for name, b in bohb.items():
         print(
             f"(d) {name}: asha + bohb median best {b['median_best']:.4f}, asha + random "
@@ -361,12 +681,59 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{n} results {c['cached_ms']} / {c['refit_ms']}" for n, c in costs_ms.items())
     )
 
+    t_peers = time.perf_counter()
+    peers: dict[str, Any] = {}
+    peers_passed: bool | None = None
+    if args.quick:
+        peers = {"skipped": "(e) peers (Ray Tune's ASHA and BOHB) are left out of --quick"}
+        print(peers["skipped"])
+    for problem in PROBLEMS if not args.quick else ():
+        _, rand_runs, bohb_runs = pairs[problem.name]
+        row = peer_rows(problem, bohb_seeds, rand_runs, bohb_runs)
+        if isinstance(row, str):
+            print(row)
+            peers = {"skipped": row}
+            break
+        peers[problem.name] = row
+        for name, label in (("ray_asha", "Ray ASHA"), ("ray_bohb", "Ray BOHB")):
+            r = row[name]
+            print(
+                f"(e) {problem.name}, {row['seeds']} seeds: {label} median best "
+                f"{r['median_best_at_asha_budget']:.4f} at our asha's budget (median "
+                f"{row['asha_median_budget']:,.0f} batches), "
+                f"{r['median_best_at_asha_bohb_budget']:.4f} at asha + bohb's "
+                f"({row['asha_bohb_median_budget']:,.0f}); {r['trials']:.0f} trials"
+            )
+            for ours, label_ours in (("vs_asha", "asha"), ("vs_asha_bohb", "asha + bohb")):
+                d = r[ours]
+                print(
+                    f"    {label} - our {label_ours}: median {d['median_difference']:+.4f}, "
+                    f"ours won {d['won']}/{d['seeds']}, sign test p={d['sign_p']:.2g}, "
+                    f"Wilcoxon p={d['wilcoxon_p'] or math.nan:.2g}"
+                )
+    if "skipped" not in peers:
+        peers_passed = all(
+            row["ray_asha"]["vs_asha"]["median_difference"] >= 0
+            and _met_better(row["ray_asha"]["vs_asha_bohb"])
+            and _met_better(row["ray_bohb"]["vs_asha_bohb"])
+            for row in peers.values()
+        )
+        peers["passed"] = peers_passed
+        peers["seconds"] = round(time.perf_counter() - t_peers, 1)
+        print(
+            f"(e) targets (our asha >= Ray ASHA; our asha + bohb better than both, on both "
+            f"problems): {'met' if peers_passed else 'not met'}"
+        )
+
     elapsed = time.perf_counter() - t0
     out = {
         "benchmark": "search_quality",
         "ratio": round(ratio, 3),
         "target": RATIO_TARGET,
-        "passed": ratio >= RATIO_TARGET and ours_best <= optuna_best and bohb_passed,
+        "passed": ratio >= RATIO_TARGET
+        and ours_best <= optuna_best
+        and bohb_passed
+        and peers_passed is not False,
         "seeds": len(seeds),
         "quick": bool(args.quick),
         "random": {"trials": RANDOM_TRIALS, "budget": random_budget, "median_best": target},
@@ -391,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
             "problems": bohb,
             "cost_per_proposal": costs_ms,
         },
+        "peers": peers,
         "seconds": round(elapsed, 1),
     }
     print(f"passed={out['passed']} in {elapsed:.1f} s")

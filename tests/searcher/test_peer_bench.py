@@ -1,0 +1,185 @@
+"""The peer rows of bench/search_quality.py (Ray Tune's ASHA and BOHB): the settings and
+search space handed to Ray, the simulated clock and budget that drive Ray's schedulers,
+and the line that skips the rows without Ray. None of it needs Ray installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from assay.config import Categorical, Const, Double, Int, Log
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+RUNGS = [3, 15, 62, 250, 1000]  # ASHA's defaults for max_length 1000
+
+
+@pytest.fixture(scope="module")
+def sq() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "search_quality_bench", ROOT / "bench" / "search_quality.py"
+    )
+    assert spec
+    assert spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rays_schedulers_get_our_rungs(sq: ModuleType) -> None:
+    plan = sq.ray_plan()
+    assert list(sq.RUNGS) == RUNGS
+    # Ray's ASHA rungs and HyperBand's bracket starts, by Ray's formulas, are our rungs.
+    assert plan["asha_rungs_batches"] == RUNGS
+    assert plan["hyperband_r0_batches"] == RUNGS
+    assert plan["asha"] == {"max_t": 256, "grace_period": 1, "reduction_factor": 4}
+    assert plan["hyperband"] == {"max_t": 256, "reduction_factor": 4}
+
+
+def test_the_search_space_maps_to_rays_domains(sq: ModuleType) -> None:
+    space = {
+        "bs": Const(64),
+        "lr": Log(-5.0, 0.0, 10.0),
+        "width": Int(16, 512),
+        "dropout": Double(0.0, 0.6),
+        "opt": Categorical(("sgd", "adam")),
+    }
+    searched, constants = sq.ray_space(space)
+    assert constants == {"bs": 64}
+    assert searched == {
+        "lr": ("loguniform", 1e-5, 1.0),
+        "width": ("randint", 16, 513),  # Ray's upper bound is exclusive
+        "dropout": ("uniform", 0.0, 0.6),
+        "opt": ("choice", ["sgd", "adam"]),
+    }
+    for problem in sq.PROBLEMS:  # both problems convert
+        assert sq.ray_space(problem.space)[0]
+
+
+class _Scheduler:
+    """A stand-in with Ray's scheduler interface: pauses the first three trials at their
+    first rung and resumes them once the fourth has reported; stops odd trials at the
+    third rung."""
+
+    def __init__(self) -> None:
+        self.added: list[Any] = []
+        self.resume: list[Any] = []
+        self.max_running = 0
+
+    def on_trial_add(self, ctrl: Any, trial: Any) -> None:
+        assert trial.status == "PENDING"
+        self.added.append(trial)
+
+    def choose_trial_to_run(self, ctrl: Any) -> Any:
+        running = sum(t.status == "RUNNING" for t in ctrl.get_trials())
+        self.max_running = max(self.max_running, running)
+        for t in ctrl.get_trials():
+            if t.status == "PENDING":
+                return t
+        if self.resume:
+            return self.resume.pop(0)
+        return None
+
+    def on_trial_result(self, ctrl: Any, trial: Any, result: dict[str, Any]) -> str:
+        assert result["batches"] == RUNGS[trial.rung]
+        assert result["rung"] == 4**trial.rung
+        index = self.added.index(trial)
+        if trial.rung == 0 and index < 3:
+            return "PAUSE"
+        if trial.rung == 0 and index == 3:
+            self.resume = [t for t in self.added[:3] if t.status == "PAUSED"]
+        if trial.rung == 2 and index % 2:
+            return "STOP"
+        return "CONTINUE"
+
+    def on_trial_complete(self, ctrl: Any, trial: Any, result: Any) -> None:
+        assert result is trial.last_result
+
+    def on_trial_remove(self, ctrl: Any, trial: Any) -> None:
+        raise AssertionError("no trial is stopped while paused here")
+
+
+class _Searcher:
+    def __init__(self) -> None:
+        self.results: list[str] = []
+        self.completed: list[str] = []
+
+    def suggest(self, trial_id: str) -> dict[str, Any]:
+        return {"x": len(self.completed) + len(self.results)}
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        self.results.append(trial_id)
+
+    def on_trial_complete(self, trial_id: str, result: Any = None) -> None:
+        self.completed.append(trial_id)
+
+
+def test_rays_schedulers_are_driven_to_the_budget_on_our_clock(sq: ModuleType) -> None:
+    problem = sq.Problem("flat", {}, lambda h, batches, seed: 1.0 / batches)
+    scheduler, searcher = _Scheduler(), _Searcher()
+    budget = 8_000
+    run = sq.run_ray(scheduler, searcher, problem, 7, budget, {"c": 1})
+    # It stops at the first result that crosses the budget, and no sooner.
+    assert run.batches >= budget > run.trace[-2][0]
+    assert run.trace[-1][0] == run.batches
+    # Every trial's batches are counted once: the trace adds up the rungs each reached.
+    assert run.batches == sum(t.batches for t in scheduler.added)
+    assert all(t.batches == RUNGS[t.rung] for t in scheduler.added if t.rung >= 0)
+    assert run.best == 1.0 / 1000  # only full-length results count
+    assert scheduler.max_running <= sq.CONCURRENT
+    # Paused trials resumed where they had stopped; each rung reached was reported once,
+    # to the searcher too, except a result the scheduler stopped the trial on.
+    assert all(t.rung >= 1 for t in scheduler.added[:3])
+    for index, t in enumerate(scheduler.added):
+        stopped = t.rung == 2 and index % 2 == 1
+        assert searcher.results.count(t.trial_id) == t.rung + (0 if stopped else 1)
+        if stopped or t.rung == 4:
+            assert t.status == "TERMINATED"
+            assert t.trial_id in searcher.completed
+    assert any(t.rung == 2 and t.status == "TERMINATED" for t in scheduler.added)
+    assert all(t.hparams["c"] == 1 for t in scheduler.added)  # constants reach the curve
+
+
+def test_best_within_reads_a_run_at_a_smaller_budget(sq: ModuleType) -> None:
+    run = sq.Run(0.1, 3000, [(1000, 0.5, 1000), (1500, 0.01, 62), (2000, 0.3, 1000)])
+    assert run.best_within(500) == 0.5  # the result that crosses the budget counts
+    assert run.best_within(1000) == 0.5
+    assert run.best_within(1800) == 0.3
+    assert math.isinf(sq.Run(math.inf, 10, [(10, 0.1, 3)]).best_within(10))
+
+
+def test_without_ray_the_peer_rows_are_skipped_with_a_line(
+    sq: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
+    line = sq.ray_peers(sq.PROBLEMS[0], [0], [1000])
+    assert isinstance(line, str)
+    assert line.startswith("(e) peers skipped:")
+    assert "pip install -e '.[bench-peers]'" in line
+    run = sq.Run(0.1, 1000, [])
+    assert sq.peer_rows(sq.PROBLEMS[0], [0], [run], [run]) == line
+
+
+def test_inf_differences_rank_highest_in_the_wilcoxon_test(sq: ModuleType) -> None:
+    pytest.importorskip("scipy")
+    diffs = [0.01, -0.02, 0.03, 0.04, 0.05, 0.06]
+    assert sq.wilcoxon([*diffs[:-1], math.inf]) == sq.wilcoxon(diffs)
+
+
+def test_the_status_and_decision_strings_are_rays(sq: ModuleType) -> None:
+    experiment = pytest.importorskip("ray.tune.experiment")
+    schedulers = pytest.importorskip("ray.tune.schedulers")
+    trial, decision = experiment.Trial, schedulers.TrialScheduler
+    assert (trial.PENDING, trial.RUNNING, trial.PAUSED, trial.TERMINATED) == (
+        sq.PENDING,
+        sq.RUNNING,
+        sq.PAUSED,
+        sq.TERMINATED,
+    )
+    assert (decision.CONTINUE, decision.PAUSE, decision.STOP) == (sq.CONTINUE, sq.PAUSE, sq.STOP)

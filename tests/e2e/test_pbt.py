@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from assay.cli._client import Client
 from tests.conftest import REGRESSION_DIR, regression_config
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
 
@@ -35,19 +36,26 @@ def pbt_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         stop_cluster(cluster)
 
 
-def _validations(cluster: Cluster, trial_id: int) -> dict[int, float]:
-    rows = cluster.json("trial", "metrics", str(trial_id), "--group", "validation")
-    return {int(r["total_batches"]): float(r["metrics"]["val_loss"]) for r in rows}
+@pytest.fixture(scope="module")
+def api(pbt_cluster: Cluster) -> Iterator[Client]:
+    """Reads in this process (a CLI process takes a second or more to start)."""
+    client = Client(pbt_cluster.address)
+    yield client
+    client.close()
 
 
-def _training_batches(cluster: Cluster, trial_id: int) -> list[int]:
-    rows = cluster.json("trial", "metrics", str(trial_id), "--group", "training")
-    return [int(r["total_batches"]) for r in rows]
+def _validations(api: Client, trial_id: int) -> dict[int, float]:
+    reports = api.get_trial_metrics(trial_id, "validation").reports
+    return {int(r.total_batches): float(r.metrics["val_loss"]) for r in reports}
+
+
+def _training_batches(api: Client, trial_id: int) -> list[int]:
+    return [int(r.total_batches) for r in api.get_trial_metrics(trial_id, "training").reports]
 
 
 @pytest.mark.timeout(WAIT_S + 120)
 def test_pbt_copies_the_best_checkpoint_and_records_the_lineage(
-    pbt_cluster: Cluster, tmp_path: Path
+    pbt_cluster: Cluster, api: Client, tmp_path: Path
 ) -> None:
     cluster = pbt_cluster
     config: dict[str, Any] = regression_config(batches=ROUND, global_batch_size=8)
@@ -87,17 +95,15 @@ def test_pbt_copies_the_best_checkpoint_and_records_the_lineage(
         assert parent_id in trials, copy
         assert parent_id < copy_id, copy
         start = copy["search_round"] * ROUND  # where its parent paused
-        parent = _validations(cluster, parent_id)
+        parent = _validations(api, parent_id)
         # The parent was the best of its round.
-        round_values = [
-            v for t in trials for b, v in _validations(cluster, t).items() if b == start
-        ]
+        round_values = [v for t in trials for b, v in _validations(api, t).items() if b == start]
         assert parent[start] == min(round_values)
         # The copy trained on from the parent's batch count, never from 0 ...
-        training = _training_batches(cluster, copy_id)
+        training = _training_batches(api, copy_id)
         assert training, copy
         assert min(training) > start, training
-        own = _validations(cluster, copy_id)
+        own = _validations(api, copy_id)
         assert min(own) == start + ROUND, own
         # ... and from its weights: both trained the same next round from one checkpoint.
         assert own[start + ROUND] == pytest.approx(parent[start + ROUND], rel=1e-6)

@@ -33,6 +33,9 @@ def test_every_route_is_in_it(document: dict[str, Any]) -> None:
         ("get", "/api/v1/experiments/{id}"),
         ("get", "/api/v1/experiments/{id}/metrics"),
         ("post", "/api/v1/experiments/{id}/{action}"),
+        ("post", "/api/v1/experiments/{id}/continue"),
+        ("delete", "/api/v1/experiments/{id}"),
+        ("post", "/api/v1/trials/{id}/kill"),
         ("post", "/api/v1/experiments/{id}/set/{name}"),
         ("get", "/api/v1/trials/{id}"),
         ("get", "/api/v1/trials/{id}/metrics"),
@@ -153,7 +156,12 @@ def test_body_routes_describe_their_body(document: dict[str, Any]) -> None:
     create = document["paths"]["/api/v1/experiments"]["post"]
     assert create["parameters"] == []
     body = create["requestBody"]["content"]["application/json"]["schema"]
-    assert set(body["properties"]) == {"config_yaml", "model_definition", "activate"}
+    assert set(body["properties"]) == {
+        "config_yaml",
+        "model_definition",
+        "activate",
+        "model_definition_from",
+    }
     assert body["properties"]["model_definition"]["contentEncoding"] == "base64"
     delete = document["paths"]["/api/v1/checkpoints/delete"]["post"]
     uuids = delete["requestBody"]["content"]["application/json"]["schema"]["properties"]

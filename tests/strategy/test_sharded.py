@@ -6,6 +6,11 @@ saves it sharded, gathers the full state dict as the reference, then trains M mo
 plain process continue M steps; each is compared, bit for bit (fp32), with the same world
 continuing from the gathered reference state, and the 2-rank restore with the straight run.
 
+The same processes also train the regression Trial under `optimizations.strategy: fsdp`
+(the Trial API), whose checkpoints are sharded: saved on 2 ranks, it is restored on 4,
+saved, restored on 2, saved and restored on 1 slot (no FSDP); each hop continues bit for
+bit as its twin does, the same checkpoint's state restored from full state dicts.
+
 This file is also the worker those processes run: `python test_sharded.py PHASE JSON`.
 """
 
@@ -146,9 +151,11 @@ def _worker(phase: str, args: dict[str, Any]) -> None:
         if rank == 0:
             torch.save(reference, out / "reference.pt")
             torch.save(straight, out / "straight.pt")
+        _trials(args["trials"], out)
     elif phase == "restore":
         for each in args["strategies"]:
             _restore(each, world, rank, Path(args["ckpt"]), out)
+        _trials(args.get("trials", []), out)
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -172,6 +179,61 @@ def _restore(strategy: str, world: int, rank: int, ckpt: Path, out: Path) -> Non
         torch.save(loaded, out / f"loaded-{name}.pt")
         torch.save(restored, out / f"restored-{name}.pt")
         torch.save(continued, out / f"continued-{name}.pt")
+
+
+def _trials(runs: list[dict[str, Any]], out: Path) -> None:
+    import torch.distributed as dist
+
+    """Train the regression Trial once per run (in this process group); rank 0 writes the
+    path of each run's last checkpoint into `out/<name>`, or the error it expected."""
+    from assay._spec import WorkerSpec
+    from assay._worker import run_worker
+    from assay.errors import AssayError
+
+    for run in runs:
+        spec = WorkerSpec(
+            config=run["config"],
+            model_dir=str(_REGRESSION),
+            checkpoint_dir=run["checkpoint_dir"],
+            resume_from=run.get("resume_from"),
+        )
+        if run.get("expect_error"):
+            try:
+                run_worker(spec, env=None)
+            except AssayError as e:
+                if dist.get_rank() == 0:
+                    (out / run["name"]).write_text(f"{type(e).__name__}: {e}")
+            continue
+        result = run_worker(spec, env=None)
+        if result is not None:
+            assert result.checkpoint is not None
+            (out / run["name"]).write_text(result.checkpoint)
+
+
+_REGRESSION = Path(__file__).resolve().parents[1] / "fixtures" / "regression"
+T_HOP = 4  # batches each hop of the Trial's chain trains
+
+
+def trial_config(slots: int, batches: int) -> dict[str, Any]:
+    """The regression Trial under FSDP: 3 global batches an epoch (shuffled), its LR
+    stepped every batch, a checkpoint every `T_HOP` batches."""
+    return {
+        "name": "sharded-trial",
+        "entrypoint": "model_def:RegressionTrial",
+        "hyperparameters": {
+            "global_batch_size": 16,
+            "lr": 0.05,
+            "n_train": 48,
+            "shuffle": True,
+            "scheduler": "batch",
+        },
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": batches}},
+        "resources": {"slots_per_trial": slots},
+        "optimizations": {"strategy": "fsdp", "fsdp": {"wrap": ["Linear"]}},
+        "min_checkpoint_period": {"batches": T_HOP},
+        "scheduling_unit": T_HOP,
+        "reproducibility": {"experiment_seed": 3},
+    }
 
 
 # --- launching ----------------------------------------------------------------------------
@@ -237,7 +299,22 @@ def _load(path: Path) -> Any:
 def first(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2 FSDP ranks: K steps, saved sharded into `ckpt`, gathered, M more steps."""
     out = tmp_path_factory.mktemp("sharded")
-    launch("first", 2, strategy="fsdp", ckpt=out / "ckpt", out=out)
+    # The Trial: 2 x T_HOP batches straight on 2 ranks (checkpoints at T_HOP and 2 T_HOP).
+    straight = {
+        "name": "trial-straight",
+        "config": trial_config(2, 2 * T_HOP),
+        "checkpoint_dir": str(out / "trial-2"),
+    }
+    # A searcher length that ends in the middle of an accumulation of 2.
+    accumulating = trial_config(2, 5)
+    accumulating["optimizations"] = {"strategy": "fsdp", "aggregation_frequency": 2}
+    mid = {
+        "name": "trial-mid-accumulation",
+        "config": accumulating,
+        "checkpoint_dir": str(out / "trial-mid"),
+        "expect_error": True,
+    }
+    launch("first", 2, strategy="fsdp", ckpt=out / "ckpt", out=out, trials=[straight, mid])
     return out
 
 
@@ -267,6 +344,49 @@ def test_to_full_state_dict_equals_the_gathered_state_dict(first: Path) -> None:
     _equal(full, _load(first / "reference.pt"))
 
 
+@pytest.fixture(scope="module")
+def on_four(first: Path) -> Path:
+    """4 ranks: the sharded checkpoint restored under FSDP (M steps on), beside its twin
+    from the gathered state; and the Trial's checkpoint taken on 2 ranks continued on 4
+    (`on-4`), beside its twin restored from the same state as full state dicts."""
+    saved = _trial_checkpoints(first / "trial-2")[T_HOP]
+    launch(
+        "restore",
+        4,
+        strategies=["fsdp"],
+        ckpt=first / "ckpt",
+        out=first,
+        trials=[
+            _hop("on-4", 4, 2 * T_HOP, saved, first),
+            _hop("twin-4", 4, 2 * T_HOP, _as_full_checkpoint(saved, first), first),
+        ],
+    )
+    return first
+
+
+@pytest.fixture(scope="module")
+def on_two(on_four: Path) -> Path:
+    """2 ranks: the sharded checkpoint restored under FSDP and under DDP; the Trial's
+    checkpoint from 4 ranks continued on 2 (`on-2`) beside its twin, and the Trial's first
+    checkpoint again on 2 (`again-2`), to compare with the straight run."""
+    first = on_four
+    on_4 = Path((first / "on-4").read_text())
+    saved = _trial_checkpoints(first / "trial-2")[T_HOP]
+    launch(
+        "restore",
+        2,
+        strategies=["fsdp", "ddp"],
+        ckpt=first / "ckpt",
+        out=first,
+        trials=[
+            _hop("on-2", 2, 3 * T_HOP, on_4, first),
+            _hop("twin-2", 2, 3 * T_HOP, _as_full_checkpoint(on_4, first), first),
+            _hop("again-2", 2, 2 * T_HOP, saved, first),
+        ],
+    )
+    return first
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("world", "strategies"),
@@ -274,9 +394,12 @@ def test_to_full_state_dict_equals_the_gathered_state_dict(first: Path) -> None:
     ids=["fsdp-on-1", "fsdp-and-ddp-on-2", "fsdp-on-4"],
 )
 def test_restored_on_another_world_continues_bit_identically(
-    first: Path, world: int, strategies: list[str]
+    first: Path, world: int, strategies: list[str], request: pytest.FixtureRequest
 ) -> None:
-    launch("restore", world, strategies=strategies, ckpt=first / "ckpt", out=first)
+    if world == 1:
+        launch("restore", world, strategies=strategies, ckpt=first / "ckpt", out=first)
+    else:  # the module's launches on 2 and 4 ranks, which also continue the Trial's chain
+        request.getfixturevalue({2: "on_two", 4: "on_four"}[world])
 
     for strategy in strategies:
         name = f"{strategy}{world}"
@@ -413,6 +536,141 @@ def test_save_refuses_a_rank_that_is_not_the_process_groups(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="does not match the process group"):
         save_sharded(tmp_path, _model(), None, rank=1, world_size=2, strategy="fsdp")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- the Trial API under FSDP: sharded checkpoints that reshard 2 -> 4 -> 2 -> 1 -------------
+
+
+def _trial_checkpoints(root: Path) -> dict[int, Path]:
+    """The checkpoints under `root` by the batch they were taken at."""
+    from assay._checkpoint import read_metadata
+
+    found = {}
+    for path in root.iterdir():
+        if (path / "metadata.json").is_file():
+            found[read_metadata(path).total_batches] = path
+    return found
+
+
+def _check_sharded(ckpt: Path, world: int) -> dict[str, int]:
+    """`ckpt` holds the model and optimizer as `world` ranks' shards, each file listed in
+    `metadata.json` and `shards.json` with its sha256; returns the shards' sizes by rank."""
+    from assay._checkpoint import verify_checkpoint
+    from assay.strategy._sharded import SHARD_MANIFEST
+
+    metadata = verify_checkpoint(ckpt)
+    assert (metadata.strategy, metadata.world_size) == ("fsdp", world)
+    assert "models.pt" not in metadata.files
+    assert "optimizers.pt" not in metadata.files
+    shards = json.loads((ckpt / "model-000" / SHARD_MANIFEST).read_text())
+    assert (shards["world_size"], shards["contents"]) == (world, ["model", "optimizer"])
+    per_rank = {f"__{rank}_0.distcp" for rank in range(world)}
+    assert set(shards["files"]) == per_rank | {".metadata"}
+    for name, entry in shards["files"].items():
+        listed = metadata.files[f"model-000/{name}"]
+        data = (ckpt / "model-000" / name).read_bytes()
+        assert (listed.size, listed.sha256) == (entry["size"], entry["sha256"])
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+    return {name: int(shards["files"][name]["size"]) for name in sorted(per_rank)}
+
+
+def _trial_state(ckpt: Path) -> dict[str, Any]:
+    """Everything a Trial's checkpoint restores, with full model and optimizer states."""
+    from assay._checkpoint import load_file, load_user_state
+    from assay.strategy._sharded import to_full_state_dict
+
+    state = {stem: load_file(ckpt, stem) for stem in ("lr_schedulers", "rng", "trial_state")}
+    state["seen"] = load_user_state(ckpt)["seen"]  # the Trial's own state (its pid aside)
+    if (ckpt / "models.pt").is_file():
+        state["models"] = load_file(ckpt, "models")
+        state["optimizers"] = load_file(ckpt, "optimizers")
+    else:
+        full = to_full_state_dict(ckpt / "model-000")
+        state["models"], state["optimizers"] = [full["model"]], [full["optimizer"]]
+    return state
+
+
+def _as_full_checkpoint(ckpt: Path, root: Path) -> Path:
+    """A copy of sharded Trial checkpoint `ckpt` under `root` with full state dicts
+    (`models.pt`, `optimizers.pt`) in place of the shards: the twin's starting point."""
+    from assay._checkpoint import MANIFEST, new_uuid, read_metadata, seal_checkpoint
+    from assay.strategy._sharded import to_full_state_dict
+
+    metadata = read_metadata(ckpt)
+    metadata.uuid, metadata.files, metadata.strategy = new_uuid(), {}, ""
+    staging = root / f".tmp-{metadata.uuid}"
+    shutil.copytree(ckpt, staging, ignore=shutil.ignore_patterns(MANIFEST, "sharded.pt", "model-*"))
+    full = to_full_state_dict(ckpt / "model-000")
+    torch.save([full["model"]], staging / "models.pt")
+    torch.save([full["optimizer"]], staging / "optimizers.pt")
+    return seal_checkpoint(staging, root / metadata.uuid, metadata)
+
+
+def _hop(name: str, slots: int, batches: int, resume_from: Path, out: Path) -> dict[str, Any]:
+    return {
+        "name": name,
+        "config": trial_config(slots, batches),
+        "checkpoint_dir": str(out / f"{name}-checkpoints"),
+        "resume_from": str(resume_from),
+    }
+
+
+@pytest.mark.slow
+def test_a_trial_checkpoint_is_sharded_and_continues_on_4_then_2_then_1_slots(
+    on_two: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import assay
+
+    out = on_two
+    straight = _trial_checkpoints(out / "trial-2")
+    saved = straight[T_HOP]  # taken on 2 ranks, mid-epoch
+    sizes = _check_sharded(saved, 2)
+    assert Path((out / "trial-straight").read_text()) == straight[2 * T_HOP]
+
+    # On 4 ranks (`on_four`), beside its twin from the same state as full state dicts.
+    on_4 = Path((out / "on-4").read_text())
+    _check_sharded(on_4, 4)
+    _equal(_trial_state(on_4), _trial_state(Path((out / "twin-4").read_text())))
+
+    # Back on 2 ranks; and the first checkpoint again, which continues as the straight run.
+    on_2 = Path((out / "on-2").read_text())
+    _check_sharded(on_2, 2)
+    _equal(_trial_state(on_2), _trial_state(Path((out / "twin-2").read_text())))
+    _equal(_trial_state(Path((out / "again-2").read_text())), _trial_state(straight[2 * T_HOP]))
+
+    # On 1 slot: no FSDP, one plain process, full state dicts again.
+    ends = [
+        assay.run_local(
+            config=trial_config(1, 4 * T_HOP),
+            model_dir=_REGRESSION,
+            checkpoint_dir=out / f"{name}-checkpoints",
+            resume_from=start,
+        )
+        for name, start in (("on-1", on_2), ("twin-1", _as_full_checkpoint(on_2, out)))
+    ]
+    assert [end.total_batches for end in ends] == [4 * T_HOP] * 2
+    assert ends[0].checkpoint is not None
+    assert ends[1].checkpoint is not None
+    end = _trial_state(Path(ends[0].checkpoint))
+    assert end["trial_state"]["total_batches"] == 4 * T_HOP
+    # The Trial's own state came through every hop: rank 0's samples, 16 / slots a batch.
+    assert end["seen"] == T_HOP * (8 + 4 + 8 + 16)
+    _equal(end, _trial_state(Path(ends[1].checkpoint)))
+    with capsys.disabled():
+        full = sum((saved / "model-000" / n).stat().st_size for n in sizes)
+        print(f"\nsharded Trial checkpoint on 2 ranks: {sizes} bytes (all shards {full})")
+
+
+def test_a_searcher_length_that_ends_mid_accumulation_is_refused_before_training(
+    first: Path,
+) -> None:
+    message = (first / "trial-mid-accumulation").read_text()
+
+    assert message.startswith("TrialContractError: the searcher asks to train to batch 5")
+    assert "aggregation_frequency: 2" in message
+    assert "multiples of 2" in message
+    mid = first / "trial-mid"
+    assert not mid.exists() or _trial_checkpoints(mid) == {}  # nothing trained or stored
 
 
 # --- handing a model on: load_checkpoint, load_trial, checkpoint download --full -----------

@@ -3,11 +3,15 @@
 The trial pauses mid-run (its checkpoint waits for the accumulation's boundary), resumes
 on the cluster and completes; the paused checkpoint, downloaded, also continues on one
 slot. Both continuations end on the same weights (the trial's seed, given by the
-cluster, decides its initial weights).
+cluster, decides its initial weights). Its checkpoints are sharded: each of the two
+ranks, on its own agent, wrote its own shard of the model and optimizer, and the chief's
+manifest lists both with their sha256s.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -62,8 +66,25 @@ def _latest(cluster: Cluster, eid: int) -> dict[str, Any]:
 
 
 def _weights(directory: Path) -> dict[str, torch.Tensor]:
-    state: dict[str, torch.Tensor] = torch.load(directory / "models.pt", weights_only=True)[0]
-    return state
+    """The model's full weights (gathered from the shards of a sharded checkpoint)."""
+    return dict(assay.load_checkpoint(directory).models[0])
+
+
+def _check_sharded_on_two_ranks(directory: Path) -> None:
+    """`directory` holds the model and optimizer as 2 ranks' shards, each listed with its
+    sha256 in `shards.json` and in the checkpoint's manifest, and no full state dicts."""
+    from assay._checkpoint import verify_checkpoint
+
+    metadata = verify_checkpoint(directory)
+    assert (metadata.strategy, metadata.world_size) == ("fsdp", 2)
+    assert "models.pt" not in metadata.files
+    shards = json.loads((directory / "model-000" / "shards.json").read_text())
+    assert shards["world_size"] == 2
+    assert set(shards["files"]) == {"__0_0.distcp", "__1_0.distcp", ".metadata"}
+    for name, entry in shards["files"].items():
+        data = (directory / "model-000" / name).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+        assert metadata.files[f"model-000/{name}"].sha256 == entry["sha256"]
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -100,6 +121,7 @@ def test_fsdp_across_two_agents_pauses_resumes_and_continues_on_one_slot(
     downloaded = tmp_path / "paused"
     done = cluster.cli("checkpoint", "download", paused["uuid"], str(downloaded))
     assert done.returncode == 0, done.stderr
+    _check_sharded_on_two_ranks(downloaded)
     # The paused checkpoint continues on one slot (no wrapper) to the same weights.
     one = assay.run_local(
         config=_config(slots=1),
@@ -121,5 +143,15 @@ def test_fsdp_across_two_agents_pauses_resumes_and_continues_on_one_slot(
     final = _latest(cluster, eid)
     assert int(final["total_batches"]) == BATCHES
     end = tmp_path / "final"
-    assert cluster.cli("checkpoint", "download", final["uuid"], str(end)).returncode == 0
+    done = cluster.cli("checkpoint", "download", final["uuid"], str(end), "--full")
+    assert done.returncode == 0, done.stderr
+    _check_sharded_on_two_ranks(end)
+    # --full: the plain state dict gathered from the shards, beside them.
+    full = torch.load(end / "model-000" / "full_state_dict.pt", weights_only=True)
+    assert _max_diff(full["model"], _weights(end)) == 0.0
+    # The resumed run continued from the paused checkpoint: it restored it (the log says
+    # which) and ends on the weights that the one-slot continuation of it ends on.
+    logs = cluster.cli("trial", "logs", str(_trial(cluster, eid)["id"])).stdout
+    restored = f"restored checkpoint {paused['uuid']} at batch {stopped_at} (taken on 2 slots"
+    assert restored in logs, logs[-3000:]
     assert _max_diff(_weights(end), _weights(Path(one.checkpoint))) <= TOL

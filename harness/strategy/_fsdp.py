@@ -164,6 +164,16 @@ class FSDPStrategy(Strategy):
 
     # --- state ---------------------------------------------------------------------------
 
+    def _owner(self, optimizer: torch.optim.Optimizer) -> nn.Module:
+        # A unit that keeps its parameters gathered after forward (shard_grad_op) has its
+        # unsharded tensors registered until it reshards: reshard (as reading its state
+        # does) so that the model's parameters are the sharded ones the optimizer steps.
+        for model in self.models:
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+        return super()._owner(optimizer)
+
     def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
         return dict(get_model_state_dict(model, options=_FULL))
 

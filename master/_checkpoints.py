@@ -16,7 +16,7 @@ it, is reported per checkpoint, leaving that one as it was.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from assay.common.storage import StorageError, checkpoint_location, checkpoint_uuid
@@ -112,6 +112,7 @@ def delete_experiment(
     *,
     default_root: Path | None = None,
     policy: StoragePolicy | None = None,
+    delete_rows: Callable[[int], None] | None = None,
 ) -> GCResult:
     """`DeleteExperiment`: delete an ended experiment, its checkpoints' files first.
 
@@ -128,6 +129,8 @@ def delete_experiment(
     checkpoint whose files could not be deleted is returned in `failed` (why, with its
     place), and its files are left there: the rows go all the same, so that an
     unreachable storage or a forged record cannot keep the experiment for ever.
+    `delete_rows`: what deletes the rows (default `store.delete_experiment`; the master's
+    `delete_experiment_rows`, which also refuses an experiment continued meanwhile).
     """
     record = store.get_experiment(experiment_id)
     if record.state not in ENDED_EXPERIMENT:
@@ -156,7 +159,7 @@ def delete_experiment(
         else:
             storages = StorageCache(default_root, policy=policy)
             result = delete_records(store, live, config, storages, experiment_id)
-    store.delete_experiment(experiment_id)
+    (delete_rows or store.delete_experiment)(experiment_id)
     where = {c.uuid: c.location for c in live}
     failed = {
         uuid: why if where[uuid] in why else f"{why} (its files: {where[uuid]})"

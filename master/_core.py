@@ -305,6 +305,19 @@ class Master:
             self.interpreter.schedule()
             self.commit_and_wait()
 
+    def delete_experiment_rows(self, experiment_id: int) -> None:
+        """`Store.delete_experiment` under the lock, once the experiment's files are gone:
+        an `experiment continue` that has made it live again (in memory first, then in
+        the store) is seen here, and the deletion refused, rather than half-undone."""
+        with self.lock:
+            live = self.experiments.get(experiment_id)
+            if live is not None:
+                raise ConflictError(
+                    f"experiment {experiment_id} is {live.state} again (continued): kill it "
+                    "first, or wait for it to end"
+                )
+            self.store.delete_experiment(experiment_id)
+
     def set_experiment_resource(self, experiment_id: int, name: str, value: str) -> None:
         """`experiment set NAME VALUE`: a live experiment's priority, weight or max-slots
         changes now (its queued trials keep their places) and for good (the stored

@@ -561,6 +561,7 @@ class ApiServicer(api_pb2_grpc.ApiServicer):
             request.id,
             default_root=self.master.config.checkpoint_root,
             policy=self.master.config.storage_policy,
+            delete_rows=self.master.delete_experiment_rows,
         )
         return api_pb2.DeleteExperimentResponse(
             deleted_checkpoints=list(result.deleted), failed=dict(result.failed)

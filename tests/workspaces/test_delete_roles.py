@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from assay.master.errors import ConflictError
 from assay.master.store import CheckpointRecord
 from assay.proto import api_pb2, api_pb2_grpc, common_pb2
 from tests.credentials import authed_api, login
@@ -115,3 +116,8 @@ def test_the_owner_deletes_with_any_role_editors_always_viewers_never(
     assert stubs["eddie"].KillTrial(kill).state == common_pb2.TRIAL_STATE_CANCELED
     assert stubs["eddie"].DeleteExperiment(other) is not None
     assert store.get_experiment(live).state == "PAUSED"  # its other trials would go on
+    # The rows go under the master's lock, refused for an experiment live in memory (one
+    # an `experiment continue` brought back after the files went).
+    with pytest.raises(ConflictError, match=f"experiment {live} is PAUSED again"):
+        site.master.master.delete_experiment_rows(live)
+    assert store.get_experiment(live).state == "PAUSED"

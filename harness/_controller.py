@@ -7,6 +7,7 @@ takes the same decisions at the same batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
@@ -625,12 +626,26 @@ class TrialController:
             trial_id=context.get_trial_id(),
             hparams=context.get_hparams(),
         )
-        path = write_checkpoint(self.checkpoint_root, payload, metadata, shards=shards)
+        with self._unreported(uuid, sharded=shards is not None):
+            path = write_checkpoint(self.checkpoint_root, payload, metadata, shards=shards)
         self.last_checkpoint = path
         self._call("on_checkpoint_write_end", str(path))
         assert self.session is not None
-        self.session.report_checkpoint(CheckpointReport(path, metadata))
+        with self._unreported(uuid, sharded=shards is not None):
+            self.session.report_checkpoint(CheckpointReport(path, metadata))
         self._call("on_checkpoint_end", str(path))
+
+    @contextlib.contextmanager
+    def _unreported(self, uuid: str, *, sharded: bool) -> Iterator[None]:
+        """On the chief's failure to store or report a sharded checkpoint on object
+        storage, delete what the other ranks uploaded of it (no manifest: never restored)."""
+        try:
+            yield
+        except BaseException:
+            if sharded and self.storage is not None:
+                with contextlib.suppress(Exception):
+                    self.storage.delete(uuid)
+            raise
 
     def _write_shards(self, uuid: str) -> tuple[dict[str, Any], dict[str, FileEntry]]:
         """Every rank writes its shards of each model (with the optimizers that step it)

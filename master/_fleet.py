@@ -166,7 +166,9 @@ class Fleet:
         else:
             if old is not None:
                 lost = self.drop(old.id)
-            self.scheduler.add_agent(Agent(handle.id, slots, slot_type, label=handle.label), pool)
+            islands = tuple(d.island for d in register.devices) if slot_type == "cuda" else ()
+            agent = Agent(handle.id, slots, slot_type, label=handle.label, islands=islands)
+            self.scheduler.add_agent(agent, pool)
         self.agents[handle.id] = handle
         self._count(handle, +1)
         digest = None

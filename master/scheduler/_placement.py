@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 def choose_agents(slots: int, free: Iterable[tuple[str, int]]) -> list[tuple[str, int]] | None:
@@ -24,6 +24,32 @@ def choose_agents(slots: int, free: Iterable[tuple[str, int]]) -> list[tuple[str
         if len(fitting) == k:
             return sorted((agent, share) for agent in fitting)
     return None
+
+
+def choose_slots(count: int, free: Sequence[int], islands: Sequence[int] = ()) -> tuple[int, ...]:
+    """Which `count` of an agent's `free` slot indices a request takes, ascending.
+
+    `islands[s]` is slot s's island (GPUs joined by NVLink, else on one NUMA node; empty:
+    every slot in island 0, as for CPU slots). One island if any has `count` free: the one
+    with the fewest free that still fits (best fit, so large islands stay whole for large
+    requests; ties by island number). Otherwise as few islands as possible: the largest
+    ones whole, and the remainder from the smallest island that holds it. Within an island
+    the lowest indices go first. Raises ValueError if fewer than `count` are free.
+    """
+    if count > len(free):
+        raise ValueError(f"{count} slots wanted, only {len(free)} free")
+    by_island: dict[int, list[int]] = {}
+    for slot in sorted(free):
+        by_island.setdefault(islands[slot] if islands else 0, []).append(slot)
+    groups = sorted(by_island.items(), key=lambda item: (len(item[1]), item[0]))
+    chosen: list[int] = []
+    while len(chosen) < count:
+        need = count - len(chosen)
+        fitting = [g for g in groups if len(g[1]) >= need]
+        island, slots = fitting[0] if fitting else groups[-1]  # best fit, else the largest
+        chosen += slots[:need]
+        groups.remove((island, slots))
+    return tuple(sorted(chosen))
 
 
 def largest_placement(capacities: Iterable[int]) -> int:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from assay.master.scheduler import _fair_share, _snapshot
 from assay.master.scheduler._index import FreeIndex
-from assay.master.scheduler._placement import choose_agents, largest_placement
+from assay.master.scheduler._placement import choose_agents, choose_slots, largest_placement
 from assay.master.scheduler._types import (
     POLICIES,
     SLOT_TYPES,
@@ -232,7 +231,7 @@ class Scheduler:
                     room_waits[(*key, bool(placed))] = wait
                 decision.waiting[request.id] = wait
                 continue
-            placement = tuple((agent_id, self._lowest_free(agent_id, n)) for agent_id, n in chosen)
+            placement = tuple((agent_id, self._pick(agent_id, n)) for agent_id, n in chosen)
             self._hold(request.id, placement, request.group)
             held[request.group] = held.get(request.group, 0) + request.slots
             if limits.user_slot_quota is not None:
@@ -334,10 +333,9 @@ class Scheduler:
         self._agent(agent_id)
         return sorted(set(self._owners[agent_id].values()))
 
-    def _lowest_free(self, agent_id: str, count: int) -> tuple[int, ...]:
-        owners = self._owners[agent_id]
-        candidates = (s for s in range(self._agents[agent_id].slots) if s not in owners)
-        return tuple(itertools.islice(candidates, count))
+    def _pick(self, agent_id: str, count: int) -> tuple[int, ...]:
+        """`count` free slots of the agent, from one GPU island where it can (`choose_slots`)."""
+        return choose_slots(count, self.free_slots(agent_id), self._agents[agent_id].islands)
 
     def _hold(self, request_id: str, placement: Placement, group: str = "") -> None:
         """Record an allocation, refusing one that would double-book or name no slot."""

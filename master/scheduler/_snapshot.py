@@ -23,6 +23,7 @@ def dump(
         "agents": [
             {"id": a.id, "slots": a.slots, "slot_type": a.slot_type, "enabled": a.enabled}
             | ({"label": a.label} if a.label else {})
+            | ({"islands": list(a.islands)} if any(a.islands) else {})
             for a in agents.values()
         ],
         "allocations": [
@@ -48,12 +49,20 @@ def load(data: Mapping[str, Any]) -> tuple[list[Agent], list[tuple[str, Placemen
         raise ValueError(
             f"scheduler snapshot version must be {VERSION}, got {data.get('version')!r}"
         )
-    agents = [
-        Agent(**_fields(item, "agent", {"id", "slots", "slot_type", "enabled"}, {"label"}))
-        for item in _list(data, "agents")
-    ]
+    agents = [_agent(item) for item in _list(data, "agents")]
     allocations = [_allocation(item) for item in _list(data, "allocations")]
     return agents, allocations
+
+
+def _agent(item: object) -> Agent:
+    fields = dict(
+        _fields(item, "agent", {"id", "slots", "slot_type", "enabled"}, {"label", "islands"})
+    )
+    islands = fields.get("islands", [])
+    if not isinstance(islands, list):
+        raise ValueError(f"scheduler snapshot agent islands must be a list, got {islands!r}")
+    fields["islands"] = tuple(islands)
+    return Agent(**fields)
 
 
 def _list(data: Mapping[str, Any], key: str) -> list[Any]:

@@ -45,7 +45,8 @@ class Agent:
 
     A disabled agent keeps its running allocations but receives no new ones. `label`
     ("" none) is the agent's `agent_label`: requests that name a label go only to agents
-    that carry it.
+    that carry it. `islands[s]` is slot s's GPU island (NVLink, else NUMA node); empty:
+    all in island 0. A multi-slot request takes slots of one island where it can.
     """
 
     id: str
@@ -53,6 +54,7 @@ class Agent:
     slot_type: SlotType
     enabled: bool = True
     label: str = ""
+    islands: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check_id("agent", self.id)
@@ -62,6 +64,14 @@ class Agent:
             raise ValueError(f"agent {self.id!r} enabled must be a bool, got {self.enabled!r}")
         if not isinstance(self.label, str):
             raise ValueError(f"agent {self.id!r} label must be a string, got {self.label!r}")
+        if self.islands and (
+            len(self.islands) != self.slots
+            or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.islands)
+        ):
+            raise ValueError(
+                f"agent {self.id!r} islands must be {self.slots} integers >= 0 (one a slot), "
+                f"got {self.islands!r}"
+            )
 
 
 @dataclass(frozen=True)

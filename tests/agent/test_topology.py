@@ -4,12 +4,19 @@ the master and `agent list --json`."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
+from assay.agent import Agent
 from assay.agent._devices import detect_devices
 from assay.agent._topology import gpu_islands
-from assay.master._agent_wire import device_message, devices
-from tests.agent.conftest import FakeNVML
+from assay.master._agent_wire import device_message, devices, registration
+from assay.master._fleet import Fleet
+from assay.master.scheduler import Pools, Request
+from tests.agent.conftest import FakeMaster, FakeNVML, start_message
 
 
 class TopologyNVML(FakeNVML):
@@ -62,3 +69,31 @@ def test_the_island_goes_from_detection_to_the_masters_view() -> None:
     seen: Any = devices(wire)
     assert [d.island for d in seen] == [0, 0, 1, 1]
     assert [device_message(d, "cuda").island for d in seen] == [0, 0, 1, 1]
+
+
+def test_a_two_slot_trial_runs_on_gpus_of_one_island(
+    master: FakeMaster, run_agent: Callable[..., Agent]
+) -> None:
+    # Islands interleave (GPUs 0 and 2 on NUMA node 0, 1 and 3 on node 1), so the two
+    # lowest GPUs would straddle them: the master's scheduler, fed the agent's own
+    # Register message, picks a pair of one island, and the agent runs on exactly those.
+    run_agent(nvml=TopologyNVML(4, numa=[0, 1, 0, 1]), slot_type="cuda", slots=None)
+    register = master.wait_for("register")
+    assert [d.island for d in register.devices] == [0, 1, 0, 1]
+    fleet = Fleet(Pools(), mock.MagicMock, lambda f: f(), kill_grace_s=5)
+    now = dt.datetime.now(dt.UTC)
+    fleet.register(registration(register, "127.0.0.1"), "127.0.0.1", mock.MagicMock(), now)
+    decision = fleet.scheduler.schedule([Request("trial", 2, "cuda")])
+    [(agent_id, slots)] = decision.assignments[0].placement
+    assert (agent_id, slots) == ("test-agent", (0, 2))
+
+    master.send(start_message("a1", {"mode": "exit"}, slots=slots))
+    assert list(master.exited("a1").exit_codes) == [0, 0]
+    seen = set()
+    for line in master.lines("a1"):
+        if line.message.startswith("REPORT "):
+            seen.add(
+                json.loads(line.message.removeprefix("REPORT "))["env"]["CUDA_VISIBLE_DEVICES"]
+            )
+    assert seen == {"0", "2"}
+    assert {register.devices[int(d)].island for d in seen} == {0}

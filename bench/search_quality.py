@@ -562,6 +562,7 @@ def ray_peers(problem: Problem, seeds: list[int], budgets: list[int]) -> dict[st
     logging.getLogger("ray").setLevel(logging.ERROR)
     logging.getLogger("hpbandster").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="hpbandster|ConfigSpace|statsmodels|ray")
+    warnings.filterwarnings("ignore", category=FutureWarning)  # pandas, called by HpBandSter
     plan = ray_plan()
     searched, constants = ray_space(problem.space)
     domains = {name: getattr(tune, kind)(*args) for name, (kind, *args) in searched.items()}
@@ -698,7 +699,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, label in (("ray_asha", "Ray ASHA"), ("ray_bohb", "Ray BOHB")):
             r = row[name]
             print(
-                f"(e) {problem.name}, {row['seeds']} seeds: {label} median best "
+                f"(e) {problem.name}, seeds {bohb_seeds[0]} to {bohb_seeds[-1]}: {label} "
+                f"median best "
                 f"{r['median_best_at_asha_budget']:.4f} at our asha's budget (median "
                 f"{row['asha_median_budget']:,.0f} batches), "
                 f"{r['median_best_at_asha_bohb_budget']:.4f} at asha + bohb's "

@@ -764,8 +764,20 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(elapsed, 1),
     }
     print(f"passed={out['passed']} in {elapsed:.1f} s")
-    print(json.dumps(out))
+    print(json.dumps(_finite(out), allow_nan=False))
     return 0
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every infinite or NaN float as None: a run with no full-length result
+    has an infinite best loss, which strict JSON cannot hold."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -177,14 +176,14 @@ BIGGEST: dict[str, tuple[SearcherConfig, Mapping[str, HParam], int]] = {
 def test_the_biggest_searches_start_with_what_can_run(name: str) -> None:
     cfg, space, expected = BIGGEST[name]
 
-    started = time.perf_counter()
     searcher = make_searcher(cfg, space, 0)
     ops = searcher.initial_operations()
-    json.dumps(searcher.snapshot())
-    elapsed = time.perf_counter() - started
+    snapshot = json.dumps(searcher.snapshot())
 
     assert len([op for op in ops if isinstance(op, Create)]) == expected
-    assert elapsed < 1.0  # milliseconds; generous for a loaded machine
+    # What is kept (and stored at every event) grows with the trials created, not with
+    # max_trials or the grid: about 24 bytes a trial today, 100,000 trials would be MBs.
+    assert len(snapshot) < 1_000 + 100 * expected
 
 
 def test_the_last_grid_point_is_proposed_without_listing_the_grid() -> None:

@@ -50,19 +50,22 @@ def test_workers_stop_when_the_launcher_stops(tmp_path: Path, how: signal.Signal
     config = regression_config(batches=100_000, slots=2, scheduling_unit=1000)
     script = textwrap.dedent(
         """
-        import json, sys
+        import faulthandler, json, signal, sys
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks on a hang
         import assay
         config, model_dir, ckpt = json.loads(sys.argv[1])
         assay.run_local(config=config, model_dir=model_dir, checkpoint_dir=ckpt)
         """
     )
     args = json.dumps([config, str(REGRESSION_DIR), str(tmp_path)])
-    launcher = subprocess.Popen(
-        [sys.executable, "-c", script, args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    errors = tmp_path / "launcher-stderr.txt"
+    with errors.open("wb") as stderr:
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", script, args],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     try:
         deadline = time.monotonic() + 60
         workers: list[int] = []
@@ -72,7 +75,14 @@ def test_workers_stop_when_the_launcher_stops(tmp_path: Path, how: signal.Signal
         assert len(workers) == 2, "the launcher did not start two workers"
         time.sleep(2)  # let them get into training
         os.kill(launcher.pid, how)
-        launcher.wait(timeout=30)
+        try:
+            launcher.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(launcher.pid, signal.SIGUSR1)  # where each of its threads is
+            time.sleep(2)
+            raise AssertionError(
+                f"the launcher outlived its {how.name} by 30 s:\n{errors.read_text()[-6000:]}"
+            ) from None
         deadline = time.monotonic() + 20
         while any(_alive(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -76,12 +76,12 @@ def test_workers_stop_when_the_launcher_stops(tmp_path: Path, how: signal.Signal
         time.sleep(2)  # let them get into training
         os.kill(launcher.pid, how)
         try:
-            launcher.wait(timeout=30)
+            launcher.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.kill(launcher.pid, signal.SIGUSR1)  # where each of its threads is
             time.sleep(2)
             raise AssertionError(
-                f"the launcher outlived its {how.name} by 30 s:\n{errors.read_text()[-6000:]}"
+                f"the launcher outlived its {how.name} by 60 s:\n{errors.read_text()[-6000:]}"
             ) from None
         deadline = time.monotonic() + 20
         while any(_alive(w) for w in workers) and time.monotonic() < deadline:

@@ -19,6 +19,8 @@ naming the role that is needed.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from assay.master._auth import Principal
 from assay.master.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from assay.master.store import CheckpointRecord, ProjectRecord, Store, WorkspaceRecord
@@ -156,7 +158,25 @@ class Roles:
         workspace = workspace or "Default"
         project = project or UNCATEGORIZED
         visible = self.visible(who)
-        workspaces = self.store.list_workspaces(visible)
+        # One query by name for every submission; the listings only to explain a miss.
+        pair = self.store.project_by_names(workspace, project, visible)
+        found, chosen = pair if pair is not None else self._explain(workspace, project, visible)
+        self._need(who, found.id, EDITOR, f"workspace {workspace!r} does not exist", workspace)
+        if found.archived or chosen.archived:
+            kind = "workspace" if found.archived else "project"
+            raise InvalidArgumentError(
+                f"{kind} {found.name if found.archived else chosen.name!r} is archived: "
+                "unarchive it, or submit to another project"
+            )
+        return chosen
+
+    def _explain(
+        self, workspace: str, project: str, visible: Collection[int] | None
+    ) -> tuple[WorkspaceRecord, ProjectRecord]:
+        """What `new_experiment_project` finds when `project_by_names` found nothing: the
+        default workspace for Determined's "Uncategorized", else an error naming the
+        choices."""
+        workspaces = self.store.list_workspaces(visible, counts=False)
         found = next((w for w in workspaces if w.name == workspace), None)
         if found is None and workspace == UNCATEGORIZED:  # Determined's default workspace
             found = next((w for w in workspaces if w.id == DEFAULT_WORKSPACE_ID), None)
@@ -166,7 +186,7 @@ class Roles:
                 f"workspace: there is no workspace {workspace!r} you belong to; yours are "
                 f"{choices} (create one with `assay workspace create`)"
             )
-        projects = self.store.list_projects(found.id)
+        projects = self.store.list_projects(found.id, counts=False)
         chosen = next((p for p in projects if p.name == project), None)
         if chosen is None:
             choices = ", ".join(p.name for p in projects) or "none"
@@ -174,14 +194,7 @@ class Roles:
                 f"project: workspace {workspace!r} has no project {project!r}; its projects "
                 f"are {choices} (create one with `assay project create {workspace} NAME`)"
             )
-        self._need(who, found.id, EDITOR, f"workspace {workspace!r} does not exist", workspace)
-        if found.archived or chosen.archived:
-            kind = "workspace" if found.archived else "project"
-            raise InvalidArgumentError(
-                f"{kind} {found.name if found.archived else chosen.name!r} is archived: "
-                "unarchive it, or submit to another project"
-            )
-        return chosen
+        return found, chosen
 
     def _workspace_name(self, workspace_id: int) -> str:
         for w in self.store.list_workspaces({workspace_id}):

@@ -101,13 +101,20 @@ class WorkspaceQueries(StoreBase):
                 raise NotFoundError(f"workspace {name!r} does not exist")
             return _workspace(s, found)
 
-    def list_workspaces(self, visible: Collection[int] | None = None) -> list[WorkspaceRecord]:
-        """Every workspace (`visible` None), or those whose ids are in `visible`."""
+    def list_workspaces(
+        self, visible: Collection[int] | None = None, *, counts: bool = True
+    ) -> list[WorkspaceRecord]:
+        """Every workspace (`visible` None), or those whose ids are in `visible`.
+        `counts` False: without their project and experiment counts (left 0), which cost
+        a count over the workspace's experiments each (not for every submission)."""
         query = select(Workspace).order_by(Workspace.id)
         if visible is not None:
             query = query.where(Workspace.id.in_(list(visible)))
         with self.read() as s:
-            return [_workspace(s, w) for w in s.execute(query).scalars()]
+            found = s.execute(query).scalars()
+            if not counts:
+                return [WorkspaceRecord(w.id, w.name, w.archived) for w in found]
+            return [_workspace(s, w) for w in found]
 
     def set_workspace_archived(self, workspace_id: int, archived: bool) -> None:
         with self.write() as s:
@@ -215,6 +222,22 @@ class WorkspaceQueries(StoreBase):
                 raise NotFoundError(f"project {project_id} does not exist")
             return _project(s, row[0], row[1])
 
+    def project_by_names(
+        self, workspace: str, project: str, visible: Collection[int] | None = None
+    ) -> tuple[WorkspaceRecord, ProjectRecord] | None:
+        """Workspace `workspace` (among `visible`, if given) and its project `project`,
+        without counts, in one query; None if either is not there."""
+        query = select(Project, Workspace).join(Workspace, Workspace.id == Project.workspace_id)
+        query = query.where(Workspace.name == workspace, Project.name == project)
+        if visible is not None:
+            query = query.where(Workspace.id.in_(list(visible)))
+        with self.read() as s:
+            row = s.execute(query.order_by(Workspace.id).limit(1)).first()
+            if row is None:
+                return None
+            p, w = row
+            return WorkspaceRecord(w.id, w.name, w.archived), _project(s, p, w.name, counts=False)
+
     def find_project(self, workspace: str | None, name: str) -> ProjectRecord:
         """The project `name` of `workspace`; without a workspace, the one project of
         that name in any workspace (ambiguous: `InvalidArgumentError` naming them)."""
@@ -235,8 +258,13 @@ class WorkspaceQueries(StoreBase):
             return _project(s, rows[0][0], rows[0][1])
 
     def list_projects(
-        self, workspace_id: int | None = None, visible: Collection[int] | None = None
+        self,
+        workspace_id: int | None = None,
+        visible: Collection[int] | None = None,
+        *,
+        counts: bool = True,
     ) -> list[ProjectRecord]:
+        """`counts` False: without their experiment counts (left 0)."""
         query = _project_query()
         if workspace_id is not None:
             query = query.where(Project.workspace_id == workspace_id)
@@ -244,7 +272,7 @@ class WorkspaceQueries(StoreBase):
             query = query.where(Project.workspace_id.in_(list(visible)))
         with self.read() as s:
             rows = s.execute(query.order_by(Workspace.id, Project.name)).all()
-            return [_project(s, p, w) for p, w in rows]
+            return [_project(s, p, w, counts=counts) for p, w in rows]
 
     def set_project_archived(self, project_id: int, archived: bool) -> None:
         with self.write() as s:
@@ -332,7 +360,7 @@ def _project_query() -> Any:  # Select[Project, str]
     return select(Project, Workspace.name).join(Workspace, Workspace.id == Project.workspace_id)
 
 
-def _project(s: Session, p: Project, workspace: str) -> ProjectRecord:
+def _project(s: Session, p: Project, workspace: str, *, counts: bool = True) -> ProjectRecord:
     return ProjectRecord(
         p.id,
         p.workspace_id,
@@ -340,7 +368,7 @@ def _project(s: Session, p: Project, workspace: str) -> ProjectRecord:
         p.name,
         p.description,
         p.archived,
-        _experiments_in(s, Project.id == p.id),
+        _experiments_in(s, Project.id == p.id) if counts else 0,
     )
 
 

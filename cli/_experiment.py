@@ -100,8 +100,9 @@ def create_command(
         import yaml
 
         from assay.config import parse_config
+        from assay.config._merge import merge
 
-        from ._template import apply_overrides, merge, read_partial
+        from ._template import apply_overrides, read_partial
 
         data = read_partial(config)
         if template:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import yaml
 
+from assay.config._merge import merge
 from assay.errors import AssayError
 
 from . import _format as fmt
@@ -27,19 +28,6 @@ _OVERRIDE = re.compile(r"([A-Za-z_][\w-]*(?:\.[A-Za-z_0-9][\w-]*)*)=(.*)", re.S)
 def is_override(text: str) -> bool:
     """Whether `text` reads as KEY=VALUE (else it names a file)."""
     return _OVERRIDE.fullmatch(text) is not None
-
-
-def merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """`base` with `top` laid over it: mappings merge key by key, anything else in `top`
-    (lists included) replaces what `base` has."""
-    merged = dict(base)
-    for key, value in top.items():
-        below = merged.get(key)
-        if isinstance(value, Mapping) and isinstance(below, Mapping):
-            merged[key] = merge(below, value)
-        else:
-            merged[key] = value
-    return merged
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:

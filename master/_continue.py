@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from assay.config import ExperimentConfig
+from assay.config._merge import merge
 from assay.master._submission import check_config
 from assay.master.errors import InvalidArgumentError
 
@@ -61,7 +62,7 @@ def continued_config(
             f"`assay experiment fork {experiment_id} --config ...` starts a new experiment "
             "from the same config and model definition"
         )
-    merged = _merge(stored, overrides)
+    merged = merge(stored, overrides)
     searcher = overrides.get("searcher")
     if isinstance(searcher, Mapping) and "max_length" in searcher:
         merged["searcher"]["max_length"] = searcher["max_length"]
@@ -78,14 +79,3 @@ def _changed(stored: Any, overrides: Mapping[str, Any], at: str = "") -> Iterato
             yield from _changed(below, value, path + ".")
         elif value != below:
             yield path
-
-
-def _merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in top.items():
-        below = merged.get(key)
-        if isinstance(value, Mapping) and isinstance(below, Mapping):
-            merged[key] = _merge(below, value)
-        else:
-            merged[key] = value
-    return merged

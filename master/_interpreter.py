@@ -25,12 +25,13 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from assay.common.storage import experiment_directory
+from assay.master import _preemption as preempt
 from assay.master._agents import KillRun
 from assay.master._auth import mask_secrets
 from assay.master._config import MasterConfig
 from assay.master._fleet import Fleet
 from assay.master._gc import collect_later
-from assay.master._sharing import fair_share_victims, limits
+from assay.master._sharing import limits
 from assay.master._state import Ledger, ModelCache, load_live
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._usage import pool_of
@@ -48,8 +49,8 @@ from assay.master.lifecycle import _effects as fx
 from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
-from assay.master.lifecycle.run import end_trial, preemption, requeue, stop_to_requeue
-from assay.master.scheduler import Decision, Request, Running, Wait, choose_victims
+from assay.master.lifecycle.run import end_trial, requeue, stop_to_requeue
+from assay.master.scheduler import Wait
 from assay.master.searcher import Create, Operation
 from assay.master.store import AllocationRecord, Store, UsagePart, WriteBatch
 
@@ -398,23 +399,15 @@ class Interpreter:
         self._note_unplaceable(decision.unschedulable)
         self.waiting = {int(r): wait for r, wait in decision.waiting.items()}
         placed = {a.request_id for a in decision.assignments}
+        preemption = self.config.preemption  # of the pools that do not set their own
         if decision.shares:
-            self._preempt_for_share(decision, pending)
+            self.do(preempt.for_share(decision, pending, self.ledger, self.scheduler, preemption))
         if len(placed) < len(pending):
-            preempts = {
-                name: spec.preempts(self.config.preemption)
-                for name, spec in self.scheduler.specs.items()
-            }
-            # Only a trial that waits for room: stopping others cannot lift a cap.
-            short = [
-                r
-                for r in pending
-                if r.id not in placed
-                and preempts.get(self.scheduler.resolve(r.pool), False)
-                and _waits_for_room(decision, r.id)
-            ]
-            if short:
-                self._preempt_for(min(short, key=lambda r: r.rank))
+            self.do(
+                preempt.for_priority(
+                    decision, pending, placed, self.ledger, self.scheduler, preemption
+                )
+            )
         for assignment in decision.assignments:
             trial = self.trials[int(assignment.request_id)]
             self.queued.pop(trial.id, None)
@@ -440,55 +433,6 @@ class Interpreter:
                 trial = self.trials[trial_id]
                 self.do([fx.Log(trial_id, trial.run_id, f"waiting: {why}", "WARNING")])
         self.unplaceable = now  # one assignment: readers without the lock see old or new
-
-    def _preempt_for_share(self, decision: Decision, pending: Sequence[Request]) -> None:
-        """Fair-share pools: stop runs of experiments above their share (at a checkpoint)
-        for the first waiting trial of one below its share."""
-        if any(run.stopping == "preempt" for run in self.runs.values()):
-            return  # one wave at a time: the slots it frees go to the queue first
-        for name in self.scheduler.names:
-            spec = self.scheduler.specs[name]
-            if spec.scheduler != "fair_share" or not spec.preempts(self.config.preemption):
-                continue
-            mine = {r.id: r for r in pending if self.scheduler.resolve(r.pool) == name}
-            scheduler = self.scheduler.scheduler(name)
-            runs = [
-                run
-                for run in self.runs.values()
-                if scheduler.allocation_of(str(run.trial_id)) is not None
-            ]
-            found = fair_share_victims(decision, mine, runs, scheduler)
-            if found is not None:
-                request, victims = found
-                stopped = [self.runs[self.run_of_trial[int(v)]] for v in victims]
-                self.do(preemption(request.id, request.priority, stopped, fair_share=True))
-                return
-
-    def _preempt_for(self, request: Request) -> None:
-        """Stop lower-priority runs (gracefully) so that `request` fits when they are gone."""
-        if any(run.stopping == "preempt" for run in self.runs.values()):
-            return  # one wave at a time: the slots it frees go to the queue first
-        running = [
-            Running(str(run.trial_id), experiment.priority, run.trial_id, run.placement)
-            for run in self.runs.values()
-            if run.stopping is None
-            and not run.awaiting
-            and (experiment := self.experiments.get(run.experiment_id)) is not None
-        ]
-        # Within the request's pool, on the agents its label allows; fair-share pools
-        # preempt for shares (`_preempt_for_share`), not for priority.
-        if self.scheduler.unknown(request.pool) or self.scheduler.kind(request.pool) != "priority":
-            return
-        free = {
-            a.id: len(self.scheduler.free_slots(a.id))
-            for a in self.scheduler.scheduler(request.pool).agents
-            if a.enabled
-            and a.slot_type == request.slot_type
-            and (not request.label or a.label == request.label)
-        }
-        victims = choose_victims(request, running, free) or []
-        runs = [self.runs[self.run_of_trial[int(v)]] for v in victims]
-        self.do(preemption(request.id, request.priority, runs))
 
     def _start(self, trial: TrialState, placement: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
         experiment = self.experiments[trial.experiment_id]
@@ -615,11 +559,6 @@ class Interpreter:
         handle = self.fleet.agents.get(agent_id)
         slot_type = handle.slot_type if handle is not None else self.fleet.slot_type()
         return UsagePart(agent_id, slots, slot_type, pool_of(self.fleet, agent_id))
-
-
-def _waits_for_room(decision: Decision, request_id: str) -> bool:
-    wait = decision.waiting.get(request_id)
-    return wait is None or wait.kind in ("no_free_slots", "priority")
 
 
 def _where(placement: tuple[tuple[str, tuple[int, ...]], ...]) -> str:

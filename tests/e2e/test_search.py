@@ -1,22 +1,29 @@
 """End to end: an adaptive ASHA search of the digits example on a real master and agents.
 
-Two agents with one CPU slot each run `examples/digits/adaptive_asha.yaml` (8 trials, 2 at
-a time, rungs from `assay preview-search`). Trials that are not promoted stop at the bottom
-rung; a promoted trial resumes from its rung checkpoint and continues, so its validations
-sit exactly at the rungs it reached and it never restarts. SQLite only, to keep CI short.
+Two agents with one CPU slot each run `examples/digits/adaptive_asha.yaml` (2 trials at a
+time, rungs from `assay preview-search`), made smaller to keep CI short: 4 trials of at most
+128 batches, so the same plan of a bottom rung (32) and a top rung (128) that the best
+quarter reaches (tests/test_example.py checks the example's own plan). Trials that are not
+promoted stop at the bottom rung; a promoted trial resumes from its rung checkpoint and
+continues, so its validations sit exactly at the rungs it reached and it never restarts.
+SQLite only, to keep CI short.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
+from tests.e2e.conftest import ROOT, Cluster, start_cluster, stop_cluster
 
 EXAMPLE = "examples/digits"
 CONFIG = f"{EXAMPLE}/adaptive_asha.yaml"
+MAX_LENGTH = 128  # the example's 256, halved: rungs at 32 and 128 batches
+MAX_TRIALS = 4  # the example's 8, halved: one of them promoted
 WAIT_S = 480
 
 
@@ -29,8 +36,17 @@ def search_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
         stop_cluster(c)
 
 
-def _rungs(cluster: Cluster) -> list[int]:
-    plan = cluster.json("preview-search", CONFIG)
+def _config(tmp: Path) -> str:
+    config = yaml.safe_load((ROOT / CONFIG).read_text())
+    config["searcher"]["max_length"] = {"batches": MAX_LENGTH}
+    config["searcher"]["max_trials"] = MAX_TRIALS
+    path = tmp / "adaptive_asha.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def _rungs(cluster: Cluster, config: str) -> list[int]:
+    plan = cluster.json("preview-search", config)
     [bracket] = plan["brackets"]  # mode aggressive: one bracket
     return [rung["length"] for rung in bracket["rungs"]]
 
@@ -41,14 +57,16 @@ def _batches(rows: list[dict[str, Any]]) -> list[int]:
 
 @pytest.mark.slow
 def test_adaptive_asha_stops_most_trials_early_and_continues_the_promoted(
-    search_cluster: Cluster,
+    search_cluster: Cluster, tmp_path: Path
 ) -> None:
     cluster = search_cluster
-    rungs = _rungs(cluster)
+    config = _config(tmp_path)
+    rungs = _rungs(cluster, config)
     assert len(rungs) >= 2, rungs
     bottom, top = rungs[0], rungs[-1]
+    assert top == MAX_LENGTH, rungs
 
-    created = cluster.json("experiment", "create", CONFIG, EXAMPLE)
+    created = cluster.json("experiment", "create", config, EXAMPLE)
     experiment_id = str(created["id"])
     waited = cluster.cli(
         "experiment", "wait", experiment_id, "--timeout", str(WAIT_S), timeout=WAIT_S + 60
@@ -59,7 +77,7 @@ def test_adaptive_asha_stops_most_trials_early_and_continues_the_promoted(
     assert described["searcher"] == "adaptive_asha"
     assert described["progress"] == pytest.approx(1.0)
     trials: list[dict[str, Any]] = described["trials"]
-    assert len(trials) >= 8, trials
+    assert len(trials) >= MAX_TRIALS, trials
     assert all(t["state"] == "COMPLETED" for t in trials), trials
 
     # Most trials are not promoted: they stop at the bottom rung.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from assay._local import free_port
+from assay.cli._client import Client, MasterError
 from tests.store.conftest import _empty_postgres, postgres_url
 
 __all__ = ["postgres_url"]  # the session's PostgreSQL database, shared with the store tests
@@ -66,14 +68,18 @@ def _start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[b
 
 
 def _wait_for_agents(cluster: Cluster, count: int) -> None:
+    """Until the master answers and lists `count` agents: asked from this process every
+    0.2 s (a CLI process takes seconds to start on a busy machine)."""
+    client = Client(cluster.address, timeout=10)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        done = cluster.cli("agent", "list", "--json")
-        if done.returncode == 0:
-            agents = json.loads(done.stdout.strip().splitlines()[-1])
-            if len(agents) >= count:
-                return
-        time.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(MasterError):  # not listening yet
+                if len(client.list_agents()) >= count:
+                    return
+            time.sleep(0.2)
+    finally:
+        client.close()
     raise AssertionError(f"agents did not register:\n{cluster.dump_logs()}")
 
 
@@ -139,15 +145,18 @@ def start_cluster(
 
 
 def stop_cluster(cluster: Cluster) -> None:
-    for proc in reversed(cluster.procs):
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in cluster.procs:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    """The agents first, then the master: an agent flushes what it has queued to the master
+    on its way out, and one whose master is going too waits out its flush timeout (5 s)."""
+    for procs in (cluster.procs[1:], cluster.procs[:1]):
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

@@ -151,8 +151,11 @@ def browser() -> Iterator[Browser]:
             launched.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def site(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    """One cluster and finished search for every module that uses it (test_browser.py,
+    test_users_page.py): what a test adds (users, experiments it kills) leaves the finished
+    search, the agent and the admin's session as they were."""
     tmp = tmp_path_factory.mktemp("webui")
     cluster = start_cluster(tmp, None, agents=1, slots=2)
     try:

@@ -37,8 +37,9 @@ _WHAT = {
 
 
 class Roles:
-    """Role checks against the store (each reads the caller's membership afresh, so a
-    change of role applies to the next call)."""
+    """Role checks against the store. Membership, workspaces and projects come from the
+    store's directory (store/_directory.py), which every change made through the store
+    drops, so a change of role applies to the next call."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -169,6 +170,20 @@ class Roles:
                 "unarchive it, or submit to another project"
             )
         return chosen
+
+    def new_experiment_project_now(
+        self, who: Principal, workspace: str | None, project: str | None
+    ) -> ProjectRecord | None:
+        """`new_experiment_project` when the store's directory answers it from memory (no
+        I/O: safe on an event loop); None when only the store can tell (a change or
+        `TTL_S` made the copy stale, or a name is unknown and the error lists the
+        choices): then call `new_experiment_project` off the loop."""
+        if not self.store.directory.fresh():
+            return None
+        names = (workspace or "Default", project or UNCATEGORIZED)
+        if self.store.project_by_names(*names, self.visible(who)) is None:
+            return None
+        return self.new_experiment_project(who, workspace, project)
 
     def _explain(
         self, workspace: str, project: str, visible: Collection[int] | None

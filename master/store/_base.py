@@ -33,6 +33,10 @@ class StoreBase:
         self.engine = engine
         self._writer = writer(engine)
 
+    def _members_changed(self) -> None:
+        """A write committed a change of workspace membership (a new user joins the
+        Default workspace): the directory's copy is stale (see _directory.py)."""
+
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One write transaction: committed on success, rolled back on any error.

@@ -50,6 +50,8 @@ class UserQueries(StoreBase):
                 return _user(user)
         except IntegrityError:
             raise ConflictError(f"user {username!r} already exists") from None
+        finally:
+            self._members_changed()
 
     def _workspaces_exist(self) -> bool:
         """Whether the schema has workspaces (0009): a store opened without migrating, on

@@ -10,16 +10,18 @@ workspace created later starts with its creator as its only admin.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError
 from assay.master.store._base import StoreBase
+from assay.master.store._directory import Directory, Snapshot
 from assay.master.store._models import (
     DEFAULT_PROJECT_ID,
     DEFAULT_WORKSPACE_ID,
@@ -77,7 +79,56 @@ def check_role(role: str) -> str:
 
 
 class WorkspaceQueries(StoreBase):
-    """Workspaces, projects and membership."""
+    """Workspaces, projects and membership.
+
+    `project_by_names`, `roles_of` and `role_in` (what every submission and role check
+    asks) answer from `directory`, an in-memory copy that each write here drops once it
+    has committed (see _directory.py)."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.directory = Directory(self._load_directory)
+
+    def _members_changed(self) -> None:
+        self.directory.changed()
+
+    @contextmanager
+    def _write_directory(self) -> Iterator[Session]:
+        """`write()`, then drop the directory (committed or not: a failed write costs a
+        reload, never a stale copy)."""
+        try:
+            with self.write() as s:
+                yield s
+        finally:
+            self.directory.changed()
+
+    def _load_directory(self) -> Snapshot:
+        snapshot = Snapshot()
+        with self.read() as s:
+            for wid, wname, warchived in s.execute(
+                select(Workspace.id, Workspace.name, Workspace.archived)
+            ):
+                record = WorkspaceRecord(wid, wname, bool(warchived))
+                snapshot.workspaces[wid] = snapshot.by_name[wname] = record
+            for pid, wid, pname, description, parchived in s.execute(
+                select(
+                    Project.id,
+                    Project.workspace_id,
+                    Project.name,
+                    Project.description,
+                    Project.archived,
+                )
+            ):
+                workspace = snapshot.workspaces.get(wid)
+                if workspace is not None:
+                    snapshot.projects[(wid, pname)] = ProjectRecord(
+                        pid, wid, workspace.name, pname, description, bool(parchived)
+                    )
+            for uid, wid, role in s.execute(
+                select(WorkspaceMember.user_id, WorkspaceMember.workspace_id, WorkspaceMember.role)
+            ):
+                snapshot.roles.setdefault(uid, {})[wid] = role
+        return snapshot
 
     # --- workspaces -----------------------------------------------------------------------
 
@@ -85,7 +136,7 @@ class WorkspaceQueries(StoreBase):
         """A new workspace whose one member, `creator_id`, is its admin."""
         check_name("workspace", name)
         try:
-            with self.write() as s:
+            with self._write_directory() as s:
                 workspace = Workspace(name=name, archived=False)
                 s.add(workspace)
                 s.flush()
@@ -117,7 +168,7 @@ class WorkspaceQueries(StoreBase):
             return [_workspace(s, w) for w in found]
 
     def set_workspace_archived(self, workspace_id: int, archived: bool) -> None:
-        with self.write() as s:
+        with self._write_directory() as s:
             s.execute(
                 update(Workspace).where(Workspace.id == workspace_id).values(archived=archived)
             )
@@ -125,7 +176,7 @@ class WorkspaceQueries(StoreBase):
     def delete_workspace(self, workspace_id: int) -> None:
         """Delete a workspace, its (empty) projects and its membership; one that holds
         experiments, or the Default workspace, is refused (nothing deleted)."""
-        with self.write() as s:
+        with self._write_directory() as s:
             workspace = s.get(Workspace, workspace_id)
             if workspace is None:
                 raise NotFoundError(f"workspace {workspace_id} does not exist")
@@ -148,7 +199,7 @@ class WorkspaceQueries(StoreBase):
     def set_member(self, workspace_id: int, user_id: int, role: str) -> None:
         """Give the user `role` in the workspace (added, or changed; idempotent)."""
         check_role(role)
-        with self.write() as s:
+        with self._write_directory() as s:
             found = s.get(WorkspaceMember, (workspace_id, user_id))
             if found is None:
                 s.add(WorkspaceMember(workspace_id=workspace_id, user_id=user_id, role=role))
@@ -157,7 +208,7 @@ class WorkspaceQueries(StoreBase):
 
     def remove_member(self, workspace_id: int, user_id: int) -> bool:
         """Whether the user was a member (and is no longer)."""
-        with self.write() as s:
+        with self._write_directory() as s:
             result = s.execute(
                 delete(WorkspaceMember).where(
                     WorkspaceMember.workspace_id == workspace_id,
@@ -178,29 +229,17 @@ class WorkspaceQueries(StoreBase):
 
     def roles_of(self, user_id: int) -> dict[int, str]:
         """The user's role in each workspace they belong to, by workspace id."""
-        with self.read() as s:
-            rows = s.execute(
-                select(WorkspaceMember.workspace_id, WorkspaceMember.role).where(
-                    WorkspaceMember.user_id == user_id
-                )
-            ).all()
-            return {workspace_id: role for workspace_id, role in rows}
+        return dict(self.directory.get().roles.get(user_id, {}))
 
     def role_in(self, user_id: int, workspace_id: int) -> str | None:
-        with self.read() as s:
-            return s.execute(
-                select(WorkspaceMember.role).where(
-                    WorkspaceMember.workspace_id == workspace_id,
-                    WorkspaceMember.user_id == user_id,
-                )
-            ).scalar()
+        return self.directory.get().roles.get(user_id, {}).get(workspace_id)
 
     # --- projects -------------------------------------------------------------------------
 
     def create_project(self, workspace_id: int, name: str, description: str = "") -> ProjectRecord:
         check_name("project", name)
         try:
-            with self.write() as s:
+            with self._write_directory() as s:
                 workspace = s.get(Workspace, workspace_id)
                 if workspace is None:
                     raise NotFoundError(f"workspace {workspace_id} does not exist")
@@ -226,17 +265,13 @@ class WorkspaceQueries(StoreBase):
         self, workspace: str, project: str, visible: Collection[int] | None = None
     ) -> tuple[WorkspaceRecord, ProjectRecord] | None:
         """Workspace `workspace` (among `visible`, if given) and its project `project`,
-        without counts, in one query; None if either is not there."""
-        query = select(Project, Workspace).join(Workspace, Workspace.id == Project.workspace_id)
-        query = query.where(Workspace.name == workspace, Project.name == project)
-        if visible is not None:
-            query = query.where(Workspace.id.in_(list(visible)))
-        with self.read() as s:
-            row = s.execute(query.order_by(Workspace.id).limit(1)).first()
-            if row is None:
-                return None
-            p, w = row
-            return WorkspaceRecord(w.id, w.name, w.archived), _project(s, p, w.name, counts=False)
+        without counts, from the directory; None if either is not there."""
+        snapshot = self.directory.get()
+        found = snapshot.by_name.get(workspace)
+        if found is None or (visible is not None and found.id not in visible):
+            return None
+        chosen = snapshot.projects.get((found.id, project))
+        return None if chosen is None else (found, chosen)
 
     def find_project(self, workspace: str | None, name: str) -> ProjectRecord:
         """The project `name` of `workspace`; without a workspace, the one project of
@@ -275,12 +310,12 @@ class WorkspaceQueries(StoreBase):
             return [_project(s, p, w, counts=counts) for p, w in rows]
 
     def set_project_archived(self, project_id: int, archived: bool) -> None:
-        with self.write() as s:
+        with self._write_directory() as s:
             s.execute(update(Project).where(Project.id == project_id).values(archived=archived))
 
     def delete_project(self, project_id: int) -> None:
         """Delete an empty project; one with experiments, or the default, is refused."""
-        with self.write() as s:
+        with self._write_directory() as s:
             project = s.get(Project, project_id)
             if project is None:
                 raise NotFoundError(f"project {project_id} does not exist")

@@ -1,0 +1,96 @@
+"""The directory: an in-memory copy of the workspaces, their projects and the membership.
+
+Every submission and every role check asks which workspace a name is, which of its
+projects a name is, and the caller's role there; read from the database each time, that
+was the master's costliest step per submission (an ORM query or three, each a
+transaction, on every CreateExperiment). The copy answers from memory.
+
+It is dropped by every write of this store that changes what it holds (a workspace, a
+project or a membership created, archived, changed or deleted; a user created, who
+joins the Default workspace), after that write commits, so the next read of this
+process sees the change; and it is read again after `ttl_s` in any case, so a write by
+another process on the same database (another master, a tool) is seen within that, as
+the session cache of _auth.py does for tokens. A reader that loaded while a write
+committed keeps its copy only if no write came in between (the generation it read
+first is still current).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from assay.master.store._workspaces import ProjectRecord, WorkspaceRecord
+
+TTL_S = 5.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the directory holds (records without counts: they are left 0)."""
+
+    workspaces: dict[int, WorkspaceRecord] = field(default_factory=dict)
+    by_name: dict[str, WorkspaceRecord] = field(default_factory=dict)
+    # (workspace id, project name) -> project
+    projects: dict[tuple[int, str], ProjectRecord] = field(default_factory=dict)
+    # user id -> workspace id -> role
+    roles: dict[int, dict[int, str]] = field(default_factory=dict)
+
+
+class Directory:
+    """The current `Snapshot`, loaded by `load` when a write or `ttl_s` made it stale.
+    Safe to call from any thread; a hit does no I/O."""
+
+    def __init__(
+        self,
+        load: Callable[[], Snapshot],
+        *,
+        ttl_s: float = TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._load = load
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._generation = 0  # bumped by every change
+        # (snapshot, the generation it was loaded at, when)
+        self._current: tuple[Snapshot, int, float] | None = None
+
+    def changed(self) -> None:
+        """A write of this process changed what the directory holds (call after it commits)."""
+        with self._lock:
+            self._generation += 1
+            self._current = None
+
+    def fresh(self) -> bool:
+        """Whether `get()` answers from memory (no I/O) now."""
+        current = self._current
+        return (
+            current is not None
+            and current[1] == self._generation
+            and 0 <= self._clock() - current[2] < self._ttl_s
+        )
+
+    def get(self) -> Snapshot:
+        current = self._current
+        now = self._clock()
+        if (
+            current is not None
+            and current[1] == self._generation
+            and 0 <= now - current[2] < self._ttl_s
+        ):
+            return current[0]
+        with self._lock:
+            generation = self._generation
+        snapshot = self._load()
+        with self._lock:
+            if self._generation == generation:  # no change committed while it loaded
+                self._current = (snapshot, generation, now)
+        return snapshot
+
+
+__all__ = ["TTL_S", "Directory", "Snapshot"]

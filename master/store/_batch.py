@@ -532,13 +532,21 @@ def _write_logs(session: Session, rows: list[dict[str, Any]]) -> None:
 
 
 def _check_fields(kind: str, fields: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    unknown = set(fields) - allowed
-    if unknown:
+    if not allowed.issuperset(fields):
+        unknown = set(fields) - allowed
         raise InvalidArgumentError(f"cannot update {kind} fields {sorted(unknown)}")
 
 
+_PRIMARY_KEYS: dict[Table, str] = {}  # every row a batch inserts asks: looked up once
+
+
 def _primary_key(table: Table) -> str:
-    columns = list(table.primary_key.columns)
-    if len(columns) != 1:
-        raise ValueError(f"table {table.name} has a composite primary key: write it with call()")
-    return columns[0].name
+    found = _PRIMARY_KEYS.get(table)
+    if found is None:
+        columns = list(table.primary_key.columns)
+        if len(columns) != 1:
+            raise ValueError(
+                f"table {table.name} has a composite primary key: write it with call()"
+            )
+        found = _PRIMARY_KEYS[table] = columns[0].name
+    return found

@@ -14,9 +14,11 @@ from tests.e2e.conftest import ROOT, Cluster
 EXAMPLE = "examples/digits"
 
 
-def _run(cluster: Cluster, config: str, *extra: str) -> dict[str, Any]:
-    created = cluster.json("experiment", "create", config, EXAMPLE, *extra)
-    experiment_id = str(created["id"])
+def _create(cluster: Cluster, config: str) -> str:
+    return str(cluster.json("experiment", "create", config, EXAMPLE)["id"])
+
+
+def _wait(cluster: Cluster, experiment_id: str) -> dict[str, Any]:
     waited = cluster.cli("experiment", "wait", experiment_id, timeout=600)
     assert waited.returncode == 0, f"{waited.stdout}\n{waited.stderr}\n{cluster.dump_logs()}"
     described: dict[str, Any] = cluster.json("experiment", "describe", experiment_id)
@@ -38,8 +40,11 @@ def test_digits_on_one_slot_two_slots_and_across_agents(cluster: Cluster, tmp_pa
         # On PostgreSQL the run that spans both agents alone: the store's writes are those
         # of the smaller runs, four ranks' worth.
         runs = runs[-1:]
-    for config, slots in runs:
-        described = _run(cluster, config)
+    # Submitted together: the 1-slot and 2-slot runs share the 4 slots, the one that spans
+    # both agents starts when they are done.
+    created = [(_create(cluster, config), slots) for config, slots in runs]
+    for experiment_id, slots in created:
+        described = _wait(cluster, experiment_id)
         assert described["state"] == "COMPLETED", cluster.dump_logs()
         [trial] = described["trials"]
         assert trial["total_batches"] == 400

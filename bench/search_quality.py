@@ -34,10 +34,18 @@ every live trial trains at once, the first to finish reports first) with at most
     is > 0 and the Wilcoxon p-value (the sign test's without scipy) < 0.05. Also the cost
     of one bohb proposal with 1,000 and 10,000 results at the modelled rung, with the
     rung's model cached and just refitted.
-(e) peers, side by side with (d): Ray Tune's ASHA (`AsyncHyperBandScheduler` with its
+(e) equal budget: every method gets at most PEER_BUDGET batches (all trials together) per
+    seed, on both problems, the same seeds, and reports the budget it used (median, least,
+    most over the seeds). Each launches trials until the budget is spent; its run is then
+    cut at the budget (`Run.capped`: the result that would cross it is left out, so a
+    method uses a little less than the budget, never more). Methods: our asha with the
+    random and with the bohb sampler (up to MAX_TRIALS trials, stopped by the budget, not
+    by a trial count, CONCURRENT trials at once); Optuna's SuccessiveHalvingPruner +
+    RandomSampler and its HyperbandPruner + TPESampler (Optuna's counterpart of BOHB),
+    asked and told CONCURRENT trials at once on the simulated clock (`run_optuna`; (b)
+    runs them one at a time); Ray Tune's ASHA (`AsyncHyperBandScheduler` with its
     random search) and Ray Tune's BOHB (`HyperBandForBOHB` with `TuneBOHB`, HpBandSter's
-    kernel densities over ConfigSpace), on both problems, the same 20 seeds, the same
-    concurrency (CONCURRENT trials at once) and the same budget. Ray's scheduler and
+    kernel densities over ConfigSpace), CONCURRENT trials at once. Ray's scheduler and
     searcher objects are driven in the same simulated clock as ours (`run_ray`: each batch
     one time unit, every running trial trains at once, the first to finish reports first;
     the calls, their order and the pause/resume/stop rules of Ray Tune's TuneController),
@@ -46,15 +54,18 @@ every live trial trains at once, the first to finish reports first) with at most
     Mapping: Ray's time attribute is a rung clock 1, 4, 16, 64, 256 standing for 3, 15,
     62, 250, 1000 batches (our rungs): reduction factor 4, grace period 1 and max_t 256 give
     Ray's ASHA exactly our 5 rungs, and HyperBand's brackets (r0 = 256 / 4**s) start at
-    the same lengths. Budget: per seed, a peer trains until it has trained as many batches
-    (all trials together) as our asha with the random sampler did with the same seed
-    (BOHB_TRIALS trials); the result that crosses it still counts (as in (b)). Per seed,
-    peer's best final loss - ours (> 0: ours won), with the statistics of (d). Targets: our
-    asha (random sampler) at least as good as Ray's ASHA (median difference >= 0), and our
-    asha + bohb better than both peers (median > 0, Wilcoxon p < 0.05) on both problems.
-    Needs `pip install -e '.[bench-peers]'`; without Ray the rows are skipped, with a line
-    saying so. `--quick` leaves them out: HpBandSter proposes in about 0.2 s on a loaded
-    2-core machine, so the peers take about a minute per seed and problem.
+    the same lengths. Per seed, peer's best final loss - ours (> 0: ours won), against
+    our asha and against our asha + bohb, with the statistics of (d); also our asha's -
+    asha + bohb's (> 0: bohb won). Targets, on both problems: our asha at least as good as
+    each ASHA-type peer (Optuna's and Ray's; median difference >= 0), and our asha + bohb
+    better than every peer (median > 0, Wilcoxon p < 0.05). Ray's rows need
+    `pip install -e '.[bench-peers]'`; without Ray they are skipped, with a line saying
+    so (HpBandSter proposes in about 0.2 s on a loaded 2-core machine, so Ray's rows take
+    about a minute per seed and problem). `--quick` leaves (e) out.
+
+--quick keeps every row's statistic with fewer seeds (QUICK_SEEDS: 5 for (a) and (b), 1
+for (c), 8 for (d)), times bohb's proposals at 1,000 results only, and takes about 20 s of
+CPU in two processes (the second runs (c) and, in --quick, 2 of (b)'s seeds).
 
     python bench/search_quality.py [--quick] [--seeds N]
 
@@ -71,6 +82,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +97,7 @@ from assay.config import (
     SearcherConfig,
     rung_lengths,
 )
+from assay.config._search import MAX_TRIALS
 from assay.master.searcher import make_searcher
 from assay.master.searcher.simulate import SimulatedMaster
 
@@ -96,6 +109,14 @@ TPE_TRIALS = 256  # TPE refits on the whole history per proposal: O(trials**2)
 BOHB_TRIALS = 256
 P_TARGET = 0.05
 CONCURRENT = 4
+PEER_BUDGET = 8_000  # (e): batches per method and seed, all trials together
+OPTUNA_PEERS = ("sha", "hyperband_tpe")
+# Seeds per row, 0 to n - 1 (--seeds N: N for every row). --quick keeps each row's
+# statistic with fewer seeds: a tpe proposal refits on the whole history (about 6 s of CPU
+# per seed for (c)); (d) keeps 8 seeds, so that its Wilcoxon test can pass with a seed lost.
+FULL_SEEDS = {"a": 20, "b": 20, "c": 20, "d": 20, "e": 20}
+QUICK_SEEDS = {"a": 5, "b": 5, "c": 1, "d": 8, "e": 0}
+QUICK_B_AWAY = 2  # (b)'s seeds that --quick runs in the second process (see main)
 # ASHA's defaults: divisor 4, 5 rungs (3, 15, 62, 250, 1000 batches)
 RUNGS = rung_lengths(MAX_LENGTH, 4, 5)
 
@@ -191,16 +212,16 @@ class Run:
     batches: int  # batches trained in all
     trace: list[tuple[int, float, int]]  # (batches so far, loss, length)
 
-    def best_within(self, budget: int) -> float:
-        """The best final loss once `budget` batches are trained (the result that crosses
-        it counts): the same run stopped there."""
-        best = math.inf
-        for batches, value, length in self.trace:
-            if length == MAX_LENGTH:
-                best = min(best, value)
-            if batches >= budget:
-                break
-        return best
+    def capped(self, budget: int) -> Run:
+        """The same run stopped at `budget` batches: only the results whose batches so far
+        (all trials together) are within it; `batches` is what those used."""
+        kept = [entry for entry in self.trace if entry[0] <= budget]
+        finals = [value for _, value, length in kept if length == MAX_LENGTH]
+        return Run(min(finals, default=math.inf), kept[-1][0] if kept else 0, kept)
+
+    def trials(self) -> int:
+        """Trials started: results at the bottom rung."""
+        return sum(length == RUNGS[0] for _, _, length in self.trace)
 
     def cost_to_reach(self, target: float) -> float:
         """Batches trained when the best final loss first reached `target` (inf if never)."""
@@ -219,43 +240,112 @@ def run_ours(
     return Run(min(finals), result.batches, result.trace)
 
 
-def run_optuna(seed: int, budget: int) -> Run:
-    """Optuna's successive halving pruner and random sampler, trial after trial."""
+def run_ours_capped(sampler: str, problem: Problem, seed: int, budget: int) -> Run:
+    """Our asha with `sampler`, launching trials (up to MAX_TRIALS) until `budget` batches
+    are spent, then `Run.capped` at it: the first result past the budget stops the run."""
+    searcher = make_searcher(searcher_config("asha", MAX_TRIALS, sampler), problem.space, seed)
+    master = SimulatedMaster(searcher, problem.loss, max_live=CONCURRENT)
+    master.start()
+    while master.result.batches <= budget and master.step():
+        pass
+    return Run(math.inf, master.result.batches, master.result.trace).capped(budget)
+
+
+def _optuna_params(trial: Any, space: Mapping[str, HParam]) -> dict[str, Any]:
+    """`space` drawn by an Optuna trial (a log type over its exponent, as `name_exp`)."""
+    hparams: dict[str, Any] = {}
+    for name, hp in space.items():
+        if isinstance(hp, Const):
+            hparams[name] = hp.val
+        elif isinstance(hp, Log):
+            hparams[name] = hp.base ** trial.suggest_float(f"{name}_exp", hp.minval, hp.maxval)
+        elif isinstance(hp, Int):
+            hparams[name] = trial.suggest_int(name, hp.minval, hp.maxval)
+        elif isinstance(hp, Double):
+            hparams[name] = trial.suggest_float(name, hp.minval, hp.maxval)
+        elif isinstance(hp, Categorical):
+            hparams[name] = trial.suggest_categorical(name, list(hp.vals))
+        else:
+            raise TypeError(f"{name}: no Optuna distribution for {type(hp).__name__}")
+    return hparams
+
+
+def run_optuna(
+    seed: int,
+    budget: int,
+    problem: Problem = PROBLEMS[0],
+    kind: str = "sha",
+    concurrent: int = 1,
+) -> Run:
+    """Optuna with `concurrent` trials at once (1: trial after trial), each reporting at our
+    rung lengths, on the simulated clock of `run_ray` (every running trial trains at once,
+    the first to reach its next rung reports first). No trial starts once `budget` batches
+    are trained; the running ones finish. `sha`: its SuccessiveHalvingPruner (min_resource
+    3, reduction factor 4) and RandomSampler; `hyperband_tpe`: its HyperbandPruner
+    (min_resource 3, max_resource 1000, reduction factor 4) and TPESampler, Optuna's
+    counterpart of BOHB."""
+    import heapq
+
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        sampler=optuna.samplers.RandomSampler(seed=seed),
-        pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=RUNGS[0], reduction_factor=4),
-    )
-    trained = 0
+    if kind == "sha":
+        sampler: Any = optuna.samplers.RandomSampler(seed=seed)
+        pruner: Any = optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=RUNGS[0], reduction_factor=4
+        )
+    elif kind == "hyperband_tpe":
+        sampler = optuna.samplers.TPESampler(seed=seed)
+        pruner = optuna.pruners.HyperbandPruner(
+            min_resource=RUNGS[0], max_resource=MAX_LENGTH, reduction_factor=4
+        )
+    else:
+        raise ValueError(f"no Optuna peer {kind!r}")
+    study = optuna.create_study(sampler=sampler, pruner=pruner)
+    # (time it reaches its next rung, tie, rung index, trial, its hyperparameters)
+    queue: list[tuple[int, int, int, Any, dict[str, Any]]] = []
+    trained = tie = 0
     best = math.inf
     trace: list[tuple[int, float, int]] = []
-    while trained < budget:
+
+    def launch(now: int) -> None:
+        nonlocal tie
         trial = study.ask()
-        hparams = {
-            "lr": 10 ** trial.suggest_float("lr_exp", -5.0, 0.0),
-            "optimizer": trial.suggest_categorical("optimizer", ["sgd", "adam", "rmsprop"]),
-            "width": trial.suggest_int("width", 16, 512),
-            "dropout": trial.suggest_float("dropout", 0.0, 0.6),
-        }
-        value, pruned, previous = math.inf, False, 0
-        for length in RUNGS:
-            value = loss(hparams, length, trial.number)
-            trained, previous = trained + length - previous, length
-            trace.append((trained, value, length))
-            if length == MAX_LENGTH:
-                break
-            trial.report(value, length)
-            if trial.should_prune():
-                pruned = True
-                break
-        if pruned:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        else:
+        tie += 1
+        heapq.heappush(queue, (now + RUNGS[0], tie, 0, trial, _optuna_params(trial, problem.space)))
+
+    for _ in range(concurrent):
+        launch(0)
+    while queue:
+        now, _, k, trial, hparams = heapq.heappop(queue)
+        length = RUNGS[k]
+        value = problem.loss(hparams, length, trial.number)
+        trained += length - (RUNGS[k - 1] if k else 0)
+        trace.append((trained, value, length))
+        if length == MAX_LENGTH:
             study.tell(trial, value)
             best = min(best, value)
+        else:
+            trial.report(value, length)
+            if not trial.should_prune():
+                tie += 1
+                heapq.heappush(queue, (now + RUNGS[k + 1] - length, tie, k + 1, trial, hparams))
+                continue
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        if trained < budget:
+            launch(now)
     return Run(best, trained, trace)
+
+
+def optuna_runs(seeds: list[int]) -> list[Run]:
+    """(b) for `seeds`: Optuna at the budget our asha (ASHA_TRIALS trials) used."""
+    return [run_optuna(s, run_ours("asha", ASHA_TRIALS, s).batches) for s in seeds]
+
+
+def tpe_runs(seeds: list[int]) -> tuple[list[Run], list[Run]]:
+    """(c): asha with the tpe and with the random sampler, TPE_TRIALS trials, per seed."""
+    tpes = [run_ours("asha", TPE_TRIALS, s, sampler="tpe") for s in seeds]
+    return tpes, [run_ours("asha", TPE_TRIALS, s) for s in seeds]
 
 
 def run_random_baseline(seed: int) -> Run:
@@ -546,9 +636,10 @@ def run_ray(
     return Run(best, trained, trace)
 
 
-def ray_peers(problem: Problem, seeds: list[int], budgets: list[int]) -> dict[str, list[Run]] | str:
-    """Ray Tune's ASHA and BOHB on `problem`, seed by seed at the given budgets; a line
-    saying why not when Ray Tune (or, for BOHB, HpBandSter and ConfigSpace) is missing."""
+def ray_peers(problem: Problem, seeds: list[int], budget: int) -> dict[str, list[Run]] | str:
+    """Ray Tune's ASHA and BOHB on `problem`, seed by seed, each `Run.capped` at `budget`
+    batches; a line saying why not when Ray Tune (or, for BOHB, HpBandSter and
+    ConfigSpace) is missing."""
     import logging
     import warnings
 
@@ -558,7 +649,7 @@ def ray_peers(problem: Problem, seeds: list[int], budgets: list[int]) -> dict[st
         from ray.tune.schedulers import ASHAScheduler, HyperBandForBOHB
         from ray.tune.search.bohb import TuneBOHB
     except ImportError as e:
-        return f"(e) peers skipped: {e.msg}; install them with pip install -e '.[bench-peers]'"
+        return f"(e) Ray peers skipped: {e.msg}; install them with pip install -e '.[bench-peers]'"
     logging.getLogger("ray").setLevel(logging.ERROR)
     logging.getLogger("hpbandster").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="hpbandster|ConfigSpace|statsmodels|ray")
@@ -567,12 +658,11 @@ def ray_peers(problem: Problem, seeds: list[int], budgets: list[int]) -> dict[st
     searched, constants = ray_space(problem.space)
     domains = {name: getattr(tune, kind)(*args) for name, (kind, *args) in searched.items()}
     runs: dict[str, list[Run]] = {"ray_asha": [], "ray_bohb": []}
-    for seed, budget in zip(seeds, budgets, strict=True):
+    for seed in seeds:
         np.random.seed(seed)  # ASHA draws its bracket from numpy's global stream
         asha = ASHAScheduler(time_attr=plan["time_attr"], metric="loss", mode="min", **plan["asha"])
-        runs["ray_asha"].append(
-            run_ray(asha, _RaySearcher(domains, seed), problem, seed, budget, constants)
-        )
+        run = run_ray(asha, _RaySearcher(domains, seed), problem, seed, budget, constants)
+        runs["ray_asha"].append(run.capped(budget))
         hb = HyperBandForBOHB(
             time_attr=plan["time_attr"], metric="loss", mode="min", **plan["hyperband"]
         )
@@ -584,38 +674,75 @@ def ray_peers(problem: Problem, seeds: list[int], budgets: list[int]) -> dict[st
             max_concurrent=CONCURRENT,
         )
         np.random.seed(seed)  # HpBandSter's kernel densities sample from numpy's global stream
-        runs["ray_bohb"].append(run_ray(hb, bohb, problem, seed, budget, constants))
+        run = run_ray(hb, bohb, problem, seed, budget, constants)
+        runs["ray_bohb"].append(run.capped(budget))
     return runs
 
 
-def peer_rows(
-    problem: Problem, seeds: list[int], rand: list[Run], bohb: list[Run]
-) -> dict[str, Any] | str:
-    """(e) on `problem`: Ray Tune's ASHA and BOHB against our asha with the random and the
-    bohb sampler (the first len(seeds) runs of (d)), each pair at our run's budget: a peer
-    runs to the larger of the two and is read at each (`Run.best_within`)."""
-    rand, bohb = rand[: len(seeds)], bohb[: len(seeds)]
-    budgets = [max(r.batches, b.batches) for r, b in zip(rand, bohb, strict=True)]
-    peers = ray_peers(problem, seeds, budgets)
-    if isinstance(peers, str):
-        return peers
-    out: dict[str, Any] = {
-        "seeds": len(seeds),
-        "asha_median_budget": median([float(r.batches) for r in rand]),
-        "asha_bohb_median_budget": median([float(b.batches) for b in bohb]),
+# (e)'s methods: ours first, then the peers; the ASHA-type ones (random proposals) must do at
+# least as well as our asha, and every peer worse than our asha + bohb.
+OURS = {"asha": "our asha", "asha_bohb": "our asha + bohb"}
+PEERS = {
+    "optuna_sha": "Optuna SuccessiveHalvingPruner + RandomSampler",
+    "optuna_hyperband_tpe": "Optuna HyperbandPruner + TPESampler",
+    "ray_asha": "Ray ASHA",
+    "ray_bohb": "Ray BOHB",
+}
+ASHA_TYPE = ("optuna_sha", "ray_asha")
+
+
+def budget_used(runs: list[Run]) -> dict[str, float]:
+    used = [float(r.batches) for r in runs]
+    return {"median": median(used), "min": min(used), "max": max(used)}
+
+
+def equal_budget(
+    problem: Problem, seeds: list[int], budget: int, optuna_kinds: tuple[str, ...]
+) -> tuple[dict[str, Any], str | None]:
+    """(e) on `problem`: every method at most `budget` batches (all trials together) per
+    seed, on the same seeds; per method its median best final loss and the budget it used,
+    and per peer, paired by seed, peer's best - ours against each of ours (> 0: ours won).
+    Also the line saying why the Ray peers were skipped, or None."""
+    runs: dict[str, list[Run]] = {
+        "asha": [run_ours_capped("random", problem, s, budget) for s in seeds],
+        "asha_bohb": [run_ours_capped("bohb", problem, s, budget) for s in seeds],
     }
-    for name, runs in peers.items():
-        at_asha = [p.best_within(r.batches) for p, r in zip(runs, rand, strict=True)]
-        at_bohb = [p.best_within(b.batches) for p, b in zip(runs, bohb, strict=True)]
-        out[name] = {
-            "median_best_at_asha_budget": median(at_asha),
-            "median_best_at_asha_bohb_budget": median(at_bohb),
-            "no_final_result": sum(not math.isfinite(v) for v in at_asha + at_bohb),
-            "trials": median([float(sum(n == RUNGS[0] for _, _, n in r.trace)) for r in runs]),
-            "vs_asha": paired_stats([r.best for r in rand], at_asha),
-            "vs_asha_bohb": paired_stats([b.best for b in bohb], at_bohb),
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        optuna_kinds = ()
+    for kind in optuna_kinds:
+        runs[f"optuna_{kind}"] = [
+            run_optuna(s, budget, problem, kind, CONCURRENT).capped(budget) for s in seeds
+        ]
+    ray = ray_peers(problem, seeds, budget)
+    if not isinstance(ray, str):
+        runs.update(ray)
+    row: dict[str, Any] = {"seeds": len(seeds), "budget": budget}
+    for name, method_runs in runs.items():
+        bests = [r.best for r in method_runs]
+        row[name] = {
+            "median_best": median(bests),
+            "budget_used": budget_used(method_runs),
+            "trials": median([float(r.trials()) for r in method_runs]),
+            "no_final_result": sum(not math.isfinite(b) for b in bests),
         }
-    return out
+    ours = {name: [r.best for r in runs[name]] for name in OURS}
+    row["asha_bohb"]["vs_asha"] = paired_stats(ours["asha_bohb"], ours["asha"])
+    for name in runs.keys() - OURS.keys():
+        theirs = [r.best for r in runs[name]]
+        row[name]["vs_asha"] = paired_stats(ours["asha"], theirs)
+        row[name]["vs_asha_bohb"] = paired_stats(ours["asha_bohb"], theirs)
+    return row, ray if isinstance(ray, str) else None
+
+
+def equal_budget_passed(row: Mapping[str, Any]) -> bool:
+    """Our asha at least as good as each ASHA-type peer, our asha + bohb better than every
+    peer (median difference > 0, Wilcoxon p < P_TARGET)."""
+    peers = [name for name in PEERS if name in row]
+    return all(
+        row[name]["vs_asha"]["median_difference"] >= 0 for name in peers if name in ASHA_TYPE
+    ) and all(_met_better(row[name]["vs_asha_bohb"]) for name in peers)
 
 
 def _met_better(stats: Mapping[str, Any]) -> bool:
@@ -623,18 +750,36 @@ def _met_better(stats: Mapping[str, Any]) -> bool:
     return bool(stats["median_difference"] > 0 and p < P_TARGET)
 
 
+def _paired_line(stats: Mapping[str, Any], who: str) -> str:
+    return (
+        f"median {stats['median_difference']:+.4f}, {who} won {stats['won']}/{stats['seeds']}, "
+        f"sign test p={stats['sign_p']:.2g}, Wilcoxon p={stats['wilcoxon_p'] or math.nan:.2g}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="5 seeds (< 1 min)")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 20)")
+    parser.add_argument("--quick", action="store_true", help="fewer seeds, no (e) (< 1 min)")
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="seeds for every row (default 20; --quick: fewer)"
+    )
     args = parser.parse_args(argv)
-    seeds = list(range(args.seeds or (5 if args.quick else 20)))
+    counts = QUICK_SEEDS if args.quick else FULL_SEEDS
+    seeds = {row: list(range(args.seeds or n)) for row, n in counts.items()}
     t0 = time.perf_counter()
+    # (c) is the slowest row in CPU: it runs in a second process while this one does the
+    # others (the machine has 2 cores), and prints after them.
+    # The second process takes (c), the slowest row, and in --quick the last QUICK_B_AWAY of
+    # (b)'s seeds too (with their asha runs of (a)), so that both take about as long.
+    worker = ProcessPoolExecutor(max_workers=1)
+    away = seeds["b"][len(seeds["b"]) - QUICK_B_AWAY :] if args.quick else []
+    optuna_away = worker.submit(optuna_runs, away)
+    tpe_row = worker.submit(tpe_runs, seeds["c"])
 
-    randoms = [run_random_baseline(s) for s in seeds]
+    randoms = [run_random_baseline(s) for s in seeds["a"]]
     target = median([r.best for r in randoms])
     random_budget = RANDOM_TRIALS * MAX_LENGTH
-    ashas = [run_ours("asha", ASHA_TRIALS, s) for s in seeds]
+    ashas = [run_ours("asha", ASHA_TRIALS, s) for s in seeds["a"]]
     costs = [a.cost_to_reach(target) for a in ashas]
     asha_cost = median(costs)
     ratio = random_budget / asha_cost if asha_cost > 0 else 0.0
@@ -644,88 +789,92 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"    ASHA reaches it after a median {asha_cost:,.0f} batches "
-        f"(reached in {sum(math.isfinite(c) for c in costs)}/{len(seeds)} seeds): "
+        f"(reached in {sum(math.isfinite(c) for c in costs)}/{len(costs)} seeds): "
         f"{ratio:.1f}x less (target >= {RATIO_TARGET})"
     )
 
-    optunas = [run_optuna(s, a.batches) for s, a in zip(seeds, ashas, strict=True)]
-    ours_best, optuna_best = median([a.best for a in ashas]), median([o.best for o in optunas])
+    ashas_b = [a for s, a in zip(seeds["a"], ashas, strict=True) if s in seeds["b"]]
+    optunas = [
+        run_optuna(s, a.batches) for s, a in zip(seeds["b"], ashas_b, strict=True) if s not in away
+    ] + optuna_away.result()
+    ours_best, optuna_best = median([a.best for a in ashas_b]), median([o.best for o in optunas])
     print(
-        f"(b) same budget (median {median([float(a.batches) for a in ashas]):,.0f} batches): "
-        f"our asha median best {ours_best:.4f}, Optuna SuccessiveHalvingPruner + "
-        f"RandomSampler {optuna_best:.4f} (ours must be <=)"
+        f"(b) same budget (median {median([float(a.batches) for a in ashas_b]):,.0f} batches, "
+        f"{len(optunas)} seeds): our asha median best {ours_best:.4f}, Optuna "
+        f"SuccessiveHalvingPruner + RandomSampler {optuna_best:.4f} (ours must be <=)"
     )
 
-    tpes = [run_ours("asha", TPE_TRIALS, s, sampler="tpe") for s in seeds]
-    smalls = [run_ours("asha", TPE_TRIALS, s) for s in seeds]
-    tpe_best, small_best = median([t.best for t in tpes]), median([r.best for r in smalls])
-    print(
-        f"(c) {TPE_TRIALS} trials: asha + tpe median best {tpe_best:.4f}, "
-        f"asha + random {small_best:.4f}"
-    )
-
-    bohb_seeds = list(range(args.seeds or (10 if args.quick else 20)))
+    bohb_seeds = seeds["d"]
     pairs = {p.name: paired(p, bohb_seeds) for p in PROBLEMS}
     bohb = {name: stats for name, (stats, _, _) in pairs.items()}
     bohb_passed = all(_met_better(b) for b in bohb.values())
     for name, b in bohb.items():
         print(
             f"(d) {name}: asha + bohb median best {b['median_best']:.4f}, asha + random "
-            f"{b['random_sampler_median_best']:.4f}; per seed random - bohb: median "
-            f"{b['median_difference']:+.4f}, bohb won {b['won']}/{b['seeds']}, sign test "
-            f"p={b['sign_p']:.2g}, Wilcoxon p={b['wilcoxon_p'] or math.nan:.2g}"
+            f"{b['random_sampler_median_best']:.4f}; per seed random - bohb: "
+            + _paired_line(b, "bohb")
         )
-    repeats = 5 if args.quick else 20
-    costs_ms = {str(n): proposal_cost(n, repeats) for n in (1_000, 10_000)}
-    print(
-        "    bohb cost per proposal (ms, hard space; model cached / just refitted): "
-        + ", ".join(f"{n} results {c['cached_ms']} / {c['refit_ms']}" for n, c in costs_ms.items())
-    )
-
     t_peers = time.perf_counter()
     peers: dict[str, Any] = {}
     peers_passed: bool | None = None
     if args.quick:
-        peers = {"skipped": "(e) peers (Ray Tune's ASHA and BOHB) are left out of --quick"}
+        peers = {"skipped": "(e) equal budget and peers are left out of --quick"}
         print(peers["skipped"])
-    for problem in PROBLEMS if not args.quick else ():
-        _, rand_runs, bohb_runs = pairs[problem.name]
-        row = peer_rows(problem, bohb_seeds, rand_runs, bohb_runs)
-        if isinstance(row, str):
-            print(row)
-            peers = {"skipped": row}
-            break
-        peers[problem.name] = row
-        for name, label in (("ray_asha", "Ray ASHA"), ("ray_bohb", "Ray BOHB")):
-            r = row[name]
+    else:
+        peers["budget"] = PEER_BUDGET
+        ray_skipped: str | None = None
+        for problem in PROBLEMS:
+            row, ray_skipped = equal_budget(problem, seeds["e"], PEER_BUDGET, OPTUNA_PEERS)
+            peers[problem.name] = row
             print(
-                f"(e) {problem.name}, seeds {bohb_seeds[0]} to {bohb_seeds[-1]}: {label} "
-                f"median best "
-                f"{r['median_best_at_asha_budget']:.4f} at our asha's budget (median "
-                f"{row['asha_median_budget']:,.0f} batches), "
-                f"{r['median_best_at_asha_bohb_budget']:.4f} at asha + bohb's "
-                f"({row['asha_bohb_median_budget']:,.0f}); {r['trials']:.0f} trials"
+                f"(e) {problem.name}, seeds {seeds['e'][0]} to {seeds['e'][-1]}, at most "
+                f"{PEER_BUDGET:,} batches each (median used, least-most; median trials):"
             )
-            for ours, label_ours in (("vs_asha", "asha"), ("vs_asha_bohb", "asha + bohb")):
-                d = r[ours]
+            for name, label in {**OURS, **PEERS}.items():
+                if name not in row:
+                    continue
+                r, used = row[name], row[name]["budget_used"]
                 print(
-                    f"    {label} - our {label_ours}: median {d['median_difference']:+.4f}, "
-                    f"ours won {d['won']}/{d['seeds']}, sign test p={d['sign_p']:.2g}, "
-                    f"Wilcoxon p={d['wilcoxon_p'] or math.nan:.2g}"
+                    f"    {label}: median best {r['median_best']:.4f}, used {used['median']:,.0f} "
+                    f"({used['min']:,.0f}-{used['max']:,.0f}), {r['trials']:.0f} trials"
+                    + (
+                        f", no full-length result in {r['no_final_result']}"
+                        if r["no_final_result"]
+                        else ""
+                    )
                 )
-    if "skipped" not in peers:
-        peers_passed = all(
-            row["ray_asha"]["vs_asha"]["median_difference"] >= 0
-            and _met_better(row["ray_asha"]["vs_asha_bohb"])
-            and _met_better(row["ray_bohb"]["vs_asha_bohb"])
-            for row in peers.values()
-        )
+                for vs, ours_label in (("vs_asha", "asha"), ("vs_asha_bohb", "asha + bohb")):
+                    if vs in r and name != "asha_bohb":
+                        print(f"      it - our {ours_label}: " + _paired_line(r[vs], "ours"))
+                if name == "asha_bohb":
+                    print("      our asha - it: " + _paired_line(r["vs_asha"], "it"))
+        if ray_skipped:
+            print(ray_skipped)
+            peers["ray_skipped"] = ray_skipped
+        peers_passed = all(equal_budget_passed(peers[p.name]) for p in PROBLEMS)
         peers["passed"] = peers_passed
         peers["seconds"] = round(time.perf_counter() - t_peers, 1)
         print(
-            f"(e) targets (our asha >= Ray ASHA; our asha + bohb better than both, on both "
-            f"problems): {'met' if peers_passed else 'not met'}"
+            f"(e) targets (our asha >= each ASHA-type peer; our asha + bohb better than every "
+            f"peer, on both problems): {'met' if peers_passed else 'not met'}"
         )
+
+    tpes, smalls = tpe_row.result()
+    worker.shutdown()
+    tpe_best, small_best = median([t.best for t in tpes]), median([r.best for r in smalls])
+    print(
+        f"(c) {TPE_TRIALS} trials, {len(tpes)} seeds: asha + tpe median best {tpe_best:.4f}, "
+        f"asha + random {small_best:.4f}"
+    )
+    # Timed once the worker is done. --quick times 1,000 results only: filling 10,000
+    # takes seconds.
+    repeats = 5 if args.quick else 20
+    sizes = (1_000,) if args.quick else (1_000, 10_000)
+    costs_ms = {str(n): proposal_cost(n, repeats) for n in sizes}
+    print(
+        "(d) bohb cost per proposal (ms, hard space; model cached / just refitted): "
+        + ", ".join(f"{n} results {c['cached_ms']} / {c['refit_ms']}" for n, c in costs_ms.items())
+    )
 
     elapsed = time.perf_counter() - t0
     out = {
@@ -736,7 +885,7 @@ def main(argv: list[str] | None = None) -> int:
         and ours_best <= optuna_best
         and bohb_passed
         and peers_passed is not False,
-        "seeds": len(seeds),
+        "seeds": len(seeds["a"]),
         "quick": bool(args.quick),
         "random": {"trials": RANDOM_TRIALS, "budget": random_budget, "median_best": target},
         "asha": {
@@ -744,11 +893,17 @@ def main(argv: list[str] | None = None) -> int:
             "concurrent": CONCURRENT,
             "median_cost_to_target": asha_cost,
             "median_budget": median([float(a.batches) for a in ashas]),
-            "median_best": ours_best,
+            "median_best": median([a.best for a in ashas]),
         },
-        "optuna_sha": {"median_best": optuna_best, "asha_not_worse": ours_best <= optuna_best},
+        "optuna_sha": {
+            "seeds": len(optunas),
+            "median_best": optuna_best,
+            "asha_median_best": ours_best,
+            "asha_not_worse": ours_best <= optuna_best,
+        },
         "asha_tpe": {
             "trials": TPE_TRIALS,
+            "seeds": len(tpes),
             "median_best": tpe_best,
             "random_sampler_median_best": small_best,
             "tpe_over_random": round(tpe_best / small_best, 4),

@@ -1,11 +1,15 @@
-"""The peer rows of bench/search_quality.py (Ray Tune's ASHA and BOHB): the settings and
-search space handed to Ray, the simulated clock and budget that drive Ray's schedulers,
-and the line that skips the rows without Ray. None of it needs Ray installed."""
+"""Row (e) of bench/search_quality.py, every method at one budget (our asha with the random
+and the bohb sampler, Optuna's and Ray Tune's peers): the cap on batches trained and what
+each method reports it used, the settings and search space handed to Ray, the simulated
+clock that drives Ray's schedulers, and the line that skips Ray's rows without it. None of
+it needs Ray installed. Also `--quick`'s last line."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -132,6 +136,8 @@ def test_rays_schedulers_are_driven_to_the_budget_on_our_clock(sq: ModuleType) -
     assert run.batches == sum(t.batches for t in scheduler.added)
     assert all(t.batches == RUNGS[t.rung] for t in scheduler.added if t.rung >= 0)
     assert run.best == 1.0 / 1000  # only full-length results count
+    capped = run.capped(budget)  # what the equal-budget row reads: the crossing result is out
+    assert capped.batches == run.trace[-2][0] <= budget
     assert scheduler.max_running <= sq.CONCURRENT
     # Paused trials resumed where they had stopped; each rung reached was reported once,
     # to the searcher too, except a result the scheduler stopped the trial on.
@@ -146,24 +152,117 @@ def test_rays_schedulers_are_driven_to_the_budget_on_our_clock(sq: ModuleType) -
     assert all(t.hparams["c"] == 1 for t in scheduler.added)  # constants reach the curve
 
 
-def test_best_within_reads_a_run_at_a_smaller_budget(sq: ModuleType) -> None:
+def test_capped_keeps_the_results_within_the_budget(sq: ModuleType) -> None:
     run = sq.Run(0.1, 3000, [(1000, 0.5, 1000), (1500, 0.01, 62), (2000, 0.3, 1000)])
-    assert run.best_within(500) == 0.5  # the result that crosses the budget counts
-    assert run.best_within(1000) == 0.5
-    assert run.best_within(1800) == 0.3
-    assert math.isinf(sq.Run(math.inf, 10, [(10, 0.1, 3)]).best_within(10))
+    assert run.capped(999) == sq.Run(math.inf, 0, [])
+    assert run.capped(1000) == sq.Run(0.5, 1000, run.trace[:1])
+    assert run.capped(1999) == sq.Run(0.5, 1500, run.trace[:2])  # the crossing one is out
+    assert run.capped(5000) == sq.Run(0.3, 2000, run.trace)
+    assert sq.Run(0.1, 10, [(10, 0.1, 3), (20, 0.2, 15)]).trials() == 1
 
 
-def test_without_ray_the_peer_rows_are_skipped_with_a_line(
+def test_our_asha_stops_launching_at_the_budget(sq: ModuleType) -> None:
+    problem = sq.PROBLEMS[1]
+    short, long = (sq.run_ours_capped("random", problem, 3, b) for b in (2_000, 6_000))
+    for run, budget in ((short, 2_000), (long, 6_000)):
+        assert budget - sq.MAX_LENGTH < run.batches <= budget
+        assert run.batches == run.trace[-1][0]
+    assert long.trace[: len(short.trace)] == short.trace  # the same run, stopped sooner
+    bohb = sq.run_ours_capped("bohb", problem, 3, 2_000)
+    assert bohb.batches <= 2_000
+
+
+@pytest.mark.parametrize("kind", ["sha", "hyperband_tpe"])
+@pytest.mark.parametrize("concurrent", [1, 4])
+def test_optuna_peers_start_no_trial_past_the_budget(
+    sq: ModuleType, kind: str, concurrent: int
+) -> None:
+    pytest.importorskip("optuna")
+    budget = 3_000
+    for problem in sq.PROBLEMS:
+        run = sq.run_optuna(1, budget, problem, kind, concurrent)
+        batches = [b for b, _, _ in run.trace]
+        assert batches == sorted(batches)
+        assert run.batches == batches[-1] >= budget
+        crossed = next(i for i, b in enumerate(batches) if b >= budget)
+        # Past the budget only the trials running then report, up to their end.
+        started_after = sum(n == sq.RUNGS[0] for _, _, n in run.trace[crossed + 1 :])
+        assert started_after <= concurrent - 1
+        assert run.capped(budget).batches <= budget
+
+
+def test_optuna_trial_after_trial_is_rows_b(sq: ModuleType) -> None:
+    pytest.importorskip("optuna")
+    run = sq.run_optuna(0, 2_000)
+    # One trial at a time: each runs its rungs in order before the next starts.
+    lengths = [n for _, _, n in run.trace]
+    for i, n in enumerate(lengths[1:], 1):
+        assert n == sq.RUNGS[0] or sq.RUNGS.index(n) == sq.RUNGS.index(lengths[i - 1]) + 1
+
+
+def test_without_ray_every_other_method_gets_the_same_budget(
     sq: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
-    line = sq.ray_peers(sq.PROBLEMS[0], [0], [1000])
+    line = sq.ray_peers(sq.PROBLEMS[0], [0], 1000)
     assert isinstance(line, str)
-    assert line.startswith("(e) peers skipped:")
+    assert line.startswith("(e) Ray peers skipped:")
     assert "pip install -e '.[bench-peers]'" in line
-    run = sq.Run(0.1, 1000, [])
-    assert sq.peer_rows(sq.PROBLEMS[0], [0], [run], [run]) == line
+    pytest.importorskip("optuna")
+    budget = 2_500
+    row, skipped = sq.equal_budget(sq.PROBLEMS[1], [0, 1, 2], budget, sq.OPTUNA_PEERS)
+    assert skipped == line
+    assert (row["seeds"], row["budget"]) == (3, budget)
+    methods = ["asha", "asha_bohb", "optuna_sha", "optuna_hyperband_tpe"]
+    assert [k for k in row if k not in ("seeds", "budget")] == methods
+    for name in methods:
+        used = row[name]["budget_used"]
+        assert budget - sq.MAX_LENGTH < used["min"] <= used["median"] <= used["max"] <= budget
+        assert row[name]["trials"] >= 1
+    assert row["asha_bohb"]["vs_asha"]["seeds"] == 3
+    for name in methods[2:]:
+        assert row[name]["vs_asha"]["seeds"] == row[name]["vs_asha_bohb"]["seeds"] == 3
+    assert "ray_asha" not in row
+    assert isinstance(sq.equal_budget_passed(row), bool)
+
+
+def test_the_targets_of_the_equal_budget_row(sq: ModuleType) -> None:
+    def stats(diff: float, p: float) -> dict[str, Any]:
+        return {"median_difference": diff, "sign_p": p, "wilcoxon_p": p}
+
+    row = {
+        "optuna_sha": {"vs_asha": stats(0.0, 0.9), "vs_asha_bohb": stats(0.01, 0.01)},
+        "optuna_hyperband_tpe": {"vs_asha": stats(-0.01, 0.01), "vs_asha_bohb": stats(0.02, 0.0)},
+    }
+    assert sq.equal_budget_passed(row)  # a tie with an ASHA-type peer is enough
+    row["optuna_sha"]["vs_asha"] = stats(-0.001, 0.5)
+    assert not sq.equal_budget_passed(row)
+    row["optuna_sha"]["vs_asha"] = stats(0.0, 0.9)
+    row["optuna_hyperband_tpe"]["vs_asha_bohb"] = stats(0.02, 0.06)
+    assert not sq.equal_budget_passed(row)
+
+
+@pytest.mark.slow
+def test_quick_ends_with_one_json_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/search_quality.py", "--quick", "--seeds", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["benchmark"] == "search_quality"
+    assert out["quick"] is True
+    assert out["target"] == 3.0
+    assert isinstance(out["ratio"], float)
+    assert out["seeds"] == out["optuna_sha"]["seeds"] == out["asha_tpe"]["seeds"] == 1
+    for problem in ("today", "hard"):
+        stats = out["asha_bohb"]["problems"][problem]
+        assert stats["seeds"] == 1
+        assert {"median_difference", "won", "sign_p", "wilcoxon_p"} <= stats.keys()
+    assert "skipped" in out["peers"]
 
 
 def test_inf_differences_rank_highest_in_the_wilcoxon_test(sq: ModuleType) -> None:

@@ -17,6 +17,7 @@ from assay._local import free_port
 from assay.errors import AssayError, TrainingError, TrialLoadError
 
 TRAINER_DIR = Path(__file__).parent / "fixtures" / "trainer"
+EXIT_THREADS = Path(__file__).parent / "fixtures" / "exit_threads"
 sys.path.insert(0, str(TRAINER_DIR))
 import train as digits  # noqa: E402
 
@@ -213,6 +214,9 @@ def test_tutorial_on_two_slots_under_fsdp_checkpoints_sharded_and_resumes(tmp_pa
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join(
+                [str(EXIT_THREADS), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
         )
         procs.append(
             subprocess.Popen(
@@ -226,6 +230,12 @@ def test_tutorial_on_two_slots_under_fsdp_checkpoints_sharded_and_resumes(tmp_pa
         )
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
+    # FSDP's mesh and sharded models kept the Gloo group alive into the interpreter's
+    # teardown, which aborted a finished rank now and then (exit status -6): no group
+    # thread may be left when the teardown starts.
+    for output in outputs:
+        (left,) = [x for x in output.splitlines() if x.startswith("THREADS AT EXIT ")]
+        assert "gloo" not in left, left
     results = [x for x in outputs[0].splitlines() if x.startswith("RESULT ")]
     assert not any(x.startswith("RESULT ") for x in outputs[1].splitlines())
     result = json.loads(results[0].removeprefix("RESULT "))

@@ -7,11 +7,17 @@ model, and on the experiment page's best checkpoint a version of a model the dia
 creates; the model page shows each version's experiment, trial, metrics at the checkpoint
 and notes, as the CLI does; archiving hides the model from the default list; a model that
 does not exist is an error, not an empty page.
+
+"Delete" on an experiment's page: refused, with the master's reason in the dialog, while a
+model version keeps one of its checkpoints; a second finished experiment deleted from its
+page is gone from its project's list, and its page says so.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,18 +26,21 @@ from playwright.sync_api import Browser, expect
 
 from assay.master.store import Store
 from tests.e2e.conftest import start_cluster, stop_cluster
-from tests.webui.conftest import Site, screenshot
+from tests.webui.conftest import LONG, Site, screenshot
 from tests.webui.seeding import SeededRun, seed_search
 
 pytestmark = pytest.mark.slow
 
 CHECKPOINT = "5a4b3c2d-1e0f-4a9b-8c7d-6e5f4a3b2c1d"
+DOOMED_CHECKPOINT = "0d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6"
 
 
 @dataclass
 class Seeded:
     site: Site
     run: SeededRun
+    # A second finished experiment, for "Delete".
+    doomed: SeededRun
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +59,20 @@ def seeded(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             ],
             checkpoint=CHECKPOINT,
         )
+        doomed = seed_search(
+            store,
+            "doomed-search",
+            {"global_batch_size": 32, "lr": 0.05},
+            [({"global_batch_size": 32, "lr": 0.05}, [(100, 0.3), (200, 0.4)])],
+            checkpoint=DOOMED_CHECKPOINT,
+        )
     finally:
         store.close()
     cluster = start_cluster(tmp, None, agents=0, slots=0)
     try:
         site = Site(cluster, browser, run.experiment_id, run.trial_ids, tmp)
         site.keep_session()
-        yield Seeded(site, run)
+        yield Seeded(site, run, doomed)
     finally:
         stop_cluster(cluster)
 
@@ -146,3 +162,102 @@ def test_a_missing_model_is_an_error(seeded: Seeded) -> None:
     expect(page.locator('[data-testid="error"]')).to_contain_text("no-such-model")
     expect(page.locator('[data-testid="error"]')).to_contain_text("404")
     page.context.close()
+
+
+def test_delete_an_experiment(seeded: Seeded) -> None:
+    """Refused while a model version keeps one of its checkpoints (the master's reason in
+    the dialog, nothing gone); another finished experiment goes, and its page says so."""
+    site = seeded.site
+    kept, doomed = seeded.run.experiment_id, seeded.doomed.experiment_id
+    guard = (
+        ("model", "create", "delete-guard"),
+        ("model", "register-version", "delete-guard", CHECKPOINT),
+    )
+    for args in guard:
+        done = site.cluster.cli(*args)
+        assert done.returncode == 0, done.stderr
+
+    page = site.page()
+    page.goto(f"{site.base}/experiments/{kept}")
+    page.locator('[data-testid="delete-experiment"]').click()
+    dialog = page.locator('[data-testid="delete-form"]')
+    expect(dialog).to_contain_text(f"Delete experiment {kept} (registry-src)?")
+    expect(dialog).to_contain_text("its 2 trials' metrics and logs and all its checkpoints")
+    dialog.locator('[data-testid="delete-submit"]').click()
+    error = dialog.locator('[data-testid="error"]')
+    expect(error).to_contain_text(f"experiment {kept} cannot be deleted")
+    expect(error).to_contain_text("model 'delete-guard' version 1")
+    screenshot(page, "delete-experiment-refused")
+    dialog.locator('[data-testid="delete-cancel"]').click()
+    expect(dialog).to_have_count(0)
+    page.goto(site.base + "/")
+    expect(page.locator(f'[data-testid="experiment-row"][data-id="{kept}"]')).to_be_visible()
+    expect(page.locator(f'[data-testid="experiment-row"][data-id="{doomed}"]')).to_be_visible()
+
+    page.goto(f"{site.base}/experiments/{doomed}")
+    project = page.locator('[data-testid="experiment-project"]').inner_text()
+    page.locator('[data-testid="delete-experiment"]').click()
+    dialog = page.locator('[data-testid="delete-form"]')
+    expect(dialog).to_contain_text(f"Delete experiment {doomed} (doomed-search)?")
+    screenshot(page, "delete-experiment")
+    dialog.locator('[data-testid="delete-submit"]').click()
+    # To its project's list, where it is no more; the other stays.
+    page.wait_for_url("**/workspaces/*/projects/*")
+    expect(page.locator('[data-testid="project-name"]')).to_contain_text(project.split("/")[-1])
+    expect(page.locator(f'[data-testid="experiment-row"][data-id="{kept}"]')).to_be_visible()
+    expect(page.locator(f'[data-testid="experiment-row"][data-id="{doomed}"]')).to_have_count(0)
+    page.goto(f"{site.base}/experiments/{doomed}")
+    gone = page.locator('[data-testid="error"]')
+    expect(gone).to_contain_text(f"experiment {doomed} does not exist")
+    listed = site.cluster.cli("experiment", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert doomed not in [int(e["id"]) for e in json.loads(listed.stdout)]
+    page.context.close()
+
+
+def test_delete_is_for_ended_experiments_and_their_editors(seeded: Seeded) -> None:
+    """Disabled, with the reason in its tooltip, while the experiment runs; hidden from a
+    viewer of its workspace, shown to an editor there."""
+    site = seeded.site
+    running = site.submit(LONG)  # no agents: its trials wait, and it stays ACTIVE
+    try:
+        page = site.page()
+        page.goto(f"{site.base}/experiments/{running}")
+        expect(page.locator('[data-testid="experiment-state"]')).to_have_attribute(
+            "data-state", "EXPERIMENT_STATE_ACTIVE"
+        )
+        button = page.locator('[data-testid="delete-experiment"]')
+        expect(button).to_be_disabled()
+        expect(page.locator("span[title]", has=button)).to_have_attribute(
+            "title", "Only an ended experiment can be deleted: kill it or wait for its end"
+        )
+        page.context.close()
+    finally:
+        site.cluster.cli("experiment", "kill", str(running))
+
+    cli = [sys.executable, "-m", "assay.cli.main", "-m", site.cluster.address]
+    created = subprocess.run(
+        [*cli, "user", "create", "vera", "--password-stdin"],
+        input="vera-password\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert created.returncode == 0, created.stderr
+    for role in ("viewer", "editor"):
+        done = site.cluster.cli("workspace", "add-member", "Default", "vera", "--role", role)
+        assert done.returncode == 0, done.stderr
+        page = site.page(logged_in=False)
+        page.goto(f"{site.base}/experiments/{seeded.run.experiment_id}")
+        page.wait_for_url("**/login**")
+        page.locator('[data-testid="login-username"]').fill("vera")
+        page.locator('[data-testid="login-password"]').fill("vera-password")
+        # The page asks the master for vera's role in the experiment's workspace.
+        with page.expect_response(lambda r: r.url.endswith("/workspaces/Default")):
+            page.locator('[data-testid="login-submit"]').click()
+        expect(page.locator('[data-testid="fork-experiment"]')).to_be_visible()
+        expect(page.locator('[data-testid="delete-experiment"]')).to_have_count(
+            0 if role == "viewer" else 1
+        )
+        page.context.close()

@@ -421,7 +421,7 @@ interface SendOptions {
  * the server's message. A 401 means the session is over (expired, revoked, logged out
  * elsewhere): the token is forgotten, which sends the app to the login page.
  */
-async function send(method: "GET" | "POST", path: string, options: SendOptions = {}): Promise<Response> {
+async function send(method: "GET" | "POST" | "DELETE", path: string, options: SendOptions = {}): Promise<Response> {
   const url = apiUrl(path, options.query);
   const token = sessionToken();
   const headers: Record<string, string> = { Accept: "application/json", ...options.headers };
@@ -450,7 +450,7 @@ async function send(method: "GET" | "POST", path: string, options: SendOptions =
   throw new ApiError(errorMessage(text, response), response.status, url);
 }
 
-async function request<T>(method: "GET" | "POST", path: string, options: SendOptions = {}): Promise<T> {
+async function request<T>(method: "GET" | "POST" | "DELETE", path: string, options: SendOptions = {}): Promise<T> {
   const response = await send(method, path, options);
   const url = apiUrl(path, options.query);
   const text = await response.text();
@@ -558,6 +558,11 @@ export const api = {
 
   experimentAction: (id: Int64, action: ExperimentAction) =>
     request<Experiment>("POST", `/experiments/${id}/${action}`),
+
+  /** Delete an ended experiment with its trials, metrics, logs and checkpoints; `failed`
+   * names the checkpoints whose files could not be removed (their records go all the same). */
+  deleteExperiment: (id: Int64) =>
+    request<{ deleted_checkpoints?: string[]; failed?: Record<string, string> }>("DELETE", `/experiments/${id}`),
 
   /** A new experiment of `configYaml` with experiment `from`'s model definition (a fork). */
   forkExperiment: (from: Int64, configYaml: string, activate: boolean) =>

@@ -13,6 +13,7 @@ import {
   type Trial,
 } from "../api";
 import { Curves } from "../components/Curves";
+import { DeleteExperimentButton } from "../components/DeleteExperimentDialog";
 import { ForkButton } from "../components/ForkDialog";
 import { RegisterCheckpoint } from "../components/RegisterModel";
 import { HparamPlots, hparamAxes, type HpPoint } from "../components/HparamPlots";
@@ -180,6 +181,7 @@ function Header({
         <div className="spacer" />
         <ExperimentActions experiment={e} onDone={onDone} />
         <ForkButton experiment={e} />
+        <DeleteExperimentButton experiment={e} />
       </div>
       {e.description && <p className="description">{e.description}</p>}
       <dl className="facts">

@@ -111,6 +111,13 @@ class MasterConfig:
     heartbeat_interval_s: float = setting(
         5.0, kind=Seconds(), help="How often agents send a heartbeat."
     )
+    http_idle_timeout_s: float = setting(
+        30.0,
+        kind=Seconds(),
+        help="An HTTP connection with no request under way for this long is closed: idle "
+        "keep-alives and clients that never finish their headers. Answers being written "
+        "and followed logs are never cut.",
+    )
     kill_grace_s: float = setting(
         30.0,
         kind=Seconds(),

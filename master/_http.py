@@ -61,7 +61,8 @@ _KEEPALIVE_S = 15.0
 _SHUTDOWN_S = 2.0
 # A connection with no request under way for this long is closed: idle keep-alives
 # and clients that never finish their headers (aiohttp's own default is an hour).
-# Answers being written and followed logs are requests under way, never cut.
+# Answers being written and followed logs are requests under way, never cut. The
+# master's `http_idle_timeout_s` sets it.
 IDLE_TIMEOUT_S = 30.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 GRPC_PORT_HEADER = "Assay-Grpc-Port"
@@ -97,10 +98,13 @@ class HttpServer:
         ui_dir: Path | None = None,
         grpc_port: int = 0,
         metrics: Callable[[], tuple[bytes, str]] | None = None,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
         """`grpc_port`: the master's gRPC port, named to clients that call this one;
-        `metrics`: the body and content type of a /metrics scrape (None: metrics off)."""
+        `metrics`: the body and content type of a /metrics scrape (None: metrics off);
+        `idle_timeout_s`: how long a connection with no request under way stays open."""
         self.api = api
+        self.idle_timeout_s = idle_timeout_s
         self.metrics = metrics
         self.grpc_port = grpc_port
         self.pool = pool
@@ -132,7 +136,7 @@ class HttpServer:
             shutdown_timeout=_SHUTDOWN_S,
             access_log_class=_AccessLog,
             logger=_ProtocolLog(self),
-            keepalive_timeout=IDLE_TIMEOUT_S,
+            keepalive_timeout=self.idle_timeout_s,
         )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, ssl_context=ssl_context)

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from assay.master._http import IDLE_TIMEOUT_S, _logged_path
+from assay.master._http import _logged_path
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.credentials import login
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
@@ -22,9 +22,19 @@ from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
 PASSWORDS = {"alice": "alice-pass-1234", "bob": "bob-pass-12345", "carol": "carol-pass-1234"}
 
 
+# The master's http_idle_timeout_s here (30 s by default): short, so the test waits little.
+IDLE_TIMEOUT_S = 3.0
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("logins"), None, agents=0, slots=1)
+    c = start_cluster(
+        tmp_path_factory.mktemp("logins"),
+        None,
+        agents=0,
+        slots=1,
+        master_env={"ASSAY_HTTP_IDLE_TIMEOUT_S": str(IDLE_TIMEOUT_S)},
+    )
     try:
         with grpc.insecure_channel(c.address) as channel:
             api = api_pb2_grpc.ApiStub(channel)

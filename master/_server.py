@@ -227,6 +227,7 @@ class MasterServer:
             self.guard,
             grpc_port=self.port,
             metrics=self._scrape if self.prometheus is not None else None,
+            idle_timeout_s=config.http_idle_timeout_s,
         )
         await http.start(self.tls.ssl_context if self.tls else None)
         return http

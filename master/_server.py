@@ -18,7 +18,6 @@ import grpc
 from assay.common.archive import MAX_MODEL_DEF_BYTES
 from assay.common.tls import ServerTls
 from assay.errors import AssayError
-from assay.master._agent_servicer import AgentServicer
 from assay.master._aio import LoopThread, SyncAdapter
 from assay.master._auth import Authenticator
 from assay.master._config import MasterConfig
@@ -26,8 +25,9 @@ from assay.master._core import Master
 from assay.master._guard import Guard, GuardInterceptor
 from assay.master._http import HttpServer
 from assay.master._servicers import ApiServicer
+from assay.master._servicers._agent import AgentServicer
+from assay.master._servicers._trial import TrialServicer
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
-from assay.master._trial_servicer import TrialServicer
 from assay.master.store import Store
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
 

@@ -12,6 +12,9 @@ One module per kind of RPC, each a group of handlers on the shared `ServicerBase
 - `_registry`: checkpoints, models and model versions
 - `_workspaces`: workspaces, members, projects, templates
 - `_cluster`: the master's info, agents, the queue, resource pools
+
+The other two services have a module each: `_agent` (AgentService: the agents' streams)
+and `_trial` (TrialService: the harness's calls from inside a trial).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ call): it takes the lock, asks the lifecycles in `lifecycle/` what to do, has th
 `Interpreter` (_interpreter.py) apply their effects to memory, the open `WriteBatch` and
 the agents' outboxes, and commits; every change reaches the store in a group commit
 before the master acts on it (DESIGN.md: "The database is the truth"; _commit.py).
-Metric rows bypass the lock: the store fences and deduplicates them by itself.
+Metric rows bypass the lock: the store fences and deduplicates them by itself. Checks
+and new state of experiments: `_intake`; a trial's reports to the store:
+`_trial_reports`; the snapshot the read-only RPCs show: `_cluster_view`.
 """
 
 from __future__ import annotations
@@ -16,35 +18,25 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
-import yaml
-
-from assay.config import searcher_in_batches
-from assay.master import _agents
+from assay.master import _intake as intake
+from assay.master import _trial_reports as reports
 from assay.master._agents import AgentHandle, ClusterView, Load, Outbox, Registration
-from assay.master._auth import mask_secrets
-from assay.master._checkpoints import recorded_sha256, reported_location
+from assay.master._cluster_view import cluster_view
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._continue import continued_config
 from assay.master._interpreter import Interpreter, Recorder
-from assay.master._multi_objective import validation_vector
 from assay.master._quota import SubmissionQuota
 from assay.master._rank_usage import RankUsageBoard
 from assay.master._sharing import changed, parse_value
 from assay.master._state import new_searcher, trial_state
-from assay.master._submission import (
-    PreparedExperiment,
-    check_resource_pool,
-    check_submission,
-    new_record,
-)
+from assay.master._submission import PreparedExperiment, new_record
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._trial_logs import LogKeeper
 from assay.master.errors import ConflictError, InvalidArgumentError
-from assay.master.lifecycle import ExperimentState, ExperimentStatus, Restore, Run
+from assay.master.lifecycle import ExperimentStatus, Run
 from assay.master.lifecycle import _effects as fx
 from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import experiment as experiment_life
@@ -172,14 +164,13 @@ class Master:
         self, config_yaml: str, model_definition: bytes, *, owner: str = "admin"
     ) -> PreparedExperiment:
         """Check a submission (no lock taken); `InvalidArgumentError` says what to fix."""
-        config, searcher = check_submission(config_yaml, model_definition)
-        check_resource_pool(config, self.scheduler.names)
-        problem = self._storage_policy.submission_problem(config.checkpoint_storage)
-        if problem is not None:
-            raise InvalidArgumentError(problem)
-        owner_id = self.store.user_id(owner)
-        return PreparedExperiment(
-            config, model_definition, owner, owner_id, searcher, config_text=config_yaml
+        return intake.prepare(
+            config_yaml,
+            model_definition,
+            owner,
+            pools=self.scheduler.names,
+            storage_policy=self._storage_policy,
+            store=self.store,
         )
 
     def add_experiment(
@@ -188,46 +179,17 @@ class Master:
         """Record a checked experiment and its first trials; return it, the commit ticket
         to wait for, and why its trials could not start even on this cluster idle (None
         when they can, once slots are free)."""
-        config, model_definition = prepared.config, prepared.model_definition
         experiment_id = self.store.reserve_id("experiments")
         now = _now()
         state = E.ACTIVE if activate else E.PAUSED
         with self.lock:
-            self.batch.add_experiment(
-                experiment_id,
-                name=config.name,
-                owner_id=prepared.owner_id,
-                config=dict(config.raw),
-                model_definition=model_definition,
-                state=state,
-                description=config.description,
-                labels=config.labels,
-                priority=config.resources.priority,
-                now=now,
-                config_text=prepared.config_text,
-                project_id=prepared.project_id,
-            )
-            experiment = ExperimentState(
-                experiment_id,
-                config,
-                state,
-                config.resources.priority,
-                prepared.searcher,
-                owner=prepared.owner,
-            )
+            experiment = intake.record(self.batch, prepared, experiment_id, state, now)
             self.ledger.add_experiment(experiment)
-            self.models.put(experiment_id, model_definition)
+            self.models.put(experiment_id, prepared.model_definition)
             self.interpreter.search(experiment, experiment.searcher.initial_operations())
             self.interpreter.schedule()
             ticket = self.commit.ticket()
-            resources = config.resources
-            pool = resources.resource_pool or ""
-            why = self.scheduler.why_never(
-                resources.slots_per_trial,
-                self.fleet.slot_type(pool),
-                pool,
-                resources.agent_label or "",
-            )
+            why = intake.never_fits(prepared.config, self.scheduler, self.fleet)
         return new_record(prepared, experiment_id, state, now, experiment.progress), ticket, why
 
     def experiment_action(self, experiment_id: int, action: str) -> None:
@@ -276,30 +238,12 @@ class Master:
         experiment_life.check_action(experiment_id, record.state, "continue")
         raw, config = continued_config(experiment_id, record.config, overrides)
         searcher = new_searcher(config)
-        length = searcher_in_batches(config).max_length.value
         with self.lock:
             if experiment_id in self.experiments:  # continued by another call meanwhile
                 raise ConflictError(f"cannot continue experiment {experiment_id}: it is active")
-            experiment = ExperimentState(
-                experiment_id,
-                config,
-                ExperimentStatus(record.state),
-                record.priority,
-                searcher,
-                progress=record.progress,
-                owner=record.owner,
-                needs_start=True,  # its searcher's first Create adopts the trial
-            )
-            for t in self.store.list_trials(experiment_id):
-                experiment.add_trial(trial_state(self.store, t, {}))
-            trial = min(experiment.trials.values(), key=lambda t: t.id, default=None)
-            if trial is None:
-                raise ConflictError(f"experiment {experiment_id} has no trial to continue")
-            effects = experiment_life.continue_trial(experiment, trial, length)
+            trials = [trial_state(self.store, t, {}) for t in self.store.list_trials(experiment_id)]
+            experiment, effects = intake.continued(record, raw, config, searcher, trials)
             self.ledger.add_experiment(experiment)
-            self.batch.set_experiment(
-                experiment_id, config=raw, config_text=yaml.safe_dump(raw, sort_keys=False)
-            )
             self.interpreter.do(effects)
             self.interpreter.adopt_trials(experiment)  # the trial's target: the new length
             self.interpreter.schedule()
@@ -461,36 +405,13 @@ class Master:
         """Store an allocation's log lines (secrets masked) within its trial's quota;
         lines of no running allocation, or from an agent it does not run on, are dropped."""
         run = self.runs.get(allocation_id)
-        if run is None or agent_id not in run.agents:
-            return
-        masked = [replace(line, message=mask_secrets(line.message)) for line in lines]
-        self.logs.append(run.trial_id, run.run_id, masked)
+        if run is not None and agent_id in run.agents:
+            self.logs.append(run.trial_id, run.run_id, reports.masked(lines))
 
     def cluster_view(self) -> ClusterView:
         """A copy of the agents and the queue for the read-only RPCs."""
         with self.lock:
-            # The order the last round considered them in; trials queued since, after.
-            order = {trial_id: i for i, trial_id in enumerate(self.interpreter.waiting)}
-            queue = sorted(
-                self.queued.values(), key=lambda r: (order.get(int(r.id), len(order)), r.rank)
-            )
-            waits = {t: (w.kind, w.message) for t, w in self.interpreter.waiting.items()}
-            kinds = {name: self.fleet.slot_type(name) for name in self.scheduler.names}
-            default = self.scheduler.default
-            queue = [replace(r, slot_type=kinds.get(r.pool or default, r.slot_type)) for r in queue]
-            return _agents.cluster_view(
-                self.cluster_id,
-                self.fleet.slot_type(),
-                self.agents.values(),
-                self.scheduler.allocations,
-                self.run_of_trial,
-                [(r, self.trials[int(r.id)]) for r in queue],
-                {e.id: e.config.name for e in self.experiments.values()},
-                self.unplaceable,
-                [(s.name, s.description, s.scheduler) for s in self.scheduler.specs.values()],
-                self.scheduler.default,
-                waits,
-            )
+            return cluster_view(self.cluster_id, self.interpreter)
 
     def close_streams(self) -> None:
         """Close every agent's stream (the master is stopping)."""
@@ -527,11 +448,8 @@ class Master:
         process exits, and the searcher counts it as a trial that ended early.
         A multi-objective search is told every metric of the validation (`searcher.metrics`).
         """
-        result: float | list[float | None] = metric
         experiment = self.experiments.get(run.experiment_id)  # one read: no lock needed
-        if experiment is not None and experiment.config.searcher.objectives:
-            names = [o.name for o in experiment.config.searcher.objectives]
-            result = validation_vector(self.store, run.trial_id, total_batches, names)
+        result = reports.validation_result(self.store, experiment, run, total_batches, metric)
         with self.lock:
             trial = self.trials.get(run.trial_id)
             experiment = self.experiments.get(run.experiment_id)
@@ -562,56 +480,30 @@ class Master:
             self.interpreter.do(trial_life.progress_reported(experiment, progress))
             self.commit_and_wait()
 
-    def report_metrics(self, run: Run, group: str, reports: Sequence[MetricReport]) -> int:
+    def report_metrics(self, run: Run, group: str, metrics: Sequence[MetricReport]) -> int:
         """Store a run's metrics and the trial's progress in one transaction (the store
         fences stale runs and makes retries no-ops), then update memory with it."""
         experiment = self.experiments.get(run.experiment_id)  # one read: no lock needed
-        searcher = experiment.config.searcher if experiment is not None else None
-        done = self.store.report_metrics_and_progress(
-            run.trial_id,
-            run.run_id,
-            group,
-            reports,
-            searcher_metric=searcher.metric if searcher is not None else None,
-            smaller_is_better=searcher.smaller_is_better if searcher is not None else True,
-        )
+        done = reports.store_metrics(self.store, experiment, run, group, metrics)
         self.telemetry.metric_rows(done.stored)
         with self.lock:
             trial = self.trials.get(run.trial_id)
             if trial is not None:
-                trial.total_batches = max(trial.total_batches, done.total_batches)
-                trial.best_validation = done.best_validation
+                reports.metrics_stored(trial, done)
         return done.stored
 
     def report_checkpoint(self, run: Run, checkpoint: CheckpointRecord) -> None:
-        """Record a checkpoint the run wrote; refused unless it is where it must be.
-
-        The trial runs its user's code, so a report may say anything: only a uuid is
-        accepted, and only at the location the experiment's storage gives that uuid, the
-        one garbage collection and `DeleteCheckpoints` will delete.
-        """
+        """Record a checkpoint the run wrote; refused unless it is where it must be
+        (`_trial_reports.store_checkpoint`)."""
         with self.lock:
             experiment = self.experiments.get(run.experiment_id)
             config = experiment.config if experiment is not None else None
-        location = reported_location(
-            self.store, run.experiment_id, config, checkpoint, self.config.checkpoint_root
-        )
-        self.store.add_checkpoint(
-            replace(checkpoint, trial_id=run.trial_id, run_id=run.run_id, location=location)
-        )
+        root = self.config.checkpoint_root
+        location = reports.store_checkpoint(self.store, config, run, checkpoint, root)
         with self.lock:
             trial = self.trials.get(run.trial_id)
             if trial is not None:
-                trial.checkpointed = True
-            # As the store does: the newest checkpoint by batches is the one to restore.
-            if trial is not None and checkpoint.total_batches >= trial.total_batches:
-                trial.checkpoint = Restore(
-                    checkpoint.uuid,
-                    checkpoint.total_batches,
-                    location,
-                    recorded_sha256(checkpoint),
-                )
-                trial.total_batches = checkpoint.total_batches
+                reports.checkpoint_stored(trial, checkpoint, location)
 
 
 def _now() -> dt.datetime:

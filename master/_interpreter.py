@@ -153,7 +153,7 @@ class Interpreter:
         if run is None:
             return False
         self.ledger.add_run(run)
-        log.info("trial %d run %d: waiting for its agents to confirm it", trial.id, run.run_id)
+        log.debug("trial %d run %d: waiting for its agents to confirm it", trial.id, run.run_id)
         return True
 
     def adopt_trials(self, experiment: ExperimentState) -> None:
@@ -456,7 +456,7 @@ class Interpreter:
             now=_now(),
         )
         self.do(effects)
-        log.info("trial %d run %d started on %s", trial.id, trial.run_id, _where(placement))
+        log.debug("trial %d run %d started on %s", trial.id, trial.run_id, _where(placement))
 
     def _start_run(self, start: fx.StartRun) -> None:
         run = start.run

@@ -119,10 +119,14 @@ class SubmissionRpcs(ServicerBase):
         else:
             prepared = self.master.prepare_experiment(*args, owner=owner)
         config = prepared.config
-        project = await loop.run_in_executor(
-            self.pool,
-            partial(self.roles.new_experiment_project, who, config.workspace, config.project),
-        )
+        # From the store's directory when it is fresh (no thread hop); else off the loop,
+        # which also explains a refusal the directory cannot (an unknown name).
+        project = self.roles.new_experiment_project_now(who, config.workspace, config.project)
+        if project is None:
+            project = await loop.run_in_executor(
+                self.pool,
+                partial(self.roles.new_experiment_project, who, config.workspace, config.project),
+            )
         prepared = dataclasses.replace(prepared, project_id=project.id)
         self.master.quota.take(prepared.owner_id, who.admin, len(model_definition))
         record, ticket, why = self.master.add_experiment(prepared, activate=activate)

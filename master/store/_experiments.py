@@ -55,7 +55,8 @@ SORT_COLUMNS: dict[str, Any] = {
 }
 MAX_PAGE = 1000
 ENDED_EXPERIMENT = frozenset({"COMPLETED", "CANCELED", "ERROR"})
-_ID_BLOCK = 32
+# Ids reserved per database read: a restart on PostgreSQL skips what was left of a block.
+_ID_BLOCK = 256
 
 
 class ExperimentQueries(StoreBase):

@@ -8,6 +8,7 @@ import pytest
 
 from assay.master.errors import InvalidArgumentError
 from assay.master.store import LogLine, MetricReport, Store, WriteBatch
+from assay.master.store._experiments import _ID_BLOCK
 from tests.store import _seed as seed
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
@@ -158,8 +159,9 @@ def test_unknown_fields_are_refused_when_recorded() -> None:
 
 
 def test_reserved_ids_are_unique_and_rows_written_meanwhile_keep_them_so(store: Store) -> None:
-    reserved = [store.reserve_id("experiments") for _ in range(40)]  # more than one block
-    assert len(set(reserved)) == 40
+    count = _ID_BLOCK + 8  # more than one block
+    reserved = [store.reserve_id("experiments") for _ in range(count)]
+    assert len(set(reserved)) == count
     made = seed.experiment(store, owner="admin")
     assert made not in reserved
     assert store.reserve_id("experiments") not in [*reserved, made]

@@ -34,6 +34,8 @@ from assay.proto import agent_pb2, agent_pb2_grpc, common_pb2
 log = logging.getLogger("assay.agent")
 
 DEFAULT_HEARTBEAT_INTERVAL = 5.0
+# How long `close()` waits for the queued messages to go out on a stream that is up.
+FLUSH_TIMEOUT = 5.0
 MAX_LOG_BATCHES = 2000
 # At most one warning about dropped log lines in this many seconds (the logs say where).
 _WARN_EVERY_S = 10.0
@@ -243,6 +245,8 @@ class _Session:
         self.closed = threading.Event()
         self.draining = threading.Event()
         self.drained = threading.Event()
+        # Set with `drained` or `closed`, whichever comes first: what `close()` waits on.
+        self.settled = threading.Event()
         self.timed_out = False
         self.interval = DEFAULT_HEARTBEAT_INTERVAL
         self.call: grpc.Future | None = None
@@ -259,6 +263,7 @@ class MasterConnection:
         heartbeat: Callable[[], agent_pb2.Heartbeat],
         on_message: Callable[[agent_pb2.MasterMessage], None],
         timeout: float = 30.0,
+        flush_timeout: float = FLUSH_TIMEOUT,
         backoff: Backoff | None = None,
         on_refused: Callable[[str], None] | None = None,
         join_token: str | None = None,
@@ -277,6 +282,7 @@ class MasterConnection:
         self._heartbeat = heartbeat
         self._on_message = on_message
         self.timeout = timeout
+        self.flush_timeout = flush_timeout
         self.backoff = backoff or Backoff()
         self.connected = threading.Event()
         self.outbox = Outbox(connected=self.connected.is_set)
@@ -305,15 +311,28 @@ class MasterConnection:
             )
             self._stopping.wait(delay)
 
-    def close(self, flush_timeout: float = 5.0) -> None:
-        """Send what is queued (up to `flush_timeout` seconds), then end the stream."""
+    def close(self, flush_timeout: float | None = None) -> None:
+        """Send what is queued (up to `flush_timeout` seconds, `self.flush_timeout` by
+        default), then end the stream.
+
+        The wait is for a stream that is up: one that is broken (the master went away, or
+        goes during the wait) cannot carry the messages, so `close()` returns as soon as
+        it is, rather than at the timeout. What was queued is lost with the process, as
+        on any exit: `Register.running_allocations` lets the restarted master reconcile.
+        """
         self._stopping.set()
         with self._lock:
             session = self._session
         if session is None:
             return
         session.draining.set()
-        if session.registered.is_set() and session.drained.wait(flush_timeout):
+        timeout = self.flush_timeout if flush_timeout is None else flush_timeout
+        if session.registered.is_set() and session.settled.wait(timeout):
+            if not session.drained.is_set() and len(self.outbox):
+                log.warning(
+                    "the stream to the master is broken: %d queued message(s) not sent",
+                    len(self.outbox),
+                )
             session.closed.wait(1.0)  # let the master end its side; cancel if it does not
         if session.call is not None:
             session.call.cancel()
@@ -355,6 +374,7 @@ class MasterConnection:
         finally:
             timer.cancel()
             session.closed.set()
+            session.settled.set()
             self.connected.clear()
             channel.close()
 
@@ -415,6 +435,7 @@ class MasterConnection:
                 yield message
             elif session.draining.is_set():
                 session.drained.set()
+                session.settled.set()
                 return
 
     def _safe_heartbeat(self) -> agent_pb2.Heartbeat | None:

@@ -175,9 +175,10 @@ class Roles:
         self, who: Principal, workspace: str | None, project: str | None
     ) -> ProjectRecord | None:
         """`new_experiment_project` when the store's directory answers it from memory (no
-        I/O: safe on an event loop); None when only the store can tell (a change or
-        `TTL_S` made the copy stale, or a name is unknown and the error lists the
-        choices): then call `new_experiment_project` off the loop."""
+        I/O, so it may run on an event loop; should the copy go stale between its reads,
+        one of them reloads it: a query, rarely); None when only the store can tell (a
+        change or `TTL_S` made the copy stale, or a name is unknown and the error lists
+        the choices): then call `new_experiment_project` off the loop."""
         if not self.store.directory.fresh():
             return None
         names = (workspace or "Default", project or UNCATEGORIZED)

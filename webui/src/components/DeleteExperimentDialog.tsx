@@ -19,17 +19,19 @@ function useMayDelete(experiment: Experiment): boolean {
   const { user } = useSession();
   const direct = user !== null && (user.admin || user.username === experiment.owner);
   const workspace = experiment.workspace ?? "";
-  const [role, setRole] = useState<string | null>(null);
+  // The caller's role, with the workspace it is for: a role answered for the previous
+  // experiment's workspace never shows Delete on this one.
+  const [role, setRole] = useState<{ workspace: string; role: string } | null>(null);
   useEffect(() => {
     if (direct || !workspace) return;
     const controller = new AbortController();
     api
       .workspace(workspace, controller.signal)
-      .then((d) => setRole(d.workspace.role))
+      .then((d) => setRole({ workspace, role: d.workspace.role }))
       .catch(() => setRole(null));
     return () => controller.abort();
   }, [direct, workspace]);
-  return direct || (role !== null && EDITS.has(role));
+  return direct || (role !== null && role.workspace === workspace && EDITS.has(role.role));
 }
 
 export function DeleteExperimentButton({ experiment }: { experiment: Experiment }) {

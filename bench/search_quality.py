@@ -301,7 +301,12 @@ def run_optuna(
         )
     else:
         raise ValueError(f"no Optuna peer {kind!r}")
-    study = optuna.create_study(sampler=sampler, pruner=pruner)
+    # A named study: HyperbandPruner puts a trial in a bracket by a checksum of the study's
+    # name and the trial's number, and an unnamed study's name is a fresh uuid, which made
+    # the run differ from one run to the next on the same seed.
+    study = optuna.create_study(
+        study_name=f"search-quality-{kind}-{seed}", sampler=sampler, pruner=pruner
+    )
     # (time it reaches its next rung, tie, rung index, trial, its hyperparameters)
     queue: list[tuple[int, int, int, Any, dict[str, Any]]] = []
     trained = tie = 0

@@ -191,6 +191,15 @@ def test_optuna_peers_start_no_trial_past_the_budget(
         assert run.capped(budget).batches <= budget
 
 
+def test_optuna_hyperband_runs_the_same_twice_on_a_seed(sq: ModuleType) -> None:
+    """HyperbandPruner picks a trial's bracket from the study's name: an unnamed study (a
+    fresh uuid each time) gave a different run on the same seed."""
+    pytest.importorskip("optuna")
+    first = sq.run_optuna(3, 2_000, sq.PROBLEMS[1], "hyperband_tpe", 4)
+    again = sq.run_optuna(3, 2_000, sq.PROBLEMS[1], "hyperband_tpe", 4)
+    assert first.trace == again.trace
+
+
 def test_optuna_trial_after_trial_is_rows_b(sq: ModuleType) -> None:
     pytest.importorskip("optuna")
     run = sq.run_optuna(0, 2_000)

@@ -142,21 +142,6 @@ def wait_for_agents(
     raise AssertionError(f"{count} agent(s) did not register:\n{tails}")
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """`procs[1:]` (agents) first, then `procs[0]` (the master): an agent flushes to its
-    master on its way out, and waits out its flush timeout (5 s) if the master goes too."""
-    for group in (procs[1:], procs[:1]):
-        for proc in group:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in group:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 @pytest.fixture
 def empty_postgres(postgres_url: str) -> str:
     _empty_postgres(postgres_url)

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from assay._local import free_port
-from tests.deploy.conftest import DEPLOY, ROOT, VENV, Installer, stop, wait_for_agents
+from tests.deploy.conftest import DEPLOY, ROOT, VENV, Installer, wait_for_agents
+from tests.e2e.conftest import stop_processes
 
 AGENT_CONFIG = "/etc/assay/agent.yaml"
 AGENT_UNIT = "/etc/systemd/system/assay-agent.service"
@@ -301,7 +302,7 @@ def test_installed_master_and_agent_form_a_cluster(
                 )
         agents = wait_for_agents(f"127.0.0.1:{port}", 1, logs)
     finally:
-        stop(procs)
+        stop_processes(procs)
     assert [a["id"] for a in agents] == ["gpu-node-1"]
     master_log = logs[0].read_text()
     assert "gpu-node-1 connected with 1 cpu slots" in master_log, master_log

@@ -23,7 +23,8 @@ from assay.agent._credential import CredentialFile
 from assay.master._server import MasterServer
 from assay.proto import agent_pb2, agent_pb2_grpc, common_pb2
 from tests.credentials import ADMIN_PASSWORD, JOIN_METADATA, JOIN_TOKEN, master_config
-from tests.deploy.conftest import stop, wait_for_agents
+from tests.deploy.conftest import wait_for_agents
+from tests.e2e.conftest import stop_processes
 
 MAJOR, MINOR = (int(p) for p in assay.__version__.split(".")[:2])
 NEXT_MINOR = f"{MAJOR}.{MINOR + 1}.0"
@@ -201,9 +202,9 @@ def test_a_refused_agent_process_says_what_to_install_and_exits(tmp_path: Path) 
             )
             agents = wait_for_agents(f"127.0.0.1:{port}", 1, [master_log])
         finally:
-            stop([current])
+            stop_processes([current])
     finally:
-        stop([master])
+        stop_processes([master])
 
     assert refused.returncode == 3, refused.stderr
     assert refused.stderr.strip().splitlines()[-1] == f"assay-agent: error: {REFUSAL}"

@@ -145,13 +145,18 @@ def start_cluster(
 
 
 def stop_cluster(cluster: Cluster) -> None:
-    """The agents first, then the master: an agent flushes what it has queued to the master
-    on its way out, and one whose master is going too waits out its flush timeout (5 s)."""
-    for procs in (cluster.procs[1:], cluster.procs[:1]):
-        for proc in procs:
+    stop_processes(cluster.procs)
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """`procs[1:]` (the agents) first, then `procs[0]` (the master): an agent flushes what
+    it has queued to the master on its way out, and one whose master is going too waits
+    out its flush timeout (5 s)."""
+    for group in (procs[1:], procs[:1]):
+        for proc in group:
             if proc.poll() is None:
                 proc.terminate()
-        for proc in procs:
+        for proc in group:
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:

@@ -68,22 +68,20 @@ class Directory:
 
     def fresh(self) -> bool:
         """Whether `get()` answers from memory (no I/O) now."""
-        current = self._current
-        return (
-            current is not None
-            and current[1] == self._generation
-            and 0 <= self._clock() - current[2] < self._ttl_s
-        )
+        return self._hit(self._current, self._clock()) is not None
+
+    def _hit(self, current: tuple[Snapshot, int, float] | None, now: float) -> Snapshot | None:
+        """`current`'s snapshot if no change came since it was loaded and `ttl_s` has not
+        passed, else None."""
+        if current is None or current[1] != self._generation:
+            return None
+        return current[0] if 0 <= now - current[2] < self._ttl_s else None
 
     def get(self) -> Snapshot:
-        current = self._current
         now = self._clock()
-        if (
-            current is not None
-            and current[1] == self._generation
-            and 0 <= now - current[2] < self._ttl_s
-        ):
-            return current[0]
+        hit = self._hit(self._current, now)
+        if hit is not None:
+            return hit
         with self._lock:
             generation = self._generation
         snapshot = self._load()

@@ -311,9 +311,8 @@ class MasterConnection:
             )
             self._stopping.wait(delay)
 
-    def close(self, flush_timeout: float | None = None) -> None:
-        """Send what is queued (up to `flush_timeout` seconds, `self.flush_timeout` by
-        default), then end the stream.
+    def close(self) -> None:
+        """Send what is queued (up to `flush_timeout` seconds), then end the stream.
 
         The wait is for a stream that is up: one that is broken (the master went away, or
         goes during the wait) cannot carry the messages, so `close()` returns as soon as
@@ -326,8 +325,7 @@ class MasterConnection:
         if session is None:
             return
         session.draining.set()
-        timeout = self.flush_timeout if flush_timeout is None else flush_timeout
-        if session.registered.is_set() and session.settled.wait(timeout):
+        if session.registered.is_set() and session.settled.wait(self.flush_timeout):
             if not session.drained.is_set() and len(self.outbox):
                 log.warning(
                     "the stream to the master is broken: %d queued message(s) not sent",

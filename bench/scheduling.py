@@ -27,23 +27,39 @@
    `max_restarts: 0` ends it there -- the bookkeeping is the same as for a completed
    one (allocation terminated, trial and experiment closed), which is what is measured.
    Also reported: the master's CPU time (all its threads) per allocation over the same
-   span, steadier than the rate on a machine other work shares. For scale, a bare
-   grpc.aio server that only relays the same messages (no store, no checks) spends
-   about 0.6 ms of CPU per allocation and reaches about 1,200/s against the same fleet
-   and submitters on a shared 2-core machine.
+   span, steadier than the rate on a machine other work shares.
+
+   The baseline, run in the same invocation: a relay, a bare grpc.aio server in a child
+   process of this script (`--relay-port`) serving the same generated services to the
+   same fleet, submitters and request. It implements only what they call: Login (any
+   credentials), GetMasterInfo (connected agents), CreateExperiment (a new id; a
+   StartAllocation with the request's archive and config, one slot, rank 0 of 1, sent on
+   a free agent's stream, or queued FIFO while none is free) and Connect (`Registered`
+   for the registration, then the agent's queued messages; an EXITED state frees the
+   agent for the next queued start). No store, no authentication, no checks, no
+   scheduler, no trial or experiment state. Its allocations/s has the same definition,
+   the wall time at which it read the last EXITED standing for the last end_time, and
+   its CPU is measured over the same span. So it is the floor of this setup -- gRPC,
+   protobuf and the Python of the fleet and the submitters, which share the machine
+   with either side. Relay and master run interleaved (relay, master, ...: 3 pairs; 1
+   with --quick); each side reports its median, throughput_ratio = master median /
+   relay median allocations/s, and throughput_cpu_ratio the same for CPU ms per
+   allocation. The pass bar stays the master's 1,000/s; the ratio tells the master's
+   own cost from what the machine and this harness allowed during the same run.
 
    `--policy fair_share` runs this part with the master's one pool on the fair_share
-   scheduler (every experiment a group of weight 1); `--policy both` runs it under
-   priority, then fair_share, then each once more, and reports each policy's median
-   and fair_share / priority (the issue's bar: within 10%).
+   scheduler (every experiment a group of weight 1); `--policy both` runs the relay,
+   priority, then fair_share, then all three once more, and reports each side's median,
+   fair_share / priority (the issue's bar: within 10%) and priority / relay.
 
     python bench/scheduling.py [--quick] [--only latency|throughput] [--profile FILE]
                                [--policy priority|fair_share|both]
 
-`--profile FILE` samples the master with py-spy (`pip install py-spy`) during the timed
-part of the throughput run and writes collapsed stacks (one `thread;frame;... count` a
-line) to FILE; ASSAY_BENCH_PYSPY holds py-spy's sampling options (default
-`--nonblocking`; `--gil` keeps only samples of the thread holding the GIL).
+`--profile FILE` samples each master run (not the relay) with py-spy (`pip install
+py-spy`) during the timed part of the throughput run and writes the collapsed stacks of
+all of them, counts added (one `thread;frame;... count` a line), to FILE;
+ASSAY_BENCH_PYSPY holds py-spy's sampling options (default `--nonblocking`; `--gil`
+keeps only samples of the thread holding the GIL).
 
 Human-readable lines first; the last line printed is one JSON object.
 """
@@ -64,7 +80,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -466,6 +483,159 @@ def submit_main(port: int, count: int, request_file: Path) -> int:
     return 0
 
 
+# --- 2. throughput: the relay, the baseline (a child process) -------------------------------
+
+
+class _Relay:
+    """The relay's whole state: free agents (their outboxes) and a FIFO of the starts no
+    agent was free for. One slot an agent, as the fleet has; no store, no checks."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count  # the experiments the bench submits: done when they have ended
+        self.agents = 0
+        self.free: deque[asyncio.Queue[agent_pb2.MasterMessage]] = deque()
+        self.queued: deque[agent_pb2.MasterMessage] = deque()
+        self.next_id = 0
+        self.placed = 0
+        self.ended = 0
+        self.last_end: float | None = None
+        self.done = asyncio.Event()
+
+    def place(self, start: agent_pb2.MasterMessage) -> None:
+        if self.free:
+            self.placed += 1
+            self.free.popleft().put_nowait(start)
+        else:
+            self.queued.append(start)
+
+    def exited(self, outbox: asyncio.Queue[agent_pb2.MasterMessage]) -> None:
+        self.ended += 1
+        self.last_end = time.time()
+        if self.queued:
+            self.placed += 1
+            outbox.put_nowait(self.queued.popleft())
+        else:
+            self.free.append(outbox)
+        if self.ended >= self.count:
+            self.done.set()
+
+
+class _RelayApi(api_pb2_grpc.ApiServicer):
+    """The three Api calls the bench makes; any other answers UNIMPLEMENTED."""
+
+    def __init__(self, relay: _Relay) -> None:
+        self.relay = relay
+
+    async def Login(  # noqa: N802
+        self, request: api_pb2.LoginRequest, context: Any
+    ) -> api_pb2.LoginResponse:
+        return api_pb2.LoginResponse(token=secrets.token_hex(16))
+
+    async def GetMasterInfo(  # noqa: N802
+        self, request: api_pb2.GetMasterInfoRequest, context: Any
+    ) -> api_pb2.MasterInfo:
+        return api_pb2.MasterInfo(cluster_id="relay", agents=self.relay.agents)
+
+    async def CreateExperiment(  # noqa: N802
+        self, request: api_pb2.CreateExperimentRequest, context: Any
+    ) -> api_pb2.CreateExperimentResponse:
+        self.relay.next_id += 1
+        n = self.relay.next_id
+        # What the master's StartAllocation carries that the request can give without
+        # parsing it: the archive, the config (as submitted), one slot, rank 0 of 1.
+        start = agent_pb2.StartAllocation(
+            allocation_id=f"{n}.1.1",
+            trial_id=n,
+            run_id=1,
+            experiment_id=n,
+            slots=[0],
+            ranks=[0],
+            world_size=1,
+            model_definition=request.model_definition,
+            config_json=request.config_yaml,
+        )
+        self.relay.place(agent_pb2.MasterMessage(start=start))
+        return api_pb2.CreateExperimentResponse(experiment=common_pb2.Experiment(id=n))
+
+
+class _RelayAgents(agent_pb2_grpc.AgentServiceServicer):
+    """An agent's stream as the master serves it (see master/_servicers/_agent.py): the
+    registration answered with `Registered`, then the agent's outbox relayed to it while
+    a task reads its messages; an EXITED allocation frees the agent."""
+
+    def __init__(self, relay: _Relay) -> None:
+        self.relay = relay
+
+    async def Connect(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: Any
+    ) -> AsyncIterator[agent_pb2.MasterMessage]:
+        messages = aiter(request_iterator)
+        try:
+            first = await anext(messages)
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("message") != "register":
+            return
+        outbox: asyncio.Queue[agent_pb2.MasterMessage] = asyncio.Queue()
+        reader = asyncio.create_task(self._read(messages, outbox))
+        self.relay.agents += 1
+        try:
+            yield agent_pb2.MasterMessage(
+                registered=agent_pb2.Registered(cluster_id="relay", heartbeat_interval_ms=30_000)
+            )
+            self.relay.free.append(outbox)
+            while True:
+                yield await outbox.get()
+        finally:
+            reader.cancel()
+            self.relay.agents -= 1
+            with contextlib.suppress(ValueError):
+                self.relay.free.remove(outbox)
+
+    async def _read(
+        self,
+        messages: AsyncIterator[agent_pb2.AgentMessage],
+        outbox: asyncio.Queue[agent_pb2.MasterMessage],
+    ) -> None:
+        with contextlib.suppress(grpc.RpcError, asyncio.CancelledError):
+            async for message in messages:
+                if (
+                    message.WhichOneof("message") == "allocation_state"
+                    and message.allocation_state.state == agent_pb2.ALLOCATION_STATE_EXITED
+                ):
+                    self.relay.exited(outbox)
+
+
+async def _serve_relay(port: int, count: int) -> None:
+    """Serves until killed; prints one JSON line once `count` allocations have ended."""
+    relay = _Relay(count)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # The stubs declare every Api call abstract; at run time the ones left out answer
+    # UNIMPLEMENTED, which is what the relay wants.
+    api_pb2_grpc.add_ApiServicer_to_server(_RelayApi(relay), server)  # type: ignore[abstract]
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(_RelayAgents(relay), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await relay.done.wait()
+    report = {"ended": relay.ended, "placed": relay.placed, "last_end": relay.last_end}
+    print(json.dumps(report), flush=True)
+    await server.wait_for_termination()
+
+
+def relay_main(port: int, count: int) -> int:
+    asyncio.run(_serve_relay(port, count))
+    return 0
+
+
+def _read_line(out: IO[bytes], timeout: float) -> bytes:
+    """A line of a child's stdout; b"" if none came within `timeout` seconds."""
+    box: list[bytes] = []
+    reader = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return box[0] if box else b""
+
+
 class Fleet:
     """The child process running the simulated agents."""
 
@@ -481,15 +651,11 @@ class Fleet:
         self.log = log
 
     def _line(self, timeout: float) -> dict[str, Any]:
-        out: IO[bytes] | None = self.proc.stdout
-        assert out is not None
-        box: list[bytes] = []
-        reader = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not box or not box[0]:
+        assert self.proc.stdout is not None
+        line = _read_line(self.proc.stdout, timeout)
+        if not line:
             raise RuntimeError(f"the fleet did not answer:\n{self.log.read_text()[-3000:]}")
-        parsed: dict[str, Any] = json.loads(box[0])
+        parsed: dict[str, Any] = json.loads(line)
         return parsed
 
     def ready(self, timeout: float) -> int:
@@ -522,6 +688,7 @@ class Fleet:
 
 @dataclass
 class ThroughputResult:
+    server: str = "priority"  # "relay", or the master's pool scheduler
     agents: int = 0
     experiments: int = 0
     placements: int = 0
@@ -531,7 +698,7 @@ class ThroughputResult:
     submit_s: float = 0.0
     first_to_last_start_s: float = 0.0
     register_s: float = 0.0
-    master_cpu_s: float = 0.0  # the master's CPU time (all threads) from first submit to end
+    cpu_s: float = 0.0  # the server's CPU time (all threads) from first submit to end
     timed_out: bool = False
     errors: list[str] = field(default_factory=list)
 
@@ -540,12 +707,21 @@ class ThroughputResult:
         return self.placements / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
-    def master_cpu_ms_per_allocation(self) -> float:
-        return 1000 * self.master_cpu_s / self.placements if self.placements else 0.0
+    def cpu_ms_per_allocation(self) -> float:
+        return 1000 * self.cpu_s / self.placements if self.placements else 0.0
 
     @property
     def submits_per_s(self) -> float:
         return self.experiments / self.submit_s if self.submit_s > 0 else 0.0
+
+    @property
+    def complete(self) -> bool:
+        return (
+            not self.timed_out
+            and not self.errors
+            and self.terminal == self.experiments
+            and self.placements == self.experiments
+        )
 
 
 def _cpu_s(pid: int) -> float:
@@ -606,12 +782,52 @@ def _sampling(pid: int, output: Path | None) -> Iterator[None]:
             spy.wait()
 
 
+def _start_server(tmp: Path, port: int, s: Settings, server: str) -> subprocess.Popen[bytes]:
+    """An `assay-master` (SQLite store in `tmp`, its log there) with `server` its pool's
+    scheduler, or with server "relay" this file's relay (its report on stdout)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log = tmp / f"{server}.log"
+    if server == "relay":
+        cmd = [sys.executable, __file__, "--relay-port", str(port), "--count", str(s.experiments)]
+        with log.open("wb") as err:
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
+    if server != "priority":
+        env["ASSAY_RESOURCE_POOLS"] = f"[{{name: default, scheduler: {server}}}]"
+    cmd = [sys.executable, "-m", "assay.master.main", "--grpc-port", str(port)]
+    cmd += ["--http-port", "0"]
+    cmd += ["--host", "127.0.0.1", "--state-dir", str(tmp / "master")]
+    return _spawn(cmd, log, env)
+
+
+def _master_ends(store: Any, result: ThroughputResult) -> float | None:
+    """Counts the experiments' states into `result`; the last one's end_time (epoch s)."""
+    records: list[Any] = []
+    while True:
+        page = store.list_experiments(limit=1000, offset=len(records))
+        records += page.items
+        if not page.items or len(records) >= page.total:
+            break
+    ends: list[dt.datetime] = []
+    for record in records:
+        result.states[record.state] = result.states.get(record.state, 0) + 1
+        if record.state in TERMINAL and record.end_time is not None:
+            ends.append(record.end_time)
+    result.terminal = len(ends)
+    if not ends:
+        return None
+    return max(e if e.tzinfo else e.replace(tzinfo=dt.UTC) for e in ends).timestamp()
+
+
 def bench_throughput(
-    s: Settings, profile: Path | None = None, policy: str = "priority"
+    s: Settings, profile: Path | None = None, server: str = "priority"
 ) -> ThroughputResult:
+    """One run: the fleet connects to `server` (an `assay-master` whose pool runs that
+    scheduler, or "relay"), the submitters send the experiments, and the run ends when
+    all of them have. `profile` samples a master with py-spy (never the relay)."""
     from assay.master.store import Store
 
-    result = ThroughputResult(agents=s.agents, experiments=s.experiments)
+    relay = server == "relay"
+    result = ThroughputResult(server=server, agents=s.agents, experiments=s.experiments)
     config_yaml = yaml.safe_dump(
         {
             "name": "sched",
@@ -624,14 +840,7 @@ def bench_throughput(
     with tempfile.TemporaryDirectory(prefix="assay-bench-sched-") as folder:
         tmp = Path(folder)
         port = free_port()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if policy != "priority":
-            env["ASSAY_RESOURCE_POOLS"] = f"[{{name: default, scheduler: {policy}}}]"
-        master_cmd = [sys.executable, "-m", "assay.master.main", "--grpc-port", str(port)]
-        master_cmd += ["--http-port", "0"]
-        master_cmd += ["--host", "127.0.0.1", "--state-dir", str(tmp / "master")]
-        master_log = tmp / "master.log"
-        master = _spawn(master_cmd, master_log, env)
+        proc = _start_server(tmp, port, s, server)
         fleet: Fleet | None = None
         store: Store | None = None
         try:
@@ -654,8 +863,9 @@ def bench_throughput(
             channel.close()
             submit_cmd = [sys.executable, __file__, "--submit-port", str(port)]
             submit_cmd += ["--count", str(s.experiments), "--request", str(request_file)]
-            cpu0 = _cpu_s(master.pid)
-            with _sampling(master.pid, profile):
+            cpu0 = _cpu_s(proc.pid)
+            relayed: dict[str, Any] = {}
+            with _sampling(proc.pid, None if relay else profile):
                 done = subprocess.run(
                     submit_cmd, capture_output=True, cwd=ROOT, timeout=s.deadline_s, check=False
                 )
@@ -664,51 +874,91 @@ def bench_throughput(
                 submitted = json.loads(done.stdout.decode().strip().splitlines()[-1])
                 t0, ids = float(submitted["t0"]), list(submitted["ids"])
                 result.submit_s = float(submitted["t1"]) - t0
-                store = Store.open(f"sqlite:///{tmp / 'master' / 'assay.db'}", migrate_schema=False)
-                result.timed_out = not _count_terminal(store, len(ids), s.deadline_s)
-            result.master_cpu_s = _cpu_s(master.pid) - cpu0
+                if relay:
+                    assert proc.stdout is not None
+                    line = _read_line(proc.stdout, s.deadline_s)
+                    relayed = json.loads(line) if line else {}
+                    result.timed_out = not relayed
+                else:
+                    store = Store.open(
+                        f"sqlite:///{tmp / 'master' / 'assay.db'}", migrate_schema=False
+                    )
+                    result.timed_out = not _count_terminal(store, len(ids), s.deadline_s)
+            result.cpu_s = _cpu_s(proc.pid) - cpu0
             t_end = time.time()
-            records: list[Any] = []
-            while True:
-                page = store.list_experiments(limit=1000, offset=len(records))
-                records += page.items
-                if not page.items or len(records) >= page.total:
-                    break
-            ends: list[dt.datetime] = []
-            for record in records:
-                result.states[record.state] = result.states.get(record.state, 0) + 1
-                if record.state in TERMINAL and record.end_time is not None:
-                    ends.append(record.end_time)
-            result.terminal = len(ends)
+            last: float | None
+            if relay:
+                result.terminal = int(relayed.get("ended", 0))
+                last = relayed.get("last_end")
+            else:
+                assert store is not None
+                last = _master_ends(store, result)
             report = fleet.stop()
             result.placements = int(report["starts"])
             result.errors = list(report["errors"])
             if report["first"] is not None:
                 result.first_to_last_start_s = float(report["last"]) - float(report["first"])
-            if result.timed_out or not ends:
+            if result.timed_out or last is None:
                 result.elapsed_s = t_end - t0
             else:
-                last = max(e if e.tzinfo else e.replace(tzinfo=dt.UTC) for e in ends)
-                result.elapsed_s = (last - _utc(t0)).total_seconds()
+                result.elapsed_s = float(last) - t0
         except Exception:
-            print(master_log.read_text()[-3000:], file=sys.stderr)
+            print((tmp / f"{server}.log").read_text()[-3000:], file=sys.stderr)
             raise
         finally:
             if store is not None:
                 store.close()
             if fleet is not None:
                 fleet.close()
-            _stop_procs([master])
+            _stop_procs([proc])
+            if proc.stdout is not None:
+                proc.stdout.close()
     return result
+
+
+def _merge_profiles(parts: list[Path], output: Path) -> None:
+    """py-spy's raw stacks of several runs as one file: the counts of a stack added."""
+    counts: dict[str, int] = {}
+    for part in parts:
+        if not part.exists():
+            continue
+        for line in part.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if stack and count.isdigit():
+                counts[stack] = counts.get(stack, 0) + int(count)
+        part.unlink()
+    output.write_text("".join(f"{stack} {count}\n" for stack, count in counts.items()))
 
 
 # --- driver --------------------------------------------------------------------------------
 
 
+def _median_run(runs: list[ThroughputResult]) -> ThroughputResult:
+    """The run with the median rate (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r.allocations_per_s)[(len(runs) - 1) // 2]
+
+
+def _medians(runs: list[ThroughputResult]) -> tuple[float, float] | None:
+    """Median allocations/s and median server CPU ms per allocation of `runs`."""
+    if not runs:
+        return None
+    rate = statistics.median(r.allocations_per_s for r in runs)
+    return rate, statistics.median(r.cpu_ms_per_allocation for r in runs)
+
+
 def summary(
-    lat: LatencyResult | None, thr: ThroughputResult | None, quick: bool, wall_s: float
+    lat: LatencyResult | None,
+    masters: list[ThroughputResult],
+    relays: list[ThroughputResult],
+    quick: bool,
+    wall_s: float,
 ) -> dict[str, Any]:
+    """The JSON line. The throughput keys without a prefix are the master's (medians of
+    its runs; counts and times from its median run); relay_* the relay's; the ratios are
+    master median / relay median."""
     ratio = lat.assay_s / lat.bare_s if lat else None
+    thr = _median_run(masters) if masters else None
+    master, relay = _medians(masters), _medians(relays)
     out: dict[str, Any] = {
         "benchmark": "scheduling",
         "quick": quick,
@@ -718,7 +968,7 @@ def summary(
         "latency_bare_s": round(lat.bare_s, 3) if lat else None,
         "latency_assay_runs_s": [round(v, 3) for v in lat.assay] if lat else None,
         "latency_bare_runs_s": [round(v, 3) for v in lat.bare] if lat else None,
-        "allocations_per_s": round(thr.allocations_per_s, 1) if thr else None,
+        "allocations_per_s": round(master[0], 1) if master else None,
         "allocations_target": ALLOCATIONS_TARGET,
         "agents": thr.agents if thr else None,
         "experiments": thr.experiments if thr else None,
@@ -728,38 +978,60 @@ def summary(
         "throughput_elapsed_s": round(thr.elapsed_s, 2) if thr else None,
         "submits_per_s": round(thr.submits_per_s, 1) if thr else None,
         "register_s": round(thr.register_s, 2) if thr else None,
-        "master_cpu_ms_per_allocation": (
-            round(thr.master_cpu_ms_per_allocation, 3) if thr else None
+        "master_cpu_ms_per_allocation": round(master[1], 3) if master else None,
+        "timed_out": any(r.timed_out for r in masters + relays) if thr else None,
+        "relay_allocations_per_s": round(relay[0], 1) if relay else None,
+        "relay_cpu_ms_per_allocation": round(relay[1], 3) if relay else None,
+        "relay_allocations_per_s_runs": [round(r.allocations_per_s, 1) for r in relays],
+        "relay_cpu_ms_per_allocation_runs": [round(r.cpu_ms_per_allocation, 3) for r in relays],
+        "throughput_ratio": (
+            round(master[0] / relay[0], 3) if master and relay and relay[0] > 0 else None
         ),
-        "timed_out": thr.timed_out if thr else None,
+        "throughput_cpu_ratio": (
+            round(master[1] / relay[1], 3) if master and relay and relay[1] > 0 else None
+        ),
     }
     passed = True
     if ratio is not None:
         passed = passed and ratio <= LATENCY_TARGET
-    if thr is not None:
-        complete = (
-            not thr.timed_out
-            and not thr.errors
-            and thr.terminal == thr.experiments
-            and thr.placements == thr.experiments
-        )
+    if master is not None:
+        complete = all(r.complete for r in masters + relays)
         out["throughput_complete"] = complete
-        passed = passed and complete and thr.allocations_per_s >= ALLOCATIONS_TARGET
+        passed = passed and complete and master[0] >= ALLOCATIONS_TARGET
     out["wall_s"] = round(wall_s, 1)
     out["passed"] = passed
     return out
 
 
+def _run_line(thr: ThroughputResult) -> str:
+    side = "relay" if thr.server == "relay" else "master"
+    return (
+        f"[{thr.server}] "
+        f"throughput: {thr.agents} agents, {thr.experiments} experiments: "
+        f"{thr.placements} placements, {thr.terminal} terminal in {thr.elapsed_s:.2f} s "
+        f"-> {thr.allocations_per_s:,.1f} allocations/s (target >= {ALLOCATIONS_TARGET:,.0f}); "
+        f"submits {thr.submits_per_s:,.1f}/s over {thr.submit_s:.2f} s; "
+        f"starts spread {thr.first_to_last_start_s:.2f} s; "
+        + (f"states {thr.states}; " if thr.states else "")
+        + f"{side} CPU {thr.cpu_ms_per_allocation:.2f} ms/allocation; "
+        f"{thr.agents} agents registered in {thr.register_s:.2f} s"
+        + (" TIMED OUT" if thr.timed_out else "")
+        + (f"; agent errors {thr.errors}" if thr.errors else "")
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="3 reps, 200 agents (< 1 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="3 reps, 200 agents, 1 relay/master pair (< 1 min)"
+    )
     parser.add_argument("--only", choices=("latency", "throughput"), help="run one part")
     parser.add_argument(
         "--profile",
         type=Path,
         metavar="FILE",
-        help="sample the throughput run's master with py-spy into FILE (collapsed stacks; "
-        "slows the run, so its numbers are not the benchmark's)",
+        help="sample the throughput runs' masters with py-spy into FILE (collapsed stacks "
+        "of all of them; slows the runs, so their numbers are not the benchmark's)",
     )
     parser.add_argument(
         "--policy",
@@ -770,6 +1042,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--agents", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--submit-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--relay-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--request", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -777,10 +1050,11 @@ def main(argv: list[str] | None = None) -> int:
         return fleet_main(int(args.fleet_port), int(args.agents))
     if args.submit_port is not None:
         return submit_main(int(args.submit_port), int(args.count), Path(args.request))
+    if args.relay_port is not None:
+        return relay_main(int(args.relay_port), int(args.count))
     s = QUICK if args.quick else FULL
     t0 = time.perf_counter()
     lat: LatencyResult | None = None
-    thr: ThroughputResult | None = None
     if args.only in (None, "latency"):
         lat = bench_latency(s)
         print(
@@ -791,32 +1065,42 @@ def main(argv: list[str] | None = None) -> int:
             f"ratio {lat.assay_s / lat.bare_s:.2f} (target <= {LATENCY_TARGET})",
             flush=True,
         )
-    policies = ["priority", "fair_share"] * 2 if args.policy == "both" else [args.policy]
+    policies = ["priority", "fair_share"] if args.policy == "both" else [args.policy]
+    rounds = 2 if args.policy == "both" else 1 if args.quick else 3
     runs: dict[str, list[ThroughputResult]] = {}
-    for policy in policies if args.only in (None, "throughput") else []:
-        thr = bench_throughput(s, args.profile, policy)
-        runs.setdefault(policy, []).append(thr)
-        print(
-            f"[{policy}] "
-            f"throughput: {thr.agents} agents, {thr.experiments} experiments: "
-            f"{thr.placements} placements, {thr.terminal} terminal in {thr.elapsed_s:.2f} s "
-            f"-> {thr.allocations_per_s:,.1f} allocations/s (target >= {ALLOCATIONS_TARGET:,.0f}); "
-            f"submits {thr.submits_per_s:,.1f}/s over {thr.submit_s:.2f} s; "
-            f"starts spread {thr.first_to_last_start_s:.2f} s; states {thr.states}; "
-            f"master CPU {thr.master_cpu_ms_per_allocation:.2f} ms/allocation; "
-            f"{thr.agents} agents registered in {thr.register_s:.2f} s"
-            + (" TIMED OUT" if thr.timed_out else "")
-            + (f"; agent errors {thr.errors}" if thr.errors else ""),
-            flush=True,
-        )
-    if len(runs) == 2:
-        thr = runs["priority"][-1]
-    out = summary(lat, thr, bool(args.quick), time.perf_counter() - t0)
+    relays: list[ThroughputResult] = []
+    parts: list[Path] = []
+    for _ in range(rounds) if args.only in (None, "throughput") else []:
+        relays.append(bench_throughput(s, server="relay"))
+        print(_run_line(relays[-1]), flush=True)
+        for policy in policies:
+            part = None
+            if args.profile is not None:
+                part = args.profile.with_name(f"{args.profile.name}.part{len(parts)}")
+                parts.append(part)
+            thr = bench_throughput(s, part, policy)
+            runs.setdefault(policy, []).append(thr)
+            print(_run_line(thr), flush=True)
+    if args.profile is not None and parts:
+        _merge_profiles(parts, args.profile)
+    masters = runs.get("priority" if args.policy == "both" else args.policy, [])
+    out = summary(lat, masters, relays, bool(args.quick), time.perf_counter() - t0)
     for policy, results in runs.items():
         out[f"{policy}_allocations_per_s"] = [round(r.allocations_per_s, 1) for r in results]
         out[f"{policy}_master_cpu_ms_per_allocation"] = [
-            round(r.master_cpu_ms_per_allocation, 3) for r in results
+            round(r.cpu_ms_per_allocation, 3) for r in results
         ]
+    if masters and relays:
+        print(
+            f"throughput medians of {len(relays)} relay and {len(masters)} master runs: "
+            f"relay {out['relay_allocations_per_s']:,.1f}/s, "
+            f"{out['relay_cpu_ms_per_allocation']:.2f} ms CPU/allocation; "
+            f"master [{masters[0].server}] {out['allocations_per_s']:,.1f}/s, "
+            f"{out['master_cpu_ms_per_allocation']:.2f} ms CPU/allocation; "
+            f"master / relay: throughput_ratio {out['throughput_ratio']}, "
+            f"CPU {out['throughput_cpu_ratio']}",
+            flush=True,
+        )
     if len(runs) == 2:
         rate = {p: statistics.median(r.allocations_per_s for r in rs) for p, rs in runs.items()}
         out["fair_share_over_priority"] = round(rate["fair_share"] / rate["priority"], 3)

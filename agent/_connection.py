@@ -49,7 +49,15 @@ _CHANNEL_OPTIONS = [
 
 
 class Backoff:
-    """Reconnection delays: `initial` doubling up to `maximum`, each shortened by jitter."""
+    """Reconnection delays: `initial` for the first `steady` attempts, then doubling up
+    to `maximum`; each shortened by jitter.
+
+    The steady start is for a master that is starting or restarting: agents started
+    beside it (`deploy local`, Compose, a host's boot) or waiting out its restart reach
+    it within `initial` of it listening, instead of sleeping through a doubled delay
+    that began while it was still loading. A master that stays away is retried every
+    `maximum` seconds.
+    """
 
     def __init__(
         self,
@@ -57,17 +65,21 @@ class Backoff:
         maximum: float = 10.0,
         jitter: float = 0.2,
         rng: Callable[[], float] = random.random,
+        steady: int = 8,
     ) -> None:
         if not 0 < initial <= maximum:
             raise ValueError(f"need 0 < initial <= maximum, got {initial} and {maximum}")
         if not 0 <= jitter < 1:
             raise ValueError(f"jitter must be in [0, 1), got {jitter}")
-        self.initial, self.maximum, self.jitter = initial, maximum, jitter
+        if steady < 1:
+            raise ValueError(f"steady must be 1 or more (1: doubling at once), got {steady}")
+        self.initial, self.maximum, self.jitter, self.steady = initial, maximum, jitter, steady
         self._rng = rng
         self._attempt = 0
 
     def next(self) -> float:
-        base = min(self.maximum, self.initial * 2.0**self._attempt)
+        doublings = max(0, self._attempt - self.steady + 1)
+        base = min(self.maximum, self.initial * 2.0**doublings)
         self._attempt += 1
         return base * (1 - self.jitter * self._rng())
 

@@ -63,15 +63,20 @@ def test_cpu_slots_default_to_cpu_count_and_must_be_positive() -> None:
         cpu_devices(0)
 
 
-def test_backoff_doubles_to_ten_seconds_with_jitter() -> None:
+def test_backoff_retries_steadily_then_doubles_to_ten_seconds_with_jitter() -> None:
     no_jitter = Backoff(rng=lambda: 0.0)
-    assert [no_jitter.next() for _ in range(7)] == [0.5, 1, 2, 4, 8, 10, 10]
+    assert [no_jitter.next() for _ in range(13)] == [0.5] * 8 + [1, 2, 4, 8, 10]
+    assert no_jitter.next() == 10
     no_jitter.reset()
     assert no_jitter.next() == 0.5
+    doubling = Backoff(rng=lambda: 0.0, steady=1)
+    assert [doubling.next() for _ in range(7)] == [0.5, 1, 2, 4, 8, 10, 10]
     full = Backoff(rng=lambda: 1.0)
     assert full.next() == pytest.approx(0.4)
     with pytest.raises(ValueError, match="initial"):
         Backoff(initial=0)
+    with pytest.raises(ValueError, match="steady"):
+        Backoff(steady=0)
 
 
 def _batch(allocation: str, *messages: str) -> agent_pb2.AgentMessage:

@@ -137,10 +137,12 @@ class MasterServer:
         self.http: HttpServer | None = None
         self.http_port = config.http_port
         trial = SyncAdapter(TrialServicer(self.master), self.pool)
-        api_pb2_grpc.add_ApiServicer_to_server(api, self.server)  # type: ignore[arg-type]
-        trial_pb2_grpc.add_TrialServiceServicer_to_server(trial, self.server)  # type: ignore[arg-type]
+        server = GenericOnly(self.server)
+        api_pb2_grpc.add_ApiServicer_to_server(api, server)  # type: ignore[arg-type]
+        trial_pb2_grpc.add_TrialServiceServicer_to_server(trial, server)  # type: ignore[arg-type]
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
-            AgentServicer(self.master, self.pool), self.server
+            AgentServicer(self.master, self.pool),
+            server,  # type: ignore[arg-type]
         )
         self._stopped = threading.Event()
 
@@ -278,6 +280,28 @@ def _open_store(url: str) -> Store:
     except OperationalError as e:
         reason = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
         raise AssayError(f"cannot open the store at {shown}: {reason}") from None
+
+
+class GenericOnly:
+    """What the generated `add_*Servicer_to_server` functions need of a server, passing
+    on their generic handlers and leaving out their registered-method copies.
+
+    For every call it takes, grpc.aio's accept loop waits on one pending future per
+    registered method (`asyncio.wait` over all of them: some 80 for these services,
+    each given a callback and then relieved of it), and on one in all when the methods
+    are only known through generic handlers, which find a method by name in a dict.
+    """
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        """Left out: the generic handler added with them serves the same methods."""
 
 
 def _with_port(config: MasterConfig, port: int) -> MasterConfig:

@@ -141,8 +141,7 @@ class MasterServer:
         api_pb2_grpc.add_ApiServicer_to_server(api, server)  # type: ignore[arg-type]
         trial_pb2_grpc.add_TrialServiceServicer_to_server(trial, server)  # type: ignore[arg-type]
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
-            AgentServicer(self.master, self.pool),
-            server,  # type: ignore[arg-type]
+            AgentServicer(self.master, self.pool), server
         )
         self._stopped = threading.Event()
 

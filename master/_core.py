@@ -6,8 +6,8 @@ call): it takes the lock, asks the lifecycles in `lifecycle/` what to do, has th
 the agents' outboxes, and commits; every change reaches the store in a group commit
 before the master acts on it (DESIGN.md: "The database is the truth"; _commit.py).
 Metric rows bypass the lock: the store fences and deduplicates them by itself. Checks
-and new state of experiments: `_intake`; a trial's reports to the store:
-`_trial_reports`; the snapshot the read-only RPCs show: `_cluster_view`.
+and new state of experiments: `_intake`; `experiment set`: `_sharing`; a trial's
+reports to the store: `_trial_reports`; the read-only RPCs' snapshot: `_cluster_view`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ from assay.master._agents import AgentHandle, ClusterView, Load, Outbox, Registr
 from assay.master._cluster_view import cluster_view
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
-from assay.master._continue import continued_config
 from assay.master._interpreter import Interpreter, Recorder
 from assay.master._quota import SubmissionQuota
 from assay.master._rank_usage import RankUsageBoard
-from assay.master._sharing import changed, parse_value
-from assay.master._state import new_searcher, trial_state
+from assay.master._sharing import not_settable, parse_value, resource_change
+from assay.master._state import trial_state
 from assay.master._submission import PreparedExperiment, new_record
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._trial_logs import LogKeeper
@@ -52,7 +51,6 @@ from assay.master.store import (
 
 log = logging.getLogger("assay.master")
 REAP_INTERVAL_S = 1.0
-E = ExperimentStatus
 
 
 class Master:
@@ -106,8 +104,7 @@ class Master:
 
     def _runs_on(self, allocation_id: str, agent_id: str) -> bool:
         """Whether a part of the allocation runs on the agent (read without the lock)."""
-        run = self.runs.get(allocation_id)
-        return run is not None and agent_id in run.agents
+        return agent_life.part_on(self.runs, allocation_id, agent_id) is not None
 
     def _interpreter(self, config: MasterConfig, store: Store, commit: Recorder) -> Interpreter:
         """The interpreter this master's lock guards (the simulation watches its own)."""
@@ -181,7 +178,7 @@ class Master:
         when they can, once slots are free)."""
         experiment_id = self.store.reserve_id("experiments")
         now = _now()
-        state = E.ACTIVE if activate else E.PAUSED
+        state = ExperimentStatus.ACTIVE if activate else ExperimentStatus.PAUSED
         with self.lock:
             experiment = intake.record(self.batch, prepared, experiment_id, state, now)
             self.ledger.add_experiment(experiment)
@@ -225,19 +222,15 @@ class Master:
 
     def continue_experiment(self, experiment_id: int, overrides: Mapping[str, Any]) -> None:
         """`experiment continue`: a finished single-trial experiment's trial resumes from
-        its latest checkpoint and trains on to the length of the config with `overrides`
-        laid over it (`_continue.CONTINUABLE`); the stored config becomes that one, so a
-        restarted master knows the new length. `ConflictError` or `InvalidArgumentError`
-        say why it cannot."""
+        its latest checkpoint and trains on with `overrides` (`_intake.continuation`); the
+        stored config becomes the continued one, so a restarted master knows the length."""
         with self.lock:
             live = self.experiments.get(experiment_id)
             if live is not None:
                 experiment_life.check_action(experiment_id, live.state, "continue")
         self.commit.flush()
         record = self.store.get_experiment(experiment_id)  # NotFoundError: none
-        experiment_life.check_action(experiment_id, record.state, "continue")
-        raw, config = continued_config(experiment_id, record.config, overrides)
-        searcher = new_searcher(config)
+        raw, config, searcher = intake.continuation(record, overrides)
         with self.lock:
             if experiment_id in self.experiments:  # continued by another call meanwhile
                 raise ConflictError(f"cannot continue experiment {experiment_id}: it is active")
@@ -250,36 +243,25 @@ class Master:
             self.commit_and_wait()
 
     def delete_experiment_rows(self, experiment_id: int) -> None:
-        """`Store.delete_experiment` under the lock, once the experiment's files are gone:
-        an `experiment continue` that has made it live again (in memory first, then in
-        the store) is seen here, and the deletion refused, rather than half-undone."""
+        """`Store.delete_experiment` under the lock, once the experiment's files are gone;
+        refused for one made live again meanwhile (`experiment_life.check_deletable`)."""
         with self.lock:
-            live = self.experiments.get(experiment_id)
-            if live is not None:
-                raise ConflictError(
-                    f"experiment {experiment_id} is {live.state} again (continued): kill it "
-                    "first, or wait for it to end"
-                )
+            experiment_life.check_deletable(experiment_id, self.experiments.get(experiment_id))
             self.store.delete_experiment(experiment_id)
 
     def set_experiment_resource(self, experiment_id: int, name: str, value: str) -> None:
         """`experiment set NAME VALUE`: a live experiment's priority, weight or max-slots
-        changes now (its queued trials keep their places) and for good (the stored
-        config is patched); the next scheduling round uses it."""
+        changes now and for good (`_sharing.resource_change`); the next round uses it."""
         parsed = parse_value(name, value)
         with self.lock:
             experiment = self.experiments.get(experiment_id)
             if experiment is None:
-                record = self.store.get_experiment(experiment_id)  # NotFoundError: none
-                raise ConflictError(
-                    f"experiment {experiment_id} is {record.state.lower()}: only an active or "
-                    f"paused experiment's {name} can change"
-                )
-            fields = changed(experiment, name, parsed)
-            self.batch.set_experiment(experiment_id, **fields)
-            for trial_id, request in list(self.queued.items()):
-                if request.group == str(experiment_id):
-                    self.ledger.enqueue(trial_id)  # the request again, with the new values
+                state = self.store.get_experiment(experiment_id).state  # NotFoundError: none
+                raise not_settable(experiment_id, state, name)
+            change = resource_change(experiment, name, parsed, self.queued)
+            experiment.config, experiment.priority = change.config, change.priority
+            experiment.__dict__.pop("config_json", None)  # cached from the old raw config
+            self.interpreter.do(change.effects)
             self.interpreter.schedule()
             self.commit_and_wait()
 
@@ -380,8 +362,7 @@ class Master:
         """An agent started its part of an allocation (not waited for)."""
         with self.lock:
             self.fleet.heard_from(agent_id)
-            run = self.runs.get(allocation_id)
-            if run is not None and agent_id in run.agents:
+            if agent_life.part_on(self.runs, allocation_id, agent_id) is not None:
                 self.batch.set_allocation(allocation_id, state="RUNNING")
                 self.commit.ticket()
 
@@ -404,8 +385,8 @@ class Master:
     def ship_logs(self, agent_id: str, allocation_id: str, lines: Sequence[LogLine]) -> None:
         """Store an allocation's log lines (secrets masked) within its trial's quota;
         lines of no running allocation, or from an agent it does not run on, are dropped."""
-        run = self.runs.get(allocation_id)
-        if run is not None and agent_id in run.agents:
+        run = agent_life.part_on(self.runs, allocation_id, agent_id)
+        if run is not None:
             self.logs.append(run.trial_id, run.run_id, reports.masked(lines))
 
     def cluster_view(self) -> ClusterView:

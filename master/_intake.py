@@ -8,13 +8,15 @@ lock or calls back into the master.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
 
 from assay.config import ExperimentConfig, searcher_in_batches
+from assay.master._continue import continued_config
 from assay.master._fleet import Fleet
+from assay.master._state import new_searcher
 from assay.master._storage_policy import StoragePolicy
 from assay.master._submission import PreparedExperiment, check_resource_pool, check_submission
 from assay.master.errors import ConflictError, InvalidArgumentError
@@ -88,6 +90,17 @@ def never_fits(config: ExperimentConfig, scheduler: Pools, fleet: Fleet) -> str 
     return scheduler.why_never(
         resources.slots_per_trial, fleet.slot_type(pool), pool, resources.agent_label or ""
     )
+
+
+def continuation(
+    record: ExperimentRecord, overrides: Mapping[str, Any]
+) -> tuple[dict[str, Any], ExperimentConfig, Searcher]:
+    """What an ended experiment continues with: its stored config with `overrides` laid
+    over it (`_continue.continued_config`: as stored, and parsed) and a new searcher for
+    that config. `ConflictError` or `InvalidArgumentError` say why it cannot."""
+    experiment_life.check_action(record.id, record.state, "continue")
+    raw, config = continued_config(record.id, record.config, overrides)
+    return raw, config, new_searcher(config)
 
 
 def continued(

@@ -13,9 +13,10 @@ import functools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from assay.config import MAX_WEIGHT, MIN_WEIGHT
-from assay.master.errors import InvalidArgumentError
+from assay.config import MAX_WEIGHT, MIN_WEIGHT, ExperimentConfig
+from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.lifecycle import ExperimentState, Run
+from assay.master.lifecycle._effects import Effect, Enqueue, SetExperiment
 from assay.master.scheduler import (
     MAX_PRIORITY,
     MIN_PRIORITY,
@@ -122,8 +123,29 @@ def parse_value(field: str, text: str) -> int | float:
     return value
 
 
-def changed(experiment: ExperimentState, field: str, value: int | float) -> dict[str, Any]:
-    """Apply a checked change to the experiment in memory; returns the store's fields.
+def not_settable(experiment_id: int, state: str, field: str) -> ConflictError:
+    """The refusal of `experiment set` for an experiment that has ended (in `state`)."""
+    return ConflictError(
+        f"experiment {experiment_id} is {state.lower()}: only an active or "
+        f"paused experiment's {field} can change"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourceChange:
+    """What `experiment set` changes: the experiment's config and priority in memory, and
+    the effects that store them and queue its waiting trials again with the new values."""
+
+    config: ExperimentConfig
+    priority: int
+    effects: list[Effect]
+
+
+def resource_change(
+    experiment: ExperimentState, field: str, value: int | float, queued: Mapping[int, Request]
+) -> ResourceChange:
+    """A checked change (`parse_value`) of a live experiment's priority, weight or
+    max-slots; `queued`: the queue, by trial id. Its queued trials keep their places.
 
     The stored config is patched as Determined patches it (resources.priority, .weight,
     .max_slots), so the change outlives a restart; priority is also its own column.
@@ -144,10 +166,11 @@ def changed(experiment: ExperimentState, field: str, value: int | float) -> dict
         resources = dataclasses.replace(resources, weight=float(value))
     else:
         resources = dataclasses.replace(resources, max_slots=int(value))
-    experiment.config = dataclasses.replace(experiment.config, resources=resources, raw=raw)
-    experiment.__dict__.pop("config_json", None)  # cached from the old raw config
+    config = dataclasses.replace(experiment.config, resources=resources, raw=raw)
     fields: dict[str, Any] = {"config": raw}
+    priority = experiment.priority
     if field == "priority":
-        experiment.priority = int(value)
-        fields["priority"] = int(value)
-    return fields
+        priority = fields["priority"] = int(value)
+    group = str(experiment.id)
+    requeue = [Enqueue(t) for t, request in queued.items() if request.group == group]
+    return ResourceChange(config, priority, [SetExperiment(experiment.id, fields), *requeue])

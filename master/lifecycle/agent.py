@@ -3,7 +3,7 @@ or being lost, being disabled, and the agent being given up on."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from assay.master.lifecycle._effects import (
@@ -18,6 +18,13 @@ from assay.master.lifecycle._effects import (
 )
 from assay.master.lifecycle._model import Run
 from assay.master.lifecycle.run import stop_to_requeue
+
+
+def part_on(runs: Mapping[str, Run], allocation_id: str, agent_id: str) -> Run | None:
+    """The run of the allocation if a part of it runs on the agent (an agent speaks for
+    its own parts only), else None."""
+    run = runs.get(allocation_id)
+    return run if run is not None and agent_id in run.agents else None
 
 
 def disabled(agent_id: str, runs: Iterable[Run]) -> list[Effect]:

@@ -54,6 +54,17 @@ def check_action(experiment_id: int, state: str, action: str) -> None:
         )
 
 
+def check_deletable(experiment_id: int, live: ExperimentState | None) -> None:
+    """`ConflictError` when the experiment whose files are gone is `live` again (an
+    `experiment continue` made it so, in memory first, then in the store): its rows stay,
+    rather than be half-deleted under a batch that writes to them."""
+    if live is not None:
+        raise ConflictError(
+            f"experiment {experiment_id} is {live.state} again (continued): kill it "
+            "first, or wait for it to end"
+        )
+
+
 def act(
     experiment: ExperimentState, action: str, runs: Mapping[int, Run], now: dt.datetime
 ) -> list[Effect]:

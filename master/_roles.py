@@ -19,11 +19,12 @@ naming the role that is needed.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from assay.master._auth import Principal
 from assay.master.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from assay.master.store import CheckpointRecord, ProjectRecord, Store, WorkspaceRecord
+from assay.master.store._directory import Snapshot
 from assay.master.store._models import DEFAULT_WORKSPACE_ID
 
 VIEWER, EDITOR, ADMIN = "viewer", "editor", "admin"
@@ -60,16 +61,9 @@ class Roles:
         self, who: Principal, workspace_id: int, need: str, missing: str, name: str | None = None
     ) -> str:
         role = self.role(who, workspace_id)
-        if role is None:
-            raise NotFoundError(missing)
-        if _RANK[role] < _RANK[need]:
-            name = name or self._workspace_name(workspace_id)
-            raise PermissionDeniedError(
-                f"{who.username} is {'an' if role[0] in 'ae' else 'a'} {role} of workspace "
-                f"{name!r}: {_WHAT[need]} needs the {need} role (ask an admin of the "
-                "workspace: `assay workspace add-member`)"
-            )
-        return role
+        return _checked(
+            who, role, need, missing, name or (lambda: self._workspace_name(workspace_id))
+        )
 
     def experiment(
         self, who: Principal, experiment_id: int, need: str = VIEWER, *, owner_may: bool = False
@@ -156,35 +150,26 @@ class Roles:
         """The project an experiment whose config names `workspace` and `project` goes
         to (Default / Uncategorized for what it leaves out), if `who` is an editor there
         and neither is archived. An unknown name is an error naming the choices."""
-        workspace = workspace or "Default"
-        project = project or UNCATEGORIZED
-        visible = self.visible(who)
-        # One query by name for every submission; the listings only to explain a miss.
-        pair = self.store.project_by_names(workspace, project, visible)
-        found, chosen = pair if pair is not None else self._explain(workspace, project, visible)
-        self._need(who, found.id, EDITOR, f"workspace {workspace!r} does not exist", workspace)
-        if found.archived or chosen.archived:
-            kind = "workspace" if found.archived else "project"
-            raise InvalidArgumentError(
-                f"{kind} {found.name if found.archived else chosen.name!r} is archived: "
-                "unarchive it, or submit to another project"
-            )
-        return chosen
+        names = (workspace or "Default", project or UNCATEGORIZED)
+        snapshot = self.store.directory.get()
+        pair = _project_in(snapshot, who, *names)
+        if pair is None:  # the store's listings only to explain a miss
+            pair = self._explain(*names, _visible_in(snapshot, who))
+        return _for_new_experiment(snapshot, who, *pair, names[0])
 
     def new_experiment_project_now(
         self, who: Principal, workspace: str | None, project: str | None
     ) -> ProjectRecord | None:
-        """`new_experiment_project` when the store's directory answers it from memory (no
-        I/O, so it may run on an event loop; should the copy go stale between its reads,
-        one of them reloads it: a query, rarely); None when only the store can tell (a
-        change or `TTL_S` made the copy stale, or a name is unknown and the error lists
-        the choices): then call `new_experiment_project` off the loop."""
-        if not self.store.directory.fresh():
+        """`new_experiment_project` answered from one snapshot of the store's directory
+        (`Directory.cached`), with no I/O, so it may run on an event loop; None when only
+        the store can tell (a change or `TTL_S` made the copy stale, or a name is unknown
+        and the error lists the choices): then call `new_experiment_project` off the loop."""
+        snapshot = self.store.directory.cached()
+        if snapshot is None:
             return None
         names = (workspace or "Default", project or UNCATEGORIZED)
-        if self.store.project_by_names(*names, self.visible(who)) is None:
-            return None
-        return self.new_experiment_project(who, workspace, project)
+        pair = _project_in(snapshot, who, *names)
+        return None if pair is None else _for_new_experiment(snapshot, who, *pair, names[0])
 
     def _explain(
         self, workspace: str, project: str, visible: Collection[int] | None
@@ -216,6 +201,52 @@ class Roles:
         for w in self.store.list_workspaces({workspace_id}):
             return w.name
         return str(workspace_id)
+
+
+def _checked(
+    who: Principal, role: str | None, need: str, missing: str, name: str | Callable[[], str]
+) -> str:
+    """`role` if it is `need` or above; else NotFoundError (`missing`) for a non-member,
+    PermissionDeniedError naming the role needed for a member (`name`: the workspace's,
+    or what tells it)."""
+    if role is None:
+        raise NotFoundError(missing)
+    if _RANK[role] < _RANK[need]:
+        name = name if isinstance(name, str) else name()
+        raise PermissionDeniedError(
+            f"{who.username} is {'an' if role[0] in 'ae' else 'a'} {role} of workspace "
+            f"{name!r}: {_WHAT[need]} needs the {need} role (ask an admin of the "
+            "workspace: `assay workspace add-member`)"
+        )
+    return role
+
+
+def _visible_in(snapshot: Snapshot, who: Principal) -> set[int] | None:
+    """The ids of the workspaces `who` sees in `snapshot` (None: every one)."""
+    return None if who.admin else set(snapshot.roles.get(who.user_id, {}))
+
+
+def _project_in(
+    snapshot: Snapshot, who: Principal, workspace: str, project: str
+) -> tuple[WorkspaceRecord, ProjectRecord] | None:
+    """Workspace `workspace` among those `who` sees in `snapshot`, and its project."""
+    return snapshot.project_by_names(workspace, project, _visible_in(snapshot, who))
+
+
+def _for_new_experiment(
+    snapshot: Snapshot, who: Principal, found: WorkspaceRecord, chosen: ProjectRecord, name: str
+) -> ProjectRecord:
+    """`chosen` of `found` if `who` is an editor there (their role as `snapshot` has it)
+    and neither is archived."""
+    role = ADMIN if who.admin else snapshot.roles.get(who.user_id, {}).get(found.id)
+    _checked(who, role, EDITOR, f"workspace {name!r} does not exist", name)
+    if found.archived or chosen.archived:
+        kind = "workspace" if found.archived else "project"
+        raise InvalidArgumentError(
+            f"{kind} {found.name if found.archived else chosen.name!r} is archived: "
+            "unarchive it, or submit to another project"
+        )
+    return chosen
 
 
 __all__ = ["ADMIN", "EDITOR", "VIEWER", "Roles"]

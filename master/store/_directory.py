@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,17 @@ class Snapshot:
     projects: dict[tuple[int, str], ProjectRecord] = field(default_factory=dict)
     # user id -> workspace id -> role
     roles: dict[int, dict[int, str]] = field(default_factory=dict)
+
+    def project_by_names(
+        self, workspace: str, project: str, visible: Collection[int] | None = None
+    ) -> tuple[WorkspaceRecord, ProjectRecord] | None:
+        """Workspace `workspace` (among `visible`, if given) and its project `project`;
+        None if either is not there."""
+        found = self.by_name.get(workspace)
+        if found is None or (visible is not None and found.id not in visible):
+            return None
+        chosen = self.projects.get((found.id, project))
+        return None if chosen is None else (found, chosen)
 
 
 class Directory:
@@ -68,7 +79,12 @@ class Directory:
 
     def fresh(self) -> bool:
         """Whether `get()` answers from memory (no I/O) now."""
-        return self._hit(self._current, self._clock()) is not None
+        return self.cached() is not None
+
+    def cached(self) -> Snapshot | None:
+        """The snapshot `get()` would answer from memory now, or None (no I/O either way):
+        one consistent copy for a caller that must not wait on the database."""
+        return self._hit(self._current, self._clock())
 
     def _hit(self, current: tuple[Snapshot, int, float] | None, now: float) -> Snapshot | None:
         """`current`'s snapshot if no change came since it was loaded and `ttl_s` has not

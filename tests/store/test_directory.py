@@ -218,3 +218,51 @@ def test_roles_answer_a_submission_from_memory_only_when_fresh(store: Store) -> 
         roles.new_experiment_project_now(alice_p, "team", "p1")
     now[0] = 6.0  # past the ttl: stale again
     assert roles.new_experiment_project_now(alice_p, "team", "p1") is None
+
+
+def test_a_submission_reads_one_snapshot_even_if_it_goes_stale_meanwhile(store: Store) -> None:
+    """Each call resolves the project from one copy: a copy that ages past `ttl_s` during
+    the call is not loaded again (the event loop's answer does no I/O; the other loads
+    once)."""
+    alice = store.user_id("alice")
+    workspace = store.create_workspace("team", alice)
+    project = store.create_project(workspace.id, "p1")
+    loads = []
+
+    def load() -> Snapshot:
+        loads.append(1)
+        return store._load_directory()
+
+    ticks = iter([0.0])  # the first reading of the clock, then past the ttl for good
+
+    def clock() -> float:
+        return next(ticks, 100.0)
+
+    roles = Roles(store)
+    alice_p = Principal(alice, "alice", False)
+    store.directory = Directory(load, ttl_s=5.0, clock=clock)
+    assert roles.new_experiment_project(alice_p, "team", "p1").id == project.id
+    assert len(loads) == 1
+    ticks = iter([0.0])
+    assert store.directory.cached() is not None  # loaded at 0.0, read at 0.0
+    ticks = iter([0.0])
+    found = roles.new_experiment_project_now(alice_p, "team", "p1")
+    assert found is not None
+    assert found.id == project.id
+    assert len(loads) == 1  # no I/O: answered from the copy it took
+    assert roles.new_experiment_project_now(alice_p, "team", "p1") is None  # stale now
+    assert len(loads) == 1
+
+
+def test_snapshot_project_by_names_is_the_store_lookup(store: Store) -> None:
+    workspace = store.create_workspace("team", store.user_id("alice"))
+    store.create_project(workspace.id, "p1")
+    snapshot = store.directory.get()
+    for names, visible in [
+        (("team", "p1"), None),
+        (("team", "p1"), {DEFAULT_WORKSPACE_ID}),
+        (("team", "p2"), None),
+        (("nope", "p1"), None),
+        (("Default", "Uncategorized"), set()),
+    ]:
+        assert snapshot.project_by_names(*names, visible) == store.project_by_names(*names, visible)

@@ -93,6 +93,28 @@ class SyncAdapter:
         return handler
 
 
+class GenericOnly:
+    """What the generated `add_*Servicer_to_server` functions need of a server, passing
+    on their generic handlers and leaving out their registered-method copies.
+
+    For every call it takes, grpc.aio's accept loop waits on one pending future per
+    registered method (`asyncio.wait` over all of them: some 80 for these services,
+    each given a callback and then relieved of it), and on one in all when the methods
+    are only known through generic handlers, which find a method by name in a dict.
+    """
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        """Left out: the generic handler added with them serves the same methods."""
+
+
 class LoopMail:
     """Calls posted to an event loop from other threads, in order. One wake-up of the
     loop runs every call posted since the last: a commit that sends a thousand agents

@@ -18,7 +18,7 @@ import grpc
 from assay.common.archive import MAX_MODEL_DEF_BYTES
 from assay.common.tls import ServerTls
 from assay.errors import AssayError
-from assay.master._aio import LoopThread, SyncAdapter
+from assay.master._aio import GenericOnly, LoopThread, SyncAdapter
 from assay.master._auth import Authenticator
 from assay.master._config import MasterConfig
 from assay.master._core import Master
@@ -279,28 +279,6 @@ def _open_store(url: str) -> Store:
     except OperationalError as e:
         reason = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
         raise AssayError(f"cannot open the store at {shown}: {reason}") from None
-
-
-class GenericOnly:
-    """What the generated `add_*Servicer_to_server` functions need of a server, passing
-    on their generic handlers and leaving out their registered-method copies.
-
-    For every call it takes, grpc.aio's accept loop waits on one pending future per
-    registered method (`asyncio.wait` over all of them: some 80 for these services,
-    each given a callback and then relieved of it), and on one in all when the methods
-    are only known through generic handlers, which find a method by name in a dict.
-    """
-
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self._server = server
-
-    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
-    ) -> None:
-        """Left out: the generic handler added with them serves the same methods."""
 
 
 def _with_port(config: MasterConfig, port: int) -> MasterConfig:

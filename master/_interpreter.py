@@ -149,6 +149,7 @@ class Interpreter:
             self.experiments[trial.experiment_id],
             token=self.token(allocation.id),
             deadline=time.monotonic() + wait,
+            stopping=allocation.stopping,
         )
         if run is None:
             return False
@@ -216,8 +217,11 @@ class Interpreter:
         elif isinstance(effect, fx.Kill):
             run = self.runs.get(effect.allocation_id)
             if run is not None:
-                if effect.stopping is not None:
+                if effect.stopping is not None and effect.stopping != run.stopping:
                     run.stopping = effect.stopping
+                    # In the commit that records its trial STOPPING: a restarted master
+                    # finishes this stop, not one it would guess from the experiment.
+                    self.batch.set_allocation(run.allocation_id, stopping=effect.stopping)
                 self.fleet.kill(run, graceful=effect.graceful)
         elif isinstance(effect, fx.Log):
             # The trial's log has the line; the master's own log repeats what went wrong.

@@ -6,7 +6,7 @@ import datetime as dt
 import json
 import math
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from assay.master._agents import StartRun as AgentStart
 from assay.master.lifecycle._effects import (
@@ -31,6 +31,7 @@ from assay.master.lifecycle.experiment import close_paused
 from assay.master.lifecycle.run import end_trial, requeue
 
 E, T = ExperimentStatus, TrialStatus
+STOP_KINDS: tuple[StopKind, ...] = get_args(StopKind)
 
 
 def start(
@@ -103,13 +104,16 @@ def awaited_run(
     *,
     token: str,
     deadline: float,
+    stopping: str | None = None,
 ) -> Run | None:
     """A run a restarted master found in the store, kept for its agents to confirm until
-    `deadline`; None when its trial has moved on (the run is over)."""
+    `deadline`; None when its trial has moved on (the run is over).
+
+    `stopping` is the kind of stop the store recorded for the run when it was asked to
+    stop: that stop goes on (a user's `trial kill` stays a kill). A row written before
+    the store kept it has none: the stop is then inferred from the experiment's state."""
     if trial.run_id != run_id or trial.state not in (T.RUNNING, T.STOPPING):
         return None
-    # A STOPPING trial of an experiment that is not stopping was being preempted.
-    preempted: StopKind | None = "preempt" if trial.state == T.STOPPING else None
     return Run(
         allocation_id,
         trial.id,
@@ -117,10 +121,21 @@ def awaited_run(
         trial.experiment_id,
         placement,
         token,
-        stopping=STOP_OF_EXPERIMENT.get(experiment.state, preempted),
+        stopping=_stored_stop(stopping) or _inferred_stop(trial, experiment),
         awaiting={agent_id for agent_id, _ in placement},
         deadline=deadline,
     )
+
+
+def _stored_stop(stopping: str | None) -> StopKind | None:
+    return next((kind for kind in STOP_KINDS if kind == stopping), None)
+
+
+def _inferred_stop(trial: TrialState, experiment: ExperimentState) -> StopKind | None:
+    """The stop of a run whose row does not say: the experiment's, else a STOPPING trial
+    of an experiment that is not stopping was being preempted."""
+    preempted: StopKind | None = "preempt" if trial.state == T.STOPPING else None
+    return STOP_OF_EXPERIMENT.get(experiment.state, preempted)
 
 
 def next_target(run: Run, trial: TrialState | None) -> int | None:

@@ -54,7 +54,7 @@ class AgentQueries(StoreBase):
                 select(Allocation).where(Allocation.ended_at.is_(None)).order_by(Allocation.id)
             ).scalars()
             return [
-                AllocationRecord(a.id, a.trial_id, a.run_id, a.state, list(a.placement))
+                AllocationRecord(a.id, a.trial_id, a.run_id, a.state, list(a.placement), a.stopping)
                 for a in rows
             ]
 

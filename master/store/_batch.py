@@ -229,6 +229,7 @@ class WriteBatch:
                 "placement": placement,
                 "created_at": now,
                 "ended_at": None,
+                "stopping": None,
             },
         )
 
@@ -288,7 +289,7 @@ class WriteBatch:
         self.update(_TRIALS, trial_id, request_id=request_id)
 
     def set_allocation(self, allocation_id: str, **fields: Any) -> None:
-        _check_fields("allocation", fields, frozenset({"state", "ended_at"}))
+        _check_fields("allocation", fields, frozenset({"state", "ended_at", "stopping"}))
         self.update(_ALLOCATIONS, allocation_id, **fields)
 
     def supersede_metrics(self, trial_id: int, after_batches: int) -> None:

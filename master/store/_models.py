@@ -270,6 +270,10 @@ class Allocation(Base):
     placement: Mapped[list[Any]] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    # The kind of stop under way for the run ("pause", "cancel", "kill", "preempt",
+    # "kill_trial"), written with its trial's STOPPING state so that a restarted master
+    # finishes that stop. NULL: none, or a row written before revision 0012.
+    stopping: Mapped[str | None] = mapped_column(String(16))
 
 
 class SlotUsage(Base):

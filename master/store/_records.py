@@ -137,6 +137,7 @@ class AllocationRecord:
     run_id: int
     state: str
     placement: list[Any]
+    stopping: str | None = None  # the stop under way (None: none, or an old row)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from assay._local import free_port
+from assay.proto import common_pb2
 from tests.conftest import REGRESSION_DIR, regression_config
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
 
@@ -208,6 +209,73 @@ def test_pause_then_a_master_restart_then_activate_resumes_at_the_same_batch(
     training = cluster.json("trial", "metrics", str(trial["id"]), "--group", "training")
     batches = [int(r["total_batches"]) for r in training]
     assert batches == sorted(set(batches))  # no training report counted twice
+
+
+def test_a_trial_kill_under_way_when_the_master_died_still_ends_the_trial(
+    tmp_path: Path,
+) -> None:
+    """`trial kill` of one of two running trials; its agent is frozen (SIGSTOP) so the
+    processes are not reported gone before the master is SIGKILLed. The restarted master
+    finishes the kill (not a preemption): the trial ends CANCELED at run 1, the other
+    completes, and the experiment ends COMPLETED with no slot left allocated."""
+    from assay.cli._client import Client
+
+    # A reconnect window that outlasts the freeze: the old master must not give the frozen
+    # agent up (which would end the trial as killed before the restart).
+    env = {"ASSAY_AGENT_RECONNECT_WAIT_S": "15", "ASSAY_HEARTBEAT_INTERVAL_S": "1"}
+    cluster = start_cluster(tmp_path, None, agents=2, slots=1, master_env=env)
+    try:
+        config = _config(tmp_path, sleep_s=0.05)  # 15 s of training per trial
+        data = yaml.safe_load(config.read_text())
+        data["searcher"]["name"] = "grid"
+        data["hyperparameters"]["lr"] = {"type": "categorical", "vals": [0.01, 0.05]}
+        config.write_text(yaml.safe_dump(data))
+        eid = _create(cluster, config)
+
+        def both_validated() -> bool:
+            trials = _describe(cluster, eid)["trials"]
+            return len(trials) == 2 and all(_validations(cluster, t["id"]) for t in trials)
+
+        _eventually(both_validated, 120, cluster, "a validation of each trial")
+        victim = min(t["id"] for t in _describe(cluster, eid)["trials"])
+        [agent_id] = [
+            s["agent_id"]
+            for s in cluster.json("slot", "list")
+            if s["allocation_id"].startswith(f"{victim}.")
+        ]
+        agent = cluster.procs[1 + int(agent_id.removeprefix("agent"))]
+        agent.send_signal(signal.SIGSTOP)  # it cannot carry out the kill, nor report it
+        try:
+            client = Client(cluster.address, timeout=10)
+            try:
+                killed = client.kill_trial(victim)
+            finally:
+                client.close()
+            assert killed.state == common_pb2.TRIAL_STATE_STOPPING  # recorded, not landed
+            cluster.procs[0].send_signal(signal.SIGKILL)
+            cluster.procs[0].wait()
+            cluster.restart_master()
+        finally:
+            agent.send_signal(signal.SIGCONT)
+        _eventually(_state(cluster, eid, "COMPLETED", "ERROR", "CANCELED"), 180, cluster, "the end")
+        described = _describe(cluster, eid)
+        # One trial killed of two: the search goes on and the experiment completes.
+        assert described["state"] == "COMPLETED", cluster.dump_logs()
+        trials = {t["id"]: t for t in described["trials"]}
+        assert trials.pop(victim)["state"] == "CANCELED", cluster.dump_logs()
+        # Killed where it ran: not requeued, no second run.
+        assert cluster.json("trial", "describe", str(victim))["run_id"] == 1
+        [other] = trials.values()
+        assert (other["state"], other["total_batches"]) == ("COMPLETED", BATCHES)
+        assert _validations(cluster, other["id"]) == list(range(EVERY, BATCHES + 1, EVERY))
+        _eventually(
+            lambda: all(not s["allocation_id"] for s in cluster.json("slot", "list")),
+            30,
+            cluster,
+            "every slot free",
+        )
+    finally:
+        stop_cluster(cluster)
 
 
 def test_a_higher_priority_experiment_preempts_a_running_one_and_both_complete(

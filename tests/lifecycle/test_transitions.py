@@ -356,6 +356,77 @@ def test_after_a_restart_trials_resume_pause_or_finish_the_stop() -> None:
     }
 
 
+def _awaited(experiment: ExperimentState, trial: TrialState, stopping: str | None) -> Run | None:
+    placement = (("a0", (0,)),)
+    return trial_life.awaited_run(
+        f"{trial.id}.1.x",
+        1,
+        placement,
+        trial,
+        experiment,
+        token="tok",
+        deadline=9.0,
+        stopping=stopping,
+    )
+
+
+# (experiment state, trial state, the stop the store recorded) -> the stop that goes on
+_STORED_STOPS = [
+    (E.ACTIVE, T.STOPPING, "kill_trial", "kill_trial"),  # not taken for a preemption
+    (E.PAUSED, T.STOPPING, "kill_trial", "kill_trial"),  # nor for a pause
+    (E.ACTIVE, T.STOPPING, "preempt", "preempt"),
+    (E.PAUSED, T.STOPPING, "pause", "pause"),
+    (E.ACTIVE, T.STOPPING, "pause", "pause"),  # activated while the pause landed
+    (E.STOPPING_CANCELED, T.STOPPING, "cancel", "cancel"),
+    (E.STOPPING_KILLED, T.STOPPING, "kill", "kill"),
+    (E.STOPPING_KILLED, T.STOPPING, "cancel", "cancel"),
+    (E.ACTIVE, T.RUNNING, None, None),  # a run not asked to stop
+]
+
+
+@pytest.mark.parametrize(("experiment_state", "trial_state", "stored", "expected"), _STORED_STOPS)
+def test_a_restarted_master_goes_on_with_the_stop_the_store_recorded(
+    experiment_state: ExperimentStatus, trial_state: TrialStatus, stored: str | None, expected: str
+) -> None:
+    experiment = _experiment(experiment_state)
+    trial = _trial(experiment, 1, trial_state, run_id=1)
+    run = _awaited(experiment, trial, stored)
+    assert run is not None
+    assert run.stopping == expected
+    assert (run.allocation_id, run.run_id, run.awaiting, run.deadline) == ("1.1.x", 1, {"a0"}, 9.0)
+
+
+# A row written before the store recorded the stop: it is inferred as before.
+_INFERRED_STOPS = [
+    (E.ACTIVE, T.STOPPING, "preempt"),
+    (E.ACTIVE, T.RUNNING, None),
+    (E.PAUSED, T.STOPPING, "pause"),
+    (E.PAUSED, T.RUNNING, "pause"),
+    (E.STOPPING_CANCELED, T.STOPPING, "cancel"),
+    (E.STOPPING_KILLED, T.STOPPING, "kill"),
+]
+
+
+@pytest.mark.parametrize(("experiment_state", "trial_state", "expected"), _INFERRED_STOPS)
+@pytest.mark.parametrize("stored", [None, "", "no-such-stop"])
+def test_a_run_stored_without_its_stop_infers_it_from_the_experiment(
+    experiment_state: ExperimentStatus, trial_state: TrialStatus, expected: str, stored: str | None
+) -> None:
+    experiment = _experiment(experiment_state)
+    trial = _trial(experiment, 1, trial_state, run_id=1)
+    run = _awaited(experiment, trial, stored)
+    assert run is not None
+    assert run.stopping == expected
+
+
+def test_a_stored_run_whose_trial_moved_on_is_over_whatever_its_stop() -> None:
+    experiment = _experiment()
+    ended = _trial(experiment, 1, T.CANCELED, run_id=1)
+    later = _trial(experiment, 2, T.RUNNING, run_id=2)  # the stored run 1 is not its run
+    assert _awaited(experiment, ended, "kill_trial") is None
+    assert _awaited(experiment, later, "kill_trial") is None
+
+
 def test_disabling_an_agent_stops_at_a_checkpoint_what_runs_there_and_nothing_else() -> None:
     here = _gang({})  # a0 and a1, running
     exited_here = Run("2.1.x", 2, 1, 1, (("a0", (1,)),), "tok")

@@ -389,6 +389,53 @@ def test_a_master_restart_finishes_a_kill_that_was_under_way(
     second.stop(grace=0.1)
 
 
+@pytest.mark.parametrize("paused", [False, True])
+@pytest.mark.parametrize("agent_returns", [True, False])
+def test_a_master_restart_finishes_a_trial_kill_that_was_under_way(
+    tmp_path: Path, paused: bool, agent_returns: bool
+) -> None:
+    # The kill of one trial is not the experiment's: the restarted master learns it from
+    # the store, not from the experiment's state (which says preempt, or pause).
+    config = master_config(state_dir=tmp_path / "m", agent_reconnect_wait_s=1.0)
+    first = MasterServer(config)
+    first.start()
+    agent = ScriptedAgent(first.port, "a1", slots=1)
+    channel = authed_channel(f"127.0.0.1:{first.port}")
+    api = api_pb2_grpc.ApiStub(channel)
+    eid = _create(api)
+    start = agent.next("start").start
+    if paused:  # the pause is landing (a graceful kill) when the user kills the trial
+        api.ExperimentAction(
+            api_pb2.ExperimentActionRequest(id=eid, action=api_pb2.EXPERIMENT_ACTION_PAUSE)
+        )
+        assert agent.next("kill").kill.graceful
+    killed = api.KillTrial(api_pb2.KillTrialRequest(id=start.trial_id))
+    assert killed.state == common_pb2.TRIAL_STATE_STOPPING
+    assert not agent.next("kill").kill.graceful
+    channel.close()
+    agent.close()
+    first.stop(grace=0.1)  # the kill never landed
+    second = MasterServer(config)
+    second.start()
+    channel = authed_channel(f"127.0.0.1:{second.port}")
+    api = api_pb2_grpc.ApiStub(channel)
+    if agent_returns:  # the trial is still running there: killed again, not checkpointed
+        agent = ScriptedAgent(second.port, "a1", slots=1, running=[start.allocation_id])
+        kill = agent.next("kill").kill
+        assert (kill.allocation_id, kill.graceful) == (start.allocation_id, False)
+        agent.exited(start.allocation_id, [-9])
+    eventually(lambda: _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_CANCELED)
+    [trial] = _experiment(api, eid).trials
+    assert (trial.run_id, trial.restarts) == (1, 0)  # not requeued
+    if paused:
+        assert _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_PAUSED
+    if agent_returns:
+        agent.nothing(1.0)  # no new run
+        agent.close()
+    channel.close()
+    second.stop(grace=0.1)
+
+
 def test_a_restarted_master_re_adopts_a_running_trial(tmp_path: Path) -> None:
     config = master_config(
         state_dir=tmp_path / "m",

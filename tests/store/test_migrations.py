@@ -13,6 +13,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import delete, select, text
+from sqlalchemy import inspect as sa_inspect
 
 from assay.master.errors import SchemaError
 from assay.master.store import Store, current_revision, head_revision, migrate
@@ -348,4 +349,66 @@ def test_agents_recorded_before_0006_have_no_credential_and_keep_their_rows(
     )
     store.apply(batch)
     assert store.agent_credentials() == {"old": "a" * 64}
+    store.close()
+
+
+# --- 0012: the stop under way for a run ----------------------------------------------------
+
+
+def _downgrade(engine: Any, revision: str) -> None:
+    from alembic import command
+
+    from assay.master.store._migrate import alembic_config
+
+    with engine.connect() as connection:
+        if connection.dialect.name == "sqlite":  # as `migrate`: no cascade on the rebuild
+            connection.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
+        with connection.begin():
+            command.downgrade(alembic_config(connection), revision)
+
+
+def test_a_runs_stop_is_kept_and_0012_downgrades_and_upgrades_with_the_rows(
+    db_url: str,
+) -> None:
+    import datetime as dt
+
+    from assay.master.store import WriteBatch
+
+    store = Store.open(db_url)
+    _, trial_id, run_id = seed.trial_with_run(store)
+    now = dt.datetime.now(dt.UTC)
+    batch = WriteBatch()
+    for name in ("killed", "plain"):
+        placement = [{"agent_id": "a0", "slots": [0]}]
+        batch.add_allocation(name, trial_id=trial_id, run_id=run_id, placement=placement, now=now)
+    batch.set_allocation("killed", stopping="kill_trial")  # merged into its insert
+    store.apply(batch)
+    stops = {a.id: a.stopping for a in store.active_allocations()}
+    assert stops == {"killed": "kill_trial", "plain": None}
+    batch = WriteBatch()
+    batch.set_allocation("plain", stopping="preempt")  # an update of a committed row
+    store.apply(batch)
+    assert {a.id: a.stopping for a in store.active_allocations()} == {
+        "killed": "kill_trial",
+        "plain": "preempt",
+    }
+    engine = store.engine
+    _downgrade(engine, "0011")
+    assert current_revision(engine) == "0011"
+    with engine.connect() as c:
+        columns = {col["name"] for col in sa_inspect(c).get_columns("allocations")}
+        assert "stopping" not in columns
+        kept = c.execute(text("SELECT id, trial_id FROM allocations ORDER BY id")).all()
+    assert [tuple(r) for r in kept] == [("killed", trial_id), ("plain", trial_id)]
+    with engine.begin() as c:  # written by a release before 0012
+        c.execute(
+            text(
+                "INSERT INTO allocations (id, trial_id, run_id, state, placement, created_at) "
+                "VALUES ('old', :t, :r, 'ASSIGNED', '[]', CURRENT_TIMESTAMP)"
+            ),
+            {"t": trial_id, "r": run_id},
+        )
+    assert migrate(engine) == head_revision()
+    stops = {a.id: a.stopping for a in store.active_allocations()}
+    assert stops == {"killed": None, "old": None, "plain": None}  # the kind went with 0011
     store.close()

@@ -35,7 +35,7 @@ from assay.master._submission import PreparedExperiment, new_record
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master._trial_logs import LogKeeper
 from assay.master.errors import ConflictError, InvalidArgumentError
-from assay.master.lifecycle import ExperimentStatus, Run
+from assay.master.lifecycle import RELEASED, ExperimentStatus, Run
 from assay.master.lifecycle import _effects as fx
 from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import experiment as experiment_life
@@ -414,6 +414,8 @@ class Master:
         """
         with self.lock:
             answer = trial_life.next_target(run, self.trials.get(run.trial_id))
+            if answer is None and not run.released and run.stopping is None:
+                self.batch.set_allocation(run.allocation_id, stopping=RELEASED)  # restart-proof
             run.released = answer is None
             ticket = self.commit.ticket()
         self.commit.wait(ticket)  # answer only what is durable

@@ -73,6 +73,11 @@ CONTINUE_EDGES: frozenset[tuple[str, str]] = frozenset(
 # "kill_trial": a user killed that one trial (`assay trial kill`); the others go on.
 StopKind = Literal["pause", "cancel", "kill", "preempt", "kill_trial"]
 # The stop a restarted master finishes for a run of an experiment in each state.
+# What the store's `allocations.stopping` holds for a run the master told "no more" (its
+# trial reached its target; its processes may exit 0) while no stop was under way: a
+# restarted master knows that run's exit 0 for a finished step, not a failure.
+RELEASED = "released"
+
 STOP_OF_EXPERIMENT: Mapping[ExperimentStatus, StopKind] = {
     E.PAUSED: "pause",
     E.STOPPING_CANCELED: "cancel",

@@ -126,28 +126,13 @@ def run_end(
         exit_codes=tuple(c for codes in run.exit_codes.values() for c in codes),
         stopping=run.stopping,
         lost=run.lost,
-        released=run.released or _released_before_a_restart(run, trial, is_script=is_script),
+        released=run.released,
         closed=trial.closed,
         target=trial.target,
         restarts=trial.restarts,
         experiment_active=experiment_state == ExperimentStatus.ACTIVE,
         is_script=is_script,
         max_restarts=max_restarts,
-    )
-
-
-def _released_before_a_restart(run: Run, trial: TrialState, *, is_script: bool) -> bool:
-    """Whether a run a restarted master took over had been told "no more" by the master
-    before it (`Run.released` lives in memory only): the harness asks only once it has
-    validated and checkpointed at its target, so it stopped where its trial last
-    checkpointed. A target the searcher set since (a promotion, pbt's next round) would
-    otherwise make its exit 0 count as a failed run: a restart the user never caused.
-    A script decides its own end (`SCRIPT_DONE`), so it is left out."""
-    return (
-        run.deadline > 0  # found running by a restarted master (`trial.awaited_run`)
-        and not is_script
-        and trial.checkpoint is not None
-        and trial.checkpoint.total_batches == trial.total_batches
     )
 
 

@@ -18,6 +18,7 @@ from assay.master.lifecycle._effects import (
     Tell,
 )
 from assay.master.lifecycle._model import (
+    RELEASED,
     STOP_OF_EXPERIMENT,
     ExperimentState,
     ExperimentStatus,
@@ -111,9 +112,13 @@ def awaited_run(
 
     `stopping` is the kind of stop the store recorded for the run when it was asked to
     stop: that stop goes on (a user's `trial kill` stays a kill). A row written before
-    the store kept it has none: the stop is then inferred from the experiment's state."""
+    the store kept it has none: the stop is then inferred from the experiment's state.
+    `RELEASED` there says the master had told the run "no more": its exit 0 ends a step
+    (a promotion or a pbt round may have set the trial's next target since), not a run
+    that failed."""
     if trial.run_id != run_id or trial.state not in (T.RUNNING, T.STOPPING):
         return None
+    stop = _stored_stop(stopping) or _inferred_stop(trial, experiment)
     return Run(
         allocation_id,
         trial.id,
@@ -121,9 +126,10 @@ def awaited_run(
         trial.experiment_id,
         placement,
         token,
-        stopping=_stored_stop(stopping) or _inferred_stop(trial, experiment),
+        stopping=stop,
         awaiting={agent_id for agent_id, _ in placement},
         deadline=deadline,
+        released=stopping == RELEASED and stop is None,  # a stop decides the end first
     )
 
 

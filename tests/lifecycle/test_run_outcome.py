@@ -182,22 +182,20 @@ def test_a_killed_trial_ends_canceled_and_its_searcher_sees_it_exit() -> None:
     assert isinstance(effects[-1], fx.Settle)
 
 
-def _end_after_a_restart(run: Run, trial: TrialState, *, is_script: bool = False) -> Outcome:
-    end = run_end(run, trial, ExperimentStatus.ACTIVE, is_script=is_script, max_restarts=5)
-    return run_outcome(end)
-
-
 def test_a_run_released_before_a_master_restart_is_promoted_not_failed() -> None:
-    # The harness validated and checkpointed at 100, the master answered "no more" and
-    # died; the searcher had set the next target (200) before it did. The restarted
-    # master took the run over (its deadline) and sees it exit 0 where it checkpointed.
+    # The harness validated and checkpointed at 100, the master answered "no more" (and
+    # stored that) and died; the searcher set the next target (200) before it did. The
+    # restarted master takes the run over as the store says and sees it exit 0.
     at_100 = _trial(total_batches=100, checkpoint=Restore("u", 100, "/c/u"), target=200)
+    active = ExperimentStatus.ACTIVE
+
+    def end(run: Run, *, is_script: bool = False) -> Outcome:
+        return run_outcome(run_end(run, at_100, active, is_script=is_script, max_restarts=5))
+
+    released = _run(exit_codes={"a0": [0]}, deadline=5.0, released=True)
+    assert end(released) is Outcome.PROMOTED
+    # Not told "no more": an exit 0 short of the target is user code stopping short (a
+    # failed run), even where its trial last checkpointed; a script decides its own end.
     taken_over = _run(exit_codes={"a0": [0]}, deadline=5.0)
-    assert _end_after_a_restart(taken_over, at_100) is Outcome.PROMOTED
-    # A script decides its own end; a run the same master started was never released
-    # unless it says so; an exit 0 past the last checkpoint is user code stopping short.
-    assert _end_after_a_restart(taken_over, at_100, is_script=True) is Outcome.SCRIPT_DONE
-    assert _end_after_a_restart(_run(exit_codes={"a0": [0]}), at_100) is Outcome.RESTART
-    past = _trial(total_batches=130, checkpoint=Restore("u", 100, "/c/u"), target=200)
-    assert _end_after_a_restart(taken_over, past) is Outcome.RESTART
-    assert _end_after_a_restart(taken_over, _trial(total_batches=100)) is Outcome.RESTART
+    assert end(taken_over) is Outcome.RESTART
+    assert end(taken_over, is_script=True) is Outcome.SCRIPT_DONE

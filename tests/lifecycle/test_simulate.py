@@ -111,7 +111,7 @@ def _trial(experiment_id: int = 1, state: str = "RUNNING", **fields: Any) -> Tri
 
 
 def _run(allocation_id: str, *placement: tuple[str, tuple[int, ...]]) -> RunView:
-    return RunView(allocation_id, 1, placement, frozenset(), frozenset(), None)
+    return RunView(allocation_id, 1, placement, frozenset(), frozenset(), None, False)
 
 
 @pytest.fixture

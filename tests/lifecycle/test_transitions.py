@@ -13,6 +13,7 @@ from assay.master.errors import ConflictError
 from assay.master.lifecycle import (
     CONTINUE_EDGES,
     EXPERIMENT_EDGES,
+    RELEASED,
     TERMINAL_EXPERIMENT,
     TERMINAL_TRIAL,
     TRIAL_EDGES,
@@ -500,3 +501,17 @@ def test_continue_refuses_an_experiment_of_several_trials() -> None:
     _trial(experiment, 2, T.COMPLETED, checkpoint=Restore("c2", 4, "/c"))
     with pytest.raises(ConflictError, match="has 2 trials: continue applies to a single-trial"):
         experiment_life.continue_trial(experiment, experiment.trials[1], 8)
+
+
+def test_a_run_told_no_more_before_a_restart_is_still_released() -> None:
+    experiment = _experiment()
+    trial = _trial(experiment, 1, T.RUNNING, run_id=1)
+    run = _awaited(experiment, trial, RELEASED)
+    assert run is not None
+    assert (run.released, run.stopping) == (True, None)
+    assert _awaited(experiment, trial, None).released is False  # type: ignore[union-attr]
+    # A stop under way decides the end first: the run is that stop's, not released.
+    experiment.state = E.PAUSED
+    paused = _awaited(experiment, trial, RELEASED)
+    assert paused is not None
+    assert (paused.released, paused.stopping) == (False, "pause")

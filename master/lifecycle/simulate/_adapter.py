@@ -256,6 +256,7 @@ class MasterAdapter:
                     frozenset(r.exit_codes),
                     frozenset(r.awaiting),
                     r.stopping,
+                    r.released and r.stopping is None,
                 )
                 for r in m.runs.values()
             }

@@ -192,9 +192,11 @@ def check_restart(old: Snapshot, new: Snapshot, *, keep_runs: bool) -> None:
             if state in ("RUNNING", "STOPPING"):
                 run, mine_run = old.runs[trial_id], new.runs.get(trial_id)
                 awaiting = frozenset(a for a, _ in run.placement)
-                # The experiment's stop, else a preemption under way goes on.
+                # The experiment's stop, else a preemption under way goes on; a run told
+                # "no more" stays so (the store keeps both).
                 stop = _STOP_AFTER_RESTART.get(experiment.state, run.stopping)
-                if mine_run != replace(run, gone=frozenset(), awaiting=awaiting, stopping=stop):
+                expected = replace(run, gone=frozenset(), awaiting=awaiting, stopping=stop)
+                if mine_run != replace(expected, released=run.released and stop is None):
                     raise InvariantError(f"run of trial {trial_id} was {run}, restored {mine_run}")
     if set(new.experiments) != expected_live:
         raise InvariantError(

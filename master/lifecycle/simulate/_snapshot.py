@@ -106,6 +106,7 @@ class RunView:
     gone: frozenset[str]  # agents whose part is over (reported, or given up on)
     awaiting: frozenset[str]  # agents a restarted master waits to confirm their part
     stopping: str | None
+    released: bool  # told "no more" with no stop under way (a stop decides the end first)
 
 
 @dataclass(frozen=True)

@@ -62,12 +62,20 @@ every live trial trains at once, the first to finish reports first) with at most
     `pip install -e '.[bench-peers]'`; without Ray they are skipped, with a line saying
     so (HpBandSter proposes in about 0.2 s on a loaded 2-core machine, so Ray's rows take
     about a minute per seed and problem). `--quick` leaves (e) out.
+    Each method is also scored by the noise-free final loss of the trial it would hand
+    over (the one with its lowest full-length result; `Run.chosen_truth`), paired the same
+    way and reported beside the targets: the lowest of noisy results falls with every extra
+    full-length result even when the trials are no better, and at this budget the methods
+    get a median of 2 (our asha) to 6 (Ray's ASHA) of them.
 
 --quick keeps every row's statistic with fewer seeds (QUICK_SEEDS: 5 for (a) and (b), 1
 for (c), 8 for (d)), times bohb's proposals at 1,000 results only, and takes about 20 s of
 CPU in two processes (the second runs (c) and, in --quick, 2 of (b)'s seeds).
 
-    python bench/search_quality.py [--quick] [--seeds N]
+    python bench/search_quality.py [--quick] [--seeds N] [--first-seed S] [--only-e]
+
+`--first-seed S` runs seeds S to S + N - 1 (holdout seeds: `--first-seed 20`); `--only-e`
+runs row (e) alone.
 
 Human-readable lines first; the last line printed is one JSON object.
 """
@@ -81,9 +89,9 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from assay.config import (
@@ -130,8 +138,19 @@ SPACE: dict[str, HParam] = {
 _OPTIMIZER_PENALTY = {"adam": 0.0, "rmsprop": 0.03, "sgd": 0.08}
 
 
+def _noise(batches: int, trial_seed: int) -> float:
+    """The noise of a result: Gaussian, fixed per trial and length, larger early on."""
+    noise = random.Random(trial_seed * 1_000_003 + batches).gauss(0.0, 0.01)
+    return float(noise * (1 + 3 * batches**-0.5))
+
+
 def loss(hparams: Mapping[str, Any], batches: int, trial_seed: int) -> float:
     """The simulated validation loss of a trial after `batches` batches."""
+    return float(loss_mean(hparams, batches) + _noise(batches, trial_seed))
+
+
+def loss_mean(hparams: Mapping[str, Any], batches: int) -> float:
+    """`loss` without its noise: what the trial's model is worth."""
     x = math.log10(hparams["lr"]) + 2.5  # 0 at the best learning rate
     limit = (
         0.08
@@ -141,8 +160,7 @@ def loss(hparams: Mapping[str, Any], batches: int, trial_seed: int) -> float:
         + 0.1 * (hparams["dropout"] - 0.2) ** 2
     )
     rate = min(max(0.8 + 0.1 * x, 0.5), 1.1)  # a higher lr learns faster early on
-    noise = random.Random(trial_seed * 1_000_003 + batches).gauss(0.0, 0.01)
-    return float(limit + (1 + batches / 5) ** -rate + noise * (1 + 3 * batches**-0.5))
+    return float(limit + (1 + batches / 5) ** -rate)
 
 
 HARD_SPACE: dict[str, HParam] = {
@@ -164,6 +182,11 @@ _HARD_PENALTY = {"sgd": 0.0, "adam": 0.0, "rmsprop": 0.02, "adagrad": 0.05}
 
 def hard_loss(hparams: Mapping[str, Any], batches: int, trial_seed: int) -> float:
     """`loss` on a space of 10 searched hyperparameters with interactions (module doc)."""
+    return float(hard_loss_mean(hparams, batches) + _noise(batches, trial_seed))
+
+
+def hard_loss_mean(hparams: Mapping[str, Any], batches: int) -> float:
+    """`hard_loss` without its noise."""
     bn = hparams["batch_norm"]
     opt = hparams["optimizer"]
     x = math.log10(hparams["lr"]) - _BEST_LR[opt] - (0.5 if bn else 0.0)
@@ -180,8 +203,7 @@ def hard_loss(hparams: Mapping[str, Any], batches: int, trial_seed: int) -> floa
         + 0.004 * depth * depth
     )
     rate = min(max(0.8 + 0.1 * x + (0.1 if bn else 0.0), 0.5), 1.2)
-    noise = random.Random(trial_seed * 1_000_003 + batches).gauss(0.0, 0.01)
-    return float(limit + (1 + batches / 5) ** -rate + noise * (1 + 3 * batches**-0.5))
+    return float(limit + (1 + batches / 5) ** -rate)
 
 
 @dataclass(frozen=True)
@@ -189,9 +211,26 @@ class Problem:
     name: str
     space: Mapping[str, HParam]
     loss: Any  # (hparams, batches, trial seed) -> loss
+    mean: Any = None  # (hparams, batches) -> the loss without its noise, if known
+
+    def recorded(self) -> tuple[Problem, list[float]]:
+        """This problem, whose every result also appends its noise-free loss to the list
+        (empty if `mean` is unknown): one entry per result, in the order of a run's trace."""
+        truths: list[float] = []
+        if self.mean is None:
+            return self, truths
+
+        def objective(hparams: Mapping[str, Any], batches: int, trial_seed: int) -> float:
+            truths.append(self.mean(hparams, batches))
+            return float(self.loss(hparams, batches, trial_seed))
+
+        return Problem(self.name, self.space, objective, self.mean), truths
 
 
-PROBLEMS = (Problem("today", SPACE, loss), Problem("hard", HARD_SPACE, hard_loss))
+PROBLEMS = (
+    Problem("today", SPACE, loss, loss_mean),
+    Problem("hard", HARD_SPACE, hard_loss, hard_loss_mean),
+)
 
 
 def searcher_config(name: str, trials: int, sampler: str = "random") -> SearcherConfig:
@@ -211,13 +250,26 @@ class Run:
     best: float  # best final (full-length) loss
     batches: int  # batches trained in all
     trace: list[tuple[int, float, int]]  # (batches so far, loss, length)
+    # the noise-free loss of each result of `trace` (empty when the problem has none)
+    truths: list[float] = field(default_factory=list)
 
     def capped(self, budget: int) -> Run:
         """The same run stopped at `budget` batches: only the results whose batches so far
         (all trials together) are within it; `batches` is what those used."""
         kept = [entry for entry in self.trace if entry[0] <= budget]
         finals = [value for _, value, length in kept if length == MAX_LENGTH]
-        return Run(min(finals, default=math.inf), kept[-1][0] if kept else 0, kept)
+        truths = self.truths[: len(kept)]
+        return Run(min(finals, default=math.inf), kept[-1][0] if kept else 0, kept, truths)
+
+    def chosen_truth(self) -> float:
+        """The noise-free final loss of the trial the run would hand over: the one with the
+        lowest full-length result (the earliest on a tie); inf if none. `best` is the lowest
+        of noisy results, so it falls with every extra full-length result, even when the
+        trials are no better; this does not."""
+        if len(self.truths) != len(self.trace):
+            raise ValueError(f"{len(self.truths)} noise-free losses for {len(self.trace)} results")
+        finals = [(v, i) for i, (_, v, n) in enumerate(self.trace) if n == MAX_LENGTH]
+        return self.truths[min(finals)[1]] if finals else math.inf
 
     def trials(self) -> int:
         """Trials started: results at the bottom rung."""
@@ -243,12 +295,13 @@ def run_ours(
 def run_ours_capped(sampler: str, problem: Problem, seed: int, budget: int) -> Run:
     """Our asha with `sampler`, launching trials (up to MAX_TRIALS) until `budget` batches
     are spent, then `Run.capped` at it: the first result past the budget stops the run."""
+    problem, truths = problem.recorded()
     searcher = make_searcher(searcher_config("asha", MAX_TRIALS, sampler), problem.space, seed)
     master = SimulatedMaster(searcher, problem.loss, max_live=CONCURRENT)
     master.start()
     while master.result.batches <= budget and master.step():
         pass
-    return Run(math.inf, master.result.batches, master.result.trace).capped(budget)
+    return Run(math.inf, master.result.batches, master.result.trace, truths).capped(budget)
 
 
 def _optuna_params(trial: Any, space: Mapping[str, HParam]) -> dict[str, Any]:
@@ -289,6 +342,7 @@ def run_optuna(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    problem, truths = problem.recorded()
     if kind == "sha":
         sampler: Any = optuna.samplers.RandomSampler(seed=seed)
         pruner: Any = optuna.pruners.SuccessiveHalvingPruner(
@@ -339,7 +393,7 @@ def run_optuna(
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         if trained < budget:
             launch(now)
-    return Run(best, trained, trace)
+    return Run(best, trained, trace, truths)
 
 
 def optuna_runs(seeds: list[int]) -> list[Run]:
@@ -576,6 +630,7 @@ def run_ray(
     searcher.suggest() when it has none to run."""
     import heapq
 
+    problem, truths = problem.recorded()
     rng = random.Random(seed)
     ctrl = _RayController(scheduler, searcher)
     queue: list[tuple[int, int, int, _RayTrial]] = []  # (time done, tie, generation, trial)
@@ -638,7 +693,7 @@ def run_ray(
         else:
             start(trial)
         fill()
-    return Run(best, trained, trace)
+    return Run(best, trained, trace, truths)
 
 
 def ray_peers(problem: Problem, seeds: list[int], budget: int) -> dict[str, list[Run]] | str:
@@ -728,16 +783,24 @@ def equal_budget(
         bests = [r.best for r in method_runs]
         row[name] = {
             "median_best": median(bests),
+            "median_chosen_true": median([r.chosen_truth() for r in method_runs]),
+            "full_length_results": median(
+                [float(sum(n == MAX_LENGTH for _, _, n in r.trace)) for r in method_runs]
+            ),
             "budget_used": budget_used(method_runs),
             "trials": median([float(r.trials()) for r in method_runs]),
             "no_final_result": sum(not math.isfinite(b) for b in bests),
         }
-    ours = {name: [r.best for r in runs[name]] for name in OURS}
-    row["asha_bohb"]["vs_asha"] = paired_stats(ours["asha_bohb"], ours["asha"])
-    for name in runs.keys() - OURS.keys():
-        theirs = [r.best for r in runs[name]]
-        row[name]["vs_asha"] = paired_stats(ours["asha"], theirs)
-        row[name]["vs_asha_bohb"] = paired_stats(ours["asha_bohb"], theirs)
+    # vs_*: by the best full-length result; true_vs_*: by the noise-free loss of the
+    # trial each would hand over (`Run.chosen_truth`), paired the same way.
+    scores: dict[str, Callable[[Run], float]] = {"": lambda r: r.best, "true_": Run.chosen_truth}
+    for prefix, score in scores.items():
+        ours = {name: [score(r) for r in runs[name]] for name in OURS}
+        row["asha_bohb"][f"{prefix}vs_asha"] = paired_stats(ours["asha_bohb"], ours["asha"])
+        for name in runs.keys() - OURS.keys():
+            theirs = [score(r) for r in runs[name]]
+            row[name][f"{prefix}vs_asha"] = paired_stats(ours["asha"], theirs)
+            row[name][f"{prefix}vs_asha_bohb"] = paired_stats(ours["asha_bohb"], theirs)
     return row, ray if isinstance(ray, str) else None
 
 
@@ -762,16 +825,82 @@ def _paired_line(stats: Mapping[str, Any], who: str) -> str:
     )
 
 
+def peer_rows(seeds: list[int]) -> dict[str, Any]:
+    """(e) on both problems for `seeds`, printed as it goes; its part of the JSON."""
+    t_peers = time.perf_counter()
+    peers: dict[str, Any] = {"budget": PEER_BUDGET}
+    ray_skipped: str | None = None
+    for problem in PROBLEMS:
+        row, ray_skipped = equal_budget(problem, seeds, PEER_BUDGET, OPTUNA_PEERS)
+        peers[problem.name] = row
+        print(
+            f"(e) {problem.name}, seeds {seeds[0]} to {seeds[-1]}, at most "
+            f"{PEER_BUDGET:,} batches each (median used, least-most; median trials):"
+        )
+        for name, label in {**OURS, **PEERS}.items():
+            if name not in row:
+                continue
+            r, used = row[name], row[name]["budget_used"]
+            print(
+                f"    {label}: median best {r['median_best']:.4f}, noise-free loss of the "
+                f"trial it picks {r['median_chosen_true']:.4f}, used {used['median']:,.0f} "
+                f"({used['min']:,.0f}-{used['max']:,.0f}), {r['trials']:.0f} trials, "
+                f"{r['full_length_results']:.1f} full-length results"
+                + (
+                    f", no full-length result in {r['no_final_result']}"
+                    if r["no_final_result"]
+                    else ""
+                )
+            )
+            for prefix, what in (("", "best"), ("true_", "noise-free")):
+                for vs, ours_label in (("vs_asha", "asha"), ("vs_asha_bohb", "asha + bohb")):
+                    if prefix + vs in r and name != "asha_bohb":
+                        print(
+                            f"      {what}: it - our {ours_label}: "
+                            + _paired_line(r[prefix + vs], "ours")
+                        )
+                if name == "asha_bohb":
+                    print(
+                        f"      {what}: our asha - it: " + _paired_line(r[prefix + "vs_asha"], "it")
+                    )
+    if ray_skipped:
+        print(ray_skipped)
+        peers["ray_skipped"] = ray_skipped
+    passed = all(equal_budget_passed(peers[p.name]) for p in PROBLEMS)
+    peers["passed"] = passed
+    peers["seconds"] = round(time.perf_counter() - t_peers, 1)
+    print(
+        f"(e) targets (our asha >= each ASHA-type peer; our asha + bohb better than every "
+        f"peer, on both problems, by the best full-length result): "
+        f"{'met' if passed else 'not met'}"
+    )
+    return peers
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer seeds, no (e) (< 1 min)")
     parser.add_argument(
         "--seeds", type=int, default=None, help="seeds for every row (default 20; --quick: fewer)"
     )
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="the first seed of every row (default 0)"
+    )
+    parser.add_argument(
+        "--only-e", action="store_true", help="row (e) alone: equal budget, with the peers"
+    )
     args = parser.parse_args(argv)
     counts = QUICK_SEEDS if args.quick else FULL_SEEDS
-    seeds = {row: list(range(args.seeds or n)) for row, n in counts.items()}
+    first = args.first_seed
+    seeds = {row: list(range(first, first + (args.seeds or n))) for row, n in counts.items()}
     t0 = time.perf_counter()
+    if args.only_e:
+        only_e = peer_rows(seeds["e"])
+        elapsed = time.perf_counter() - t0
+        print(f"passed={only_e['passed']} in {elapsed:.1f} s")
+        only = {"benchmark": "search_quality", "only": "e", "peers": only_e}
+        print(json.dumps(_finite({**only, "seconds": round(elapsed, 1)}), allow_nan=False))
+        return 0
     # (c) is the slowest row in CPU: it runs in a second process while this one does the
     # others (the machine has 2 cores), and prints after them.
     # The second process takes (c), the slowest row, and in --quick the last QUICK_B_AWAY of
@@ -819,50 +948,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{b['random_sampler_median_best']:.4f}; per seed random - bohb: "
             + _paired_line(b, "bohb")
         )
-    t_peers = time.perf_counter()
     peers: dict[str, Any] = {}
     peers_passed: bool | None = None
     if args.quick:
         peers = {"skipped": "(e) equal budget and peers are left out of --quick"}
         print(peers["skipped"])
     else:
-        peers["budget"] = PEER_BUDGET
-        ray_skipped: str | None = None
-        for problem in PROBLEMS:
-            row, ray_skipped = equal_budget(problem, seeds["e"], PEER_BUDGET, OPTUNA_PEERS)
-            peers[problem.name] = row
-            print(
-                f"(e) {problem.name}, seeds {seeds['e'][0]} to {seeds['e'][-1]}, at most "
-                f"{PEER_BUDGET:,} batches each (median used, least-most; median trials):"
-            )
-            for name, label in {**OURS, **PEERS}.items():
-                if name not in row:
-                    continue
-                r, used = row[name], row[name]["budget_used"]
-                print(
-                    f"    {label}: median best {r['median_best']:.4f}, used {used['median']:,.0f} "
-                    f"({used['min']:,.0f}-{used['max']:,.0f}), {r['trials']:.0f} trials"
-                    + (
-                        f", no full-length result in {r['no_final_result']}"
-                        if r["no_final_result"]
-                        else ""
-                    )
-                )
-                for vs, ours_label in (("vs_asha", "asha"), ("vs_asha_bohb", "asha + bohb")):
-                    if vs in r and name != "asha_bohb":
-                        print(f"      it - our {ours_label}: " + _paired_line(r[vs], "ours"))
-                if name == "asha_bohb":
-                    print("      our asha - it: " + _paired_line(r["vs_asha"], "it"))
-        if ray_skipped:
-            print(ray_skipped)
-            peers["ray_skipped"] = ray_skipped
-        peers_passed = all(equal_budget_passed(peers[p.name]) for p in PROBLEMS)
-        peers["passed"] = peers_passed
-        peers["seconds"] = round(time.perf_counter() - t_peers, 1)
-        print(
-            f"(e) targets (our asha >= each ASHA-type peer; our asha + bohb better than every "
-            f"peer, on both problems): {'met' if peers_passed else 'not met'}"
-        )
+        peers = peer_rows(seeds["e"])
+        peers_passed = peers["passed"]
 
     tpes, smalls = tpe_row.result()
     worker.shutdown()

@@ -161,6 +161,62 @@ def test_capped_keeps_the_results_within_the_budget(sq: ModuleType) -> None:
     assert sq.Run(0.1, 10, [(10, 0.1, 3), (20, 0.2, 15)]).trials() == 1
 
 
+def test_the_picked_trial_is_scored_by_its_noise_free_loss(sq: ModuleType) -> None:
+    trace = [(1000, 0.09, 1000), (1500, 0.01, 62), (2600, 0.08, 1000), (3600, 0.07, 1000)]
+    run = sq.Run(0.07, 3600, trace, [0.10, 0.02, 0.11, 0.12])
+    # The lowest noisy result is the trial handed over, though another was truly better.
+    assert run.chosen_truth() == 0.12
+    capped = run.capped(3000)
+    assert capped.truths == [0.10, 0.02, 0.11]
+    assert (capped.best, capped.chosen_truth()) == (0.08, 0.11)
+    assert run.capped(999).chosen_truth() == math.inf  # no full-length result
+    tie = sq.Run(0.05, 2000, [(1000, 0.05, 1000), (2000, 0.05, 1000)], [0.2, 0.1])
+    assert tie.chosen_truth() == 0.2  # the earlier of equal results
+    with pytest.raises(ValueError, match="2 noise-free losses for 1 results"):
+        sq.Run(0.05, 1000, [(1000, 0.05, 1000)], [0.1, 0.2]).chosen_truth()
+
+
+def test_a_problems_loss_is_its_noise_free_loss_plus_noise(sq: ModuleType) -> None:
+    for problem in sq.PROBLEMS:
+        recorded, truths = problem.recorded()
+        hparams = next(iter(_draws(problem.space, 1)))
+        for i, length in enumerate(RUNGS):
+            value = recorded.loss(hparams, length, 11)
+            assert value == problem.loss(hparams, length, 11)
+            assert truths[i] == problem.mean(hparams, length)
+            assert abs(value - truths[i]) < 0.2  # noise of sd 0.01 (0.04 at 3 batches)
+        assert len({problem.loss(hparams, 1000, s) for s in range(5)}) == 5
+    plain = sq.Problem("flat", {}, lambda h, batches, seed: 1.0 / batches)
+    assert plain.recorded() == (plain, [])  # no noise-free loss known: none recorded
+
+
+def _draws(space: Any, n: int) -> list[dict[str, Any]]:
+    from assay.master.searcher._samplers import RandomSampler
+
+    sampler = RandomSampler(space, 0)
+    return [sampler.propose(i, f"t{i}") for i in range(n)]
+
+
+def test_every_method_records_one_noise_free_loss_per_result(sq: ModuleType) -> None:
+    """The noise-free loss of each result lines up with the run's trace: here it is
+    1 / length and the noisy one adds the trial's seed, so a shifted list shows."""
+    problem = sq.Problem(
+        "shifted",
+        sq.SPACE,
+        lambda h, batches, seed: 1.0 / batches + (seed % 97) / 1000,
+        lambda h, batches: 1.0 / batches,
+    )
+    runs = [sq.run_ours_capped(sampler, problem, 2, 3_000) for sampler in ("random", "bohb")]
+    if importlib.util.find_spec("optuna"):
+        runs += [sq.run_optuna(2, 3_000, problem, kind, 4) for kind in sq.OPTUNA_PEERS]
+    runs.append(sq.run_ray(_Scheduler(), _Searcher(), problem, 7, 3_000, {"c": 1}))
+    for run in runs:
+        assert len(run.truths) == len(run.trace) > 0
+        assert run.truths == [1.0 / length for _, _, length in run.trace]
+        assert any(v != 1.0 / length for _, v, length in run.trace)  # the seeds show
+        assert run.chosen_truth() in (math.inf, 1.0 / 1000)
+
+
 def test_our_asha_stops_launching_at_the_budget(sq: ModuleType) -> None:
     problem = sq.PROBLEMS[1]
     short, long = (sq.run_ours_capped("random", problem, 3, b) for b in (2_000, 6_000))
@@ -228,9 +284,17 @@ def test_without_ray_every_other_method_gets_the_same_budget(
         used = row[name]["budget_used"]
         assert budget - sq.MAX_LENGTH < used["min"] <= used["median"] <= used["max"] <= budget
         assert row[name]["trials"] >= 1
-    assert row["asha_bohb"]["vs_asha"]["seeds"] == 3
+    assert row["asha_bohb"]["vs_asha"]["seeds"] == row["asha_bohb"]["true_vs_asha"]["seeds"] == 3
     for name in methods[2:]:
-        assert row[name]["vs_asha"]["seeds"] == row[name]["vs_asha_bohb"]["seeds"] == 3
+        for prefix in ("", "true_"):
+            assert row[name][f"{prefix}vs_asha"]["seeds"] == 3
+            assert row[name][f"{prefix}vs_asha_bohb"]["seeds"] == 3
+    for name in methods:
+        # The trial each picks is scored in the seeds where it has a full-length result.
+        chosen, best = row[name]["median_chosen_true"], row[name]["median_best"]
+        assert chosen > 0.0
+        assert math.isfinite(chosen) == math.isfinite(best)
+        assert (row[name]["full_length_results"] > 0) == math.isfinite(best)
     assert "ray_asha" not in row
     assert isinstance(sq.equal_budget_passed(row), bool)
 

@@ -272,7 +272,8 @@ class Allocation(Base):
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     # The kind of stop under way for the run ("pause", "cancel", "kill", "preempt",
     # "kill_trial"), written with its trial's STOPPING state so that a restarted master
-    # finishes that stop. NULL: none, or a row written before revision 0012.
+    # finishes that stop; or "released": the master told the run "no more" (its exit 0
+    # ends a step). NULL: none, or a row written before revision 0012.
     stopping: Mapped[str | None] = mapped_column(String(16))
 
 

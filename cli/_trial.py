@@ -161,7 +161,7 @@ def kill_command(trial_id: int) -> None:
     """Kill one trial of an active or paused experiment, without checkpointing.
 
     The trial ends CANCELED and its searcher sees it exit; the experiment goes on with
-    its other trials.
+    its other trials (an experiment whose every trial was killed ends CANCELED).
     """
     result = client().kill_trial(trial_id)
     state = fmt.trial_state(result.state)

@@ -47,7 +47,10 @@ LIVE_EXPERIMENT = (E.ACTIVE, E.PAUSED, E.STOPPING_CANCELED, E.STOPPING_KILLED)
 # out of an ended state are `experiment continue`'s alone (`CONTINUE_EDGES`): nothing
 # else brings an ended experiment or trial back.
 EXPERIMENT_EDGES: Mapping[ExperimentStatus, frozenset[ExperimentStatus]] = {
-    E.ACTIVE: frozenset({E.PAUSED, E.STOPPING_CANCELED, E.STOPPING_KILLED, E.COMPLETED, E.ERROR}),
+    # ACTIVE -> CANCELED: a search whose every trial a user killed (`trial kill`).
+    E.ACTIVE: frozenset(
+        {E.PAUSED, E.STOPPING_CANCELED, E.STOPPING_KILLED, E.COMPLETED, E.CANCELED, E.ERROR}
+    ),
     E.PAUSED: frozenset({E.ACTIVE, E.STOPPING_CANCELED, E.STOPPING_KILLED}),
     E.STOPPING_CANCELED: frozenset({E.STOPPING_KILLED, E.CANCELED}),
     E.STOPPING_KILLED: frozenset({E.CANCELED}),

@@ -232,6 +232,15 @@ def apply_operation(
     return []
 
 
+def _end_of_search(states: Collection[TrialStatus]) -> ExperimentStatus:
+    """How an experiment whose search is over ends, by its trials' ends: COMPLETED when
+    one completed; CANCELED when a user killed every one (`trial kill`: nothing failed,
+    as when the experiment itself is killed); ERROR when none completed and one failed."""
+    if T.COMPLETED in states:
+        return E.COMPLETED
+    return E.CANCELED if states and set(states) <= {T.CANCELED} else E.ERROR
+
+
 def settle(
     experiment: ExperimentState, queued: Collection[int], now: dt.datetime
 ) -> tuple[list[Effect], str | None]:
@@ -253,7 +262,7 @@ def settle(
             # Every trial has ended and the searcher asks for nothing more, yet has not
             # said it is done: end here rather than wait for ever.
             problem = f"experiment {experiment.id}: the searcher stopped without finishing"
-        final = E.COMPLETED if T.COMPLETED in states else E.ERROR
+        final = _end_of_search(states)
     progress = 1.0 if final == E.COMPLETED else experiment.progress
     effects: list[Effect] = [
         SetExperiment(experiment.id, {"state": final, "end_time": now, "progress": progress})

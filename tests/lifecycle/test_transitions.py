@@ -218,6 +218,30 @@ def test_a_searcher_that_stops_without_finishing_ends_its_experiment_with_a_warn
     assert experiment_life.settle(experiment, {1}, NOW) == ([], None)
 
 
+@pytest.mark.parametrize(
+    ("ends", "final"),
+    [
+        ((T.CANCELED, T.CANCELED), E.CANCELED),  # a user killed every trial: as Determined
+        ((T.CANCELED, T.COMPLETED), E.COMPLETED),
+        ((T.CANCELED, T.ERROR), E.ERROR),  # none completed, one failed
+        ((T.ERROR, T.ERROR), E.ERROR),
+    ],
+)
+def test_an_experiment_ends_by_how_its_trials_ended(
+    ends: tuple[TrialStatus, ...], final: ExperimentStatus
+) -> None:
+    experiment = _experiment()
+    for trial_id, state in enumerate(ends, start=1):
+        _trial(experiment, trial_id, state)
+    experiment.shutdown = True
+    effects, problem = experiment_life.settle(experiment, set(), NOW)
+    assert problem is None
+    first = effects[0]
+    assert isinstance(first, fx.SetExperiment)
+    assert first.fields["state"] == final
+    assert final in EXPERIMENT_EDGES[E.ACTIVE]
+
+
 def test_a_paused_or_stopping_experiment() -> None:
     experiment = _experiment(E.PAUSED)
     _trial(experiment, 1, T.CANCELED)

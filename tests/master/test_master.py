@@ -187,6 +187,25 @@ def test_failures_restart_up_to_max_restarts_then_error(
     agent.close()
 
 
+def test_an_experiment_whose_every_trial_was_killed_ends_canceled(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    # As in Determined: the user stopped the search trial by trial; nothing failed.
+    agent = ScriptedAgent(master.port, "a1", slots=1)
+    eid = _create(api)
+    start = agent.next("start").start
+    killed = api.KillTrial(api_pb2.KillTrialRequest(id=start.trial_id))
+    assert killed.state == common_pb2.TRIAL_STATE_STOPPING
+    assert agent.next("kill").kill.allocation_id == start.allocation_id
+    agent.exited(start.allocation_id, [-9])
+    eventually(
+        lambda: _experiment(api, eid).experiment.state == common_pb2.EXPERIMENT_STATE_CANCELED
+    )
+    [trial] = _experiment(api, eid).trials
+    assert trial.state == common_pb2.TRIAL_STATE_CANCELED
+    agent.close()
+
+
 def test_actions_follow_the_state_table(master: MasterServer, api: api_pb2_grpc.ApiStub) -> None:
     agent = ScriptedAgent(master.port, "a1", slots=1)
     eid = _create(api)

@@ -18,6 +18,12 @@ from tests.conftest import REGRESSION_DIR, regression_config
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _interruptible() -> None:
+    """In the launcher's process: SIGINT as a terminal sends it (a test runner started in
+    the background without job control ignores SIGINT, and its children would too)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _workers_of(pid: int) -> list[int]:
     """Child processes of `pid` running an Assay worker (from /proc)."""
     found = []
@@ -65,6 +71,7 @@ def test_workers_stop_when_the_launcher_stops(tmp_path: Path, how: signal.Signal
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
+            preexec_fn=_interruptible,
         )
     try:
         deadline = time.monotonic() + 60

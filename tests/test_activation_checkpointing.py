@@ -13,6 +13,7 @@ from torch import nn
 
 from assay._activation_checkpointing import apply_activation_checkpointing
 from assay.config import parse_config
+from assay.core._distributed import release_groups_at_exit
 from assay.errors import InvalidConfigError
 
 TOL = 1e-6
@@ -137,6 +138,7 @@ def _rank(rank: int, init_file: str, strategy: str, out: str) -> None:
     torch.distributed.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
     )
+    release_groups_at_exit()  # as `assay.core` does for a script's ranks
     try:
         grads = {}
         for checkpointed in (False, True):

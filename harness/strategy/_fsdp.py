@@ -9,9 +9,7 @@ across machines (a 2-D mesh, replicate x shard).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import gc
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -37,32 +35,13 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
 from assay.config._schema import FSDPConfig, Precision
+from assay.core._distributed import release_groups_at_exit
 from assay.errors import TrainingError
 from assay.strategy._base import Ranks, ReduceOp, Strategy, indices_to_names
 from assay.strategy._ddp import all_reduce
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-_MESHES: list[DeviceMesh] = []  # the meshes made here, released at exit
-
-
-def _release_at_exit() -> None:
-    """Free the Gloo/NCCL group FSDP used before the interpreter's teardown.
-
-    A mesh keeps its process groups (`_pg_registry`), and torch's sharding caches keep the
-    mesh for the life of the process; FSDP's hooks tie a model into reference cycles that
-    keep it too. So after `destroy_process_group` the group lived on, with its worker
-    threads, into the interpreter's teardown, where it could abort a process whose work
-    was done ("terminate called without an active exception", exit status -6). At exit,
-    while the interpreter is whole, the meshes let go of their groups and a collection
-    frees the models, so the group is freed in order, as DDP's is.
-    """
-    for mesh in _MESHES:
-        registry = getattr(mesh, "_pg_registry", None)
-        if isinstance(registry, dict):
-            registry.clear()
-    _MESHES.clear()
-    gc.collect()
 
 
 class FSDPStrategy(Strategy):
@@ -108,9 +87,7 @@ class FSDPStrategy(Strategy):
                 )
             else:
                 self._mesh = init_device_mesh(kind, (self.ranks.size,))
-            if not _MESHES:
-                atexit.register(_release_at_exit)
-            _MESHES.append(self._mesh)
+            release_groups_at_exit()  # the mesh holds its groups into the teardown
         return self._mesh
 
     def wrap_model(self, model: nn.Module) -> nn.Module:

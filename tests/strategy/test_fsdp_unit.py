@@ -167,3 +167,21 @@ def test_make_strategy_resolves_auto_precision_for_the_device() -> None:
 
     assert isinstance(strategy, FSDPStrategy)
     assert strategy.precision == "off"  # what auto means on a CPU
+
+
+def test_at_exit_a_users_own_mesh_lets_go_of_its_groups() -> None:
+    """A script's ranks (`assay.core`'s context over several processes) free, at exit, the
+    groups a mesh still holds, as FSDPStrategy's do: left to the interpreter's teardown,
+    their Gloo threads could abort a finished rank (exit -6)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from assay.core import _distributed as core_distributed
+
+    core_distributed.DistributedContext(rank=0, size=2)
+    assert core_distributed._RELEASING  # registered with atexit by a context of 2 ranks
+
+    model = fully_shard(net())  # the default mesh, as a script's own `fully_shard` makes
+    mesh = next(iter(model.parameters())).device_mesh  # type: ignore[attr-defined]
+    assert mesh._pg_registry, "the mesh holds its group"
+    core_distributed._release_groups()
+    assert mesh._pg_registry == {}

@@ -131,12 +131,14 @@ def _load_full(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: P
 def _worker(phase: str, args: dict[str, Any]) -> None:
     import torch.distributed as dist
 
+    from assay.core._distributed import release_groups_at_exit
     from assay.strategy._sharded import save_sharded
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     strategy = args.get("strategy", "")
     if strategy != "single":
         dist.init_process_group("gloo")
+        release_groups_at_exit()  # as `assay.core` does for a script's ranks
     rank = dist.get_rank() if dist.is_initialized() else 0
     out = Path(args["out"])
     if phase == "first":

@@ -218,7 +218,7 @@ class Master:
                 return
         self.commit.flush()
         record = self.store.get_trial(trial_id)  # NotFoundError: none
-        raise ConflictError(f"cannot kill trial {trial_id}: it has ended ({record.state})")
+        raise experiment_life.trial_has_ended(trial_id, record.state)
 
     def continue_experiment(self, experiment_id: int, overrides: Mapping[str, Any]) -> None:
         """`experiment continue`: a finished single-trial experiment's trial resumes from

@@ -96,6 +96,11 @@ def act(
     ]
 
 
+def trial_has_ended(trial_id: int, state: str) -> ConflictError:
+    """The refusal of a kill of a trial that has ended (`state`: its terminal state)."""
+    return ConflictError(f"cannot kill trial {trial_id}: it has ended ({state})")
+
+
 def kill_trial(
     experiment: ExperimentState, trial: TrialState, run: Run | None, now: dt.datetime
 ) -> list[Effect]:
@@ -109,7 +114,7 @@ def kill_trial(
             f"{experiment.state} and stops all its trials already"
         )
     if trial.state in TERMINAL_TRIAL:
-        raise ConflictError(f"cannot kill trial {trial.id}: it has ended ({trial.state})")
+        raise trial_has_ended(trial.id, trial.state)
     if run is not None:
         if run.stopping == "kill_trial":
             return []  # being killed already

@@ -266,12 +266,7 @@ class WorkspaceQueries(StoreBase):
     ) -> tuple[WorkspaceRecord, ProjectRecord] | None:
         """Workspace `workspace` (among `visible`, if given) and its project `project`,
         without counts, from the directory; None if either is not there."""
-        snapshot = self.directory.get()
-        found = snapshot.by_name.get(workspace)
-        if found is None or (visible is not None and found.id not in visible):
-            return None
-        chosen = snapshot.projects.get((found.id, project))
-        return None if chosen is None else (found, chosen)
+        return self.directory.get().project_by_names(workspace, project, visible)
 
     def find_project(self, workspace: str | None, name: str) -> ProjectRecord:
         """The project `name` of `workspace`; without a workspace, the one project of

@@ -361,8 +361,10 @@ def run_optuna(
     study = optuna.create_study(
         study_name=f"search-quality-{kind}-{seed}", sampler=sampler, pruner=pruner
     )
-    # (time it reaches its next rung, tie, rung index, trial, its hyperparameters)
-    queue: list[tuple[int, int, int, Any, dict[str, Any]]] = []
+    # (time it reaches its next rung, tie, rung index, trial, its hyperparameters, its noise
+    # seed: drawn from the run's seed, as ours and Ray's trials draw theirs)
+    queue: list[tuple[int, int, int, Any, dict[str, Any], int]] = []
+    rng = random.Random(seed)
     trained = tie = 0
     best = math.inf
     trace: list[tuple[int, float, int]] = []
@@ -371,14 +373,15 @@ def run_optuna(
         nonlocal tie
         trial = study.ask()
         tie += 1
-        heapq.heappush(queue, (now + RUNGS[0], tie, 0, trial, _optuna_params(trial, problem.space)))
+        hparams = _optuna_params(trial, problem.space)
+        heapq.heappush(queue, (now + RUNGS[0], tie, 0, trial, hparams, rng.randrange(2**31)))
 
     for _ in range(concurrent):
         launch(0)
     while queue:
-        now, _, k, trial, hparams = heapq.heappop(queue)
+        now, _, k, trial, hparams, noise_seed = heapq.heappop(queue)
         length = RUNGS[k]
-        value = problem.loss(hparams, length, trial.number)
+        value = problem.loss(hparams, length, noise_seed)
         trained += length - (RUNGS[k - 1] if k else 0)
         trace.append((trained, value, length))
         if length == MAX_LENGTH:
@@ -388,7 +391,8 @@ def run_optuna(
             trial.report(value, length)
             if not trial.should_prune():
                 tie += 1
-                heapq.heappush(queue, (now + RUNGS[k + 1] - length, tie, k + 1, trial, hparams))
+                later = now + RUNGS[k + 1] - length
+                heapq.heappush(queue, (later, tie, k + 1, trial, hparams, noise_seed))
                 continue
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         if trained < budget:

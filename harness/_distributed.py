@@ -10,15 +10,19 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from assay.core._distributed import RankAccessors
+
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class DistributedContext:
+class DistributedContext(RankAccessors):
     """Rank and size of this process among all slots of the trial (one process per slot).
 
     `rank`/`size` span every slot; `local_rank`/`local_size` the slots on this machine;
-    `cross_rank`/`cross_size` the machines.
+    `cross_rank`/`cross_size` the machines. Determined's `get_rank()`, `get_size()`, ...
+    and the collectives of the Core API's context (`gather`, `allgather_local`, ...) are
+    here too.
     """
 
     rank: int = 0
@@ -34,10 +38,6 @@ class DistributedContext:
         from assay.core._distributed import ranks_from_env
 
         return cls(*ranks_from_env(env))
-
-    @property
-    def is_chief(self) -> bool:
-        return self.rank == 0
 
     @property
     def is_distributed(self) -> bool:

@@ -192,6 +192,50 @@ def test_context_accessors_and_errors() -> None:
     assert ctx.distributed.rank == 1
 
 
+def test_a_trials_distributed_context_answers_determineds_accessors() -> None:
+    """A Trial ported from Determined calls `context.distributed.get_rank()` and the
+    Core API's collectives; they answer as `assay.core`'s context does."""
+    from assay.core._distributed import DistributedContext as CoreContext
+
+    numbers = {"rank": 5, "size": 8, "local_rank": 1, "local_size": 4}
+    numbers |= {"cross_rank": 1, "cross_size": 2}
+    trial, core = assay.DistributedContext(**numbers), CoreContext(**numbers)
+    for name in ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size"):
+        assert getattr(trial, f"get_{name}")() == getattr(core, f"get_{name}")() == numbers[name]
+    assert (trial.is_chief, trial.is_local_chief) == (core.is_chief, core.is_local_chief)
+    assert (trial.is_chief, trial.is_local_chief) == (False, False)
+    one = assay.DistributedContext()
+    assert (one.gather("x"), one.allgather_local("x"), one.gather_local("x")) == (["x"],) * 3
+    assert one.broadcast_local("x") == "x"
+
+
+def _two_ranks(rank: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        context = assay.DistributedContext(rank=rank, size=2, local_rank=rank, local_size=2)
+        got = (
+            context.gather(rank * 10),
+            context.allgather_local(rank),
+            context.gather_local(rank),
+            context.broadcast_local(f"from {rank}"),
+        )
+        torch.save(got, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_trials_context_gathers_on_two_ranks(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "got")
+    mp.spawn(_two_ranks, args=(str(tmp_path / "init"), out), nprocs=2)
+    assert torch.load(f"{out}.0") == ([0, 10], [0, 1], [0, 1], "from 0")
+    assert torch.load(f"{out}.1") == (None, [0, 1], None, "from 0")
+
+
 def test_distributed_context_reads_torchrun_variables() -> None:
     env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
     d = assay.DistributedContext.from_env(env)

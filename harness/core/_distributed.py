@@ -119,7 +119,69 @@ def torchrun_env(
     }
 
 
-class DistributedContext:
+class RankAccessors:
+    """Determined's accessors and the collectives built on `allgather`, shared by the Core
+    API's context and a Trial's `context.distributed` (each has the six numbers and
+    `allgather`)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+    def allgather(self, obj: T) -> list[T]:
+        raise NotImplementedError
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def get_size(self) -> int:
+        return self.size
+
+    def get_local_rank(self) -> int:
+        return self.local_rank
+
+    def get_local_size(self) -> int:
+        return self.local_size
+
+    def get_cross_rank(self) -> int:
+        return self.cross_rank
+
+    def get_cross_size(self) -> int:
+        return self.cross_size
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_chief(self) -> bool:
+        return self.local_rank == 0
+
+    def gather(self, obj: T) -> list[T] | None:
+        """Every process's `obj` in rank order on the chief; None on the others."""
+        everyone = self.allgather(obj)
+        return everyone if self.rank == 0 else None
+
+    def allgather_local(self, obj: T) -> list[T]:
+        """The `obj` of every process on this machine, in local-rank order."""
+        everyone = self.allgather((self.cross_rank, self.local_rank, obj))
+        mine = sorted((lr, o) for cr, lr, o in everyone if cr == self.cross_rank)
+        return [o for _, o in mine]
+
+    def gather_local(self, obj: T) -> list[T] | None:
+        """`allgather_local` on this machine's local chief; None on the others."""
+        local = self.allgather_local(obj)
+        return local if self.local_rank == 0 else None
+
+    def broadcast_local(self, obj: T | None = None) -> T:
+        """The `obj` of this machine's local chief, on every process of this machine."""
+        return self.allgather_local(obj)[0]  # type: ignore[return-value]
+
+
+class DistributedContext(RankAccessors):
     """Rank and size of this process among every process of the trial (one per slot).
 
     `rank`/`size` span every slot, `local_rank`/`local_size` the slots on this machine,
@@ -195,33 +257,6 @@ class DistributedContext:
                 )
         return context
 
-    # Determined's accessors.
-    def get_rank(self) -> int:
-        return self.rank
-
-    def get_size(self) -> int:
-        return self.size
-
-    def get_local_rank(self) -> int:
-        return self.local_rank
-
-    def get_local_size(self) -> int:
-        return self.local_size
-
-    def get_cross_rank(self) -> int:
-        return self.cross_rank
-
-    def get_cross_size(self) -> int:
-        return self.cross_size
-
-    @property
-    def is_chief(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def is_local_chief(self) -> bool:
-        return self.local_rank == 0
-
     # --- collectives (every process must call them, in the same order) -----------------
 
     def allgather(self, obj: T) -> list[T]:
@@ -234,11 +269,6 @@ class DistributedContext:
         dist.all_gather_object(out, obj, group=self._control())
         return out
 
-    def gather(self, obj: T) -> list[T] | None:
-        """Every process's `obj` in rank order on the chief; None on the others."""
-        everyone = self.allgather(obj)
-        return everyone if self.rank == 0 else None
-
     def broadcast(self, obj: T) -> T:
         """The chief's `obj`, on every process."""
         if self.size == 1:
@@ -248,21 +278,6 @@ class DistributedContext:
         box: list[Any] = [obj]
         dist.broadcast_object_list(box, src=0, group=self._control())
         return box[0]  # type: ignore[no-any-return]
-
-    def allgather_local(self, obj: T) -> list[T]:
-        """The `obj` of every process on this machine, in local-rank order."""
-        everyone = self.allgather((self.cross_rank, self.local_rank, obj))
-        mine = sorted((lr, o) for cr, lr, o in everyone if cr == self.cross_rank)
-        return [o for _, o in mine]
-
-    def gather_local(self, obj: T) -> list[T] | None:
-        """`allgather_local` on this machine's local chief; None on the others."""
-        local = self.allgather_local(obj)
-        return local if self.local_rank == 0 else None
-
-    def broadcast_local(self, obj: T | None = None) -> T:
-        """The `obj` of this machine's local chief, on every process of this machine."""
-        return self.allgather_local(obj)[0]  # type: ignore[return-value]
 
     def any(self, flag: bool) -> bool:
         """True on every process if `flag` is True on any (one small CPU collective)."""

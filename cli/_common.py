@@ -16,7 +16,7 @@ from assay.errors import AssayError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Where `assay deploy local up` starts the master.
+# Where `assay deploy local up` starts the master unless its --port says otherwise.
 DEFAULT_MASTER = "127.0.0.1:8090"
 
 
@@ -27,10 +27,21 @@ class Settings:
     master: str = DEFAULT_MASTER
 
 
+def default_master() -> str:
+    """The master when neither --master nor ASSAY_MASTER names one: the local cluster's
+    that `assay deploy local up` started and that still runs (its --port), else
+    DEFAULT_MASTER."""
+    from ._deploy import local_master
+
+    return local_master() or DEFAULT_MASTER
+
+
 def settings() -> Settings:
     ctx = click.get_current_context()
     found = ctx.find_object(Settings)
-    return found if found is not None else Settings(os.environ.get("ASSAY_MASTER", DEFAULT_MASTER))
+    if found is not None:
+        return found
+    return Settings(os.environ.get("ASSAY_MASTER") or default_master())
 
 
 def poll_seconds() -> float:

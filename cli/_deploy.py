@@ -114,10 +114,11 @@ def up(
 ) -> None:
     """Start a master and AGENTS agents in the background, and log in as admin.
 
-    The master listens on 127.0.0.1:PORT, the CLI's default, so no ASSAY_MASTER is
-    needed. The admin's password is made on the first start of a new store (SQLite or
-    --db-url), or taken from ASSAY_INITIAL_ADMIN_PASSWORD, and kept (mode 0600) in
-    STATE_DIR/admin-password, never printed.
+    The master listens on 127.0.0.1:PORT. While it runs, every `assay` command talks to
+    it unless --master or ASSAY_MASTER names another (for the default --state-dir; with
+    another, name the master). The admin's password is made on the first start of a new
+    store (SQLite or --db-url), or taken from ASSAY_INITIAL_ADMIN_PASSWORD, and kept
+    (mode 0600) in STATE_DIR/admin-password, never printed.
     """
     _start(agents, slots_per_agent, slot_type, port, http_port, state_dir, db_url)
 
@@ -197,6 +198,14 @@ def _create_and_follow(master: str, config: Path, model_dir: Path) -> tuple[int,
     return proc.returncode, experiment_id
 
 
+def local_master(state_dir: Path = DEFAULT_STATE) -> str | None:
+    """The address of the master `up` started from `state_dir`, if it still runs: the
+    CLI's master when neither --master nor ASSAY_MASTER names one. Two small files and a
+    signal 0, so that every command starts as fast as before."""
+    cluster = _running(state_dir)
+    return cluster.master if cluster is not None else None
+
+
 def _running(state_dir: Path) -> LocalCluster | None:
     """The cluster `up` started from `state_dir`, if its master still runs."""
     pids_file, cluster_file = state_dir / "pids.json", state_dir / CLUSTER_FILE
@@ -234,6 +243,9 @@ def _start(
         )
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    # Left by a cluster that did not stop through `down`: it names that cluster's port,
+    # which this one's master, once its pid is recorded, must not seem to answer on.
+    (state_dir / CLUSTER_FILE).unlink(missing_ok=True)
     master_log = logs / "master.log"
     log_start = master_log.stat().st_size if master_log.exists() else 0
     pids: dict[str, int] = {}
@@ -283,7 +295,10 @@ def _start(
         pids[f"agent-{i}"] = _spawn(cmd, logs / f"agent-{i}.log", {"ASSAY_JOIN_TOKEN": join_token})
     pids_file.write_text(json.dumps(pids))
     cluster = LocalCluster(address, _ui_url(master_log, log_start, pids["master"]))
-    (state_dir / CLUSTER_FILE).write_text(json.dumps(asdict(cluster)))
+    # Whole or absent to the CLI reading it at the same time (see `local_master`).
+    written = state_dir / f"{CLUSTER_FILE}.{os.getpid()}"
+    written.write_text(json.dumps(asdict(cluster)))
+    written.replace(state_dir / CLUSTER_FILE)
     click.echo(f"master at {address} (logs in {logs}); {agents} agent(s) started")
     click.echo(
         "single-tenant: trials run as you and can read this cluster's files; for a cluster "

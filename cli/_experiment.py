@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from ._common import AliasedGroup, echo_json, user_errors
 from ._watch import Watcher, summarize
 
 if TYPE_CHECKING:
-    from assay.proto import api_pb2
+    from assay.proto import api_pb2, common_pb2
 
 STATES = [
     "ACTIVE",
@@ -274,7 +275,8 @@ def list_command(
 @user_errors
 def describe_command(experiment_id: int, as_json: bool) -> None:
     """Show an experiment's state, progress and best trial, then a table of its trials
-    (HPARAMS: the searched hyperparameters). --json adds its config."""
+    (HPARAMS: the searched hyperparameters) and why any of them failed. --json adds its
+    config (each trial's `last_error` says why it failed)."""
     response = client().get_experiment(experiment_id)
     if as_json:
         echo_json({**fmt.experiment_detail(response), **_pareto_dict(response)})
@@ -309,9 +311,33 @@ def describe_command(experiment_id: int, as_json: bool) -> None:
     for t in response.trials:
         if t.waiting:
             click.echo(f"trial {t.id} cannot start: {t.waiting}")
+    for line in _failure_lines(response.trials):
+        click.echo(line)
     if response.objectives:
         click.echo("")
         click.echo(_pareto_table(response))
+
+
+def _failure_lines(trials: Sequence[common_pb2.Trial]) -> list[str]:
+    """Why trials ended in ERROR, one line per cause: `trials 3, 4 failed: run 1: ...`
+    (a traceback by its last line), so that a search whose trials all fail the same way
+    says it once."""
+    causes: dict[str, list[int]] = {}
+    for t in trials:
+        if fmt.trial_state(t.state) != "ERROR":
+            continue
+        error = t.last_error.strip()
+        causes.setdefault(error.splitlines()[-1].strip() if error else "", []).append(t.id)
+    lines = []
+    for cause, ids in causes.items():
+        which = f"trial {ids[0]}" if len(ids) == 1 else f"trials {', '.join(map(str, ids[:5]))}"
+        if len(ids) > 5:
+            which += f" and {len(ids) - 5} more"
+        if cause:
+            lines.append(f"{which} failed: {cause} (see assay trial logs {ids[0]})")
+        else:
+            lines.append(f"{which} failed with no error recorded (see assay trial logs {ids[0]})")
+    return lines
 
 
 def _pareto_dict(response: api_pb2.GetExperimentResponse) -> dict[str, Any]:

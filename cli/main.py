@@ -12,7 +12,7 @@ from assay import __version__
 
 from ._agent import agent, master, resource_pool, slot
 from ._checkpoint import checkpoint
-from ._common import DEFAULT_MASTER, RootGroup, Settings
+from ._common import DEFAULT_MASTER, RootGroup, Settings, default_master
 from ._deploy import deploy
 from ._experiment import experiment
 from ._job import job
@@ -33,16 +33,16 @@ __all__ = ["cli", "main", "run_local_command"]
     "--master",
     "master_address",
     envvar="ASSAY_MASTER",
-    default=DEFAULT_MASTER,
-    show_default=True,
+    default=None,
+    show_default=f"the master of `assay deploy local up` while it runs, else {DEFAULT_MASTER}",
     metavar="HOST:PORT",
     help="The master's gRPC address (or set ASSAY_MASTER).",
 )
 @click.version_option(__version__, prog_name="assay")
 @click.pass_context
-def cli(ctx: click.Context, master_address: str) -> None:
+def cli(ctx: click.Context, master_address: str | None) -> None:
     """Train PyTorch models on your own machines."""
-    ctx.obj = Settings(master=master_address)
+    ctx.obj = Settings(master=master_address or default_master())
 
 
 assert isinstance(cli, RootGroup)

@@ -271,8 +271,7 @@ def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
     warnings: list[str] = []
     top = Section(data, "", problems)
 
-    entrypoint, command = _parse_entrypoint(top)
-    script = command is not None
+    entrypoint, command, script = _parse_entrypoint(top)
     # A script (Determined's Core API) may search nothing: its hyperparameters are optional.
     hparams = parse_hparams(top.section("hyperparameters", required=not script))
     if limits:
@@ -341,47 +340,54 @@ def _parse_shown_text(top: Section, *, limits: bool) -> tuple[str, str, tuple[st
     return name, description, labels
 
 
-def _parse_entrypoint(top: Section) -> tuple[str | None, tuple[str, ...] | None]:
-    """`module:Class`, or a command as a string (`python3 train.py --epochs 1`) or a list."""
+def _parse_entrypoint(top: Section) -> tuple[str | None, tuple[str, ...] | None, bool]:
+    """`module:Class`, or a command as a string (`python3 train.py --epochs 1`) or a list;
+    and whether the config is a script's.
+
+    A command that is wrong but clearly a command (`train.py`, a list, a string that does
+    not split) is still a script's: the rules for a Trial (`global_batch_size` is required)
+    would add problems that are not the user's. Otherwise (missing, empty, not a Trial's
+    `module:ClassName`) the Trial's rules apply, as for any config that names no command.
+    """
     value = top.raw("entrypoint")
     if value is None:
         top.error(
             "entrypoint", "is required: 'module:ClassName' or a command such as 'python3 train.py'"
         )
-        return None, None
+        return None, None, False
     if isinstance(value, list):
         if not value or not all(isinstance(v, str) and v for v in value):
             top.error("entrypoint", f"a command list must hold non-empty strings, got {value!r}")
-            return None, None
+            return None, None, True
         argv = tuple(value)
     elif isinstance(value, str):
         if _ENTRYPOINT.match(value.strip()):
-            return value.strip(), None
+            return value.strip(), None, False
         try:
             argv = tuple(shlex.split(value))
         except ValueError as e:
             top.error("entrypoint", f"cannot split {value!r} into a command: {e}")
-            return None, None
+            return None, None, True
         if not argv:
             top.error("entrypoint", f"is empty ({value!r}): give 'module:ClassName' or a command")
-            return None, None
+            return None, None, False
     else:
         top.error(
             "entrypoint",
             f"expected 'module:ClassName', a command string or a list, got {type_name(value)}",
         )
-        return None, None
+        return None, None, False
     if len(argv) == 1 and argv[0].endswith(".py"):
         top.error("entrypoint", f"{argv[0]!r} is a file, not a command: write 'python3 {argv[0]}'")
-        return None, None
+        return None, None, True
     if len(argv) == 1 and (":" in argv[0] or re.fullmatch(r"[A-Za-z_][\w.]*", argv[0])):
         top.error(
             "entrypoint",
             f"expected 'module:ClassName' (e.g. model_def:MyTrial) or a command (e.g. "
             f"'python3 train.py'), got {argv[0]!r}",
         )
-        return None, None
-    return shlex.join(argv), argv
+        return None, None, False
+    return shlex.join(argv), argv, True
 
 
 def _check_global_batch_size(

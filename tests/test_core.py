@@ -247,6 +247,37 @@ def test_a_validation_at_the_target_stops_the_trial(
         assert core.train.get_experiment_best_validation() == 1.0  # smaller is better
 
 
+def test_a_first_validation_without_the_searchers_metric_is_a_permanent_error(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misnamed `searcher.metric` fails at the first validation, naming what was
+    reported (the searcher would otherwise wait for it to the end: an ASHA search trained
+    every trial to max_length); `operations()` scripts report the metric themselves."""
+    from assay.errors import PermanentError, SearcherMetricError
+
+    _local_spec(local_dir, monkeypatch, max_length={"batches": 30})
+    with assay.core.init() as core:
+        with pytest.raises(SearcherMetricError, match=r"'x' is not among .*\(loss, y\)") as e:
+            core.train.report_validation_metrics(10, {"y": 1.0, "loss": 2.0})
+        assert isinstance(e.value, PermanentError)  # exit 78: ERROR without restarts
+    with assay.core.init() as core:
+        assert _operations(core) == [30]
+        core.train.report_validation_metrics(10, {"y": 1.0})  # operations() decide
+    monkeypatch.delenv("ASSAY_LOCAL_SPEC")
+    assay.core.get_cluster_info.cache_clear()
+    with assay.core.init() as core:  # plain python: no searcher, nothing to check
+        core.train.report_validation_metrics(10, {"y": 1.0})
+
+
+def test_run_local_of_a_script_without_the_searchers_metric_exits_78(tmp_path: Path) -> None:
+    config = _config("python3 loop.py")
+    config["searcher"]["metric"] = "val_loss"
+
+    with pytest.raises(TrainingError, match="exited with code 78") as e:
+        run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+    assert "searcher.metric 'val_loss' is not among the validation metrics" in str(e.value)
+
+
 def test_without_max_length_no_validation_stops_a_script(
     local_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

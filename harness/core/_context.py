@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, overload
@@ -28,6 +29,7 @@ from assay.core._preempt import PreemptContext, PreemptMode
 from assay.core._searcher import SearcherContext, _SearchState
 from assay.core._tensorboard import TensorBoardFiles
 from assay.core._train import TrainContext
+from assay.errors import PERMANENT_ERROR_EXIT_CODE, PermanentError
 
 if TYPE_CHECKING:
     import torch
@@ -137,6 +139,29 @@ class Context:
         self.distributed.close(together=together)
 
 
+_EXITS_78 = False  # whether `_permanent_errors_exit_78` has set its hook
+
+
+def _permanent_errors_exit_78() -> None:
+    """A `PermanentError` that ends a trial's script (a validation without the searcher's
+    metric, ...) exits 78 after Python prints it, as a Trial's does: the trial ends in
+    ERROR at once instead of restarting into the same failure."""
+    global _EXITS_78
+    if _EXITS_78:
+        return
+    _EXITS_78 = True
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        previous(kind, exc, tb)
+        if isinstance(exc, PermanentError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(PERMANENT_ERROR_EXIT_CODE)
+
+    sys.excepthook = hook
+
+
 def init(
     *,
     distributed: DistributedContext | None = None,
@@ -159,6 +184,8 @@ def init(
     spec = spec_from_env()
     info = info_from_spec(spec) if spec is not None else None
     config = parse_config(spec.config) if spec is not None else None
+    if spec is not None:
+        _permanent_errors_exit_78()
     chief = distributed.is_chief
     backend: Backend | None = None
     restore_roots: list[Path] = []

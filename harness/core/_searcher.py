@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from assay.config._schema import UNBOUNDED_LENGTH
 from assay.core._backend import Backend, LocalBackend
 from assay.core._distributed import DistributedContext
-from assay.errors import AssayError
+from assay.errors import AssayError, SearcherMetricError
 
 log = logging.getLogger("assay")
 
@@ -54,6 +54,10 @@ class _SearchState:
         self._asked = False
         self._stopped = False
         self._warned_time_metric = False
+        # whether a validation carried the searcher's metric: until one has, a validation
+        # without it is an error (a misnamed metric), as a Trial's is; after, another
+        # set's validation may come without it
+        self._seen_metric = False
 
     def target(self, units: int = 0) -> int | None:
         if self.backend is None or self._stopped:
@@ -81,8 +85,17 @@ class _SearchState:
 
     def on_validation(self, steps: int, metrics: Mapping[str, float]) -> None:
         """After a validation report: complete the targets it reaches."""
-        if self.manual or self.backend is None or self.metric not in metrics:
+        if self.manual or self.backend is None or self.metric is None:
             return
+        if self.metric not in metrics:
+            if not self._seen_metric:  # misnamed: the searcher would wait for it forever
+                raise SearcherMetricError(
+                    f"searcher.metric {self.metric!r} is not among the validation metrics "
+                    f"reported ({', '.join(sorted(metrics)) or 'none'}): report it with "
+                    f"report_validation_metrics, or name one of these in searcher.metric"
+                )
+            return  # another set's validation, after ones that carried it
+        self._seen_metric = True
         units: float = steps
         if self.time_metric is not None:
             if self.time_metric not in metrics:

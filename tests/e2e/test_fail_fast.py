@@ -19,6 +19,8 @@ from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slow
 
+SCRIPTS = Path(__file__).parents[1] / "fixtures" / "scripts"
+
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
@@ -60,8 +62,24 @@ def test_repeatable_failures_end_at_the_first_run_and_others_restart(
     )
     broken = _write(tmp_path, "broken", base, "\nimport a_package_nobody_installed\n")
     good = _write(tmp_path, "good", base)
+    script = tmp_path / "model-script"  # a script reporting `value`, searched on `val_loss`
+    script.mkdir()
+    shutil.copy(SCRIPTS / "loop.py", script / "loop.py")
+    script_config = tmp_path / "script.yaml"
+    script_config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "script-no-metric",
+                "entrypoint": "python3 loop.py",
+                "hyperparameters": {"steps": 20, "every": 5},
+                "searcher": {"name": "single", "metric": "val_loss", "max_length": 20},
+            }
+        )
+    )
+    runs = [("no-metric", no_metric), ("flaky", flaky), ("good", good)]
+    runs.append(("script-no-metric", [str(script_config), str(script)]))
     ids = {}
-    for name, args in (("no-metric", no_metric), ("flaky", flaky), ("good", good)):
+    for name, args in runs:
         ids[name] = int(cluster.json("experiment", "create", *args)["id"])
 
     followed = cluster.cli("experiment", "create", *broken, "--follow", timeout=240)
@@ -81,6 +99,11 @@ def test_repeatable_failures_end_at_the_first_run_and_others_restart(
     trial = _trial(cluster, ids["no-metric"])
     assert (trial["state"], trial["restarts"], trial["run_id"]) == ("ERROR", 0, 1), trial
     assert "searcher.metric 'accuracy' is not among the validation metrics" in trial["last_error"]
+    # A script's too: its first validation without the metric ends it, exit 78.
+    trial = _trial(cluster, ids["script-no-metric"])
+    assert (trial["state"], trial["restarts"], trial["run_id"]) == ("ERROR", 0, 1), trial
+    logs = cluster.cli("trial", "logs", str(trial["id"])).stdout
+    assert "searcher.metric 'val_loss' is not among the validation metrics" in logs, logs[-3000:]
     # User code that exits 7 may not next time: restarted, from the start (no checkpoint).
     trial = _trial(cluster, ids["flaky"])
     assert (trial["state"], trial["restarts"], trial["run_id"]) == ("ERROR", 1, 2), trial

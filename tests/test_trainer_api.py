@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from assay import pytorch
-from assay._local import free_port
+from assay._local import free_port, run_local
+from assay._spec import LOCAL_SPEC_ENV, LocalSpec
 from assay.errors import AssayError, TrainingError, TrialLoadError
 
 TRAINER_DIR = Path(__file__).parent / "fixtures" / "trainer"
@@ -24,7 +25,14 @@ import train as digits  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _off_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("ASSAY_TRIAL_SPEC", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    for name in (
+        "ASSAY_TRIAL_SPEC",
+        "ASSAY_LOCAL_SPEC",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
 
@@ -255,3 +263,139 @@ def test_tutorial_on_two_slots_under_fsdp_checkpoints_sharded_and_resumes(tmp_pa
     # The StepLR (every epoch) and the Trial's weights went on from the sharded checkpoint.
     schedulers = torch.load(Path(again["checkpoint"]) / "lr_schedulers.pt", weights_only=True)
     assert schedulers[0]["last_epoch"] == 2
+
+
+def _tutorial_config(max_length: dict[str, int] | None, slots: int = 1) -> dict[str, Any]:
+    """The tutorial script as `assay trial run-local` runs it: `fit(max_length=Epoch(2))`."""
+    command = "python3 train.py --epochs 2"
+    if slots > 1:
+        command = "python3 -m determined.launch.torch_distributed " + command
+    searcher: dict[str, Any] = {"name": "single", "metric": "validation_loss"}
+    if max_length is not None:
+        searcher["max_length"] = max_length
+    return {
+        "name": "trainer-run-local",
+        "entrypoint": command,
+        "hyperparameters": digits.HPARAMS,
+        "searcher": searcher,
+        "resources": {"slots_per_trial": slots},
+        "max_restarts": 0,
+    }
+
+
+IGNORED = "fit(max_length=Epoch(2)) is ignored: run-local trains as a cluster would"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("slots", "max_length", "batches", "said"),
+    [
+        (1, {"batches": 20}, 20, "20 batches"),
+        (2, {"batches": 20}, 20, "20 batches"),
+        (1, {"records": 320}, 10, "10 batches"),  # 320 records in global batches of 32
+        (2, {"epochs": 1}, 45, "1 epoch"),  # the training loader's length: 45 batches
+    ],
+)
+def test_run_local_trains_the_configs_length_not_fits(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    slots: int,
+    max_length: dict[str, int],
+    batches: int,
+    said: str,
+) -> None:
+    """As on a cluster, the searcher's length decides under run-local, on every rank; the
+    script's own `fit(max_length=Epoch(2))` (90 batches) is ignored, and rank 0 says so."""
+    config = _tutorial_config(max_length, slots)
+
+    result = run_local(config=config, model_dir=TRAINER_DIR, checkpoint_dir=tmp_path / "c")
+
+    assert result.total_batches == batches
+    assert [v["total_batches"] for v in result.validation_history][-1] == batches
+    output = capsys.readouterr().err
+    (line,) = [line for line in output.splitlines() if IGNORED in line]
+    assert line.endswith(f"to searcher.max_length ({said})"), line
+    if slots > 1:
+        assert line.startswith("[rank 0] ")
+
+
+@pytest.mark.slow
+def test_run_local_without_a_config_length_trains_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A script's config may leave out `searcher.max_length`: the script decides."""
+    result = run_local(
+        config=_tutorial_config(None), model_dir=TRAINER_DIR, checkpoint_dir=tmp_path / "c"
+    )
+
+    assert result.total_batches == 90
+    assert "is ignored" not in capsys.readouterr().err
+
+
+def _local_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, Any]) -> None:
+    """This process as run-local starts a script: `ASSAY_LOCAL_SPEC` names its spec."""
+    spec = LocalSpec(
+        config=config,
+        hparams=dict(digits.HPARAMS),
+        trial_seed=0,
+        checkpoint_dir=str(tmp_path / "c"),
+        metrics_path=str(tmp_path / "metrics.jsonl"),
+    )
+    spec.write(tmp_path / "spec.json")
+    monkeypatch.setenv(LOCAL_SPEC_ENV, str(tmp_path / "spec.json"))
+
+
+def test_under_run_local_the_config_length_wins_and_fit_is_still_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _local_spec(tmp_path, monkeypatch, _tutorial_config({"batches": 3}))
+    caplog.set_level("INFO", logger="assay")
+    with pytorch.init() as context:
+        trainer = pytorch.Trainer(digits.MNistTrial(context, context.get_hparams()), context)
+        with pytest.raises(AssayError, match=r"pytorch.Batch\(n\) or pytorch.Epoch\(n\)"):
+            trainer.fit(max_length=10)  # type: ignore[arg-type]
+        result = trainer.fit(max_length=pytorch.Batch(7))
+    assert result is not None
+    assert result.total_batches == 3
+    ignored = [(r.levelname, r.getMessage()) for r in caplog.records]
+    ignored = [(level, text) for level, text in ignored if "is ignored" in text]
+    assert ignored == [
+        (
+            "WARNING",
+            "fit(max_length=Batch(7)) is ignored: run-local trains as a cluster would, to "
+            "searcher.max_length (3 batches)",
+        )
+    ]
+
+
+def test_under_run_local_without_any_length_fit_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _local_spec(tmp_path, monkeypatch, _tutorial_config(None))
+    with pytorch.init() as context:
+        trainer = pytorch.Trainer(digits.MNistTrial(context, context.get_hparams()), context)
+        with pytest.raises(AssayError, match="needs max_length"):
+            trainer.fit()
+        result = trainer.fit(max_length=pytorch.Batch(2), test_mode=True)
+    assert result is not None
+    assert result.total_batches == 1  # test_mode trains one batch, as everywhere
+
+
+def test_plain_python_trains_fits_length_over_exp_conf(tmp_path: Path) -> None:
+    """Off-cluster and not under run-local, fit's `max_length` decides; the config's is
+    what `fit()` without one trains, and with neither fit refuses."""
+    exp_conf = {"searcher": {"metric": "validation_loss", "max_length": {"batches": 3}}}
+    with pytorch.init(hparams=digits.HPARAMS, exp_conf=exp_conf) as context:
+        trainer = pytorch.Trainer(digits.MNistTrial(context, context.get_hparams()), context)
+        first = trainer.fit(max_length=pytorch.Batch(2))
+        assert first is not None
+        assert first.total_batches == 2
+    with pytorch.init(hparams=digits.HPARAMS, exp_conf=exp_conf) as context:
+        trainer = pytorch.Trainer(digits.MNistTrial(context, context.get_hparams()), context)
+        second = trainer.fit()
+        assert second is not None
+        assert second.total_batches == 3
+    with pytorch.init(hparams=digits.HPARAMS) as context:
+        trainer = pytorch.Trainer(digits.MNistTrial(context, context.get_hparams()), context)
+        with pytest.raises(AssayError, match="needs max_length"):
+            trainer.fit()

@@ -2,8 +2,10 @@
 
 On a cluster (`ASSAY_TRIAL_SPEC` set by the agent) the context comes from the master's
 trial spec and `fit` trains under the master's session, exactly as a `module:Class`
-entrypoint does. Off-cluster, `fit` trains to `max_length` under a local session and
-writes checkpoints under `./checkpoints`.
+entrypoint does. Under `assay trial run-local` (`ASSAY_LOCAL_SPEC`) the config's
+`searcher.max_length` decides how long, as it would on a cluster. Run with plain `python`,
+`fit` trains to its `max_length` under a local session and writes checkpoints under
+`./checkpoints`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from assay._trial import Trial, construct_trial
 from assay._worker import build_context, local_result, preempt_watcher, train_slot
 from assay.common.storage import StorageManager
 from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
+from assay.config._schema import UNBOUNDED_LENGTH
 from assay.errors import AssayError, TrialLoadError, TrialPreempted
 
 log = logging.getLogger("assay")
@@ -84,6 +87,8 @@ class _Origin:
     metric_required: bool
     hparams: dict[str, Any]
     local: LocalSpec | None = None  # under `assay trial run-local`
+    # Off-cluster: the config gives `searcher.max_length`, a length to train without fit's.
+    config_length: bool = False
 
 
 _ORIGINS: weakref.WeakKeyDictionary[TrialContext, _Origin] = weakref.WeakKeyDictionary()
@@ -118,7 +123,8 @@ def init(
         raw = dict(spec.config)
         raw["resources"] = {**dict(raw.get("resources") or {}), "slots_per_trial": world.size}
         config = parse_config(raw)
-        origin = _Origin(None, True, dict(spec.hparams), local=spec)
+        bounded = config.searcher.max_length.value != UNBOUNDED_LENGTH
+        origin = _Origin(None, True, dict(spec.hparams), local=spec, config_length=bounded)
         context = build_context(
             config,
             env=None,
@@ -149,7 +155,8 @@ def init(
         else:
             values = dict(hparams)
         metric_required = exp_conf is not None and "searcher" in exp_conf
-        origin = _Origin(None, metric_required, values)
+        given = metric_required and "max_length" in dict((exp_conf or {})["searcher"] or {})
+        origin = _Origin(None, metric_required, values, config_length=given)
         context = build_context(
             config,
             env=None,
@@ -228,13 +235,16 @@ class Trainer:
     ) -> LocalResult | None:
         """Train, validate and checkpoint; rank 0 returns a `LocalResult`, others None.
 
-        `max_length`: how long to train off-cluster (`Batch(n)`/`Epoch(n)`; on a cluster
-        the searcher decides). `validation_period` / `checkpoint_period`: validate /
-        checkpoint every so many batches or epochs (replace `min_validation_period` /
-        `min_checkpoint_period`). `reporting_period`: training metrics every so many
-        batches (`scheduling_unit`). `checkpoint_policy`: `best` (also checkpoint after a
-        validation that improves the searcher metric), `all` (after every validation) or
-        `none` (only the checkpoints the end of training and preemption need).
+        `max_length`: how long to train (`Batch(n)`/`Epoch(n)`; without it, the
+        `exp_conf`'s `searcher.max_length`). On a cluster, and under `assay trial
+        run-local` when the config gives `searcher.max_length`, the searcher's length
+        decides instead and rank 0 logs that this one is ignored.
+        `validation_period` / `checkpoint_period`: validate / checkpoint every so many
+        batches or epochs (replace `min_validation_period` / `min_checkpoint_period`).
+        `reporting_period`: training metrics every so many batches (`scheduling_unit`).
+        `checkpoint_policy`: `best` (also checkpoint after a validation that improves the
+        searcher metric), `all` (after every validation) or `none` (only the checkpoints
+        the end of training and preemption need).
         `latest_checkpoint`: a checkpoint directory, or a uuid under ./checkpoints, to
         continue from (on a cluster the master's restore point wins).
         `step_zero_validation`: validate before the first batch. `test_mode`: train one
@@ -243,9 +253,16 @@ class Trainer:
         del profiling_enabled
         context = self.context
         origin = _ORIGINS[context]
+        if test_mode:
+            max_length = Batch(1)
+        elif max_length is not None and _searcher_decides(origin):
+            _check_unit("max_length", max_length)
+            if context.distributed.is_chief:
+                log.warning("%s", _ignored_length(origin, context._config, max_length))
+            max_length = None
         config = _fit_config(
             context._config,
-            max_length=Batch(1) if test_mode else max_length,
+            max_length=max_length,
             validation_period=validation_period,
             checkpoint_period=checkpoint_period,
             reporting_period=reporting_period,
@@ -255,8 +272,11 @@ class Trainer:
         context._config = config
         if origin.cluster is not None:
             return self._fit_on_cluster(origin.cluster, latest_checkpoint)
-        if max_length is None and not test_mode and "searcher" not in config.raw:
-            raise AssayError("Trainer.fit off-cluster needs max_length (pytorch.Epoch or Batch)")
+        if max_length is None and not origin.config_length:
+            raise AssayError(
+                "Trainer.fit off-cluster needs max_length (pytorch.Epoch or Batch), or "
+                "searcher.max_length in the experiment config"
+            )
         local = origin.local
         session: LocalSession | None = None
         if context.distributed.is_chief:
@@ -320,10 +340,7 @@ def _fit_config(
         ("checkpoint_period", checkpoint_period),
         ("reporting_period", reporting_period),
     ):
-        if value is not None and not isinstance(value, TrainUnit):
-            raise AssayError(
-                f"fit({name}=...) takes pytorch.Batch(n) or pytorch.Epoch(n), got {value!r}"
-            )
+        _check_unit(name, value)
     if checkpoint_policy not in ("best", "all", "none"):
         raise AssayError(
             f"fit(checkpoint_policy=...) is one of best, all, none; got {checkpoint_policy!r}"
@@ -344,6 +361,38 @@ def _fit_config(
             config.searcher, max_length=max_length.to_length()
         )
     return dataclasses.replace(config, **changes)
+
+
+def _check_unit(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, TrainUnit):
+        raise AssayError(
+            f"fit({name}=...) takes pytorch.Batch(n) or pytorch.Epoch(n), got {value!r}"
+        )
+
+
+def _searcher_decides(origin: _Origin) -> bool:
+    """Whether the searcher's length, not `fit(max_length=...)`, says how long to train:
+    on a cluster, and under `assay trial run-local` (which trains as a cluster would)
+    when the config gives `searcher.max_length`. Without one, a script run-local trains
+    as long as it decides; a plain `python3 train.py` always trains fit's length."""
+    if origin.cluster is not None:
+        return True
+    return origin.local is not None and origin.config_length
+
+
+def _ignored_length(origin: _Origin, config: ExperimentConfig, max_length: TrainUnit) -> str:
+    """The one log line that says fit's `max_length` gives way to the searcher's."""
+    if origin.cluster is not None:
+        return (
+            f"fit(max_length={max_length!r}) is ignored on a cluster: the searcher "
+            "decides how long this trial trains"
+        )
+    length = config.searcher.max_length
+    unit = length.unit.value.removesuffix("s") if length.value == 1 else length.unit.value
+    return (
+        f"fit(max_length={max_length!r}) is ignored: run-local trains as a cluster "
+        f"would, to searcher.max_length ({length.value} {unit})"
+    )
 
 
 class _RecordingSession(LocalSession):

@@ -16,8 +16,12 @@ it, is reported per checkpoint, leaving that one as it was.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+from google.protobuf import struct_pb2
 
 from assay.common.storage import StorageError, checkpoint_location, checkpoint_uuid
 from assay.config import CheckpointStorageConfig, ExperimentConfig, parse_config
@@ -34,7 +38,7 @@ from assay.master.errors import (
 from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, ExperimentRecord, Store
 from assay.master.store._experiments import ENDED_EXPERIMENT, pinned_message
-from assay.proto import api_pb2
+from assay.proto import api_pb2, common_pb2
 
 MAX_UUIDS = 1000
 
@@ -232,6 +236,35 @@ def delete_response(
     return api_pb2.DeleteCheckpointsResponse(
         deleted=list(result.deleted), missing=list(result.missing), failed=dict(result.failed)
     )
+
+
+def reported_metadata(checkpoint: common_pb2.Checkpoint) -> dict[str, Any]:
+    """The metadata a trial's checkpoint report carries (the dict the script stored it
+    with), as plain JSON for the record's `metadata`: whole numbers as integers (a
+    Struct holds every number as a double) and NaN or infinities as text, which no JSON
+    column takes as numbers."""
+    return {k: _plain(v) for k, v in sorted(checkpoint.user_metadata.fields.items())}
+
+
+def _plain(value: struct_pb2.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return {k: _plain(v) for k, v in sorted(value.struct_value.fields.items())}
+    if kind == "list_value":
+        return [_plain(v) for v in value.list_value.values]
+    if kind == "number_value":
+        number = value.number_value
+        if not math.isfinite(number):
+            return str(number)
+        return int(number) if number.is_integer() and abs(number) <= _EXACT_INT else number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    return None
+
+
+_EXACT_INT = 2**53  # the largest run of integers a double holds exactly
 
 
 def recorded_sha256(record: CheckpointRecord) -> dict[str, str]:

@@ -154,6 +154,7 @@ def checkpoint(record: CheckpointRecord, experiment_id: int) -> common_pb2.Check
             k: float(v) for k, v in dict(record.user_metadata.get("validation_metrics", {})).items()
         },
     )
+    _fill(message.user_metadata, record.metadata, f"checkpoint {record.uuid}'s metadata")
     return message
 
 

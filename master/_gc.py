@@ -92,7 +92,8 @@ class TrialCheckpoints:
 
 
 def searcher_metric(checkpoint: CheckpointRecord, metric: str) -> float | None:
-    """The searcher metric recorded with `checkpoint`; None when absent or not a number."""
+    """The searcher metric of `checkpoint`'s validation (the one at its batch, which the
+    store reads with it); None when absent or not a number."""
     metrics = checkpoint.user_metadata.get("validation_metrics") or {}
     value = metrics.get(metric) if isinstance(metrics, Mapping) else None
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):

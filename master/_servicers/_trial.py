@@ -82,6 +82,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
             user_metadata={
                 "sha256": {f.name: f.sha256 for f in files},
                 "validation_metrics": dict(checkpoint.validation_metrics),
+                "metadata": _checkpoints.reported_metadata(checkpoint),
             },
         )
         self.master.report_checkpoint(run, record)

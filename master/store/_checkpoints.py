@@ -3,9 +3,21 @@
 A checkpoint is recorded once (a retry with the same content is a no-op) and only from
 the trial's current run; the newest one by batches becomes the trial's latest. Garbage
 collection marks deleted ones, keeping the row.
+
+A checkpoint's validation metrics are the ones its run reported at the checkpoint's own
+batch count: what the trial reported with it (the Trial harness does), completed, as it
+is read, with the validation group's metric rows of the same run and batch. A Core API
+script reports the two separately, in either order, so neither report can carry the
+other; reading them together pairs them whatever the order, across master restarts, and
+for checkpoints stored before the rule was applied. A checkpoint with no validation at
+its batch has none.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -13,7 +25,8 @@ from sqlalchemy.orm import Session
 
 from assay.master.errors import ConflictError, NotFoundError, StaleRunError
 from assay.master.store._base import StoreBase
-from assay.master.store._models import Checkpoint, Trial
+from assay.master.store._metrics import VALIDATION
+from assay.master.store._models import Checkpoint, Metric, Trial
 from assay.master.store._records import CheckpointRecord
 
 
@@ -70,20 +83,22 @@ class CheckpointQueries(StoreBase):
             trial.total_batches = record.total_batches
 
     def get_checkpoint(self, uuid: str) -> CheckpointRecord:
+        """The checkpoint, with its validation metrics (see the module docstring)."""
         with self.read() as s:
             c = s.get(Checkpoint, uuid)
             if c is None:
                 raise NotFoundError(f"checkpoint {uuid} does not exist")
-            return _checkpoint(c)
+            return _validated(s, c.trial_id, [c])[0]
 
     def list_checkpoints(self, trial_id: int) -> list[CheckpointRecord]:
+        """The trial's checkpoints by batches, each with its validation metrics."""
         with self.read() as s:
             rows = s.execute(
                 select(Checkpoint)
                 .where(Checkpoint.trial_id == trial_id)
                 .order_by(Checkpoint.total_batches, Checkpoint.created_at)
             ).scalars()
-            return [_checkpoint(c) for c in rows]
+            return _validated(s, trial_id, list(rows))
 
     def set_checkpoint_state(self, uuid: str, state: str) -> None:
         with self.write() as s:
@@ -94,6 +109,7 @@ class CheckpointQueries(StoreBase):
 
 
 def _checkpoint(c: Checkpoint) -> CheckpointRecord:
+    """The row as it was reported (what a retried report is compared with)."""
     return CheckpointRecord(
         uuid=c.uuid,
         trial_id=c.trial_id,
@@ -104,6 +120,40 @@ def _checkpoint(c: Checkpoint) -> CheckpointRecord:
         files={k: int(v) for k, v in c.files.items()},
         user_metadata=c.user_metadata,
     )
+
+
+def _validated(s: Session, trial_id: int, rows: Sequence[Checkpoint]) -> list[CheckpointRecord]:
+    """`rows`, checkpoints of trial `trial_id`, as records whose `validation_metrics`
+    hold the validation their run reported at their batch count, beside what the report
+    of the checkpoint itself carried (which wins: it was measured on these weights)."""
+    if not rows:
+        return []
+    wanted = {(c.run_id, c.total_batches) for c in rows}
+    query = select(Metric.run_id, Metric.total_batches, Metric.name, Metric.value).where(
+        Metric.trial_id == trial_id, Metric.group == VALIDATION
+    )
+    if len(rows) == 1:
+        query = query.where(
+            Metric.run_id == rows[0].run_id, Metric.total_batches == rows[0].total_batches
+        )
+    else:
+        batches = select(Checkpoint.total_batches).where(Checkpoint.trial_id == trial_id)
+        query = query.where(Metric.total_batches.in_(batches))
+    found: dict[tuple[int, int], dict[str, float]] = {}
+    for run_id, at, name, value in s.execute(query):
+        if (run_id, at) in wanted:
+            found.setdefault((run_id, at), {})[name] = math.nan if value is None else value
+    return [_with_validation(_checkpoint(c), found.get((c.run_id, c.total_batches))) for c in rows]
+
+
+def _with_validation(
+    record: CheckpointRecord, validation: Mapping[str, float] | None
+) -> CheckpointRecord:
+    if not validation:
+        return record
+    reported = record.user_metadata.get("validation_metrics")
+    metrics = {**validation, **(reported if isinstance(reported, Mapping) else {})}
+    return replace(record, user_metadata={**record.user_metadata, "validation_metrics": metrics})
 
 
 __all__ = ["CheckpointQueries"]

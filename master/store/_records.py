@@ -112,11 +112,20 @@ class CheckpointRecord:
     state: str
     location: str
     files: Mapping[str, int]
+    # The master's record of it: "sha256" (per file), "validation_metrics", and
+    # "metadata", the dict the trial stored it with (see `metadata`).
     user_metadata: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def size_bytes(self) -> int:
         return sum(self.files.values())
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """The metadata the trial stored the checkpoint with (the Core API's
+        `store_path(metadata)`, also in its metadata.json); empty when it gave none."""
+        value = self.user_metadata.get("metadata")
+        return value if isinstance(value, Mapping) else {}
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,33 @@ def test_plain_run_reports_to_a_local_file_and_has_no_cluster_info(local_dir: Pa
     assert preempt is False
 
 
+@pytest.mark.parametrize(
+    ("setup", "shown"),
+    [
+        ("", 1),  # no logging configured: core.init() prints its reports itself
+        ("logging.basicConfig(level=logging.INFO, format='%(message)s')", 1),  # once
+        ("logging.basicConfig(level=logging.WARNING)", 0),  # the script's level rules
+    ],
+)
+def test_a_plain_run_prints_its_reports_once_unless_the_scripts_logging_says_not(
+    local_dir: Path, setup: str, shown: int
+) -> None:
+    script = local_dir / "train.py"
+    script.write_text(
+        "import logging, assay.core\n"
+        "with assay.core.init() as core:\n"
+        f"    {setup or 'pass'}\n"
+        "    core.train.report_training_metrics(3, {'loss': 0.25})\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    lines = (out.stdout + out.stderr).splitlines()
+    assert lines.count("step 3 training: loss=0.25") == shown, lines
+
+
 def test_metric_values_from_numpy_and_torch(local_dir: Path) -> None:
     import numpy as np
     import torch

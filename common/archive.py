@@ -38,6 +38,10 @@ MAX_UNPACKED_BYTES = 4 * MAX_MODEL_DEF_BYTES
 
 IGNORE_FILE = ".assayignore"
 
+LOCAL_OUTPUT_MARKER = ".assay-local-output"
+"""A directory holding this file was made by a local run for its output (`assay trial
+run-local`'s `./checkpoints`): packing a model directory leaves it out."""
+
 # Never worth shipping, whatever .assayignore says.
 _ALWAYS_SKIPPED_DIRS = frozenset({"__pycache__", ".git"})
 _ALWAYS_SKIPPED_FILES = frozenset({".git"})
@@ -156,6 +160,18 @@ def _always_skipped(name: str, is_dir: bool) -> bool:
     return name in _ALWAYS_SKIPPED_FILES or name.endswith(_ALWAYS_SKIPPED_SUFFIXES)
 
 
+def make_local_output_dir(directory: Path) -> None:
+    """Create `directory` for a local run's output, marked so that an `experiment create`
+    of the model directory it lies in does not ship it. One that exists already is left
+    as it is, unmarked: it may hold files its owner means to ship."""
+    if directory.exists():
+        return
+    directory.mkdir(parents=True)
+    (directory / LOCAL_OUTPUT_MARKER).write_text(
+        "Made by a local Assay run for its output; model directories are packed without it.\n"
+    )
+
+
 # --- packing ---------------------------------------------------------------------------
 
 
@@ -195,6 +211,8 @@ def _collect(root: Path, rules: list[_Rule], max_unpacked: int) -> list[_Entry]:
                 link_target = os.path.relpath(target, path.parent.resolve())
                 yield _Entry(relpath, path, "link", 0, 0o777, PurePosixPath(link_target).as_posix())
             elif stat.S_ISDIR(st.st_mode):
+                if (path / LOCAL_OUTPUT_MARKER).is_file():
+                    continue  # a local run's checkpoints
                 yield _Entry(relpath, path, "dir", 0, 0o755)
                 yield from visit(path, PurePosixPath(relpath))
             elif stat.S_ISREG(st.st_mode):

@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from assay._banner import banner
 from assay._spec import LocalResult, WorkerSpec
+from assay.common.archive import make_local_output_dir
 from assay.config import ExperimentConfig, environment_of, load_config, parse_config
 from assay.errors import AssayError, InvalidConfigError, TrainingError
 
@@ -112,7 +113,11 @@ def _run(
         trial = None
     if trial is None and model_dir is None:
         raise InvalidConfigError(["<config>: give run_local a Trial class or a model_dir"])
-    ckpt_dir = Path(checkpoint_dir or _storage_dir(parsed) or "checkpoints").resolve()
+    chosen = checkpoint_dir or _storage_dir(parsed)
+    ckpt_dir = Path(chosen or "checkpoints").resolve()
+    if chosen is None:  # ./checkpoints: kept out of the model directory's archive
+        with contextlib.suppress(OSError):  # _check_writable says what is wrong
+            make_local_output_dir(ckpt_dir)
     _check_writable(ckpt_dir)
     if parsed.is_script:
         from assay._script import run_script_local

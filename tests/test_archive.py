@@ -276,3 +276,30 @@ def test_oversized_archive_refused(tmp_path: Path) -> None:
 def test_garbage_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelDefinitionError, match=r"not a valid \.tar\.gz"):
         unpack_model_dir(b"definitely not gzip", tmp_path)
+
+
+def test_a_local_runs_checkpoints_stay_out_of_the_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run-local` makes ./checkpoints (marked) in the model directory it runs in; a later
+    `experiment create` of that directory ships the code, not the checkpoints. A directory
+    that existed before, or one the user named, is packed as before."""
+    from assay import run_local
+    from assay.common.archive import LOCAL_OUTPUT_MARKER, make_local_output_dir
+    from tests.conftest import REGRESSION_DIR, regression_config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model_def.py").write_text((REGRESSION_DIR / "model_def.py").read_text())
+    monkeypatch.chdir(model)
+    result = run_local(config=regression_config(batches=2), model_dir=model)
+    assert result.checkpoint is not None
+    assert Path(result.checkpoint).parent == model / "checkpoints"
+    assert (model / "checkpoints" / LOCAL_OUTPUT_MARKER).is_file()
+    assert names_in(pack_model_dir(model)) == ["model_def.py"]
+
+    (model / "weights").mkdir()  # the user's own folder: shipped, and never marked
+    (model / "weights" / "w.bin").write_bytes(b"w")
+    make_local_output_dir(model / "weights")
+    assert not (model / "weights" / LOCAL_OUTPUT_MARKER).exists()
+    assert names_in(pack_model_dir(model)) == ["model_def.py", "weights", "weights/w.bin"]

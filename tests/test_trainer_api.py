@@ -368,17 +368,35 @@ def test_under_run_local_the_config_length_wins_and_fit_is_still_checked(
     ]
 
 
-def test_under_run_local_without_any_length_fit_refuses(
+def test_under_run_local_without_any_length_the_trial_decides(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """No length in the config nor in fit: as on a cluster, the trial trains until it
+    asks to stop (`set_stop_requested`); `test_mode` trains one batch."""
+
+    def stops_itself(context: pytorch.PyTorchTrialContext) -> pytorch.PyTorchTrial:
+        trial = digits.MNistTrial(context, context.get_hparams())
+        train_batch = trial.train_batch
+
+        def stopping(batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            if batch_idx == 4:
+                context.set_stop_requested(True)
+            return train_batch(batch, epoch_idx, batch_idx)
+
+        trial.train_batch = stopping
+        return trial  # type: ignore[no-any-return]
+
     _local_spec(tmp_path, monkeypatch, _tutorial_config(None))
     with pytorch.init() as context:
-        trainer = pytorch.Trainer(digits.MNistTrial(context, context.get_hparams()), context)
-        with pytest.raises(AssayError, match="needs max_length"):
-            trainer.fit()
-        result = trainer.fit(max_length=pytorch.Batch(2), test_mode=True)
-    assert result is not None
-    assert result.total_batches == 1  # test_mode trains one batch, as everywhere
+        trainer = pytorch.Trainer(stops_itself(context), context)
+        result = trainer.fit()
+        assert result is not None
+        assert result.total_batches == 5
+    with pytorch.init() as context:
+        trainer = pytorch.Trainer(stops_itself(context), context)
+        smoke = trainer.fit(max_length=pytorch.Batch(2), test_mode=True)
+    assert smoke is not None
+    assert smoke.total_batches == 1
 
 
 def test_plain_python_trains_fits_length_over_exp_conf(tmp_path: Path) -> None:

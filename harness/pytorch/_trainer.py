@@ -87,7 +87,7 @@ class _Origin:
     metric_required: bool
     hparams: dict[str, Any]
     local: LocalSpec | None = None  # under `assay trial run-local`
-    # Off-cluster: the config gives `searcher.max_length`, a length to train without fit's.
+    # The config gives `searcher.max_length` (a script's config may leave it out).
     config_length: bool = False
 
 
@@ -136,7 +136,8 @@ def init(
         if hparams is not None or exp_conf is not None:
             log.info("on a cluster: hparams and exp_conf come from the master, not init()")
         config = parse_config(spec.config)
-        origin = _Origin(spec, True, dict(spec.hparams))
+        bounded = config.searcher.max_length.value != UNBOUNDED_LENGTH
+        origin = _Origin(spec, True, dict(spec.hparams), config_length=bounded)
         context = build_context(
             config,
             env=None,
@@ -271,8 +272,10 @@ class Trainer:
         )
         context._config = config
         if origin.cluster is not None:
-            return self._fit_on_cluster(origin.cluster, latest_checkpoint)
-        if max_length is None and not origin.config_length:
+            unbounded = max_length is not None and not origin.config_length
+            cap = config.searcher.max_length if unbounded else None
+            return self._fit_on_cluster(origin.cluster, latest_checkpoint, cap)
+        if max_length is None and origin.local is None and not origin.config_length:
             raise AssayError(
                 "Trainer.fit off-cluster needs max_length (pytorch.Epoch or Batch), or "
                 "searcher.max_length in the experiment config"
@@ -297,11 +300,14 @@ class Trainer:
         return None if session is None else local_result(result, session, origin.hparams)
 
     def _fit_on_cluster(
-        self, spec: ClusterSpec, latest_checkpoint: str | Path | None
+        self, spec: ClusterSpec, latest_checkpoint: str | Path | None, cap: Length | None
     ) -> LocalResult | None:
+        """Train under the master's session; `cap`: fit's `max_length` when the config
+        gives the searcher none."""
         context = self.context
         chief = context.distributed.is_chief
-        with _cluster_session(spec, chief) as (session, ckpts, resume, storage):
+        with _cluster_session(spec, chief) as (master, ckpts, resume, storage):
+            session = master if cap is None or master is None else _FitLength(master, cap, context)
             preempt = preempt_watcher(session, None)
             try:
                 result = train_slot(
@@ -372,12 +378,10 @@ def _check_unit(name: str, value: object) -> None:
 
 def _searcher_decides(origin: _Origin) -> bool:
     """Whether the searcher's length, not `fit(max_length=...)`, says how long to train:
-    on a cluster, and under `assay trial run-local` (which trains as a cluster would)
-    when the config gives `searcher.max_length`. Without one, a script run-local trains
-    as long as it decides; a plain `python3 train.py` always trains fit's length."""
-    if origin.cluster is not None:
-        return True
-    return origin.local is not None and origin.config_length
+    when the config gives `searcher.max_length`, on a cluster and under `assay trial
+    run-local` (which trains as a cluster would). Without one, fit's length (or the trial
+    stopping itself) ends the trial; a plain `python3 train.py` always trains fit's."""
+    return (origin.cluster is not None or origin.local is not None) and origin.config_length
 
 
 def _ignored_length(origin: _Origin, config: ExperimentConfig, max_length: TrainUnit) -> str:
@@ -393,6 +397,48 @@ def _ignored_length(origin: _Origin, config: ExperimentConfig, max_length: Train
         f"fit(max_length={max_length!r}) is ignored: run-local trains as a cluster "
         f"would, to searcher.max_length ({length.value} {unit})"
     )
+
+
+class _FitLength:
+    """Rank 0's session on a cluster whose config gives the searcher no `max_length` (a
+    script's search that leaves the length to it): the master's targets are unbounded,
+    so fit's `max_length` ends the trial there, as a trial asking to stop (completed)."""
+
+    def __init__(self, session: Session, length: Length, context: TrialContext) -> None:
+        self.session = session
+        self.length = length
+        self.context = context  # its training loader's length counts epochs
+
+    def _end(self) -> int:
+        return self.length.to_batches(self.context._batches_per_epoch)
+
+    def next_target(self, total_batches: int) -> int | None:
+        end = self._end()
+        if total_batches >= end:
+            return None
+        target = self.session.next_target(total_batches)
+        return None if target is None else min(target, end)
+
+    def complete_target(
+        self, total_batches: int, searcher_metric: float, *, stop_requested: bool = False
+    ) -> None:
+        stop_requested = stop_requested or total_batches >= self._end()
+        self.session.complete_target(total_batches, searcher_metric, stop_requested=stop_requested)
+
+    def report_training_metrics(self, report: MetricsReport) -> None:
+        self.session.report_training_metrics(report)
+
+    def report_validation_metrics(self, report: MetricsReport) -> None:
+        self.session.report_validation_metrics(report)
+
+    def report_metrics(self, group: str, report: MetricsReport) -> None:
+        self.session.report_metrics(group, report)
+
+    def report_checkpoint(self, report: CheckpointReport) -> None:
+        self.session.report_checkpoint(report)
+
+    def preempt_requested(self) -> bool:
+        return self.session.preempt_requested()
 
 
 class _RecordingSession(LocalSession):

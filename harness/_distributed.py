@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from assay.core._distributed import RankAccessors
+from assay.core._distributed import RankAccessors, release_groups_at_exit
 
 T = TypeVar("T")
 
@@ -47,6 +47,7 @@ class DistributedContext(RankAccessors):
         """Join the trial's process group (NCCL on CUDA, Gloo on CPU) if there is one."""
         if not self.is_distributed or dist.is_initialized():
             return
+        release_groups_at_exit()  # a script's (the Trainer API's) exit tears nothing down late
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend=backend,

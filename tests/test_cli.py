@@ -410,3 +410,15 @@ def test_slots_option_must_be_positive(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert TRACEBACK not in proc.stderr
     assert "--slots" in proc.stderr
+
+
+def test_the_run_local_banner_names_the_length_or_says_there_is_none() -> None:
+    """A script's config may give the searcher no max_length (Determined 0.38's Core API
+    configs); the banner says so instead of printing the unbounded target's number."""
+    from assay._banner import banner
+    from assay.config import parse_config
+
+    config = {"entrypoint": "python3 train.py", "searcher": {"name": "single", "metric": "x"}}
+    assert "1 slot on cpu, no max_length;" in banner(parse_config(config), device="cpu")
+    config["searcher"]["max_length"] = {"batches": 20}  # type: ignore[index]
+    assert "1 slot on cpu, 20 batches;" in banner(parse_config(config), device="cpu")

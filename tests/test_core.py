@@ -259,6 +259,13 @@ def test_searcher_operations_off_the_cluster(
         assert _operations(core) == [30]
         assert core.searcher.get_configured_units() == "batches"
 
+    _local_spec(local_dir, monkeypatch)  # run-local without a length: as on a cluster
+    with (
+        assay.core.init() as core,
+        pytest.raises(AssayError, match="operations\\(\\) needs a length"),
+    ):
+        _operations(core)
+
 
 def test_a_validation_at_the_target_stops_the_trial(
     local_dir: Path, monkeypatch: pytest.MonkeyPatch

@@ -169,10 +169,11 @@ class SearcherContext:
         while True:
             target = self._state.target(done) if chief else None
             if target == UNBOUNDED_LENGTH:
-                # No searcher.max_length: off the cluster, one operation of length 1, as
-                # Determined's local twin gives; on a cluster there is no length to give.
-                local = isinstance(self._state.backend, LocalBackend)
-                target = 1 if local else -1
+                # No searcher.max_length: a plain run (no config), one operation of length
+                # 1, as Determined's local twin gives; on a cluster, and under run-local
+                # (which runs as a cluster would), there is no length to give.
+                plain = isinstance(self._state.backend, LocalBackend) and self._state.metric is None
+                target = 1 if plain else -1
             if searcher_mode is SearcherMode.WorkersAskChief:
                 target = self._dist.broadcast(target)
             if target is None:

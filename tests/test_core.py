@@ -102,6 +102,23 @@ def test_a_plain_run_prints_its_reports_once_unless_the_scripts_logging_says_not
     assert lines.count("step 3 training: loss=0.25") == shown, lines
 
 
+def test_core_init_leaves_the_processes_logging_as_it_was(
+    local_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Printing reports for an unconfigured script changes no logger: a level, handler or
+    filter left on `assay` hid later INFO records from a test's (or a user's) capture."""
+    import logging
+
+    logger = logging.getLogger("assay")
+    before = (logger.level, list(logger.handlers), list(logger.filters))
+    with assay.core.init() as core:
+        core.train.report_training_metrics(1, {"loss": 1.0})
+    assert (logger.level, list(logger.handlers), list(logger.filters)) == before
+    with caplog.at_level(logging.INFO, logger="assay"), assay.core.init() as core:
+        core.train.report_training_metrics(2, {"loss": 0.5})
+    assert "step 2 training: loss=0.5" in caplog.text
+
+
 def test_metric_values_from_numpy_and_torch(local_dir: Path) -> None:
     import numpy as np
     import torch

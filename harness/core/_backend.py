@@ -79,7 +79,7 @@ class ClusterBackend:
             trial_pb2.ReportMetricsRequest(**self._ids, group=group, reports=[report])
         )
         if group == "validation":
-            log.info("%s %d validation: %s", self.unit, steps, _fmt(dict(metrics)))
+            report_line("%s %d validation: %s", self.unit, steps, _fmt(dict(metrics)))
 
     def next_target(self, units: int) -> int | None:
         from assay.proto import trial_pb2
@@ -197,7 +197,7 @@ class LocalBackend:
 
     def report_metrics(self, group: str, steps: int, metrics: Mapping[str, float]) -> None:
         self._append({"group": group, "steps_completed": steps, "metrics": dict(metrics)})
-        log.info("step %d %s: %s", steps, group, _fmt(dict(metrics)))
+        report_line("step %d %s: %s", steps, group, _fmt(dict(metrics)))
         value = metrics.get(self.metric) if self.metric and group == "validation" else None
         if value is not None and not math.isnan(value):
             better = self._best is None or (
@@ -241,8 +241,19 @@ class LocalBackend:
         pass
 
 
+def report_line(message: str, *args: object) -> None:
+    """Log one of the lines a report prints (`step 10 validation: ...`) at INFO, or print
+    it when the script has configured no logging at all: Python would show only warnings,
+    so a plain `python3 train.py` printed nothing. A script that configured logging gets
+    the line as it configured (its root at WARNING hides it)."""
+    if log.isEnabledFor(logging.INFO):
+        log.info(message, *args)
+    elif not logging.getLogger().handlers:
+        print(message % args, flush=True)
+
+
 def _log_checkpoint(metadata: CheckpointMetadata, location: str, unit: str = "step") -> None:
-    log.info(
+    report_line(
         "%s %d checkpoint: %s (%.1f MB)",
         unit,
         metadata.total_batches,

@@ -139,36 +139,6 @@ class Context:
         self.distributed.close(together=together)
 
 
-class _UntilConfigured(logging.StreamHandler):  # type: ignore[type-arg]
-    """Prints Assay's lines (metrics, checkpoints, the searcher's targets) on stdout while
-    the script has configured no logging of its own; once the root logger has a handler
-    (`logging.basicConfig(...)`, e.g. with `det.LOG_FORMAT`), the lines go there only."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if not logging.getLogger().handlers:
-            super().emit(record)
-
-
-def _show_reports() -> None:
-    """Make `log`'s INFO lines visible in a script that configured no logging (Python
-    would show only warnings): `core.init()` prints what it reports, as run-local does."""
-    if any(isinstance(h, _UntilConfigured) for h in log.handlers):
-        return
-    handler = _UntilConfigured(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(handler)
-    if log.level == logging.NOTSET:  # INFO passes here; the root's level rules again once set
-        log.setLevel(logging.INFO)
-        log.addFilter(_as_the_root_says)
-
-
-def _as_the_root_says(record: logging.LogRecord) -> bool:
-    """With `log` at INFO for `_UntilConfigured`: a script that configured logging gets
-    Assay's records at its root level, as if `log` had no level of its own."""
-    root = logging.getLogger()
-    return not root.handlers or record.levelno >= root.getEffectiveLevel()
-
-
 _EXITS_78 = False  # whether `_permanent_errors_exit_78` has set its hook
 
 
@@ -216,7 +186,6 @@ def init(
     config = parse_config(spec.config) if spec is not None else None
     if spec is not None:
         _permanent_errors_exit_78()
-    _show_reports()
     chief = distributed.is_chief
     backend: Backend | None = None
     restore_roots: list[Path] = []

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 
 from assay.config._schema import UNBOUNDED_LENGTH
-from assay.core._backend import Backend, LocalBackend
+from assay.core._backend import Backend, LocalBackend, report_line
 from assay.core._distributed import DistributedContext
 from assay.errors import AssayError, SearcherMetricError
 
@@ -110,7 +110,7 @@ class _SearchState:
             units = metrics[self.time_metric]
         target = self.target(int(units))
         while target is not None and units >= target:
-            log.info("reached the searcher's target %d: %s", target, self.metric)
+            report_line("reached the searcher's target %d: %s", target, self.metric)
             target = self.complete(target, float(metrics[self.metric or ""]), int(units))
 
 

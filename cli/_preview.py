@@ -26,7 +26,6 @@ def preview_search(config_file: Path, as_json: bool) -> None:
     """Show the trials, rung lengths (pbt: rounds) and budget the searcher of CONFIG will use
     (custom: its plan comes from user code)."""
     from assay.config import load_config, preview, searcher_in_batches
-    from assay.config._schema import UNBOUNDED_LENGTH
 
     config = load_config(config_file)
     for warning in config.warnings:
@@ -54,7 +53,7 @@ def preview_search(config_file: Path, as_json: bool) -> None:
         plan = preview(searcher, config.hyperparameters)
     except ValueError as e:  # a rule the parser already reports, or one of the conversion
         raise InvalidConfigError([str(e)]) from None
-    if searcher.max_length.value == UNBOUNDED_LENGTH:
+    if not searcher.max_length.bounded:
         note = (
             "note: no searcher.max_length: each trial's script trains as long as it decides "
             "(its lengths below stand for 'unbounded')"
@@ -120,7 +119,7 @@ def _show_rounds(plan: Any) -> None:
 
 def _show_custom(searcher: Any, as_json: bool) -> None:
     """custom: no plan to show; the user's SearchMethod decides every trial."""
-    from assay.config._schema import UNBOUNDED_LENGTH
+    from assay.config._length import UNBOUNDED_LENGTH
 
     bound = searcher.max_length
     max_length = None if bound.value >= UNBOUNDED_LENGTH else bound.to_dict()

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from assay.config import ExperimentConfig, sample_hparams
-from assay.config._schema import UNBOUNDED_LENGTH
 
 
 def guess_device() -> str:
@@ -42,8 +41,7 @@ def banner(config: ExperimentConfig, device: str | None = None) -> str:
     """`run-local digits-const: 1 slot on cpu, 400 batches; lr=0.003 n_filters=16`."""
     slots = config.resources.slots_per_trial
     length = config.searcher.max_length
-    bounded = length is not None and length.value != UNBOUNDED_LENGTH
-    what = f"{length.value} {length.unit.value}" if bounded else "no max_length"
+    what = f"{length.value} {length.unit.value}" if length and length.bounded else "no max_length"
     device = device or guess_device()
     hparams = _format(local_hparams(config))
     precision = config.optimizations.mixed_precision

@@ -1111,7 +1111,7 @@ def test_load_config_reports_schema_problems_with_paths(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["single", "random", "grid", "bayesian"])
 def test_a_script_may_leave_out_max_length_where_nothing_is_halved(name: str) -> None:
-    from assay.config._schema import UNBOUNDED_LENGTH
+    from assay.config._length import UNBOUNDED_LENGTH
 
     data: dict[str, Any] = {
         "entrypoint": "python3 2_checkpoints.py",

@@ -11,6 +11,9 @@ from enum import StrEnum
 
 from assay.errors import InvalidConfigError
 
+# `searcher.max_length` of a script that gives none: a target no trial reaches.
+UNBOUNDED_LENGTH = 2**62
+
 
 class LengthUnit(StrEnum):
     BATCHES = "batches"
@@ -32,6 +35,11 @@ class Length:
     def epochs(cls, n: int) -> Length:
         return cls(LengthUnit.EPOCHS, n)
 
+    @property
+    def bounded(self) -> bool:
+        """False for the `searcher.max_length` of a script's config that gives none."""
+        return self.value != UNBOUNDED_LENGTH
+
     def to_batches(self, batches_per_epoch: int | None) -> int:
         if self.unit is LengthUnit.BATCHES:
             return self.value
@@ -48,4 +56,4 @@ class Length:
         return {self.unit.value: self.value}
 
 
-__all__ = ["Length", "LengthUnit"]
+__all__ = ["UNBOUNDED_LENGTH", "Length", "LengthUnit"]

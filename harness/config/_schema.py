@@ -14,7 +14,7 @@ import yaml
 
 from assay.config import _determined, _limits
 from assay.config._hparams import Const, HParam, overflow_problems, parse_hparams
-from assay.config._length import Length, LengthUnit
+from assay.config._length import UNBOUNDED_LENGTH, Length, LengthUnit
 from assay.config._reader import REQUIRED, Section, type_name
 from assay.config._search import (
     PBT_KEYS,
@@ -416,8 +416,6 @@ def _check_global_batch_size(
         )
 
 
-# `searcher.max_length` of a script that gives none: a target no trial reaches.
-UNBOUNDED_LENGTH = 2**62
 _UNBOUNDED_SEARCHERS = ("single", "random", "grid", "bayesian")
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from assay._checkpoint import MANIFEST, CheckpointMetadata
 from assay._session import _fmt
 from assay._spec import ClusterSpec
-from assay.config._schema import UNBOUNDED_LENGTH
+from assay.config._length import UNBOUNDED_LENGTH
 
 if TYPE_CHECKING:
     from assay._trial_client import TrialClient

@@ -67,11 +67,10 @@ def _max_length(config: dict[str, Any]) -> int:
     """The searcher's length as the master counts it: batches (epochs converted with
     `records_per_epoch`), or the config's own number when it cannot be converted."""
     from assay.config import parse_config, searcher_in_batches
-    from assay.config._schema import UNBOUNDED_LENGTH
     from assay.errors import InvalidConfigError
 
     parsed = parse_config(config)
-    if parsed.searcher.max_length.value == UNBOUNDED_LENGTH:
+    if not parsed.searcher.max_length.bounded:
         return 0  # the config gives none: the script decides
     try:
         return searcher_in_batches(parsed).max_length.value

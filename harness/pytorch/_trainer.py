@@ -35,7 +35,6 @@ from assay._trial import Trial, construct_trial
 from assay._worker import build_context, local_result, preempt_watcher, train_slot
 from assay.common.storage import StorageManager
 from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
-from assay.config._schema import UNBOUNDED_LENGTH
 from assay.errors import AssayError, TrialLoadError, TrialPreempted
 
 log = logging.getLogger("assay")
@@ -123,7 +122,7 @@ def init(
         raw = dict(spec.config)
         raw["resources"] = {**dict(raw.get("resources") or {}), "slots_per_trial": world.size}
         config = parse_config(raw)
-        bounded = config.searcher.max_length.value != UNBOUNDED_LENGTH
+        bounded = config.searcher.max_length.bounded
         origin = _Origin(None, True, dict(spec.hparams), local=spec, config_length=bounded)
         context = build_context(
             config,
@@ -136,7 +135,7 @@ def init(
         if hparams is not None or exp_conf is not None:
             log.info("on a cluster: hparams and exp_conf come from the master, not init()")
         config = parse_config(spec.config)
-        bounded = config.searcher.max_length.value != UNBOUNDED_LENGTH
+        bounded = config.searcher.max_length.bounded
         origin = _Origin(spec, True, dict(spec.hparams), config_length=bounded)
         context = build_context(
             config,

@@ -36,12 +36,18 @@ def default_master() -> str:
     return local_master() or DEFAULT_MASTER
 
 
+def master_address(master: str | None = None) -> str:
+    """`master` if given, else ASSAY_MASTER, else `default_master()`: the one rule the CLI,
+    the Python SDK and `assay.load_checkpoint` use to find the master."""
+    return master or os.environ.get("ASSAY_MASTER") or default_master()
+
+
 def settings() -> Settings:
     ctx = click.get_current_context()
     found = ctx.find_object(Settings)
     if found is not None:
         return found
-    return Settings(os.environ.get("ASSAY_MASTER") or default_master())
+    return Settings(master_address())
 
 
 def poll_seconds() -> float:

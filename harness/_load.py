@@ -10,10 +10,10 @@ against the sha256s the master recorded for them (a UUID) or the manifest (a dir
 and returns those states with the metadata; `load_trial` rebuilds your Trial around them
 for inference.
 
-A UUID is looked up at the master (`master=`, else ASSAY_MASTER, else 127.0.0.1:8090)
-with the CLI's stored login: a `shared_fs` checkpoint is read where its path is mounted
-on this machine, an `s3` one is downloaded into `cache_dir` (default
-`~/.cache/assay/checkpoints`) once.
+A UUID is looked up at the master (`master=`, else ASSAY_MASTER, else the CLI's default:
+the running `assay deploy local up` cluster's, else 127.0.0.1:8090) with the CLI's stored
+login: a `shared_fs` checkpoint is read where its path is mounted on this machine, an `s3`
+one is downloaded into `cache_dir` (default `~/.cache/assay/checkpoints`) once.
 """
 
 from __future__ import annotations
@@ -113,9 +113,9 @@ def _resolve(
     and the sha256s the master recorded for its files (None: it recorded none)."""
     from assay.cli._checkpoint import download
     from assay.cli._client import Client
-    from assay.cli._common import DEFAULT_MASTER
+    from assay.cli._common import master_address
 
-    api = Client(master or os.environ.get("ASSAY_MASTER") or DEFAULT_MASTER)
+    api = Client(master_address(master))
     try:
         record = api.get_checkpoint(uuid)
         sha = {f.name: f.sha256 for f in record.files}

@@ -11,7 +11,7 @@ import yaml
 
 from assay.cli import _credentials
 from assay.cli._client import AuthenticationError, Client
-from assay.cli._common import DEFAULT_MASTER
+from assay.cli._common import master_address
 from assay.client._checkpoint import Checkpoint
 from assay.client._experiment import Experiment, Trial
 from assay.client._model import Model
@@ -161,7 +161,8 @@ def login(
     password: str | None = None,
     token: str | None = None,
 ) -> Session:
-    """Connect to `master` (HOST:PORT; default ASSAY_MASTER, else 127.0.0.1:8090) and
+    """Connect to `master` (HOST:PORT; default ASSAY_MASTER, else the running `assay deploy
+    local up` cluster's, else 127.0.0.1:8090) and
     make it the session of the module-level calls.
 
     `user` and `password`: log in (the session is stored, as `assay user login` does).
@@ -171,7 +172,7 @@ def login(
     the first call.
     """
     global _default
-    address = master or os.environ.get("ASSAY_MASTER") or DEFAULT_MASTER
+    address = master_address(master)
     api = Client(address)
     try:
         if token is not None:

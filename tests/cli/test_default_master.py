@@ -204,3 +204,39 @@ def test_a_recorded_master_that_does_not_answer_is_named(tmp_path: Path) -> None
 
     assert local_master(state) == address
     assert _error(done).startswith(f"error: cannot reach the master at {address} ")
+
+
+SDK_SCRIPT = """\
+import assay
+from assay import client
+
+session = client.login()
+print(session.api.address, session.api.who_am_i().username)
+try:
+    assay.load_checkpoint("00000000-0000-0000-0000-000000000000")
+except assay.errors.AssayError as error:
+    print("error:", error)
+"""
+
+
+def test_the_python_sdk_and_load_checkpoint_use_the_local_cluster_too(
+    cluster: tuple[Shell, int],
+) -> None:
+    # The same rule as the CLI: no master= and no ASSAY_MASTER is the running local
+    # cluster's master, not 127.0.0.1:8090.
+    sh, port = cluster
+
+    done = subprocess.run(
+        [sys.executable, "-c", SDK_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=sh.env,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    address, error = done.stdout.strip().splitlines()
+    assert address == f"127.0.0.1:{port} admin"
+    assert "cannot reach" not in error
+    assert "00000000-0000-0000-0000-000000000000" in error

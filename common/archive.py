@@ -39,8 +39,9 @@ MAX_UNPACKED_BYTES = 4 * MAX_MODEL_DEF_BYTES
 IGNORE_FILE = ".assayignore"
 
 LOCAL_OUTPUT_MARKER = ".assay-local-output"
-"""A directory holding this file was made by a local run for its output (`assay trial
-run-local`'s `./checkpoints`): packing a model directory leaves it out."""
+"""A directory holding this file was made by a local run for its output (`./checkpoints`
+and `./assay-metrics` of `assay trial run-local` or of a plain `python3 train.py`):
+packing a model directory leaves it out."""
 
 # Never worth shipping, whatever .assayignore says.
 _ALWAYS_SKIPPED_DIRS = frozenset({"__pycache__", ".git"})
@@ -166,7 +167,10 @@ def make_local_output_dir(directory: Path) -> None:
     as it is, unmarked: it may hold files its owner means to ship."""
     if directory.exists():
         return
-    directory.mkdir(parents=True)
+    try:
+        directory.mkdir(parents=True)
+    except FileExistsError:
+        return  # made meanwhile (another rank of the same run, or another process)
     (directory / LOCAL_OUTPUT_MARKER).write_text(
         "Made by a local Assay run for its output; model directories are packed without it.\n"
     )

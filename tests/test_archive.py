@@ -303,3 +303,54 @@ def test_a_local_runs_checkpoints_stay_out_of_the_archive(
     make_local_output_dir(model / "weights")
     assert not (model / "weights" / LOCAL_OUTPUT_MARKER).exists()
     assert names_in(pack_model_dir(model)) == ["model_def.py", "weights", "weights/w.bin"]
+
+
+PLAIN_SCRIPT = """\
+import assay.core
+
+with assay.core.init() as core:
+    core.train.report_training_metrics(steps_completed=1, metrics={"loss": 0.5})
+    with core.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
+        (path / "w.txt").write_text("w")
+"""
+
+
+def test_a_plain_runs_output_stays_out_of_the_archive(tmp_path: Path) -> None:
+    """A plain `python3 train.py` with the Core API writes ./checkpoints and
+    ./assay-metrics where it runs; it marks them when it makes them, so an `experiment
+    create` of the same directory ships train.py alone. A ./checkpoints that was there
+    before the run stays the user's: unmarked, and packed."""
+    import subprocess
+    import sys
+
+    from assay.common.archive import LOCAL_OUTPUT_MARKER
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "train.py").write_text(PLAIN_SCRIPT)
+
+    def run() -> None:
+        done = subprocess.run(
+            [sys.executable, "train.py"], cwd=model, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+
+    run()
+    run()  # a second run writes into the marked directories again
+    assert (model / "checkpoints" / LOCAL_OUTPUT_MARKER).is_file()
+    assert (model / "assay-metrics" / LOCAL_OUTPUT_MARKER).is_file()
+    assert len(list((model / "checkpoints").iterdir())) == 3  # two checkpoints, the marker
+    assert (model / "assay-metrics" / "metrics.jsonl").read_text().count("\n") == 4  # 2 each
+    assert names_in(pack_model_dir(model)) == ["train.py"]
+
+    other = tmp_path / "other"
+    (other / "checkpoints").mkdir(parents=True)
+    (other / "train.py").write_text(PLAIN_SCRIPT)
+    model = other
+    run()
+    assert not (other / "checkpoints" / LOCAL_OUTPUT_MARKER).exists()
+    names = names_in(pack_model_dir(other))
+    assert "train.py" in names
+    assert any(n.startswith("checkpoints/") for n in names)
+    assert not any(n.startswith("assay-metrics") for n in names)

@@ -122,7 +122,10 @@ def test_minimal_config_step_zero_validation_and_policy_all(tmp_path: Path) -> N
         )
     assert result is not None
     assert [v["total_batches"] for v in result.validation_history] == [0, 2, 4, 6]
-    assert len(list((tmp_path / "checkpoints").iterdir())) == 4
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    # 4 checkpoints, and the mark that keeps a plain run's ./checkpoints out of the archive
+    assert len(kept) == 5
+    assert kept[0] == ".assay-local-output"
 
 
 def test_lr_scheduler_frequency_and_backward_passes_per_step(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from assay._checkpoint import MANIFEST, CheckpointMetadata
 from assay._session import _fmt
 from assay._spec import ClusterSpec
+from assay.common.archive import make_local_output_dir
 from assay.config._length import UNBOUNDED_LENGTH
 
 if TYPE_CHECKING:
@@ -182,8 +183,13 @@ class LocalBackend:
         max_length: int | None,
         metric: str | None = None,
         smaller_is_better: bool = True,
+        *,
+        mark_dir: bool = False,
     ) -> None:
+        """`mark_dir`: `metrics_path`'s directory is a plain run's default
+        `./assay-metrics`, created at the first report marked as a local run's output."""
         self.metrics_path = metrics_path
+        self._mark_dir = mark_dir
         self.max_length = max_length
         self.metric = metric
         self.smaller_is_better = smaller_is_better
@@ -191,6 +197,8 @@ class LocalBackend:
         self._done = False
 
     def _append(self, record: dict[str, Any]) -> None:
+        if self._mark_dir:
+            make_local_output_dir(self.metrics_path.parent)
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps({**record, "time": time.time()}, allow_nan=True) + "\n")

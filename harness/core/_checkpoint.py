@@ -35,6 +35,7 @@ from assay._checkpoint import (
     seal_checkpoint,
     verify_checkpoint,
 )
+from assay.common.archive import make_local_output_dir
 from assay.common.storage import SharedFSStorage, StorageError, StorageManager, checkpoint_uuid
 from assay.core._backend import Backend, LocalBackend
 from assay.core._distributed import DistributedContext
@@ -57,13 +58,16 @@ class CheckpointContext:
         restore_roots: Sequence[Path] = (),
         after_store: Callable[[], None] = lambda: None,
         recorded: Mapping[str, Mapping[str, str]] | None = None,
+        mark_root: bool = False,
     ) -> None:
         """`steps`: the latest steps_completed reported, for metadata that gives none;
         `restore_roots`: more directories to look for checkpoints in (run-local's
         --resume-from); `after_store`: called on the chief once a checkpoint is stored
         and reported (the TensorBoard files' upload); `recorded`: by uuid, the sha256s
         the master recorded for a checkpoint's files (the one the trial restores), which
-        `restore_path` verifies it against instead of its own manifest."""
+        `restore_path` verifies it against instead of its own manifest; `mark_root`: the
+        storage's directory is a plain run's default `./checkpoints`, created at the first
+        checkpoint marked as a local run's output (left out of the model's archive)."""
         self._dist = distributed
         self._backend = backend
         self._storage = storage
@@ -73,6 +77,7 @@ class CheckpointContext:
         self._restore_roots = list(restore_roots)
         self._after_store = after_store
         self._recorded = dict(recorded or {})
+        self._mark_root = mark_root
 
     # --- storing ------------------------------------------------------------------------
 
@@ -94,6 +99,8 @@ class CheckpointContext:
         parent = self._root if scratch is None else scratch
         merged = parent / f".tmp-{uuid}"
         own = merged if not shard else parent / f".tmp-{uuid}.rank{self._dist.rank}"
+        if self._mark_root and scratch is None:
+            make_local_output_dir(self._root)
         try:
             own.mkdir(parents=True)
             if shard and self._dist.is_chief:

@@ -209,6 +209,7 @@ def init(
                 max_length=info.trial.max_length or None if info is not None else None,
                 metric=searcher.metric if searcher is not None else None,
                 smaller_is_better=searcher.smaller_is_better if searcher is not None else True,
+                mark_dir=spec is None,
             )
     preempt = PreemptContext(
         distributed,
@@ -235,6 +236,8 @@ def init(
         restore_roots=restore_roots,
         after_store=tensorboard.sync,
         recorded=recorded,
+        # a plain run's ./checkpoints (run-local marks its own when it makes it)
+        mark_root=spec is None and checkpoint_storage is None,
     )
     unit = "batches"  # the master counts batches (epochs are converted)
     return Context(

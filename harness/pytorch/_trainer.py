@@ -33,6 +33,7 @@ from assay._session import CheckpointReport, LocalSession, MetricsReport, Sessio
 from assay._spec import ClusterSpec, LocalResult, LocalSpec, spec_from_env
 from assay._trial import Trial, construct_trial
 from assay._worker import build_context, local_result, preempt_watcher, train_slot
+from assay.common.archive import make_local_output_dir
 from assay.common.storage import StorageManager
 from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
 from assay.errors import AssayError, TrialLoadError, TrialPreempted
@@ -287,6 +288,11 @@ class Trainer:
         resume = _resolve_checkpoint(latest_checkpoint, checkpoints)
         if resume is None and local is not None and local.latest_checkpoint is not None:
             resume = Path(local.restore_dir or checkpoints) / local.latest_checkpoint
+        if local is None and context.distributed.is_chief:
+            # a plain run's ./checkpoints, kept out of the model directory's archive
+            # (run-local marks its own); one that exists already is left as it is
+            with contextlib.suppress(OSError):  # the first checkpoint says what is wrong
+                make_local_output_dir(checkpoints)
         result = train_slot(
             self.trial,
             context,

@@ -27,6 +27,14 @@ def trial() -> None:
 @click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--slots", type=click.IntRange(min=1), help="Override resources.slots_per_trial.")
 @click.option(
+    "--config",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a config key, as `experiment create --config` does (dotted, e.g. "
+    "searcher.max_length.batches=20; VALUE is YAML). Repeat for several.",
+)
+@click.option(
     "--checkpoint-dir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Where checkpoints go (default: checkpoint_storage.host_path, else ./checkpoints).",
@@ -48,6 +56,7 @@ def run_local_command(
     config: Path,
     model_dir: Path,
     slots: int | None,
+    overrides: tuple[str, ...],
     checkpoint_dir: Path | None,
     resume_from: Path | None,
     as_json: bool,
@@ -63,7 +72,12 @@ def run_local_command(
     from assay._precheck import entrypoint_problem
     from assay.config import load_config, parse_config
 
-    parsed = load_config(config)  # validate everything before importing torch
+    if overrides:
+        from ._template import apply_overrides, read_partial
+
+        parsed = parse_config(apply_overrides(read_partial(config), overrides))
+    else:
+        parsed = load_config(config)  # validate everything before importing torch
     for warning in parsed.warnings:
         click.echo(f"warning: {warning}", err=True)
     if slots is not None:

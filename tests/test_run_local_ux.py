@@ -3,6 +3,7 @@ Python session that configured no logging, and one line naming their frame on an
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -140,3 +141,30 @@ def test_run_local_from_python_shows_progress_once(model: Path, configured: bool
     assert done.stderr.count("run-local ux: 1 slot on cpu, 8 batches") == 1, done.stderr
     assert done.stderr.count("batch 4 training: loss=") == 1, done.stderr
     assert done.stderr.count("batch 8 validation: ") == 1, done.stderr
+
+
+def test_config_overrides_apply_as_for_experiment_create(model: Path) -> None:
+    config = _config(model, hyperparameters={"global_batch_size": 16, "lr": 0.05, "n": 3})
+
+    done = _run_local(
+        model,
+        str(config),
+        "--config",
+        "searcher.max_length.batches=4",
+        "--config",
+        "hyperparameters.lr=0.01",
+        "--json",
+    )
+    typo = _run_local(model, str(config), "--config", "searcher.max_lenght.batches=4")
+    not_pair = _run_local(model, str(config), "--config", "searcher")
+
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        "run-local ux: 1 slot on cpu, 4 batches; global_batch_size=16 lr=0.01 n=3"
+    )
+    assert json.loads(done.stdout.splitlines()[-1])["total_batches"] == 4
+    for refused in (typo, not_pair):
+        assert refused.returncode == 1
+        assert "Traceback" not in refused.stderr
+    assert "max_lenght" in typo.stderr
+    assert "is not KEY=VALUE" in not_pair.stderr

@@ -26,13 +26,7 @@ from assay.config._limits import (
     MAX_NAME_CHARS,
 )
 from assay.config._schema import (
-    MAX_WEIGHT,
-    MIN_WEIGHT,
-    CheckpointStorageConfig,
     ExperimentConfig,
-    OptimizationsConfig,
-    Precision,
-    ResourcesConfig,
     load_config,
     parse_config,
     searcher_in_batches,
@@ -51,6 +45,14 @@ from assay.config._search import (
     preview,
     rung_lengths,
     search_spec,
+)
+from assay.config._sections import (
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+    CheckpointStorageConfig,
+    OptimizationsConfig,
+    Precision,
+    ResourcesConfig,
 )
 
 __all__ = [

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from assay._distributed import DistributedContext
-from assay.config._schema import FSDPConfig
+from assay.config._sections import FSDPConfig
 from assay.errors import TrainingError
 from assay.strategy import DDPStrategy, FSDPStrategy, SingleDeviceStrategy, strategy_for
 
@@ -157,7 +157,7 @@ def test_a_trial_scaler_is_refused_under_fsdp() -> None:
 
 
 def test_make_strategy_resolves_auto_precision_for_the_device() -> None:
-    from assay.config._schema import OptimizationsConfig
+    from assay.config._sections import OptimizationsConfig
     from assay.strategy import make_strategy
 
     two = DistributedContext(size=2, local_size=2)

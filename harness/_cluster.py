@@ -107,7 +107,7 @@ class ClusterSession:
         end (`tensorboard/trial-<id>` in the storage)."""
         from assay.core._backend import ClusterBackend
 
-        self.backend = ClusterBackend(spec, client=client, unit="batch")
+        self.backend = ClusterBackend(spec, client=client, unit="batch", echo=False)
         self.storage = storage
         self.tensorboard = (
             None if storage is None or local_root is None else Path(local_root) / TENSORBOARD

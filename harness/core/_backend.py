@@ -57,14 +57,19 @@ class ClusterBackend:
         retry_s: float | None = None,
         client: TrialClient | None = None,
         unit: str = "step",
+        *,
+        echo: bool = True,
     ) -> None:
         """`client`: an open `TrialClient` to use (and close); by default one to the
         spec's master, retrying for `retry_s` (`ASSAY_MASTER_RETRY_S`, else 15 min).
-        `unit`: what the logs call a count ("step" for scripts, "batch" for Trials)."""
+        `unit`: what the logs call a count ("step" for scripts, "batch" for Trials).
+        `echo`: log each report's line (`step 10 training: loss=...`), as a run off the
+        cluster prints it; the Trial harness logs its own and passes False."""
         from assay._trial_client import TrialClient, retry_budget_from_env
 
         self.spec = spec
         self.unit = unit
+        self.echo = echo
         if client is None:
             budget = retry_budget_from_env() if retry_s is None else retry_s
             client = TrialClient(spec.trial_api, spec.token, retry_s=budget)
@@ -79,8 +84,8 @@ class ClusterBackend:
         self.client.report_metrics(
             trial_pb2.ReportMetricsRequest(**self._ids, group=group, reports=[report])
         )
-        if group == "validation":
-            report_line("%s %d validation: %s", self.unit, steps, _fmt(dict(metrics)))
+        if self.echo:
+            report_line("%s %d %s: %s", self.unit, steps, group, _fmt(dict(metrics)))
 
     def next_target(self, units: int) -> int | None:
         from assay.proto import trial_pb2
@@ -135,7 +140,8 @@ class ClusterBackend:
         self.client.report_checkpoint(
             trial_pb2.ReportCheckpointRequest(**self._ids, checkpoint=checkpoint)
         )
-        _log_checkpoint(metadata, location, self.unit)
+        if self.echo:
+            _log_checkpoint(metadata, location, self.unit)
 
     def preempt_requested(self) -> bool:
         from assay.proto import trial_pb2

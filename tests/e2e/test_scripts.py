@@ -110,7 +110,9 @@ def test_core_api_tutorial_ports_on_one_slot_and_on_two_agents(
     assert sorted(c["total_batches"] for c in checkpoints)[-1] == 100
     trial_id = str(cluster.json("experiment", "describe", two)["trials"][0]["id"])
     logs = cluster.cli("trial", "logs", trial_id).stdout
-    assert "step 100 checkpoint" in logs, logs[-2000:]
+    # Each report's line once, training too, as a run off the cluster prints them.
+    for line in ("step 100 checkpoint", "step 100 training: x=", "step 100 validation: "):
+        assert logs.count(line) == 1, logs[-2000:]
 
 
 def test_trainer_api_port_on_one_slot_and_on_two_agents(cluster: Cluster, tmp_path: Path) -> None:
@@ -126,6 +128,10 @@ def test_trainer_api_port_on_one_slot_and_on_two_agents(cluster: Cluster, tmp_pa
         validation = cluster.json("trial", "metrics", str(trial["id"]), "--group", "validation")
         assert [int(r["total_batches"]) for r in validation] == [20, 40, 60, 80, 90]
         assert validation[-1]["metrics"]["accuracy"] > 0.8
+        # The harness logs each validation and checkpoint once (its backend echoes none).
+        logs = cluster.cli("trial", "logs", str(trial["id"])).stdout
+        assert logs.count("batch 40 validation: ") == 1, logs[-3000:]
+        assert logs.count("batch 90 checkpoint: ") == 1, logs[-3000:]
 
 
 def test_determineds_launcher_with_a_trial_class(cluster: Cluster, tmp_path: Path) -> None:

@@ -182,11 +182,7 @@ def finish_run(
         effects.append(Log(trial.id, run.run_id, message))
         effects += requeue(trial)
     elif outcome is O.SCRIPT_DONE:
-        message = (
-            f"assay: run {run.run_id} exited 0 at batch {trial.total_batches}, before "
-            f"its searcher target {trial.target}: the trial ends as completed"
-        )
-        effects.append(Log(trial.id, run.run_id, message))
+        effects.append(Log(trial.id, run.run_id, script_done_message(run.run_id, trial)))
         effects += end_trial(trial, T.COMPLETED, now)
         effects.append(Tell(exp, req, "on_trial_exited_early", ("user_canceled",)))
     elif outcome is O.INVALID_HP:
@@ -198,6 +194,27 @@ def finish_run(
         effects += _failed(run, trial, end, outcome, now)
     effects.append(Settle(exp))
     return outcome, effects
+
+
+def script_done_message(run_id: int, trial: TrialState) -> str:
+    """What the trial's log says when its script exited 0 with its searcher target open:
+    the searcher takes a target's result from a validation of `searcher.metric` reported
+    at or after the target's batch, so say which of the two was missing."""
+    at = f"assay: run {run_id} exited 0 at batch {trial.total_batches}"
+    if trial.best_validation is None:
+        why = (
+            "without reporting the searcher's metric (searcher.metric) in any validation, "
+            "so the searcher has no result from it"
+        )
+    elif trial.target is not None and trial.total_batches >= trial.target:
+        why = (
+            f"without a validation at or after its searcher target {trial.target} (the "
+            f"searcher takes its result from a validation reported at batch >= "
+            f"{trial.target}; validate once more before exiting)"
+        )
+    else:
+        why = f"before its searcher target {trial.target}"
+    return f"{at}, {why}: the trial ends as completed"
 
 
 def _failed(

@@ -199,3 +199,34 @@ def test_a_run_released_before_a_master_restart_is_promoted_not_failed() -> None
     taken_over = _run(exit_codes={"a0": [0]}, deadline=5.0)
     assert end(taken_over) is Outcome.RESTART
     assert end(taken_over, is_script=True) is Outcome.SCRIPT_DONE
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        (
+            {"total_batches": 400, "best_validation": None},
+            "exited 0 at batch 400, without reporting the searcher's metric (searcher.metric) "
+            "in any validation",
+        ),
+        (
+            # trained to its target, last validated before it (Lightning at an epoch's end)
+            {"total_batches": 400, "target": 400, "best_validation": 0.3},
+            "exited 0 at batch 400, without a validation at or after its searcher target 400",
+        ),
+        (
+            {"total_batches": 20, "target": 100, "best_validation": 0.3},
+            "exited 0 at batch 20, before its searcher target 100",
+        ),
+    ],
+    ids=["never-validated", "validated-before-target", "stopped-early"],
+)
+def test_a_script_done_says_what_the_searcher_missed(fields: dict[str, object], says: str) -> None:
+    trial = _trial(**fields)
+
+    outcome, effects = finish_run(_run(), trial, RunEnd((0,), target=200, is_script=True), NOW)
+
+    assert outcome is Outcome.SCRIPT_DONE
+    [log] = [e for e in effects if isinstance(e, fx.Log)]
+    assert says in log.message
+    assert log.message.endswith(": the trial ends as completed")

@@ -35,6 +35,7 @@ from assay.agent._credential import CredentialFile
 from assay.agent._devices import DeviceMonitor, detect_devices, slot_type_proto
 from assay.agent._isolation import Isolation
 from assay.agent._usage import RankProcess, RankSampler
+from assay.errors import PREEMPTED_EXIT_CODE
 from assay.proto import agent_pb2
 
 log = logging.getLogger("assay.agent")
@@ -106,6 +107,7 @@ class Agent:
         self._allocations: dict[str, Allocation] = {}
         self._rank_sampler = RankSampler()  # each rank's use, for the heartbeat
         self._stop_requests = 0  # a plain int: signal handlers only bump it
+        self._stopping = False  # shutting down: every heartbeat says so
 
     @property
     def running_allocations(self) -> list[str]:
@@ -144,7 +146,10 @@ class Agent:
         try:
             while True:
                 if self._stop_requests and not stopping:
-                    stopping = True
+                    stopping = self._stopping = True
+                    # First, so that the master places nothing here that would be
+                    # refused; the stopped trials then go to other agents.
+                    self.connection.send(agent_pb2.AgentMessage(heartbeat=self._heartbeat()))
                     self._stop_all(graceful=True)
                 if self._stop_requests > 1 and not forced:
                     forced = True
@@ -207,8 +212,12 @@ class Agent:
             with self._lock:
                 self._allocations.pop(allocation_id, None)
             log.warning("cannot start allocation %s: %s", allocation_id, e)
+            # A start refused because the agent is shutting down (the master placed it
+            # before it heard so) is stopped by the agent, as its running trials are:
+            # requeued, not a failure of the trial.
+            codes = (PREEMPTED_EXIT_CODE,) if stopping else ()
             self.connection.send(
-                state_change(allocation_id, agent_pb2.ALLOCATION_STATE_EXITED, (), str(e))
+                state_change(allocation_id, agent_pb2.ALLOCATION_STATE_EXITED, codes, str(e))
             )
 
     def _wait_for_slots(self, wanted: set[int], busy: set[int]) -> set[int]:
@@ -286,6 +295,7 @@ class Agent:
             cpu_utilization=busy,
             memory_used_fraction=psutil.virtual_memory().percent / 100.0,
             ranks=self._rank_sampler.sample(self._rank_processes(), devices),
+            stopping=self._stopping,
         )
 
     def _rank_processes(self) -> list[RankProcess]:

@@ -47,7 +47,9 @@ def registration(register: agent_pb2.Register, peer_host: str) -> Registration:
 
 
 def load(beat: agent_pb2.Heartbeat) -> Load:
-    return Load(beat.cpu_utilization, beat.memory_used_fraction, devices(beat.devices))
+    return Load(
+        beat.cpu_utilization, beat.memory_used_fraction, devices(beat.devices), beat.stopping
+    )
 
 
 def log_lines(batch: agent_pb2.LogBatch) -> list[LogLine]:

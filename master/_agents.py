@@ -51,6 +51,7 @@ class Load:
     cpu_utilization: float = 0.0
     memory_used_fraction: float = 0.0
     devices: tuple[Device, ...] = ()
+    stopping: bool = False  # the agent is shutting down: place nothing more on it
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ class AgentHandle:
     connected: bool = True
     enabled: bool = True
     draining: bool = False  # disabled with --drain: its running trials finish
+    # It said it is shutting down: nothing more is placed on it (its registration is not
+    # disabled; the agent's next registration places on it again).
+    stopping: bool = False
     pool: str = ""
     label: str = ""
     last_heartbeat: float = field(default_factory=time.time)

@@ -200,6 +200,12 @@ class Fleet:
             handle.memory_used_fraction = load.memory_used_fraction
             if load.devices:
                 handle.devices = load.devices
+            if load.stopping and not handle.stopping:
+                # Its trials are stopping at a checkpoint to be requeued: none may come
+                # back to it (it would refuse them) while it waits for them to exit.
+                handle.stopping = True
+                self.scheduler.set_agent_enabled(agent_id, False)
+                log.info("agent %s is shutting down: nothing more is placed on it", agent_id)
 
     def disconnected(self, agent_id: str, handle: AgentHandle | None, *, keep: bool) -> bool:
         """The stream of `handle` ended (a newer connection of the agent is kept); True

@@ -135,8 +135,13 @@ class Heartbeat(_message.Message):
     CPU_UTILIZATION_FIELD_NUMBER: _builtins.int
     MEMORY_USED_FRACTION_FIELD_NUMBER: _builtins.int
     RANKS_FIELD_NUMBER: _builtins.int
+    STOPPING_FIELD_NUMBER: _builtins.int
     cpu_utilization: _builtins.float
     memory_used_fraction: _builtins.float
+    stopping: _builtins.bool
+    """The agent is shutting down (SIGTERM): it stops its allocations and starts no more, so
+    the master places nothing more on it. A later registration of the agent clears it.
+    """
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -155,10 +160,11 @@ class Heartbeat(_message.Message):
         cpu_utilization: _builtins.float = ...,
         memory_used_fraction: _builtins.float = ...,
         ranks: _abc.Iterable[_common_pb2.RankUsage] | None = ...,
+        stopping: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_utilization", b"cpu_utilization", "devices", b"devices", "memory_used_fraction", b"memory_used_fraction", "ranks", b"ranks", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_utilization", b"cpu_utilization", "devices", b"devices", "memory_used_fraction", b"memory_used_fraction", "ranks", b"ranks", "stopping", b"stopping", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

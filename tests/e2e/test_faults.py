@@ -415,3 +415,67 @@ def test_an_agent_cut_off_from_the_master(tmp_path: Path, cut_s: int) -> None:
     finally:
         proxy.cut()
         stop_cluster(cluster)
+
+
+def _loop_config(tmp: Path, name: str, **hparams: Any) -> Path:
+    config = {
+        "name": name,
+        "entrypoint": "python3 loop.py",
+        "hyperparameters": hparams,
+        "searcher": {
+            "name": "single",
+            "metric": "value",
+            "smaller_is_better": False,
+            "max_length": {"batches": hparams["steps"]},
+        },
+        "max_restarts": 0,
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_an_agent_shutting_down_gets_no_new_trials_and_its_trials_resume_later(
+    tmp_path: Path,
+) -> None:
+    # `deploy local down` sends the agent SIGTERM: its trials stop at a checkpoint and are
+    # requeued. One that stopped first used to be placed back on the agent while it
+    # waited for the other, and its refusal counted as a failure (ERROR at
+    # max_restarts: 0). Now the agent says it is shutting down, the master places
+    # nothing on it, and both trials resume on the agent's next start, 0 restarts.
+    scripts = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
+    cluster = start_cluster(tmp_path, None, agents=1, slots=2)
+    try:
+        quick = _loop_config(tmp_path, "quick", steps=400, every=1, sleep=0.02)
+        slow = _loop_config(tmp_path, "slow", steps=100, every=25, sleep=0.1)
+        eids = [
+            int(cluster.json("experiment", "create", str(c), str(scripts))["id"])
+            for c in (quick, slow)
+        ]
+        for eid in eids:
+            _eventually(
+                lambda eid=eid: (
+                    bool(_describe(cluster, eid)["trials"])
+                    and _validations(cluster, _describe(cluster, eid)["trials"][0]["id"]) != []
+                ),
+                120,
+                cluster,
+                f"experiment {eid} validating",
+            )
+        agent = cluster.procs[1]
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=60) == 0, cluster.dump_logs()
+        for eid in eids:
+            [trial] = _describe(cluster, eid)["trials"]
+            assert trial["state"] == "QUEUED", cluster.dump_logs()
+            assert trial["restarts"] == 0
+        _agent(cluster, tmp_path, "agent0", cluster.address)
+        for eid in eids:
+            _eventually(_state(cluster, eid, "COMPLETED", "ERROR"), 180, cluster, "the end")
+            [trial] = _describe(cluster, eid)["trials"]
+            assert trial["state"] == "COMPLETED", cluster.dump_logs()
+            assert trial["restarts"] == 0
+        master_log = cluster.logs[0].read_text()
+        assert "agent agent0 is shutting down: nothing more is placed on it" in master_log
+    finally:
+        stop_cluster(cluster)

@@ -91,7 +91,7 @@ def create_command(
     and must stay under 96 MiB compressed. With --follow, exits 0 only if the experiment
     completes; it ends with one line: the state, the best metric and its checkpoint.
     """
-    from assay.common.archive import pack_model_dir
+    from assay.common.archive import pack_model_dir, packed_checkpoint_warning
     from assay.config import load_config, searcher_in_batches
 
     if follow and paused:
@@ -126,6 +126,9 @@ def create_command(
     if problem is not None:
         raise AssayError(problem)
     archive = pack_model_dir(model_dir)
+    packed_checkpoints = packed_checkpoint_warning(archive)
+    if packed_checkpoints is not None:
+        click.echo(f"warning: {packed_checkpoints}", err=True)
     api = client()
     response = api.create_experiment(text, archive, activate=not paused)
     created = response.experiment

@@ -370,6 +370,33 @@ _DRIVE = re.compile(r"[A-Za-z]:")
 _OUTSIDE = "would be written outside the model directory"
 
 
+# Files a training run writes for itself: shipped with the code, every trial gets them,
+# and code that resumes from a path (Lightning's `ckpt_path="last"`) resumes from them.
+CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".safetensors")
+
+
+def packed_checkpoint_warning(archive: bytes, *, shown: int = 3) -> str | None:
+    """A warning naming the checkpoint-like files `archive` (a packed model directory)
+    holds, with their total size; None if it holds none."""
+    found: list[tuple[str, int]] = []
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        for member in tar:
+            if member.isfile() and member.name.lower().endswith(CHECKPOINT_SUFFIXES):
+                found.append((member.name, member.size))
+    if not found:
+        return None
+    names = ", ".join(name for name, _ in found[:shown])
+    more = f" and {len(found) - shown} more" if len(found) > shown else ""
+    total = format_bytes(sum(size for _, size in found))
+    noun = "file" if len(found) == 1 else "files"
+    return (
+        f"the model directory holds {len(found)} checkpoint {noun} ({total}: {names}{more}): "
+        "every trial gets them, and code that resumes from a path (such as Lightning's "
+        "ckpt_path='last') resumes from them instead of starting fresh; list them in "
+        f"{IGNORE_FILE} unless the trial needs them"
+    )
+
+
 def _refused(name: str, rule: str) -> ModelDefinitionError:
     shown = name if len(name) <= 120 else name[:120] + "..."
     return ModelDefinitionError(f"archive member {shown!r} {rule}")

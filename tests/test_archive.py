@@ -354,3 +354,25 @@ def test_a_plain_runs_output_stays_out_of_the_archive(tmp_path: Path) -> None:
     assert "train.py" in names
     assert any(n.startswith("checkpoints/") for n in names)
     assert not any(n.startswith("assay-metrics") for n in names)
+
+
+def test_packed_checkpoint_files_are_named_in_one_warning(tmp_path: Path) -> None:
+    from assay.common.archive import packed_checkpoint_warning
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    assert packed_checkpoint_warning(pack_model_dir(tmp_path)) is None
+    (tmp_path / "lightning_ckpts").mkdir()
+    for i in range(4):
+        (tmp_path / "lightning_ckpts" / f"epoch={i}.ckpt").write_bytes(b"x" * 1024)
+    (tmp_path / "weights.PT").write_bytes(b"x" * 1024)
+
+    warning = packed_checkpoint_warning(pack_model_dir(tmp_path))
+
+    assert warning is not None
+    assert warning.startswith("the model directory holds 5 checkpoint files (5.0 KiB: ")
+    assert "lightning_ckpts/epoch=0.ckpt" in warning
+    assert "and 2 more" in warning
+    assert "ckpt_path='last'" in warning
+    assert ".assayignore" in warning
+    (tmp_path / ".assayignore").write_text("lightning_ckpts/\n*.PT\n")
+    assert packed_checkpoint_warning(pack_model_dir(tmp_path)) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -16,6 +17,8 @@ from assay.client._checkpoint import Checkpoint
 from assay.client._experiment import Experiment, Trial
 from assay.client._model import Model
 from assay.errors import AssayError
+
+log = logging.getLogger("assay")
 
 if TYPE_CHECKING:
     from assay.proto import api_pb2
@@ -57,13 +60,17 @@ class Session:
         `.assayignore`) with `config` (a YAML file's path, or the config as a dict) and
         start it (`activate=False`: created paused). The master validates the config and
         refuses a bad one with `InvalidRequestError`, naming each key to fix."""
-        from assay.common.archive import pack_model_dir
+        from assay.common.archive import pack_model_dir, packed_checkpoint_warning
 
         text = _config_text(config)
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
             raise AssayError(f"model directory {model_dir} does not exist")
-        response = self.api.create_experiment(text, pack_model_dir(model_dir), activate)
+        archive = pack_model_dir(model_dir)
+        packed_checkpoints = packed_checkpoint_warning(archive)
+        if packed_checkpoints is not None:
+            log.warning("%s", packed_checkpoints)
+        response = self.api.create_experiment(text, archive, activate)
         return Experiment(self.api, response.experiment)
 
     def get_experiment(self, experiment_id: int) -> Experiment:

@@ -240,3 +240,29 @@ def test_the_python_sdk_and_load_checkpoint_use_the_local_cluster_too(
     assert address == f"127.0.0.1:{port} admin"
     assert "cannot reach" not in error
     assert "00000000-0000-0000-0000-000000000000" in error
+
+
+def test_create_warns_of_checkpoint_files_in_the_model_directory(
+    cluster: tuple[Shell, int], tmp_path: Path
+) -> None:
+    # A local run left Lightning's last.ckpt in the directory: shipped with the code, a
+    # trial resuming from ckpt_path="last" would start from the laptop's weights.
+    sh, _ = cluster
+    (tmp_path / "train.py").write_text(FAILING_SCRIPT)
+    (tmp_path / "lightning_ckpts").mkdir()
+    (tmp_path / "lightning_ckpts" / "last.ckpt").write_bytes(b"w" * 2048)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "entrypoint": "python3 train.py",
+                "searcher": {"name": "single", "metric": "loss", "max_length": 10},
+            }
+        )
+    )
+
+    created = sh.run("experiment", "create", str(config), str(tmp_path), "--paused")
+
+    assert created.returncode == 0, created.stderr
+    assert created.stderr.count("warning: ") == 1, created.stderr
+    assert "holds 1 checkpoint file (2.0 KiB: lightning_ckpts/last.ckpt)" in created.stderr

@@ -25,6 +25,7 @@ import pickle
 import random
 import shutil
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -157,6 +158,32 @@ def _fsync_dir(path: Path) -> None:
 def staging_dir(root: Path, uuid: str) -> Path:
     """Where checkpoint `uuid` is written under `root` before it is renamed into place."""
     return root / f".tmp-{uuid}"
+
+
+def check_writable(directory: Path, fix: str) -> None:
+    """Fail before training, not at the first checkpoint, if `directory` cannot take
+    checkpoints; `fix` says what to change (the setting that named the directory)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".assay-probe-"):
+            pass
+    except OSError as e:
+        raise CheckpointError(
+            f"cannot write checkpoints to {directory}: {e.strerror or e}; {fix}"
+        ) from None
+
+
+def cluster_storage_fix(host_path: str | None) -> str:
+    """What to change when a trial on the cluster cannot write its shared_fs directory."""
+    if host_path is None:
+        return (
+            "the master's checkpoint root must be writable at the same path on every agent "
+            "(or set checkpoint_storage.host_path)"
+        )
+    return (
+        f"checkpoint_storage.host_path ({host_path}) must be a directory every agent can "
+        "write, mounted at the same path on each"
+    )
 
 
 def write_checkpoint(

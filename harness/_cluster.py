@@ -40,6 +40,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from assay._checkpoint import check_writable, cluster_storage_fix
 from assay._session import CheckpointReport, MetricsReport, log_metrics
 from assay._spec import SPEC_ENV, ClusterSpec, WorkerSpec
 from assay._trial_client import TrialClient, retry_budget_from_env
@@ -114,6 +115,9 @@ class ClusterSession:
         )
         self.storage_config = parse_config(spec.config).checkpoint_storage
         self.checkpoint_root = spec.checkpoint_root
+        if storage is None:  # shared_fs: checkpoints are written in place
+            fix = cluster_storage_fix(self.storage_config.host_path)
+            check_writable(Path(spec.checkpoint_root), fix)
         self.last_validation: dict[str, float] = {}
         self.last_validation_batches = -1
 

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from assay._banner import banner
+from assay._checkpoint import check_writable
 from assay._spec import LocalResult, WorkerSpec
 from assay.common.archive import make_local_output_dir
 from assay.config import ExperimentConfig, environment_of, load_config, parse_config
-from assay.errors import AssayError, InvalidConfigError, TrainingError
+from assay.errors import InvalidConfigError, TrainingError
 
 if TYPE_CHECKING:
     from assay._trial import Trial
@@ -156,15 +157,7 @@ def _storage_dir(config: ExperimentConfig) -> Path | None:
 
 def _check_writable(directory: Path) -> None:
     """Fail before training, not at the first checkpoint, if checkpoints cannot be written."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".assay-probe-"):
-            pass
-    except OSError as e:
-        raise AssayError(
-            f"cannot write checkpoints to {directory}: {e.strerror or e}; pass a writable "
-            "--checkpoint-dir (or checkpoint_storage.host_path)"
-        ) from None
+    check_writable(directory, "pass a writable --checkpoint-dir (or checkpoint_storage.host_path)")
 
 
 def _entrypoint_of(trial: type[Trial]) -> tuple[Path, str]:

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, overload
 
+from assay._checkpoint import check_writable, cluster_storage_fix
 from assay._spec import ClusterSpec, LocalSpec, spec_from_env
 from assay.common.storage import SharedFSStorage, StorageManager, storage_for, trial_storage
 from assay.core._backend import Backend, ClusterBackend, LocalBackend
@@ -197,6 +198,9 @@ def init(
             log.warning("checkpoint_storage= is ignored on a cluster: the experiment's is used")
         assert config is not None
         storage = trial_storage(config.checkpoint_storage, spec.checkpoint_root)
+        if chief and isinstance(storage, SharedFSStorage):
+            fix = cluster_storage_fix(config.checkpoint_storage.host_path)
+            check_writable(storage.root, fix)
         backend = ClusterBackend(spec) if chief else None
     else:
         storage, metrics_path = _local_storage(spec, checkpoint_storage)

@@ -452,16 +452,16 @@ def test_an_agent_shutting_down_gets_no_new_trials_and_its_trials_resume_later(
             int(cluster.json("experiment", "create", str(c), str(scripts))["id"])
             for c in (quick, slow)
         ]
+
+        def validating(eid: int) -> Callable[[], bool]:
+            def check() -> bool:
+                trials = _describe(cluster, eid)["trials"]
+                return bool(trials) and _validations(cluster, trials[0]["id"]) != []
+
+            return check
+
         for eid in eids:
-            _eventually(
-                lambda eid=eid: (
-                    bool(_describe(cluster, eid)["trials"])
-                    and _validations(cluster, _describe(cluster, eid)["trials"][0]["id"]) != []
-                ),
-                120,
-                cluster,
-                f"experiment {eid} validating",
-            )
+            _eventually(validating(eid), 120, cluster, f"experiment {eid} validating")
         agent = cluster.procs[1]
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=60) == 0, cluster.dump_logs()

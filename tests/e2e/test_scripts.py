@@ -362,3 +362,32 @@ def _wait_any(cluster: Cluster, eid: str) -> dict[str, Any]:
     cluster.cli("experiment", "wait", eid, "--timeout", str(WAIT_S), timeout=WAIT_S + 60)
     described: dict[str, Any] = cluster.json("experiment", "describe", eid)
     return described
+
+
+@pytest.mark.parametrize("kind", ["script", "trial"])
+def test_a_host_path_no_agent_can_write_fails_before_training_and_names_the_setting(
+    cluster: Cluster, tmp_path: Path, kind: str
+) -> None:
+    # Before: the trial trained, then failed at its first checkpoint with a bare
+    # "FileNotFoundError: ... '/proc/nonexistent'", and each restart trained again.
+    from tests.conftest import REGRESSION_DIR, regression_config
+
+    storage = {"type": "shared_fs", "host_path": "/proc/nonexistent"}
+    if kind == "script":
+        config, model_dir = _loop(steps=20, every=5), SCRIPTS
+    else:
+        config, model_dir = regression_config(batches=20), REGRESSION_DIR
+    config = {**config, "checkpoint_storage": storage, "max_restarts": 0}
+    eid = _create(cluster, config, model_dir, tmp_path)
+    done = cluster.cli("experiment", "wait", eid, "--timeout", str(WAIT_S), timeout=WAIT_S + 60)
+    described = cluster.json("experiment", "describe", eid)
+
+    assert done.returncode != 0
+    [trial] = described["trials"]
+    assert trial["state"] == "ERROR", cluster.dump_logs()
+    assert trial["total_batches"] == 0
+    assert "cannot write checkpoints to /proc/nonexistent" in trial["last_error"]
+    assert (
+        "checkpoint_storage.host_path (/proc/nonexistent) must be a directory"
+        in (trial["last_error"])
+    )

@@ -391,3 +391,25 @@ def test_a_host_path_no_agent_can_write_fails_before_training_and_names_the_sett
         "checkpoint_storage.host_path (/proc/nonexistent) must be a directory"
         in (trial["last_error"])
     )
+
+
+def test_a_lightning_trainer_with_assays_callback_is_stopped_at_a_rung_and_resumed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # assay.lightning.AssayCallback: reports Lightning's logged metrics; the first trial
+    # (the better lr, seed 0) stops at the rung (20 steps, 2 epochs) at a checkpoint and
+    # waits for the second, one trial at a time; promoted, it resumes from that
+    # checkpoint (Lightning restores its own state, EarlyStopping's too) and trains to 40.
+    lightning_dir = ROOT / "tests" / "fixtures" / "lightning"
+    eid = _create(cluster, lightning_dir / "asha.yaml", lightning_dir, tmp_path)
+    described = _wait(cluster, eid)
+    assert described["state"] == "COMPLETED", cluster.dump_logs()
+    trials = sorted(described["trials"], key=lambda t: t["total_batches"])
+    assert [t["total_batches"] for t in trials] == [20, 40]
+    assert all(t["restarts"] == 0 for t in trials)
+    top = trials[-1]
+    assert _steps(cluster, top["id"], "validation") == [10, 20, 30, 40]
+    assert _steps(cluster, top["id"], "training")[:2] == [5, 10]
+    logs = cluster.cli("trial", "logs", str(top["id"])).stdout
+    assert "Restored all states from the checkpoint" in logs, logs[-3000:]
+    assert "Traceback" not in logs, logs[-3000:]

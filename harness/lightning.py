@@ -1,0 +1,248 @@
+"""Lightning's `Trainer` on Assay: one callback reports, checkpoints, stops and resumes.
+
+    import assay, assay.core, lightning as L
+    from assay.lightning import AssayCallback
+
+    with assay.core.init() as core:
+        assay_cb = AssayCallback(core)
+        trainer = L.Trainer(max_steps=assay_cb.max_steps(default=1000), callbacks=[assay_cb])
+        assay_cb.fit(trainer, model, train_loader, val_loader)
+
+The searcher's lengths count Lightning's `global_step` (optimizer steps). The callback:
+- reports what the LightningModule logs (`self.log`): the values logged in training every
+  `log_every_n_steps`, and those logged in validation after each validation, at the
+  step it ran at (rank 0; the searcher reads `searcher.metric` among them);
+- stores a checkpoint (`trainer.save_checkpoint`, every rank taking part as Lightning's
+  strategies need) at the end of every epoch (after every other callback), when the
+  cluster asks the trial to stop (a pause, a preemption, an ASHA rung), and at the end of
+  training;
+- asks `should_preempt()` once per optimizer step and at each epoch's end, on every rank, and
+  stops the Trainer there after storing a checkpoint;
+- gives `fit` the trial's latest checkpoint to resume from (after a pause, a restart, a
+  promotion), and validates once more after training when the last step was not
+  validated: Lightning does not validate when `max_steps` ends an epoch early, and the
+  searcher needs a validation at its target.
+
+The epoch's checkpoint is taken after every other callback has ended the epoch: one
+taken earlier (in a validation, or before EarlyStopping's check) makes Lightning run the
+rest of the epoch's end again on resume, before any validation, and an `EarlyStopping`
+on a validation metric then fails. Strategies that write one checkpoint file (one device,
+DDP) are supported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+import assay
+from assay.core import Context
+
+log = logging.getLogger("assay")
+
+CHECKPOINT_FILE = "lightning.ckpt"
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics that are one number (tensors of one element included)."""
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):
+            out[name] = float(value)
+    return out
+
+
+class AssayCallback(Callback):
+    """See the module docstring. `core`: the context `assay.core.init()` gave."""
+
+    def __init__(self, core: Context, *, report_every_n_steps: int | None = None) -> None:
+        self.core = core
+        self.every = report_every_n_steps
+        self._info = assay.get_cluster_info()
+        self._restore: contextlib.ExitStack | None = None
+        self._last_reported = -1
+        self._last_validated = -1
+        self._last_saved = -1
+        self._asked_at = -1
+        self._before_validation: dict[str, Any] = {}
+        self._validation_keys: set[str] = set()
+        self.preempted = False
+        self._last_metrics: dict[str, Any] = {}
+        self._restored_metrics: dict[str, float] = {}
+
+    # --- what to pass the Trainer and fit ------------------------------------------------
+
+    def max_steps(self, default: int) -> int:
+        """The searcher's length on a cluster or under run-local (in optimizer steps),
+        else `default` (a plain `python3 train.py`)."""
+        info = self._info
+        if info is None or not info.trial.max_length:
+            return default
+        return int(info.trial.max_length)
+
+    def ckpt_path(self) -> str | None:
+        """The Lightning checkpoint of the trial's latest Assay checkpoint, for
+        `trainer.fit(ckpt_path=...)`; None when the trial starts fresh. It stays readable
+        until `fit` ends."""
+        info = self._info
+        if info is None or not info.latest_checkpoint:
+            return None
+        if self._restore is None:
+            self._restore = contextlib.ExitStack()
+            path = self._restore.enter_context(
+                self.core.checkpoint.restore_path(info.latest_checkpoint)
+            )
+            self._restored = path / CHECKPOINT_FILE
+            if not self._restored.is_file():
+                self._restore.close()
+                self._restore = None
+                raise assay.errors.AssayError(
+                    f"checkpoint {info.latest_checkpoint} holds no {CHECKPOINT_FILE}: it was "
+                    "not stored by AssayCallback, so Lightning cannot resume from it"
+                )
+        return str(self._restored)
+
+    def fit(
+        self,
+        trainer: Trainer,
+        model: LightningModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: Any = None,
+    ) -> None:
+        """`trainer.fit` from the trial's latest checkpoint, then one more validation if
+        training ended at a step that was not validated (and was not stopped early by
+        the cluster)."""
+        callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+        if self not in callbacks:
+            raise assay.errors.AssayError(
+                "pass this AssayCallback to the Trainer: L.Trainer(callbacks=[assay_cb])"
+            )
+        # Last, after Lightning's own callbacks (it puts its ModelCheckpoints last): a
+        # checkpoint taken before another callback has ended the epoch makes Lightning run
+        # that callback's end of the epoch again on resume (EarlyStopping then fails:
+        # no validation metric yet).
+        callbacks.remove(self)
+        callbacks.append(self)
+        try:
+            trainer.fit(
+                model,
+                train_dataloaders=train_dataloaders,
+                val_dataloaders=val_dataloaders,
+                datamodule=datamodule,
+                ckpt_path=self.ckpt_path(),
+            )
+        finally:
+            if self._restore is not None:
+                self._restore.close()
+                self._restore = None
+        if (
+            0 <= self._last_validated < trainer.global_step  # it validates, not at the end
+            and not self.preempted
+            and not trainer.interrupted
+        ):
+            if val_dataloaders is not None:
+                trainer.validate(model, dataloaders=val_dataloaders)
+            else:
+                trainer.validate(model, datamodule=datamodule)
+
+    # --- Lightning's hooks ---------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        # The metrics of the last validation: Lightning runs the end of the checkpoint's
+        # epoch again on resume, where an EarlyStopping checks its metric, which would be
+        # missing until the next validation.
+        return {
+            "callback_metrics": _numbers(self._last_metrics),
+            "last_validated": self._last_validated,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored_metrics = dict(state_dict.get("callback_metrics", {}))
+        self._last_validated = int(state_dict.get("last_validated", -1))
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._restored_metrics:
+            import torch
+
+            for name, value in self._restored_metrics.items():
+                trainer.callback_metrics.setdefault(name, torch.tensor(value))
+        if self._restore is not None:
+            self._last_saved = trainer.global_step  # resumed from that very checkpoint
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step == self._asked_at:
+            return  # a micro-batch of gradient accumulation: no optimizer step yet
+        self._asked_at = step
+        every = self.every or getattr(trainer, "log_every_n_steps", 0) or 1
+        if trainer.is_global_zero and step % every == 0 and step != self._last_reported:
+            metrics = {
+                k: v for k, v in trainer.callback_metrics.items() if k not in self._validation_keys
+            }
+            if numbers := _numbers(metrics):
+                self.core.train.report_training_metrics(steps_completed=step, metrics=numbers)
+                self._last_reported = step
+        self._stop_if_asked(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # `fit` put this callback last: every other callback has ended the epoch
+        # (EarlyStopping's check, for one), so the checkpoint resumes at the next epoch.
+        if not self._stop_if_asked(trainer):
+            self._save(trainer)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._before_validation = dict(trainer.callback_metrics)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        after = trainer.callback_metrics
+        logged = {
+            k: v
+            for k, v in after.items()
+            if k not in self._before_validation or self._before_validation[k] is not v
+        }
+        self._validation_keys |= set(logged)
+        self._last_metrics = dict(after)
+        step = trainer.global_step
+        self._last_validated = step
+        if trainer.is_global_zero and (numbers := _numbers(logged)):
+            self.core.train.report_validation_metrics(steps_completed=step, metrics=numbers)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._save(trainer)
+
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def _stop_if_asked(self, trainer: Trainer) -> bool:
+        """Ask the cluster (a collective: every rank asks); if it wants the trial to stop,
+        store a checkpoint and stop the Trainer."""
+        if self.preempted or not self.core.preempt.should_preempt():
+            return self.preempted
+        self._save(trainer)
+        self.preempted = True
+        trainer.should_stop = True
+        log.info("step %d: stopped at a checkpoint, as the cluster asked", trainer.global_step)
+        return True
+
+    def _save(self, trainer: Trainer) -> None:
+        """Store Lightning's checkpoint as an Assay checkpoint, once per step; every
+        rank takes part (Lightning's strategies gather and synchronise), rank 0 writes."""
+        step = trainer.global_step
+        if step == self._last_saved or step == 0:
+            return
+        self._last_saved = step
+        metadata = {"steps_completed": step, "epoch": trainer.current_epoch}
+        with self.core.checkpoint.store_path(metadata, shard=True) as (path, _):
+            trainer.save_checkpoint(str(Path(path) / CHECKPOINT_FILE))
+
+
+__all__ = ["CHECKPOINT_FILE", "AssayCallback"]

@@ -1,0 +1,97 @@
+"""`assay.lightning.AssayCallback` off the cluster: a plain `python3 train.py` and
+`assay trial run-local`, on the Lightning project in tests/fixtures/lightning (10 steps an
+epoch, validated at each epoch's end, with Lightning's EarlyStopping and ModelCheckpoint).
+On a cluster: tests/e2e/test_scripts.py (stopped at an ASHA rung, resumed when promoted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lightning"
+TIMEOUT = 300
+
+pytest.importorskip("lightning")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    shutil.copytree(FIXTURE, tmp_path / "project")
+    return tmp_path / "project"
+
+
+def _run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def _records(project: Path) -> list[dict[str, Any]]:
+    lines = (project / "assay-metrics" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _checkpoints(project: Path) -> dict[int, Path]:
+    found = {}
+    for path in (project / "checkpoints").iterdir():
+        if (path / "metadata.json").is_file():
+            metadata = json.loads((path / "metadata.json").read_text())
+            found[int(metadata["total_batches"])] = path
+    return found
+
+
+def test_a_plain_run_reports_checkpoints_and_validates_its_last_step(project: Path) -> None:
+    done = _run(project, "train.py")
+
+    records = _records(project)
+    steps = {
+        group: [r["steps_completed"] for r in records if r.get("group") == group]
+        for group in ("training", "validation")
+    }
+    # Lightning validates at epoch ends (10, 20); max_steps 25 ends the third epoch early,
+    # so the callback validates once more at 25, where a searcher's target would be.
+    assert steps["validation"] == [10, 20, 25]
+    assert steps["training"] == [5, 10, 15, 20, 25]
+    validation = [r["metrics"] for r in records if r.get("group") == "validation"]
+    assert set(validation[0]) == {"val_loss", "val_acc"}  # what validation_step logged
+    training = [r["metrics"] for r in records if r.get("group") == "training"]
+    assert set(training[0]) == {"train_loss"}
+    assert sorted(_checkpoints(project)) == [10, 20, 25]
+    assert all((p / "lightning.ckpt").is_file() for p in _checkpoints(project).values())
+    assert "done at step 25" in done.stdout
+
+
+def test_run_local_resumes_from_an_epochs_checkpoint_with_early_stopping(
+    project: Path,
+) -> None:
+    # A checkpoint taken before EarlyStopping had ended its epoch made Lightning run that
+    # end again on resume, without the metric: "Early stopping conditioned on metric
+    # `val_loss` which is not available".
+    cli = ["-m", "assay.cli.main", "trial", "run-local", "single.yaml", ".", "--json"]
+    _run(project, *cli)
+    at_20 = _checkpoints(project)[20]
+
+    resumed = _run(project, *cli, "--resume-from", str(at_20))
+
+    result = json.loads(resumed.stdout.splitlines()[-1])
+    assert result["total_batches"] == 25
+    assert set(result["validation_metrics"]) == {"val_loss", "val_acc"}
+    assert "Restored all states from the checkpoint" in resumed.stderr
+    assert "step 20 checkpoint" not in resumed.stderr  # not stored again at its own step
+    assert "step 25 validation" in resumed.stderr

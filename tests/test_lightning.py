@@ -95,3 +95,19 @@ def test_run_local_resumes_from_an_epochs_checkpoint_with_early_stopping(
     assert "Restored all states from the checkpoint" in resumed.stderr
     assert "step 20 checkpoint" not in resumed.stderr  # not stored again at its own step
     assert "step 25 validation" in resumed.stderr
+
+
+def test_two_ddp_slots_report_once_and_resume_together(project: Path) -> None:
+    cli = ["-m", "assay.cli.main", "trial", "run-local", "single.yaml", ".", "--json"]
+    first = _run(project, *cli, "--slots", "2")
+    # 5 steps an epoch on each of 2 ranks (Lightning's distributed sampler).
+    assert sorted(_checkpoints(project)) == [5, 10, 15, 20, 25]
+    assert first.stderr.count("step 10 validation") == 1  # rank 0 reports
+
+    resumed = _run(project, *cli, "--slots", "2", "--resume-from", str(_checkpoints(project)[10]))
+
+    assert json.loads(resumed.stdout.splitlines()[-1])["total_batches"] == 25
+    assert resumed.stderr.count("Restored all states from the checkpoint") >= 1
+    validated = [s for s in (15, 20, 25) if f"step {s} validation" in resumed.stderr]
+    assert validated == [15, 20, 25]
+    assert "step 10 validation" not in resumed.stderr

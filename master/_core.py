@@ -473,6 +473,11 @@ class Master:
             trial = self.trials.get(run.trial_id)
             if trial is not None:
                 reports.metrics_stored(trial, done)
+                if experiment is not None and (
+                    effects := trial_life.progress_trained(experiment, trial)
+                ):
+                    self.interpreter.do(effects)
+                    self.commit.ticket()  # not waited for: the rows are stored
         return done.stored
 
     def report_checkpoint(self, run: Run, checkpoint: CheckpointRecord) -> None:

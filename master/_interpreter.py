@@ -296,7 +296,12 @@ class Interpreter:
                     self._apply(effect)
         for request_id in sorted(copied):
             self._checkpoint_for_copies(experiment.by_request[request_id])
-        progress = max(experiment.progress, experiment.searcher.progress())
+        progress = experiment.progress
+        if experiment.config.searcher.name != "single":
+            # A search's progress is its budget spent; a `single` one's, its trial's
+            # batches (`trial.progress_trained`): the searcher counts a failed trial's
+            # remaining batches as spent, which read 99% for a trial that failed at once.
+            progress = max(progress, experiment.searcher.progress())
         search = {"searcher_state": experiment.search_state(), "progress": progress}
         self.ledger.set_experiment(experiment.id, search)
 

@@ -8,6 +8,8 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, get_args
 
+from assay.config import searcher_in_batches
+from assay.errors import InvalidConfigError
 from assay.master._agents import StartRun as AgentStart
 from assay.master.lifecycle._effects import (
     Effect,
@@ -197,6 +199,25 @@ def experiment_best(experiment: ExperimentState) -> float | None:
     if not values:
         return None
     return min(values) if experiment.config.searcher.smaller_is_better else max(values)
+
+
+def progress_trained(experiment: ExperimentState, trial: TrialState) -> list[Effect]:
+    """A `single` search's progress as its one trial trains: its batches over
+    `searcher.max_length`, moved by whole percents (a write at most every 1%), below 1
+    until the experiment completes. None for a length without a bound."""
+    if experiment.config.searcher.name != "single":
+        return []
+    try:
+        length = searcher_in_batches(experiment.config).max_length
+    except InvalidConfigError:  # refused when the experiment was created
+        return []
+    if not length.bounded:
+        return []
+    length_value = max(length.value, 1)
+    progress = min(math.floor(100 * trial.total_batches / length_value) / 100, 0.99)
+    if progress < experiment.progress + 0.01:
+        return []
+    return [SetExperiment(experiment.id, {"progress": progress})]
 
 
 def progress_reported(experiment: ExperimentState, progress: float) -> list[Effect]:

@@ -276,6 +276,9 @@ def test_pause_and_activate_resume_a_script_at_the_exact_step(
     stopped_at = trial["total_batches"]
     assert 30 <= stopped_at < 400
     assert max(c["total_batches"] for c in cluster.json("checkpoint", "list", eid)) == stopped_at
+    # A `single` search's progress is its trial's batches (it read 0% until the end).
+    progress = cluster.json("experiment", "describe", eid)["progress"]
+    assert progress == pytest.approx(stopped_at / 400, abs=0.011)
     assert cluster.cli("experiment", "activate", eid).returncode == 0
 
     described = _wait(cluster, eid)
@@ -386,6 +389,7 @@ def test_a_host_path_no_agent_can_write_fails_before_training_and_names_the_sett
     [trial] = described["trials"]
     assert trial["state"] == "ERROR", cluster.dump_logs()
     assert trial["total_batches"] == 0
+    assert described["progress"] == 0  # it read 99%: the searcher counted its batches
     assert "cannot write checkpoints to /proc/nonexistent" in trial["last_error"]
     assert (
         "checkpoint_storage.host_path (/proc/nonexistent) must be a directory"

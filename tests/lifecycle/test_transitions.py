@@ -539,3 +539,35 @@ def test_a_run_told_no_more_before_a_restart_is_still_released() -> None:
     paused = _awaited(experiment, trial, RELEASED)
     assert paused is not None
     assert (paused.released, paused.stopping) == (False, "pause")
+
+
+def test_a_single_searchs_progress_is_its_trials_batches_by_whole_percents() -> None:
+    experiment = _experiment(max_length={"batches": 1000})
+    trial = _trial(experiment, 1, T.RUNNING, total_batches=600)
+
+    moved = trial_life.progress_trained(experiment, trial)
+    experiment.progress = 0.6
+    trial.total_batches = 605  # less than a percent more: no write
+    unmoved = trial_life.progress_trained(experiment, trial)
+    trial.total_batches = 1000  # all of it: still below 1 until the experiment completes
+    last = trial_life.progress_trained(experiment, trial)
+
+    assert moved == [fx.SetExperiment(1, {"progress": 0.6})]
+    assert unmoved == []
+    assert last == [fx.SetExperiment(1, {"progress": 0.99})]
+
+
+def test_progress_by_batches_is_a_single_searchs_only() -> None:
+    asha = _experiment(name="asha", max_trials=4, max_length={"batches": 100})
+    unbounded = parse_config(
+        {
+            "entrypoint": "python3 train.py",
+            "searcher": {"name": "single", "metric": "loss"},
+        }
+    )
+    script = ExperimentState(2, unbounded, E.ACTIVE, 0, new_searcher(unbounded))
+
+    assert trial_life.progress_trained(asha, _trial(asha, 1, T.RUNNING, total_batches=50)) == []
+    trial = TrialState(2, 2, "r2", {}, 0, T.RUNNING, total_batches=50)
+    script.add_trial(trial)
+    assert trial_life.progress_trained(script, trial) == []

@@ -59,6 +59,27 @@ log = logging.getLogger("assay")
 PREEMPT_VOTE_BATCHES = 8
 
 
+def _warn_records_per_epoch(records: int, global_batch: int, batches: int | None) -> None:
+    """Say so when `records_per_epoch` disagrees with the training data: the master
+    converts lengths in epochs with it, while the harness's epochs are the loader's."""
+    if batches is None:
+        return
+    by_config = -(-records // global_batch)
+    if abs(by_config - batches) > 1:  # 1: a loader that drops its last, short batch
+        log.warning(
+            "records_per_epoch (%d) makes an epoch %d batches of %d, but the training data "
+            "loader gives %d: on a cluster a searcher length in epochs counts %d batches an "
+            "epoch, periods and run-local %d; set records_per_epoch to the training set's "
+            "size",
+            records,
+            by_config,
+            global_batch,
+            batches,
+            by_config,
+            batches,
+        )
+
+
 @dataclass
 class TrainState:
     """Counters that a checkpoint carries, so a restored trial continues exactly."""
@@ -130,6 +151,8 @@ class TrialController:
         records = self.config.records_per_epoch
         if self.batches_per_epoch is None and records and context._global_batch_size:
             self.batches_per_epoch = max(1, records // context._global_batch_size)
+        elif records and context._global_batch_size and self.dist.is_chief:
+            _warn_records_per_epoch(records, context._global_batch_size, self.batches_per_epoch)
         context._batches_per_epoch = self.batches_per_epoch
         tensorboard = checkpoint_root / tensorboard_name(context.get_trial_id())
         context._tensorboard_path = tensorboard if rank == 0 else tensorboard / f"rank-{rank}"

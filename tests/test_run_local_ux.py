@@ -168,3 +168,20 @@ def test_config_overrides_apply_as_for_experiment_create(model: Path) -> None:
         assert "Traceback" not in refused.stderr
     assert "max_lenght" in typo.stderr
     assert "is not KEY=VALUE" in not_pair.stderr
+
+
+@pytest.mark.parametrize(("records", "warned"), [(100, True), (256, False), (250, False)])
+def test_records_per_epoch_that_disagrees_with_the_loader_is_named(
+    model: Path, records: int, warned: bool
+) -> None:
+    # 256 training records in batches of 16: 16 batches an epoch. A cluster converts a
+    # length in epochs with records_per_epoch; run-local and periods count the loader's.
+    config = _config(model, records_per_epoch=records)
+
+    done = _run_local(model, str(config))
+
+    assert done.returncode == 0, done.stderr
+    said = f"records_per_epoch ({records}) makes an epoch" in done.stderr
+    assert said is warned, done.stderr
+    if warned:
+        assert "7 batches of 16, but the training data loader gives 16" in done.stderr

@@ -141,15 +141,27 @@ def describe_command(uuid: str, as_json: bool) -> None:
 
 @checkpoint.command("download")
 @click.argument("uuid")
-@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.argument(
+    "directory", metavar="[DIR]", required=False, type=click.Path(file_okay=False, path_type=Path)
+)
+@click.option(
+    "-o",
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to put it, as Determined's flag says (the same as DIR; default: "
+    "./checkpoints/UUID).",
+)
 @click.option(
     "--full",
     is_flag=True,
     help="Also write full_state_dict.pt beside the shards of a sharded (FSDP) checkpoint.",
 )
 @user_errors
-def download_command(uuid: str, directory: Path, full: bool) -> None:
-    """Copy a checkpoint into DIR (new or empty), verifying every file's size and sha256.
+def download_command(
+    uuid: str, directory: Path | None, output_dir: Path | None, full: bool
+) -> None:
+    """Copy a checkpoint into DIR (new or empty; default ./checkpoints/UUID), verifying
+    every file's size and sha256.
 
     shared_fs checkpoints are copied from the storage mounted on this machine at the same
     path; s3 checkpoints are downloaded with the experiment's checkpoint_storage settings
@@ -163,6 +175,9 @@ def download_command(uuid: str, directory: Path, full: bool) -> None:
     """
     from assay.common.archive import format_bytes
 
+    if directory is not None and output_dir is not None and directory != output_dir:
+        raise click.UsageError(f"give DIR or --output-dir, not both ({directory}, {output_dir})")
+    directory = directory or output_dir or Path("checkpoints") / uuid
     api = client()
     if full:
         _check_sharded(api.get_checkpoint(uuid))

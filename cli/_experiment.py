@@ -46,6 +46,13 @@ def experiment() -> None:
     "-f", "--follow", is_flag=True, help="Print progress, trial states and logs until it ends."
 )
 @click.option("--paused", is_flag=True, help="Create it paused (start with `experiment activate`).")
+@click.option(
+    "--test",
+    "test_mode",
+    is_flag=True,
+    help="Determined's test mode: one trial (searcher single, its first hyperparameters) "
+    "of 1 batch, validated and checkpointed on the cluster, no restarts; implies --follow.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="With --follow: print only the final summary.")
 @click.option(
     "--json",
@@ -78,6 +85,7 @@ def create_command(
     model_dir: Path,
     follow: bool,
     paused: bool,
+    test_mode: bool,
     quiet: bool,
     as_json: bool,
     overrides: tuple[str, ...],
@@ -94,10 +102,13 @@ def create_command(
     from assay.common.archive import pack_model_dir, packed_checkpoint_warning
     from assay.config import load_config, searcher_in_batches
 
+    if test_mode and paused:
+        raise click.UsageError("--test runs the experiment at once; drop --paused")
+    follow = follow or test_mode
     if follow and paused:
         raise click.UsageError("--follow needs a running experiment; drop --paused")
     overrides = (*overrides, *_filing(workspace, project))
-    if overrides or template:
+    if overrides or template or test_mode:
         import yaml
 
         from assay.config import parse_config
@@ -110,6 +121,8 @@ def create_command(
             base = yaml.safe_load(client().get_template(template).config_yaml)
             data = merge(base if isinstance(base, dict) else {}, data)
         data = apply_overrides(data, overrides)
+        if test_mode:
+            data = _test_mode(data)
         parsed = parse_config(data)
         text = yaml.safe_dump(data, sort_keys=False)
     else:
@@ -141,6 +154,21 @@ def create_command(
     if not follow:
         return
     watch(api, created.id, logs=True, quiet=quiet, as_json=as_json, verb="following")
+
+
+def _test_mode(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` as `--test` runs it: one trial of 1 batch (searcher single, the metric kept),
+    which validates and checkpoints at its end, and no restarts."""
+    searcher = data.get("searcher")
+    searcher = searcher if isinstance(searcher, dict) else {}
+    kept = {k: searcher[k] for k in ("metric", "metrics", "smaller_is_better") if k in searcher}
+    name = data.get("name") if isinstance(data.get("name"), str) else "experiment"
+    return {
+        **data,
+        "name": f"{name} (test)",
+        "searcher": {"name": "single", **kept, "max_length": {"batches": 1}},
+        "max_restarts": 0,
+    }
 
 
 def _filing(workspace: str | None, project: str | None) -> list[str]:

@@ -400,3 +400,6 @@ def delete_version_command(name: str, version: int, yes: bool, as_json: bool) ->
         echo_json({"model": name, "deleted_version": version})
         return
     click.echo(f"deleted {name} version {version}")
+
+
+model.aliases["list-versions"] = "versions"  # Determined's name

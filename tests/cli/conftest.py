@@ -116,6 +116,7 @@ def run_cli(
     master: FakeApi | str | None = None,
     timeout: float = 60,
     env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`assay [-m ADDRESS] ARGS...` in a fresh interpreter; ASSAY_MASTER is unset.
     `env`: variables to set on top (polls are every 0.05 s, progress lines unthrottled)."""
@@ -132,6 +133,7 @@ def run_cli(
         text=True,
         timeout=timeout,
         env=env,
+        cwd=cwd,
         check=False,
     )
 

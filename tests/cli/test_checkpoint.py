@@ -101,6 +101,24 @@ def test_download_copies_and_verifies(master: FakeApi, tmp_path: Path) -> None:
     assert [p.name for p in dest.parent.iterdir()] == ["ckpt"], "no staging left behind"
 
 
+def test_download_takes_determineds_output_dir_and_its_default(
+    master: FakeApi, tmp_path: Path
+) -> None:
+    master.responses["GetCheckpoint"] = stored_checkpoint(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+
+    by_flag = run_cli("c", "download", UUID, "-o", tmp_path / "flag", master=master)
+    by_default = run_cli("c", "download", UUID, master=master, cwd=work)
+    both = run_cli("c", "download", UUID, tmp_path / "a", "-o", tmp_path / "b", master=master)
+
+    assert_ok(by_flag)
+    assert (tmp_path / "flag" / "state.pt").is_file()
+    assert_ok(by_default)
+    assert (work / "checkpoints" / UUID / "state.pt").is_file()
+    assert_one_line_error(both, "give DIR or --output-dir, not both")
+
+
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [

@@ -266,3 +266,38 @@ def test_create_warns_of_checkpoint_files_in_the_model_directory(
     assert created.returncode == 0, created.stderr
     assert created.stderr.count("warning: ") == 1, created.stderr
     assert "holds 1 checkpoint file (2.0 KiB: lightning_ckpts/last.ckpt)" in created.stderr
+
+
+def test_create_test_runs_one_short_trial_of_a_search_on_the_cluster(
+    cluster: tuple[Shell, int], tmp_path: Path
+) -> None:
+    # Determined's `experiment create --test`: the search's config, one trial of 1 batch,
+    # validated and checkpointed on the cluster; the exit status says whether it worked.
+    from tests.conftest import REGRESSION_DIR, regression_config
+
+    sh, _ = cluster
+    config = regression_config(batches=200)
+    config["searcher"] = {
+        "name": "asha",
+        "metric": "val_loss",
+        "max_length": {"batches": 200},
+        "max_trials": 16,
+    }
+    config["hyperparameters"]["lr"] = {"type": "double", "minval": 0.01, "maxval": 0.1}
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    done = sh.run("experiment", "create", str(path), str(REGRESSION_DIR), "--test", "--json")
+    refused = sh.run("experiment", "create", str(path), str(REGRESSION_DIR), "--test", "--paused")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    described = json.loads(
+        sh.run("experiment", "describe", str(summary["id"]), "--json").stdout.splitlines()[-1]
+    )
+    assert described["state"] == "COMPLETED"
+    assert described["name"] == "regression (test)"
+    [trial] = described["trials"]
+    assert trial["total_batches"] == 1
+    assert refused.returncode == 1
+    assert "--test runs the experiment at once" in refused.stderr

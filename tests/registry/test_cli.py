@@ -66,3 +66,16 @@ def test_usage_mistakes_are_one_line(master: FakeApi) -> None:
     assert_one_line_error(run_cli("model", "delete", "m", master=master), "nothing deleted")
     assert master.calls("PatchModel") == []
     assert master.calls("DeleteModel") == []
+
+
+def test_list_versions_is_determineds_name_for_versions(master: FakeApi) -> None:
+    master.responses["ListModelVersions"] = api_pb2.ListModelVersionsResponse(
+        versions=[api_pb2.ModelVersion(model="m", version=1, checkpoint_uuid="UUID")]
+    )
+
+    by_ours = run_cli("model", "versions", "m", "--json", master=master)
+    by_determineds = run_cli("model", "list-versions", "m", "--json", master=master)
+
+    assert_ok(by_determineds)
+    assert by_determineds.stdout == by_ours.stdout
+    assert "UUID" in by_determineds.stdout

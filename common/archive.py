@@ -161,6 +161,19 @@ def _always_skipped(name: str, is_dir: bool) -> bool:
     return name in _ALWAYS_SKIPPED_FILES or name.endswith(_ALWAYS_SKIPPED_SUFFIXES)
 
 
+def left_out(root: Path, relpath: str, *, is_dir: bool) -> bool:
+    """Whether packing `root` leaves `relpath` (a path under it) out of the archive: by
+    `.assayignore` (it or a directory above it), or as always skipped."""
+    ignore_file = root / IGNORE_FILE
+    rules = _parse_rules(ignore_file.read_text().splitlines()) if ignore_file.is_file() else []
+    parts = PurePosixPath(relpath).parts
+    for i, name in enumerate(parts, start=1):
+        directory = i < len(parts) or is_dir
+        if _always_skipped(name, directory) or _ignored(rules, "/".join(parts[:i]), directory):
+            return True
+    return False
+
+
 def make_local_output_dir(directory: Path) -> None:
     """Create `directory` for a local run's output, marked so that an `experiment create`
     of the model directory it lies in does not ship it. One that exists already is left

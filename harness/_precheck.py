@@ -57,7 +57,9 @@ def trial_problem(entrypoint: str, model_dir: Path) -> str | None:
         with warnings.catch_warnings():  # an invalid escape is the import's to warn of
             warnings.simplefilter("ignore")
             tree = ast.parse(source.read_bytes(), filename=str(source))
-        return _missing_name(entrypoint, shown, tree, qualname)
+        return ignored_import(tree, shown, model_dir) or _missing_name(
+            entrypoint, shown, tree, qualname
+        )
     except SyntaxError as e:
         return (
             f"entrypoint {entrypoint!r}: {shown} does not compile: SyntaxError: {e.msg} "
@@ -67,6 +69,34 @@ def trial_problem(entrypoint: str, model_dir: Path) -> str | None:
         # Unreadable here, NUL bytes, or nested too deep for this parser to hold in
         # memory: cannot tell, so the import will say what is wrong.
         return None
+
+
+def ignored_import(tree: ast.Module, shown: Path, model_dir: Path) -> str | None:
+    """The problem when the model directory's archive would leave out the file `shown`
+    (parsed as `tree`), or a module of the directory that it imports at its top level
+    (outside `try`, so nothing catches the ImportError): the trial would fail to import."""
+    from assay.common.archive import IGNORE_FILE, left_out
+
+    if left_out(model_dir, shown.as_posix(), is_dir=False):
+        return f"{IGNORE_FILE} leaves out {shown}, which the entrypoint runs: remove it there"
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            tops = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            tops = [node.module.split(".")[0]]
+        else:
+            continue
+        for top in tops:
+            for relpath, is_dir in ((f"{top}.py", False), (top, True)):
+                path = model_dir / relpath
+                exists = path.is_dir() if is_dir else path.is_file()
+                if exists and left_out(model_dir, relpath, is_dir=is_dir):
+                    return (
+                        f"{shown} imports {top}, but {IGNORE_FILE} leaves "
+                        f"{relpath}{'/' if is_dir else ''} out of the archive, so the trial "
+                        f"could not import it: remove it from {IGNORE_FILE}"
+                    )
+    return None
 
 
 def _missing_name(entrypoint: str, shown: Path, tree: ast.Module, qualname: str) -> str | None:

@@ -16,6 +16,7 @@ with the command (`exec`), so signals reach the script directly. `run_script_loc
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -113,7 +114,11 @@ def script_problem(argv: Sequence[str], model_dir: str | Path) -> str | None:
             return None  # not worth compiling twice: Python says so when it runs
         with warnings.catch_warnings():  # an invalid escape is Python's to warn of, later
             warnings.simplefilter("ignore")
-            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+            compile(tree, str(path), "exec", dont_inherit=True)
+        from assay._precheck import ignored_import
+
+        return ignored_import(tree, Path(script), Path(model_dir))
     except SyntaxError as e:
         return (
             f"the entrypoint's {script} does not compile: SyntaxError: {e.msg} "

@@ -198,3 +198,34 @@ def test_a_script_too_deep_for_the_compiler_is_let_through_not_crashed(tmp_path:
         assert script_problem(["python3", "train.py"], model) is None
     (model / "train.py").write_text("print('hi'\n" + "#" * (3 * 2**20))
     assert script_problem(["python3", "train.py"], model) is None  # too big to check here
+
+
+def test_a_module_that_assayignore_leaves_out_is_refused_when_imported(tmp_path: Path) -> None:
+    # model_def.py imports helpers, which .assayignore leaves out: the trial died with
+    # ModuleNotFoundError, although run-local in the same directory worked.
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "helpers.py").write_text("X = 1\n")
+    (model / "lib").mkdir()
+    (model / "lib" / "__init__.py").write_text("")
+    (model / "model_def.py").write_text("import helpers\nfrom lib import x\nclass T: ...\n")
+    (model / "guarded.py").write_text(
+        "try:\n    import helpers\nexcept ImportError:\n    helpers = None\nclass T: ...\n"
+    )
+    from assay._script import script_problem
+
+    assert trial_problem("model_def:T", model) is None
+    (model / ".assayignore").write_text("helpers.py\n")
+    refused = trial_problem("model_def:T", model)
+    assert refused == (
+        "model_def.py imports helpers, but .assayignore leaves helpers.py out of the archive, "
+        "so the trial could not import it: remove it from .assayignore"
+    )
+    assert script_problem(["python3", "model_def.py"], model) == refused
+    assert trial_problem("guarded:T", model) is None  # a try that catches it: its own call
+    (model / ".assayignore").write_text("lib/\n")
+    assert "leaves lib/ out of the archive" in (trial_problem("model_def:T", model) or "")
+    (model / ".assayignore").write_text("*.py\n")
+    assert trial_problem("model_def:T", model) == (
+        ".assayignore leaves out model_def.py, which the entrypoint runs: remove it there"
+    )

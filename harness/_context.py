@@ -153,9 +153,15 @@ class TrialContext:
 
     def get_hparam(self, name: str) -> Any:
         if name not in self._hparams:
-            known = ", ".join(sorted(self._hparams)) or "(none)"
+            known = ", ".join(sorted(self._hparams))
+            where = (
+                f"defined: {known}"
+                if known
+                else "none are (off a cluster, pass them: pytorch.init(hparams={...}) or the "
+                "experiment config's hyperparameters)"
+            )
             raise HyperparameterError(
-                f"hyperparameter {name!r} is not defined in the experiment config; defined: {known}"
+                f"hyperparameter {name!r} is not defined in the experiment config; {where}"
             )
         return self._hparams[name]
 

@@ -420,3 +420,12 @@ def test_plain_python_trains_fits_length_over_exp_conf(tmp_path: Path) -> None:
         trainer = pytorch.Trainer(digits.MNistTrial(context, context.get_hparams()), context)
         with pytest.raises(AssayError, match="needs max_length"):
             trainer.fit()
+
+
+def test_a_hyperparameter_asked_of_a_context_given_none_says_where_to_give_them() -> None:
+    from assay.errors import HyperparameterError
+
+    with pytorch.init() as context, pytest.raises(HyperparameterError) as raised:
+        context.get_hparam("lr")
+    assert "pytorch.init(hparams={...})" in str(raised.value)
+    assert "(none)" not in str(raised.value)

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from assay.errors import AssayError
+from assay.errors import AssayError, InvalidConfigError
 
 from . import _format as fmt
 from ._client import Client, client
@@ -82,7 +82,12 @@ def run_local_command(
         click.echo(f"warning: {warning}", err=True)
     if slots is not None:
         resources = dict(parsed.raw.get("resources") or {}, slots_per_trial=slots)
-        parsed = parse_config({**parsed.raw, "resources": resources})
+        try:
+            parsed = parse_config({**parsed.raw, "resources": resources})
+        except InvalidConfigError as e:  # name the flag that set it, not only the key
+            said, flag = f"resources.slots_per_trial ({slots})", f"--slots {slots}"
+            named = f"{flag} (resources.slots_per_trial)"
+            raise InvalidConfigError([p.replace(said, named) for p in e.problems]) from None
     if not model_dir.is_dir():
         raise AssayError(f"model directory {model_dir} does not exist")
     problem = entrypoint_problem(parsed, model_dir)

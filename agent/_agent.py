@@ -187,7 +187,8 @@ class Agent:
             start.trial_id,
             list(start.slots),
         )
-        busy = self._wait_for_slots(set(start.slots), busy)
+        if not stopping:  # a stopping agent refuses at once (below), without waiting
+            busy = self._wait_for_slots(set(start.slots), busy)
         allocation = Allocation(
             start,
             self.connection.send,

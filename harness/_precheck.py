@@ -87,15 +87,25 @@ def ignored_import(tree: ast.Module, shown: Path, model_dir: Path) -> str | None
         else:
             continue
         for top in tops:
-            for relpath, is_dir in ((f"{top}.py", False), (top, True)):
-                path = model_dir / relpath
-                exists = path.is_dir() if is_dir else path.is_file()
-                if exists and left_out(model_dir, relpath, is_dir=is_dir):
-                    return (
-                        f"{shown} imports {top}, but {IGNORE_FILE} leaves "
-                        f"{relpath}{'/' if is_dir else ''} out of the archive, so the trial "
-                        f"could not import it: remove it from {IGNORE_FILE}"
-                    )
+            # What Python would import from the directory: a package (a folder with an
+            # __init__.py; a folder without one is data, or a namespace package that
+            # anything installed shadows), else a module.
+            local = [
+                (relpath, is_dir)
+                for relpath, is_dir, marker in (
+                    (top, True, f"{top}/__init__.py"),
+                    (f"{top}.py", False, f"{top}.py"),
+                )
+                if (model_dir / marker).is_file()
+            ]
+            kept = [c for c in local if not left_out(model_dir, c[0], is_dir=c[1])]
+            if local and not kept and not _installed(top):
+                relpath, is_dir = local[0]
+                return (
+                    f"{shown} imports {top}, but {IGNORE_FILE} leaves "
+                    f"{relpath}{'/' if is_dir else ''} out of the archive, so the trial "
+                    f"could not import it: remove it from {IGNORE_FILE}"
+                )
     return None
 
 

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 
 import assay
 from assay.core import Context
@@ -65,12 +65,11 @@ class AssayCallback(Callback):
         self.every = report_every_n_steps
         self._info = assay.get_cluster_info()
         self._restore: contextlib.ExitStack | None = None
-        self._last_reported = -1
         self._last_validated = -1
         self._last_saved = -1
         self._asked_at = -1
         self._before_validation: dict[str, Any] = {}
-        self._validation_keys: set[str] = set()
+        self._seen: dict[str, Any] = {}  # the metrics as of the last report
         self.preempted = False
         self._last_metrics: dict[str, Any] = {}
         self._restored_metrics: dict[str, float] = {}
@@ -118,6 +117,8 @@ class AssayCallback(Callback):
         """`trainer.fit` from the trial's latest checkpoint, then one more validation if
         training ended at a step that was not validated (and was not stopped early by
         the cluster)."""
+        if isinstance(train_dataloaders, LightningDataModule):  # Lightning's fit(model, dm)
+            datamodule, train_dataloaders = train_dataloaders, None
         callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
         if self not in callbacks:
             raise assay.errors.AssayError(
@@ -142,14 +143,17 @@ class AssayCallback(Callback):
                 self._restore.close()
                 self._restore = None
         if (
-            0 <= self._last_validated < trainer.global_step  # it validates, not at the end
+            self._last_validated < trainer.global_step
+            and _validates(trainer, model, val_dataloaders, datamodule)
             and not self.preempted
             and not trainer.interrupted
         ):
             if val_dataloaders is not None:
                 trainer.validate(model, dataloaders=val_dataloaders)
-            else:
+            elif datamodule is not None:
                 trainer.validate(model, datamodule=datamodule)
+            else:
+                trainer.validate(model)  # the module's own val_dataloader
 
     # --- Lightning's hooks ---------------------------------------------------------------
 
@@ -183,13 +187,14 @@ class AssayCallback(Callback):
             return  # a micro-batch of gradient accumulation: no optimizer step yet
         self._asked_at = step
         every = self.every or getattr(trainer, "log_every_n_steps", 0) or 1
-        if trainer.is_global_zero and step % every == 0 and step != self._last_reported:
-            metrics = {
-                k: v for k, v in trainer.callback_metrics.items() if k not in self._validation_keys
-            }
-            if numbers := _numbers(metrics):
+        if trainer.is_global_zero and step > 0 and step % every == 0:
+            # What training logged since the last report (a validation's values were
+            # taken out at its end), so a name both log ("loss") is reported in each.
+            now = trainer.callback_metrics
+            logged = {k: v for k, v in now.items() if self._seen.get(k) is not v}
+            self._seen = dict(now)
+            if numbers := _numbers(logged):
                 self.core.train.report_training_metrics(steps_completed=step, metrics=numbers)
-                self._last_reported = step
         self._stop_if_asked(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -210,7 +215,7 @@ class AssayCallback(Callback):
             for k, v in after.items()
             if k not in self._before_validation or self._before_validation[k] is not v
         }
-        self._validation_keys |= set(logged)
+        self._seen = dict(after)  # not training's to report
         self._last_metrics = dict(after)
         step = trainer.global_step
         self._last_validated = step
@@ -230,6 +235,11 @@ class AssayCallback(Callback):
         self._save(trainer)
         self.preempted = True
         trainer.should_stop = True
+        # Lightning validates before it stops early (for EarlyStopping's sake); the
+        # cluster's stop needs no validation, only the checkpoint, within the grace.
+        epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        if epoch_loop is not None and hasattr(epoch_loop, "_skip_next_val"):
+            epoch_loop._skip_next_val = True
         log.info("step %d: stopped at a checkpoint, as the cluster asked", trainer.global_step)
         return True
 
@@ -243,6 +253,22 @@ class AssayCallback(Callback):
         metadata = {"steps_completed": step, "epoch": trainer.current_epoch}
         with self.core.checkpoint.store_path(metadata, shard=True) as (path, _):
             trainer.save_checkpoint(str(Path(path) / CHECKPOINT_FILE))
+
+
+def _validates(
+    trainer: Trainer, model: LightningModule, val_dataloaders: Any, datamodule: Any
+) -> bool:
+    """Whether `fit` has a validation to run: a `validation_step`, data for it, and
+    `limit_val_batches` not 0."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    if not is_overridden("validation_step", model) or trainer.limit_val_batches == 0:
+        return False
+    if val_dataloaders is not None:
+        return True
+    if datamodule is not None:
+        return is_overridden("val_dataloader", datamodule)
+    return is_overridden("val_dataloader", model)
 
 
 __all__ = ["CHECKPOINT_FILE", "AssayCallback"]

@@ -111,3 +111,97 @@ def test_two_ddp_slots_report_once_and_resume_together(project: Path) -> None:
     validated = [s for s in (15, 20, 25) if f"step {s} validation" in resumed.stderr]
     assert validated == [15, 20, 25]
     assert "step 10 validation" not in resumed.stderr
+
+
+VARIANT = """\
+import lightning as L, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+import assay.core
+from assay.lightning import AssayCallback
+
+g = torch.Generator().manual_seed(0)
+x = torch.randn(160, 8, generator=g)
+y = (x[:, 0] > 0).long()
+
+
+class Data(L.LightningDataModule):
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(x, y), batch_size=16)
+
+    def val_dataloader(self):
+        return DataLoader(TensorDataset(x[:40], y[:40]), batch_size=40)
+
+
+class Net(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(8, 2)
+
+    def training_step(self, batch, i):
+        loss = nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+        self.log("loss", loss)  # the same name in training and in validation
+        return loss
+
+    def validation_step(self, batch, i):
+        self.log("loss", nn.functional.cross_entropy(self.net(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+with assay.core.init() as core:
+    cb = AssayCallback(core, report_every_n_steps=1)
+    trainer = L.Trainer(
+        max_steps=MAX_STEPS, accumulate_grad_batches=ACCUMULATE, callbacks=[cb],
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    cb.fit(trainer, Net(), Data())  # Lightning's fit(model, datamodule), positionally
+"""
+
+
+@pytest.mark.parametrize(
+    ("max_steps", "accumulate", "validations", "trainings"),
+    [
+        # 10 batches an epoch: the run ends before the first epoch's validation
+        (3, 1, [3], [1, 2, 3]),
+        # 2 batches a step: 5 steps an epoch, validated at 5 and at the end, 7
+        (7, 2, [5, 7], [1, 2, 3, 4, 5, 6, 7]),
+    ],
+    ids=["before-the-first-validation", "accumulating"],
+)
+def test_shared_names_datamodules_accumulation_and_short_runs(
+    tmp_path: Path, max_steps: int, accumulate: int, validations: list[int], trainings: list[int]
+) -> None:
+    script = VARIANT.replace("MAX_STEPS", str(max_steps)).replace("ACCUMULATE", str(accumulate))
+    (tmp_path / "train.py").write_text(script)
+
+    _run(tmp_path, "train.py")
+
+    records = _records(tmp_path)
+    steps = {
+        group: [r["steps_completed"] for r in records if r.get("group") == group]
+        for group in ("training", "validation")
+    }
+    assert steps == {"training": trainings, "validation": validations}
+    assert all(set(r["metrics"]) == {"loss"} for r in records if "group" in r)
+
+
+def test_a_stop_asked_mid_epoch_checkpoints_there_without_validating(tmp_path: Path) -> None:
+    # The cluster's stop (here asked at step 13 of an epoch of 10) needs a checkpoint, not
+    # a validation: Lightning validates before an early stop unless told not to, which
+    # cost a whole validation inside the agent's grace period.
+    script = VARIANT.replace("MAX_STEPS", "25").replace("ACCUMULATE", "1")
+    script = script.replace(
+        "    cb.fit(trainer, Net(), Data())",
+        "    core.preempt.should_preempt = lambda *a, **k: trainer.global_step >= 13\n"
+        "    cb.fit(trainer, Net(), Data())",
+    )
+    (tmp_path / "train.py").write_text(script)
+
+    _run(tmp_path, "train.py")
+
+    records = _records(tmp_path)
+    assert [r["steps_completed"] for r in records if r.get("group") == "validation"] == [10]
+    assert sorted(_checkpoints(tmp_path)) == [10, 13]

@@ -29,6 +29,7 @@ from assay._checkpoint import (
     CheckpointError,
     CheckpointMetadata,
     FileEntry,
+    check_writable,
     file_entries,
     new_uuid,
     read_metadata,
@@ -59,6 +60,7 @@ class CheckpointContext:
         after_store: Callable[[], None] = lambda: None,
         recorded: Mapping[str, Mapping[str, str]] | None = None,
         mark_root: bool = False,
+        storage_fix: str | None = None,
     ) -> None:
         """`steps`: the latest steps_completed reported, for metadata that gives none;
         `restore_roots`: more directories to look for checkpoints in (run-local's
@@ -67,7 +69,9 @@ class CheckpointContext:
         the master recorded for a checkpoint's files (the one the trial restores), which
         `restore_path` verifies it against instead of its own manifest; `mark_root`: the
         storage's directory is a plain run's default `./checkpoints`, created at the first
-        checkpoint marked as a local run's output (left out of the model's archive)."""
+        checkpoint marked as a local run's output (left out of the model's archive);
+        `storage_fix`: on a cluster, what to change when the storage's directory cannot be
+        written (checked at the first checkpoint, naming the setting)."""
         self._dist = distributed
         self._backend = backend
         self._storage = storage
@@ -78,6 +82,7 @@ class CheckpointContext:
         self._after_store = after_store
         self._recorded = dict(recorded or {})
         self._mark_root = mark_root
+        self._storage_fix = storage_fix
 
     # --- storing ------------------------------------------------------------------------
 
@@ -101,6 +106,9 @@ class CheckpointContext:
         own = merged if not shard else parent / f".tmp-{uuid}.rank{self._dist.rank}"
         if self._mark_root and scratch is None:
             make_local_output_dir(self._root)
+        if self._storage_fix is not None and scratch is None:
+            check_writable(self._root, self._storage_fix)  # names the setting, then no more
+            self._storage_fix = None
         try:
             own.mkdir(parents=True)
             if shard and self._dist.is_chief:

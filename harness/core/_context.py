@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, overload
 
-from assay._checkpoint import check_writable, cluster_storage_fix
+from assay._checkpoint import CheckpointError, check_writable, cluster_storage_fix
 from assay._spec import ClusterSpec, LocalSpec, spec_from_env
 from assay.common.storage import SharedFSStorage, StorageManager, storage_for, trial_storage
 from assay.core._backend import Backend, ClusterBackend, LocalBackend
@@ -189,6 +189,7 @@ def init(
         _permanent_errors_exit_78()
     chief = distributed.is_chief
     backend: Backend | None = None
+    storage_fix: str | None = None  # what to change when the cluster's directory fails
     restore_roots: list[Path] = []
     recorded: dict[str, dict[str, str]] = {}
     if isinstance(spec, ClusterSpec):
@@ -198,9 +199,13 @@ def init(
             log.warning("checkpoint_storage= is ignored on a cluster: the experiment's is used")
         assert config is not None
         storage = trial_storage(config.checkpoint_storage, spec.checkpoint_root)
-        if chief and isinstance(storage, SharedFSStorage):
-            fix = cluster_storage_fix(config.checkpoint_storage.host_path)
-            check_writable(storage.root, fix)
+        if isinstance(storage, SharedFSStorage):
+            storage_fix = cluster_storage_fix(config.checkpoint_storage.host_path)
+            if chief:
+                try:
+                    check_writable(storage.root, storage_fix)
+                except CheckpointError as e:  # a script may never store one
+                    log.warning("%s; storing a checkpoint will fail", e)
         backend = ClusterBackend(spec) if chief else None
     else:
         storage, metrics_path = _local_storage(spec, checkpoint_storage)
@@ -242,6 +247,7 @@ def init(
         recorded=recorded,
         # a plain run's ./checkpoints (run-local marks its own when it makes it)
         mark_root=spec is None and checkpoint_storage is None,
+        storage_fix=storage_fix,
     )
     unit = "batches"  # the master counts batches (epochs are converted)
     return Context(

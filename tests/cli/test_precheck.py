@@ -225,6 +225,14 @@ def test_a_module_that_assayignore_leaves_out_is_refused_when_imported(tmp_path:
     assert trial_problem("guarded:T", model) is None  # a try that catches it: its own call
     (model / ".assayignore").write_text("lib/\n")
     assert "leaves lib/ out of the archive" in (trial_problem("model_def:T", model) or "")
+    # A data folder beside data.py, or named like an installed package, is no module.
+    (model / "data.py").write_text("X = 1\n")
+    (model / "data").mkdir()
+    (model / "data" / "big.bin").write_bytes(b"x")
+    (model / "wandb").mkdir()
+    (model / "uses_data.py").write_text("import data\nimport wandb\nclass T: ...\n")
+    (model / ".assayignore").write_text("data/\nwandb/\n")
+    assert trial_problem("uses_data:T", model) is None
     (model / ".assayignore").write_text("*.py\n")
     assert trial_problem("model_def:T", model) == (
         ".assayignore leaves out model_def.py, which the entrypoint runs: remove it there"

@@ -250,7 +250,7 @@ def _check_group(api: Client, trial_id: int, group: str) -> None:
     yet and the group is one every trial reports (then the answer is just empty)."""
     experiment_id = api.get_trial(trial_id).experiment_id
     candidates = sorted({m.group for m in api.get_experiment(experiment_id).metric_names} - {group})
-    has = [g for g in candidates if api.get_trial_metrics(trial_id, g, max_points=1).reports]
+    has = [g for g in candidates if api.get_trial_metrics(trial_id, g, max_points=2).reports]
     if has:
         raise AssayError(
             f"trial {trial_id} has no {group!r} metrics; its groups are: {', '.join(has)}"

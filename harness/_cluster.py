@@ -44,6 +44,7 @@ from assay._checkpoint import check_writable, cluster_storage_fix
 from assay._session import CheckpointReport, MetricsReport, log_metrics
 from assay._spec import SPEC_ENV, ClusterSpec, WorkerSpec
 from assay._trial_client import TrialClient, retry_budget_from_env
+from assay.common.archive import format_bytes
 from assay.common.storage import (
     TENSORBOARD,
     StorageError,
@@ -158,10 +159,10 @@ class ClusterSession:
             metadata, location, validation_metrics=self.last_validation if same else {}
         )
         log.info(
-            "batch %d checkpoint: %s (%.1f MB)",
+            "batch %d checkpoint: %s (%s)",
             metadata.total_batches,
             location,
-            metadata.size_bytes / 1e6,
+            format_bytes(metadata.size_bytes),
         )
         self.sync_tensorboard()
 

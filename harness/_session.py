@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from assay._checkpoint import CheckpointMetadata
+from assay.common.archive import format_bytes
 
 log = logging.getLogger("assay")
 
@@ -87,10 +88,10 @@ class LocalSession:
         self.checkpoints.append(report)
         if self.echo:
             log.info(
-                "batch %d checkpoint: %s (%.1f MB)",
+                "batch %d checkpoint: %s (%s)",
                 report.metadata.total_batches,
                 report.path,
-                report.metadata.size_bytes / 1e6,
+                format_bytes(report.metadata.size_bytes),
             )
 
     def complete_target(

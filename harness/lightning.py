@@ -176,6 +176,8 @@ class AssayCallback(Callback):
 
             for name, value in self._restored_metrics.items():
                 trainer.callback_metrics.setdefault(name, torch.tensor(value))
+        # Reported before the checkpoint: not training's to report again after it.
+        self._seen = dict(trainer.callback_metrics)
         if self._restore is not None:
             self._last_saved = trainer.global_step  # resumed from that very checkpoint
 

@@ -550,6 +550,7 @@ class Interpreter:
             experiment.state,
             is_script=config.is_script,
             max_restarts=config.max_restarts,
+            metric=config.searcher.metric,
         )
         outcome, effects = finish_run(run, trial, end, _now())
         self.telemetry.allocation_ended(outcome.name.lower())

@@ -361,7 +361,9 @@ def test_global_batch_size_not_divisible_by_slots_option(tmp_path: Path) -> None
 
     proc = run_local(tmp_path, write_config(tmp_path), model_dir, "--slots", "3")
 
-    user_error(proc, "hyperparameters.global_batch_size", "8", "(3)", "multiple of 3")
+    user_error(
+        proc, "hyperparameters.global_batch_size", "8", "--slots 3 (resources.slots_per_trial)"
+    )
 
 
 def test_invalid_config(tmp_path: Path) -> None:

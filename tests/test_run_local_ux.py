@@ -185,12 +185,3 @@ def test_records_per_epoch_that_disagrees_with_the_loader_is_named(
     assert said is warned, done.stderr
     if warned:
         assert "7 batches of 16, but the training data loader gives 16" in done.stderr
-
-
-def test_slots_that_do_not_divide_the_batch_name_the_flag(model: Path) -> None:
-    config = _config(model, hyperparameters={"global_batch_size": 16, "lr": 0.05, "n": 3})
-
-    done = _run_local(model, str(config), "--slots", "3")
-
-    assert done.returncode == 1
-    assert "not divisible by --slots 3 (resources.slots_per_trial)" in done.stderr, done.stderr

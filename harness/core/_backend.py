@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from assay._checkpoint import MANIFEST, CheckpointMetadata
 from assay._session import _fmt
 from assay._spec import ClusterSpec
-from assay.common.archive import make_local_output_dir
+from assay.common.archive import format_bytes, make_local_output_dir
 from assay.config._length import UNBOUNDED_LENGTH
 
 if TYPE_CHECKING:
@@ -268,11 +268,11 @@ def report_line(message: str, *args: object) -> None:
 
 def _log_checkpoint(metadata: CheckpointMetadata, location: str, unit: str = "step") -> None:
     report_line(
-        "%s %d checkpoint: %s (%.1f MB)",
+        "%s %d checkpoint: %s (%s)",
         unit,
         metadata.total_batches,
         location,
-        metadata.size_bytes / 1e6,
+        format_bytes(metadata.size_bytes),
     )
 
 

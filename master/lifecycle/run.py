@@ -68,6 +68,7 @@ class RunEnd:
     experiment_active: bool = True
     is_script: bool = False
     max_restarts: int = 5
+    metric: str | None = None  # searcher.metric, for the messages
 
     @property
     def ok(self) -> bool:
@@ -121,6 +122,7 @@ def run_end(
     *,
     is_script: bool,
     max_restarts: int,
+    metric: str | None = None,
 ) -> RunEnd:
     return RunEnd(
         exit_codes=tuple(c for codes in run.exit_codes.values() for c in codes),
@@ -133,6 +135,7 @@ def run_end(
         experiment_active=experiment_state == ExperimentStatus.ACTIVE,
         is_script=is_script,
         max_restarts=max_restarts,
+        metric=metric,
     )
 
 
@@ -182,7 +185,8 @@ def finish_run(
         effects.append(Log(trial.id, run.run_id, message))
         effects += requeue(trial)
     elif outcome is O.SCRIPT_DONE:
-        effects.append(Log(trial.id, run.run_id, script_done_message(run.run_id, trial)))
+        message = script_done_message(run.run_id, trial, end.metric)
+        effects.append(Log(trial.id, run.run_id, message))
         effects += end_trial(trial, T.COMPLETED, now)
         effects.append(Tell(exp, req, "on_trial_exited_early", ("user_canceled",)))
     elif outcome is O.INVALID_HP:
@@ -196,15 +200,16 @@ def finish_run(
     return outcome, effects
 
 
-def script_done_message(run_id: int, trial: TrialState) -> str:
+def script_done_message(run_id: int, trial: TrialState, metric: str | None = None) -> str:
     """What the trial's log says when its script exited 0 with its searcher target open:
     the searcher takes a target's result from a validation of `searcher.metric` reported
     at or after the target's batch, so say which of the two was missing."""
     at = f"assay: run {run_id} exited 0 at batch {trial.total_batches}"
     if trial.best_validation is None:
+        named = f"{metric!r} (searcher.metric)" if metric else "searcher.metric"
         why = (
-            "without reporting the searcher's metric (searcher.metric) in any validation, "
-            "so the searcher has no result from it"
+            f"without reporting the searcher's metric {named} in any validation, so the "
+            "searcher has no result from it"
         )
     elif trial.target is not None and trial.total_batches >= trial.target:
         why = (

@@ -195,6 +195,8 @@ def _metrics_master(master: FakeApi, groups: dict[str, int]) -> None:
     )
 
     def metrics(request: api_pb2.GetTrialMetricsRequest) -> api_pb2.GetTrialMetricsResponse:
+        # The master's rule (store.metric_series): 0 (all), or 2 to 100,000 points.
+        assert request.max_points == 0 or 2 <= request.max_points <= 100_000, request
         count = groups.get(request.group, 0)
         return api_pb2.GetTrialMetricsResponse(
             reports=[
@@ -213,6 +215,19 @@ def test_metrics_of_a_group_the_trial_lacks_names_its_groups(master: FakeApi) ->
 
     line = assert_one_line_error(done, "trial 11 has no 'valdiation' metrics")
     assert line.endswith("its groups are: training, validation")
+
+
+def test_validation_metrics_of_a_trial_that_only_trained_name_its_groups(
+    master: FakeApi,
+) -> None:
+    # It asked the master for 1 point of each other group, which the master refuses:
+    # "error: max_points must be 2-100000, got 1".
+    _metrics_master(master, {"training": 3})
+
+    done = run_cli("t", "metrics", 11, "--group", "validation", master=master)
+
+    line = assert_one_line_error(done, "trial 11 has no 'validation' metrics")
+    assert line.endswith("its groups are: training")
 
 
 def test_metrics_of_a_known_group_not_yet_reported_is_empty(master: FakeApi) -> None:

@@ -206,8 +206,8 @@ def test_a_run_released_before_a_master_restart_is_promoted_not_failed() -> None
     [
         (
             {"total_batches": 400, "best_validation": None},
-            "exited 0 at batch 400, without reporting the searcher's metric (searcher.metric) "
-            "in any validation",
+            "exited 0 at batch 400, without reporting the searcher's metric 'val_loss' "
+            "(searcher.metric) in any validation",
         ),
         (
             # trained to its target, last validated before it (Lightning at an epoch's end)
@@ -224,7 +224,8 @@ def test_a_run_released_before_a_master_restart_is_promoted_not_failed() -> None
 def test_a_script_done_says_what_the_searcher_missed(fields: dict[str, object], says: str) -> None:
     trial = _trial(**fields)
 
-    outcome, effects = finish_run(_run(), trial, RunEnd((0,), target=200, is_script=True), NOW)
+    end = RunEnd((0,), target=200, is_script=True, metric="val_loss")
+    outcome, effects = finish_run(_run(), trial, end, NOW)
 
     assert outcome is Outcome.SCRIPT_DONE
     [log] = [e for e in effects if isinstance(e, fx.Log)]

@@ -95,6 +95,10 @@ def test_run_local_resumes_from_an_epochs_checkpoint_with_early_stopping(
     assert "Restored all states from the checkpoint" in resumed.stderr
     assert "step 20 checkpoint" not in resumed.stderr  # not stored again at its own step
     assert "step 25 validation" in resumed.stderr
+    # The metrics restored for EarlyStopping are not reported again as training's.
+    trained = [line for line in resumed.stderr.splitlines() if " training: " in line]
+    assert trained, resumed.stderr
+    assert not any("val_" in line for line in trained), trained
 
 
 def test_two_ddp_slots_report_once_and_resume_together(project: Path) -> None:

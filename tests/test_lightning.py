@@ -1,5 +1,5 @@
 """`assay.lightning.AssayCallback` off the cluster: a plain `python3 train.py` and
-`assay trial run-local`, on the Lightning project in tests/fixtures/lightning (10 steps an
+`assay trial run-local`, on the Lightning example in examples/lightning (10 steps an
 epoch, validated at each epoch's end, with Lightning's EarlyStopping and ModelCheckpoint).
 On a cluster: tests/e2e/test_scripts.py (stopped at an ASHA rung, resumed when promoted)."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lightning"
+FIXTURE = Path(__file__).resolve().parent.parent / "examples" / "lightning"
 TIMEOUT = 300
 
 pytest.importorskip("lightning")

@@ -407,7 +407,7 @@ def test_a_lightning_trainer_with_assays_callback_is_stopped_at_a_rung_and_resum
     # (the better lr, seed 0) stops at the rung (20 steps, 2 epochs) at a checkpoint and
     # waits for the second, one trial at a time; promoted, it resumes from that
     # checkpoint (Lightning restores its own state, EarlyStopping's too) and trains to 40.
-    lightning_dir = ROOT / "tests" / "fixtures" / "lightning"
+    lightning_dir = ROOT / "examples" / "lightning"
     eid = _create(cluster, lightning_dir / "asha.yaml", lightning_dir, tmp_path)
     described = _wait(cluster, eid)
     assert described["state"] == "COMPLETED", cluster.dump_logs()

@@ -31,7 +31,12 @@ from assay.common.archive import ModelDefinitionError, unpack_model_dir
 from assay.common.tls import ClientTls
 from assay.config import environment_of
 from assay.core._distributed import torchrun_env
-from assay.errors import PREEMPTED_EXIT_CODE, AssayError, InvalidConfigError
+from assay.errors import (
+    PREEMPTED_EXIT_CODE,
+    AssayError,
+    InvalidConfigError,
+    collective_mismatch_hint,
+)
 from assay.proto import agent_pb2
 
 # Variables of the agent's environment that its trial processes never see.
@@ -332,7 +337,7 @@ class Allocation:
         message = f"rank {ranks[report.failed]} {describe_exit(code)}"
         last = self.processes.last_line(report.failed)
         if last:
-            message += f"; its last output: {last}"
+            message += f"{collective_mismatch_hint(last)}; its last output: {last}"
         if any(c < 0 for i, c in enumerate(report.codes) if i != report.failed):
             message += "; the other ranks were stopped"
         return message

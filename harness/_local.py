@@ -25,7 +25,7 @@ from assay._checkpoint import check_writable
 from assay._spec import LocalResult, WorkerSpec
 from assay.common.archive import make_local_output_dir
 from assay.config import ExperimentConfig, environment_of, load_config, parse_config
-from assay.errors import InvalidConfigError, TrainingError
+from assay.errors import InvalidConfigError, TrainingError, collective_mismatch_hint
 
 if TYPE_CHECKING:
     from assay._trial import Trial
@@ -312,7 +312,8 @@ def _failure_message(tmp: Path, rank: int, code: int, tail: list[str]) -> str:
     if error_file.exists():
         return error_file.read_text().strip()
     last = "\n".join(f"  {line}" for line in tail[-15:])
-    return f"rank {rank} exited with code {code}; its last output:\n{last}"
+    hint = collective_mismatch_hint(last)
+    return f"rank {rank} exited with code {code}{hint}; its last output:\n{last}"
 
 
 __all__ = ["free_port", "run_local"]

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from assay.errors import PREEMPTED_EXIT_CODE, AssayError, TrainingError
+from assay.errors import PREEMPTED_EXIT_CODE, AssayError, TrainingError, collective_mismatch_hint
 
 LAUNCHER = "assay.launch.torch_distributed"
 # Determined's launcher modules, and what they mean here.
@@ -272,9 +272,10 @@ def run_script_local(
         records = read_local_records(metrics_path)
     if code not in (0, PREEMPTED_EXIT_CODE):
         last = "\n".join(f"  {line}" for line in tails[rank][-15:])
+        hint = collective_mismatch_hint(last)
         raise TrainingError(
-            f"the entrypoint {config.entrypoint!r} (rank {rank}) exited with code {code}; "
-            f"its last output:\n{last}"
+            f"the entrypoint {config.entrypoint!r} (rank {rank}) exited with code {code}"
+            f"{hint}; its last output:\n{last}"
         )
     return _result(records, hparams, LocalResult)
 

@@ -83,3 +83,20 @@ class TrialContractError(TrainingError, PermanentError):
 
 class SearcherMetricError(TrainingError, PermanentError):
     """A validation did not return the metric `searcher.metric` names."""
+
+
+# What Gloo and NCCL print when the ranks' collectives do not pair up (one rank in
+# `should_preempt()` while another is in DDP's gradient all-reduce, say).
+_COLLECTIVE_MISMATCH = ("collective mismatch", "op.preamble.length <= op.nbytes")
+
+
+def collective_mismatch_hint(output: str) -> str:
+    """A hint to add to a failed rank's message when its output shows that the ranks made
+    different collective calls; "" otherwise."""
+    if not any(sign in output for sign in _COLLECTIVE_MISMATCH):
+        return ""
+    return (
+        "; the ranks made different collective calls: call core.preempt.should_preempt(), "
+        "gather/broadcast/barrier and store_path(shard=True) on every rank at the same "
+        "points (not under `if rank == 0`)"
+    )

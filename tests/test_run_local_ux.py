@@ -185,3 +185,45 @@ def test_records_per_epoch_that_disagrees_with_the_loader_is_named(
     assert said is warned, done.stderr
     if warned:
         assert "7 batches of 16, but the training data loader gives 16" in done.stderr
+
+
+MISMATCH = """\
+import os, sys, time
+if os.environ["RANK"] == "0":
+    print("terminate called after throwing an instance of 'gloo::EnforceNotMet'", flush=True)
+    print("  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 4812 vs 4."
+          " Received data size doesn't match expected size. Is there a distributed collective"
+          " mismatch in your code?", flush=True)
+    os.abort()
+time.sleep(30)
+"""
+
+
+def test_a_rank_killed_by_a_collective_mismatch_gets_a_hint(tmp_path: Path) -> None:
+    # `if rank == 0 and core.preempt.should_preempt()` pairs rank 0's vote with rank 1's
+    # DDP all-reduce: Gloo aborts the process (-6) with its own words only.
+    (tmp_path / "train.py").write_text(MISMATCH)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "entrypoint": "python3 train.py",
+                "searcher": {"name": "single", "metric": "x", "max_length": 10},
+            }
+        )
+    )
+
+    cli = [sys.executable, "-m", "assay.cli.main", "trial", "run-local"]
+    done = subprocess.run(
+        [*cli, str(config), ".", "--slots", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+    assert done.returncode == 1
+    [line] = [x for x in done.stderr.splitlines() if x.startswith("error: ")]
+    assert "exited with code -6; the ranks made different collective calls" in line
+    assert "should_preempt()" in line

@@ -70,6 +70,7 @@ class AssayCallback(Callback):
         self._asked_at = -1
         self._before_validation: dict[str, Any] = {}
         self._seen: dict[str, Any] = {}  # the metrics as of the last report
+        self._trained_reported = -1  # the step of the last training report
         self.preempted = False
         self._last_metrics: dict[str, Any] = {}
         self._restored_metrics: dict[str, float] = {}
@@ -164,11 +165,14 @@ class AssayCallback(Callback):
         return {
             "callback_metrics": _numbers(self._last_metrics),
             "last_validated": self._last_validated,
+            # Lightning runs the epoch's end again on resume: not reported twice.
+            "training_reported": self._trained_reported,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._restored_metrics = dict(state_dict.get("callback_metrics", {}))
         self._last_validated = int(state_dict.get("last_validated", -1))
+        self._trained_reported = int(state_dict.get("training_reported", -1))
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._restored_metrics:
@@ -189,17 +193,27 @@ class AssayCallback(Callback):
             return  # a micro-batch of gradient accumulation: no optimizer step yet
         self._asked_at = step
         every = self.every or getattr(trainer, "log_every_n_steps", 0) or 1
-        if trainer.is_global_zero and step > 0 and step % every == 0:
-            # What training logged since the last report (a validation's values were
-            # taken out at its end), so a name both log ("loss") is reported in each.
-            now = trainer.callback_metrics
-            logged = {k: v for k, v in now.items() if self._seen.get(k) is not v}
-            self._seen = dict(now)
-            if numbers := _numbers(logged):
-                self.core.train.report_training_metrics(steps_completed=step, metrics=numbers)
+        if step > 0 and step % every == 0:
+            self._report_training(trainer)
         self._stop_if_asked(trainer)
 
+    def _report_training(self, trainer: Trainer) -> None:
+        """Report what training logged since the last report (a validation's values were
+        taken out at its end, so a name both log, "loss", is reported in each); once a
+        step, rank 0."""
+        step = trainer.global_step
+        if not trainer.is_global_zero or step == self._trained_reported:
+            return
+        now = trainer.callback_metrics
+        logged = {k: v for k, v in now.items() if self._seen.get(k) is not v}
+        self._seen = dict(now)
+        if numbers := _numbers(logged):
+            self.core.train.report_training_metrics(steps_completed=step, metrics=numbers)
+            self._trained_reported = step
+
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # The epoch's own values (`on_epoch=True`), unless this step was reported already.
+        self._report_training(trainer)
         # `fit` put this callback last: every other callback has ended the epoch
         # (EarlyStopping's check, for one), so the checkpoint resumes at the next epoch.
         if not self._stop_if_asked(trainer):

@@ -95,10 +95,13 @@ def test_run_local_resumes_from_an_epochs_checkpoint_with_early_stopping(
     assert "Restored all states from the checkpoint" in resumed.stderr
     assert "step 20 checkpoint" not in resumed.stderr  # not stored again at its own step
     assert "step 25 validation" in resumed.stderr
-    # The metrics restored for EarlyStopping are not reported again as training's.
+    # The metrics restored for EarlyStopping are not reported again as training's, and
+    # the checkpoint's step (whose epoch end Lightning runs again) not again at all: a
+    # master refuses a second report of a step with other values.
     trained = [line for line in resumed.stderr.splitlines() if " training: " in line]
     assert trained, resumed.stderr
     assert not any("val_" in line for line in trained), trained
+    assert not any(line.startswith("step 20 ") for line in trained), trained
 
 
 def test_two_ddp_slots_report_once_and_resume_together(project: Path) -> None:

@@ -107,7 +107,7 @@ class Agent:
         self._allocations: dict[str, Allocation] = {}
         self._rank_sampler = RankSampler()  # each rank's use, for the heartbeat
         self._stop_requests = 0  # a plain int: signal handlers only bump it
-        self._stopping = False  # shutting down: every heartbeat says so
+        self._stopping = False  # shutting down: it starts nothing, and every heartbeat says so
 
     @property
     def running_allocations(self) -> list[str]:
@@ -142,11 +142,11 @@ class Agent:
                 "and can read its files and environment and other trials' processes and "
                 "files; run the agent as root for a uid per allocation"
             )
-        stopping = forced = False
+        forced = False
         try:
             while True:
-                if self._stop_requests and not stopping:
-                    stopping = self._stopping = True
+                if self._stop_requests and not self._stopping:
+                    self._stopping = True
                     # First, so that the master places nothing here that would be
                     # refused; the stopped trials then go to other agents.
                     self.connection.send(agent_pb2.AgentMessage(heartbeat=self._heartbeat()))
@@ -154,10 +154,10 @@ class Agent:
                 if self._stop_requests > 1 and not forced:
                     forced = True
                     self._stop_all(graceful=False)
-                if stopping and not self.running_allocations:
+                if self._stopping and not self.running_allocations:
                     break
                 with contextlib.suppress(queue.Empty):
-                    self._handle(self._events.get(timeout=0.1), stopping)
+                    self._handle(self._events.get(timeout=0.1))
         finally:
             self.connection.close()
             thread.join(timeout=5)
@@ -167,14 +167,15 @@ class Agent:
     def _enqueue(self, message: agent_pb2.MasterMessage) -> None:
         self._events.put(message)
 
-    def _handle(self, message: agent_pb2.MasterMessage, stopping: bool) -> None:
+    def _handle(self, message: agent_pb2.MasterMessage) -> None:
         if message.HasField("start"):
-            self._start(message.start, stopping)
+            self._start(message.start)
         elif message.HasField("kill"):
             self._kill(message.kill)
 
-    def _start(self, start: agent_pb2.StartAllocation, stopping: bool) -> None:
+    def _start(self, start: agent_pb2.StartAllocation) -> None:
         allocation_id = start.allocation_id
+        stopping = self._stopping
         with self._lock:
             known = allocation_id in self._allocations
             busy = {s for a in self._allocations.values() for s in a.slots}

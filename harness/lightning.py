@@ -57,6 +57,12 @@ def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def _changed(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics logged since `before` was taken: Lightning stores a new tensor for each
+    value logged, and leaves the others as they were."""
+    return {k: v for k, v in now.items() if before.get(k) is not v}
+
+
 class AssayCallback(Callback):
     """See the module docstring. `core`: the context `assay.core.init()` gave."""
 
@@ -205,7 +211,7 @@ class AssayCallback(Callback):
         if not trainer.is_global_zero or step == self._trained_reported:
             return
         now = trainer.callback_metrics
-        logged = {k: v for k, v in now.items() if self._seen.get(k) is not v}
+        logged = _changed(now, self._seen)
         self._seen = dict(now)
         if numbers := _numbers(logged):
             self.core.train.report_training_metrics(steps_completed=step, metrics=numbers)
@@ -226,11 +232,7 @@ class AssayCallback(Callback):
         if trainer.sanity_checking:
             return
         after = trainer.callback_metrics
-        logged = {
-            k: v
-            for k, v in after.items()
-            if k not in self._before_validation or self._before_validation[k] is not v
-        }
+        logged = _changed(after, self._before_validation)
         self._seen = dict(after)  # not training's to report
         self._last_metrics = dict(after)
         step = trainer.global_step

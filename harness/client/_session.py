@@ -169,8 +169,8 @@ def login(
     token: str | None = None,
 ) -> Session:
     """Connect to `master` (HOST:PORT; default ASSAY_MASTER, else the running `assay deploy
-    local up` cluster's, else 127.0.0.1:8090) and
-    make it the session of the module-level calls.
+    local up` cluster's, else 127.0.0.1:8090) and make it the session of the module-level
+    calls.
 
     `user` and `password`: log in (the session is stored, as `assay user login` does).
     `token`: use that session token (nothing is stored). `user` alone: that user's stored

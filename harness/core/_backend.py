@@ -203,8 +203,9 @@ class LocalBackend:
         self._done = False
 
     def _append(self, record: dict[str, Any]) -> None:
-        if self._mark_dir:
+        if self._mark_dir:  # once: the first report makes the directory
             make_local_output_dir(self.metrics_path.parent)
+            self._mark_dir = False
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps({**record, "time": time.time()}, allow_nan=True) + "\n")

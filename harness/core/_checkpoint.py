@@ -104,8 +104,9 @@ class CheckpointContext:
         parent = self._root if scratch is None else scratch
         merged = parent / f".tmp-{uuid}"
         own = merged if not shard else parent / f".tmp-{uuid}.rank{self._dist.rank}"
-        if self._mark_root and scratch is None:
+        if self._mark_root and scratch is None:  # once: the first checkpoint makes it
             make_local_output_dir(self._root)
+            self._mark_root = False
         if self._storage_fix is not None and scratch is None:
             check_writable(self._root, self._storage_fix)  # names the setting, then no more
             self._storage_fix = None

@@ -22,6 +22,25 @@ from tests.store.conftest import _empty_postgres, postgres_url
 __all__ = ["postgres_url"]  # the session's PostgreSQL database, shared with the store tests
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
+
+
+def loop_config(**hparams: Any) -> dict[str, Any]:
+    """A config of tests/fixtures/scripts/loop.py (a Core API script that counts steps,
+    reports, checkpoints and obeys preemption as `hparams` say): a `single` search of
+    `steps` batches (default 100), 1 restart."""
+    return {
+        "name": "loop",
+        "entrypoint": "python3 loop.py",
+        "hyperparameters": hparams,
+        "searcher": {
+            "name": "single",
+            "metric": "value",
+            "smaller_is_better": False,
+            "max_length": {"batches": hparams.get("steps", 100)},
+        },
+        "max_restarts": 1,
+    }
 
 
 @dataclass

@@ -25,7 +25,7 @@ import yaml
 from assay._local import free_port
 from assay.proto import common_pb2
 from tests.conftest import REGRESSION_DIR, regression_config
-from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
+from tests.e2e.conftest import SCRIPTS, Cluster, loop_config, start_cluster, stop_cluster
 
 BATCHES = 300
 EVERY = 50
@@ -418,18 +418,7 @@ def test_an_agent_cut_off_from_the_master(tmp_path: Path, cut_s: int) -> None:
 
 
 def _loop_config(tmp: Path, name: str, **hparams: Any) -> Path:
-    config = {
-        "name": name,
-        "entrypoint": "python3 loop.py",
-        "hyperparameters": hparams,
-        "searcher": {
-            "name": "single",
-            "metric": "value",
-            "smaller_is_better": False,
-            "max_length": {"batches": hparams["steps"]},
-        },
-        "max_restarts": 0,
-    }
+    config = {**loop_config(**hparams), "name": name, "max_restarts": 0}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -443,13 +432,12 @@ def test_an_agent_shutting_down_gets_no_new_trials_and_its_trials_resume_later(
     # waited for the other, and its refusal counted as a failure (ERROR at
     # max_restarts: 0). Now the agent says it is shutting down, the master places
     # nothing on it, and both trials resume on the agent's next start, 0 restarts.
-    scripts = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
     cluster = start_cluster(tmp_path, None, agents=1, slots=2)
     try:
         quick = _loop_config(tmp_path, "quick", steps=400, every=1, sleep=0.02)
         slow = _loop_config(tmp_path, "slow", steps=100, every=25, sleep=0.1)
         eids = [
-            int(cluster.json("experiment", "create", str(c), str(scripts))["id"])
+            int(cluster.json("experiment", "create", str(c), str(SCRIPTS))["id"])
             for c in (quick, slow)
         ]
 

@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
+from tests.e2e.conftest import SCRIPTS, Cluster, loop_config, start_cluster, stop_cluster
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CORE_EXAMPLES = ROOT / "examples" / "core_api"
 TRAINER_EXAMPLE = ROOT / "examples" / "trainer_api"
-SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
 WAIT_S = 300
 
 pytestmark = pytest.mark.slow
@@ -74,21 +73,6 @@ def _eventually(
 def _steps(cluster: Cluster, trial_id: int, group: str) -> list[int]:
     rows = cluster.json("trial", "metrics", str(trial_id), "--group", group)
     return [int(r["total_batches"]) for r in rows]
-
-
-def _loop(**hparams: Any) -> dict[str, Any]:
-    return {
-        "name": "loop",
-        "entrypoint": "python3 loop.py",
-        "hyperparameters": hparams,
-        "searcher": {
-            "name": "single",
-            "metric": "value",
-            "smaller_is_better": False,
-            "max_length": {"batches": hparams.get("steps", 100)},
-        },
-        "max_restarts": 1,
-    }
 
 
 def test_core_api_tutorial_ports_on_one_slot_and_on_two_agents(
@@ -195,7 +179,7 @@ def test_tensorboard_events_are_kept_and_downloaded(cluster: Cluster, tmp_path: 
     model = tmp_path / "model"
     model.mkdir()
     (model / "model_def.py").write_text(TENSORBOARD_TRIAL)
-    config = _loop()
+    config = loop_config()
     config.update(
         entrypoint="model_def:TBTrial",
         hyperparameters={"global_batch_size": 8},
@@ -256,7 +240,7 @@ def test_adaptive_asha_stops_scripts_at_a_rung_and_resumes_the_promoted(
 def test_pause_and_activate_resume_a_script_at_the_exact_step(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    eid = _create(cluster, _loop(steps=400, sleep=0.02, every=10), SCRIPTS, tmp_path)
+    eid = _create(cluster, loop_config(steps=400, sleep=0.02, every=10), SCRIPTS, tmp_path)
     _eventually(
         lambda: any(
             s >= 30
@@ -295,7 +279,7 @@ def test_pause_and_activate_resume_a_script_at_the_exact_step(
 def test_a_script_that_ignores_the_stop_is_killed_after_the_grace_and_resumes(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    config = _loop(steps=300, sleep=0.02, every=10, ignore_preempt=True)
+    config = loop_config(steps=300, sleep=0.02, every=10, ignore_preempt=True)
     eid = _create(cluster, config, SCRIPTS, tmp_path)
     _eventually(
         lambda: cluster.json("experiment", "describe", eid)["trials"][0]["total_batches"] >= 30,
@@ -327,7 +311,7 @@ def test_a_script_that_ignores_the_stop_is_killed_after_the_grace_and_resumes(
 def test_a_script_that_exits_0_before_its_target_ends_completed_without_restarts(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    config = _loop(steps=20, every=5)
+    config = loop_config(steps=20, every=5)
     config["searcher"]["max_length"] = {"batches": 100}
 
     described = _wait(cluster, _create(cluster, config, SCRIPTS, tmp_path))
@@ -350,7 +334,7 @@ def test_a_worker_that_reports_fails_the_trial_with_the_reason(
         "with assay.core.init() as core:\n"
         "    core.train.report_training_metrics(1, {'loss': 1.0})\n"
     )
-    config = _loop(steps=10)
+    config = loop_config(steps=10)
     config.update(entrypoint="python3 bad.py", max_restarts=0)
     config["resources"] = {"slots_per_trial": 2}
 
@@ -378,7 +362,7 @@ def test_a_host_path_no_agent_can_write_fails_before_training_and_names_the_sett
 
     storage = {"type": "shared_fs", "host_path": "/proc/nonexistent"}
     if kind == "script":
-        config, model_dir = _loop(steps=20, every=5), SCRIPTS
+        config, model_dir = loop_config(steps=20, every=5), SCRIPTS
     else:
         config, model_dir = regression_config(batches=20), REGRESSION_DIR
     config = {**config, "checkpoint_storage": storage, "max_restarts": 0}

@@ -213,11 +213,10 @@ def progress_trained(experiment: ExperimentState, trial: TrialState) -> list[Eff
         return []
     if not length.bounded:
         return []
-    length_value = max(length.value, 1)
-    progress = min(math.floor(100 * trial.total_batches / length_value) / 100, 0.99)
-    if progress < experiment.progress + 0.01:
+    percent = min(100 * trial.total_batches // max(length.value, 1), 99)
+    if percent / 100 <= experiment.progress:
         return []
-    return [SetExperiment(experiment.id, {"progress": progress})]
+    return [SetExperiment(experiment.id, {"progress": percent / 100})]
 
 
 def progress_reported(experiment: ExperimentState, progress: float) -> list[Effect]:

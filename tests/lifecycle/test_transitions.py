@@ -549,11 +549,15 @@ def test_a_single_searchs_progress_is_its_trials_batches_by_whole_percents() -> 
     experiment.progress = 0.6
     trial.total_batches = 605  # less than a percent more: no write
     unmoved = trial_life.progress_trained(experiment, trial)
+    trial.total_batches = 290  # 0.28 + 0.01 is more than 0.29 in floats: not skipped
+    experiment.progress = 0.28
+    after_a_rounding = trial_life.progress_trained(experiment, trial)
     trial.total_batches = 1000  # all of it: still below 1 until the experiment completes
     last = trial_life.progress_trained(experiment, trial)
 
     assert moved == [fx.SetExperiment(1, {"progress": 0.6})]
     assert unmoved == []
+    assert after_a_rounding == [fx.SetExperiment(1, {"progress": 0.29})]
     assert last == [fx.SetExperiment(1, {"progress": 0.99})]
 
 

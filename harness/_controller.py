@@ -7,45 +7,30 @@ takes the same decisions at the same batch.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import shutil
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from assay._checkpoint import (
-    CheckpointError,
-    CheckpointMetadata,
-    FileEntry,
-    capture_rng_state,
-    load_file,
-    load_user_state,
-    new_uuid,
-    restore_rng_state,
-    staging_dir,
-    verify_checkpoint,
-    write_checkpoint,
-)
 from assay._context import TrialContext
 from assay._data import ShardedLoader
 from assay._preempt import PreemptWatcher
 from assay._rank_metrics import GROUP as RANK_GROUP
 from assay._rank_metrics import RankMeter, rank_metrics
-from assay._session import CheckpointReport, MetricsReport, Session
+from assay._session import MetricsReport, Session
 from assay._trial import (
     BuiltinReducer,
     MetricReducer,
     PyTorchCallback,
     Reducer,
     Trial,
-    _check_arity,
     check_callbacks,
     evaluation_mode,
 )
+from assay._trial_checkpoint import TrainState, TrialCheckpointer
 from assay.common.storage import StorageManager, tensorboard_name
 from assay.errors import (
     SearcherMetricError,
@@ -78,20 +63,6 @@ def _warn_records_per_epoch(records: int, global_batch: int, batches: int | None
             by_config,
             batches,
         )
-
-
-@dataclass
-class TrainState:
-    """Counters that a checkpoint carries, so a restored trial continues exactly."""
-
-    total_batches: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    last_validation: int = 0
-    last_checkpoint: int = 0
-    validation_metrics: dict[str, float] = field(default_factory=dict)
-    # The best searcher metric so far (checkpoint_policy: best).
-    best_metric: float | None = None
 
 
 @dataclass(frozen=True)
@@ -137,8 +108,6 @@ class TrialController:
             raise ValueError("rank 0 needs a session")
         self.session = session
         self.config = context._config
-        self.checkpoint_root = checkpoint_root
-        self.storage = storage
         rank, size = self.dist.rank, self.dist.size
         self.train_data = ShardedLoader(
             trial.build_training_data_loader(), rank=rank, size=size, seed=seed, training=True
@@ -164,6 +133,15 @@ class TrialController:
         self.val_period = _period(self.config.min_validation_period, self.batches_per_epoch)
         self.ckpt_period = _period(self.config.min_checkpoint_period, self.batches_per_epoch)
         self.state = TrainState()
+        self.checkpointer = TrialCheckpointer(
+            trial,
+            context,
+            session,
+            self.callbacks,
+            checkpoint_root,
+            storage,
+            self.config.optimizations.aggregation_frequency,
+        )
         self.reducers = _reducers(trial.evaluation_reducer())
         self.last_validation: dict[str, float] = {}
         self.last_checkpoint: Path | None = None  # rank 0 only: the others write none
@@ -584,281 +562,21 @@ class TrialController:
     # --- checkpoints --------------------------------------------------------------------
 
     def _checkpoint(self) -> None:
-        context = self.context
-        for callback in self.callbacks.values():
-            hook = type(callback).on_checkpoint_save_start
-            if _check_arity(hook, (0, 1), type(callback), "()") == 1:
-                info = {"total_batches": self.state.total_batches, "epoch": self.state.epoch}
-                callback.on_checkpoint_save_start(info)  # type: ignore[call-arg]
-            else:
-                callback.on_checkpoint_save_start()
-        self.state.last_checkpoint = self.state.total_batches
         self._checkpointed = True
-        mid_accumulation = (
-            self.state.total_batches % self.config.optimizations.aggregation_frequency != 0
-        )
-        mine = {
-            "rng": capture_rng_state(),
-            "window": self._window_values(),
-            # Mid-accumulation, each rank's partial gradients are part of the state.
-            "gradients": self._local_gradients() if mid_accumulation else None,
-        }
-        strategy = context._strategy
-        uuid = new_uuid() if self.dist.is_chief else ""
-        shards: dict[str, FileEntry] | None = None
-        state: dict[str, Any]
-        if strategy.shards_checkpoints and self.dist.is_distributed:
-            uuid = self.dist.broadcast(uuid)
-            state, shards = self._write_shards(uuid)
-        else:
-            # Full state dicts: a collective under a sharding strategy (rank 0 gets them).
-            state = {
-                "models": [strategy.model_state_dict(m) for m in context.models],
-                "optimizers": [strategy.optimizer_state_dict(o) for o in context.optimizers],
-            }
-        everyone = self.dist.allgather(mine)
-        if not self.dist.is_chief:
-            return
-        payload: dict[str, Any] = {
-            **state,
-            "lr_schedulers": [s.state_dict() for s in context._lr_schedulers],
-            "precision": context._precision.state_dict(),
-            "rng": [e["rng"] for e in everyone],
-            "trial_state": {
-                **asdict(self.state),
-                "metric_windows": [e["window"] for e in everyone],
-            },
-        }
-        if mid_accumulation:
-            payload["gradients"] = [e["gradients"] for e in everyone]
-        user_state = self.trial.state_dict()
-        if user_state:
-            payload["user_state"] = user_state
-        if self.callbacks:
-            payload["callbacks"] = {
-                name: callback.state_dict() for name, callback in self.callbacks.items()
-            }
-        if context._scalers:
-            payload["scalers"] = [s.scaler.state_dict() for s in context._scalers]
-        metadata = CheckpointMetadata(
-            uuid=uuid,
-            total_batches=self.state.total_batches,
-            epoch=self.state.epoch,
-            batch_in_epoch=self.state.batch_in_epoch,
-            world_size=self.dist.size,
-            trial_id=context.get_trial_id(),
-            hparams=context.get_hparams(),
-        )
-        with self._unreported(uuid, sharded=shards is not None):
-            path = write_checkpoint(self.checkpoint_root, payload, metadata, shards=shards)
-        self.last_checkpoint = path
-        self._call("on_checkpoint_write_end", str(path))
-        assert self.session is not None
-        with self._unreported(uuid, sharded=shards is not None):
-            self.session.report_checkpoint(CheckpointReport(path, metadata))
-        self._call("on_checkpoint_end", str(path))
-
-    @contextlib.contextmanager
-    def _unreported(self, uuid: str, *, sharded: bool) -> Iterator[None]:
-        """On the chief's failure to store or report a sharded checkpoint on object
-        storage, delete what the other ranks uploaded of it (no manifest: never restored)."""
-        try:
-            yield
-        except BaseException:
-            if sharded and self.storage is not None:
-                with contextlib.suppress(Exception):
-                    self.storage.delete(uuid)
-            raise
-
-    def _write_shards(self, uuid: str) -> tuple[dict[str, Any], dict[str, FileEntry]]:
-        """Every rank writes its shards of each model (with the optimizers that step it)
-        into `model-NNN/` of checkpoint `uuid` (`assay.strategy._sharded`, DCP), and puts
-        them where the checkpoint is stored: on one directory that every rank writes into
-        (shared_fs), in place; with object storage, each rank other than the chief uploads
-        its own files from its own machine (the chief's go with the manifest). Returns the
-        layout record (what `restore` checks) and every rank's files with their entries,
-        once every rank's are stored; every rank fails together."""
-        from assay.strategy._sharded import save_sharded
-
-        context, dist = self.context, self.dist
-        strategy = context._strategy
-        staging = staging_dir(self.checkpoint_root, uuid)
-        uploads = self.storage is not None and not dist.is_chief
-        own = self.checkpoint_root / f".tmp-{uuid}.rank{dist.rank}" if uploads else staging
-        owners = [_owner_index(context.models, strategy._owner(o)) for o in context.optimizers]
-        mine: dict[str, FileEntry] = {}
-        failure: BaseException | None = None
-        try:
-            own.mkdir(parents=True, exist_ok=True)
-            for i, model in enumerate(context.models):
-                part = _shard_dir(i)
-                written = save_sharded(
-                    own / part,
-                    model,
-                    [o for o, owner in zip(context.optimizers, owners, strict=True) if owner == i],
-                    rank=dist.rank,
-                    world_size=dist.size,
-                    strategy=strategy.name,
-                )
-                mine.update({f"{part}/{name}": entry for name, entry in written.items()})
-            if uploads:
-                assert self.storage is not None
-                upload_part = getattr(self.storage, "upload_part", None)
-                if upload_part is None:
-                    raise CheckpointError(f"{self.storage!r} cannot store sharded checkpoints")
-                upload_part(own, uuid)
-        except BaseException as e:  # raised below, on every rank
-            failure = e
-        finally:
-            if uploads:
-                shutil.rmtree(own, ignore_errors=True)
-        # Every rank's files are stored before the chief writes the manifest: a checkpoint
-        # that a rank could not store is reported by none.
-        if dist.any(failure is not None):
-            if dist.is_chief:
-                shutil.rmtree(staging, ignore_errors=True)
-            raise failure or CheckpointError(
-                f"sharded checkpoint {uuid}: another rank could not write or store its shards "
-                "(see its log); nothing was reported"
-            )
-        shards: dict[str, FileEntry] = {}
-        for entries in dist.allgather(mine):
-            shards.update(entries)
-        layout = {"models": [_shard_dir(i) for i in range(len(context.models))], "owners": owners}
-        return {"sharded": layout}, shards
-
-    def _local_gradients(self) -> list[list[torch.Tensor | None]]:
-        return self.context._strategy.local_gradients(self.context.models)
+        path = self.checkpointer.save(self.state, self._window_values)
+        if path is not None:
+            self.last_checkpoint = path
 
     def restore(self, path: Path, recorded: Mapping[str, str] | None = None) -> None:
-        """Load a checkpoint written by `_checkpoint` (any world size) into this slot.
-
-        `recorded`: its files' sha256s as the master recorded them (on a cluster), which
-        every file must match before anything is loaded."""
-        metadata = verify_checkpoint(path, recorded)
-        context = self.context
-        # A sharded checkpoint (FSDP's) holds each model with its optimizers as every
-        # rank's shards; they load onto this world's ranks, whatever wraps the model now.
-        layout = load_file(path, "sharded") if "sharded.pt" in metadata.files else None
-        models: list[Any] | None = None
-        optimizers: list[Any] | None = None
-        if layout is None:
-            models = load_file(path, "models")
-            optimizers = load_file(path, "optimizers")
-            _match("models", len(models), len(context.models))
-            _match("optimizers", len(optimizers), len(context.optimizers))
-        else:
-            _match("models", len(layout["models"]), len(context.models))
-            _match("optimizers", len(layout["owners"]), len(context.optimizers))
-        schedulers = load_file(path, "lr_schedulers")
-        _match("LR schedulers", len(schedulers), len(context._lr_schedulers))
-        callback_states: dict[str, Any] = {}
-        if "callbacks.pt" in metadata.files:
-            try:
-                callback_states = dict(load_file(path, "callbacks"))
-            except Exception as e:
-                raise TrainingError(
-                    f"checkpoint {path}: the callbacks' state does not load with "
-                    f"weights_only=True ({e}); callbacks' state_dict() must hold plain "
-                    "containers, numbers, strings and tensors"
-                ) from None
-        self._call(
-            "on_checkpoint_load_start",
-            {
-                "uuid": metadata.uuid,
-                "total_batches": metadata.total_batches,
-                "models_state_dict": models,
-                "optimizers_state_dict": optimizers,
-                "lr_schedulers_state_dict": schedulers,
-                "callbacks": callback_states,
-            },
-        )
-        if layout is not None:
-            self._load_shards(path, layout)
-        try:
-            strategy = context._strategy
-            for model, sd in zip(context.models, models or [], strict=models is not None):
-                strategy.load_model_state_dict(model, sd)
-            for optimizer, sd in zip(
-                context.optimizers, optimizers or [], strict=optimizers is not None
-            ):
-                strategy.load_optimizer_state_dict(optimizer, sd)
-            for scheduler, sd in zip(context._lr_schedulers, schedulers, strict=True):
-                scheduler.load_state_dict(sd)
-            context._precision.load_state_dict(load_file(path, "precision"))
-            if "scalers.pt" in metadata.files:
-                scalers = load_file(path, "scalers")
-                _match("GradScalers", len(scalers), len(context._scalers))
-                for user_scaler, sd in zip(context._scalers, scalers, strict=True):
-                    user_scaler.scaler.load_state_dict(sd)
-            for name, callback in self.callbacks.items():
-                if name in callback_states:
-                    callback.load_state_dict(callback_states[name])
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise TrainingError(
-                f"checkpoint {path} does not fit this Trial's models and optimizers: {e}"
-            ) from None
-        if "user_state.pt" in metadata.files:
-            self.trial.load_state_dict(load_user_state(path))
-        state = dict(load_file(path, "trial_state"))
-        windows = state.pop("metric_windows", [])
-        self.state = TrainState(**state)
+        """Continue from checkpoint `path` (`TrialCheckpointer.restore`)."""
+        restored = self.checkpointer.restore(path, recorded)
+        self.state = restored.state
         self.last_validation = dict(self.state.validation_metrics)
-        rank = self.dist.rank
-        if rank < len(windows) and len(windows) == self.dist.size:
-            self._window = {name: list(values) for name, values in windows[rank].items()}
-        elif rank == 0 and windows:
-            merged: dict[str, list[torch.Tensor | float]] = {}
-            for window in windows:
-                for name, values in window.items():
-                    merged.setdefault(name, []).extend(values)
-            self._window = merged
-        if "gradients.pt" in metadata.files:
-            self._restore_gradients(path, metadata.world_size)
-        rng = load_file(path, "rng")
-        if rank < len(rng):
-            restore_rng_state(rng[rank])
+        self._window = restored.window
         self.last_checkpoint = path
         self._checkpointed = True
-        self._restored_uuid = metadata.uuid
-        context._initial_batch = self.state.total_batches
-        if self.dist.is_chief:
-            log.info(
-                "restored checkpoint %s at batch %d (taken on %d slot%s%s) onto %d slot%s",
-                metadata.uuid,
-                self.state.total_batches,
-                metadata.world_size,
-                "" if metadata.world_size == 1 else "s",
-                ", sharded" if layout is not None else "",
-                self.dist.size,
-                "" if self.dist.size == 1 else "s",
-            )
-
-    def _load_shards(self, path: Path, layout: Mapping[str, Any]) -> None:
-        """Load each model of sharded checkpoint `path` with the optimizers that step it
-        (every rank together; resharded onto this world, or into one plain process)."""
-        from assay.strategy._sharded import load_sharded
-
-        context = self.context
-        strategy = context._strategy
-        owners = [_owner_index(context.models, strategy._owner(o)) for o in context.optimizers]
-        if owners != list(layout["owners"]):
-            raise TrainingError(
-                f"checkpoint {path} pairs its optimizers with models {layout['owners']} but "
-                f"the Trial's step models {owners}; restore it with the same model definition"
-            )
-        for i, (model, part) in enumerate(zip(context.models, layout["models"], strict=True)):
-            mine = [o for o, owner in zip(context.optimizers, owners, strict=True) if owner == i]
-            load_sharded(path / str(part), model, mine)
-
-    def _restore_gradients(self, path: Path, saved_world_size: int) -> None:
-        if saved_world_size != self.dist.size:
-            raise TrainingError(
-                f"checkpoint {path} was taken in the middle of a gradient accumulation on "
-                f"{saved_world_size} slots; restore it on {saved_world_size} slots"
-            )
-        gradients = load_file(path, "gradients")[self.dist.rank]
-        self.context._strategy.restore_local_gradients(self.context.models, gradients)
+        self._restored_uuid = restored.uuid
+        self.context._initial_batch = self.state.total_batches
 
 
 _END = object()
@@ -881,24 +599,6 @@ def _number(name: str, value: Any) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     raise TrainingError(f"metric {name!r} must be a number or a scalar tensor, got {value!r}")
-
-
-def _shard_dir(index: int) -> str:
-    """The directory of model `index`'s shards in a sharded checkpoint (in the order
-    `assay.strategy._sharded.sharded_parts` lists them)."""
-    return f"model-{index:03d}"
-
-
-def _owner_index(models: list[torch.nn.Module], owner: torch.nn.Module) -> int:
-    return next(i for i, model in enumerate(models) if model is owner)
-
-
-def _match(what: str, saved: int, now: int) -> None:
-    if saved != now:
-        raise TrainingError(
-            f"the checkpoint holds {saved} {what} but the Trial wrapped {now}; restore it "
-            "with the same model definition"
-        )
 
 
 def _period(length: Any, batches_per_epoch: int | None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 import time
@@ -341,7 +342,10 @@ def test_a_plain_runs_output_stays_out_of_the_archive(tmp_path: Path) -> None:
     assert (model / "checkpoints" / LOCAL_OUTPUT_MARKER).is_file()
     assert (model / "assay-metrics" / LOCAL_OUTPUT_MARKER).is_file()
     assert len(list((model / "checkpoints").iterdir())) == 3  # two checkpoints, the marker
-    assert (model / "assay-metrics" / "metrics.jsonl").read_text().count("\n") == 4  # 2 each
+    lines = (model / "assay-metrics" / "metrics.jsonl").read_text().splitlines()
+    runs = [json.loads(line)["run"] for line in lines]  # each run's records say which
+    assert len(runs) == 4
+    assert runs[0] == runs[1] != runs[2] == runs[3]
     assert names_in(pack_model_dir(model)) == ["train.py"]
 
     other = tmp_path / "other"

@@ -6,6 +6,7 @@ only carries their calls. Only the chief process has one.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import math
@@ -201,6 +202,8 @@ class LocalBackend:
         self.smaller_is_better = smaller_is_better
         self._best: float | None = None
         self._done = False
+        # Every record names its run, so the runs that append to one file stay apart.
+        self._run = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
     def _append(self, record: dict[str, Any]) -> None:
         if self._mark_dir:  # once: the first report makes the directory
@@ -208,7 +211,8 @@ class LocalBackend:
             self._mark_dir = False
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps({**record, "time": time.time()}, allow_nan=True) + "\n")
+            line = {**record, "run": self._run, "time": time.time()}
+            f.write(json.dumps(line, allow_nan=True) + "\n")
 
     def report_metrics(self, group: str, steps: int, metrics: Mapping[str, float]) -> None:
         self._append({"group": group, "steps_completed": steps, "metrics": dict(metrics)})

@@ -105,7 +105,7 @@ from assay.config import (
     SearcherConfig,
     rung_lengths,
 )
-from assay.config._search import MAX_TRIALS
+from assay.config._searcher_config import MAX_TRIALS
 from assay.master.searcher import make_searcher
 from assay.master.searcher.simulate import SimulatedMaster
 

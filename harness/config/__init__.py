@@ -25,6 +25,7 @@ from assay.config._limits import (
     MAX_LABELS,
     MAX_NAME_CHARS,
 )
+from assay.config._pbt import PBTSpec, pbt_spec
 from assay.config._schema import (
     ExperimentConfig,
     load_config,
@@ -34,18 +35,15 @@ from assay.config._schema import (
 from assay.config._search import (
     BracketPreview,
     BracketSpec,
-    Objective,
-    PBTSpec,
     Preview,
     RoundPreview,
     RungPreview,
-    SearcherConfig,
     SearchSpec,
-    pbt_spec,
     preview,
     rung_lengths,
     search_spec,
 )
+from assay.config._searcher_config import Objective, SearcherConfig
 from assay.config._sections import (
     MAX_WEIGHT,
     MIN_WEIGHT,

@@ -14,14 +14,10 @@ from assay.config import _determined, _limits
 from assay.config._entrypoint import parse_entrypoint
 from assay.config._hparams import Const, HParam, overflow_problems, parse_hparams
 from assay.config._length import UNBOUNDED_LENGTH, Length, LengthUnit
+from assay.config._pbt import PBT_KEYS
 from assay.config._reader import REQUIRED, Section, type_name
-from assay.config._search import (
-    PBT_KEYS,
-    Objective,
-    SearcherConfig,
-    parse_objectives,
-    searcher_problems,
-)
+from assay.config._search import searcher_problems
+from assay.config._searcher_config import Objective, SearcherConfig, parse_objectives
 from assay.config._sections import (
     CheckpointStorageConfig,
     OptimizationsConfig,

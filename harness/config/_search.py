@@ -4,8 +4,9 @@ This is the arithmetic of successive halving on plain integers, shared by the ma
 searchers (`assay.master.searcher`) and by `assay preview-search`, which must show the
 plan without importing the master. It lives beside the schema because the rules that make
 an option valid (a rung must train longer than the one below it) are the same rules: the
-schema parses the `searcher` section into `SearcherConfig` (defined here) and reports
-`searcher_problems` with the rest of the config.
+schema parses the `searcher` section into `SearcherConfig` (`assay.config._searcher_config`)
+and reports `searcher_problems` with the rest of the config; pbt's plan is
+`assay.config._pbt`.
 
 Rung rule: with `R` rungs and divisor `d`, rung `k` (0 = bottom) trains to
 `floor(max_length / d**(R-1-k))` units, at least 1; the top rung is `max_length`. The rungs
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -36,101 +37,25 @@ from assay.config._hparams import (
     grid_values,
     leaves,
 )
-from assay.config._length import Length, LengthUnit
-
-MODES = ("aggressive", "standard", "conservative")
-SAMPLERS = ("random", "tpe", "bohb")
-DEFAULT_RANDOM_FRACTION = 1 / 3
-"""The share of the bohb sampler's trials drawn at random (BOHB's and HpBandSter's)."""
-DEFAULT_DIVISOR = 4
-DEFAULT_MAX_RUNGS = 5
-MAX_RUNGS = 64  # past this a search is a typo, and a divisor near 1 makes the arithmetic slow
-DEFAULT_MODE = "standard"
-MAX_TRIALS = 100_000
-"""The most trials a search may count (`max_trials`), as many as the largest grid: the
-master keeps every trial of a live experiment, and the searcher's state grows with them."""
-MAX_CONCURRENT_TRIALS = 1_000
-"""The most trials a search runs or queues at once (`max_concurrent_trials`, given or by
-default): the master creates that many trials in one step when the experiment starts."""
-DEFAULT_MAX_CONCURRENT_TRIALS = 16
-"""`max_concurrent_trials` of grid, random and bayesian searches when it is 0 or absent
-(Determined's default): new trials are created as earlier ones end."""
-_NEEDS_MAX_TRIALS = ("random", "asha", "adaptive_asha", "bayesian")
-PBT_KEYS = ("population_size", "num_rounds", "replace_function", "explore_function")
-"""`searcher` keys of pbt kept in `SearcherConfig.options` (`length_per_round` becomes
-its `max_length`)."""
-PBT_DEFAULTS = {"truncate_fraction": 0.25, "resample_probability": 0.25, "perturb_factor": 0.2}
-MAX_PBT_ROUNDS = 10_000
-MAX_OBJECTIVES = 8
-"""The most metrics a multi-objective search (`searcher.metrics`) optimises at once."""
-MULTI_OBJECTIVE_SEARCHERS = ("random", "grid", "bayesian")
-"""The searchers that take `searcher.metrics`: those that never compare trials to stop one
-early (ASHA, adaptive ASHA and PBT rank trials on one order)."""
-
-Divisor = int | float
-"""A successive-halving divisor: an integer >= 2 or a finite number > 1 (e.g. 2.5)."""
-
-
-@dataclass(frozen=True)
-class Objective:
-    """One metric of a multi-objective search (`searcher.metrics`)."""
-
-    name: str
-    smaller_is_better: bool = True
-
-
-def parse_objectives(value: Any) -> tuple[tuple[Objective, ...], list[str]]:
-    """`searcher.metrics` as objectives, and every problem with it (as `key.path: fix`)."""
-    problems: list[str] = []
-    example = "e.g. [{name: val_loss, smaller_is_better: true}, {name: latency_ms}]"
-    if not isinstance(value, list) or not 2 <= len(value) <= MAX_OBJECTIVES:
-        got = f"{len(value)} entries" if isinstance(value, list) else repr(value)
-        return (), [
-            f"searcher.metrics: expected a list of 2 to {MAX_OBJECTIVES} metrics, {example}; "
-            f"got {got} (one metric is searcher.metric)"
-        ]
-    objectives: list[Objective] = []
-    for i, entry in enumerate(value):
-        where = f"searcher.metrics[{i}]"
-        if isinstance(entry, str):
-            entry = {"name": entry}
-        if not isinstance(entry, Mapping):
-            problems.append(f"{where}: expected {{name, smaller_is_better}}, got {entry!r}")
-            continue
-        for extra in sorted(set(entry) - {"name", "smaller_is_better"}, key=str):
-            problems.append(f"{where}.{extra}: unknown key; a metric has name, smaller_is_better")
-        name, smaller = entry.get("name"), entry.get("smaller_is_better", True)
-        if not isinstance(name, str) or not name.strip():
-            problems.append(f"{where}.name: expected a validation metric's name, got {name!r}")
-        elif any(o.name == name for o in objectives):
-            problems.append(f"{where}.name: {name!r} is listed twice")
-        if not isinstance(smaller, bool):
-            problems.append(f"{where}.smaller_is_better: expected true or false, got {smaller!r}")
-        if isinstance(name, str) and name.strip() and isinstance(smaller, bool):
-            objectives.append(Objective(name, smaller))
-    return (tuple(objectives), problems) if not problems else ((), problems)
-
-
-@dataclass(frozen=True)
-class SearcherConfig:
-    """`searcher`: which search, on which metric, how long; `options` keeps the searcher's
-    own keys (divisor, num_rungs, max_rungs, mode, bracket_rungs, sampler, random_fraction)
-    as given."""
-
-    name: str
-    metric: str
-    max_length: Length
-    smaller_is_better: bool = True
-    max_trials: int | None = None
-    max_concurrent_trials: int = 0
-    options: Mapping[str, Any] = field(default_factory=dict)
-    # Determined 0.38's `time_metric`: the validation metric that measures how far a trial
-    # has trained (scripts report it); lengths are then in its units (`max_time`).
-    time_metric: str | None = None
-    # A multi-objective search's metrics (`searcher.metrics`); `metric` and
-    # `smaller_is_better` are then the first one's. Empty for one metric.
-    objectives: tuple[Objective, ...] = ()
-
+from assay.config._length import LengthUnit
+from assay.config._pbt import PBTSpec, pbt_problems, pbt_spec
+from assay.config._searcher_config import (
+    DEFAULT_DIVISOR,
+    DEFAULT_MAX_CONCURRENT_TRIALS,
+    DEFAULT_MAX_RUNGS,
+    DEFAULT_MODE,
+    DEFAULT_RANDOM_FRACTION,
+    MAX_CONCURRENT_TRIALS,
+    MAX_RUNGS,
+    MAX_TRIALS,
+    MODES,
+    MULTI_OBJECTIVE_SEARCHERS,
+    NEEDS_MAX_TRIALS,
+    SAMPLERS,
+    Divisor,
+    SearcherConfig,
+    is_int,
+)
 
 # --- rung arithmetic ---------------------------------------------------------------------
 
@@ -244,7 +169,7 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
             return problems
     if name == "pbt":
         return pbt_problems(config)
-    if name in _NEEDS_MAX_TRIALS and config.max_trials is None:
+    if name in NEEDS_MAX_TRIALS and config.max_trials is None:
         bad("max_trials", f"is required for the {name} searcher (how many trials to run)")
     if config.max_trials is not None and config.max_trials > MAX_TRIALS:
         # Under `searcher:`, not `searcher.max_trials:`: the schema keeps only its own
@@ -283,7 +208,7 @@ def searcher_problems(config: SearcherConfig, space: Mapping[str, HParam]) -> li
     _check_int(options, "num_rungs", 1, bad)
     _check_int(options, "max_rungs", 1, bad)
     for key in ("num_rungs", "max_rungs"):
-        if _is_int(options.get(key)) and options[key] > MAX_RUNGS:
+        if is_int(options.get(key)) and options[key] > MAX_RUNGS:
             bad(key, f"must be at most {MAX_RUNGS}, got {options[key]}")
     if "mode" in options and options["mode"] not in MODES:
         bad("mode", f"expected one of {' | '.join(MODES)}, got {options['mode']!r}")
@@ -351,10 +276,6 @@ def _multi_objective_problems(config: SearcherConfig) -> list[str]:
     return []
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_divisor(options: Mapping[str, Any], bad: Any) -> None:
     if "divisor" not in options:
         return
@@ -372,7 +293,7 @@ def _check_int(options: Mapping[str, Any], key: str, minimum: int, bad: Any) -> 
     if key not in options:
         return
     value = options[key]
-    if not _is_int(value):
+    if not is_int(value):
         bad(key, f"expected an integer >= {minimum}, got {value!r}")
     elif value < minimum:
         bad(key, f"must be at least {minimum}, got {value}")
@@ -392,7 +313,7 @@ def _check_brackets(
 ) -> None:
     if isinstance(value, list) and not value:
         return  # Determined's `bracket_rungs: []`: the mode's brackets
-    if not isinstance(value, list) or not all(_is_int(r) and 1 <= r <= MAX_RUNGS for r in value):
+    if not isinstance(value, list) or not all(is_int(r) and 1 <= r <= MAX_RUNGS for r in value):
         bad("bracket_rungs", f"expected a list of integers from 1 to {MAX_RUNGS}, got {value!r}")
     elif len(set(value)) != len(value):
         bad("bracket_rungs", f"has a bracket twice: {value!r}")
@@ -419,136 +340,6 @@ def _grid_problems(space: Mapping[str, HParam]) -> list[str]:
                 f"lower the counts (an int without count is every integer of its range)"
             )
     return problems
-
-
-# --- population-based training ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PBTSpec:
-    """A pbt search resolved: `population_size` trials train `length_per_round` units per
-    round for `num_rounds` rounds; after each round but the last, the worst
-    `truncate_fraction` are closed and replaced by copies of the best (exploit), whose
-    hyperparameters are perturbed (explore)."""
-
-    population_size: int
-    num_rounds: int
-    length_per_round: int
-    truncate_fraction: float
-    resample_probability: float
-    perturb_factor: float
-    unit: str = "batches"
-
-    @property
-    def replaced_per_round(self) -> int:
-        """How many of the worst trials each round closes and replaces (at most all but
-        one: the best always goes on)."""
-        return min(
-            math.floor(self.truncate_fraction * self.population_size), self.population_size - 1
-        )
-
-
-def pbt_problems(config: SearcherConfig) -> list[str]:
-    """Every problem with a pbt searcher's keys, as `key.path: what to fix`."""
-    problems: list[str] = []
-    options = config.options
-
-    def bad(key: str, message: str) -> None:
-        problems.append(f"searcher.{key}: {message}")
-
-    for key, minimum, maximum, what in (
-        ("population_size", 2, MAX_CONCURRENT_TRIALS, "trials trained at once"),
-        ("num_rounds", 1, MAX_PBT_ROUNDS, "rounds of training, exploit and explore"),
-    ):
-        value = options.get(key)
-        if value is None:
-            bad(key, f"is required for the pbt searcher ({what}), e.g. {key}: {minimum * 4}")
-        elif not _is_int(value) or not minimum <= value <= maximum:
-            bad(key, f"expected an integer from {minimum} to {maximum:,} ({what}), got {value!r}")
-    for group, keys in (
-        ("replace_function", ("truncate_fraction",)),
-        ("explore_function", ("resample_probability", "perturb_factor")),
-    ):
-        section = options.get(group, {})
-        if not isinstance(section, Mapping):
-            bad(group, f"expected a mapping of {', '.join(keys)}, got {section!r}")
-            continue
-        for extra in sorted(set(section) - set(keys), key=str):
-            bad(f"{group}.{extra}", f"unknown key; {group} takes {', '.join(keys)}")
-        for key in keys:
-            if key in section:
-                problem = _fraction_problem(key, section[key])
-                if problem:
-                    bad(f"{group}.{key}", problem)
-    if problems:
-        return problems
-    spec = pbt_spec_of(config)
-    if spec.replaced_per_round == 0 and spec.num_rounds > 1:
-        bad(
-            "replace_function.truncate_fraction",
-            f"replaces no trial: {spec.truncate_fraction} of a population of "
-            f"{spec.population_size} is less than one; raise it to at least "
-            f"{1 / spec.population_size:.3g}",
-        )
-    trials = spec.population_size + (spec.num_rounds - 1) * spec.replaced_per_round
-    if trials > MAX_TRIALS:
-        problems.append(
-            f"searcher: pbt would create {trials:,} trials, more than {MAX_TRIALS:,}; "
-            f"lower num_rounds or population_size"
-        )
-    return problems
-
-
-def _fraction_problem(key: str, value: Any) -> str | None:
-    """What is wrong with a pbt fraction: truncate_fraction in (0, 0.5],
-    resample_probability in [0, 1], perturb_factor in (0, 1)."""
-    what = {
-        "truncate_fraction": "the share of the population replaced each round",
-        "resample_probability": "the chance each hyperparameter is redrawn",
-        "perturb_factor": "a numeric hyperparameter is multiplied by 1 +- it",
-    }[key]
-    interval = {
-        "truncate_fraction": "(0, 0.5]",
-        "resample_probability": "[0, 1]",
-        "perturb_factor": "(0, 1)",
-    }[key]
-    number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    if number and key == "truncate_fraction":
-        ok = 0 < value <= 0.5
-    elif number and key == "resample_probability":
-        ok = 0 <= value <= 1
-    else:
-        ok = number and 0 < value < 1
-    return None if ok else f"expected a number in {interval} ({what}), got {value!r}"
-
-
-def pbt_spec_of(config: SearcherConfig) -> PBTSpec:
-    """The pbt plan of `config` (its options checked by `pbt_problems`); `max_length` is the
-    length of one round."""
-    options = config.options
-    replace = dict(options.get("replace_function") or {})
-    explore = dict(options.get("explore_function") or {})
-    return PBTSpec(
-        population_size=int(options["population_size"]),
-        num_rounds=int(options["num_rounds"]),
-        length_per_round=config.max_length.value,
-        truncate_fraction=float(
-            replace.get("truncate_fraction", PBT_DEFAULTS["truncate_fraction"])
-        ),
-        resample_probability=float(
-            explore.get("resample_probability", PBT_DEFAULTS["resample_probability"])
-        ),
-        perturb_factor=float(explore.get("perturb_factor", PBT_DEFAULTS["perturb_factor"])),
-        unit=config.max_length.unit.value,
-    )
-
-
-def pbt_spec(config: SearcherConfig) -> PBTSpec:
-    """`pbt_spec_of` after checking; raise ValueError listing every problem."""
-    problems = pbt_problems(config)
-    if problems:
-        raise ValueError("; ".join(problems))
-    return pbt_spec_of(config)
 
 
 # --- the resolved plan --------------------------------------------------------------------

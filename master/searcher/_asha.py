@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from assay.config import BracketSpec
-from assay.config._search import Divisor, divide
+from assay.config._search import divide
+from assay.config._searcher_config import Divisor
 
 from ._ops import Close, ExitedReason, Operation, ValidateAfter
 

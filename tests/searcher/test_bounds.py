@@ -26,11 +26,11 @@ from assay.config import (
     grid_points,
     search_spec,
 )
-from assay.config._search import (
+from assay.config._search import grid_count
+from assay.config._searcher_config import (
     DEFAULT_MAX_CONCURRENT_TRIALS,
     MAX_CONCURRENT_TRIALS,
     MAX_TRIALS,
-    grid_count,
 )
 from assay.master.searcher import Create, make_searcher
 from assay.master.searcher._samplers import GridSampler

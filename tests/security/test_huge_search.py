@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from assay.config import MAX_GRID_POINTS
-from assay.config._search import (
+from assay.config._searcher_config import (
     DEFAULT_MAX_CONCURRENT_TRIALS,
     MAX_CONCURRENT_TRIALS,
     MAX_TRIALS,

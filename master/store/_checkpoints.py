@@ -29,6 +29,8 @@ from assay.master.store._metrics import VALIDATION
 from assay.master.store._models import Checkpoint, Metric, Trial
 from assay.master.store._records import CheckpointRecord
 
+DELETED = "DELETED"  # a checkpoint whose files garbage collection or a user removed
+
 
 class CheckpointQueries(StoreBase):
     """Checkpoints."""
@@ -101,11 +103,25 @@ class CheckpointQueries(StoreBase):
             return _validated(s, trial_id, list(rows))
 
     def set_checkpoint_state(self, uuid: str, state: str) -> None:
+        """Mark the checkpoint `state`. A trial whose latest checkpoint is marked DELETED
+        (only an ended trial's can be) gets its newest checkpoint still stored as its
+        latest, or none: what `describe` shows and `--latest` downloads."""
         with self.write() as s:
             c = s.get(Checkpoint, uuid)
             if c is None:
                 raise NotFoundError(f"checkpoint {uuid} does not exist")
             c.state = state
+            if state != DELETED:
+                return
+            trial = s.get(Trial, c.trial_id, with_for_update=True)
+            if trial is None or trial.latest_checkpoint != uuid:
+                return
+            trial.latest_checkpoint = s.execute(
+                select(Checkpoint.uuid)
+                .where(Checkpoint.trial_id == c.trial_id, Checkpoint.state != DELETED)
+                .order_by(Checkpoint.total_batches.desc(), Checkpoint.created_at.desc())
+                .limit(1)
+            ).scalar_one_or_none()
 
 
 def _checkpoint(c: Checkpoint) -> CheckpointRecord:

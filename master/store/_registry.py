@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError
 from assay.master.store._base import StoreBase, now
+from assay.master.store._checkpoints import DELETED
 from assay.master.store._models import Checkpoint, ModelVersion, RegisteredModel, Trial, User
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -32,7 +33,6 @@ MAX_LABEL_CHARS = 255
 MAX_METADATA_BYTES = 64 * 1024
 MAX_TEXT_CHARS = 64 * 1024
 MAX_METADATA_DEPTH = 16  # what protobuf readers take back as a Struct, with room to spare
-DELETED = "DELETED"
 
 
 @dataclass(frozen=True)

@@ -419,6 +419,21 @@ def test_checkpoints_are_idempotent_and_fenced(store: Store) -> None:
     assert record.size_bytes == 12
 
 
+def test_a_deleted_latest_checkpoint_gives_way_to_the_newest_one_still_stored(
+    store: Store,
+) -> None:
+    _, tid, run = _trial(store)
+    for uid, batches in (("a", 100), ("b", 200), ("c", 300)):
+        store.add_checkpoint(CheckpointRecord(uid, tid, run, batches, "COMPLETED", f"/{uid}", {}))
+    assert store.get_trial(tid).latest_checkpoint == "c"
+    store.set_checkpoint_state("b", "DELETED")  # not the latest: the latest stays
+    assert store.get_trial(tid).latest_checkpoint == "c"
+    store.set_checkpoint_state("c", "DELETED")
+    assert store.get_trial(tid).latest_checkpoint == "a"
+    store.set_checkpoint_state("a", "DELETED")
+    assert store.get_trial(tid).latest_checkpoint is None
+
+
 def test_agents_and_allocations(store: Store) -> None:
     _, tid, run = _trial(store)
     for _ in range(2):  # a reconnecting agent registers again: one row, refreshed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -87,7 +87,6 @@ class _WrappedReducer:
     name: str | None
     for_training: bool
     for_validation: bool
-    pending: bool = field(default=False)
 
 
 class TrialContext:
@@ -304,7 +303,9 @@ class TrialContext:
     ) -> T:
         """Register a scheduler; the harness steps it as `step_mode` says and checkpoints it.
 
-        `step_mode`: `STEP_EVERY_BATCH` ("batch"), `STEP_EVERY_OPTIMIZER_STEP`
+        `step_mode`: `STEP_EVERY_BATCH` ("batch"; under gradient accumulation, once for
+        each batch of it after its optimizer step, as Determined does, so the schedule
+        never runs ahead of the optimizer), `STEP_EVERY_OPTIMIZER_STEP`
         ("optimizer_step": every `aggregation_frequency` batches), `STEP_EVERY_EPOCH`
         ("epoch", the default) or `MANUAL_STEP` ("manual": you call `step()`, e.g. a
         `ReduceLROnPlateau` in a callback's `on_validation_end`). It steps every
@@ -354,16 +355,19 @@ class TrialContext:
         self,
         reducer: MetricReducer | Callable[[list[Any]], Any],
         name: str | None = None,
-        for_training: bool = False,
+        for_training: bool = True,
         for_validation: bool = True,
     ) -> MetricReducer:
         """Register a metric you feed with `reducer.update(value)` in `train_batch` /
-        `evaluate_batch` (Determined's `wrap_reducer`).
+        `evaluate_batch` (Determined's `wrap_reducer`, with its defaults).
 
         `reducer` is a `MetricReducer` or a callable over the list of every value given to
         `update` (all ranks) that returns the metric. The result is reported as `name`, or,
-        with `name=None`, the reducer returns a dict of metrics. It is reset before each
-        validation (`for_validation`) and after each training report (`for_training`).
+        with `name=None`, the reducer returns a dict of metrics, with the training metrics
+        (`for_training`) and with the validation metrics (`for_validation`). It is reset
+        before each validation and after each training report. A callable that was given
+        no value since then (e.g. fed in `evaluate_batch` only) is not called for that
+        report.
         """
         if not isinstance(reducer, MetricReducer):
             if not callable(reducer):
@@ -433,24 +437,29 @@ class TrialContext:
     ) -> contextlib.AbstractContextManager[Any]:
         """Enter the batch: set counters, and suspend gradient sync off accumulation
         boundaries (the strategy's no-sync context)."""
-        self._epoch, self._batch, self._batch_in_epoch = epoch, batch, batch_in_epoch
+        self._at(epoch, batch, batch_in_epoch)
         self._boundary = (batch + 1) % self._aggregation == 0
         self._stepped = False
         if self._boundary:
             return _NO_CONTEXT
         return self._strategy.no_sync()
 
+    def _at(self, epoch: int, batch: int, batch_in_epoch: int) -> None:
+        """The position the next batch trains at (what callbacks and `train_batch` see)."""
+        self._epoch, self._batch, self._batch_in_epoch = epoch, batch, batch_in_epoch
+
     def _end_batch(self) -> None:
         if self._boundary and self._stepped:
             self._precision.update()
             for user_scaler in self._scalers:
                 user_scaler.update()
+        if not self._boundary:
+            return  # a scheduler never steps ahead of the optimizers (as in Determined)
         for entry in self._schedulers:
-            if entry.mode is StepMode.STEP_EVERY_BATCH or (
-                entry.mode is StepMode.STEP_EVERY_OPTIMIZER_STEP
-                and entry.optimizer is None
-                and self._boundary
-            ):
+            if entry.mode is StepMode.STEP_EVERY_BATCH:
+                for _ in range(self._aggregation):  # each batch of the accumulation
+                    entry.tick()
+            elif entry.mode is StepMode.STEP_EVERY_OPTIMIZER_STEP and entry.optimizer is None:
                 entry.tick()
 
     def _end_epoch(self) -> None:
@@ -467,6 +476,17 @@ class TrialContext:
     @property
     def _lr_schedulers(self) -> list[Any]:
         return [entry.scheduler for entry in self._schedulers]
+
+    @property
+    def _scheduler_ticks(self) -> list[int]:
+        """How often each scheduler's mode has come round: with `frequency` > 1, where in
+        its count a restored scheduler is."""
+        return [entry.ticks for entry in self._schedulers]
+
+    @_scheduler_ticks.setter
+    def _scheduler_ticks(self, ticks: list[int]) -> None:
+        for entry, count in zip(self._schedulers, ticks, strict=True):
+            entry.ticks = count
 
     @property
     def _precision_plugin(self) -> PrecisionPlugin:

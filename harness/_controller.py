@@ -23,6 +23,7 @@ from assay._rank_metrics import RankMeter, rank_metrics
 from assay._session import MetricsReport, Session
 from assay._trial import (
     BuiltinReducer,
+    CallableReducer,
     MetricReducer,
     PyTorchCallback,
     Reducer,
@@ -178,6 +179,8 @@ class TrialController:
             while self.state.total_batches < target:
                 if batches is None:
                     if self.state.batch_in_epoch == 0:
+                        # As in Determined, the hook sees the epoch's first batch.
+                        self.context._at(self.state.epoch, self.state.total_batches, 0)
                         self._call("on_training_epoch_start", self.state.epoch)
                     batches = self.train_data.epoch(self.state.epoch, self.state.batch_in_epoch)
                 try:
@@ -397,8 +400,11 @@ class TrialController:
         everyone = self.dist.allgather([w.reducer.per_slot_reduce() for w in wrapped])
         metrics: dict[str, float] = {}
         for i, w in enumerate(wrapped):
-            value = w.reducer.cross_slot_reduce([per_rank[i] for per_rank in everyone])
+            per_slot = [per_rank[i] for per_rank in everyone]
             w.reducer.reset()
+            if isinstance(w.reducer, CallableReducer) and not any(per_slot):
+                continue  # fed nothing since its last report: nothing to report
+            value = w.reducer.cross_slot_reduce(per_slot)
             if w.name is None:
                 if not isinstance(value, Mapping):
                     raise TrainingError(

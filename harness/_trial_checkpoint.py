@@ -142,6 +142,7 @@ class TrialCheckpointer:
             "trial_state": {
                 **asdict(state),
                 "metric_windows": [e["window"] for e in everyone],
+                "scheduler_ticks": context._scheduler_ticks,
             },
         }
         if mid_accumulation:
@@ -310,6 +311,9 @@ class TrialCheckpointer:
             self.trial.load_state_dict(load_user_state(path))
         saved = dict(load_file(path, "trial_state"))
         windows = saved.pop("metric_windows", [])
+        ticks = saved.pop("scheduler_ticks", None)  # absent from older checkpoints
+        if ticks is not None:
+            context._scheduler_ticks = list(ticks)
         state = TrainState(**saved)
         if "gradients.pt" in metadata.files:
             self._restore_gradients(path, metadata.world_size)

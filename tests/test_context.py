@@ -271,3 +271,72 @@ def test_an_empty_training_loader_is_an_error_even_with_epoch_lengths(tmp_path: 
 
     with pytest.raises(assay.TrainingError, match="training data loader has no batches"):
         assay.run_local(DropAll, config, checkpoint_dir=tmp_path)
+
+
+seen_lrs: list[float] = []
+
+
+class WarmupTrial(assay.Trial):
+    """A per-batch warmup, lr = step / 8, under the config's accumulation and frequency;
+    records the lr of every optimizer step."""
+
+    def __init__(self, context: assay.TrialContext) -> None:
+        self.context = context
+        self.model = context.wrap_model(nn.Linear(1, 1))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=1.0))
+        warmup = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda step: step / 8)
+        self.sched = context.wrap_lr_scheduler(
+            warmup, "batch", frequency=context.get_hparam("frequency")
+        )
+
+    def build_training_data_loader(self) -> DataLoader[Any]:
+        return DataLoader(TensorDataset(torch.ones(64, 1)), batch_size=1)
+
+    def build_validation_data_loader(self) -> DataLoader[Any]:
+        return DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=1)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+        loss = self.model(batch[0]).pow(2).mean()
+        self.context.backward(loss)
+        if self.context.is_gradient_sync_step():
+            seen_lrs.append(self.opt.param_groups[0]["lr"])
+        self.context.step_optimizer(self.opt)
+        return loss
+
+    def evaluate_batch(self, batch: Any) -> dict[str, Any]:
+        return {"val_loss": self.model(batch[0]).pow(2).mean()}
+
+
+def _warmup_config(batches: int, aggregation: int, frequency: int) -> dict[str, Any]:
+    return {
+        "name": "warmup",
+        "entrypoint": "test_context:WarmupTrial",
+        "hyperparameters": {"global_batch_size": 1, "frequency": frequency},
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": batches}},
+        "optimizations": {"aggregation_frequency": aggregation},
+        "min_checkpoint_period": {"batches": 4},
+    }
+
+
+def test_a_per_batch_schedule_never_runs_ahead_of_the_optimizer(tmp_path: Path) -> None:
+    seen_lrs.clear()
+    assay.run_local(WarmupTrial, _warmup_config(12, 4, 1), checkpoint_dir=tmp_path)
+    # As in Determined: the first step uses lr 0; the 4 batches of each accumulation
+    # step the schedule after its optimizer step (before: 3/8, then 7/8).
+    assert seen_lrs == [0.0, 0.5, 1.0]
+
+
+def test_a_schedulers_frequency_count_survives_a_restore(tmp_path: Path) -> None:
+    seen_lrs.clear()
+    straight = assay.run_local(WarmupTrial, _warmup_config(9, 1, 3), checkpoint_dir=tmp_path / "a")
+    expected = list(seen_lrs)
+    seen_lrs.clear()
+    first = assay.run_local(WarmupTrial, _warmup_config(4, 1, 3), checkpoint_dir=tmp_path / "b")
+    resumed = assay.run_local(
+        WarmupTrial,
+        _warmup_config(9, 1, 3),
+        checkpoint_dir=tmp_path / "b",
+        resume_from=first.checkpoint,
+    )
+    assert seen_lrs == expected  # steps at batches 3, 6, 9 in both
+    assert resumed.validation_metrics == straight.validation_metrics

@@ -360,6 +360,7 @@ def test_stop_requested_in_train_batch_ends_at_that_batch(tmp_path: Path) -> Non
 
 def test_context_details(tmp_path: Path) -> None:
     flags: list[tuple[bool, bool, int]] = []
+    starts: list[tuple[int, bool, int, int]] = []
 
     class Details(Small):
         def __init__(self, context: pytorch.PyTorchTrialContext, hparams: dict[str, Any]) -> None:
@@ -371,10 +372,23 @@ def test_context_details(tmp_path: Path) -> None:
                 for_training=True,
                 for_validation=False,
             )
+            # Determined's defaults: training and validation; reported where it was fed.
+            self.seen = context.wrap_reducer(lambda values: float(sum(values)), name="seen")
+
+        def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
+            context = self.context
+
+            class Position(pytorch.PyTorchCallback):
+                def on_training_epoch_start(self, epoch_idx: int) -> None:
+                    at = (context.current_train_epoch(), context.current_train_batch())
+                    starts.append((epoch_idx, context.is_epoch_start(), *at))
+
+            return {"position": Position()}
 
         def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
             flags.append((self.context.is_epoch_start(), self.context.is_epoch_end(), batch_idx))
             self.both.update(1)
+            self.seen.update(len(batch[0]))
             return super().train_batch(batch, epoch_idx, batch_idx)
 
         def evaluate_batch(self, batch: Any) -> dict[str, Any]:
@@ -387,6 +401,11 @@ def test_context_details(tmp_path: Path) -> None:
     run()
     assert session.validation[-1].metrics["total"] == 8.0
     assert [r.metrics["n_train"] for r in session.training] == [4.0, 4.0]
+    assert [r.metrics["seen"] for r in session.training] == [16.0, 16.0]  # 4 batches of 4
+    assert all("total" not in r.metrics for r in session.training)  # fed in validation only
+    assert all("seen" not in r.metrics for r in session.validation)
+    # The epoch's first batch, as Determined sets it before the hook.
+    assert starts == [(0, True, 0, 0), (1, True, 1, 4)]
     assert flags[:4] == [(True, False, 0), (False, False, 1), (False, False, 2), (False, True, 3)]
     assert context.get_initial_batch() == 0
     assert context.get_tensorboard_path() == tmp_path / "tensorboard" / "trial-0"

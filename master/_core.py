@@ -303,6 +303,12 @@ class Master:
         with self.lock:
             self.fleet.heard_from(agent_id, beat)
 
+    def heard_from(self, agent_id: str) -> None:
+        """Any message from the agent shows it alive: its heartbeats may be queued behind
+        log batches the master is still storing."""
+        with self.lock:
+            self.fleet.heard_from(agent_id)
+
     def agent_disconnected(self, agent_id: str, handle: AgentHandle | None = None) -> None:
         """The stream of `handle` ended; a newer connection of the same agent is kept.
 

@@ -153,7 +153,9 @@ class AgentSettings:
         1_900_000_000,
         kind=Integer(minimum=1000),
         help="The first uid (and gid) lent to allocations; no account on the machine may "
-        "use the range from it.",
+        "use the range from it. Every agent of a cluster uses the same range (an "
+        "experiment's gid comes from it); agents on one machine claim each uid there, so "
+        "they never lend the same one.",
     )
     isolation_uids: int = setting(
         1_000_000,

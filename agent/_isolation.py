@@ -19,7 +19,12 @@ that gives, enforced by the kernel rather than by Assay:
   above it is only traversed (the master makes its own 0711).
 A uid is handed out round-robin, so one comes back only after every other in the range,
 and before it is handed out, and when its allocation ends, every process still running
-under it (a daemon a trial left behind) is killed.
+under it (a daemon a trial left behind) is killed. Agents on one machine share the range
+(and must: an experiment's gid is the same on every agent of the cluster), so a uid is
+claimed on the machine, not only in the agent: by an exclusive lock on
+`<lock_dir>/<uid>` (`/run/assay/uids`, root's), held for the allocation's life and
+released by the kernel if the agent dies. Another agent's uid is never lent, so its
+trials are never killed as leftovers.
 
 This is what Slurm's and Determined's agents get from running each job as its user or in
 a container; a uid per allocation needs neither user accounts nor a container runtime.
@@ -28,6 +33,7 @@ a container; a uid per allocation needs neither user accounts nor a container ru
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import signal
@@ -50,6 +56,8 @@ _KEPT_NAMES = frozenset(
     {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH"}
 )
 _KEPT_PREFIXES = ("LC_", "ASSAY_", "CUDA_", "NCCL_", "NVIDIA_", "OMP_", "MKL_", "TORCH_")
+# Where the agents of one machine claim their uids (tmpfs: cleared with the processes).
+DEFAULT_LOCK_DIR = Path("/run/assay/uids")
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,9 @@ class Identity:
 class Isolation:
     """Lends uids to allocations (thread-safe). `mode` "none" lends nothing."""
 
-    def __init__(self, mode: str, uid_base: int, uids: int) -> None:
+    def __init__(
+        self, mode: str, uid_base: int, uids: int, lock_dir: Path = DEFAULT_LOCK_DIR
+    ) -> None:
         if mode not in ("uid", "none"):
             raise ValueError(f"isolation must be uid or none, got {mode!r}")
         if mode == "uid" and os.geteuid() != 0:
@@ -75,8 +85,9 @@ class Isolation:
         self.mode = mode
         self._base = uid_base
         self._count = uids
+        self._lock_dir = lock_dir
         self._lock = threading.Lock()
-        self._lent: dict[int, str] = {}  # uid -> allocation id
+        self._lent: dict[int, int] = {}  # uid -> the descriptor holding its machine lock
         self._next = 0
 
     @property
@@ -88,16 +99,35 @@ class Isolation:
         if not self.enabled:
             return None
         with self._lock:
-            if len(self._lent) >= self._count:
-                raise RuntimeError(f"all {self._count} isolation uids are in use")
-            while True:
+            for _ in range(self._count):
                 uid = self._base + self._next
                 self._next = (self._next + 1) % self._count
-                if uid not in self._lent:
+                if uid in self._lent:
+                    continue
+                claim = self._claim(uid)
+                if claim is not None:
+                    self._lent[uid] = claim
                     break
-            self._lent[uid] = allocation_id
+            else:
+                raise RuntimeError(
+                    f"all {self._count} isolation uids are in use (by this agent and the "
+                    "other agents on this machine); raise isolation_uids"
+                )
+        log.debug("allocation %s runs as uid %d", allocation_id, uid)
         kill_processes_of(uid)  # anything left under it from a time before
         return Identity(uid, self.group_of(experiment_id))
+
+    def _claim(self, uid: int) -> int | None:
+        """Lock `uid` on this machine: the lock's descriptor, or None if another agent
+        here holds it."""
+        self._lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
 
     def group_of(self, experiment_id: int) -> int:
         """The gid the trials of an experiment share (for its checkpoints)."""
@@ -152,7 +182,9 @@ class Isolation:
             return
         kill_processes_of(identity.uid)
         with self._lock:
-            self._lent.pop(identity.uid, None)
+            claim = self._lent.pop(identity.uid, None)
+        if claim is not None:
+            os.close(claim)  # another agent here may lend it now
 
     def environment_for(self, env: Mapping[str, str], home: Path) -> dict[str, str]:
         """The agent's environment as an allocation's processes start from it."""

@@ -81,8 +81,8 @@ def test_what_an_allocation_leaves_running_is_killed_when_it_ends() -> None:
     assert kill_processes_of(identity.uid) == 0
 
 
-def test_uids_are_lent_round_robin_and_never_twice_at_once() -> None:
-    isolation = Isolation("uid", BASE, 3)
+def test_uids_are_lent_round_robin_and_never_twice_at_once(tmp_path: Path) -> None:
+    isolation = Isolation("uid", BASE, 3, lock_dir=tmp_path)
     first = isolation.lend("a", experiment_id=5)
     second = isolation.lend("b", experiment_id=5)
     assert first is not None
@@ -98,6 +98,39 @@ def test_uids_are_lent_round_robin_and_never_twice_at_once() -> None:
     assert fourth.uid == BASE  # the only free one
     with pytest.raises(RuntimeError, match="all 3 isolation uids are in use"):
         isolation.lend("e", experiment_id=6)
+
+
+def test_agents_on_one_machine_never_lend_the_same_uid(tmp_path: Path) -> None:
+    """Two agents with the same range (they must share it: an experiment's gid is the
+    same on every agent) on one machine: neither lends the other's uid, so neither kills
+    the other's trials as leftovers before lending one or after giving one back."""
+    a = Isolation("uid", BASE, 3, lock_dir=tmp_path)
+    b = Isolation("uid", BASE, 3, lock_dir=tmp_path)
+    held = a.lend("a1", experiment_id=1)
+    assert held is not None
+    assert held.uid == BASE
+    victim = subprocess.Popen(wrap_command(["/bin/sleep", "60"], os.getpid(), held))
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(victim.pid).uids().real != BASE:  # it has switched to a's uid
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # b's own turn starts at BASE too; it skips the uid a holds.
+        lent = [b.lend(f"b{i}", experiment_id=1) for i in range(2)]
+        assert [i.uid for i in lent if i is not None] == [BASE + 1, BASE + 2]
+        with pytest.raises(RuntimeError, match="other agents on this machine"):
+            b.lend("b3", experiment_id=1)
+        assert victim.poll() is None  # b killed nothing of a's
+        b.give_back(lent[0])
+        assert victim.poll() is None
+        a.give_back(held)  # a's own: its leftovers go, and the uid is free for b
+        victim.wait(timeout=10)
+        again = b.lend("b4", experiment_id=1)
+        assert again is not None
+        assert again.uid in (BASE, BASE + 1)
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 def test_the_directory_is_handed_over_and_the_environment_is_clean(tmp_path: Path) -> None:

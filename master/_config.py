@@ -170,6 +170,14 @@ class MasterConfig:
         "https://minio.internal:9000); any other is refused at submission, so no user "
         "config points the master's requests at a host of its choosing.",
     )
+    shared_fs_host_paths: str | None = setting(
+        kind=Text("comma-separated directories", "DIRS"),
+        default_text="none: only the master's checkpoint root",
+        help="The directories experiments' shared_fs checkpoint_storage.host_path may name "
+        "(each with everything under it; the master's own checkpoint root always); any "
+        "other is refused at submission, so no user config has agents make directories, "
+        "and trials write, where it chooses.",
+    )
     s3_master_credential_buckets: str | None = setting(
         kind=Text("comma-separated bucket names", "BUCKETS"),
         default_text="none",
@@ -266,7 +274,12 @@ class MasterConfig:
     @property
     def storage_policy(self) -> StoragePolicy:
         """What storage users' configs may make the master reach (`_storage_policy`)."""
-        return StoragePolicy.of(self.s3_endpoints, self.s3_master_credential_buckets)
+        return StoragePolicy.of(
+            self.s3_endpoints,
+            self.s3_master_credential_buckets,
+            self.shared_fs_host_paths,
+            str(self.checkpoint_root),
+        )
 
 
 def load_master_config(

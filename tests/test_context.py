@@ -296,7 +296,7 @@ class WarmupTrial(assay.Trial):
         return DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=1)
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
-        loss = self.model(batch[0]).pow(2).mean()
+        loss: torch.Tensor = self.model(batch[0]).pow(2).mean()
         self.context.backward(loss)
         if self.context.is_gradient_sync_step():
             seen_lrs.append(self.opt.param_groups[0]["lr"])

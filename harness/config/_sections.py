@@ -239,6 +239,8 @@ def parse_storage(s: Section, warnings: list[str]) -> CheckpointStorageConfig:
             s.error(key, f"is a setting of {other} storage, not {kind}")
     if kind == "s3":
         _check_s3(s, values)
+    else:
+        _check_shared_fs(s, values)
     return CheckpointStorageConfig(
         type=kind,  # type: ignore[arg-type]
         host_path=values["host_path"],
@@ -253,6 +255,19 @@ def parse_storage(s: Section, warnings: list[str]) -> CheckpointStorageConfig:
         save_trial_latest=1 if latest is None else latest,
         save_experiment_best=0 if exp_best is None else exp_best,
     )
+
+
+def _check_shared_fs(s: Section, values: Mapping[str, str | None]) -> None:
+    host, below = values["host_path"], values["storage_path"]
+    if host is not None and not host.startswith("/"):
+        s.error(
+            "host_path", f"expected an absolute path (a directory every agent mounts), got {host!r}"
+        )
+    if below is not None and (below.startswith("/") or ".." in Path(below).parts):
+        s.error(
+            "storage_path",
+            f"expected a relative path under host_path without '..', got {below!r}",
+        )
 
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")

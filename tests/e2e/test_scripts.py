@@ -35,7 +35,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         None,
         agents=2,
         slots=1,
-        master_env={"ASSAY_KILL_GRACE_S": "3"},
+        # The one host_path outside the master's root a test names (no agent can write it).
+        master_env={"ASSAY_KILL_GRACE_S": "3", "ASSAY_SHARED_FS_HOST_PATHS": "/proc/nonexistent"},
     )
     try:
         yield c

@@ -44,7 +44,10 @@ class Listener:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    allowed = {"ASSAY_S3_ENDPOINTS": "https://minio.internal:9000"}
+    allowed = {
+        "ASSAY_S3_ENDPOINTS": "https://minio.internal:9000",
+        "ASSAY_SHARED_FS_HOST_PATHS": "/mnt/team-checkpoints, /srv/ckpt/",
+    }
     c = start_cluster(tmp_path_factory.mktemp("ssrf"), None, agents=0, slots=1, master_env=allowed)
     try:
         with grpc.insecure_channel(c.address) as channel:
@@ -63,7 +66,7 @@ def _submit(cluster: Cluster, storage: dict[str, str], tmp: Path) -> grpc.RpcErr
         "entrypoint": "model_def:T",
         "hyperparameters": {"global_batch_size": 8},
         "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 4}},
-        "checkpoint_storage": {"type": "s3", **storage},
+        "checkpoint_storage": {"type": "s3", **storage} if "type" not in storage else storage,
     }
     token = login(cluster.address, "mallory", "mallory-pass-1234")
     with grpc.insecure_channel(cluster.address) as channel:
@@ -118,3 +121,39 @@ def test_the_master_never_lends_its_credentials_to_a_users_bucket() -> None:
     )
     with pytest.raises(StorageError, match="is not an endpoint this master reaches"):
         cache.of(moved)
+
+
+@pytest.mark.parametrize(
+    ("storage", "refused"),
+    [
+        ({"host_path": "/etc"}, "'/etc' is not a directory this cluster keeps checkpoints in"),
+        ({"host_path": "/mnt/team-checkpoints/../../etc"}, "'/etc' is not"),
+        ({"host_path": "/mnt/team-checkpointsX"}, "is not a directory this cluster"),
+        ({"host_path": "/mnt/team-checkpoints", "storage_path": "../x"}, "without '..'"),
+        ({"host_path": "relative"}, "expected an absolute path"),
+        ({"host_path": "/mnt/team-checkpoints"}, None),
+        ({"host_path": "/mnt/team-checkpoints", "storage_path": "runs/a"}, None),
+        ({"host_path": "/srv/ckpt"}, None),
+    ],
+)
+def test_a_shared_fs_place_the_master_does_not_allow_is_refused_at_submission(
+    cluster: Cluster, tmp_path: Path, storage: dict[str, str], refused: str | None
+) -> None:
+    """A user's host_path would have the agents (as root, when they isolate trials) make
+    directories there for trials to write into: /etc, another experiment's directory."""
+    error = _submit(cluster, {"type": "shared_fs", **storage}, tmp_path)
+    if refused is None:
+        assert error is None
+        return
+    assert error is not None
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused in str(error.details())
+
+
+def test_the_masters_own_root_is_allowed_but_not_an_experiment_directory_in_it() -> None:
+    policy = StoragePolicy.of(None, None, None, "/var/lib/assay/checkpoints")
+    own = CheckpointStorageConfig(host_path="/var/lib/assay/checkpoints")
+    assert policy.submission_problem(own) is None
+    assert policy.submission_problem(CheckpointStorageConfig()) is None  # the default
+    other = CheckpointStorageConfig(host_path="/var/lib/assay/checkpoints/3")
+    assert "shared_fs_host_paths: none" in str(policy.submission_problem(other))

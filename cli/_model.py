@@ -49,13 +49,15 @@ def model_dict(m: api_pb2.Model) -> dict[str, Any]:
 
 
 def version_dict(v: api_pb2.ModelVersion) -> dict[str, Any]:
+    shown = v.HasField("checkpoint")
     return {
         "model": v.model,
         "version": v.version,
         "checkpoint_uuid": v.checkpoint_uuid,
-        "experiment_id": v.checkpoint.experiment_id,
-        "trial_id": v.checkpoint.trial_id,
-        "total_batches": v.checkpoint.total_batches,
+        # None: the checkpoint is in a workspace the caller is not a member of.
+        "experiment_id": v.checkpoint.experiment_id if shown else None,
+        "trial_id": v.checkpoint.trial_id if shown else None,
+        "total_batches": v.checkpoint.total_batches if shown else None,
         "validation_metrics": dict(sorted(v.checkpoint.validation_metrics.items())),
         "notes": v.notes,
         "labels": list(v.labels),
@@ -89,9 +91,9 @@ def _versions_table(versions: list[api_pb2.ModelVersion]) -> str:
         [
             v.version,
             v.checkpoint_uuid,
-            v.checkpoint.experiment_id,
-            v.checkpoint.trial_id,
-            v.checkpoint.total_batches,
+            v.checkpoint.experiment_id if v.HasField("checkpoint") else None,
+            v.checkpoint.trial_id if v.HasField("checkpoint") else None,
+            v.checkpoint.total_batches if v.HasField("checkpoint") else None,
             " ".join(
                 f"{k}={fmt.metric(x)}" for k, x in sorted(v.checkpoint.validation_metrics.items())
             )

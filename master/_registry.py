@@ -67,19 +67,25 @@ def model_message(record: ModelRecord) -> api_pb2.Model:
     return message
 
 
-def version_message(store: Store, record: ModelVersionRecord) -> api_pb2.ModelVersion:
-    checkpoint = store.get_checkpoint(record.checkpoint_uuid)
+def version_message(
+    store: Store, record: ModelVersionRecord, *, readable: bool = True
+) -> api_pb2.ModelVersion:
+    """The version; its checkpoint's details (experiment, trial, location, files,
+    metrics) only when `readable` (the caller may read its workspace): to others the
+    version names the checkpoint's uuid alone."""
     message = api_pb2.ModelVersion(
         model=record.model,
         version=record.version,
         checkpoint_uuid=record.checkpoint_uuid,
-        checkpoint=_convert.checkpoint(checkpoint, record.experiment_id),
         notes=record.notes,
         labels=list(record.labels),
         user=record.user,
         created_at=_convert.timestamp(record.created_at),
         updated_at=_convert.timestamp(record.updated_at),
     )
+    if readable:
+        checkpoint = store.get_checkpoint(record.checkpoint_uuid)
+        message.checkpoint.CopyFrom(_convert.checkpoint(checkpoint, record.experiment_id))
     _fill(message.metadata, record.metadata)
     return message
 

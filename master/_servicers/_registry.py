@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from assay.master import _checkpoints, _convert, _registry
+from assay.master._auth import Principal
 from assay.master._roles import EDITOR
 from assay.master._servicers._base import ServicerBase
 from assay.master._status import maps_errors
@@ -155,9 +156,15 @@ class RegistryRpcs(ServicerBase):
     def ListModelVersions(  # noqa: N802
         self, request: api_pb2.ListModelVersionsRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListModelVersionsResponse:
+        who = self._who(context)
         versions = self.store.list_versions(request.name)
         return api_pb2.ListModelVersionsResponse(
-            versions=[_registry.version_message(self.store, v) for v in versions]
+            versions=[
+                _registry.version_message(
+                    self.store, v, readable=self._reads(who, v.checkpoint_uuid)
+                )
+                for v in versions
+            ]
         )
 
     @maps_errors
@@ -165,7 +172,16 @@ class RegistryRpcs(ServicerBase):
         self, request: api_pb2.GetModelVersionRequest, context: grpc.ServicerContext
     ) -> api_pb2.ModelVersion:
         record = self.store.get_version(request.name, request.version)
-        return _registry.version_message(self.store, record)
+        readable = self._reads(self._who(context), record.checkpoint_uuid)
+        return _registry.version_message(self.store, record, readable=readable)
+
+    def _reads(self, who: Principal, uuid: str) -> bool:
+        """Whether `who` may read checkpoint `uuid` (its workspace's members and admins)."""
+        try:
+            self.roles.checkpoint(who, self.store.get_checkpoint(uuid))
+        except NotFoundError:
+            return False
+        return True
 
     @maps_errors
     def PatchModelVersion(  # noqa: N802

@@ -456,3 +456,24 @@ def test_a_fork_reads_its_model_definition_with_the_sources_read_role(team: Team
         model_definition_from=team.experiment_id,
     )
     assert _call(team.stubs["vera"], "CreateExperiment", both) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_model_version_shows_its_checkpoint_only_to_who_may_read_it(team: Team) -> None:
+    """The registry is read by every user, but a version's checkpoint (its experiment,
+    trial, location, files and metrics) only by its workspace's members: to others the
+    version names the checkpoint's uuid alone, as the checkpoint itself does not exist."""
+    ada, otto, vera = team.stubs["ada"], team.stubs["otto"], team.stubs["vera"]
+    ada.CreateModel(api_pb2.CreateModelRequest(name="shown-to-members"))
+    ada.RegisterModelVersion(
+        api_pb2.RegisterModelVersionRequest(
+            name="shown-to-members", checkpoint_uuid=team.checkpoint
+        )
+    )
+    get = api_pb2.GetModelVersionRequest(name="shown-to-members", version=1)
+    listing = api_pb2.ListModelVersionsRequest(name="shown-to-members")
+    for version in (otto.GetModelVersion(get), otto.ListModelVersions(listing).versions[0]):
+        assert version.checkpoint_uuid == team.checkpoint
+        assert not version.HasField("checkpoint")
+    for version in (vera.GetModelVersion(get), vera.ListModelVersions(listing).versions[0]):
+        assert version.checkpoint.experiment_id == team.experiment_id
+        assert version.checkpoint.location == "/nowhere"

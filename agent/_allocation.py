@@ -39,7 +39,9 @@ from assay.errors import (
 )
 from assay.proto import agent_pb2
 
-# Variables of the agent's environment that its trial processes never see.
+# Variables of the agent's environment that its trial processes never see: these, and
+# any ASSAY_ variable whose name says it holds a secret (a master's settings in a shared
+# environment, e.g. ASSAY_METRICS_TOKEN).
 AGENT_SECRETS = frozenset(
     {
         "ASSAY_JOIN_TOKEN",
@@ -49,6 +51,14 @@ AGENT_SECRETS = frozenset(
         "ASSAY_TLS_KEY",
     }
 )
+_SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "DB_URL")
+
+
+def is_agent_secret(name: str) -> bool:
+    """Whether the agent's variable `name` is kept from its trials."""
+    if name in AGENT_SECRETS:
+        return True
+    return name.startswith("ASSAY_") and any(word in name for word in _SECRET_WORDS)
 log = logging.getLogger("assay.agent")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -276,7 +286,7 @@ class Allocation:
         # The agent's own secrets stay with the agent: trials run the users' code.
         # Isolated, only what finds Python and its libraries is kept (see _isolation).
         env = self.isolation.environment_for(
-            {k: v for k, v in os.environ.items() if k not in AGENT_SECRETS}, self.dir
+            {k: v for k, v in os.environ.items() if not is_agent_secret(k)}, self.dir
         )
         # The config's environment_variables; those set below win (the config may not name
         # them, and this order keeps it so).

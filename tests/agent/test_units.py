@@ -324,3 +324,19 @@ def test_agent_settings_refuse_what_a_key_kind_cannot_judge(
 ) -> None:
     with pytest.raises(SettingsError, match=problem):
         AgentSettings(**values)  # type: ignore[arg-type]
+
+
+def test_the_agents_secret_variables_never_reach_a_trial() -> None:
+    from assay.agent._allocation import is_agent_secret
+
+    for name in (
+        "ASSAY_JOIN_TOKEN",
+        "ASSAY_METRICS_TOKEN",  # a master's setting in the same environment
+        "ASSAY_DB_URL",
+        "ASSAY_TLS_KEY",
+        "ASSAY_S3_SECRET_ACCESS_KEY",
+        "ASSAY_INITIAL_ADMIN_PASSWORD",
+    ):
+        assert is_agent_secret(name), name
+    for name in ("ASSAY_MASTER", "ASSAY_TRIAL_SPEC", "ASSAY_TRACEBACK", "PATH", "HF_TOKEN"):
+        assert not is_agent_secret(name), name  # HF_TOKEN: the user's own, if the agent has it

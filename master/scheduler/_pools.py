@@ -90,7 +90,8 @@ class Pools:
             )
         self.specs: dict[str, PoolSpec] = {s.name: s for s in specs}
         self.default = default
-        self._schedulers = {s.name: Scheduler() for s in specs}
+        named = len(specs) > 1  # with one pool, messages speak of the cluster
+        self._schedulers = {s.name: Scheduler(s.name if named else None) for s in specs}
         self._agent_pool: dict[str, str] = {}
 
     # -- pools ---------------------------------------------------------------------------

@@ -41,7 +41,9 @@ class Scheduler:
     preemption (`choose_victims`, `choose_share_victims`) is the caller's remedy.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pool: str | None = None) -> None:
+        """`pool`: the resource pool's name, for messages (None: the cluster's only one)."""
+        self._pool = pool
         self._agents: dict[str, Agent] = {}
         self._owners: dict[str, dict[int, str]] = {}  # agent id -> slot -> request id
         self._allocations: dict[str, Placement] = {}
@@ -290,7 +292,8 @@ class Scheduler:
             if a.slot_type == slot_type and (not label or a.label == label)
         ]
         capacities = [a.slots for a in agents if a.enabled]
-        return _why(slots, slot_type, capacities, len(agents) - len(capacities), label)
+        disabled = len(agents) - len(capacities)
+        return _why(slots, slot_type, capacities, disabled, label, self._pool)
 
     # -- snapshots -----------------------------------------------------------------------
 
@@ -425,10 +428,15 @@ def _no_room(
     share = decision.shares.get(request.group)
     have = held.get(request.group, 0)
     if share is not None and have >= share.target:
+        where = (
+            f"at or above its fair share of {share.share:.3g}"
+            if have >= share.share
+            else f"its fair share of {share.share:.3g} rounds down to {share.target} whole slots"
+        )
         return Wait(
             "share",
-            f"needs {need}; its experiment holds {have}, at or above its fair share "
-            f"of {share.share:.3g} (weight {share.weight:g}): experiments below theirs go first",
+            f"needs {need}; its experiment holds {have}, {where} (weight {share.weight:g}): "
+            "experiments below theirs go first",
         )
     if decision.assignments and request.slots <= free_at_start:
         return Wait(
@@ -449,7 +457,12 @@ _NONE = FreeIndex()  # never written: what a label no agent carries offers
 
 
 def _why(
-    slots: int, slot_type: str, capacities: Sequence[int], disabled: int, label: str = ""
+    slots: int,
+    slot_type: str,
+    capacities: Sequence[int],
+    disabled: int,
+    label: str = "",
+    pool: str | None = None,
 ) -> str:
     """Why `slots` slots of `slot_type` cannot be placed even on an idle cluster, with the
     numbers: what is asked, what the enabled agents have, and what the largest placement is."""
@@ -462,7 +475,8 @@ def _why(
         return f"{need}; no {who} is connected"
     total = sum(capacities)
     agents = f"{len(capacities)} agent{'s' if len(capacities) != 1 else ''}"
-    has = f"the agents with label {label!r} have" if label else "the cluster has"
+    place = "the cluster" if pool is None else "the pool"  # its name leads the message
+    has = f"the agents with label {label!r} have" if label else f"{place} has"
     has = f"{has} {total} ({agents}"
     has += f", {disabled} more disabled)" if disabled else ")"
     if slots > total:

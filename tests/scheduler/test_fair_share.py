@@ -326,3 +326,19 @@ def test_a_pools_own_user_quota_replaces_the_masters() -> None:
     assert Pools.from_json(pools.to_json()).specs["gpu"].user_slot_quota == 1
     with pytest.raises(ValueError, match="user_slot_quota must be an integer >= 1"):
         PoolSpec("gpu", user_slot_quota=0)
+
+
+def test_a_share_below_one_slot_says_it_rounds_down() -> None:
+    """Five experiments on 4 slots: each's share is 0.8; the one left with none holds 0,
+    which is not "at or above" 0.8."""
+    scheduler = _cluster(2, 2)
+    groups = "abcde"
+    limits = Limits({g: Group() for g in groups})
+    pending = [
+        Request(f"{g}{i}", 1, "cpu", order=10 * k + i, group=g)
+        for k, g in enumerate(groups)
+        for i in range(2)
+    ]
+    decision = scheduler.schedule(pending, policy="fair_share", limits=limits)
+    assert "its fair share of 0.8 rounds down to 0 whole slots" in decision.waiting["e0"].message
+    assert "holds 1, at or above its fair share of 0.8" in decision.waiting["a1"].message

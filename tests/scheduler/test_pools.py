@@ -56,6 +56,10 @@ def test_a_gang_never_spans_pools() -> None:
     [(request_id, why)] = decision.unschedulable
     assert request_id == "2"
     assert why.startswith("pool gpu: needs 6 CPU slots")
+    # What the pool has, not the cluster (which has 10).
+    assert (
+        pools.why_never(9, "cpu", "gpu") == "pool gpu: needs 9 CPU slots; the pool has 6 (2 agents)"
+    )
 
 
 def test_a_label_restricts_to_agents_with_it() -> None:

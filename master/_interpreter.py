@@ -470,7 +470,10 @@ class Interpreter:
     def _start_run(self, start: fx.StartRun) -> None:
         run = start.run
         if start.supersede_after is not None:
-            self.batch.supersede_metrics(run.trial_id, start.supersede_after)
+            searcher = self.experiments[run.experiment_id].config.searcher
+            self.batch.supersede_metrics(
+                run.trial_id, start.supersede_after, searcher.metric, searcher.smaller_is_better
+            )
         now = _now()
         self.batch.add_allocation(
             run.allocation_id,

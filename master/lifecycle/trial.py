@@ -61,6 +61,10 @@ def start(
     # A run starts where its checkpoint left off, or from scratch: either way the batches
     # counted past that point are not the trial's any more.
     fields["total_batches"] = restore.total_batches if restore is not None else 0
+    if trial.total_batches > fields["total_batches"] and trial.best_validation is not None:
+        # Its best may have been reported past that point: StartRun has the store find
+        # the best of what is left, and the next validation report brings it back here.
+        fields["best_validation"] = None
     world = sum(len(slots) for _, slots in placement)
     config_json = experiment.config_json
     hparams_json = json.dumps(dict(trial.hparams))

@@ -292,9 +292,18 @@ class WriteBatch:
         _check_fields("allocation", fields, frozenset({"state", "ended_at", "stopping"}))
         self.update(_ALLOCATIONS, allocation_id, **fields)
 
-    def supersede_metrics(self, trial_id: int, after_batches: int) -> None:
-        """Hide the trial's metrics past `after_batches` (a run restored from a checkpoint)."""
-        self.call(lambda s: _rollups.supersede(s, trial_id, after_batches))
+    def supersede_metrics(
+        self,
+        trial_id: int,
+        after_batches: int,
+        metric: str | None = None,
+        smaller_is_better: bool = True,
+    ) -> None:
+        """Hide the trial's metrics past `after_batches` (a run restored from a checkpoint);
+        its best_validation of `metric` becomes the best of what is left."""
+        self.call(
+            lambda s: _rollups.supersede(s, trial_id, after_batches, metric, smaller_is_better)
+        )
 
     def log(
         self, trial_id: int, run_id: int, message: str, *, level: str, now: dt.datetime

@@ -10,17 +10,18 @@ live (not superseded, not NaN) rows, so they can always be rebuilt from them.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, case, delete, select, update
+from sqlalchemy import Table, and_, case, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from assay.master.store._downsample import Bucket, merge
-from assay.master.store._models import Metric, MetricRollup
+from assay.master.store._models import Metric, MetricRollup, Trial
 
 ROLLUPS = cast(Table, MetricRollup.__table__)
 
@@ -173,8 +174,16 @@ def _build_merge_statement(dialect: str) -> Any:
     )
 
 
-def supersede(session: Session, trial_id: int, after_batches: int) -> int:
-    """Mark live rows past `after_batches` superseded and rebuild the rollups they touched."""
+def supersede(
+    session: Session,
+    trial_id: int,
+    after_batches: int,
+    metric: str | None = None,
+    smaller_is_better: bool = True,
+) -> int:
+    """Mark live rows past `after_batches` superseded and rebuild the rollups they touched;
+    with the searcher's `metric`, the trial's best_validation becomes the best of what is
+    still live (a rolled-back run's better value is no longer its best)."""
     result = session.execute(
         update(Metric)
         .where(
@@ -185,6 +194,8 @@ def supersede(session: Session, trial_id: int, after_batches: int) -> int:
         .values(superseded=True)
     )
     changed = int(result.rowcount or 0)  # type: ignore[attr-defined]
+    if metric is not None:
+        _recompute_best(session, trial_id, metric, smaller_is_better)
     if not changed:
         return 0
     # Buckets wholly past the cut go; the bucket holding the cut is rebuilt from live rows.
@@ -213,3 +224,18 @@ def supersede(session: Session, trial_id: int, after_batches: int) -> int:
         partial = [(n, lvl, b) for (n, lvl, b) in summaries if b == cut[lvl]]
         write_summaries(session, trial_id, group, {k: summaries[k] for k in partial})
     return changed
+
+
+def _recompute_best(session: Session, trial_id: int, metric: str, smaller_is_better: bool) -> None:
+    pick = func.min if smaller_is_better else func.max
+    best = session.execute(
+        select(pick(Metric.value)).where(
+            Metric.trial_id == trial_id,
+            Metric.group == "validation",
+            Metric.name == metric,
+            Metric.superseded.is_(False),
+            Metric.value > -math.inf,  # NaN is NULL; infinities are never a best
+            Metric.value < math.inf,
+        )
+    ).scalar_one_or_none()
+    session.execute(update(Trial).where(Trial.id == trial_id).values(best_validation=best))

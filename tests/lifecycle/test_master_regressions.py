@@ -246,3 +246,29 @@ def test_a_closed_trial_queued_when_its_experiment_is_paused_ends(
     master.set_enabled("a0", True)
 
     assert _ends(master, outbox, experiment_id), master.snapshot().trials
+
+
+def test_a_crashed_runs_best_is_forgotten_when_the_next_run_rolls_it_back(
+    master: MasterAdapter, outbox: Outbox
+) -> None:
+    """Run 1 validates 0.5 at batch 4 (with a checkpoint) and 0.0001 at 6, then crashes;
+    run 2 restores batch 4, so the 0.0001 is gone from the curves, and from the trial's
+    and the experiment's best, which `describe` and the Core API report."""
+    master.create(yaml.safe_dump(CONFIG), model_archive(), activate=True)
+    first = _started(master, outbox)
+    ids = (first.token, first.trial_id, first.run_id)
+    assert master.next_operation(*ids, 0) == 8
+    master.report_metrics(*ids, "validation", MetricReport(4, {"loss": 0.5}))
+    _checkpoint(master, first, 4)
+    master.report_metrics(*ids, "validation", MetricReport(6, {"loss": 0.0001}))
+    assert master.best_validation(*ids) == 0.0001
+    master.exited("a0", first.allocation_id, [1], "crashed after batch 6")
+
+    second = _started(master, outbox)
+    ids = (second.token, second.trial_id, second.run_id)
+    master.flush()
+    assert master.store.get_trial(second.trial_id).best_validation == 0.5
+    assert master.best_validation(*ids) is None  # until its next validation report
+    master.report_metrics(*ids, "validation", MetricReport(6, {"loss": 0.56}))
+    assert master.best_validation(*ids) == 0.5
+    assert master.store.get_trial(second.trial_id).best_validation == 0.5

@@ -231,6 +231,31 @@ def test_restore_supersedes_metrics_past_the_checkpoint(store: Store) -> None:
     assert store.trial_curve(tid, "loss", group="training") == curve
 
 
+def test_a_rolled_back_runs_best_is_no_longer_the_trials_best(store: Store) -> None:
+    """A run reported val 0.0001 at batch 30, then crashed; the next restores batch 20
+    and reports 0.56 at 30: the trial's best is what is still live."""
+    _, tid, run1 = _trial(store)
+    for batches, value in ((10, 0.9), (20, 0.76), (30, 0.0001)):
+        store.report_metrics_and_progress(
+            tid,
+            run1,
+            "validation",
+            [MetricReport(batches, {"vloss": value})],
+            searcher_metric="vloss",
+        )
+    assert store.get_trial(tid).best_validation == 0.0001
+    batch = WriteBatch()
+    batch.set_trial(tid, run_id=run1 + 1, total_batches=20, best_validation=None)
+    batch.supersede_metrics(tid, 20, "vloss", smaller_is_better=True)
+    store.apply(batch)
+    assert store.get_trial(tid).best_validation == 0.76
+    done = store.report_metrics_and_progress(
+        tid, run1 + 1, "validation", [MetricReport(30, {"vloss": 0.56})], searcher_metric="vloss"
+    )
+    assert done.best_validation == 0.56
+    assert store.get_trial(tid).best_validation == 0.56
+
+
 def test_a_report_of_thousands_of_rows_is_one_transaction(store: Store) -> None:
     _, tid, run = _trial(store)
     store.report_metrics(tid, run, "training", [MetricReport(2999, {"m": 0.0})])

@@ -432,6 +432,32 @@ def list_trials_command(experiment_id: int, as_json: bool) -> None:
         click.echo(fmt.trial_rows(list(response.trials), config))
 
 
+@experiment.command("logs")
+@click.argument("experiment_id", metavar="ID", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the trial ends.")
+@click.option("--tail", type=click.IntRange(min=1), help="Only the last N lines (then follow).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per line (JSON Lines), as they come."
+)
+@user_errors
+def logs_command(experiment_id: int, follow: bool, tail: int | None, as_json: bool) -> None:
+    """Print the logs of the experiment's first trial (as Determined's `det e logs`);
+    `assay trial logs ID` prints another's."""
+    from ._trial import print_logs
+
+    trials = sorted(client().get_experiment(experiment_id).trials, key=lambda t: t.id)
+    if not trials:
+        raise click.ClickException(f"experiment {experiment_id} has no trials yet")
+    if len(trials) > 1:
+        others = ", ".join(str(t.id) for t in trials[1:6]) + (", ..." if len(trials) > 6 else "")
+        click.echo(
+            f"experiment {experiment_id} has {len(trials)} trials: the logs of trial "
+            f"{trials[0].id} (`assay trial logs ID` for the others: {others})",
+            err=True,
+        )
+    print_logs(trials[0].id, follow=follow, tail=tail, as_json=as_json)
+
+
 def _action_command(action: str) -> click.Command:
     done = {
         "pause": "paused",

@@ -205,6 +205,10 @@ def _lineage(t: dict[str, Any]) -> str | None:
 @user_errors
 def logs_command(trial_id: int, follow: bool, tail: int | None, as_json: bool) -> None:
     """Print a trial's logs, every rank's, as `[rank R] message`."""
+    print_logs(trial_id, follow=follow, tail=tail, as_json=as_json)
+
+
+def print_logs(trial_id: int, *, follow: bool, tail: int | None, as_json: bool) -> None:
     for line in client().stream_trial_logs(trial_id, follow=follow, tail=tail or 0):
         if as_json:
             echo_json(fmt.log_line_dict(line))

@@ -147,6 +147,9 @@ class TrialContext:
         self._reducers: list[_WrappedReducer] = []
         self._tensorboard_path: Path | None = None
         self._tensorboard_writer: Any = None
+        self._profiler: Any = None  # set_profiler's torch.profiler.profile, once started
+        self._profiler_args: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self._tensorboard_logging = True
 
     # --- configuration -------------------------------------------------------------------
 
@@ -256,6 +259,36 @@ class TrialContext:
             path.mkdir(parents=True, exist_ok=True)
             self._tensorboard_writer = SummaryWriter(log_dir=str(path))
         return self._tensorboard_writer
+
+    def set_enable_tensorboard_logging(self, enabled: bool) -> None:
+        """Determined's switch for the metrics it writes to TensorBoard itself. Assay
+        writes none there (only what you write with `get_tensorboard_writer()`), so this
+        records the choice, which `get_enable_tensorboard_logging()` returns."""
+        self._tensorboard_logging = bool(enabled)
+
+    def get_enable_tensorboard_logging(self) -> bool:
+        return self._tensorboard_logging
+
+    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """Profile training with `torch.profiler.profile(*args, **kwargs)` (Determined's
+        `set_profiler`): started with the first batch, stepped after every batch and
+        stopped when training ends; its traces go to `get_tensorboard_path()` unless
+        `on_trace_ready` is given. Rank 0 only; call it in `__init__`. E.g.
+        `context.set_profiler(activities=[ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1))`."""
+        self._profiler_args = (args, dict(kwargs))
+
+    def _start_profiler(self) -> None:
+        if self._profiler_args is None or self._profiler is not None or self.distributed.rank != 0:
+            return
+        import torch.profiler
+
+        args, kwargs = self._profiler_args
+        if "on_trace_ready" not in kwargs:
+            path = str(self.get_tensorboard_path())
+            kwargs["on_trace_ready"] = torch.profiler.tensorboard_trace_handler(path)
+        self._profiler = torch.profiler.profile(*args, **kwargs)
+        self._profiler.start()
 
     # --- wrapping ------------------------------------------------------------------------
 
@@ -449,6 +482,8 @@ class TrialContext:
         self._epoch, self._batch, self._batch_in_epoch = epoch, batch, batch_in_epoch
 
     def _end_batch(self) -> None:
+        if self._profiler is not None:
+            self._profiler.step()
         if self._boundary and self._stepped:
             self._precision.update()
             for user_scaler in self._scalers:
@@ -468,7 +503,10 @@ class TrialContext:
                 entry.tick()
 
     def _close(self) -> None:
-        """Training ended: flush and close the TensorBoard writer, if one was made."""
+        """Training ended: stop the profiler, flush and close the TensorBoard writer."""
+        if self._profiler is not None:
+            self._profiler.stop()
+            self._profiler = None
         if self._tensorboard_writer is not None:
             self._tensorboard_writer.close()
             self._tensorboard_writer = None

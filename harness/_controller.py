@@ -159,6 +159,7 @@ class TrialController:
         try:
             self._call("on_trial_startup", self.state.total_batches, self._restored_uuid)
             self._call("on_training_start")
+            self.context._start_profiler()
             return self._run()
         finally:
             self.context._close()

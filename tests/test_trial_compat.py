@@ -444,3 +444,29 @@ def test_wrap_scaler_steps_updates_and_checkpoints(tmp_path: Path) -> None:
     raw = config(8, optimizations={"mixed_precision": "fp16"})
     with pytest.raises(TrainingError, match="fp16"):
         assay.run_local(ScalerTrial, raw, checkpoint_dir=tmp_path / "f")
+
+
+TRACES: list[int] = []
+
+
+class ProfiledTrial(Small):
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        super().__init__(context)
+        from torch.profiler import ProfilerActivity, schedule
+
+        context.set_enable_tensorboard_logging(False)
+        assert context.get_enable_tensorboard_logging() is False
+        context.set_profiler(
+            activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=1, warmup=1, active=2, repeat=1),
+            on_trace_ready=lambda prof: TRACES.append(len(prof.key_averages())),
+        )
+
+
+def test_set_profiler_profiles_the_batches_its_schedule_names(tmp_path: Path) -> None:
+    """Determined's `context.set_profiler`: a torch profiler stepped every batch."""
+    TRACES.clear()
+    result = assay.run_local(ProfiledTrial, config(8), checkpoint_dir=tmp_path)
+    assert result.total_batches == 8
+    assert len(TRACES) == 1  # one trace: batches 3 and 4 (wait 1, warmup 1, active 2)
+    assert TRACES[0] > 0  # it recorded the forward and backward ops

@@ -102,3 +102,24 @@ def test_unknown_trial(master: FakeApi) -> None:
 
     assert done.stderr == "error: trial 99 not found\n"
     assert_one_line_error(done)
+
+
+def test_experiment_logs_prints_its_first_trials_logs(master: FakeApi) -> None:
+    """Determined's `det e logs`: the first trial's, naming the others."""
+    from .conftest import make_experiment
+
+    master.responses["GetExperiment"] = api_pb2.GetExperimentResponse(
+        experiment=make_experiment(7), trials=[make_trial(12), make_trial(11)]
+    )
+    master.responses["StreamTrialLogs"] = [
+        common_pb2.LogLine(id=1, trial_id=11, rank=0, message="loading data\n"),
+    ]
+
+    done = run_cli("e", "logs", 7, "--tail", 3, master=master)
+
+    assert_ok(done)
+    assert done.stdout == "[rank 0] loading data\n"
+    assert "experiment 7 has 2 trials: the logs of trial 11" in done.stderr
+    assert "assay trial logs ID" in done.stderr
+    [request] = master.calls("StreamTrialLogs")
+    assert (request.trial_id, request.follow, request.tail) == (11, False, 3)

@@ -294,13 +294,14 @@ def _result(records: list[dict[str, Any]], hparams: dict[str, Any], result_type:
     for record in records:
         if "checkpoint" in record:
             checkpoint = record["location"]
-        elif "group" in record:
-            entry = {
-                "total_batches": record["steps_completed"],
-                "epoch": 0,
-                "metrics": record["metrics"],
-            }
-            (validation if record["group"] == "validation" else training).append(entry)
+        elif record.get("group") in ("training", "validation"):
+            # Reports at one step are one entry, as the master merges them.
+            history = validation if record["group"] == "validation" else training
+            at = record["steps_completed"]
+            if history and history[-1]["total_batches"] == at:
+                history[-1]["metrics"] = {**history[-1]["metrics"], **record["metrics"]}
+            else:
+                history.append({"total_batches": at, "epoch": 0, "metrics": record["metrics"]})
         steps = max(steps, int(record.get("steps_completed", 0)))
     return result_type(
         total_batches=steps,

@@ -879,3 +879,36 @@ def test_run_local_script_keeps_every_ranks_tensorboard_files(tmp_path: Path, sl
         expected.insert(0, f"tensorboard/{trial}/rank-1/events.out.tfevents.test")
     assert files == sorted(expected)
     assert (ckpts / expected[-1]).read_text() == "rank 0\n"
+
+
+SPLIT_REPORTS = """
+import sys
+import assay
+
+with assay.core.init() as core:
+    core.train.report_training_metrics(5, {"loss": 0.5})
+    core.train.report_validation_metrics(5, {"value": 1.0})
+    core.train.report_validation_metrics(5, {"test_acc": 0.5})  # another report, same step
+    core.train.report_metrics("custom", 5, {"thing": 3.0})
+    core.train.report_validation_metrics(5, {"value": 1.0})  # the same again: a no-op
+    if sys.argv[1:] == ["again"]:
+        core.train.report_training_metrics(5, {"loss": 100.5})  # the master refuses this
+"""
+
+
+def test_run_local_merges_one_steps_reports_and_refuses_what_the_master_refuses(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "split.py").write_text(SPLIT_REPORTS)
+    config = _config("python3 split.py")
+    config["searcher"]["max_length"] = {"batches": 5}
+
+    result = run_local(config=config, model_dir=tmp_path, checkpoint_dir=tmp_path / "c")
+
+    # As on a cluster: the searcher's metric and the other report's, together.
+    assert result.validation_metrics == {"value": 1.0, "test_acc": 0.5}
+    assert [h["metrics"] for h in result.validation_history] == [{"value": 1.0, "test_acc": 0.5}]
+    assert [h["metrics"] for h in result.training_history] == [{"loss": 0.5}]  # not "custom"
+    config["entrypoint"] = "python3 split.py again"
+    with pytest.raises(TrainingError, match=r"already reported training metric 'loss' at step 5"):
+        run_local(config=config, model_dir=tmp_path, checkpoint_dir=tmp_path / "d")

@@ -20,6 +20,7 @@ from assay._session import _fmt
 from assay._spec import ClusterSpec
 from assay.common.archive import format_bytes, make_local_output_dir
 from assay.config._length import UNBOUNDED_LENGTH
+from assay.errors import AssayError
 
 if TYPE_CHECKING:
     from assay._trial_client import TrialClient
@@ -202,6 +203,7 @@ class LocalBackend:
         self.smaller_is_better = smaller_is_better
         self._best: float | None = None
         self._done = False
+        self._reported: dict[tuple[str, int, str], float] = {}  # (group, step, name) -> value
         # Every record names its run, so the runs that append to one file stay apart.
         self._run = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
@@ -215,6 +217,7 @@ class LocalBackend:
             f.write(json.dumps(line, allow_nan=True) + "\n")
 
     def report_metrics(self, group: str, steps: int, metrics: Mapping[str, float]) -> None:
+        self._check_unchanged(group, steps, metrics)
         self._append({"group": group, "steps_completed": steps, "metrics": dict(metrics)})
         report_line("step %d %s: %s", steps, group, _fmt(dict(metrics)))
         value = metrics.get(self.metric) if self.metric and group == "validation" else None
@@ -224,6 +227,19 @@ class LocalBackend:
             )
             if better:
                 self._best = value
+
+    def _check_unchanged(self, group: str, steps: int, metrics: Mapping[str, float]) -> None:
+        """Refuse what the master refuses: a metric reported again at the same step with
+        another value (the same value again is a no-op there too)."""
+        for name, value in metrics.items():
+            key = (group, steps, name)
+            stored = self._reported.setdefault(key, value)
+            if stored != value and not (math.isnan(stored) and math.isnan(value)):
+                raise AssayError(
+                    f"already reported {group} metric {name!r} at step {steps} as {stored!r}; "
+                    f"a different value ({value!r}) is refused (on a cluster too): report "
+                    "each step once, or at a new step"
+                )
 
     def next_target(self, units: int) -> int | None:
         if self._done:

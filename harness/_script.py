@@ -86,10 +86,64 @@ def script_file(argv: Sequence[str]) -> str | None:
     return None
 
 
+_SHELLS = frozenset({"sh", "bash", "zsh", "dash"})
+
+
+def _other_file(argv: Sequence[str]) -> str | None:
+    """The model directory's file a non-Python command runs: `./run.sh ...`, or
+    `bash run.sh ...` (a relative path); None for anything else."""
+    if not argv:
+        return None
+    if argv[0].startswith("./"):
+        return argv[0][2:]
+    if Path(argv[0]).name in _SHELLS and len(argv) > 1:
+        first = argv[1]
+        if not first.startswith(("-", "/", "$", "~")):
+            return first
+    return None
+
+
+def _missing_module(argv: Sequence[str], model_dir: Path) -> str | None:
+    """`python3 -m NAME` where NAME is neither in the model directory nor importable
+    here, while a module of a close name is in the model directory (a typo)."""
+    import difflib
+    import importlib.util
+
+    if len(argv) < 3 or not _PYTHON.match(Path(argv[0]).name) or argv[1] != "-m":
+        return None
+    top = argv[2].split(".")[0]
+    if top in _LAUNCHER_ALIASES or (model_dir / f"{top}.py").is_file():
+        return None
+    if (model_dir / top).is_dir():
+        return None
+    try:
+        if importlib.util.find_spec(top) is not None:
+            return None
+    except (ImportError, ValueError):
+        pass
+    mine = sorted(
+        {p.stem for p in model_dir.glob("*.py")}
+        | {p.parent.name for p in model_dir.glob("*/__init__.py")}
+    )
+    close = difflib.get_close_matches(top, mine, n=1)
+    if not close:
+        return None  # perhaps installed where the trials run
+    return (
+        f"the entrypoint runs module {argv[2]!r}, which is neither in the model directory "
+        f"{model_dir} nor installed here; did you mean {close[0]!r}?"
+    )
+
+
 def missing_script(argv: Sequence[str], model_dir: str | Path) -> str | None:
-    """What is wrong when `argv` runs a Python file the model directory lacks, else None."""
+    """What is wrong when `argv` runs a file the model directory lacks (a Python file, a
+    shell script, a module whose name is a typo of one there), else None."""
+    other = _other_file(argv)
+    if other is not None and not (Path(model_dir) / other).is_file():
+        return f"the entrypoint runs {other}, which is not in the model directory {model_dir}"
     script = script_file(argv)
-    if script is None or (Path(model_dir) / script).is_file():
+    if script is None:
+        return _missing_module(argv, Path(model_dir))
+    if (Path(model_dir) / script).is_file():
         return None
     found = sorted(p.name for p in Path(model_dir).glob("*.py"))
     return (

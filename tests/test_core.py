@@ -615,7 +615,18 @@ def test_a_missing_script_is_named_before_anything_runs(tmp_path: Path) -> None:
     with_option = ["python3", "-m", "assay.launch.torch_distributed", "--nproc_per_node", "2"]
     assert missing_script([*with_option, "python3", "train.py"], tmp_path) is None
     assert missing_script(["python3", "-m", "pkg.train"], tmp_path) is None
+    # A shell script must be there too, and a module whose name is a typo of one there.
+    assert "run.sh, which is not in the model directory" in str(
+        missing_script(["./run.sh"], tmp_path)
+    )
+    assert "run.sh" in str(missing_script(["bash", "run.sh", "--fast"], tmp_path))
+    (tmp_path / "run.sh").write_text("python3 train.py\n")
     assert missing_script(["./run.sh"], tmp_path) is None
+    assert missing_script(["bash", "run.sh"], tmp_path) is None
+    assert missing_script(["bash", "-c", "python3 train.py"], tmp_path) is None
+    assert "did you mean 'train'" in str(missing_script(["python3", "-m", "trian"], tmp_path))
+    assert missing_script(["python3", "-m", "train"], tmp_path) is None
+    assert missing_script(["python3", "-m", "json.tool"], tmp_path) is None  # installed
     with pytest.raises(AssayError, match="trian.py"):
         run_local(config=_config("python3 trian.py"), model_dir=tmp_path, checkpoint_dir=tmp_path)
 

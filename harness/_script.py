@@ -289,7 +289,7 @@ def run_script_local(
     """`assay trial run-local` for a script entrypoint; returns a `LocalResult`."""
     from assay._banner import local_hparams
     from assay._spec import LOCAL_SPEC_ENV, LocalResult, LocalSpec
-    from assay.config import environment_of, parse_config
+    from assay.config import environment_of, parse_config, searcher_in_batches
     from assay.core._backend import read_local_records
 
     config = parse_config(raw)
@@ -297,6 +297,10 @@ def run_script_local(
     problem = missing_script(config.command, model_dir)
     if problem is not None:
         raise AssayError(problem)
+    if config.searcher.max_length.bounded:
+        # A script's lengths are converted to batches as the master converts them (it
+        # cannot see the loader); one the master refuses is refused here too.
+        searcher_in_batches(config)
     slots = config.resources.slots_per_trial
     hparams = local_hparams(config)  # what run-local's first line announced
     latest = restore_dir = None

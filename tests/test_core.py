@@ -723,8 +723,10 @@ def test_run_local_script_failure_names_the_exit_code(tmp_path: Path) -> None:
 
 
 def test_run_local_script_that_cannot_start(tmp_path: Path) -> None:
-    with pytest.raises(AssayError, match="cannot run the entrypoint"):
+    with pytest.raises(AssayError, match="no-such-program, which is not in the model directory"):
         run_local(config=_config("./no-such-program"), model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+    with pytest.raises(AssayError, match="cannot run the entrypoint"):
+        run_local(config=_config("no-such-program"), model_dir=SCRIPTS, checkpoint_dir=tmp_path)
 
 
 @pytest.mark.slow

@@ -112,11 +112,14 @@ class TrialCheckpointer:
                 callback.on_checkpoint_save_start()
         state.last_checkpoint = state.total_batches
         mid_accumulation = state.total_batches % self.aggregation_frequency != 0
+        # At a boundary, gradients a Trial left on purpose (a backward after its step,
+        # as some GAN loops do) are state too, where the strategy can save them.
+        keep_gradients = mid_accumulation or self._left_gradients()
         mine = {
             "rng": capture_rng_state(),
             "window": window(),
             # Mid-accumulation, each rank's partial gradients are part of the state.
-            "gradients": self._local_gradients() if mid_accumulation else None,
+            "gradients": self._local_gradients() if keep_gradients else None,
         }
         strategy = context._strategy
         uuid = new_uuid() if self.dist.is_chief else ""
@@ -145,7 +148,7 @@ class TrialCheckpointer:
                 "scheduler_ticks": context._scheduler_ticks,
             },
         }
-        if mid_accumulation:
+        if any(e["gradients"] is not None for e in everyone):
             payload["gradients"] = [e["gradients"] for e in everyone]
         user_state = self.trial.state_dict()
         if user_state:
@@ -246,6 +249,17 @@ class TrialCheckpointer:
     def _local_gradients(self) -> list[list[torch.Tensor | None]]:
         return self.context._strategy.local_gradients(self.context.models)
 
+    def _left_gradients(self) -> bool:
+        """Whether this rank holds gradients between accumulations (normally zeroed by
+        `step_optimizer`) that its strategy can checkpoint."""
+        if not self.context._strategy.saves_partial_gradients:
+            return False
+        return any(
+            p.grad is not None and bool(p.grad.any())  # zeroed in place counts as none
+            for m in self.context.models
+            for p in m.parameters()
+        )
+
     # --- restoring ----------------------------------------------------------------------
 
     def restore(self, path: Path, recorded: Mapping[str, str] | None = None) -> Restored:
@@ -316,7 +330,8 @@ class TrialCheckpointer:
             context._scheduler_ticks = list(ticks)
         state = TrainState(**saved)
         if "gradients.pt" in metadata.files:
-            self._restore_gradients(path, metadata.world_size)
+            mid = metadata.total_batches % self.aggregation_frequency != 0
+            self._restore_gradients(path, metadata.world_size, mid_accumulation=mid)
         rng = load_file(path, "rng")
         if self.dist.rank < len(rng):
             restore_rng_state(rng[self.dist.rank])
@@ -376,14 +391,28 @@ class TrialCheckpointer:
             mine = [o for o, owner in zip(context.optimizers, owners, strict=True) if owner == i]
             load_sharded(path / str(part), model, mine)
 
-    def _restore_gradients(self, path: Path, saved_world_size: int) -> None:
+    def _restore_gradients(
+        self, path: Path, saved_world_size: int, *, mid_accumulation: bool
+    ) -> None:
         if saved_world_size != self.dist.size:
+            if not mid_accumulation:
+                if self.dist.is_chief:
+                    log.warning(
+                        "checkpoint %s holds gradients left after an optimizer step on %d "
+                        "slots; on %d slots they are dropped, so training continues as "
+                        "if they had been zeroed",
+                        path,
+                        saved_world_size,
+                        self.dist.size,
+                    )
+                return
             raise TrainingError(
                 f"checkpoint {path} was taken in the middle of a gradient accumulation on "
                 f"{saved_world_size} slots; restore it on {saved_world_size} slots"
             )
         gradients = load_file(path, "gradients")[self.dist.rank]
-        self.context._strategy.restore_local_gradients(self.context.models, gradients)
+        if gradients is not None:
+            self.context._strategy.restore_local_gradients(self.context.models, gradients)
 
 
 def _shard_dir(index: int) -> str:

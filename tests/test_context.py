@@ -340,3 +340,58 @@ def test_a_schedulers_frequency_count_survives_a_restore(tmp_path: Path) -> None
     )
     assert seen_lrs == expected  # steps at batches 3, 6, 9 in both
     assert resumed.validation_metrics == straight.validation_metrics
+
+
+class LeftoverTrial(assay.Trial):
+    """Leaves gradients after its optimizer step (a second backward, as some GAN loops
+    do): the next step uses them, so they are part of what a checkpoint must carry."""
+
+    def __init__(self, context: assay.TrialContext) -> None:
+        self.context = context
+        torch.manual_seed(0)
+        self.model = context.wrap_model(nn.Linear(2, 1))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.1))
+
+    def build_training_data_loader(self) -> DataLoader[Any]:
+        x = torch.randn(32, 2, generator=torch.Generator().manual_seed(1))
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
+
+    def build_validation_data_loader(self) -> DataLoader[Any]:
+        x = torch.randn(4, 2, generator=torch.Generator().manual_seed(2))
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss: torch.Tensor = nn.functional.mse_loss(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        self.model(x).pow(2).mean().backward()  # left for the next step
+        return loss
+
+    def evaluate_batch(self, batch: Any) -> dict[str, Any]:
+        x, y = batch
+        return {"val_loss": nn.functional.mse_loss(self.model(x), y)}
+
+
+def test_gradients_left_after_a_step_survive_a_restore(tmp_path: Path) -> None:
+    def config(batches: int) -> dict[str, Any]:
+        return {
+            "name": "leftover",
+            "entrypoint": "test_context:LeftoverTrial",
+            "hyperparameters": {"global_batch_size": 2},
+            "searcher": {
+                "name": "single",
+                "metric": "val_loss",
+                "max_length": {"batches": batches},
+            },
+            "min_checkpoint_period": {"batches": 4},
+        }
+
+    straight = assay.run_local(LeftoverTrial, config(8), checkpoint_dir=tmp_path / "a")
+    first = assay.run_local(LeftoverTrial, config(4), checkpoint_dir=tmp_path / "b")
+    assert first.checkpoint is not None
+    assert (Path(str(first.checkpoint)) / "gradients.pt").is_file()
+    resumed = assay.run_local(
+        LeftoverTrial, config(8), checkpoint_dir=tmp_path / "b", resume_from=first.checkpoint
+    )
+    assert resumed.validation_metrics == straight.validation_metrics  # bit for bit

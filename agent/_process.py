@@ -123,6 +123,8 @@ class RankProcesses:
         self._pumps: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._deadline: float | None = None
+        self._grace: float | None = None  # the SIGTERM's grace, None once killed outright
+        self._overdue_said = False
         # The last lines of each process, by stream, for the exit message.
         self._tails = [
             {"stdout": deque[str](maxlen=20), "stderr": deque[str](maxlen=20)} for _ in self.specs
@@ -199,13 +201,31 @@ class RankProcesses:
             deadline = time.monotonic() + max(0.0, grace)
             if self._deadline is None or deadline < self._deadline:
                 self._deadline = deadline
+                self._grace = max(0.0, grace)
         self._signal(signal.SIGTERM, group=False)
 
     def kill(self) -> None:
         """SIGKILL every process group now."""
         with self._lock:
             self._deadline = time.monotonic()
+            self._grace = None
         self._signal(signal.SIGKILL)
+
+    def _say_overdue(self, codes: Sequence[int | None]) -> None:
+        """Put in the trial's log, once, that a process outlived its SIGTERM's grace."""
+        with self._lock:
+            grace, said = self._grace, self._overdue_said
+            self._overdue_said = True
+        if said or grace is None:
+            return
+        ranks = ", ".join(str(s.rank) for s, c in zip(self.specs, codes, strict=True) if c is None)
+        self._sink(
+            self.specs[0].rank,
+            "assay",
+            f"assay: rank {ranks} still running {grace:g} s after SIGTERM: killed (SIGKILL); "
+            "to stop at a checkpoint instead, a script checks core.preempt.should_preempt() "
+            "and exits (the trial resumes from its latest checkpoint either way)",
+        )
 
     def wait(self, failure_grace: float = 30.0) -> ExitReport:
         """Block until every process has exited; the first failure terminates the rest."""
@@ -226,6 +246,7 @@ class RankProcesses:
             with self._lock:
                 overdue = self._deadline is not None and time.monotonic() >= self._deadline
             if overdue:
+                self._say_overdue(codes)
                 self._signal(signal.SIGKILL)
             time.sleep(POLL_INTERVAL)
         for proc in self._procs:  # strays left in a group by a rank that exited

@@ -340,3 +340,45 @@ def test_the_agents_secret_variables_never_reach_a_trial() -> None:
         assert is_agent_secret(name), name
     for name in ("ASSAY_MASTER", "ASSAY_TRIAL_SPEC", "ASSAY_TRACEBACK", "PATH", "HF_TOKEN"):
         assert not is_agent_secret(name), name  # HF_TOKEN: the user's own, if the agent has it
+
+
+def test_a_process_that_outlives_its_sigterm_grace_is_killed_and_the_log_says_so(
+    tmp_path: Path,
+) -> None:
+    from assay.agent._process import RankProcesses, RankSpec
+
+    lines: list[tuple[int, str, str]] = []
+    ignores = "trap '' TERM; echo ready; sleep 30"
+    processes = RankProcesses(
+        ["/bin/sh", "-c", ignores],
+        tmp_path,
+        [RankSpec(0, {"PATH": "/usr/bin:/bin"})],
+        lambda rank, stream, line: lines.append((rank, stream, line)),
+    )
+    processes.spawn()
+    deadline = time.monotonic() + 10
+    while not any(line == "ready" for _, _, line in lines):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    processes.terminate(0.3)
+    assert processes.wait().codes == [-9]
+    said = [line for _, stream, line in lines if stream == "assay"]
+    assert len(said) == 1
+    assert "rank 0 still running 0.3 s after SIGTERM: killed (SIGKILL)" in said[0]
+    assert "should_preempt()" in said[0]
+
+
+def test_a_process_killed_outright_gets_no_grace_line(tmp_path: Path) -> None:
+    from assay.agent._process import RankProcesses, RankSpec
+
+    lines: list[str] = []
+    processes = RankProcesses(
+        ["/bin/sh", "-c", "sleep 30"],
+        tmp_path,
+        [RankSpec(0, {"PATH": "/usr/bin:/bin"})],
+        lambda rank, stream, line: lines.append(stream),
+    )
+    processes.spawn()
+    processes.kill()
+    processes.wait()
+    assert "assay" not in lines

@@ -281,12 +281,17 @@ def _die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def _wait_all(procs: list[subprocess.Popen[bytes]]) -> tuple[int, int] | None:
-    """Wait for every process; on the first failure stop the others and return it."""
+def _wait_all(
+    procs: list[subprocess.Popen[bytes]], early: list[int] | None = None
+) -> tuple[int, int] | None:
+    """Wait for every process; on the first failure stop the others and return it, with
+    the ranks that had exited 0 by then in `early`."""
     while True:
         codes = [p.poll() for p in procs]
         for rank, code in enumerate(codes):
             if code not in (None, 0):
+                if early is not None:
+                    early.extend(r for r, c in enumerate(codes) if c == 0)
                 _stop(procs)
                 return rank, code
         if all(code == 0 for code in codes):

@@ -215,12 +215,14 @@ def spawn_ranks(
     env: Mapping[str, str],
     cwd: str | Path | None = None,
     tail: list[list[str]] | None = None,
+    early: list[int] | None = None,
 ) -> tuple[int, int]:
     """Run `argv` as `slots` processes with torchrun's variables; wait for all of them.
 
     Returns (rank, exit code) of the first process that failed, or (0, 0). The first
     failure stops the others (SIGTERM, then SIGKILL after 10 s), as torchrun does.
     Output is passed through, prefixed `[rank N]` when there are several processes.
+    `early` gets the ranks that had exited 0 when the first failure came.
     """
     from assay._local import _die_with_parent, _pump, _stop, _wait_all, free_port
     from assay.core._distributed import torchrun_env
@@ -271,7 +273,7 @@ def spawn_ranks(
         pump.start()
         pumps.append(pump)
     try:
-        failed = _wait_all(procs)
+        failed = _wait_all(procs, early if early is not None else [])
     finally:
         _stop(procs)
     for pump in pumps:
@@ -324,13 +326,25 @@ def run_script_local(
         env.update(environment_of(raw, _device_kind()))
         env[LOCAL_SPEC_ENV] = str(spec_path)
         tails: list[list[str]] = []
+        early: list[int] = []
         rank, code = spawn_ranks(
-            config.command, slots, env=env, cwd=Path(model_dir).resolve(), tail=tails
+            config.command,
+            slots,
+            env=env,
+            cwd=Path(model_dir).resolve(),
+            tail=tails,
+            early=early,
         )
         records = read_local_records(metrics_path)
     if code not in (0, PREEMPTED_EXIT_CODE):
-        last = "\n".join(f"  {line}" for line in tails[rank][-15:])
+        last = "\n".join(f"  {line}" for line in tails[rank][-15:]) or "  (none)"
         hint = collective_mismatch_hint(last)
+        if early:
+            left = ", ".join(str(r) for r in early)
+            hint += (
+                f" (rank {left} had already exited 0 while it trained on: every rank must "
+                "run the same loop to the end, or the others wait for it in a collective)"
+            )
         raise TrainingError(
             f"the entrypoint {config.entrypoint!r} (rank {rank}) exited with code {code}"
             f"{hint}; its last output:\n{last}"

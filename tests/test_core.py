@@ -941,3 +941,22 @@ def test_run_local_refuses_a_script_length_in_epochs_the_master_would_refuse(
         run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
     config["hyperparameters"]["global_batch_size"] = 4
     assert run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path).total_batches == 10
+
+
+def test_run_local_says_which_rank_left_early_when_another_then_fails(tmp_path: Path) -> None:
+    """Rank 1 returns early with exit 0; rank 0, left alone, fails: the message says that
+    rank 1 had left, not only that rank 0 exited 1."""
+    (tmp_path / "early.py").write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    sys.exit(0)\n"
+        "time.sleep(1.0)\n"
+        "sys.exit(1)\n"
+    )
+    config = _config("python3 early.py", resources={"slots_per_trial": 2})
+    with pytest.raises(TrainingError) as failed:
+        run_local(config=config, model_dir=tmp_path, checkpoint_dir=tmp_path / "c")
+    message = str(failed.value)
+    assert "(rank 0) exited with code 1" in message
+    assert "rank 1 had already exited 0 while it trained on" in message
+    assert "its last output:\n  (none)" in message

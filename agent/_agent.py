@@ -16,6 +16,7 @@ import queue
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,12 +29,19 @@ import psutil
 from google.protobuf.timestamp_pb2 import Timestamp
 
 import assay
-from assay.agent._allocation import Allocation, AllocationError, state_change, validate
+from assay.agent._allocation import (
+    Allocation,
+    AllocationError,
+    is_agent_secret,
+    state_change,
+    validate,
+)
 from assay.agent._config import AgentSettings
 from assay.agent._connection import Backoff, MasterConnection
 from assay.agent._credential import CredentialFile
 from assay.agent._devices import DeviceMonitor, detect_devices, slot_type_proto
 from assay.agent._isolation import Isolation
+from assay.agent._process import wrap_command
 from assay.agent._usage import RankProcess, RankSampler
 from assay.errors import PREEMPTED_EXIT_CODE
 from assay.proto import agent_pb2
@@ -90,6 +98,7 @@ class Agent:
         if mode == "auto":
             mode = "uid" if os.geteuid() == 0 else "none"
         self.isolation = Isolation(mode, settings.isolation_uid_base, settings.isolation_uids)
+        self._check_trials_can_start()
         self._events: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
         self.connection = MasterConnection(
             settings.master,
@@ -118,6 +127,38 @@ class Agent:
         """Ask `run()` to stop the allocations (SIGTERM, then SIGKILL after the grace) and
         return; a second call SIGKILLs them at once. Safe to call from a signal handler."""
         self._stop_requests += 1
+
+    def _check_trials_can_start(self) -> None:
+        """Isolated, a trial runs as a uid of no account: check that such a uid can start
+        the harness (its Python and Assay readable by every user) before joining, rather
+        than failing each trial placed here. Raises ValueError with what to do."""
+        command = self.harness_command
+        if not self.isolation.enabled or tuple(command[1:3]) != ("-m", "assay._cluster"):
+            return
+        probe = [command[0], "-c", "import assay._cluster"]
+        identity = self.isolation.lend("startup-check", 0)
+        try:
+            env = {k: v for k, v in os.environ.items() if not is_agent_secret(k)}
+            done = subprocess.run(
+                wrap_command(probe, os.getpid(), identity),
+                cwd="/",
+                env=self.isolation.environment_for(env, Path("/nonexistent")),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        finally:
+            self.isolation.give_back(identity)
+        if done.returncode == 0:
+            return
+        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise ValueError(
+            f"trials run as a uid of their own (isolation: uid), and such a uid cannot run "
+            f"{command[0]} -m assay._cluster ({said}): install Assay where every user can "
+            "read and run it (e.g. a virtualenv under /opt, as deploy/install-agent.sh "
+            "does), or set isolation: none on a machine only you use"
+        )
 
     def run(self) -> None:
         """Serve the master until `stop()`; every allocation has exited when it returns."""

@@ -362,3 +362,43 @@ def test_the_storage_roots_owner_may_delete_what_isolated_trials_wrote(
     other = _run_as(Identity(BASE + 2, BASE + 6), f"rm -r {mine}/ckpt2; echo rm=$?")
     assert "rm=1" in other.stdout
     assert (mine / "ckpt2").is_dir()
+
+
+def test_an_isolating_agent_whose_python_no_trial_can_run_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    """A Python under a directory only root may enter (e.g. a virtualenv in /root): every
+    trial placed on the agent would fail; the agent says so at its start instead."""
+    from assay.agent._agent import Agent
+    from assay.agent._config import AgentSettings
+
+    base = Path(tempfile.mkdtemp())  # pytest's own tmp_path is root's only
+    base.chmod(0o755)
+    private = base / "root-only"
+    private.mkdir(mode=0o700)
+    python = private / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    settings = AgentSettings(
+        master="127.0.0.1:1",
+        agent_id="probe",
+        slot_type="cpu",
+        slots=1,
+        work_dir=tmp_path / "work",
+        isolation="uid",
+        isolation_uid_base=BASE,
+        isolation_uids=100,
+    )
+    try:
+        with pytest.raises(ValueError, match="cannot run .*root-only/python -m assay._cluster"):
+            Agent(settings, harness_command=(str(python), "-m", "assay._cluster"))
+        private.chmod(0o755)
+        real = Path(sys.executable).resolve()
+        if all(parent.stat().st_mode & 0o001 for parent in real.parents):
+            # The same Python where every user may run it: the agent starts.
+            Agent(settings, harness_command=(str(python), "-m", "assay._cluster"))
+        else:  # as on a machine whose Python is under /root: named too
+            with pytest.raises(ValueError, match=f"{real.name}: Permission denied"):
+                Agent(settings, harness_command=(str(python), "-m", "assay._cluster"))
+    finally:
+        shutil.rmtree(base)

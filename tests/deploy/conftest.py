@@ -116,6 +116,9 @@ def installer(request: pytest.FixtureRequest, tmp_path: Path, dependencies: Path
     env["PYTHONUNBUFFERED"] = "1"
     # The installed master's first admin, for the CLI's login (tests/conftest.py).
     env["ASSAY_INITIAL_ADMIN_PASSWORD"] = ADMIN_PASSWORD
+    # The installed Python is under pytest's root-only directory: no isolated uid could
+    # run it, and a root agent refuses to start so (tests/agent/test_isolation.py).
+    env["ASSAY_ISOLATION"] = "none"
     return Installer(root=tmp_path / "root", env=env, request=request)
 
 

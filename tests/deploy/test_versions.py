@@ -175,6 +175,7 @@ def test_a_refused_agent_process_says_what_to_install_and_exits(tmp_path: Path) 
     env["PYTHONUNBUFFERED"] = "1"
     env["ASSAY_JOIN_TOKEN"] = JOIN_TOKEN
     env["ASSAY_INITIAL_ADMIN_PASSWORD"] = ADMIN_PASSWORD
+    env["ASSAY_ISOLATION"] = "none"  # no trial runs here (see tests/deploy/conftest.py)
     master_log = tmp_path / "master.log"
     master_cmd = [sys.executable, "-m", "assay.master.main", "--grpc-port", str(port)]
     master_cmd += ["--host", "127.0.0.1", "--state-dir", str(tmp_path / "m"), "--http-port", "0"]

@@ -49,12 +49,11 @@ class TrialRpcs(ServicerBase):
     ) -> api_pb2.GetTrialMetricsResponse:
         self.roles.trial(self._who(context), request.id)
         group = request.group or "validation"
-        names = self.store.metric_names(request.id).get(group, [])
+        curves = self.store.trial_curves(
+            request.id, group=group, max_points=request.max_points or 100_000
+        )
         by_batch: dict[int, dict[str, float]] = {}
-        for name in names:
-            curve = self.store.trial_curve(
-                request.id, name, group=group, max_points=request.max_points or 100_000
-            )
+        for name, curve in curves.items():
             for batches, value in curve:
                 by_batch.setdefault(batches, {})[name] = value
         return api_pb2.GetTrialMetricsResponse(

@@ -54,6 +54,47 @@ def read_curve(
     return _thin(np.array(batches, dtype=np.int64), np.array(values, dtype=np.float64), max_points)
 
 
+# Short curves of one trial and group read in one query, up to this many rows in all (a
+# trial that reports thousands of metric names would otherwise cost a query each).
+BULK_READ_LIMIT = 500_000
+_COUNTS_SQL = (
+    'SELECT name, sum(count) FROM metric_rollups WHERE trial_id = ? AND "group" = ? '
+    "AND level = ? GROUP BY name"
+)
+_BULK_SQL = (
+    'SELECT name, total_batches, value FROM metrics WHERE trial_id = ? AND "group" = ? '
+    "AND NOT superseded AND value IS NOT NULL ORDER BY name, total_batches"
+)
+
+
+def read_curves(
+    session: Session, trial_id: int, group: str, max_points: int
+) -> dict[str, list[tuple[int, float]]]:
+    """Every metric's curve of one trial and group, each as `read_curve` draws it: the
+    short ones (read raw there) from one query, the others one by one."""
+    counts = {
+        str(name): int(count)
+        for name, count in _fetch(session, _COUNTS_SQL, (trial_id, group, TOP))
+        if count
+    }
+    short = {n for n, c in counts.items() if c <= max(max_points, RAW_ALWAYS)}
+    curves: dict[str, list[tuple[int, float]]] = {}
+    if short and sum(counts[n] for n in short) <= BULK_READ_LIMIT:
+        rows: dict[str, tuple[list[int], list[float]]] = {}
+        for name, batches, value in _fetch(session, _BULK_SQL, (trial_id, group)):
+            if name in short:
+                xs, ys = rows.setdefault(name, ([], []))
+                xs.append(batches)
+                ys.append(value)
+        for name, (xs, ys) in rows.items():
+            x = np.array(xs, dtype=np.int64)
+            curves[name] = _thin(x, np.array(ys, dtype=np.float64), max_points)
+    for name in sorted(counts):
+        if name not in curves:
+            curves[name] = read_curve(session, trial_id, group, name, max_points)
+    return {name: curve for name, curve in sorted(curves.items()) if curve}
+
+
 def _plan(count: int, span: int, max_points: int, levels: list[tuple[int, int]]) -> int | None:
     """The rollup level to draw a curve of `count` rows over `span` batches from, or None to
     read its raw rows (always for up to max(max_points, RAW_ALWAYS) rows).

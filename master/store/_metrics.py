@@ -23,7 +23,7 @@ from assay.master.errors import (
     StaleRunError,
 )
 from assay.master.store._base import StoreBase
-from assay.master.store._curves import read_curve
+from assay.master.store._curves import read_curve, read_curves
 from assay.master.store._models import Experiment, Metric, MetricRollup, Trial
 from assay.master.store._records import MetricReport, MetricsReported
 from assay.master.store._rollups import Row, merge_rollups
@@ -101,6 +101,17 @@ class MetricQueries(StoreBase):
             if s.get(Trial, trial_id) is None:
                 raise NotFoundError(f"trial {trial_id} does not exist")
             return read_curve(s, trial_id, group, name, max_points)
+
+    def trial_curves(
+        self, trial_id: int, *, group: str = "validation", max_points: int = 1000
+    ) -> dict[str, list[tuple[int, float]]]:
+        """Every metric's live curve in `group`, each as `trial_curve` gives it."""
+        if not 2 <= max_points <= 100_000:
+            raise InvalidArgumentError(f"max_points must be 2-100000, got {max_points}")
+        with self.read() as s:
+            if s.get(Trial, trial_id) is None:
+                raise NotFoundError(f"trial {trial_id} does not exist")
+            return read_curves(s, trial_id, group, max_points)
 
     def experiment_curves(
         self, experiment_id: int, name: str, *, group: str = "validation", max_points: int = 1000

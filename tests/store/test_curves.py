@@ -258,3 +258,27 @@ def test_experiment_curves_equal_each_trials_curve(store: Store) -> None:
     lengths = [len(curves[t]) for t in written]
     assert lengths[:2] == [3, 300]  # whole; raw rows thinned by LTTB
     assert all(225 <= n <= 300 for n in lengths[2:])  # M4 of 75 groups of rollup buckets
+
+
+def test_a_trials_many_short_curves_are_read_in_one_query(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial that reports 300 metric names: its curves were a query or two each (50,000
+    names took 54 s); the short ones now come from one query, a long one as before, and
+    every curve is what `trial_curve` draws."""
+    tid, run = next(_trials(store))
+    names = [f"m{i:03d}" for i in range(300)]
+    values = [{n: b * 0.5 + i for i, n in enumerate(names)} for b in (1, 2, 3)]
+    values[1]["m007"] = math.nan  # never drawn
+    reports = [MetricReport(b, v) for b, v in zip((1, 2, 3), values, strict=True)]
+    store.report_metrics(tid, run, "training", reports)
+    _write(store, tid, run, _sawtooth(6000, start=10), 2500)  # "loss": a long curve
+    seen = _sources(monkeypatch)
+    curves = store.trial_curves(tid, group="training", max_points=200)
+    assert seen.count(_curves._BULK_SQL) == 1
+    assert len(seen) <= 5  # the counts, the bulk read, and "loss" by its rollups
+    assert sorted(curves) == sorted([*names, "loss"])
+    monkeypatch.undo()
+    for name in ("m000", "m007", "m299", "loss"):
+        assert curves[name] == store.trial_curve(tid, name, group="training", max_points=200)
+    assert curves["m007"] == [(1, 7.5), (3, 8.5)]

@@ -348,6 +348,12 @@ class Allocation:
         last = self.processes.last_line(report.failed)
         if last:
             message += f"{collective_mismatch_hint(last)}; its last output: {last}"
+        if report.early:
+            left = ", ".join(str(ranks[i]) for i in report.early)
+            message += (
+                f"; rank {left} had already exited 0 while it trained on: every rank must "
+                "run the same loop to the end, or the others wait for it in a collective"
+            )
         if any(c < 0 for i, c in enumerate(report.codes) if i != report.failed):
             message += "; the other ranks were stopped"
         return message

@@ -100,6 +100,8 @@ class ExitReport:
 
     codes: list[int]
     failed: int | None  # index of the first process seen failing on its own, if any
+    # Indexes of the processes that had exited 0 when that failure was seen.
+    early: tuple[int, ...] = ()
 
 
 class RankProcesses:
@@ -230,10 +232,13 @@ class RankProcesses:
     def wait(self, failure_grace: float = 30.0) -> ExitReport:
         """Block until every process has exited; the first failure terminates the rest."""
         failed: int | None = None
+        early: tuple[int, ...] = ()
         while True:
             codes = [p.poll() for p in self._procs]
             if failed is None:
                 failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
+                if failed is not None:
+                    early = tuple(i for i, c in enumerate(codes) if c == 0)
                 if failed is not None and None in codes and self._deadline is None:
                     log.info(
                         "rank %d %s; stopping the other ranks",
@@ -254,7 +259,7 @@ class RankProcesses:
                 os.killpg(proc.pid, signal.SIGKILL)
         for pump in self._pumps:
             pump.join(PUMP_JOIN_TIMEOUT)
-        return ExitReport([int(c) for c in codes if c is not None], failed)
+        return ExitReport([int(c) for c in codes if c is not None], failed, early)
 
 
 __all__ = ["ExitReport", "RankProcesses", "RankSpec", "describe_exit", "wrap_command"]

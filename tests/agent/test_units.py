@@ -382,3 +382,20 @@ def test_a_process_killed_outright_gets_no_grace_line(tmp_path: Path) -> None:
     processes.kill()
     processes.wait()
     assert "assay" not in lines
+
+
+def test_the_exit_report_names_the_ranks_that_had_left_when_another_failed(
+    tmp_path: Path,
+) -> None:
+    from assay.agent._process import RankProcesses, RankSpec
+
+    processes = RankProcesses(
+        ["/bin/sh", "-c", 'if [ "$RANK" = 0 ]; then exit 0; fi; sleep 0.5; exit 1'],
+        tmp_path,
+        [RankSpec(r, {"PATH": "/usr/bin:/bin", "RANK": str(r)}) for r in (0, 1)],
+        lambda rank, stream, line: None,
+    )
+    processes.spawn()
+    report = processes.wait()
+    assert report.codes == [0, 1]
+    assert (report.failed, report.early) == (1, (0,))

@@ -25,8 +25,15 @@ class PreemptWatcher:
     """Sets `requested` on SIGTERM, or when `ask()` (polled in a thread) says so."""
 
     def __init__(
-        self, ask: Callable[[], bool] | None = None, interval_s: float = POLL_INTERVAL_S
+        self,
+        ask: Callable[[], bool] | None = None,
+        interval_s: float = POLL_INTERVAL_S,
+        *,
+        quiet: bool = False,
     ) -> None:
+        """`quiet`: log nothing (the Core API says so itself, where the script asks)."""
+        self._quiet = quiet
+        self.reason: str | None = None  # "SIGTERM" or "the master", once requested
         self._flag = threading.Event()
         self._stop = threading.Event()
         self._previous: Any = None
@@ -47,14 +54,21 @@ class PreemptWatcher:
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if not self._flag.is_set():
-            log.info("SIGTERM: checkpointing at the next batch, then exiting")
+            self.reason = "a SIGTERM"
+            if not self._quiet:
+                log.info("SIGTERM: checkpointing at the next batch, then exiting")
         self._flag.set()
 
     def _poll(self, ask: Callable[[], bool], interval_s: float) -> None:
         while not self._stop.wait(interval_s):
             try:
                 if ask():
-                    log.info("the master asks this trial to stop: checkpointing, then exiting")
+                    if not self._flag.is_set():
+                        self.reason = "the master (a pause, a cancel or a preemption)"
+                        if not self._quiet:
+                            log.info(
+                                "the master asks this trial to stop: checkpointing, then exiting"
+                            )
                     self._flag.set()
                     return
             except Exception as e:  # the master may be restarting: ask again later

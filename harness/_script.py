@@ -17,6 +17,7 @@ with the command (`exec`), so signals reach the script directly. `run_script_loc
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import re
 import subprocess
@@ -28,7 +29,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from assay.errors import PREEMPTED_EXIT_CODE, AssayError, TrainingError, collective_mismatch_hint
+from assay.errors import (
+    PREEMPTED_EXIT_CODE,
+    AssayError,
+    InvalidConfigError,
+    TrainingError,
+    collective_mismatch_hint,
+)
 
 LAUNCHER = "assay.launch.torch_distributed"
 # Determined's launcher modules, and what they mean here.
@@ -37,6 +44,7 @@ _UNSUPPORTED_LAUNCHERS = {
     "determined.launch.deepspeed": "DeepSpeed's launcher",
     "determined.launch.horovod": "Horovod",
 }
+log = logging.getLogger("assay")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 
@@ -300,9 +308,18 @@ def run_script_local(
     if problem is not None:
         raise AssayError(problem)
     if config.searcher.max_length.bounded:
-        # A script's lengths are converted to batches as the master converts them (it
-        # cannot see the loader); one the master refuses is refused here too.
-        searcher_in_batches(config)
+        # The master converts a script's lengths to batches (it cannot see the loader) and
+        # refuses what it cannot convert; here the Trainer API counts epochs from its
+        # loader, but a Core API script would read the raw number as batches: say so.
+        try:
+            searcher_in_batches(config)
+        except InvalidConfigError as e:
+            log.warning(
+                "%s; a cluster refuses this config, and here a Core API script reads %d as "
+                "its length in batches (the Trainer API counts epochs from its data loader)",
+                "; ".join(e.problems),
+                config.searcher.max_length.value,
+            )
     slots = config.resources.slots_per_trial
     hparams = local_hparams(config)  # what run-local's first line announced
     latest = restore_dir = None

@@ -20,7 +20,7 @@ import assay.core
 from assay._checkpoint import CheckpointError
 from assay._local import run_local
 from assay._script import launcher_trial, missing_script, resolve_command
-from assay.errors import AssayError, InvalidConfigError, TrainingError
+from assay.errors import AssayError, TrainingError
 from assay.proto import trial_pb2
 from tests.conftest import S3Server
 from tests.test_cluster_session import (
@@ -927,20 +927,25 @@ def test_run_local_merges_one_steps_reports_and_refuses_what_the_master_refuses(
         run_local(config=config, model_dir=tmp_path, checkpoint_dir=tmp_path / "d")
 
 
-def test_run_local_refuses_a_script_length_in_epochs_the_master_would_refuse(
-    tmp_path: Path,
+def test_run_local_warns_of_a_script_length_in_epochs_the_master_would_refuse(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The master converts a script's epochs with records_per_epoch and the global batch
-    size; without them run-local had trained the raw number as batches."""
+    size, and refuses a config without them; run-local says so (a Core API script reads
+    the raw number as batches) and converts when it can."""
     config = _config("python3 loop.py")
     config["searcher"]["max_length"] = {"epochs": 2}
-    with pytest.raises(InvalidConfigError, match="records_per_epoch"):
-        run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+    with caplog.at_level("WARNING", logger="assay"):
+        run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path / "a")
+    assert "needs records_per_epoch" in caplog.text
+    assert "a cluster refuses this config" in caplog.text
+    caplog.clear()
     config["records_per_epoch"] = 20
-    with pytest.raises(InvalidConfigError, match="hyperparameters.global_batch_size"):
-        run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
     config["hyperparameters"]["global_batch_size"] = 4
-    assert run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path).total_batches == 10
+    with caplog.at_level("WARNING", logger="assay"):
+        result = run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path / "b")
+    assert result.total_batches == 10
+    assert "refuses" not in caplog.text
 
 
 def test_run_local_says_which_rank_left_early_when_another_then_fails(tmp_path: Path) -> None:

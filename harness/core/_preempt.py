@@ -20,7 +20,7 @@ import os
 import threading
 
 from assay._preempt import POLL_INTERVAL_S, PreemptWatcher
-from assay.core._backend import Backend
+from assay.core._backend import Backend, report_line
 from assay.core._distributed import DistributedContext
 
 
@@ -50,7 +50,8 @@ class PreemptContext:
         if on_cluster:
             ask = backend.preempt_requested if backend is not None else None
             interval = float(os.environ.get("ASSAY_PREEMPT_POLL_S", POLL_INTERVAL_S))
-            self._watcher = PreemptWatcher(ask, interval)
+            self._watcher = PreemptWatcher(ask, interval, quiet=True)
+        self._said = False
 
     def _local(self) -> bool:
         return self._stop.is_set() or (self._watcher is not None and self._watcher.requested)
@@ -60,8 +61,21 @@ class PreemptContext:
         if self._mode is PreemptMode.ChiefOnly and not self._dist.is_chief:
             raise RuntimeError("preempt_mode=ChiefOnly: only the chief may call should_preempt")
         if self._mode is PreemptMode.ChiefOnly:
-            return self._local()
-        return self._dist.any(self._local())
+            answer = self._local()
+        else:
+            answer = self._dist.any(self._local())
+        if answer and not self._said and self._dist.is_chief:
+            self._said = True  # once, from the script's own thread (not a signal handler)
+            report_line("%s", self._why())
+        return answer
+
+    def _why(self) -> str:
+        if self._watcher is not None and self._watcher.reason is not None:
+            return (
+                f"asked to stop by {self._watcher.reason}: should_preempt() is True from now "
+                "on; checkpoint and exit, and the trial resumes from its latest checkpoint"
+            )
+        return "the searcher's target is reached: should_preempt() is True from now on"
 
     def acknowledge_preemption_signal(self) -> None:
         """Determined's call; a preemption here needs no acknowledgement."""

@@ -68,7 +68,7 @@ def model_message(record: ModelRecord) -> api_pb2.Model:
 
 
 def version_message(
-    store: Store, record: ModelVersionRecord, *, readable: bool = True
+    store: Store, record: ModelVersionRecord, *, readable: bool
 ) -> api_pb2.ModelVersion:
     """The version; its checkpoint's details (experiment, trial, location, files,
     metrics) only when `readable` (the caller may read its workspace): to others the

@@ -91,9 +91,13 @@ class StoragePolicy:
         )
 
     def use_problem(self, storage: CheckpointStorageConfig) -> str | None:
-        """Why the master must not reach `storage` itself, or None."""
+        """Why the master must not reach `storage` itself, or None. A shared_fs place is
+        checked at submission only: an experiment stored before `shared_fs_host_paths`
+        was set (or changed) keeps its garbage collection and downloads."""
+        if storage.type != "s3":
+            return None
         problem = self.submission_problem(storage)
-        if problem is not None or storage.type != "s3":
+        if problem is not None:
             return problem
         if storage.access_key is not None:
             return None

@@ -150,7 +150,7 @@ class RegistryRpcs(ServicerBase):
             labels=list(request.labels),
             metadata=_registry.metadata(request.metadata),
         )
-        return _registry.version_message(self.store, record)
+        return _registry.version_message(self.store, record, readable=True)  # checked above
 
     @maps_errors
     def ListModelVersions(  # noqa: N802
@@ -187,7 +187,8 @@ class RegistryRpcs(ServicerBase):
     def PatchModelVersion(  # noqa: N802
         self, request: api_pb2.PatchModelVersionRequest, context: grpc.ServicerContext
     ) -> api_pb2.ModelVersion:
-        _registry.may_edit_model(self.store, self._who(context), request.name, "change versions of")
+        who = self._who(context)
+        _registry.may_edit_model(self.store, who, request.name, "change versions of")
         record = self.store.patch_version(
             request.name,
             request.version,
@@ -197,7 +198,8 @@ class RegistryRpcs(ServicerBase):
                 _registry.metadata(request.metadata) if request.HasField("metadata") else None
             ),
         )
-        return _registry.version_message(self.store, record)
+        readable = self._reads(who, record.checkpoint_uuid)
+        return _registry.version_message(self.store, record, readable=readable)
 
     @maps_errors
     def DeleteModelVersion(  # noqa: N802

@@ -157,3 +157,13 @@ def test_the_masters_own_root_is_allowed_but_not_an_experiment_directory_in_it()
     assert policy.submission_problem(CheckpointStorageConfig()) is None  # the default
     other = CheckpointStorageConfig(host_path="/var/lib/assay/checkpoints/3")
     assert "shared_fs_host_paths: none" in str(policy.submission_problem(other))
+
+
+def test_an_experiment_stored_before_the_host_path_rule_keeps_its_collection() -> None:
+    """The rule is checked at submission: the master still collects and deletes the
+    checkpoints of an experiment whose host_path was taken before the setting."""
+    policy = StoragePolicy.of(None, None, "/mnt/new", "/var/lib/assay/checkpoints")
+    older = CheckpointStorageConfig(host_path="/mnt/nfs")
+    assert policy.submission_problem(older) is not None
+    assert policy.use_problem(older) is None
+    assert StorageCache(None, policy=policy).of(older) is not None

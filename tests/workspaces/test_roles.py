@@ -477,3 +477,14 @@ def test_a_model_version_shows_its_checkpoint_only_to_who_may_read_it(team: Team
     for version in (vera.GetModelVersion(get), vera.ListModelVersions(listing).versions[0]):
         assert version.checkpoint.experiment_id == team.experiment_id
         assert version.checkpoint.location == "/nowhere"
+    # A model's owner who is no member of the checkpoint's workspace: its reply to a
+    # change of the version holds no more than its reads.
+    otto.CreateModel(api_pb2.CreateModelRequest(name="ottos"))
+    ada.RegisterModelVersion(
+        api_pb2.RegisterModelVersionRequest(name="ottos", checkpoint_uuid=team.checkpoint)
+    )
+    patched = otto.PatchModelVersion(
+        api_pb2.PatchModelVersionRequest(name="ottos", version=1, notes="mine")
+    )
+    assert patched.notes == "mine"
+    assert not patched.HasField("checkpoint")

@@ -151,6 +151,7 @@ class Isolation:
                 f"the checkpoint storage root {path.parent} does not exist on this agent: "
                 "mount it (shared_fs is a directory every machine mounts at the same path)"
             )
+        self._check_storage_root(path.parent)
         try:
             path.mkdir(mode=0o700)
             made = True
@@ -175,6 +176,27 @@ class Isolation:
                 )
         finally:
             os.close(fd)
+
+    def _check_storage_root(self, root: Path) -> None:
+        """Refuse a storage root that root would reach through a symbolic link, or that
+        lies inside an experiment's directory: trials may write there (a link of theirs
+        would aim root's mkdir anywhere, e.g. /etc)."""
+        real = os.path.realpath(root)
+        if real != os.path.normpath(root):
+            raise PermissionError(
+                f"the checkpoint storage root {root} goes through a symbolic link (to "
+                f"{real}): name the real path in checkpoint_storage.host_path (and in the "
+                "master's shared_fs_host_paths)"
+            )
+        for folder in (Path(real), *Path(real).parents):
+            found = os.lstat(folder)
+            mode = stat.S_IMODE(found.st_mode)
+            ours = self._base <= found.st_gid < self._base + self._count
+            if found.st_uid == 0 and mode == 0o2770 and ours:
+                raise PermissionError(
+                    f"the checkpoint storage root {root} is inside {folder}, an experiment's "
+                    "checkpoint directory: give checkpoint_storage a host_path of its own"
+                )
 
     def give_back(self, identity: Identity | None) -> None:
         """The allocation ended: whatever still runs as its uid is killed."""

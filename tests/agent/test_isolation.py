@@ -279,6 +279,24 @@ def test_a_directory_not_made_for_the_experiment_is_refused_unchanged(
     assert Path("/etc").stat().st_gid == 0
 
 
+def test_a_storage_root_through_a_link_or_inside_an_experiments_directory_is_refused(
+    storage_root: Path,
+) -> None:
+    """A trial of experiment 5 plants a link to /etc in its own (group-writable)
+    directory; experiment 6 names that link, or experiment 5's directory, as its
+    host_path: root would make 6's directory in /etc, or inside 5's."""
+    isolation = Isolation("uid", BASE, 100)
+    mine = storage_root / "5"
+    isolation.give_experiment_directory(mine, 5)
+    (mine / "evil").symlink_to("/etc")
+    with pytest.raises(PermissionError, match="goes through a symbolic link"):
+        isolation.give_experiment_directory(mine / "evil" / "6", 6)
+    with pytest.raises(PermissionError, match="an experiment's checkpoint directory"):
+        isolation.give_experiment_directory(mine / "6", 6)
+    assert not Path("/etc/6").exists()
+    assert sorted(p.name for p in mine.iterdir()) == ["evil"]
+
+
 def test_the_storage_root_must_exist_and_without_isolation_nothing_is_made(
     storage_root: Path,
 ) -> None:

@@ -87,6 +87,11 @@ class _WrappedReducer:
     name: str | None
     for_training: bool
     for_validation: bool
+    fed: bool = False  # `update` was called since the last reset (on this rank)
+
+    def reset(self) -> None:
+        self.reducer.reset()
+        self.fed = False
 
 
 class TrialContext:
@@ -398,9 +403,9 @@ class TrialContext:
         `update` (all ranks) that returns the metric. The result is reported as `name`, or,
         with `name=None`, the reducer returns a dict of metrics, with the training metrics
         (`for_training`) and with the validation metrics (`for_validation`). It is reset
-        before each validation and after each training report. A callable that was given
-        no value since then (e.g. fed in `evaluate_batch` only) is not called for that
-        report.
+        before each validation and after each training report. A reducer no rank fed
+        since then (e.g. fed in `evaluate_batch` only, at a training report) is left out
+        of that report.
         """
         if not isinstance(reducer, MetricReducer):
             if not callable(reducer):
@@ -411,8 +416,16 @@ class TrialContext:
             reducer = CallableReducer(reducer)
         if not (for_training or for_validation):
             raise TrainingError("wrap_reducer: set for_training or for_validation")
-        reducer.reset()
-        self._reducers.append(_WrappedReducer(reducer, name, for_training, for_validation))
+        entry = _WrappedReducer(reducer, name, for_training, for_validation)
+        entry.reset()
+        update = reducer.update
+
+        def fed_update(*args: Any, **kwargs: Any) -> Any:
+            entry.fed = True  # a report skips a reducer that no rank fed since its reset
+            return update(*args, **kwargs)
+
+        reducer.update = fed_update  # type: ignore[method-assign]
+        self._reducers.append(entry)
         return reducer
 
     # --- the training step ---------------------------------------------------------------

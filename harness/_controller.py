@@ -23,7 +23,6 @@ from assay._rank_metrics import RankMeter, rank_metrics
 from assay._session import MetricsReport, Session
 from assay._trial import (
     BuiltinReducer,
-    CallableReducer,
     MetricReducer,
     PyTorchCallback,
     Reducer,
@@ -398,13 +397,14 @@ class TrialController:
         ]
         if not wrapped:
             return {}
-        everyone = self.dist.allgather([w.reducer.per_slot_reduce() for w in wrapped])
+        everyone = self.dist.allgather([(w.fed, w.reducer.per_slot_reduce()) for w in wrapped])
         metrics: dict[str, float] = {}
         for i, w in enumerate(wrapped):
-            per_slot = [per_rank[i] for per_rank in everyone]
-            w.reducer.reset()
-            if isinstance(w.reducer, CallableReducer) and not any(per_slot):
-                continue  # fed nothing since its last report: nothing to report
+            per_slot = [per_rank[i][1] for per_rank in everyone]
+            fed = any(per_rank[i][0] for per_rank in everyone)
+            w.reset()
+            if not fed:
+                continue  # no rank fed it since its last report: nothing to report
             value = w.reducer.cross_slot_reduce(per_slot)
             if w.name is None:
                 if not isinstance(value, Mapping):
@@ -435,7 +435,7 @@ class TrialController:
         self._call("on_validation_start")
         for wrapped in context._reducers:
             if wrapped.for_validation:
-                wrapped.reducer.reset()
+                wrapped.reset()
         was_training = [m.training for m in context.models]
         for model in context.models:
             model.eval()

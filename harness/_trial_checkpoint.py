@@ -145,8 +145,10 @@ class TrialCheckpointer:
             "trial_state": {
                 **asdict(state),
                 "metric_windows": [e["window"] for e in everyone],
-                "scheduler_ticks": context._scheduler_ticks,
             },
+            # A file of its own: an older release, which knows no such key in trial_state,
+            # restores the checkpoint without it.
+            "scheduler_ticks": context._scheduler_ticks,
         }
         if any(e["gradients"] is not None for e in everyone):
             payload["gradients"] = [e["gradients"] for e in everyone]
@@ -325,10 +327,9 @@ class TrialCheckpointer:
             self.trial.load_state_dict(load_user_state(path))
         saved = dict(load_file(path, "trial_state"))
         windows = saved.pop("metric_windows", [])
-        ticks = saved.pop("scheduler_ticks", None)  # absent from older checkpoints
-        if ticks is not None:
-            context._scheduler_ticks = list(ticks)
         state = TrainState(**saved)
+        if "scheduler_ticks.pt" in metadata.files:  # absent from older checkpoints
+            context._scheduler_ticks = list(load_file(path, "scheduler_ticks"))
         if "gradients.pt" in metadata.files:
             mid = metadata.total_batches % self.aggregation_frequency != 0
             self._restore_gradients(path, metadata.world_size, mid_accumulation=mid)

@@ -358,6 +358,23 @@ def test_stop_requested_in_train_batch_ends_at_that_batch(tmp_path: Path) -> Non
     assert session.checkpoints[-1].metadata.total_batches == 5
 
 
+class _Mean(assay.MetricReducer):
+    """A mean that, like many users' reducers, divides by the count it was fed."""
+
+    def reset(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def update(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+
+    def per_slot_reduce(self) -> tuple[float, int]:
+        return self.total, self.count
+
+    def cross_slot_reduce(self, per_slot: Any) -> float:
+        return float(sum(t for t, _ in per_slot) / sum(n for _, n in per_slot))
+
+
 def test_context_details(tmp_path: Path) -> None:
     flags: list[tuple[bool, bool, int]] = []
     starts: list[tuple[int, bool, int, int]] = []
@@ -374,6 +391,8 @@ def test_context_details(tmp_path: Path) -> None:
             )
             # Determined's defaults: training and validation; reported where it was fed.
             self.seen = context.wrap_reducer(lambda values: float(sum(values)), name="seen")
+            self.mean = context.wrap_reducer(_Mean(), name="val_mean")  # a class, fed in eval
+
 
         def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
             context = self.context
@@ -393,6 +412,7 @@ def test_context_details(tmp_path: Path) -> None:
 
         def evaluate_batch(self, batch: Any) -> dict[str, Any]:
             self.sum.update(len(batch[0]))
+            self.mean.update(2.0)
             return super().evaluate_batch(batch)
 
     trial, context, session, run = _controller(Details, tmp_path, batches=8)
@@ -404,6 +424,9 @@ def test_context_details(tmp_path: Path) -> None:
     assert [r.metrics["seen"] for r in session.training] == [16.0, 16.0]  # 4 batches of 4
     assert all("total" not in r.metrics for r in session.training)  # fed in validation only
     assert all("seen" not in r.metrics for r in session.validation)
+    # A MetricReducer fed in evaluate_batch only: never reduced empty (it divides by 0).
+    assert all("val_mean" not in r.metrics for r in session.training)
+    assert session.validation[-1].metrics["val_mean"] == 2.0
     # The epoch's first batch, as Determined sets it before the hook.
     assert starts == [(0, True, 0, 0), (1, True, 1, 4)]
     assert flags[:4] == [(True, False, 0), (False, False, 1), (False, False, 2), (False, True, 3)]

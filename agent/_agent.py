@@ -148,11 +148,14 @@ class Agent:
                 timeout=120,
                 check=False,
             )
+            code, err = done.returncode, done.stderr
+        except subprocess.TimeoutExpired:
+            code, err = -1, "it did not start within 120 s"
         finally:
             self.isolation.give_back(identity)
-        if done.returncode == 0:
+        if code == 0:
             return
-        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        said = (err.strip().splitlines() or [f"exit code {code}"])[-1]
         raise ValueError(
             f"trials run as a uid of their own (isolation: uid), and such a uid cannot run "
             f"{command[0]} -m assay._cluster ({said}): install Assay where every user can "

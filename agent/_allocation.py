@@ -59,6 +59,8 @@ def is_agent_secret(name: str) -> bool:
     if name in AGENT_SECRETS:
         return True
     return name.startswith("ASSAY_") and any(word in name for word in _SECRET_WORDS)
+
+
 log = logging.getLogger("assay.agent")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")

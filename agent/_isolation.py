@@ -33,6 +33,7 @@ a container; a uid per allocation needs neither user accounts nor a container ru
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -119,15 +120,26 @@ class Isolation:
 
     def _claim(self, uid: int) -> int | None:
         """Lock `uid` on this machine: the lock's descriptor, or None if another agent
-        here holds it."""
+        here holds it. Its file exists only while it is held (`give_back` removes it),
+        so the directory never grows past the uids in use; a lock taken on a file its
+        holder removed meanwhile is not the uid's, and the claim starts again."""
         self._lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        return fd
+        path = self._lock_dir / str(uid)
+        for _ in range(8):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            try:
+                current = os.lstat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                return fd
+            os.close(fd)  # released and removed while we waited: try the new file
+        return None
 
     def group_of(self, experiment_id: int) -> int:
         """The gid the trials of an experiment share (for its checkpoints)."""
@@ -206,7 +218,10 @@ class Isolation:
         with self._lock:
             claim = self._lent.pop(identity.uid, None)
         if claim is not None:
-            os.close(claim)  # another agent here may lend it now
+            # Removed while still locked, then released: another agent here may lend it.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._lock_dir / str(identity.uid))
+            os.close(claim)
 
     def environment_for(self, env: Mapping[str, str], home: Path) -> dict[str, str]:
         """The agent's environment as an allocation's processes start from it."""

@@ -30,7 +30,8 @@ def entrypoint_problem(config: ExperimentConfig, model_dir: str | Path) -> str |
     if config.command is not None:
         trial = launcher_trial(config.command)
         if trial is None:
-            return script_problem(config.command, model_dir)
+            # Where the trials run has its own packages: a module is not looked up here.
+            return script_problem(config.command, model_dir, runs_here=False)
         return trial_problem(trial, Path(model_dir))
     return trial_problem(config.entrypoint, Path(model_dir))
 

@@ -142,15 +142,18 @@ def _missing_module(argv: Sequence[str], model_dir: Path) -> str | None:
     )
 
 
-def missing_script(argv: Sequence[str], model_dir: str | Path) -> str | None:
+def missing_script(
+    argv: Sequence[str], model_dir: str | Path, *, runs_here: bool = True
+) -> str | None:
     """What is wrong when `argv` runs a file the model directory lacks (a Python file, a
-    shell script, a module whose name is a typo of one there), else None."""
+    shell script, and, where it runs (`runs_here`: this machine's packages are the
+    trial's), a module whose name is a typo of one there), else None."""
     other = _other_file(argv)
     if other is not None and not (Path(model_dir) / other).is_file():
         return f"the entrypoint runs {other}, which is not in the model directory {model_dir}"
     script = script_file(argv)
     if script is None:
-        return _missing_module(argv, Path(model_dir))
+        return _missing_module(argv, Path(model_dir)) if runs_here else None
     if (Path(model_dir) / script).is_file():
         return None
     found = sorted(p.name for p in Path(model_dir).glob("*.py"))
@@ -163,10 +166,12 @@ def missing_script(argv: Sequence[str], model_dir: str | Path) -> str | None:
 _MAX_COMPILED_BYTES = 2 * 2**20
 
 
-def script_problem(argv: Sequence[str], model_dir: str | Path) -> str | None:
+def script_problem(
+    argv: Sequence[str], model_dir: str | Path, *, runs_here: bool = True
+) -> str | None:
     """`missing_script`, or the syntax error that stops the script `argv` runs from
     compiling (a failure every run would repeat), else None."""
-    problem = missing_script(argv, model_dir)
+    problem = missing_script(argv, model_dir, runs_here=runs_here)
     script = script_file(argv)
     if problem is not None or script is None:
         return problem

@@ -965,3 +965,26 @@ def test_run_local_says_which_rank_left_early_when_another_then_fails(tmp_path: 
     assert "(rank 0) exited with code 1" in message
     assert "rank 1 had already exited 0 while it trained on" in message
     assert "its last output:\n  (none)" in message
+
+
+def test_a_local_run_remembers_only_its_latest_steps_values(tmp_path: Path) -> None:
+    from assay.core._backend import _RECENT_STEPS, LocalBackend
+
+    backend = LocalBackend(tmp_path / "m.jsonl", None)
+    for step in range(_RECENT_STEPS + 50):
+        backend.report_metrics("training", step, {"loss": 1.0})
+    assert len(backend._reported["training"]) == _RECENT_STEPS
+    backend.report_metrics("training", _RECENT_STEPS + 49, {"loss": 1.0})  # the same: fine
+    with pytest.raises(AssayError, match="already reported training metric 'loss'"):
+        backend.report_metrics("training", _RECENT_STEPS + 49, {"loss": 2.0})
+
+
+def test_a_module_is_looked_up_only_where_the_trial_runs(tmp_path: Path) -> None:
+    """`python3 -m models` beside a model.py: perhaps a typo, perhaps installed on the
+    agents only; `experiment create` on another machine does not refuse it."""
+    from assay._script import script_problem
+
+    (tmp_path / "model.py").write_text("")
+    argv = ["python3", "-m", "models"]
+    assert script_problem(argv, tmp_path, runs_here=False) is None
+    assert "did you mean 'model'" in str(script_problem(argv, tmp_path))

@@ -178,6 +178,9 @@ class ClusterBackend:
         self.client.close()
 
 
+_RECENT_STEPS = 1000  # the steps whose values a local run remembers, to refuse changes
+
+
 class LocalBackend:
     """Off the cluster: print every report and append it to `metrics_path` (JSON lines).
 
@@ -203,7 +206,8 @@ class LocalBackend:
         self.smaller_is_better = smaller_is_better
         self._best: float | None = None
         self._done = False
-        self._reported: dict[tuple[str, int, str], float] = {}  # (group, step, name) -> value
+        # group -> step -> name -> value, for the latest _RECENT_STEPS steps of each group
+        self._reported: dict[str, dict[int, dict[str, float]]] = {}
         # Every record names its run, so the runs that append to one file stay apart.
         self._run = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
@@ -231,9 +235,12 @@ class LocalBackend:
     def _check_unchanged(self, group: str, steps: int, metrics: Mapping[str, float]) -> None:
         """Refuse what the master refuses: a metric reported again at the same step with
         another value (the same value again is a no-op there too)."""
+        recent = self._reported.setdefault(group, {})
+        at = recent.setdefault(steps, {})
+        if len(recent) > _RECENT_STEPS:  # a long run: keep the latest steps' values only
+            del recent[min(recent)]
         for name, value in metrics.items():
-            key = (group, steps, name)
-            stored = self._reported.setdefault(key, value)
+            stored = at.setdefault(name, value)
             if stored != value and not (math.isnan(stored) and math.isnan(value)):
                 raise AssayError(
                     f"already reported {group} metric {name!r} at step {steps} as {stored!r}; "

@@ -128,6 +128,8 @@ def test_agents_on_one_machine_never_lend_the_same_uid(tmp_path: Path) -> None:
         again = b.lend("b4", experiment_id=1)
         assert again is not None
         assert again.uid in (BASE, BASE + 1)
+        # A lock file exists only while its uid is lent: the directory never grows.
+        assert sorted(int(f.name) for f in tmp_path.iterdir()) == sorted({again.uid, BASE + 2})
     finally:
         victim.kill()
         victim.wait()

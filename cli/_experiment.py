@@ -15,6 +15,7 @@ from assay.errors import AssayError
 from . import _format as fmt
 from ._client import Client, client
 from ._common import AliasedGroup, echo_json, user_errors
+from ._trial import log_options, print_logs
 from ._watch import Watcher, summarize
 
 if TYPE_CHECKING:
@@ -434,17 +435,11 @@ def list_trials_command(experiment_id: int, as_json: bool) -> None:
 
 @experiment.command("logs")
 @click.argument("experiment_id", metavar="ID", type=int)
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the trial ends.")
-@click.option("--tail", type=click.IntRange(min=1), help="Only the last N lines (then follow).")
-@click.option(
-    "--json", "as_json", is_flag=True, help="One JSON object per line (JSON Lines), as they come."
-)
+@log_options
 @user_errors
 def logs_command(experiment_id: int, follow: bool, tail: int | None, as_json: bool) -> None:
     """Print the logs of the experiment's first trial (as Determined's `det e logs`);
     `assay trial logs ID` prints another's."""
-    from ._trial import print_logs
-
     trials = sorted(client().get_experiment(experiment_id).trials, key=lambda t: t.id)
     if not trials:
         raise click.ClickException(f"experiment {experiment_id} has no trials yet")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -195,13 +196,34 @@ def _lineage(t: dict[str, Any]) -> str | None:
     return f"trial {t['parent_trial_id']} (round {t['search_round']})"
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def log_options(command: F) -> F:
+    """`-f/--follow`, `--tail N` and `--json`, as `trial logs` and `experiment logs` take them."""
+    for option in reversed(
+        [
+            click.option(
+                "-f", "--follow", is_flag=True, help="Keep printing new lines until the trial ends."
+            ),
+            click.option(
+                "--tail", type=click.IntRange(min=1), help="Only the last N lines (then follow)."
+            ),
+            click.option(
+                "--json",
+                "as_json",
+                is_flag=True,
+                help="One JSON object per line (JSON Lines), as they come.",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
 @trial.command("logs")
 @click.argument("trial_id", metavar="ID", type=int)
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the trial ends.")
-@click.option("--tail", type=click.IntRange(min=1), help="Only the last N lines (then follow).")
-@click.option(
-    "--json", "as_json", is_flag=True, help="One JSON object per line (JSON Lines), as they come."
-)
+@log_options
 @user_errors
 def logs_command(trial_id: int, follow: bool, tail: int | None, as_json: bool) -> None:
     """Print a trial's logs, every rank's, as `[rank R] message`."""

@@ -8,8 +8,9 @@ supersedes what the failed run reported past its checkpoint (kept, hidden from c
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Table, and_, case, not_, select, update
@@ -95,22 +96,24 @@ class MetricQueries(StoreBase):
         self, trial_id: int, name: str, *, group: str = "validation", max_points: int = 1000
     ) -> list[tuple[int, float]]:
         """One metric's live curve, downsampled to at most `max_points` (extremes kept)."""
+        with self._trial_read(trial_id, max_points) as s:
+            return read_curve(s, trial_id, group, name, max_points)
+
+    @contextlib.contextmanager
+    def _trial_read(self, trial_id: int, max_points: int) -> Iterator[Session]:
+        """A read of an existing trial's curves of at most `max_points` points each."""
         if not 2 <= max_points <= 100_000:
             raise InvalidArgumentError(f"max_points must be 2-100000, got {max_points}")
         with self.read() as s:
             if s.get(Trial, trial_id) is None:
                 raise NotFoundError(f"trial {trial_id} does not exist")
-            return read_curve(s, trial_id, group, name, max_points)
+            yield s
 
     def trial_curves(
         self, trial_id: int, *, group: str = "validation", max_points: int = 1000
     ) -> dict[str, list[tuple[int, float]]]:
         """Every metric's live curve in `group`, each as `trial_curve` gives it."""
-        if not 2 <= max_points <= 100_000:
-            raise InvalidArgumentError(f"max_points must be 2-100000, got {max_points}")
-        with self.read() as s:
-            if s.get(Trial, trial_id) is None:
-                raise NotFoundError(f"trial {trial_id} does not exist")
+        with self._trial_read(trial_id, max_points) as s:
             return read_curves(s, trial_id, group, max_points)
 
     def experiment_curves(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -286,7 +287,9 @@ def test_an_agent_back_without_the_trial_gets_it_requeued(
     again.close()
 
 
-def test_a_silent_agent_is_given_up_after_the_window(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _short_silence(tmp_path: Path) -> Iterator[tuple[MasterServer, api_pb2_grpc.ApiStub]]:
+    """A master that gives up on an agent silent for 0.6 s (3 heartbeats of 0.2 s)."""
     config = master_config(
         state_dir=tmp_path,
         heartbeat_interval_s=0.2,
@@ -296,47 +299,38 @@ def test_a_silent_agent_is_given_up_after_the_window(tmp_path: Path) -> None:
     server.start()
     try:
         with authed_channel(f"127.0.0.1:{server.port}") as channel:
-            api = api_pb2_grpc.ApiStub(channel)
-            mute = ScriptedAgent(server.port, "mute", slots=1)
-            mute.closed.set()  # stops its heartbeats, keeps its stream open
-            eid = _create(api)
-            mute.next("start")
-            eventually(
-                lambda: _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_QUEUED
-            )
-            assert api.GetMasterInfo(api_pb2.GetMasterInfoRequest()).agents == 0
-            mute.close()
+            yield server, api_pb2_grpc.ApiStub(channel)
     finally:
         server.stop(grace=0)
+
+
+def test_a_silent_agent_is_given_up_after_the_window(tmp_path: Path) -> None:
+    with _short_silence(tmp_path) as (server, api):
+        mute = ScriptedAgent(server.port, "mute", slots=1)
+        mute.closed.set()  # stops its heartbeats, keeps its stream open
+        eid = _create(api)
+        mute.next("start")
+        eventually(lambda: _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_QUEUED)
+        assert api.GetMasterInfo(api_pb2.GetMasterInfoRequest()).agents == 0
+        mute.close()
 
 
 def test_an_agent_whose_heartbeats_wait_behind_its_logs_is_not_lost(tmp_path: Path) -> None:
     """A trial printing a flood of lines keeps the master storing log batches while the
     agent's heartbeats queue behind them: each batch shows the agent alive."""
-    config = master_config(
-        state_dir=tmp_path,
-        heartbeat_interval_s=0.2,
-        agent_reconnect_wait_s=0.5,
-    )
-    server = MasterServer(config)
-    server.start()
-    try:
-        with authed_channel(f"127.0.0.1:{server.port}") as channel:
-            api = api_pb2_grpc.ApiStub(channel)
-            busy = ScriptedAgent(server.port, "busy", slots=1)
-            busy.closed.set()  # no heartbeats: only its log batches arrive
-            eid = _create(api)
-            start = busy.next("start").start
-            line = common_pb2.LogLine(stream="stdout", message="x" * 200)
-            for _ in range(15):  # 3 s: six times the silence window
-                batch = agent_pb2.LogBatch(allocation_id=start.allocation_id, lines=[line] * 50)
-                busy.send(agent_pb2.AgentMessage(logs=batch))
-                busy.nothing(0.2)
-            assert api.GetMasterInfo(api_pb2.GetMasterInfoRequest()).agents == 1
-            assert _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_RUNNING
-            busy.close()
-    finally:
-        server.stop(grace=0)
+    with _short_silence(tmp_path) as (server, api):
+        busy = ScriptedAgent(server.port, "busy", slots=1)
+        busy.closed.set()  # no heartbeats: only its log batches arrive
+        eid = _create(api)
+        start = busy.next("start").start
+        line = common_pb2.LogLine(stream="stdout", message="x" * 200)
+        for _ in range(15):  # 3 s: five times the silence window
+            batch = agent_pb2.LogBatch(allocation_id=start.allocation_id, lines=[line] * 50)
+            busy.send(agent_pb2.AgentMessage(logs=batch))
+            busy.nothing(0.2)
+        assert api.GetMasterInfo(api_pb2.GetMasterInfoRequest()).agents == 1
+        assert _experiment(api, eid).trials[0].state == common_pb2.TRIAL_STATE_RUNNING
+        busy.close()
 
 
 # --- found in review: races around stops, gangs and restarts --------------------------------

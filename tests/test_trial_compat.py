@@ -393,7 +393,6 @@ def test_context_details(tmp_path: Path) -> None:
             self.seen = context.wrap_reducer(lambda values: float(sum(values)), name="seen")
             self.mean = context.wrap_reducer(_Mean(), name="val_mean")  # a class, fed in eval
 
-
         def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
             context = self.context
 

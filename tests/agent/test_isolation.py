@@ -397,7 +397,7 @@ def test_an_isolating_agent_whose_python_no_trial_can_run_refuses_to_start(
     private = base / "root-only"
     private.mkdir(mode=0o700)
     python = private / "python"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
     settings = AgentSettings(
         master="127.0.0.1:1",

@@ -32,7 +32,7 @@ import assay
 from assay.agent._allocation import (
     Allocation,
     AllocationError,
-    is_agent_secret,
+    shareable_environment,
     state_change,
     validate,
 )
@@ -138,11 +138,10 @@ class Agent:
         probe = [command[0], "-c", "import assay._cluster"]
         identity = self.isolation.lend("startup-check", 0)
         try:
-            env = {k: v for k, v in os.environ.items() if not is_agent_secret(k)}
             done = subprocess.run(
                 wrap_command(probe, os.getpid(), identity),
                 cwd="/",
-                env=self.isolation.environment_for(env, Path("/nonexistent")),
+                env=self.isolation.environment_for(shareable_environment(), Path("/nonexistent")),
                 capture_output=True,
                 text=True,
                 timeout=120,

@@ -36,6 +36,7 @@ from assay.errors import (
     AssayError,
     InvalidConfigError,
     collective_mismatch_hint,
+    early_exit_hint,
 )
 from assay.proto import agent_pb2
 
@@ -59,6 +60,11 @@ def is_agent_secret(name: str) -> bool:
     if name in AGENT_SECRETS:
         return True
     return name.startswith("ASSAY_") and any(word in name for word in _SECRET_WORDS)
+
+
+def shareable_environment() -> dict[str, str]:
+    """The agent's environment without its secrets: what a trial's starts from."""
+    return {k: v for k, v in os.environ.items() if not is_agent_secret(k)}
 
 
 log = logging.getLogger("assay.agent")
@@ -287,9 +293,7 @@ class Allocation:
         local_world = len(start.slots)
         # The agent's own secrets stay with the agent: trials run the users' code.
         # Isolated, only what finds Python and its libraries is kept (see _isolation).
-        env = self.isolation.environment_for(
-            {k: v for k, v in os.environ.items() if not is_agent_secret(k)}, self.dir
-        )
+        env = self.isolation.environment_for(shareable_environment(), self.dir)
         # The config's environment_variables; those set below win (the config may not name
         # them, and this order keeps it so).
         env.update(_config_environment(start.config_json, self.slot_kind))
@@ -350,12 +354,7 @@ class Allocation:
         last = self.processes.last_line(report.failed)
         if last:
             message += f"{collective_mismatch_hint(last)}; its last output: {last}"
-        if report.early:
-            left = ", ".join(str(ranks[i]) for i in report.early)
-            message += (
-                f"; rank {left} had already exited 0 while it trained on: every rank must "
-                "run the same loop to the end, or the others wait for it in a collective"
-            )
+        message += early_exit_hint([ranks[i] for i in report.early])
         if any(c < 0 for i, c in enumerate(report.codes) if i != report.failed):
             message += "; the other ranks were stopped"
         return message

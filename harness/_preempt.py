@@ -33,7 +33,7 @@ class PreemptWatcher:
     ) -> None:
         """`quiet`: log nothing (the Core API says so itself, where the script asks)."""
         self._quiet = quiet
-        self.reason: str | None = None  # "SIGTERM" or "the master", once requested
+        self.reason: str | None = None  # who asked ("a SIGTERM", "the master ..."), once asked
         self._flag = threading.Event()
         self._stop = threading.Event()
         self._previous: Any = None

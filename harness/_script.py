@@ -35,6 +35,7 @@ from assay.errors import (
     InvalidConfigError,
     TrainingError,
     collective_mismatch_hint,
+    early_exit_hint,
 )
 
 LAUNCHER = "assay.launch.torch_distributed"
@@ -286,7 +287,7 @@ def spawn_ranks(
         pump.start()
         pumps.append(pump)
     try:
-        failed = _wait_all(procs, early if early is not None else [])
+        failed = _wait_all(procs, early)
     finally:
         _stop(procs)
     for pump in pumps:
@@ -360,13 +361,7 @@ def run_script_local(
         records = read_local_records(metrics_path)
     if code not in (0, PREEMPTED_EXIT_CODE):
         last = "\n".join(f"  {line}" for line in tails[rank][-15:]) or "  (none)"
-        hint = collective_mismatch_hint(last)
-        if early:
-            left = ", ".join(str(r) for r in early)
-            hint += (
-                f" (rank {left} had already exited 0 while it trained on: every rank must "
-                "run the same loop to the end, or the others wait for it in a collective)"
-            )
+        hint = collective_mismatch_hint(last) + early_exit_hint(early)
         raise TrainingError(
             f"the entrypoint {config.entrypoint!r} (rank {rank}) exited with code {code}"
             f"{hint}; its last output:\n{last}"

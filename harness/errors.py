@@ -90,6 +90,18 @@ class SearcherMetricError(TrainingError, PermanentError):
 _COLLECTIVE_MISMATCH = ("collective mismatch", "op.preamble.length <= op.nbytes")
 
 
+def early_exit_hint(ranks: Sequence[int]) -> str:
+    """A hint to add to a failed rank's message when other ranks had already exited 0
+    while it trained on; "" when none had."""
+    if not ranks:
+        return ""
+    left = ", ".join(str(r) for r in ranks)
+    return (
+        f"; rank {left} had already exited 0 while it trained on: every rank must run the "
+        "same loop to the end, or the others wait for it in a collective"
+    )
+
+
 def collective_mismatch_hint(output: str) -> str:
     """A hint to add to a failed rank's message when its output shows that the ranks made
     different collective calls; "" otherwise."""

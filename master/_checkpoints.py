@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2
 from assay.common.storage import StorageError, checkpoint_location, checkpoint_uuid
 from assay.config import CheckpointStorageConfig, ExperimentConfig, parse_config
 from assay.errors import InvalidConfigError
-from assay.master._gc import DELETED, GCResult, StorageCache, delete_records
+from assay.master._gc import GCResult, StorageCache, delete_records
 from assay.master._storage_policy import StoragePolicy
 from assay.master.errors import (
     CheckpointInUseError,
@@ -37,6 +37,7 @@ from assay.master.errors import (
 )
 from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, ExperimentRecord, Store
+from assay.master.store._checkpoints import DELETED
 from assay.master.store._experiments import ENDED_EXPERIMENT, pinned_message
 from assay.proto import api_pb2, common_pb2
 

@@ -46,11 +46,11 @@ from assay.config import CheckpointStorageConfig, ExperimentConfig
 from assay.master._storage_policy import StoragePolicy
 from assay.master.lifecycle import TERMINAL_TRIAL
 from assay.master.store import CheckpointRecord, Store
+from assay.master.store._checkpoints import DELETED
 
 log = logging.getLogger("assay.master")
 
 COMPLETED = "COMPLETED"
-DELETED = "DELETED"
 # The trial states in which a trial will never run again (as in assay.master._state).
 
 

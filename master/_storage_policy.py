@@ -39,10 +39,10 @@ class StoragePolicy:
     endpoints: frozenset[str] = frozenset()
     master_credential_buckets: frozenset[str] = frozenset()
     # Where shared_fs storage may be (with what is under them), and the master's own
-    # checkpoint root (itself only: below it are its experiments' directories); both
-    # empty: anywhere (a policy built without the master's settings).
+    # checkpoint root (itself only: below it are its experiments' directories); neither:
+    # anywhere (a policy built without the master's settings).
     host_paths: frozenset[str] = frozenset()
-    own_roots: frozenset[str] = frozenset()
+    own_root: str | None = None
 
     @classmethod
     def of(
@@ -55,9 +55,9 @@ class StoragePolicy:
         """From the comma-separated settings `s3_endpoints`, `s3_master_credential_buckets`
         and `shared_fs_host_paths`, and the master's own `checkpoint_root` (always
         allowed)."""
-        roots = {posixpath.normpath(p) for p in _items(host_paths) if p.startswith("/")}
-        own = () if checkpoint_root is None else (posixpath.normpath(checkpoint_root),)
-        return cls(_items(endpoints), _items(buckets), frozenset(roots), frozenset(own))
+        roots = frozenset(posixpath.normpath(p) for p in _items(host_paths) if p.startswith("/"))
+        own = None if checkpoint_root is None else posixpath.normpath(checkpoint_root)
+        return cls(_items(endpoints), _items(buckets), roots, own)
 
     def submission_problem(self, storage: CheckpointStorageConfig) -> str | None:
         """Why a config's storage is refused at submission, or None."""
@@ -75,12 +75,12 @@ class StoragePolicy:
         )
 
     def _host_path_problem(self, storage: CheckpointStorageConfig) -> str | None:
-        if storage.host_path is None or not (self.host_paths or self.own_roots):
+        if storage.host_path is None or not (self.host_paths or self.own_root):
             return None
         place = posixpath.normpath(posixpath.join(storage.host_path, storage.storage_path or ""))
-        if place in self.own_roots or place in self.host_paths:
-            return None
-        if any(place.startswith(root.rstrip("/") + "/") for root in self.host_paths):
+        if place == self.own_root or any(
+            place == root or place.startswith(root.rstrip("/") + "/") for root in self.host_paths
+        ):
             return None
         allowed = ", ".join(sorted(self.host_paths)) or "none"
         return (

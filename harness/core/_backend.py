@@ -238,7 +238,7 @@ class LocalBackend:
         recent = self._reported.setdefault(group, {})
         at = recent.setdefault(steps, {})
         if len(recent) > _RECENT_STEPS:  # a long run: keep the latest steps' values only
-            del recent[min(recent)]
+            del recent[next(iter(recent))]  # the step reported first
         for name, value in metrics.items():
             stored = at.setdefault(name, value)
             if stored != value and not (math.isnan(stored) and math.isnan(value)):

@@ -130,15 +130,15 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             async for message in messages:
                 kind = message.WhichOneof("message")
                 try:
+                    if kind != "heartbeat":
+                        # Alive, whatever waits behind a flood of logs (its heartbeats).
+                        self.master.heard_from(agent_id)
                     if kind == "heartbeat":
                         self.master.heartbeat(agent_id, wire.load(message.heartbeat))
                         self.master.rank_usage.heard(agent_id, message.heartbeat.ranks)
                     elif kind == "allocation_state":
-                        self.master.heard_from(agent_id)
                         self._allocation_state(agent_id, message.allocation_state)
                     elif kind == "logs":
-                        # Alive, whatever waits behind a flood of logs (its heartbeats).
-                        self.master.heard_from(agent_id)
                         # In order: the next message waits for this batch to be stored.
                         allocation_id, lines = (
                             message.logs.allocation_id,

@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from assay._spawn import dying_with
 from assay.agent._isolation import Identity
 from assay.errors import PREEMPTED_EXIT_CODE
 
@@ -34,44 +34,15 @@ PUMP_JOIN_TIMEOUT = 2.0
 LineSink = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)
 
 
-# Run in place of the command: becomes the allocation's own user when it has one (its
-# uid, its experiment's gid as the only group, files shared with that group), asks
-# Linux to SIGTERM it when the agent's launching thread dies (after the switch, which
-# would clear it), checks the agent did not die first, then execs the command
-# (PDEATHSIG survives exec). A `preexec_fn` or Popen's `user=` would do the same without
-# the extra exec, but they force a real fork() of a process full of gRPC threads, whose
-# fork handlers now and then abort the child; without them, subprocess uses vfork and
-# runs no fork handlers.
-_EXEC_WITH_PDEATHSIG = """
-import ctypes, os, signal, sys
-agent, uid, gid = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-if uid != "-":
-    os.setgroups([int(gid)])
-    os.setgid(int(gid))
-    os.setuid(int(uid))
-    os.umask(0o007)
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-if os.getppid() != agent:
-    os._exit(1)
-try:
-    os.execvp(sys.argv[4], sys.argv[4:])
-except OSError as e:
-    print(f"cannot run {sys.argv[4]}: {e.strerror}", file=sys.stderr)
-    os._exit(127)
-"""
-
-
 def wrap_command(
     command: Sequence[str], agent_pid: int, identity: Identity | None = None
 ) -> list[str]:
     """`command`, made to die with the agent on Linux (PR_SET_PDEATHSIG), and to run as
-    `identity` when given."""
-    if not sys.platform.startswith("linux"):
-        if identity is not None:
-            raise OSError("isolating allocations needs Linux")
-        return list(command)
-    uid, gid = (str(identity.uid), str(identity.gid)) if identity else ("-", "-")
-    return [sys.executable, "-S", "-c", _EXEC_WITH_PDEATHSIG, str(agent_pid), uid, gid, *command]
+    `identity` when given (see `assay._spawn`)."""
+    try:
+        return dying_with(command, agent_pid, (identity.uid, identity.gid) if identity else None)
+    except OSError:
+        raise OSError("isolating allocations needs Linux") from None
 
 
 def describe_exit(code: int) -> str:

@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from assay._banner import banner
 from assay._checkpoint import check_writable
+from assay._spawn import dying_with
 from assay._spec import LocalResult, WorkerSpec
 from assay.common.archive import make_local_output_dir
 from assay.config import ExperimentConfig, environment_of, load_config, parse_config
@@ -216,11 +217,10 @@ def _launch(spec: WorkerSpec, slots: int) -> LocalResult:
             )
             env.setdefault("OMP_NUM_THREADS", str(threads_per_slot))
             proc = subprocess.Popen(
-                [sys.executable, "-m", "assay._worker", str(spec_path)],
+                dying_with([sys.executable, "-m", "assay._worker", str(spec_path)], os.getpid()),
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
             )
             procs.append(proc)
         # Readers start once every child exists: no thread runs while a child forks.
@@ -268,17 +268,6 @@ def _environment(variables: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def _die_with_parent() -> None:
-    """In the child: ask Linux to SIGTERM it if the launcher dies (best effort)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        pr_set_pdeathsig = 1
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _wait_all(

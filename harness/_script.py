@@ -20,6 +20,7 @@ import ast
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,20 @@ def resolve_command(argv: Sequence[str], python: str | None = None) -> list[str]
             )
         out[i] = _LAUNCHER_ALIASES.get(module, module)
     return out
+
+
+def _check_runnable(program: str, env: Mapping[str, str], cwd: str | Path | None) -> None:
+    """Refuse a program the ranks could not exec, before any starts (they are started
+    through a wrapper, so Popen itself no longer fails for them)."""
+    if os.sep in program:
+        path = Path(cwd or ".") / program
+        found = path.is_file() and os.access(path, os.X_OK)
+        why = "not an executable file" if path.exists() else "no such file"
+    else:
+        found = shutil.which(program, path=env.get("PATH", os.defpath)) is not None
+        why = "not found on the PATH"
+    if not found:
+        raise AssayError(f"cannot run the entrypoint {program!r}: {why}")
 
 
 def script_file(argv: Sequence[str]) -> str | None:
@@ -238,10 +253,12 @@ def spawn_ranks(
     Output is passed through, prefixed `[rank N]` when there are several processes.
     `early` gets the ranks that had exited 0 when the first failure came.
     """
-    from assay._local import _die_with_parent, _pump, _stop, _wait_all, free_port
+    from assay._local import _pump, _stop, _wait_all, free_port
+    from assay._spawn import dying_with
     from assay.core._distributed import torchrun_env
 
     command = resolve_command(argv)
+    _check_runnable(command[0], env, cwd)
     port = free_port()
     threads = max(1, (os.cpu_count() or 1) // slots)
     procs: list[subprocess.Popen[bytes]] = []
@@ -264,12 +281,11 @@ def spawn_ranks(
             rank_env.setdefault("OMP_NUM_THREADS", str(threads))
             procs.append(
                 subprocess.Popen(
-                    command,
+                    dying_with(command, os.getpid()),
                     cwd=cwd,
                     env=rank_env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent,
                 )
             )
     except OSError as e:

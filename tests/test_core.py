@@ -640,9 +640,15 @@ def test_launcher_trial_form() -> None:
 def test_launcher_by_hand_starts_processes_and_passes_the_exit_code(tmp_path: Path) -> None:
     script = tmp_path / "s.py"
     script.write_text(
-        "import os, sys\n"
+        "import os, pathlib, sys, time\n"
         "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
-        "sys.exit(3 if os.environ['RANK'] == '1' else 0)\n"
+        f"said = pathlib.Path({str(tmp_path / 'said')!r})\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    said.touch()\n"
+        "    sys.exit(0)\n"
+        "while not said.exists():\n"
+        "    time.sleep(0.01)\n"
+        "sys.exit(3)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     launcher = [sys.executable, "-m", "assay.launch.torch_distributed", "--nproc_per_node", "2"]

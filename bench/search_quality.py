@@ -89,7 +89,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,7 +118,6 @@ BOHB_TRIALS = 256
 P_TARGET = 0.05
 CONCURRENT = 4
 PEER_BUDGET = 8_000  # (e): batches per method and seed, all trials together
-OPTUNA_PEERS = ("sha", "hyperband_tpe")
 # Seeds per row, 0 to n - 1 (--seeds N: N for every row). --quick keeps each row's
 # statistic with fewer seeds: a tpe proposal refits on the whole history (about 6 s of CPU
 # per seed for (c)); (d) keeps 8 seeds, so that its Wilcoxon test can pass with a seed lost.
@@ -700,10 +699,12 @@ def run_ray(
     return Run(best, trained, trace, truths)
 
 
-def ray_peers(problem: Problem, seeds: list[int], budget: int) -> dict[str, list[Run]] | str:
-    """Ray Tune's ASHA and BOHB on `problem`, seed by seed, each `Run.capped` at `budget`
-    batches; a line saying why not when Ray Tune (or, for BOHB, HpBandSter and
-    ConfigSpace) is missing."""
+def ray_peers(
+    problem: Problem, seeds: list[int], budget: int, which: Collection[str] = ("asha", "bohb")
+) -> dict[str, list[Run]] | str:
+    """Ray Tune's ASHA and BOHB (those of them in `which`) on `problem`, seed by seed, each
+    `Run.capped` at `budget` batches; a line saying why not when Ray Tune (or, for BOHB,
+    HpBandSter and ConfigSpace) is missing."""
     import logging
     import warnings
 
@@ -721,25 +722,29 @@ def ray_peers(problem: Problem, seeds: list[int], budget: int) -> dict[str, list
     plan = ray_plan()
     searched, constants = ray_space(problem.space)
     domains = {name: getattr(tune, kind)(*args) for name, (kind, *args) in searched.items()}
-    runs: dict[str, list[Run]] = {"ray_asha": [], "ray_bohb": []}
+    runs: dict[str, list[Run]] = {f"ray_{kind}": [] for kind in which}
     for seed in seeds:
-        np.random.seed(seed)  # ASHA draws its bracket from numpy's global stream
-        asha = ASHAScheduler(time_attr=plan["time_attr"], metric="loss", mode="min", **plan["asha"])
-        run = run_ray(asha, _RaySearcher(domains, seed), problem, seed, budget, constants)
-        runs["ray_asha"].append(run.capped(budget))
-        hb = HyperBandForBOHB(
-            time_attr=plan["time_attr"], metric="loss", mode="min", **plan["hyperband"]
-        )
-        bohb = TuneBOHB(
-            space=TuneBOHB.convert_search_space(domains),
-            metric="loss",
-            mode="min",
-            seed=seed,
-            max_concurrent=CONCURRENT,
-        )
-        np.random.seed(seed)  # HpBandSter's kernel densities sample from numpy's global stream
-        run = run_ray(hb, bohb, problem, seed, budget, constants)
-        runs["ray_bohb"].append(run.capped(budget))
+        if "asha" in which:
+            np.random.seed(seed)  # ASHA draws its bracket from numpy's global stream
+            asha = ASHAScheduler(
+                time_attr=plan["time_attr"], metric="loss", mode="min", **plan["asha"]
+            )
+            run = run_ray(asha, _RaySearcher(domains, seed), problem, seed, budget, constants)
+            runs["ray_asha"].append(run.capped(budget))
+        if "bohb" in which:
+            hb = HyperBandForBOHB(
+                time_attr=plan["time_attr"], metric="loss", mode="min", **plan["hyperband"]
+            )
+            bohb = TuneBOHB(
+                space=TuneBOHB.convert_search_space(domains),
+                metric="loss",
+                mode="min",
+                seed=seed,
+                max_concurrent=CONCURRENT,
+            )
+            np.random.seed(seed)  # HpBandSter's kernel densities draw from numpy's global stream
+            run = run_ray(hb, bohb, problem, seed, budget, constants)
+            runs["ray_bohb"].append(run.capped(budget))
     return runs
 
 
@@ -761,25 +766,28 @@ def budget_used(runs: list[Run]) -> dict[str, float]:
 
 
 def equal_budget(
-    problem: Problem, seeds: list[int], budget: int, optuna_kinds: tuple[str, ...]
+    problem: Problem, seeds: list[int], budget: int, peers: Collection[str] = tuple(PEERS)
 ) -> tuple[dict[str, Any], str | None]:
-    """(e) on `problem`: every method at most `budget` batches (all trials together) per
-    seed, on the same seeds; per method its median best final loss and the budget it used,
-    and per peer, paired by seed, peer's best - ours against each of ours (> 0: ours won).
-    Also the line saying why the Ray peers were skipped, or None."""
+    """(e) on `problem`: our two and the `peers` (names of PEERS), every method at most
+    `budget` batches (all trials together) per seed, on the same seeds; per method its
+    median best final loss and the budget it used, and per peer, paired by seed, peer's
+    best - ours against each of ours (> 0: ours won). Also the line saying why the Ray
+    peers were skipped, or None."""
     runs: dict[str, list[Run]] = {
         "asha": [run_ours_capped("random", problem, s, budget) for s in seeds],
         "asha_bohb": [run_ours_capped("bohb", problem, s, budget) for s in seeds],
     }
+    optuna_kinds = [p.removeprefix("optuna_") for p in peers if p.startswith("optuna_")]
     try:
         import optuna  # noqa: F401
     except ImportError:
-        optuna_kinds = ()
+        optuna_kinds = []
     for kind in optuna_kinds:
         runs[f"optuna_{kind}"] = [
             run_optuna(s, budget, problem, kind, CONCURRENT).capped(budget) for s in seeds
         ]
-    ray = ray_peers(problem, seeds, budget)
+    ray_kinds = [p.removeprefix("ray_") for p in peers if p.startswith("ray_")]
+    ray = ray_peers(problem, seeds, budget, ray_kinds) if ray_kinds else {}
     if not isinstance(ray, str):
         runs.update(ray)
     row: dict[str, Any] = {"seeds": len(seeds), "budget": budget}
@@ -829,13 +837,14 @@ def _paired_line(stats: Mapping[str, Any], who: str) -> str:
     )
 
 
-def peer_rows(seeds: list[int]) -> dict[str, Any]:
-    """(e) on both problems for `seeds`, printed as it goes; its part of the JSON."""
+def peer_rows(seeds: list[int], which: Collection[str] = tuple(PEERS)) -> dict[str, Any]:
+    """(e) on both problems for `seeds`, against the peers named in `which`, printed as it
+    goes; its part of the JSON."""
     t_peers = time.perf_counter()
-    peers: dict[str, Any] = {"budget": PEER_BUDGET}
+    peers: dict[str, Any] = {"budget": PEER_BUDGET, "peers": sorted(which)}
     ray_skipped: str | None = None
     for problem in PROBLEMS:
-        row, ray_skipped = equal_budget(problem, seeds, PEER_BUDGET, OPTUNA_PEERS)
+        row, ray_skipped = equal_budget(problem, seeds, PEER_BUDGET, which)
         peers[problem.name] = row
         print(
             f"(e) {problem.name}, seeds {seeds[0]} to {seeds[-1]}, at most "
@@ -893,13 +902,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only-e", action="store_true", help="row (e) alone: equal budget, with the peers"
     )
+    parser.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help=f"(e)'s peers, comma-separated (default all: {','.join(PEERS)}); Ray's BOHB "
+        "takes about 20 s a seed and problem, the others about 1 s",
+    )
     args = parser.parse_args(argv)
+    which = [p for p in args.peers.split(",") if p]
+    if unknown := sorted(set(which) - PEERS.keys()):
+        parser.error(f"no peer {', '.join(unknown)}; the peers are {', '.join(PEERS)}")
     counts = QUICK_SEEDS if args.quick else FULL_SEEDS
     first = args.first_seed
     seeds = {row: list(range(first, first + (args.seeds or n))) for row, n in counts.items()}
     t0 = time.perf_counter()
     if args.only_e:
-        only_e = peer_rows(seeds["e"])
+        only_e = peer_rows(seeds["e"], which)
         elapsed = time.perf_counter() - t0
         print(f"passed={only_e['passed']} in {elapsed:.1f} s")
         only = {"benchmark": "search_quality", "only": "e", "peers": only_e}
@@ -958,7 +976,7 @@ def main(argv: list[str] | None = None) -> int:
         peers = {"skipped": "(e) equal budget and peers are left out of --quick"}
         print(peers["skipped"])
     else:
-        peers = peer_rows(seeds["e"])
+        peers = peer_rows(seeds["e"], which)
         peers_passed = peers["passed"]
 
     tpes, smalls = tpe_row.result()

@@ -86,7 +86,7 @@ def run_worker(
         resume_from=spec.resume_from,
         resume_sha256=spec.resume_sha256,
         preempt=preempt,
-        max_length=config.searcher.max_length if local is not None else None,
+        max_length=config.searcher.trial_length if local is not None else None,
         storage=storage,
     )
     if session is None:

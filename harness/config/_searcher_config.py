@@ -8,7 +8,7 @@ from it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from assay.config._length import Length
@@ -101,6 +101,15 @@ class SearcherConfig:
     # A multi-objective search's metrics (`searcher.metrics`); `metric` and
     # `smaller_is_better` are then the first one's. Empty for one metric.
     objectives: tuple[Objective, ...] = ()
+
+    @property
+    def trial_length(self) -> Length:
+        """The most one trial trains: `max_length`, except in pbt, where `max_length` is
+        one round's length and a trial that survives every round trains all of them."""
+        if self.name == "pbt" and self.max_length.bounded:
+            rounds = int(self.options.get("num_rounds", 1))
+            return replace(self.max_length, value=self.max_length.value * rounds)
+        return self.max_length
 
 
 def is_int(value: Any) -> bool:

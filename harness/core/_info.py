@@ -64,8 +64,9 @@ class ClusterInfo:
 
 
 def _max_length(config: dict[str, Any]) -> int:
-    """The searcher's length as the master counts it: batches (epochs converted with
-    `records_per_epoch`), or the config's own number when it cannot be converted."""
+    """The most the trial trains (`SearcherConfig.trial_length`) as the master counts it:
+    batches (epochs converted with `records_per_epoch`), or the config's own number when
+    it cannot be converted."""
     from assay.config import parse_config, searcher_in_batches
     from assay.errors import InvalidConfigError
 
@@ -73,9 +74,9 @@ def _max_length(config: dict[str, Any]) -> int:
     if not parsed.searcher.max_length.bounded:
         return 0  # the config gives none: the script decides
     try:
-        return searcher_in_batches(parsed).max_length.value
+        return searcher_in_batches(parsed).trial_length.value
     except InvalidConfigError:
-        return parsed.searcher.max_length.value
+        return parsed.searcher.trial_length.value
 
 
 def info_from_spec(spec: ClusterSpec | LocalSpec) -> ClusterInfo:

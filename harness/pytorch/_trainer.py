@@ -273,7 +273,7 @@ class Trainer:
         context._config = config
         if origin.cluster is not None:
             unbounded = max_length is not None and not origin.config_length
-            cap = config.searcher.max_length if unbounded else None
+            cap = config.searcher.trial_length if unbounded else None
             return self._fit_on_cluster(origin.cluster, latest_checkpoint, cap)
         if max_length is None and origin.local is None and not origin.config_length:
             raise AssayError(
@@ -299,7 +299,7 @@ class Trainer:
             session,
             checkpoints,
             resume_from=resume,
-            max_length=config.searcher.max_length,
+            max_length=config.searcher.trial_length,
             metric_required=origin.metric_required,
         )
         return None if session is None else local_result(result, session, origin.hparams)
@@ -396,7 +396,7 @@ def _ignored_length(origin: _Origin, config: ExperimentConfig, max_length: Train
             f"fit(max_length={max_length!r}) is ignored on a cluster: the searcher "
             "decides how long this trial trains"
         )
-    length = config.searcher.max_length
+    length = config.searcher.trial_length
     unit = length.unit.value.removesuffix("s") if length.value == 1 else length.unit.value
     return (
         f"fit(max_length={max_length!r}) is ignored: run-local trains as a cluster "

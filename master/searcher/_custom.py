@@ -157,6 +157,10 @@ class CustomSearcher(Searcher):
         self._check(triggered_by, ops, method_state, progress)
         out: list[Operation] = []
         for op in ops:
+            if not isinstance(op, (Create, Shutdown)) and _dropped(
+                op, self.trials[op.request_id]["state"]
+            ):
+                continue
             if isinstance(op, Create):
                 seed = op.seed
                 if seed < 0:
@@ -242,6 +246,8 @@ class CustomSearcher(Searcher):
                 continue
             if rid not in state:
                 raise OperationsError(f"{where}: unknown trial {rid!r}")
+            if _dropped(op, state[rid]):
+                continue
             if state[rid] != "open":
                 raise OperationsError(f"{where}: trial {rid!r} is {state[rid]}")
             if isinstance(op, ValidateAfter):
@@ -387,3 +393,11 @@ def _given_paths(value: Mapping[str, Any], prefix: tuple[str, ...]) -> list[tupl
 
 
 _MISSING = object()
+
+
+def _dropped(op: Operation, state: str) -> bool:
+    """An operation with nothing left to do, taken without a word: a Close of a trial
+    already closed or exited, or any operation for an exited trial. A trial may exit
+    (crash, or finish its script) after the events the runner answers: the runner cannot
+    know yet, and refusing its batch would refuse the same batch after every restart."""
+    return state == "exited" or (state == "closed" and isinstance(op, Close))

@@ -27,7 +27,7 @@ import yaml
 from assay.cli._client import Client, MasterError
 from assay.proto import common_pb2
 from tests.conftest import REGRESSION_DIR, regression_config
-from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
+from tests.e2e.conftest import SCRIPTS, Cluster, loop_config, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -135,6 +135,40 @@ def test_pbt_copies_the_best_checkpoint_and_records_the_lineage(
         assert f"of trial {parent_id} at batch {start}" in logs, logs
     # Survivors and copies all reached the last round's length.
     assert sum(t["total_batches"] == 3 * ROUND for t in trials.values()) == 4
+
+
+@pytest.mark.timeout(WAIT_S + 120)
+def test_a_core_api_script_that_trains_to_max_length_lives_through_every_round(
+    pbt_cluster: Cluster, api: Client, tmp_path: Path
+) -> None:
+    """A script trains to `info.trial.max_length`, checkpointing and checking
+    should_preempt() every 4 batches: that length is the rounds together (12), not one
+    round (4), so the survivors go on from their checkpoints each round (before, each
+    exited at 4, before its next target, and the search ended after round 0)."""
+    config = loop_config(every=ROUND, unused=0.5)
+    config["hyperparameters"]["unused"] = {"type": "double", "minval": 0.1, "maxval": 0.9}
+    config["searcher"] = {**_pbt_config()["searcher"], "metric": "value"}
+    config["max_restarts"] = 0
+    path = tmp_path / "pbt.yaml"
+    path.write_text(yaml.safe_dump(config))
+    created = pbt_cluster.json("experiment", "create", str(path), str(SCRIPTS))
+    experiment_id = str(created["id"])
+    waited = pbt_cluster.cli(
+        "experiment", "wait", experiment_id, "--timeout", str(WAIT_S), timeout=WAIT_S + 60
+    )
+    assert waited.returncode == 0, f"{waited.stdout}\n{waited.stderr}\n{pbt_cluster.dump_logs()}"
+    described: dict[str, Any] = pbt_cluster.json("experiment", "describe", experiment_id)
+    assert described["state"] == "COMPLETED", pbt_cluster.dump_logs()
+    trials = {int(t["id"]): t for t in described["trials"]}
+    assert len(trials) == 6, trials
+    assert sum(t["total_batches"] == 3 * ROUND for t in trials.values()) == 4, trials
+    for trial_id, trial in trials.items():
+        if trial["parent_trial_id"] is None:
+            continue
+        start = trial["search_round"] * ROUND
+        logs = pbt_cluster.cli("trial", "logs", str(trial_id)).stdout
+        assert f"resumed at step {start}" in logs, logs
+        assert min(_validations(api, trial_id)) == start + ROUND
 
 
 @pytest.fixture

@@ -106,6 +106,21 @@ def test_a_missing_seed_is_derived_from_the_experiment_seed() -> None:
     assert other.seed == create.seed >= 0
 
 
+def test_operations_for_a_trial_that_exited_meanwhile_are_dropped_not_refused() -> None:
+    """The runner answers t0's validation; t0 crashes before that batch arrives. Its Close
+    and a ValidateAfter are dropped, the batch is taken, and a Close of a trial already
+    closed is taken again without a word."""
+    s = started()
+    s.on_validation_completed("t0", 0.5, 4)
+    validated = s.next_event - 1
+    s.on_trial_exited_early("t0", "errored")
+    exited = s.next_event - 1
+    assert s.apply(validated, [Close("t0"), ValidateAfter("t1", 8)]) == [ValidateAfter("t1", 8)]
+    assert s.apply(exited, [ValidateAfter("t0", 8), Close("t1")]) == [Close("t1")]
+    s.on_trial_closed("t1")
+    assert s.apply(s.next_event - 1, [Close("t1")]) == []
+
+
 def test_shutdown_closes_every_open_trial_first() -> None:
     s = started()
     s.on_trial_exited_early("t1", "invalid_hp")

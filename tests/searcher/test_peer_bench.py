@@ -208,7 +208,7 @@ def test_every_method_records_one_noise_free_loss_per_result(sq: ModuleType) -> 
     )
     runs = [sq.run_ours_capped(sampler, problem, 2, 3_000) for sampler in ("random", "bohb")]
     if importlib.util.find_spec("optuna"):
-        runs += [sq.run_optuna(2, 3_000, problem, kind, 4) for kind in sq.OPTUNA_PEERS]
+        runs += [sq.run_optuna(2, 3_000, problem, kind, 4) for kind in ("sha", "hyperband_tpe")]
     runs.append(sq.run_ray(_Scheduler(), _Searcher(), problem, 7, 3_000, {"c": 1}))
     for run in runs:
         assert len(run.truths) == len(run.trace) > 0
@@ -275,7 +275,7 @@ def test_without_ray_every_other_method_gets_the_same_budget(
     assert "pip install -e '.[bench-peers]'" in line
     pytest.importorskip("optuna")
     budget = 2_500
-    row, skipped = sq.equal_budget(sq.PROBLEMS[1], [0, 1, 2], budget, sq.OPTUNA_PEERS)
+    row, skipped = sq.equal_budget(sq.PROBLEMS[1], [0, 1, 2], budget)
     assert skipped == line
     assert (row["seeds"], row["budget"]) == (3, budget)
     methods = ["asha", "asha_bohb", "optuna_sha", "optuna_hyperband_tpe"]
@@ -355,3 +355,16 @@ def test_the_status_and_decision_strings_are_rays(sq: ModuleType) -> None:
         sq.TERMINATED,
     )
     assert (decision.CONTINUE, decision.PAUSE, decision.STOP) == (sq.CONTINUE, sq.PAUSE, sq.STOP)
+
+
+def test_the_peers_run_can_be_narrowed_and_a_wrong_name_is_refused(
+    sq: ModuleType,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("optuna")
+    row, skipped = sq.equal_budget(sq.PROBLEMS[0], [0, 1], 2_000, ("optuna_sha",))
+    assert skipped is None  # no Ray peer was asked for
+    assert [k for k in row if k not in ("seeds", "budget")] == ["asha", "asha_bohb", "optuna_sha"]
+    with pytest.raises(SystemExit):
+        sq.main(["--only-e", "--peers", "optuna_sha,ray_hyperband"])
+    assert "no peer ray_hyperband; the peers are optuna_sha," in capsys.readouterr().err

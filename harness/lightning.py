@@ -80,6 +80,7 @@ class AssayCallback(Callback):
         self.preempted = False
         self._last_metrics: dict[str, Any] = {}
         self._restored_metrics: dict[str, float] = {}
+        self._held_max_steps: int | None = None
 
     # --- what to pass the Trainer and fit ------------------------------------------------
 
@@ -180,7 +181,21 @@ class AssayCallback(Callback):
         self._last_validated = int(state_dict.get("last_validated", -1))
         self._trained_reported = int(state_dict.get("training_reported", -1))
 
+    def on_load_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Lightning (2.6) resumes a checkpoint taken at an epoch's end one epoch too far
+        # when max_steps is set, as it always is here: its step-based path marks the fit
+        # loop as restarting mid-epoch and skips the epoch count's fix-up, so max_epochs=3
+        # resumed from epoch 1's end trains one batch (a promoted ASHA trial, none). Its
+        # loops restore as without max_steps; on_train_start puts max_steps back.
+        loop = trainer.fit_loop.epoch_loop
+        if self._held_max_steps is None and loop.max_steps != -1:
+            self._held_max_steps, loop.max_steps = loop.max_steps, -1
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._held_max_steps is not None:
+            trainer.fit_loop.epoch_loop.max_steps, self._held_max_steps = self._held_max_steps, None
         if self._restored_metrics:
             import torch
 

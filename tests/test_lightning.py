@@ -104,6 +104,28 @@ def test_run_local_resumes_from_an_epochs_checkpoint_with_early_stopping(
     assert not any(line.startswith("step 20 ") for line in trained), trained
 
 
+def test_a_resume_from_an_epochs_end_keeps_its_epoch_count_under_max_epochs(
+    project: Path,
+) -> None:
+    """Lightning 2.6 resumed a checkpoint taken at an epoch's end one epoch too far when
+    max_steps is set (as the callback has it): with max_epochs=3 and 10 steps an epoch,
+    the resume from step 20 stopped at 21, "`max_epochs=3` reached"."""
+    script = project / "train.py"
+    text = script.read_text()
+    limit = "max_steps=assay_cb.max_steps(default=25),"
+    assert limit in text
+    script.write_text(text.replace(limit, limit + " max_epochs=3,"))
+    cli = ["-m", "assay.cli.main", "trial", "run-local", "single.yaml", ".", "--json"]
+    _run(project, *cli)
+    at_20 = _checkpoints(project)[20]
+
+    resumed = _run(project, *cli, "--resume-from", str(at_20))
+
+    assert json.loads(resumed.stdout.splitlines()[-1])["total_batches"] == 25
+    assert "done at step 25" in resumed.stderr, resumed.stderr
+    assert "`max_epochs=3` reached" not in resumed.stderr
+
+
 def test_two_ddp_slots_report_once_and_resume_together(project: Path) -> None:
     cli = ["-m", "assay.cli.main", "trial", "run-local", "single.yaml", ".", "--json"]
     first = _run(project, *cli, "--slots", "2")

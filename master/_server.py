@@ -27,6 +27,7 @@ from assay.master._http import HttpServer
 from assay.master._servicers import ApiServicer
 from assay.master._servicers._agent import AgentServicer
 from assay.master._servicers._trial import TrialServicer
+from assay.master._store_owner import own_store
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master.store import Store
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
@@ -70,7 +71,12 @@ class MasterServer:
         except OSError as e:
             raise AssayError(f"cannot create the state directory {config.state_dir}: {e}") from None
         self.config = config
-        self.store = _open_store(config.database_url)
+        self.owner = own_store(config.database_url)
+        try:
+            self.store = _open_store(config.database_url)
+        except BaseException:
+            self.owner.release()
+            raise
         # Blocking handlers (API, trial calls, agent registration) run here; threads
         # start on demand. Agents' streams hold none: they live on the event loop.
         self.pool = futures.ThreadPoolExecutor(
@@ -88,6 +94,7 @@ class MasterServer:
         except BaseException:
             self.loop.stop()
             self.store.close()
+            self.owner.release()
             raise
         if generated is not None:
             # Printed once: the store keeps only its hash.
@@ -118,6 +125,7 @@ class MasterServer:
         except BaseException:
             self.loop.stop()
             self.store.close()
+            self.owner.release()
             raise
         if self.port == 0:
             self.loop.stop()
@@ -170,6 +178,7 @@ class MasterServer:
         except BaseException:
             self.loop.stop()
             self.store.close()
+            self.owner.release()
             raise
 
     def _scrape(self) -> tuple[bytes, str]:
@@ -248,6 +257,7 @@ class MasterServer:
         self.master.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()
+        self.owner.release()
 
     def wait(self) -> None:
         """Serve until stopped; raise if the store failed under the master."""

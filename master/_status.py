@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 import grpc
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, OperationalError
 
 from assay.errors import AssayError
 from assay.master.errors import (
@@ -89,6 +89,12 @@ def _answer(error: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE
     if isinstance(error, AssayError):
         return status_of(error), str(error)
+    if isinstance(error, OperationalError):
+        # A lost connection, a full disk, a locked file: the database's trouble, not the
+        # caller's. UNAVAILABLE makes the harness retry (its reports are deduplicated)
+        # instead of failing the run and spending one of the trial's restarts.
+        log.warning("answered UNAVAILABLE: a database write failed: %s", error)
+        return grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE
     if isinstance(error, DataError):
         # A value the database cannot hold (a NUL character, say): the caller's to fix.
         log.warning("a value could not be stored or looked up: %s", error)

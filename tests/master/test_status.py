@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 import grpc
 import pytest
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, OperationalError
 
 from assay.master._http_calls import CallError
 from assay.master._status import (
@@ -51,6 +51,13 @@ ERRORS: list[tuple[Exception, grpc.StatusCode, str]] = [
         STORE_UNAVAILABLE,
     ),
     (DataError("x", {}, Exception("NUL")), grpc.StatusCode.INVALID_ARGUMENT, DATA_ERROR),
+    # A dropped connection or a full disk in a direct write: the harness retries
+    # UNAVAILABLE; INTERNAL failed the trial's run and spent one of its restarts.
+    (
+        OperationalError("INSERT INTO metrics ...", {}, Exception("server closed the connection")),
+        grpc.StatusCode.UNAVAILABLE,
+        STORE_UNAVAILABLE,
+    ),
     (RuntimeError("a bug"), grpc.StatusCode.INTERNAL, INTERNAL_ERROR),
 ]
 

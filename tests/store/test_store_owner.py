@@ -1,0 +1,82 @@
+"""One master per store: a second master on the same SQLite file or PostgreSQL database
+is refused at start-up, before it migrates or adopts anything."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from assay.errors import AssayError
+from assay.master._store_owner import own_store
+
+
+def test_a_store_has_one_owner_until_it_lets_go(db_url: str) -> None:
+    first = own_store(db_url)
+    try:
+        with pytest.raises(AssayError, match="another Assay master is serving the store") as e:
+            own_store(db_url)
+        if db_url.startswith("sqlite"):
+            assert f"pid {os.getpid()}" in str(e.value)
+        else:
+            assert "server pid" in str(e.value)
+            assert "postgres@127.0.0.1" in str(e.value)
+    finally:
+        first.release()
+    again = own_store(db_url)  # released: the next master may take it
+    again.release()
+    again.release()  # a second release is harmless
+
+
+def test_a_second_master_on_the_same_state_directory_exits_with_one_line(tmp_path: Path) -> None:
+    def master(*extra: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "assay.master.main",
+            "--host",
+            "127.0.0.1",
+            "--state-dir",
+            str(tmp_path),
+            "--grpc-port",
+            "0",
+            "--http-port",
+            "0",
+            *extra,
+        ]
+
+    env = {**os.environ, "ASSAY_INITIAL_ADMIN_PASSWORD": "a-long-enough-password-1"}
+    first = subprocess.Popen(
+        master(), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 60
+        lock = tmp_path / "assay.db.master-lock"
+        while not (lock.exists() and lock.read_text()):  # written once the store is its own
+            assert first.poll() is None, "the first master exited"
+            assert time.monotonic() < deadline, "the first master did not start"
+            time.sleep(0.1)
+        second = subprocess.run(
+            master(), env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert second.returncode == 1
+        assert "another Assay master is serving the store" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.poll() is None  # the first one serves on
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
+    # Its lock went with it: a master starts again on the same directory.
+    third = subprocess.Popen(
+        master(), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        time.sleep(3)
+        assert third.poll() is None, third.stderr.read() if third.stderr else ""
+    finally:
+        third.terminate()
+        third.wait(timeout=30)

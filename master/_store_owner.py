@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from assay.errors import AssayError
 
 # The advisory lock's key: any fixed 64-bit number; "assay-ms" in ASCII.
 _PG_LOCK_KEY = 0x61737361792D6D73
+_PG_WAIT_S = 5.0
 
 
 class StoreOwner:
@@ -84,8 +86,17 @@ def _own_postgres(url: str, shown: str) -> StoreOwner:
         engine.dispose()
         reason = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
         raise AssayError(f"cannot open the store at {shown}: {reason}") from None
-    locked = connection.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
-    if not locked.scalar():
+    # A master killed a moment ago may still hold it until its server process notices:
+    # try for a few seconds before refusing.
+    deadline = time.monotonic() + _PG_WAIT_S
+    while True:
+        query = text("SELECT pg_try_advisory_lock(:k)")
+        locked = bool(connection.execute(query, {"k": _PG_LOCK_KEY}).scalar())
+        if locked or time.monotonic() > deadline:
+            break
+        connection.rollback()
+        time.sleep(0.25)
+    if not locked:
         holder = connection.execute(
             text(
                 "SELECT a.client_addr, a.pid FROM pg_locks l JOIN pg_stat_activity a "

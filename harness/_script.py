@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from assay.errors import (
+    INVALID_HP_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     AssayError,
     InvalidConfigError,
@@ -378,6 +379,11 @@ def run_script_local(
     if code not in (0, PREEMPTED_EXIT_CODE):
         last = "\n".join(f"  {line}" for line in tails[rank][-15:]) or "  (none)"
         hint = collective_mismatch_hint(last) + early_exit_hint(early)
+        if code == INVALID_HP_EXIT_CODE:
+            hint += (
+                " (assay.InvalidHP: on a cluster the searcher replaces the trial with "
+                "another, without counting it toward max_trials)"
+            )
         raise TrainingError(
             f"the entrypoint {config.entrypoint!r} (rank {rank}) exited with code {code}"
             f"{hint}; its last output:\n{last}"

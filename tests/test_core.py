@@ -728,6 +728,15 @@ def test_run_local_script_failure_names_the_exit_code(tmp_path: Path) -> None:
         run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
 
 
+def test_a_script_raising_invalid_hp_exits_as_a_trial_does(tmp_path: Path) -> None:
+    """77, which the master reads as "replace this trial" (it counted as a failure, was
+    restarted up to max_restarts and ended in ERROR)."""
+    config = _config("python3 loop.py", hyperparameters={"steps": 5, "invalid_hp": True})
+
+    with pytest.raises(TrainingError, match=r"exited with code 77 \(assay.InvalidHP: on a cluster"):
+        run_local(config=config, model_dir=SCRIPTS, checkpoint_dir=tmp_path)
+
+
 def test_run_local_script_that_cannot_start(tmp_path: Path) -> None:
     with pytest.raises(AssayError, match="no-such-program, which is not in the model directory"):
         run_local(config=_config("./no-such-program"), model_dir=SCRIPTS, checkpoint_dir=tmp_path)

@@ -30,7 +30,12 @@ from assay.core._preempt import PreemptContext, PreemptMode
 from assay.core._searcher import SearcherContext, _SearchState
 from assay.core._tensorboard import TensorBoardFiles
 from assay.core._train import TrainContext
-from assay.errors import PERMANENT_ERROR_EXIT_CODE, PermanentError
+from assay.errors import (
+    INVALID_HP_EXIT_CODE,
+    PERMANENT_ERROR_EXIT_CODE,
+    InvalidHP,
+    PermanentError,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -140,25 +145,33 @@ class Context:
         self.distributed.close(together=together)
 
 
-_EXITS_78 = False  # whether `_permanent_errors_exit_78` has set its hook
+_EXIT_HOOKED = False  # whether `_exit_codes_of_errors` has set its hook
 
 
-def _permanent_errors_exit_78() -> None:
-    """A `PermanentError` that ends a trial's script (a validation without the searcher's
-    metric, ...) exits 78 after Python prints it, as a Trial's does: the trial ends in
-    ERROR at once instead of restarting into the same failure."""
-    global _EXITS_78
-    if _EXITS_78:
+def _exit_codes_of_errors() -> None:
+    """An error that ends a trial's script exits as a Trial's would, after Python prints
+    it: a `PermanentError` (a validation without the searcher's metric, ...) 78, so the
+    trial ends in ERROR at once instead of restarting into the same failure; an
+    `assay.InvalidHP` 77, so the searcher replaces the trial instead of restarting it."""
+    global _EXIT_HOOKED
+    if _EXIT_HOOKED:
         return
-    _EXITS_78 = True
+    _EXIT_HOOKED = True
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         previous(kind, exc, tb)
-        if isinstance(exc, PermanentError):
+        code = (
+            INVALID_HP_EXIT_CODE
+            if isinstance(exc, InvalidHP)
+            else PERMANENT_ERROR_EXIT_CODE
+            if isinstance(exc, PermanentError)
+            else None
+        )
+        if code is not None:
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(PERMANENT_ERROR_EXIT_CODE)
+            os._exit(code)
 
     sys.excepthook = hook
 
@@ -186,7 +199,7 @@ def init(
     info = info_from_spec(spec) if spec is not None else None
     config = parse_config(spec.config) if spec is not None else None
     if spec is not None:
-        _permanent_errors_exit_78()
+        _exit_codes_of_errors()
     chief = distributed.is_chief
     backend: Backend | None = None
     storage_fix: str | None = None  # what to change when the cluster's directory fails

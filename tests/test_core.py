@@ -133,6 +133,32 @@ def test_metric_values_from_numpy_and_torch(local_dir: Path) -> None:
     assert values == {"a": 0.5, "b": 2.0, "d": 3.0}  # a 3-element tensor is not a metric
 
 
+def test_a_metric_name_the_master_would_refuse_is_refused_in_the_script(local_dir: Path) -> None:
+    """The same rule as the store's, so run-local refuses what a cluster would (there,
+    the master's refusal failed the run, and every restart again)."""
+    from assay.core._train import MAX_METRIC_NAME
+    from assay.master.store._metrics import MAX_NAME_LEN
+
+    assert MAX_METRIC_NAME == MAX_NAME_LEN
+    with assay.core.init() as core:
+        core.train.report_training_metrics(1, {"x" * MAX_NAME_LEN: 1.0})
+        with pytest.raises(
+            AssayError, match=r"'xxxx.*\(5,000 characters\): a metric name is 1 to 255"
+        ):
+            core.train.report_training_metrics(2, {"x" * 5000: 1.0})
+        with pytest.raises(AssayError, match="metric name '': a metric name is 1 to 255"):
+            core.train.report_validation_metrics(2, {"": 1.0})
+
+
+def test_a_report_after_the_context_closed_says_so(local_dir: Path) -> None:
+    with assay.core.init() as core:
+        core.train.report_training_metrics(1, {"loss": 1.0})
+    with pytest.raises(AssayError, match="the Core API context is closed"):
+        core.train.report_training_metrics(2, {"loss": 0.5})
+    with pytest.raises(AssayError, match="inside `with assay.core.init"):
+        core.train.report_validation_metrics(2, {"loss": 0.5})
+
+
 @pytest.mark.parametrize("steps", [-1, 1.5, "ten", None])
 def test_bad_steps_completed_is_refused(local_dir: Path, steps: Any) -> None:
     with assay.core.init() as core, pytest.raises(AssayError, match="steps_completed"):

@@ -283,6 +283,19 @@ class LocalBackend:
         pass
 
 
+class ClosedBackend:
+    """What the contexts talk to once `assay.core.init()`'s block has ended (or
+    `close()`): every call says so, on a cluster (the master's channel is closed) as
+    under run-local (its file is closed) and in a plain run."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssayError(
+            f"the Core API context is closed (a call that needs {name}): report metrics, "
+            "store checkpoints and ask the searcher inside `with assay.core.init() as "
+            "core:`, before it ends"
+        )
+
+
 def report_line(message: str, *args: object) -> None:
     """Log one of the lines a report prints (`step 10 validation: ...`) at INFO, or print
     it when the script has configured no logging at all: Python would show only warnings,

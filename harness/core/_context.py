@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, overload
 from assay._checkpoint import CheckpointError, check_writable, cluster_storage_fix
 from assay._spec import ClusterSpec, LocalSpec, spec_from_env
 from assay.common.storage import SharedFSStorage, StorageManager, storage_for, trial_storage
-from assay.core._backend import Backend, ClusterBackend, LocalBackend
+from assay.core._backend import Backend, ClosedBackend, ClusterBackend, LocalBackend
 from assay.core._checkpoint import CheckpointContext
 from assay.core._distributed import DistributedContext
 from assay.core._info import ClusterInfo, info_from_spec
@@ -142,6 +142,13 @@ class Context:
         if self._backend is not None:
             self._backend.close()
             self._backend = None
+            closed: Any = ClosedBackend()
+            if self.train._backend is not None:
+                self.train._backend = closed
+            if self.checkpoint._backend is not None:
+                self.checkpoint._backend = closed
+            if self.searcher._state.backend is not None:
+                self.searcher._state.backend = closed
         self.distributed.close(together=together)
 
 

@@ -118,8 +118,19 @@ class TrainContext:
                         type(value).__name__,
                     )
                 continue
-            values[str(name)] = number
+            key = str(name)
+            if not 1 <= len(key) <= MAX_METRIC_NAME:
+                shown = f"{key[:40]!r}... ({len(key):,} characters)" if key else "''"
+                raise AssayError(
+                    f"metric name {shown}: a metric name is 1 to {MAX_METRIC_NAME} characters"
+                )
+            values[key] = number
         return values
+
+
+# The longest metric name the master stores (master/store/_metrics.py's MAX_NAME_LEN):
+# refused here, in the script, rather than by the master, which fails the run.
+MAX_METRIC_NAME = 255
 
 
 def _steps(steps_completed: Any) -> int:

@@ -56,12 +56,15 @@ every live trial trains at once, the first to finish reports first) with at most
     Ray's ASHA exactly our 5 rungs, and HyperBand's brackets (r0 = 256 / 4**s) start at
     the same lengths. Per seed, peer's best final loss - ours (> 0: ours won), against
     our asha and against our asha + bohb, with the statistics of (d); also our asha's -
-    asha + bohb's (> 0: bohb won). Targets, on both problems: our asha at least as good as
-    each ASHA-type peer (Optuna's and Ray's; median difference >= 0), and our asha + bohb
+    asha + bohb's (> 0: bohb won). Targets, on today's problem (the one the peers were
+    asked for; `hard`'s verdict is reported beside): our asha at least as good as each
+    ASHA-type peer (Optuna's and Ray's; median difference >= 0), and our asha + bohb
     better than every peer (median > 0, Wilcoxon p < 0.05). Ray's rows need
     `pip install -e '.[bench-peers]'`; without Ray they are skipped, with a line saying
-    so (HpBandSter proposes in about 0.2 s on a loaded 2-core machine, so Ray's rows take
-    about a minute per seed and problem). `--quick` leaves (e) out.
+    so. HpBandSter proposes in about 0.1 s, so Ray's BOHB takes about 20 s a seed and
+    problem and runs on the first RAY_BOHB_SEEDS seeds (`--ray-bohb-seeds`); the other
+    methods take about 1.5 s a seed together. `--peers` narrows (e) to some peers.
+    `--quick` leaves (e) out.
     Each method is also scored by the noise-free final loss of the trial it would hand
     over (the one with its lowest full-length result; `Run.chosen_truth`), paired the same
     way and reported beside the targets: the lowest of noisy results falls with every extra
@@ -73,6 +76,11 @@ for (c), 8 for (d)), times bohb's proposals at 1,000 results only, and takes abo
 CPU in two processes (the second runs (c) and, in --quick, 2 of (b)'s seeds).
 
     python bench/search_quality.py [--quick] [--seeds N] [--first-seed S] [--only-e]
+        [--peers optuna_sha,optuna_hyperband_tpe,ray_asha,ray_bohb] [--ray-bohb-seeds N]
+
+The full run takes 200 seeds for (d) and (e) (FULL_SEEDS): at 20 seeds, a difference of
+0.003 to 0.006 in the best final loss (per-seed spread about 0.01) is missed or found by
+chance, and seeds 0 to 19 and 20 to 39 gave opposite verdicts on several of (e)'s pairs.
 
 `--first-seed S` runs seeds S to S + N - 1 (holdout seeds: `--first-seed 20`); `--only-e`
 runs row (e) alone.
@@ -121,7 +129,9 @@ PEER_BUDGET = 8_000  # (e): batches per method and seed, all trials together
 # Seeds per row, 0 to n - 1 (--seeds N: N for every row). --quick keeps each row's
 # statistic with fewer seeds: a tpe proposal refits on the whole history (about 6 s of CPU
 # per seed for (c)); (d) keeps 8 seeds, so that its Wilcoxon test can pass with a seed lost.
-FULL_SEEDS = {"a": 20, "b": 20, "c": 20, "d": 20, "e": 20}
+FULL_SEEDS = {"a": 20, "b": 20, "c": 20, "d": 200, "e": 200}
+# Ray's BOHB (HpBandSter proposes in about 0.2 s) runs on the first seeds of (e) only.
+RAY_BOHB_SEEDS = 40
 QUICK_SEEDS = {"a": 5, "b": 5, "c": 1, "d": 8, "e": 0}
 QUICK_B_AWAY = 2  # (b)'s seeds that --quick runs in the second process (see main)
 # ASHA's defaults: divisor 4, 5 rungs (3, 15, 62, 250, 1000 batches)
@@ -700,10 +710,15 @@ def run_ray(
 
 
 def ray_peers(
-    problem: Problem, seeds: list[int], budget: int, which: Collection[str] = ("asha", "bohb")
+    problem: Problem,
+    seeds: list[int],
+    budget: int,
+    which: Collection[str] = ("asha", "bohb"),
+    bohb_seeds: int | None = None,
 ) -> dict[str, list[Run]] | str:
     """Ray Tune's ASHA and BOHB (those of them in `which`) on `problem`, seed by seed, each
-    `Run.capped` at `budget` batches; a line saying why not when Ray Tune (or, for BOHB,
+    `Run.capped` at `budget` batches, BOHB on the first `bohb_seeds` seeds only (None: all;
+    HpBandSter takes about 20 s a seed); a line saying why not when Ray Tune (or, for BOHB,
     HpBandSter and ConfigSpace) is missing."""
     import logging
     import warnings
@@ -731,7 +746,7 @@ def ray_peers(
             )
             run = run_ray(asha, _RaySearcher(domains, seed), problem, seed, budget, constants)
             runs["ray_asha"].append(run.capped(budget))
-        if "bohb" in which:
+        if "bohb" in which and (bohb_seeds is None or len(runs["ray_bohb"]) < bohb_seeds):
             hb = HyperBandForBOHB(
                 time_attr=plan["time_attr"], metric="loss", mode="min", **plan["hyperband"]
             )
@@ -766,7 +781,11 @@ def budget_used(runs: list[Run]) -> dict[str, float]:
 
 
 def equal_budget(
-    problem: Problem, seeds: list[int], budget: int, peers: Collection[str] = tuple(PEERS)
+    problem: Problem,
+    seeds: list[int],
+    budget: int,
+    peers: Collection[str] = tuple(PEERS),
+    ray_bohb_seeds: int | None = None,
 ) -> tuple[dict[str, Any], str | None]:
     """(e) on `problem`: our two and the `peers` (names of PEERS), every method at most
     `budget` batches (all trials together) per seed, on the same seeds; per method its
@@ -787,7 +806,7 @@ def equal_budget(
             run_optuna(s, budget, problem, kind, CONCURRENT).capped(budget) for s in seeds
         ]
     ray_kinds = [p.removeprefix("ray_") for p in peers if p.startswith("ray_")]
-    ray = ray_peers(problem, seeds, budget, ray_kinds) if ray_kinds else {}
+    ray = ray_peers(problem, seeds, budget, ray_kinds, ray_bohb_seeds) if ray_kinds else {}
     if not isinstance(ray, str):
         runs.update(ray)
     row: dict[str, Any] = {"seeds": len(seeds), "budget": budget}
@@ -811,8 +830,9 @@ def equal_budget(
         row["asha_bohb"][f"{prefix}vs_asha"] = paired_stats(ours["asha_bohb"], ours["asha"])
         for name in runs.keys() - OURS.keys():
             theirs = [score(r) for r in runs[name]]
-            row[name][f"{prefix}vs_asha"] = paired_stats(ours["asha"], theirs)
-            row[name][f"{prefix}vs_asha_bohb"] = paired_stats(ours["asha_bohb"], theirs)
+            n = len(theirs)  # the first n seeds (Ray's BOHB may run fewer)
+            row[name][f"{prefix}vs_asha"] = paired_stats(ours["asha"][:n], theirs)
+            row[name][f"{prefix}vs_asha_bohb"] = paired_stats(ours["asha_bohb"][:n], theirs)
     return row, ray if isinstance(ray, str) else None
 
 
@@ -837,14 +857,20 @@ def _paired_line(stats: Mapping[str, Any], who: str) -> str:
     )
 
 
-def peer_rows(seeds: list[int], which: Collection[str] = tuple(PEERS)) -> dict[str, Any]:
-    """(e) on both problems for `seeds`, against the peers named in `which`, printed as it
-    goes; its part of the JSON."""
+def peer_rows(
+    seeds: list[int],
+    which: Collection[str] = tuple(PEERS),
+    ray_bohb_seeds: int | None = RAY_BOHB_SEEDS,
+) -> dict[str, Any]:
+    """(e) on both problems for `seeds`, against the peers named in `which` (Ray's BOHB on
+    the first `ray_bohb_seeds` of them), printed as it goes; its part of the JSON. The
+    targets are today's problem's, the one the peers were asked for; `hard`'s verdict is
+    reported beside them."""
     t_peers = time.perf_counter()
     peers: dict[str, Any] = {"budget": PEER_BUDGET, "peers": sorted(which)}
     ray_skipped: str | None = None
     for problem in PROBLEMS:
-        row, ray_skipped = equal_budget(problem, seeds, PEER_BUDGET, which)
+        row, ray_skipped = equal_budget(problem, seeds, PEER_BUDGET, which, ray_bohb_seeds)
         peers[problem.name] = row
         print(
             f"(e) {problem.name}, seeds {seeds[0]} to {seeds[-1]}, at most "
@@ -879,13 +905,15 @@ def peer_rows(seeds: list[int], which: Collection[str] = tuple(PEERS)) -> dict[s
     if ray_skipped:
         print(ray_skipped)
         peers["ray_skipped"] = ray_skipped
-    passed = all(equal_budget_passed(peers[p.name]) for p in PROBLEMS)
-    peers["passed"] = passed
+    passed = equal_budget_passed(peers[PROBLEMS[0].name])
+    hard = equal_budget_passed(peers[PROBLEMS[1].name])
+    peers["passed"], peers["hard_passed"] = passed, hard
     peers["seconds"] = round(time.perf_counter() - t_peers, 1)
     print(
         f"(e) targets (our asha >= each ASHA-type peer; our asha + bohb better than every "
-        f"peer, on both problems, by the best full-length result): "
-        f"{'met' if passed else 'not met'}"
+        f"peer, by the best full-length result) on {PROBLEMS[0].name}: "
+        f"{'met' if passed else 'not met'}; the same on {PROBLEMS[1].name} (reported): "
+        f"{'met' if hard else 'not met'}"
     )
     return peers
 
@@ -903,6 +931,13 @@ def main(argv: list[str] | None = None) -> int:
         "--only-e", action="store_true", help="row (e) alone: equal budget, with the peers"
     )
     parser.add_argument(
+        "--ray-bohb-seeds",
+        type=int,
+        default=RAY_BOHB_SEEDS,
+        help=f"Ray's BOHB in (e) on the first N seeds only (default {RAY_BOHB_SEEDS}; "
+        "about 20 s a seed and problem)",
+    )
+    parser.add_argument(
         "--peers",
         default=",".join(PEERS),
         help=f"(e)'s peers, comma-separated (default all: {','.join(PEERS)}); Ray's BOHB "
@@ -917,7 +952,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = {row: list(range(first, first + (args.seeds or n))) for row, n in counts.items()}
     t0 = time.perf_counter()
     if args.only_e:
-        only_e = peer_rows(seeds["e"], which)
+        only_e = peer_rows(seeds["e"], which, args.ray_bohb_seeds)
         elapsed = time.perf_counter() - t0
         print(f"passed={only_e['passed']} in {elapsed:.1f} s")
         only = {"benchmark": "search_quality", "only": "e", "peers": only_e}
@@ -976,7 +1011,7 @@ def main(argv: list[str] | None = None) -> int:
         peers = {"skipped": "(e) equal budget and peers are left out of --quick"}
         print(peers["skipped"])
     else:
-        peers = peer_rows(seeds["e"], which)
+        peers = peer_rows(seeds["e"], which, args.ray_bohb_seeds)
         peers_passed = peers["passed"]
 
     tpes, smalls = tpe_row.result()

@@ -1277,3 +1277,23 @@ def test_hyperparameter_ranges_whose_samples_overflow_are_refused(
     config = minimal()
     config["hyperparameters"]["lr"] = hparam
     assert_problem(limit_problems_of(config), "hyperparameters.lr:", *fragments)
+
+
+def test_a_log_hyperparameter_with_bounds_that_look_like_values_is_warned_about() -> None:
+    """Optuna's and Ray's log-uniform take values (1e-4, 0.1); Determined's `log` takes
+    exponents, so those bounds search 1.0002 to 1.26 without a word."""
+    config = parse_config(
+        {
+            "entrypoint": "python3 train.py",
+            "hyperparameters": {
+                "lr": {"type": "log", "minval": 0.0001, "maxval": 0.1},
+                "wd": {"type": "log", "minval": -5, "maxval": -1},
+                "n": {"type": "log", "minval": 1, "maxval": 3, "base": 2},
+            },
+            "searcher": {"name": "random", "metric": "loss", "max_length": 10, "max_trials": 2},
+        }
+    )
+    assert config.warnings == (
+        "hyperparameters.lr: type log takes exponents of base 10, so it searches 1.00023 to "
+        "1.25893; for values from 0.0001 to 0.1 give minval: -4, maxval: -1",
+    )

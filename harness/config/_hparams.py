@@ -278,6 +278,24 @@ def _empty_groups(space: Mapping[str, HParam]) -> dict[str, Any]:
     }
 
 
+def log_bound_warnings(space: Mapping[str, HParam]) -> list[str]:
+    """A `log` hyperparameter whose bounds look like values, not exponents (both in
+    (0, 1], as Optuna's or Ray's `loguniform(1e-4, 0.1)` are written): it searches
+    base**minval to base**maxval, e.g. 1.0002 to 1.26, which is rarely what was meant."""
+    out = []
+    for path, hp in leaves(space):
+        if isinstance(hp, Log) and 0 < hp.minval < hp.maxval <= 1:
+            lo, hi = hp.base**hp.minval, hp.base**hp.maxval
+            name = ".".join(path)
+            out.append(
+                f"hyperparameters.{name}: type log takes exponents of base {hp.base:g}, so it "
+                f"searches {lo:.6g} to {hi:.6g}; for values from {hp.minval:g} to "
+                f"{hp.maxval:g} give minval: {math.log(hp.minval, hp.base):.4g}, maxval: "
+                f"{math.log(hp.maxval, hp.base):.4g}"
+            )
+    return out
+
+
 def leaves(
     space: Mapping[str, HParam],
 ) -> list[tuple[tuple[str, ...], Const | Int | Double | Log | Categorical]]:

@@ -12,7 +12,13 @@ import yaml
 
 from assay.config import _determined, _limits
 from assay.config._entrypoint import parse_entrypoint
-from assay.config._hparams import Const, HParam, overflow_problems, parse_hparams
+from assay.config._hparams import (
+    Const,
+    HParam,
+    log_bound_warnings,
+    overflow_problems,
+    parse_hparams,
+)
 from assay.config._length import UNBOUNDED_LENGTH, Length, LengthUnit
 from assay.config._pbt import PBT_KEYS
 from assay.config._reader import REQUIRED, Section, type_name
@@ -183,6 +189,7 @@ def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
     entrypoint, command, script = parse_entrypoint(top)
     # A script (Determined's Core API) may search nothing: its hyperparameters are optional.
     hparams = parse_hparams(top.section("hyperparameters", required=not script))
+    warnings.extend(log_bound_warnings(hparams))
     if limits:
         problems.extend(overflow_problems(hparams, "hyperparameters"))
     resources = parse_resources(top.section("resources"))

@@ -266,7 +266,8 @@ def _multi_objective_problems(config: SearcherConfig) -> list[str]:
         )
         return [
             f"searcher.metrics: the {name} searcher takes one metric ({why}); use name: "
-            f"random or grid, or sampler: tpe (multi-objective), or give searcher.metric"
+            f"random (sampler: tpe for a multi-objective model), bayesian or grid, or "
+            f"give searcher.metric"
         ]
     if sampler == "bohb":
         return [

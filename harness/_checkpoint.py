@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from assay.errors import AssayError
+from assay.errors import AssayError, PermanentError
 
 FORMAT_VERSION = 1
 MANIFEST = "metadata.json"
@@ -41,6 +41,12 @@ MANIFEST = "metadata.json"
 
 class CheckpointError(AssayError):
     """A checkpoint is missing, incomplete or corrupted."""
+
+
+class ChangedCheckpointError(CheckpointError, PermanentError):
+    """A checkpoint whose files differ from the master's record: every run would read the
+    same files, so the trial ends at once instead of spending its restarts on them. (A
+    checkpoint that is only missing may be on storage another run can reach.)"""
 
 
 @dataclass(frozen=True)
@@ -362,9 +368,16 @@ def verify_recorded(path: Path, recorded: Mapping[str, str]) -> CheckpointMetada
 
 
 def _changed(path: Path, problems: list[str]) -> CheckpointError:
-    return CheckpointError(
+    message = (
         f"checkpoint {path} is not the one the master recorded: {'; '.join(problems)}. "
         "It was changed after it was written; it is not restored"
+    )
+    if all(p.endswith(" is missing") for p in problems):
+        return CheckpointError(message)
+    return ChangedCheckpointError(
+        f"{message}. The trial ends (every run would read the same files): to resume from "
+        f"the checkpoint before it, `assay checkpoint delete {path.name}` and then "
+        "`assay experiment continue` the experiment"
     )
 
 

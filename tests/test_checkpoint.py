@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from assay._checkpoint import (
+    ChangedCheckpointError,
     CheckpointError,
     CheckpointMetadata,
     _sha256,
@@ -21,6 +22,7 @@ from assay._checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
+from assay.errors import PermanentError
 from tests.conftest import REGRESSION_DIR, regression_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -311,6 +313,26 @@ def test_a_planted_or_changed_file_is_refused_against_the_record(tmp_path: Path)
     assert "models.pt fails the recorded sha256" in message
     assert "metadata.json fails the recorded sha256" in message
     assert not marker.exists()
+
+
+def test_a_changed_checkpoint_ends_the_trial_and_a_missing_file_may_be_retried(
+    tmp_path: Path,
+) -> None:
+    """A file that differs from the record is a PermanentError (exit 78: the trial ends
+    at once, naming how to resume from the checkpoint before it); one that is only
+    missing is not (another run may reach storage this one could not)."""
+    path = write_checkpoint(tmp_path, {"models": [{"w": torch.ones(3)}]}, _metadata())
+    recorded = _recorded(path)
+    (path / "models.pt").rename(tmp_path / "away.pt")
+    with pytest.raises(CheckpointError, match="models.pt is missing") as missing:
+        verify_checkpoint(path, recorded)
+    assert not isinstance(missing.value, PermanentError)
+    (tmp_path / "away.pt").rename(path / "models.pt")
+    _forge(path, "models.pt", [{"w": torch.zeros(3)}])
+    with pytest.raises(ChangedCheckpointError) as changed:
+        verify_checkpoint(path, recorded)
+    assert isinstance(changed.value, PermanentError)
+    assert f"`assay checkpoint delete {path.name}` and then" in str(changed.value)
 
 
 def test_a_missing_file_or_a_symlink_is_refused_against_the_record(tmp_path: Path) -> None:

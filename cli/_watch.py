@@ -48,6 +48,9 @@ class Summary:
     best_validation: float | None = None
     best_trial: int | None = None
     best_checkpoint: str | None = None
+    # The searcher metric's value in `best_checkpoint` (None: it holds none): it differs
+    # from `best_validation` when no checkpoint was taken at that validation.
+    best_checkpoint_validation: float | None = None
     # trial id -> last_error, of the trials that ended in ERROR
     errors: dict[int, str] = field(default_factory=dict)
 
@@ -60,6 +63,14 @@ class Summary:
                 f": best {self.metric} {fmt.metric(self.best_validation)} "
                 f"(trial {self.best_trial}), checkpoint {self.best_checkpoint or '-'}"
             )
+            held = self.best_checkpoint_validation
+            if self.best_checkpoint and held != self.best_validation:
+                text += (
+                    f" (its {self.metric} {fmt.metric(held)}: no checkpoint was taken at the "
+                    "best validation)"
+                    if held is not None
+                    else " (the trial's latest: no checkpoint holds a validation)"
+                )
         if self.errors and self.state != "COMPLETED":
             trial_id, error = next(iter(sorted(self.errors.items())))
             first = error.strip().splitlines()[-1] if error.strip() else "no message"
@@ -74,6 +85,7 @@ class Summary:
             "best_validation": self.best_validation,
             "best_trial": self.best_trial,
             "best_checkpoint": self.best_checkpoint,
+            "best_checkpoint_validation": self.best_checkpoint_validation,
             "errors": {str(k): v for k, v in sorted(self.errors.items())},
         }
 
@@ -244,6 +256,7 @@ def summarize(api: Client, response: api_pb2.GetExperimentResponse) -> Summary:
         sign = 1.0 if smaller else -1.0
         chosen = min(scored, key=lambda c: sign * c.validation_metrics[metric])
         summary.best_checkpoint = chosen.uuid
+        summary.best_checkpoint_validation = chosen.validation_metrics[metric]
     elif kept:
         summary.best_checkpoint = max(kept, key=lambda c: c.total_batches).uuid
     return summary

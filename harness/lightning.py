@@ -254,6 +254,11 @@ class AssayCallback(Callback):
         self._last_validated = step
         if trainer.is_global_zero and (numbers := _numbers(logged)):
             self.core.train.report_validation_metrics(steps_completed=step, metrics=numbers)
+        # A validation at the searcher's target ends the target: ask now (every rank
+        # validates), so the trial stops at this step, checkpointed with these metrics,
+        # not one batch later at the next on_train_batch_end.
+        if trainer.state.fn == "fit":  # not a trainer.validate() after fit
+            self._stop_if_asked(trainer)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._save(trainer)

@@ -127,9 +127,28 @@ def test_wait_json_summary(master: FakeApi) -> None:
         "best_validation": 0.25,
         "best_trial": 1,
         "best_checkpoint": "ckpt-best",
+        "best_checkpoint_validation": 0.25,
         "errors": {},
     }
     assert "50%" in done.stderr  # the progress, for people, on stderr
+
+
+def test_the_summary_says_when_no_checkpoint_holds_the_best_validation(master: FakeApi) -> None:
+    """The best val_loss came at a step without a checkpoint: the line names the best
+    checkpoint there is and its own value, not as if it held the best one."""
+    search(master)
+    later = master.responses["ListCheckpoints"]
+    master.responses["ListCheckpoints"] = api_pb2.ListCheckpointsResponse(
+        checkpoints=[c for c in later.checkpoints if c.uuid == "ckpt-latest"]
+    )
+
+    done = run_cli("e", "wait", 7, "--quiet", master=master)
+
+    assert_ok(done)
+    assert done.stdout.strip() == (
+        "experiment 7 COMPLETED: best val_loss 0.25 (trial 1), checkpoint ckpt-latest (its "
+        "val_loss 0.3: no checkpoint was taken at the best validation)"
+    )
 
 
 def test_wait_error_summary_names_the_failure(master: FakeApi) -> None:

@@ -355,12 +355,28 @@ class RemoteSearchRunner:
             self.search_method.load_method_state(directory)
 
 
+def _plain_value(value: Any) -> Any:
+    """A hyperparameter JSON cannot write as it is: a numpy or torch scalar (what a
+    sampler built on numpy returns) as its Python number; anything else is refused with
+    its name and type."""
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", 0) == 0:
+        return item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(
+        f"a hyperparameter of type {type(value).__name__} ({value!r}) cannot be sent: give "
+        "numbers, strings, booleans, lists or dicts of them"
+    )
+
+
 def _to_proto(op: Operation) -> Any:
     from assay.proto import api_pb2
 
     if isinstance(op, Create):
         create = api_pb2.CreateTrialOperation(
-            request_id=str(op.request_id), hparams_json=json.dumps(dict(op.hparams))
+            request_id=str(op.request_id),
+            hparams_json=json.dumps(dict(op.hparams), default=_plain_value),
         )
         if op.seed is not None:
             create.seed = op.seed

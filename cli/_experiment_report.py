@@ -43,7 +43,8 @@ def as_text(response: api_pb2.GetExperimentResponse) -> str:
     lines = [f"{key + ':':17}{'-' if value is None else value}" for key, value in fields]
     lines += ["", fmt.trial_rows(list(response.trials), config)]
     lines += [
-        f"trial {t.id} started from trial {t.parent_trial_id}'s checkpoint (round {t.search_round})"
+        f"trial {t.id} copies trial {t.parent_trial_id} (round {t.search_round}): its latest "
+        "checkpoint, when it left one (the trial's log says), and its hyperparameters, explored"
         for t in response.trials
         if t.HasField("parent_trial_id")
     ]

@@ -40,7 +40,7 @@ def local_hparams(config: ExperimentConfig) -> dict[str, Any]:
 def banner(config: ExperimentConfig, device: str | None = None) -> str:
     """`run-local digits-const: 1 slot on cpu, 400 batches; lr=0.003 n_filters=16`."""
     slots = config.resources.slots_per_trial
-    length = config.searcher.max_length
+    length = config.searcher.trial_length
     what = f"{length.value} {length.unit.value}" if length and length.bounded else "no max_length"
     device = device or guess_device()
     hparams = _format(local_hparams(config))

@@ -341,7 +341,7 @@ def run_script_local(
                 "%s; a cluster refuses this config, and here a Core API script reads %d as "
                 "its length in batches (the Trainer API counts epochs from its data loader)",
                 "; ".join(e.problems),
-                config.searcher.max_length.value,
+                config.searcher.trial_length.value,
             )
     slots = config.resources.slots_per_trial
     hparams = local_hparams(config)  # what run-local's first line announced

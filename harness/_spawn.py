@@ -24,6 +24,8 @@ if uid != "-":
     os.setuid(int(uid))
     os.umask(0o007)
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+for s in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them; an exec keeps what is ignored
+    signal.signal(getattr(signal, s), signal.SIG_DFL)
 if os.getppid() != parent:
     os._exit(1)
 try:
@@ -44,4 +46,5 @@ def dying_with(
             raise OSError("running a command as another user needs Linux")
         return list(command)
     uid, gid = (str(user[0]), str(user[1])) if user else ("-", "-")
-    return [sys.executable, "-S", "-c", _EXEC_WITH_PDEATHSIG, str(parent_pid), uid, gid, *command]
+    wrapper = [sys.executable, "-I", "-S", "-c", _EXEC_WITH_PDEATHSIG]
+    return [*wrapper, str(parent_pid), uid, gid, *command]

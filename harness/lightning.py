@@ -80,7 +80,6 @@ class AssayCallback(Callback):
         self.preempted = False
         self._last_metrics: dict[str, Any] = {}
         self._restored_metrics: dict[str, float] = {}
-        self._held_max_steps: int | None = None
 
     # --- what to pass the Trainer and fit ------------------------------------------------
 
@@ -187,15 +186,14 @@ class AssayCallback(Callback):
         # Lightning (2.6) resumes a checkpoint taken at an epoch's end one epoch too far
         # when max_steps is set, as it always is here: its step-based path marks the fit
         # loop as restarting mid-epoch and skips the epoch count's fix-up, so max_epochs=3
-        # resumed from epoch 1's end trains one batch (a promoted ASHA trial, none). Its
-        # loops restore as without max_steps; on_train_start puts max_steps back.
-        loop = trainer.fit_loop.epoch_loop
-        if self._held_max_steps is None and loop.max_steps != -1:
-            self._held_max_steps, loop.max_steps = loop.max_steps, -1
+        # resumed from epoch 1's end trains one batch (a promoted ASHA trial, none). Only
+        # the loops' restore is told "not step-based", until on_train_start: max_steps
+        # stays as it is, so configure_optimizers (run after this hook) still sees it, and
+        # estimated_stepping_batches (a OneCycleLR's total_steps) is not inf.
+        trainer.fit_loop._iteration_based_training = lambda: False  # type: ignore[method-assign]
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._held_max_steps is not None:
-            trainer.fit_loop.epoch_loop.max_steps, self._held_max_steps = self._held_max_steps, None
+        trainer.fit_loop.__dict__.pop("_iteration_based_training", None)
         if self._restored_metrics:
             import torch
 

@@ -80,6 +80,23 @@ def status_of(error: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+# SQLite's own OperationalError also covers mistakes a retry repeats (no such table or
+# column, too many variables): only these pass, as does any lost connection.
+_TRANSIENT_SQLITE = ("locked", "busy", "disk", "full", "i/o", "unable to open")
+
+
+def _transient(error: OperationalError) -> bool:
+    """A database trouble that may pass: a lost or refused connection, a locked or full
+    SQLite file. A statement the database cannot run is a bug, answered INTERNAL."""
+    if error.connection_invalidated:
+        return True
+    module = type(error.orig).__module__ if error.orig is not None else ""
+    if not module.startswith("sqlite3"):
+        return True  # psycopg's OperationalError: the connection or the server
+    text = str(error.orig).lower()
+    return any(word in text for word in _TRANSIENT_SQLITE)
+
+
 def _answer(error: Exception) -> tuple[grpc.StatusCode, str]:
     """The status and public message for `error`; logged when it is not a domain error.
     Called in the `except` block, so the log has the traceback. A database's own words
@@ -89,11 +106,11 @@ def _answer(error: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE
     if isinstance(error, AssayError):
         return status_of(error), str(error)
-    if isinstance(error, OperationalError):
+    if isinstance(error, OperationalError) and _transient(error):
         # A lost connection, a full disk, a locked file: the database's trouble, not the
         # caller's. UNAVAILABLE makes the harness retry (its reports are deduplicated)
         # instead of failing the run and spending one of the trial's restarts.
-        log.warning("answered UNAVAILABLE: a database write failed: %s", error)
+        log.warning("answered UNAVAILABLE: a database write failed: %s", error, exc_info=True)
         return grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE
     if isinstance(error, DataError):
         # A value the database cannot hold (a NUL character, say): the caller's to fix.

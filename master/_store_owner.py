@@ -43,7 +43,12 @@ class StoreOwner:
 def own_store(url: str) -> StoreOwner:
     """Take the store at `url` for this master, or raise `AssayError` saying another
     master holds it. An in-memory SQLite store needs no lock."""
-    parsed = make_url(url)
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return StoreOwner(None, None)  # _open_store says what is wrong with the URL
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
         if not database or database == ":memory:":
@@ -101,9 +106,11 @@ def _own_postgres(url: str, shown: str) -> StoreOwner:
             text(
                 "SELECT a.client_addr, a.pid FROM pg_locks l JOIN pg_stat_activity a "
                 "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+                "AND l.classid = :hi AND l.objid = :lo AND l.objsubid = 1 "
                 "AND l.database = (SELECT oid FROM pg_database WHERE datname = "
                 "current_database()) LIMIT 1"
-            )
+            ),
+            {"hi": _PG_LOCK_KEY >> 32, "lo": _PG_LOCK_KEY & 0xFFFFFFFF},
         ).first()
         connection.close()
         engine.dispose()

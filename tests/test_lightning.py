@@ -114,6 +114,11 @@ def test_a_resume_from_an_epochs_end_keeps_its_epoch_count_under_max_epochs(
     text = script.read_text()
     limit = "max_steps=assay_cb.max_steps(default=25),"
     assert limit in text
+    optimizer = "return torch.optim.SGD(self.parameters(), lr=self.lr)"
+    assert optimizer in text
+    seen = "self.trainer.max_steps, int(self.trainer.estimated_stepping_batches)"
+    steps = f"print('optimizer for', {seen})"
+    text = text.replace(optimizer, f"{steps}\n        {optimizer}")
     script.write_text(text.replace(limit, limit + " max_epochs=3,"))
     cli = ["-m", "assay.cli.main", "trial", "run-local", "single.yaml", ".", "--json"]
     _run(project, *cli)
@@ -124,6 +129,9 @@ def test_a_resume_from_an_epochs_end_keeps_its_epoch_count_under_max_epochs(
     assert json.loads(resumed.stdout.splitlines()[-1])["total_batches"] == 25
     assert "done at step 25" in resumed.stderr, resumed.stderr
     assert "`max_epochs=3` reached" not in resumed.stderr
+    # The loops' restore is not step-based, max_steps itself stays: configure_optimizers
+    # still sees it (a OneCycleLR's total_steps from estimated_stepping_batches).
+    assert "optimizer for 25 25" in resumed.stderr
 
 
 def test_two_ddp_slots_report_once_and_resume_together(project: Path) -> None:

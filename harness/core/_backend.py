@@ -289,6 +289,8 @@ class ClosedBackend:
     under run-local (its file is closed) and in a plain run."""
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and hasattr probes
+            raise AttributeError(name)
         raise AssayError(
             f"the Core API context is closed (a call that needs {name}): report metrics, "
             "store checkpoints and ask the searcher inside `with assay.core.init() as "

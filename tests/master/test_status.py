@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -57,6 +58,17 @@ ERRORS: list[tuple[Exception, grpc.StatusCode, str]] = [
         OperationalError("INSERT INTO metrics ...", {}, Exception("server closed the connection")),
         grpc.StatusCode.UNAVAILABLE,
         STORE_UNAVAILABLE,
+    ),
+    (
+        OperationalError("UPDATE trials ...", {}, sqlite3.OperationalError("database is locked")),
+        grpc.StatusCode.UNAVAILABLE,
+        STORE_UNAVAILABLE,
+    ),
+    # SQLite's OperationalError for a statement no retry will mend: a bug, not an outage.
+    (
+        OperationalError("SELECT x ...", {}, sqlite3.OperationalError("no such column: x")),
+        grpc.StatusCode.INTERNAL,
+        INTERNAL_ERROR,
     ),
     (RuntimeError("a bug"), grpc.StatusCode.INTERNAL, INTERNAL_ERROR),
 ]

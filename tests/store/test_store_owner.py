@@ -75,8 +75,11 @@ def test_a_second_master_on_the_same_state_directory_exits_with_one_line(tmp_pat
         master(), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     try:
-        time.sleep(3)
-        assert third.poll() is None, third.stderr.read() if third.stderr else ""
+        deadline = time.monotonic() + 60
+        while lock.read_text().split()[:2] != ["pid", str(third.pid)]:
+            assert third.poll() is None, third.stderr.read() if third.stderr else ""
+            assert time.monotonic() < deadline, "the third master did not take the store"
+            time.sleep(0.1)
     finally:
         third.terminate()
         third.wait(timeout=30)

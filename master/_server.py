@@ -27,7 +27,7 @@ from assay.master._http import HttpServer
 from assay.master._servicers import ApiServicer
 from assay.master._servicers._agent import AgentServicer
 from assay.master._servicers._trial import TrialServicer
-from assay.master._store_owner import own_store
+from assay.master._store_owner import StoreTakenError, own_store
 from assay.master._telemetry import NO_TELEMETRY, Telemetry
 from assay.master.store import Store
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
@@ -130,6 +130,7 @@ class MasterServer:
         if self.port == 0:
             self.loop.stop()
             self.store.close()
+            self.owner.release()
             raise AssayError(
                 f"cannot listen on {config.host}:{config.grpc_port}: the port is in use or the "
                 "address is not this machine's; pick another with --grpc-port / --host"
@@ -210,6 +211,7 @@ class MasterServer:
         return server, port
 
     def start(self) -> None:
+        self.owner.watch(self._on_fatal)
         self.loop.call(self.server.start)
         config = self.config
         try:
@@ -262,6 +264,8 @@ class MasterServer:
     def wait(self) -> None:
         """Serve until stopped; raise if the store failed under the master."""
         self._stopped.wait()
+        if isinstance(self.fatal, StoreTakenError):
+            raise self.fatal
         if self.fatal is not None:
             raise AssayError(
                 f"the master stopped: it could not write to its database ({self.fatal}); "

@@ -131,7 +131,7 @@ PEER_BUDGET = 8_000  # (e): batches per method and seed, all trials together
 # statistic with fewer seeds: a tpe proposal refits on the whole history (about 6 s of CPU
 # per seed for (c)); (d) keeps 8 seeds, so that its Wilcoxon test can pass with a seed lost.
 FULL_SEEDS = {"a": 200, "b": 200, "c": 20, "d": 200, "e": 200}
-# Ray's BOHB (HpBandSter proposes in about 0.2 s) runs on the first seeds of (e) only.
+# Ray's BOHB (about 20 s a seed and problem) runs on the first seeds of (e) only.
 RAY_BOHB_SEEDS = 40
 QUICK_SEEDS = {"a": 5, "b": 5, "c": 1, "d": 8, "e": 0}
 QUICK_B_AWAY = 2  # (b)'s seeds that --quick runs in the second process (see main)

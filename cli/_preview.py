@@ -40,10 +40,8 @@ def preview_search(config_file: Path, as_json: bool) -> None:
         try:
             searcher = searcher_in_batches(config)
             key = "length_per_round" if searcher.name == "pbt" else "max_length"
-            length = config.searcher.max_length
-            unit = length.unit.value.removesuffix("s") if length.value == 1 else length.unit.value
             note = (
-                f"note: {key} {length.value} {unit} is "
+                f"note: {key} {config.searcher.max_length.in_words()} is "
                 f"{searcher.max_length.value} batches on a cluster (records_per_epoch "
                 f"{config.records_per_epoch}, global_batch_size {config.global_batch_size})"
             )

@@ -92,9 +92,7 @@ class MasterServer:
             self.join_token = config.join_token or self.store.secret("join_token").hex()
             generated = self.auth.bootstrap_admin(config.initial_admin_password)
         except BaseException:
-            self.loop.stop()
-            self.store.close()
-            self.owner.release()
+            self._unwind()
             raise
         if generated is not None:
             # Printed once: the store keeps only its hash.
@@ -123,14 +121,10 @@ class MasterServer:
                 lambda: self._bind(config, interceptors, self.tls)
             )
         except BaseException:
-            self.loop.stop()
-            self.store.close()
-            self.owner.release()
+            self._unwind()
             raise
         if self.port == 0:
-            self.loop.stop()
-            self.store.close()
-            self.owner.release()
+            self._unwind()
             raise AssayError(
                 f"cannot listen on {config.host}:{config.grpc_port}: the port is in use or the "
                 "address is not this machine's; pick another with --grpc-port / --host"
@@ -177,9 +171,7 @@ class MasterServer:
                 _write_private(config.state_dir / "metrics-token", token + "\n")
             return PrometheusTelemetry(), token
         except BaseException:
-            self.loop.stop()
-            self.store.close()
-            self.owner.release()
+            self._unwind()
             raise
 
     def _scrape(self) -> tuple[bytes, str]:
@@ -271,6 +263,12 @@ class MasterServer:
                 f"the master stopped: it could not write to its database ({self.fatal}); "
                 "start it again once the database is back, and it resumes from there"
             )
+
+    def _unwind(self) -> None:
+        """Undo a start that failed half-way: the loop, the store and its lock."""
+        self.loop.stop()
+        self.store.close()
+        self.owner.release()
 
     def _on_fatal(self, error: BaseException) -> None:
         # Memory is ahead of the database: serving on would act on unrecorded state.

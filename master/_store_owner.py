@@ -94,7 +94,7 @@ def own_store(url: str) -> StoreOwner:
             return StoreOwner(None, None)
         return _own_sqlite(Path(database))
     if parsed.get_backend_name() == "postgresql":
-        return _own_postgres(url, parsed.render_as_string(hide_password=True))
+        return _PostgresOwner(url, parsed.render_as_string(hide_password=True))
     return StoreOwner(None, None)
 
 
@@ -227,10 +227,6 @@ def _held_by_another(shown: str, holder: Any, *, lost: bool = False) -> str:
         "give this master a database of its own. If that master's host is gone, the "
         f"server frees the store within about a minute; or end its session now: {stale}"
     )
-
-
-def _own_postgres(url: str, shown: str) -> StoreOwner:
-    return _PostgresOwner(url, shown)
 
 
 __all__ = ["StoreOwner", "StoreTakenError", "own_store"]

@@ -136,10 +136,10 @@ def test_metric_values_from_numpy_and_torch(local_dir: Path) -> None:
 def test_a_metric_name_the_master_would_refuse_is_refused_in_the_script(local_dir: Path) -> None:
     """The same rule as the store's, so run-local refuses what a cluster would (there,
     the master's refusal failed the run, and every restart again)."""
-    from assay.core._train import MAX_METRIC_NAME
+    from assay.config._limits import MAX_METRIC_NAME_CHARS
     from assay.master.store._metrics import MAX_NAME_LEN
 
-    assert MAX_METRIC_NAME == MAX_NAME_LEN
+    assert MAX_METRIC_NAME_CHARS == MAX_NAME_LEN
     with assay.core.init() as core:
         core.train.report_training_metrics(1, {"x" * MAX_NAME_LEN: 1.0})
         with pytest.raises(

@@ -52,6 +52,11 @@ class Length:
             )
         return self.value * batches_per_epoch
 
+    def in_words(self) -> str:
+        """`1 epoch`, `20 batches`."""
+        unit = self.unit.value.removesuffix("s") if self.value == 1 else self.unit.value
+        return f"{self.value} {unit}"
+
     def to_dict(self) -> dict[str, int]:
         return {self.unit.value: self.value}
 

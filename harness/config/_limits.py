@@ -28,6 +28,9 @@ MAX_NAME_CHARS = 255  # the store's column; Kubernetes allows 253 for an object'
 MAX_DESCRIPTION_CHARS = 4096
 MAX_LABELS = 64
 MAX_LABEL_CHARS = 255  # the store's column
+# A metric's name (the store's column): refused by the Core API in the script too, not
+# only by the master, which would fail the run.
+MAX_METRIC_NAME_CHARS = 255
 MAX_INT = 2**63 - 1
 
 # NUL: PostgreSQL's text and JSON cannot hold it; surrogates: not encodable as UTF-8.

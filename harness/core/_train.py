@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from assay.config._limits import MAX_METRIC_NAME_CHARS
 from assay.core._backend import Backend
 from assay.core._distributed import DistributedContext
 from assay.core._searcher import _SearchState
@@ -119,18 +120,13 @@ class TrainContext:
                     )
                 continue
             key = str(name)
-            if not 1 <= len(key) <= MAX_METRIC_NAME:
+            if not 1 <= len(key) <= MAX_METRIC_NAME_CHARS:
                 shown = f"{key[:40]!r}... ({len(key):,} characters)" if key else "''"
                 raise AssayError(
-                    f"metric name {shown}: a metric name is 1 to {MAX_METRIC_NAME} characters"
+                    f"metric name {shown}: a metric name is 1 to {MAX_METRIC_NAME_CHARS} characters"
                 )
             values[key] = number
         return values
-
-
-# The longest metric name the master stores (master/store/_metrics.py's MAX_NAME_LEN):
-# refused here, in the script, rather than by the master, which fails the run.
-MAX_METRIC_NAME = 255
 
 
 def _steps(steps_completed: Any) -> int:

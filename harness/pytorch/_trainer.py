@@ -396,11 +396,9 @@ def _ignored_length(origin: _Origin, config: ExperimentConfig, max_length: Train
             f"fit(max_length={max_length!r}) is ignored on a cluster: the searcher "
             "decides how long this trial trains"
         )
-    length = config.searcher.trial_length
-    unit = length.unit.value.removesuffix("s") if length.value == 1 else length.unit.value
     return (
         f"fit(max_length={max_length!r}) is ignored: run-local trains as a cluster "
-        f"would, to searcher.max_length ({length.value} {unit})"
+        f"would, to searcher.max_length ({config.searcher.trial_length.in_words()})"
     )
 
 

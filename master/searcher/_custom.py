@@ -154,13 +154,9 @@ class CustomSearcher(Searcher):
         the operations for the master to carry out (a `Create`'s negative seed replaced by
         one derived from the experiment seed; `Shutdown` preceded by a `Close` of every
         trial still open). Raise `OperationsError`, changing nothing, for a bad batch."""
-        self._check(triggered_by, ops, method_state, progress)
+        kept = self._check(triggered_by, ops, method_state, progress)
         out: list[Operation] = []
-        for op in ops:
-            if not isinstance(op, (Create, Shutdown)) and _dropped(
-                op, self.trials[op.request_id]["state"]
-            ):
-                continue
+        for op in kept:
             if isinstance(op, Create):
                 seed = op.seed
                 if seed < 0:
@@ -194,7 +190,9 @@ class CustomSearcher(Searcher):
         ops: Sequence[Operation],
         method_state: bytes,
         progress: float | None,
-    ) -> None:
+    ) -> list[Operation]:
+        """The batch's operations to carry out (those `_dropped` left out), or raise
+        `OperationsError` for a bad batch."""
         last = self.next_event - 1
         if triggered_by <= self.acknowledged:
             raise OperationsError(
@@ -218,11 +216,13 @@ class CustomSearcher(Searcher):
         length = {rid: int(t["length"]) for rid, t in self.trials.items()}
         awaiting: set[str] = set()  # created in this batch, no ValidateAfter yet
         created = sum(1 for _ in self.trials)
+        kept: list[Operation] = []
         for i, op in enumerate(ops):
             where = f"operation {i + 1} ({type(op).__name__})"
             if isinstance(op, Shutdown):
                 if i != len(ops) - 1:
                     raise OperationsError(f"{where}: Shutdown must be the last operation")
+                kept.append(op)
                 continue
             rid = op.request_id
             if isinstance(op, Create):
@@ -243,6 +243,7 @@ class CustomSearcher(Searcher):
                     raise OperationsError(f"{where} of {rid!r}: {'; '.join(problems)}")
                 state[rid], length[rid] = "open", 0
                 awaiting.add(rid)
+                kept.append(op)
                 continue
             if rid not in state:
                 raise OperationsError(f"{where}: unknown trial {rid!r}")
@@ -272,11 +273,13 @@ class CustomSearcher(Searcher):
             elif isinstance(op, Close):
                 state[rid] = "closed"
                 awaiting.discard(rid)
+            kept.append(op)
         if awaiting:
             raise OperationsError(
                 f"trials {sorted(awaiting)} are created without a ValidateAfter: give each "
                 "new trial its first length in the same batch"
             )
+        return kept
 
     # --- snapshot ------------------------------------------------------------------------
 

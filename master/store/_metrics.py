@@ -17,6 +17,7 @@ from sqlalchemy import Table, and_, case, not_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from assay.config._limits import MAX_METRIC_NAME_CHARS
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -33,7 +34,7 @@ TRIALS = cast(Table, Trial.__table__)
 VALIDATION = "validation"  # the group whose searcher metric ranks trials
 MAX_GROUP_LEN = 64
 MAX_BATCHES = 2**63 - 1
-MAX_NAME_LEN = 255
+MAX_NAME_LEN = MAX_METRIC_NAME_CHARS
 
 
 class MetricQueries(StoreBase):

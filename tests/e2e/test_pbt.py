@@ -83,6 +83,21 @@ def _pbt_config() -> dict[str, Any]:
     return config
 
 
+def _completed_search(cluster: Cluster, config: Path, model_dir: Path) -> dict[int, Any]:
+    """Run the search to its end; its 6 trials (4, then a copy in each of rounds 1 and 2)
+    by id, the experiment COMPLETED."""
+    experiment_id = str(cluster.json("experiment", "create", str(config), str(model_dir))["id"])
+    waited = cluster.cli(
+        "experiment", "wait", experiment_id, "--timeout", str(WAIT_S), timeout=WAIT_S + 60
+    )
+    assert waited.returncode == 0, f"{waited.stdout}\n{waited.stderr}\n{cluster.dump_logs()}"
+    described: dict[str, Any] = cluster.json("experiment", "describe", experiment_id)
+    assert described["state"] == "COMPLETED", cluster.dump_logs()
+    trials = {int(t["id"]): t for t in described["trials"]}
+    assert len(trials) == 6, trials
+    return trials
+
+
 @pytest.mark.timeout(WAIT_S + 120)
 def test_pbt_copies_the_best_checkpoint_and_records_the_lineage(
     pbt_cluster: Cluster, api: Client, tmp_path: Path
@@ -93,15 +108,7 @@ def test_pbt_copies_the_best_checkpoint_and_records_the_lineage(
     plan = cluster.json("preview-search", str(path))
     assert [r["new_trials"] for r in plan["rounds"]] == [4, 1, 1]
 
-    experiment_id = str(cluster.json("experiment", "create", str(path), str(REGRESSION_DIR))["id"])
-    waited = cluster.cli(
-        "experiment", "wait", experiment_id, "--timeout", str(WAIT_S), timeout=WAIT_S + 60
-    )
-    assert waited.returncode == 0, f"{waited.stdout}\n{waited.stderr}\n{cluster.dump_logs()}"
-    described: dict[str, Any] = cluster.json("experiment", "describe", experiment_id)
-    assert described["state"] == "COMPLETED", cluster.dump_logs()
-    trials = {int(t["id"]): t for t in described["trials"]}
-    assert len(trials) == 6, trials
+    trials = _completed_search(cluster, path, REGRESSION_DIR)
     assert all(t["state"] == "COMPLETED" for t in trials.values()), trials
 
     first = sorted(trials)[:4]
@@ -151,16 +158,7 @@ def test_a_core_api_script_that_trains_to_max_length_lives_through_every_round(
     config["max_restarts"] = 0
     path = tmp_path / "pbt.yaml"
     path.write_text(yaml.safe_dump(config))
-    created = pbt_cluster.json("experiment", "create", str(path), str(SCRIPTS))
-    experiment_id = str(created["id"])
-    waited = pbt_cluster.cli(
-        "experiment", "wait", experiment_id, "--timeout", str(WAIT_S), timeout=WAIT_S + 60
-    )
-    assert waited.returncode == 0, f"{waited.stdout}\n{waited.stderr}\n{pbt_cluster.dump_logs()}"
-    described: dict[str, Any] = pbt_cluster.json("experiment", "describe", experiment_id)
-    assert described["state"] == "COMPLETED", pbt_cluster.dump_logs()
-    trials = {int(t["id"]): t for t in described["trials"]}
-    assert len(trials) == 6, trials
+    trials = _completed_search(pbt_cluster, path, SCRIPTS)
     assert sum(t["total_batches"] == 3 * ROUND for t in trials.values()) == 4, trials
     for trial_id, trial in trials.items():
         if trial["parent_trial_id"] is None:

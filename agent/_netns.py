@@ -1,0 +1,369 @@
+"""A network of its own for one allocation: loopback only, and a way out to the master.
+
+With `isolation_network: loopback` an isolated allocation whose ranks are all on this
+agent runs in a network namespace that holds nothing but its own loopback interface.
+What listens on the agent's loopback (a database that trusts local connections, the
+agent's own services, another trial's rendezvous port) is out of its reach: in its
+namespace, 127.0.0.1 is its own. Its ranks still meet each other there (the
+torch.distributed rendezvous, Gloo and NCCL's bootstrap run on its loopback), and
+reach the master through a relay: the agent, which belongs to both namespaces, listens
+on a port of the allocation's loopback and passes each connection on to the master's
+trial API. A trial that checkpoints to S3 reaches its endpoint (and nothing else)
+through an HTTP proxy the agent runs the same way (`HTTP_PROXY`, `HTTPS_PROXY`: boto3
+follows them). Nothing else leaves the namespace: no address of the machine's, no
+name server, no other host.
+
+How: a short-lived thread of the agent unshares its network namespace (namespaces are
+per thread), brings its loopback up, opens the relay's listening sockets there and
+keeps a descriptor of the namespace; the ranks' exec wrapper joins it by that
+descriptor (`setns`) while it is still root, before it becomes the allocation's user.
+The namespace lives as long as a descriptor or a process holds it; `close` drops the
+agent's, and the kernel frees it with the allocation's last process.
+
+A trial spread over several agents needs the machines' network between its ranks (the
+rendezvous, and Gloo's and NCCL's connections on ports chosen at run time), so it
+cannot run in a namespace of its own: an agent with `isolation_network: loopback`
+refuses it, and saying so is the scheduler's and the user's cue to keep such trials on
+agents whose network is the host's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import logging
+import os
+import socket
+import struct
+import threading
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger("assay.agent")
+
+CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+_IFREQ = "16sH22x"  # struct ifreq: the name, then the flags of the union (40 bytes)
+_BUFFER = 64 * 1024
+_MAX_HEAD = 16 * 1024  # a proxy request's head
+_HEAD_TIMEOUT = 30.0
+
+
+class NamespaceError(OSError):
+    """The agent cannot make or enter a network namespace (not root, not Linux)."""
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise NamespaceError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def set_namespace(fd: int) -> None:
+    """Move the calling thread into the network namespace `fd` names."""
+    _check(_libc().setns(fd, CLONE_NEWNET), "setns")
+
+
+def _bring_up_loopback() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack(_IFREQ, b"lo", 0)
+        flags = struct.unpack(_IFREQ, fcntl.ioctl(s, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
+
+
+@dataclass(frozen=True)
+class _Made:
+    fd: int
+    listeners: tuple[socket.socket, ...]
+
+
+def _make(listeners: int) -> _Made:
+    """In the calling thread: a new network namespace with loopback up and `listeners`
+    listening sockets on it; the thread goes back to its own namespace before returning."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    made: list[socket.socket] = []
+    try:
+        _check(_libc().unshare(CLONE_NEWNET), "unshare")
+        try:
+            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _bring_up_loopback()
+                for _ in range(listeners):
+                    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    made.append(listener)
+                    listener.bind(("127.0.0.1", 0))
+                    listener.listen(64)
+            except BaseException:
+                for listener in made:
+                    listener.close()
+                os.close(fd)
+                raise
+        finally:
+            set_namespace(own)
+    finally:
+        os.close(own)
+    return _Made(fd, tuple(made))
+
+
+def _in_own_thread(work: Callable[[], _Made]) -> _Made:
+    """Run `work` in a thread of its own, so that no thread of the agent that lives on
+    ever leaves the agent's network namespace, even if going back failed."""
+    result: list[_Made] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as e:
+            error.append(e)
+
+    thread = threading.Thread(target=run, name="netns-make", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _copy(source: socket.socket, sink: socket.socket) -> None:
+    """Copy `source` to `sink` until `source` ends or either fails, then pass the end on."""
+    try:
+        while data := source.recv(_BUFFER):
+            sink.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+@dataclass(frozen=True)
+class Outlet:
+    """A place outside that an allocation's processes may reach through its proxy: `host`
+    on `port`, and with `subdomains` any name under `host` too (an S3 bucket addressed
+    as `<bucket>.<endpoint>`)."""
+
+    host: str
+    port: int
+    subdomains: bool = False
+
+    def admits(self, host: str, port: int) -> bool:
+        host = host.lower().rstrip(".")
+        own = self.host.lower().rstrip(".")
+        named = host == own or (self.subdomains and host.endswith("." + own))
+        return port == self.port and named
+
+
+def outlet_of_url(url: str | None) -> Outlet:
+    """Where an S3 client with `endpoint_url` `url` connects (None: AWS itself)."""
+    if not url:
+        return Outlet("amazonaws.com", 443, subdomains=True)
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return Outlet(parts.hostname or "", port, subdomains=True)
+
+
+def _read_head(s: socket.socket) -> tuple[bytes, bytes]:
+    """An HTTP request's head (to its blank line) and what came after it."""
+    data = b""
+    s.settimeout(_HEAD_TIMEOUT)
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk or len(data) > _MAX_HEAD:
+            raise ValueError("no complete request head")
+        data += chunk
+    s.settimeout(None)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head + b"\r\n\r\n", rest
+
+
+def _proxy_target(head: bytes) -> tuple[str, int, bytes | None]:
+    """Where a proxy request goes: (host, port, the head to send on), the head None for a
+    CONNECT (a tunnel: nothing is sent on, the client speaks TLS through it)."""
+    line, _, headers = head.partition(b"\r\n")
+    method, target, version = line.decode("latin-1").split(" ")
+    if method == "CONNECT":
+        host, _, port = target.rpartition(":")
+        return host.strip("[]"), int(port), None
+    parts = urllib.parse.urlsplit(target)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not a proxy request: {target}")
+    path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+    sent = f"{method} {path} {version}\r\n".encode("latin-1") + headers
+    return parts.hostname, parts.port or 80, sent
+
+
+class LoopbackNetwork:
+    """One allocation's network namespace, its relay to the master's trial API, and a
+    proxy to the `outlets` (its checkpoint storage) when it has any.
+
+    `fd` is the namespace's descriptor for the ranks' wrapper to join; `trial_api` is
+    the address the ranks reach the master at from inside (127.0.0.1 and the relay's
+    port); `proxy` the HTTP(S) proxy's URL, for `HTTP_PROXY` and `HTTPS_PROXY`, or None.
+    Thread-safe; `close` ends the relay, the proxy and every connection through them.
+    """
+
+    def __init__(
+        self, target: tuple[str, int], outlets: Sequence[Outlet] = (), name: str = ""
+    ) -> None:
+        """`target`: the master's trial API as the agent reaches it (host, port)."""
+        try:
+            made = _in_own_thread(lambda: _make(2 if outlets else 1))
+        except OSError as e:
+            raise NamespaceError(
+                e.errno,
+                f"cannot make a network namespace for the allocation ({e.strerror or e}): "
+                "isolation_network: loopback needs an agent running as root on Linux",
+            ) from None
+        self.fd = made.fd
+        self._listeners = made.listeners
+        self._target = target
+        self._outlets = tuple(outlets)
+        self._name = name
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._closed = False
+        self.port = _port_of(self._listeners[0])
+        self.proxy = f"http://127.0.0.1:{_port_of(self._listeners[1])}" if outlets else None
+        self._start(self._listeners[0], self._relay)
+        if outlets:
+            self._start(self._listeners[1], self._proxy)
+
+    @property
+    def trial_api(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _start(self, listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
+        def accept() -> None:
+            while True:
+                try:
+                    inside, _ = listener.accept()
+                except OSError:
+                    return  # closed
+                threading.Thread(
+                    target=serve, args=(inside,), name=f"relay-{self._name}", daemon=True
+                ).start()
+
+        threading.Thread(target=accept, name=f"relay-{self._name}", daemon=True).start()
+
+    def _relay(self, inside: socket.socket) -> None:
+        self._join(inside, self._target, b"", b"")
+
+    def _proxy(self, inside: socket.socket) -> None:
+        """An HTTP proxy that goes to the outlets only: a CONNECT tunnel (https) or one
+        request forwarded (http), refused with 403 for any other place."""
+        try:
+            head, rest = _read_head(inside)
+            host, port, sent = _proxy_target(head)
+        except (OSError, ValueError):
+            inside.close()
+            return
+        if not any(outlet.admits(host, port) for outlet in self._outlets):
+            log.warning("allocation %s: refused a connection to %s:%d", self._name, host, port)
+            with contextlib.suppress(OSError):
+                inside.sendall(_refusal(host, port))
+            inside.close()
+            return
+        if sent is None:
+            self._join(inside, (host, port), b"", rest, connected=_TUNNEL_OPEN)
+        else:
+            self._join(inside, (host, port), sent + rest, b"")
+
+    def _join(
+        self,
+        inside: socket.socket,
+        target: tuple[str, int],
+        first_out: bytes,
+        first_in: bytes,
+        connected: bytes = b"",
+    ) -> None:
+        """Connect `inside` with `target`: `first_out` goes out first, `connected` back
+        in once connected, `first_in` (read already) out after it; then both ways until
+        either ends."""
+        try:
+            outside = socket.create_connection(target, timeout=10)
+            outside.settimeout(None)
+            outside.sendall(first_out + first_in)
+            if connected:
+                inside.sendall(connected)
+        except OSError as e:
+            log.warning("allocation %s: cannot reach %s:%d: %s", self._name, *target, e)
+            inside.close()
+            return
+        for s in (inside, outside):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            if self._closed:
+                inside.close()
+                outside.close()
+                return
+            self._open.update((inside, outside))
+        ends = [2]  # the pumps still running; the last one closes both sockets
+
+        def pump(source: socket.socket, sink: socket.socket) -> None:
+            _copy(source, sink)
+            with self._lock:
+                ends[0] -= 1
+                last = ends[0] == 0
+                if last:
+                    self._open.difference_update((inside, outside))
+            if last:
+                inside.close()
+                outside.close()
+
+        threading.Thread(
+            target=pump, args=(outside, inside), name=f"relay-{self._name}", daemon=True
+        ).start()
+        pump(inside, outside)
+
+    def close(self) -> None:
+        """Stop relaying and let the namespace go with the allocation's processes."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sockets = list(self._open)
+            self._open.clear()
+        for listener in self._listeners:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def _port_of(s: socket.socket) -> int:
+    return int(s.getsockname()[1])
+
+
+_TUNNEL_OPEN = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+
+def _refusal(host: str, port: int) -> bytes:
+    body = (
+        f"assay: {host}:{port} is outside this trial's network (isolation_network: "
+        "loopback lets a trial reach its master and its checkpoint storage only)\n"
+    ).encode()
+    head = f"HTTP/1.1 403 Forbidden\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    return head.encode() + body
+
+
+__all__ = [
+    "CLONE_NEWNET",
+    "LoopbackNetwork",
+    "NamespaceError",
+    "Outlet",
+    "outlet_of_url",
+    "set_namespace",
+]

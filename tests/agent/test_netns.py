@@ -1,0 +1,232 @@
+"""An allocation's network namespace: only its own loopback, and the relay to the master.
+
+Real namespaces (the agent runs as root); a child process joins one by its descriptor,
+as the ranks' exec wrapper does."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from assay.agent._netns import LoopbackNetwork, outlet_of_url
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not sys.platform.startswith("linux"),
+    reason="network namespaces need root on Linux",
+)
+
+# Run inside the namespace: what it can reach, as JSON.
+PROBE = """
+import ctypes, json, socket, sys
+fd, secret, relay = (int(a) for a in sys.argv[1:4])
+assert ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) == 0
+found = {}
+try:
+    socket.create_connection(("127.0.0.1", secret), timeout=5).close()
+    found["secret"] = "reached"
+except OSError as e:
+    found["secret"] = type(e).__name__
+with socket.create_connection(("127.0.0.1", relay), timeout=5) as s:
+    s.sendall(b"ping")
+    s.shutdown(socket.SHUT_WR)
+    found["relay"] = s.recv(100).decode()
+own = socket.socket()
+own.bind(("127.0.0.1", 0))
+own.listen()
+socket.create_connection(own.getsockname(), timeout=5).close()
+found["own_loopback"] = "ok"
+found["interfaces"] = [l.split(":")[0].strip() for l in open("/proc/net/dev") if ":" in l]
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture
+def echo_server() -> Iterator[int]:
+    """A service on the agent's loopback: answers 'echo:' and what it was sent."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while chunk := conn.recv(100):
+                    data += chunk
+                conn.sendall(b"echo:" + data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield int(server.getsockname()[1])
+    server.close()
+
+
+def _probe(network: LoopbackNetwork, secret: int) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(network.fd), str(secret), str(network.port)],
+        pass_fds=(network.fd,),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_inside_only_its_own_loopback_answers_and_the_relay_reaches_the_master(
+    echo_server: int,
+) -> None:
+    # The relay's target stands for the master; the same service, reached directly on
+    # 127.0.0.1, stands for anything else on the agent's loopback.
+    network = LoopbackNetwork(("127.0.0.1", echo_server), "test")
+    try:
+        found = _probe(network, echo_server)
+    finally:
+        network.close()
+    assert found["secret"] == "ConnectionRefusedError"
+    assert found["relay"] == "echo:ping"
+    assert found["own_loopback"] == "ok"
+    assert found["interfaces"] == ["lo"]
+    assert network.trial_api == f"127.0.0.1:{network.port}"
+
+
+def test_two_allocations_do_not_see_each_others_ports(echo_server: int) -> None:
+    first = LoopbackNetwork(("127.0.0.1", echo_server), "first")
+    second = LoopbackNetwork(("127.0.0.1", echo_server), "second")
+    try:
+        # The first's relay port, tried from inside the second: nothing listens there.
+        found = _probe(second, first.port)
+    finally:
+        first.close()
+        second.close()
+    assert found["secret"] == "ConnectionRefusedError"
+    assert found["relay"] == "echo:ping"
+
+
+def test_the_agent_thread_that_made_it_stays_in_the_agents_namespace(echo_server: int) -> None:
+    before = os.readlink("/proc/thread-self/ns/net")
+    network = LoopbackNetwork(("127.0.0.1", echo_server), "test")
+    try:
+        assert os.readlink("/proc/thread-self/ns/net") == before
+        assert os.readlink(f"/proc/self/fd/{network.fd}") != before
+    finally:
+        network.close()
+
+
+def test_close_ends_the_relay_and_every_connection_through_it(echo_server: int) -> None:
+    network = LoopbackNetwork(("127.0.0.1", echo_server), "test")
+    probe = """
+import ctypes, socket, sys, time
+fd, relay = int(sys.argv[1]), int(sys.argv[2])
+assert ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) == 0
+s = socket.create_connection(("127.0.0.1", relay), timeout=30)
+print("connected", flush=True)
+try:
+    data = s.recv(100)
+except ConnectionResetError:  # closed before the relay took it up
+    data = b""
+print("ended" if data == b"" else "data", flush=True)
+"""
+    child = subprocess.Popen(
+        [sys.executable, "-c", probe, str(network.fd), str(network.port)],
+        pass_fds=(network.fd,),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "connected"
+    network.close()
+    assert child.stdout.readline().strip() == "ended"
+    assert child.wait(timeout=30) == 0
+    network.close()  # a second close does nothing
+
+
+PROXY_PROBE = """
+import ctypes, json, sys, urllib.error, urllib.request
+fd, proxy, allowed, other = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+assert ctypes.CDLL(None, use_errno=True).setns(int(fd), 0x40000000) == 0
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy}))
+found = {}
+for name, url in (("allowed", allowed), ("other", other)):
+    try:
+        found[name] = opener.open(url, timeout=10).read().decode()
+    except urllib.error.HTTPError as e:
+        found[name] = f"{e.code} {e.read().decode().strip()}"
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture
+def web_server() -> Iterator[int]:
+    """An HTTP server on the agent's loopback that says which path it was asked for."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f"got {self.path}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_proxy_reaches_the_outlets_and_nothing_else(echo_server: int, web_server: int) -> None:
+    outlet = outlet_of_url(f"http://127.0.0.1:{web_server}")
+    network = LoopbackNetwork(("127.0.0.1", echo_server), [outlet], "test")
+    try:
+        assert network.proxy is not None
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                PROXY_PROBE,
+                str(network.fd),
+                network.proxy,
+                f"http://127.0.0.1:{web_server}/bucket/key?x=1",
+                f"http://127.0.0.1:{echo_server}/",  # on the agent's loopback, not an outlet
+            ],
+            pass_fds=(network.fd,),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    finally:
+        network.close()
+    found = json.loads(done.stdout)
+    assert found["allowed"] == "got /bucket/key?x=1"
+    assert found["other"].startswith("403 assay: 127.0.0.1:")
+    assert "outside this trial's network" in found["other"]
+
+
+def test_an_outlet_admits_its_host_its_subdomains_and_its_port_only() -> None:
+    aws = outlet_of_url(None)
+    assert aws.admits("my-bucket.s3.us-east-1.amazonaws.com", 443)
+    assert not aws.admits("amazonaws.com.evil.example", 443)
+    assert not aws.admits("s3.amazonaws.com", 80)
+    minio = outlet_of_url("https://MinIO.lab:9000")
+    assert minio.admits("minio.lab", 9000)
+    assert minio.admits("bucket.minio.lab.", 9000)
+    assert not minio.admits("minio.lab", 9001)
+    assert not minio.admits("xminio.lab", 9000)
+    assert outlet_of_url("http://10.0.0.5").port == 80

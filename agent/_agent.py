@@ -36,13 +36,15 @@ from assay.agent._allocation import (
     state_change,
     validate,
 )
-from assay.agent._config import AgentSettings
+from assay.agent._cgroups import Allowance, CgroupError, Cgroups
+from assay.agent._config import AgentSettings, memory_bytes
 from assay.agent._connection import Backoff, MasterConnection
 from assay.agent._credential import CredentialFile
 from assay.agent._devices import DeviceMonitor, detect_devices, slot_type_proto
 from assay.agent._isolation import Isolation
 from assay.agent._process import wrap_command
 from assay.agent._usage import RankProcess, RankSampler
+from assay.config import format_size
 from assay.errors import PREEMPTED_EXIT_CODE
 from assay.proto import agent_pb2
 
@@ -98,6 +100,12 @@ class Agent:
         if mode == "auto":
             mode = "uid" if os.geteuid() == 0 else "none"
         self.isolation = Isolation(mode, settings.isolation_uid_base, settings.isolation_uids)
+        self.cgroups = self._open_cgroups()
+        total = psutil.virtual_memory().total
+        self.allowance = Allowance(
+            memory=memory_bytes(settings.allocation_memory, total),
+            pids_per_slot=settings.pids_per_slot,
+        )
         self._check_trials_can_start()
         self._events: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
         self.connection = MasterConnection(
@@ -127,6 +135,20 @@ class Agent:
         """Ask `run()` to stop the allocations (SIGTERM, then SIGKILL after the grace) and
         return; a second call SIGKILLs them at once. Safe to call from a signal handler."""
         self._stop_requests += 1
+
+    def _open_cgroups(self) -> Cgroups | None:
+        """The cgroups of this agent's allocations, per the `cgroups` setting (None: off).
+        Raises ValueError saying what to do where they are needed and cannot be made."""
+        choice = self.settings.cgroups
+        if choice == "off" or (choice == "auto" and not self.isolation.enabled):
+            return None
+        try:
+            return Cgroups.open(self.settings.agent_id)
+        except (CgroupError, OSError) as e:
+            why = "isolation: uid puts" if choice == "auto" else "cgroups: on puts"
+            raise ValueError(
+                f"{why} each allocation in a cgroup of its own, and the agent cannot make one: {e}"
+            ) from None
 
     def _check_trials_can_start(self) -> None:
         """Isolated, a trial runs as a uid of no account: check that such a uid can start
@@ -165,6 +187,8 @@ class Agent:
     def run(self) -> None:
         """Serve the master until `stop()`; every allocation has exited when it returns."""
         self._clean_work_dir()
+        if self.cgroups is not None:
+            self.cgroups.clean()  # what an earlier run of this agent left running
         thread = threading.Thread(target=self.connection.run, name="master", daemon=True)
         thread.start()
         log.info(
@@ -177,6 +201,19 @@ class Agent:
             self.work_dir,
             self.settings.master,
         )
+        if self.cgroups is not None:
+            log.info(
+                "each allocation runs in a cgroup of its own (%s): at most %s of memory "
+                "and %s processes and threads per slot",
+                self.cgroups.description,
+                format_size(self.allowance.memory),
+                self.allowance.pids_per_slot or "any number of",
+            )
+        elif self.isolation.enabled:
+            log.warning(
+                "cgroups: off -- allocations have no memory or process limits, and what "
+                "one leaves running is killed by its uid alone"
+            )
         if self.isolation.enabled:
             log.info("each allocation runs as a uid of its own (isolation: uid)")
         else:
@@ -205,6 +242,8 @@ class Agent:
             self.connection.close()
             thread.join(timeout=5)
             self.devices.close()
+            if self.cgroups is not None:
+                self.cgroups.close()
             log.info("agent %s stopped", self.settings.agent_id)
 
     def _enqueue(self, message: agent_pb2.MasterMessage) -> None:
@@ -245,6 +284,8 @@ class Agent:
             grace=self.settings.grace,
             keep_dir=self.settings.keep_work_dirs,
             isolation=self.isolation,
+            cgroups=self.cgroups,
+            allowance=self.allowance,
         )
         try:
             if stopping:

@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from assay._spec import ClusterSpec
+from assay.agent._cgroups import Allowance, Cgroup, Cgroups
 from assay.agent._devices import SlotKind
-from assay.agent._isolation import Identity, Isolation
+from assay.agent._isolation import Identity, Isolation, kill_processes_of
 from assay.agent._logs import LogBatcher
 from assay.agent._nccl import interface_of, nccl_environment
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
 from assay.common.archive import ModelDefinitionError, unpack_model_dir
 from assay.common.tls import ClientTls
-from assay.config import environment_of
+from assay.config import environment_of, format_size, parse_memory
 from assay.core._distributed import torchrun_env
 from assay.errors import (
     PREEMPTED_EXIT_CODE,
@@ -113,6 +114,19 @@ def _stores_on_shared_fs(config_json: str) -> bool:
     return not isinstance(storage, dict) or storage.get("type", "shared_fs") == "shared_fs"
 
 
+def _memory_per_slot(config_json: str) -> int | None:
+    """`resources.memory` of the experiment config, in bytes (None when unset)."""
+    config = _json_or_empty(config_json, "config_json")
+    resources = config.get("resources") if isinstance(config, dict) else None
+    value = resources.get("memory") if isinstance(resources, dict) else None
+    if value is None:
+        return None
+    try:
+        return parse_memory(value)
+    except ValueError as e:
+        raise AllocationError(f"refused the config's resources.memory: {e}") from None
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
@@ -173,13 +187,16 @@ class Allocation:
         grace: float,
         keep_dir: bool = False,
         isolation: Isolation | None = None,
+        cgroups: Cgroups | None = None,
+        allowance: Allowance | None = None,
     ) -> None:
         """`work_dir`: the agent's (this allocation's directory goes under it);
         `harness_command`: what each rank runs; `address`: MASTER_ADDR when the master
         leaves it empty; `tls`: how the processes reach the master (as the agent does);
         `grace`: SIGTERM-to-SIGKILL for the other ranks when one fails; `keep_dir`: keep
         the directory after the exit (debugging); `isolation`: lends the processes a
-        uid of their own (none: they run as the agent)."""
+        uid of their own (none: they run as the agent); `cgroups`: gives them a cgroup
+        of their own, limited as `allowance` says (none: they run in the agent's)."""
         self.start_msg = start
         self.id = start.allocation_id
         self.slots = list(start.slots)
@@ -193,6 +210,11 @@ class Allocation:
         self.keep_dir = keep_dir
         self.isolation = isolation or Isolation("none", 0, 1)
         self.identity: Identity | None = None
+        self.cgroups = cgroups
+        self.allowance = allowance or Allowance(memory=2**62)
+        self.cgroup: Cgroup | None = None
+        self._asked_memory: int | None = None  # resources.memory times its slots, if set
+        self._oom_kills = 0
         self._send = send
         self._on_done = on_done
         self._kill_reason: str | None = None
@@ -211,7 +233,9 @@ class Allocation:
             processes = self._prepare()
             processes.spawn()
         except (AllocationError, OSError, RuntimeError) as e:
+            self._end_processes(persist=False)  # on the launching thread: bounded
             self._remove_dir()
+            self._remove_cgroup()
             self.isolation.give_back(self.identity)
             if isinstance(e, AllocationError):
                 raise
@@ -261,6 +285,7 @@ class Allocation:
         trial_spec(start).write(spec_path)  # readable by its owner only
         self.identity = self.isolation.lend(self.id, start.experiment_id)
         self.isolation.hand_over(self.dir, self.identity)
+        self.cgroup = self._make_cgroup()
         if start.checkpoint_root and _stores_on_shared_fs(start.config_json):
             try:
                 self.isolation.give_experiment_directory(
@@ -278,7 +303,37 @@ class Allocation:
             RankSpec(rank, self._env(k, slot, rank, port, spec_path))
             for k, (slot, rank) in enumerate(zip(start.slots, start.ranks, strict=True))
         ]
-        return RankProcesses(self.harness_command, model_dir, specs, self._logs.add, self.identity)
+        return RankProcesses(
+            self.harness_command,
+            model_dir,
+            specs,
+            self._logs.add,
+            self.identity,
+            self.cgroup.dirs if self.cgroup is not None else (),
+        )
+
+    def _make_cgroup(self) -> Cgroup | None:
+        """The allocation's own cgroup, limited to its share (None without cgroups)."""
+        if self.cgroups is None:
+            return None
+        per_slot = _memory_per_slot(self.start_msg.config_json)
+        slots = len(self.slots)
+        limits = self.allowance.limits(slots, per_slot)
+        if per_slot is not None:
+            self._asked_memory = per_slot * slots
+            if self._asked_memory > self.allowance.memory:
+                self._logs.add(
+                    self.start_msg.ranks[0],
+                    "assay",
+                    f"assay: resources.memory asks for {format_size(self._asked_memory)} "
+                    f"({format_size(per_slot)} for each of {slots} slot(s)); this agent gives one "
+                    f"allocation at most {format_size(self.allowance.memory)} "
+                    "(allocation_memory): limited to that",
+                )
+        try:
+            return self.cgroups.create(self.id, limits)
+        except OSError as e:
+            raise AllocationError(f"cannot make the allocation's cgroup: {e}") from None
 
     def _env(
         self, local_rank: int, slot: int, rank: int, port: int, spec_path: Path
@@ -329,7 +384,9 @@ class Allocation:
     def _watch(self) -> None:
         assert self.processes is not None
         try:
-            report = self.processes.wait(self.grace)
+            # Every process it started is gone before its exit is reported: the master
+            # may place the next allocation on these slots, and lend nothing of this one.
+            report = self.processes.wait(self.grace, ended=self._end_processes)
             self._logs.close()
             message = self._exit_message(report)
             log.info("allocation %s: %s", self.id, message)
@@ -339,8 +396,31 @@ class Allocation:
             self._send(state_change(self.id, agent_pb2.ALLOCATION_STATE_EXITED, codes, message))
         finally:
             self.isolation.give_back(self.identity)  # and whatever it left running
+            self._remove_cgroup()
             self._remove_dir()
             self._on_done(self.id)
+
+    def _end_processes(self, *, persist: bool = True) -> None:
+        """Kill whatever the ranks left running, until none is left: the cgroup's
+        processes (again and again while one is stuck, if `persist`), or without one its
+        uid's."""
+        cgroup = self.cgroup
+        if cgroup is not None:
+            self._oom_kills = cgroup.oom_kills()
+            while not cgroup.kill() and persist:
+                log.error(
+                    "allocation %s: processes %s still live after SIGKILL (stuck in the "
+                    "kernel: a hung file system?); it ends once they are gone",
+                    self.id,
+                    sorted(cgroup.processes()),
+                )
+        elif self.identity is not None:
+            # Without a cgroup, by uid (`give_back` does it too, after the exit is sent).
+            kill_processes_of(self.identity.uid)
+
+    def _remove_cgroup(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
     def _exit_message(self, report: ExitReport) -> str:
         assert self.processes is not None
@@ -351,6 +431,8 @@ class Allocation:
             return f"all {len(report.codes)} processes exited with code 0"
         code = report.codes[report.failed]
         message = f"rank {ranks[report.failed]} {describe_exit(code)}"
+        if self._oom_kills:
+            message += f": {self._memory_reached()}"
         last = self.processes.last_line(report.failed)
         if last:
             message += f"{collective_mismatch_hint(last)}; its last output: {last}"
@@ -358,6 +440,20 @@ class Allocation:
         if any(c < 0 for i, c in enumerate(report.codes) if i != report.failed):
             message += "; the other ranks were stopped"
         return message
+
+    def _memory_reached(self) -> str:
+        """What to do about an allocation the kernel killed at its memory limit."""
+        assert self.cgroup is not None
+        limit = self.cgroup.limits.memory or 0
+        said = f"the allocation reached its memory limit of {format_size(limit)}"
+        asked = self._asked_memory
+        if asked is not None and asked <= limit:
+            slots = len(self.slots)
+            return f"{said} (resources.memory for {slots} slot(s)); raise resources.memory"
+        return (
+            f"{said}, the most this agent gives one allocation (its allocation_memory); "
+            "use less memory, or ask an administrator to raise allocation_memory"
+        )
 
     def _remove_dir(self) -> None:
         if not self.keep_dir:

@@ -23,6 +23,7 @@ from assay.common.settings import (
     Directory,
     FilePath,
     Integer,
+    Kind,
     Seconds,
     SettingsError,
     Text,
@@ -31,8 +32,38 @@ from assay.common.settings import (
     setting,
 )
 from assay.common.tls import ClientTls, PemFile, TlsError
+from assay.config import parse_memory
 
 DEFAULT_PATH = "/etc/assay/agent.yaml"
+
+
+@dataclass(frozen=True)
+class MemoryAmount(Kind):
+    """A size of memory, or a percentage of the machine's (kept as written, normalised)."""
+
+    @property
+    def accepts(self) -> str:
+        return "a size (64G, 512Mi) or a share of this machine's memory (90%)"
+
+    @property
+    def metavar(self) -> str:
+        return "SIZE|PERCENT"
+
+    def parse(self, value: object) -> str:
+        if isinstance(value, str) and value.strip().endswith("%"):
+            share = float(value.strip()[:-1])  # ValueError when not a number
+            if not 0 < share <= 100:
+                raise ValueError
+            return f"{share:g}%"
+        parse_memory(value)  # ValueError when not a size from 16 MiB
+        return str(value).strip()
+
+
+def memory_bytes(amount: str, total: int) -> int:
+    """`amount` (as `MemoryAmount` keeps it) in bytes, on a machine of `total` bytes."""
+    if amount.endswith("%"):
+        return int(total * float(amount[:-1]) / 100)
+    return parse_memory(amount)
 
 
 @dataclass(frozen=True)
@@ -163,6 +194,33 @@ class AgentSettings:
         help="How many uids from isolation_uid_base are lent; experiments share gids from "
         "the same range (an experiment's id modulo this).",
     )
+    cgroups: str = setting(
+        "auto",
+        kind=Choice(("auto", "on", "off")),
+        help="on: each allocation runs in a cgroup of its own (Linux, cgroup v2 or v1; "
+        "needs root and a writable /sys/fs/cgroup), which holds it to allocation_memory "
+        "and pids_per_slot; when it ends, the kernel kills every process in it, and it "
+        "counts as ended only once none is left. off: no limits, and what an allocation "
+        "leaves running is killed by its uid alone. auto: on with isolation uid (an agent "
+        "that cannot make cgroups then refuses to start, saying why), else off.",
+    )
+    allocation_memory: str = setting(
+        "90%",
+        kind=MemoryAmount(),
+        help="The most memory one allocation's processes may use together, page cache "
+        "included, with cgroups: a size (64G, 512Mi: powers of 1024) or a share of this "
+        "machine's memory (90%). An allocation gets its experiment's resources.memory "
+        "times its slots on this agent, at most this, and this when the experiment sets "
+        "none. Past it the kernel kills one of its processes, and the trial's exit "
+        "message says so.",
+    )
+    pids_per_slot: int = setting(
+        4096,
+        kind=Integer(minimum=0),
+        help="The most processes and threads one allocation may run, per slot it holds on "
+        "this agent, with cgroups: a fork bomb stops there. A PyTorch process with "
+        "DataLoader workers and OpenMP threads uses a few hundred. 0: no limit.",
+    )
     log_level: str = setting(
         "INFO",
         kind=Choice(("DEBUG", "INFO", "WARNING", "ERROR")),
@@ -206,4 +264,11 @@ def load_agent_settings(
 help_config = help_config_option(AgentSettings, program="assay-agent", path=DEFAULT_PATH)
 
 
-__all__ = ["DEFAULT_PATH", "AgentSettings", "help_config", "load_agent_settings"]
+__all__ = [
+    "DEFAULT_PATH",
+    "AgentSettings",
+    "MemoryAmount",
+    "help_config",
+    "load_agent_settings",
+    "memory_bytes",
+]

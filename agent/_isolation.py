@@ -17,9 +17,15 @@ that gives, enforced by the kernel rather than by Assay:
   checkpoints and TensorBoard files there (group-writable: umask 007, setgid keeps the
   group), another experiment's trials can neither list, read nor write it, and the root
   above it is only traversed (the master makes its own 0711).
-A uid is handed out round-robin, so one comes back only after every other in the range,
-and before it is handed out, and when its allocation ends, every process still running
-under it (a daemon a trial left behind) is killed. Agents on one machine share the range
+A uid is handed out round-robin, so one comes back only after every other in the range;
+the turn is kept in `<lock_dir>.next` (`/run/assay/uids.next`), which the agents of the
+machine share, so an agent that restarts goes on from there rather than from the first
+uid. A uid under which any process still lives (one a trial left behind, that outlived
+an agent killed meanwhile) is never lent: it is skipped, and what lives under it killed.
+When an allocation ends, every process still running under its uid is killed, until none
+is left: by `kill(-1, SIGKILL)` sent as that uid, which reaches all of them at once, so
+one that forks every millisecond cannot slip through (with cgroups, its cgroup is killed
+first; see `_cgroups`). Agents on one machine share the range
 (and must: an experiment's gid is the same on every agent of the cluster), so a uid is
 claimed on the machine, not only in the agent: by an exclusive lock on
 `<lock_dir>/<uid>` (`/run/assay/uids`, root's), held for the allocation's life and
@@ -37,15 +43,18 @@ import contextlib
 import fcntl
 import logging
 import os
-import signal
 import stat
 import struct
+import subprocess
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from assay._spawn import dying_with
 
 log = logging.getLogger("assay.agent")
 
@@ -87,36 +96,69 @@ class Isolation:
         self._base = uid_base
         self._count = uids
         self._lock_dir = lock_dir
+        self._turn = lock_dir.with_name(lock_dir.name + ".next")  # the next uid's offset
         self._lock = threading.Lock()
         self._lent: dict[int, int] = {}  # uid -> the descriptor holding its machine lock
-        self._next = 0
 
     @property
     def enabled(self) -> bool:
         return self.mode == "uid"
 
     def lend(self, allocation_id: str, experiment_id: int) -> Identity | None:
-        """A uid of its own for the allocation (None without isolation)."""
+        """A uid of its own for the allocation (None without isolation): the next in turn
+        that neither this agent nor another on the machine holds, and under which no
+        process lives."""
         if not self.enabled:
             return None
-        with self._lock:
-            for _ in range(self._count):
-                uid = self._base + self._next
-                self._next = (self._next + 1) % self._count
-                if uid in self._lent:
-                    continue
-                claim = self._claim(uid)
-                if claim is not None:
-                    self._lent[uid] = claim
-                    break
-            else:
-                raise RuntimeError(
-                    f"all {self._count} isolation uids are in use (by this agent and the "
-                    "other agents on this machine); raise isolation_uids"
-                )
+        with self._lock, self._turn_of_machine() as turn:
+            uid = self._next_free(turn)
         log.debug("allocation %s runs as uid %d", allocation_id, uid)
-        kill_processes_of(uid)  # anything left under it from a time before
         return Identity(uid, self.group_of(experiment_id))
+
+    def _next_free(self, turn: _Turn) -> int:
+        start = turn.read() % self._count
+        for step in range(self._count):
+            uid = self._base + (start + step) % self._count
+            if uid in self._lent:
+                continue
+            claim = self._claim(uid)
+            if claim is None:
+                continue
+            living = processes_of(uid)
+            if living:
+                log.warning(
+                    "uid %d is not lent: %d process(es) of an earlier allocation still run as "
+                    "it (%s); killing them",
+                    uid,
+                    len(living),
+                    ", ".join(map(str, sorted(living)[:10])),
+                )
+                kill_processes_of(uid)
+                self._release(uid, claim)
+                continue
+            # A process that forks faster than /proc is read escapes that look; this
+            # reaches it all the same (and being no process stuck in the kernel, which
+            # the look would have seen, it is gone at once).
+            _kill_all_as(uid)
+            self._lent[uid] = claim
+            turn.write((start + step + 1) % self._count)
+            return uid
+        raise RuntimeError(
+            f"all {self._count} isolation uids are in use (by this agent and the other "
+            "agents on this machine, or by processes left running); raise isolation_uids"
+        )
+
+    @contextlib.contextmanager
+    def _turn_of_machine(self) -> Iterator[_Turn]:
+        """The machine's turn, locked against the other agents here while it is read
+        and moved on."""
+        self._lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self._turn, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield _Turn(fd)
+        finally:
+            os.close(fd)
 
     def _claim(self, uid: int) -> int | None:
         """Lock `uid` on this machine: the lock's descriptor, or None if another agent
@@ -211,17 +253,21 @@ class Isolation:
                 )
 
     def give_back(self, identity: Identity | None) -> None:
-        """The allocation ended: whatever still runs as its uid is killed."""
+        """The allocation ended: whatever still runs as its uid is killed, then the uid
+        may be lent again (unless something outlived even that)."""
         if identity is None:
             return
         kill_processes_of(identity.uid)
         with self._lock:
             claim = self._lent.pop(identity.uid, None)
         if claim is not None:
-            # Removed while still locked, then released: another agent here may lend it.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._lock_dir / str(identity.uid))
-            os.close(claim)
+            self._release(identity.uid, claim)
+
+    def _release(self, uid: int, claim: int) -> None:
+        # Removed while still locked, then released: another agent here may lend it.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._lock_dir / str(uid))
+        os.close(claim)
 
     def environment_for(self, env: Mapping[str, str], home: Path) -> dict[str, str]:
         """The agent's environment as an allocation's processes start from it."""
@@ -286,22 +332,65 @@ def _let_in(fd: int, uid: int, path: Path) -> None:
         )
 
 
-def kill_processes_of(uid: int) -> int:
-    """SIGKILL every process running as `uid`; how many there were."""
-    killed = 0
+@dataclass(frozen=True)
+class _Turn:
+    """The offset of the next uid to lend, in a file the agents of a machine share."""
+
+    fd: int
+
+    def read(self) -> int:
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        text = os.read(self.fd, 64).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else 0
+
+    def write(self, offset: int) -> None:
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{offset}\n".encode(), 0)
+
+
+def processes_of(uid: int) -> set[int]:
+    """The live processes (zombies aside) whose real, effective or saved uid is `uid`."""
+    found = set()
     for proc in psutil.process_iter(["uids", "status"]):
         uids = proc.info.get("uids")
-        if proc.info.get("status") == psutil.STATUS_ZOMBIE:
-            continue  # dead already, waiting for its parent to reap it
-        if uids is not None and uid in (uids.real, uids.effective):
-            try:
-                os.kill(proc.pid, signal.SIGKILL)
-                killed += 1
-            except (ProcessLookupError, PermissionError):
-                pass
-    if killed:
-        log.info("killed %d process(es) left running as uid %d", killed, uid)
-    return killed
+        if proc.info.get("status") == psutil.STATUS_ZOMBIE or uids is None:
+            continue  # a zombie is dead already, waiting for its parent to reap it
+        if uid in (uids.real, uids.effective, uids.saved):
+            found.add(proc.pid)
+    return found
 
 
-__all__ = ["Identity", "Isolation", "kill_processes_of"]
+# Run as the uid: kill(-1) signals every process the sender may signal, i.e. all those
+# of its uid, in one pass of the kernel that a fork cannot race (a process being killed
+# cannot fork), except the sender itself. The shell's own `kill`: any uid can run it.
+_KILL_ALL = ["/bin/sh", "-c", "kill -KILL -1 2>/dev/null; exit 0"]
+
+
+def _kill_all_as(uid: int) -> None:
+    subprocess.run(dying_with(_KILL_ALL, os.getpid(), (uid, uid)), check=False, timeout=60)
+
+
+def kill_processes_of(uid: int, timeout: float = 10.0) -> bool:
+    """SIGKILL every process running as `uid`, however fast they fork, and wait until
+    none is left (zombies aside); False if one still lives after `timeout` seconds (in
+    uninterruptible sleep: it waits for its I/O)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _kill_all_as(uid)
+        pause = 0.001
+        until = min(deadline, time.monotonic() + 1.0)
+        while left := processes_of(uid):
+            if time.monotonic() >= until:
+                break
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+        if not left:
+            return True
+        if time.monotonic() >= deadline:
+            log.error(
+                "processes %s of uid %d outlived SIGKILL for %g s", sorted(left), uid, timeout
+            )
+            return False
+
+
+__all__ = ["Identity", "Isolation", "kill_processes_of", "processes_of"]

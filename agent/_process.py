@@ -35,12 +35,17 @@ LineSink = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)
 
 
 def wrap_command(
-    command: Sequence[str], agent_pid: int, identity: Identity | None = None
+    command: Sequence[str],
+    agent_pid: int,
+    identity: Identity | None = None,
+    cgroups: Sequence[Path] = (),
 ) -> list[str]:
-    """`command`, made to die with the agent on Linux (PR_SET_PDEATHSIG), and to run as
-    `identity` when given (see `assay._spawn`)."""
+    """`command`, made to die with the agent on Linux (PR_SET_PDEATHSIG), to run as
+    `identity` when given, and inside the cgroup directories `cgroups`, joined before it
+    starts (see `assay._spawn`)."""
+    user = (identity.uid, identity.gid) if identity else None
     try:
-        return dying_with(command, agent_pid, (identity.uid, identity.gid) if identity else None)
+        return dying_with(command, agent_pid, user, cgroups=cgroups)
     except OSError:
         raise OSError("isolating allocations needs Linux") from None
 
@@ -85,10 +90,13 @@ class RankProcesses:
         specs: Sequence[RankSpec],
         sink: LineSink,
         identity: Identity | None = None,
+        cgroups: Sequence[Path] = (),
     ) -> None:
-        """`identity`: the user the processes run as (None: the agent's own)."""
+        """`identity`: the user the processes run as (None: the agent's own); `cgroups`:
+        the directories of the cgroup they start in (none: the agent's)."""
         self.command = list(command)
         self.identity = identity
+        self.cgroups = tuple(cgroups)
         self.cwd = cwd
         self.specs = list(specs)
         self._sink = sink
@@ -105,7 +113,7 @@ class RankProcesses:
 
     def spawn(self) -> None:
         """Start every process; if one cannot start, stop those already started."""
-        command = wrap_command(self.command, os.getpid(), self.identity)
+        command = wrap_command(self.command, os.getpid(), self.identity, self.cgroups)
         try:
             for spec in self.specs:
                 proc = subprocess.Popen(
@@ -200,8 +208,13 @@ class RankProcesses:
             "and exits (the trial resumes from its latest checkpoint either way)",
         )
 
-    def wait(self, failure_grace: float = 30.0) -> ExitReport:
-        """Block until every process has exited; the first failure terminates the rest."""
+    def wait(
+        self, failure_grace: float = 30.0, ended: Callable[[], None] | None = None
+    ) -> ExitReport:
+        """Block until every process has exited; the first failure terminates the rest.
+
+        `ended` is called once they all have, before the rest of their output is read:
+        it ends what they left running (which may hold their output open)."""
         failed: int | None = None
         early: tuple[int, ...] = ()
         while True:
@@ -228,6 +241,8 @@ class RankProcesses:
         for proc in self._procs:  # strays left in a group by a rank that exited
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        if ended is not None:
+            ended()
         for pump in self._pumps:
             pump.join(PUMP_JOIN_TIMEOUT)
         return ExitReport([int(c) for c in codes if c is not None], failed, early)

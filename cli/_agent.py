@@ -55,7 +55,7 @@ def _set_enabled(agent_id: str, enabled: bool, drain: bool = False) -> None:
     result = client().set_agent_enabled(agent_id, enabled, drain)
     word = "enabled" if result.enabled else "disabled"
     if result.draining:
-        busy = sum(1 for s in result.slots if s.allocation_id)
+        busy = sum(1 for s in result.slots if fmt.slot_busy(s))
         word = f"draining ({busy} slot{'s' if busy != 1 else ''} busy)" if busy else "drained"
     click.echo(f"agent {result.id or agent_id} {word}")
 
@@ -125,7 +125,7 @@ def slot_list_command(as_json: bool) -> None:
             s["index"],
             s["type"],
             "yes" if s["enabled"] else "no",
-            "busy" if s["allocation_id"] else "free",
+            "busy" if s["busy"] else "free",
             s["trial_id"],
             s["allocation_id"],
         ]
@@ -164,11 +164,65 @@ def resource_pool_list_command(as_json: bool) -> None:
                     s["used"],
                     s["free"],
                     p["queued_trials"] if first else "",
+                    _workspaces(p["workspaces"]) if first else "",
                     (p["description"] or None) if first else "",
                 ]
             )
     headers = ["NAME", "SCHEDULER", "AGENTS", "TYPE", "SLOTS", "USED", "FREE", "QUEUED"]
-    click.echo(fmt.table([*headers, "DESCRIPTION"], rows))
+    click.echo(fmt.table([*headers, "WORKSPACES", "DESCRIPTION"], rows))
+
+
+def _workspaces(bindings: list[dict[str, object]]) -> str:
+    """A pool's bound workspaces, or "all" for a pool open to every workspace."""
+    return ",".join(str(b["workspace"]) for b in bindings) or "all"
+
+
+def _said(pool: str, bindings: list[object]) -> str:
+    names = [str(getattr(b, "workspace", "")) for b in bindings]
+    if not names:
+        return f"pool {pool} is open to every workspace"
+    return f"pool {pool} takes experiments of workspace{'s' if len(names) > 1 else ''} " + (
+        ", ".join(names)
+    )
+
+
+@resource_pool.command("bind")
+@click.argument("pool")
+@click.argument("workspace")
+@user_errors
+def resource_pool_bind_command(pool: str, workspace: str) -> None:
+    """Bind POOL to WORKSPACE (admins): a bound pool takes experiments of its bound
+    workspaces only. Trials of other workspaces' experiments already in the pool wait;
+    running ones go on."""
+    click.echo(_said(pool, client().pool_workspaces("BindResourcePool", pool, workspace)))
+
+
+@resource_pool.command("unbind")
+@click.argument("pool")
+@click.argument("workspace")
+@user_errors
+def resource_pool_unbind_command(pool: str, workspace: str) -> None:
+    """Remove POOL's binding to WORKSPACE (admins); with none left, the pool is open to
+    every workspace. Bindings of the master's settings stay."""
+    click.echo(_said(pool, client().pool_workspaces("UnbindResourcePool", pool, workspace)))
+
+
+@resource_pool.command("list-workspaces")
+@click.argument("pool")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@user_errors
+def resource_pool_list_workspaces_command(pool: str, as_json: bool) -> None:
+    """List the workspaces POOL is bound to (none: it is open to every workspace)."""
+    bindings = client().pool_workspaces("ListResourcePoolWorkspaces", pool)
+    found = [fmt.binding_dict(b) for b in bindings]
+    if as_json:
+        echo_json(found)
+        return
+    if not found:
+        click.echo(f"pool {pool} is bound to no workspace: it is open to every workspace")
+        return
+    rows = [[b["workspace"], "settings" if b["from_settings"] else "bind"] for b in found]
+    click.echo(fmt.table(["WORKSPACE", "BOUND BY"], rows))
 
 
 @click.group("master", cls=AliasedGroup)

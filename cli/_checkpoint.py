@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
@@ -17,6 +17,7 @@ from assay.errors import AssayError
 from . import _format as fmt
 from ._client import Client, client
 from ._common import AliasedGroup, echo_json, user_errors
+from ._download import NotFollowedError, copy_tree, opened_dir, opened_file, write_new
 
 if TYPE_CHECKING:
     from assay.common.storage import S3Storage
@@ -73,16 +74,16 @@ def _safe_name(name: str) -> PurePosixPath:
     return path
 
 
-def _copy_verified(src: Path, dst: Path, size: int, sha256: str) -> None:
+def _copy_verified(reader: BinaryIO, shown: str, dst: Path, size: int, sha256: str) -> None:
     digest = hashlib.sha256()
     copied = 0
     dst.parent.mkdir(parents=True, exist_ok=True)
-    with src.open("rb") as reader, dst.open("wb") as writer:
+    with dst.open("xb") as writer:
         while chunk := reader.read(_CHUNK):
             digest.update(chunk)
             writer.write(chunk)
             copied += len(chunk)
-    _check(str(src), copied, digest.hexdigest(), size, sha256)
+    _check(shown, copied, digest.hexdigest(), size, sha256)
 
 
 def _verify(path: Path, shown: str, size: int, sha256: str) -> None:
@@ -223,9 +224,11 @@ def download(api: Client, uuid: str, directory: Path) -> tuple[int, int]:
 
 
 def _shared_fs_fetcher(ckpt: common_pb2.Checkpoint) -> Fetch:
+    """Its files read from the storage mounted here; the trial that wrote them may have
+    planted links there, so nothing is read through one (`_download`)."""
     uuid, location = ckpt.uuid, ckpt.location
     source = Path(location)
-    if not location or not source.is_dir():
+    if not location or not source.parent.is_dir() or not os.path.lexists(source):
         raise AssayError(
             f"checkpoint {uuid} lives at {location or '(no location)'} on the cluster's "
             "checkpoint storage, which is not visible from this machine; mount that storage "
@@ -233,22 +236,51 @@ def _shared_fs_fetcher(ckpt: common_pb2.Checkpoint) -> Fetch:
         )
 
     def fetch(staging: Path) -> tuple[int, int]:
-        if not ckpt.files:
-            click.echo(f"warning: checkpoint {uuid} lists no files; copied unverified", err=True)
-            shutil.copytree(source, staging, dirs_exist_ok=True)
-            files = [p for p in staging.rglob("*") if p.is_file()]
-            return len(files), sum(p.stat().st_size for p in files)
-        for f in ckpt.files:
-            name = _safe_name(f.name)
-            src = source.joinpath(*name.parts)
-            if not src.is_file():
-                raise AssayError(f"checkpoint {uuid} lists {f.name}, missing from {source}")
-            _copy_verified(src, staging.joinpath(*name.parts), f.size_bytes, f.sha256)
-        if (source / MANIFEST).is_file():  # so that the copy can be restored from
-            shutil.copy2(source / MANIFEST, staging / MANIFEST)
-        return len(ckpt.files), sum(f.size_bytes for f in ckpt.files)
+        try:
+            with opened_dir(source.parent, PurePosixPath(source.name)) as fd:
+                return _fetch_shared_fs(ckpt, fd, source, staging)
+        except NotFollowedError as e:
+            raise AssayError(
+                f"checkpoint {uuid}: {e} (a checkpoint holds regular files only: the stored "
+                "checkpoint was changed after its trial reported it)"
+            ) from None
 
     return fetch
+
+
+def _fetch_shared_fs(
+    ckpt: common_pb2.Checkpoint, fd: int, source: Path, staging: Path
+) -> tuple[int, int]:
+    if not ckpt.files:
+        click.echo(f"warning: checkpoint {ckpt.uuid} lists no files; copied unverified", err=True)
+        copied = copy_tree(source.parent, PurePosixPath(source.name), staging)
+        _say_skipped(copied.skipped)
+        return copied.files, copied.bytes
+    for f in ckpt.files:
+        name = _safe_name(f.name)
+        shown = str(source.joinpath(*name.parts))
+        try:
+            with opened_file(fd, name) as reader:
+                dst = staging.joinpath(*name.parts)
+                _copy_verified(reader, shown, dst, f.size_bytes, f.sha256)
+        except FileNotFoundError:
+            raise AssayError(
+                f"checkpoint {ckpt.uuid} lists {f.name}, missing from {source}"
+            ) from None
+    if MANIFEST not in {f.name for f in ckpt.files}:  # so that the copy can be restored from
+        try:
+            with opened_file(fd, PurePosixPath(MANIFEST)) as reader:
+                write_new(reader, staging / MANIFEST)
+        except FileNotFoundError:
+            pass
+        except NotFollowedError as e:
+            _say_skipped([f"{source.name}/{e}"])
+    return len(ckpt.files), sum(f.size_bytes for f in ckpt.files)
+
+
+def _say_skipped(skipped: list[str]) -> None:
+    for line in skipped:
+        click.echo(f"warning: skipped {line}", err=True)
 
 
 def _s3_fetcher(ckpt: common_pb2.Checkpoint, api: Client) -> Fetch:

@@ -540,6 +540,21 @@ class Client:
         )
         return list(response.pools)
 
+    def pool_workspaces(self, method: str, pool: str, workspace: str = "") -> list[Any]:
+        """The bindings of `pool` (a `PoolBinding` each) after `method`:
+        ListResourcePoolWorkspaces, BindResourcePool or UnbindResourcePool."""
+        from assay.proto import api_pb2
+
+        request: Any
+        if method == "BindResourcePool":
+            request = api_pb2.BindResourcePoolRequest(pool=pool, workspace=workspace)
+        elif method == "UnbindResourcePool":
+            request = api_pb2.UnbindResourcePoolRequest(pool=pool, workspace=workspace)
+        else:
+            request = api_pb2.ListResourcePoolWorkspacesRequest(pool=pool)
+        response: api_pb2.ResourcePoolWorkspaces = self._unary(method, request)
+        return list(response.bindings)
+
     def remove_agent(self, agent_id: str) -> bool:
         """Forget the agent's credential; True if it was connected (now disconnected)."""
         from assay.proto import api_pb2
@@ -557,11 +572,12 @@ class Client:
         description: str = "",
         labels: list[str] | None = None,
         metadata: dict[str, Any] | None = None,
+        workspace: str = "",
     ) -> api_pb2.Model:
         from assay.proto import api_pb2
 
         request = api_pb2.CreateModelRequest(
-            name=name, description=description, labels=labels or []
+            name=name, description=description, labels=labels or [], workspace=workspace
         )
         request.metadata.update(metadata or {})
         model: api_pb2.Model = self._unary("CreateModel", request)

@@ -560,8 +560,9 @@ def delete_command(experiment_id: int, yes: bool) -> None:
     logs and checkpoint records, for good.
 
     The master refuses (and deletes nothing) while the experiment is active, paused or
-    stopping (kill it first), or while a registered model version uses one of its
-    checkpoints (the message names them).
+    stopping (kill it first), or while a version of a model in the experiment's own
+    workspace uses one of its checkpoints (the message names them); versions of other
+    workspaces' models are marked as having lost them.
     """
     if not yes:
         try:

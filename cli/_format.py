@@ -289,12 +289,13 @@ def checkpoint_dict(c: common_pb2.Checkpoint) -> dict[str, Any]:
 
 
 def slot_dict(s: common_pb2.Slot) -> dict[str, Any]:
-    busy = bool(s.allocation_id)
+    busy = slot_busy(s)
     return {
         "agent_id": s.agent_id,
         "index": s.index,
         "type": slot_type(s.type),
         "enabled": s.enabled,
+        "busy": busy,
         "allocation_id": s.allocation_id or None,
         "trial_id": s.trial_id if busy and s.trial_id else None,
     }
@@ -312,7 +313,17 @@ def pool_dict(p: api_pb2.ResourcePool) -> dict[str, Any]:
             for s in p.slots
         ],
         "queued_trials": p.queued_trials,
+        "workspaces": [binding_dict(b) for b in p.bindings],
     }
+
+
+def binding_dict(b: api_pb2.PoolBinding) -> dict[str, Any]:
+    return {"workspace": b.workspace, "from_settings": b.from_settings}
+
+
+def slot_busy(s: common_pb2.Slot) -> bool:
+    """Whether a trial holds the slot (its ids are shown only to who may see its trial)."""
+    return s.busy or bool(s.allocation_id)
 
 
 def agent_dict(a: common_pb2.Agent) -> dict[str, Any]:
@@ -326,7 +337,7 @@ def agent_dict(a: common_pb2.Agent) -> dict[str, Any]:
         "resource_pool": a.resource_pool,
         "agent_label": a.agent_label or None,
         "slots": len(a.slots),
-        "used_slots": sum(1 for s in a.slots if s.allocation_id),
+        "used_slots": sum(1 for s in a.slots if slot_busy(s)),
         "devices": [
             {
                 "index": d.index,

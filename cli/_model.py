@@ -1,5 +1,6 @@
 """`assay model` (`assay m`): the model registry: named models, their numbered versions
-(each a checkpoint, kept from deletion while registered), and downloads of them."""
+(each a checkpoint, kept from deletion while registered in a model of its own
+workspace), and downloads of them."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def model_dict(m: api_pb2.Model) -> dict[str, Any]:
         "metadata": fmt.struct(m.metadata),
         "archived": m.archived,
         "owner": m.owner,
+        "workspace": m.workspace,
         "num_versions": m.num_versions,
         "latest_version": m.latest_version or None,
         "created_at": fmt.timestamp(m, "created_at"),
@@ -62,7 +64,13 @@ def version_dict(v: api_pb2.ModelVersion) -> dict[str, Any]:
         "notes": v.notes,
         "labels": list(v.labels),
         "metadata": fmt.struct(v.metadata),
-        "user": v.user,
+        "registered_by": v.user,
+        "user": v.user,  # the same: the name of earlier releases
+        # Who uploaded the code `load()` runs (None: the checkpoint is not shown).
+        "code_owner": v.code_owner or None,
+        # Deleted by its owner: a version of another workspace's model does not keep it.
+        "checkpoint_deleted": v.checkpoint_deleted,
+        "checkpoint_deleted_at": fmt.timestamp(v, "checkpoint_deleted_at"),
         "created_at": fmt.timestamp(v, "created_at"),
         "updated_at": fmt.timestamp(v, "updated_at"),
     }
@@ -90,7 +98,9 @@ def _versions_table(versions: list[api_pb2.ModelVersion]) -> str:
     rows = [
         [
             v.version,
-            v.checkpoint_uuid,
+            f"{v.checkpoint_uuid} (deleted by its owner)"
+            if v.checkpoint_deleted
+            else v.checkpoint_uuid,
             v.checkpoint.experiment_id if v.HasField("checkpoint") else None,
             v.checkpoint.trial_id if v.HasField("checkpoint") else None,
             v.checkpoint.total_batches if v.HasField("checkpoint") else None,
@@ -99,11 +109,22 @@ def _versions_table(versions: list[api_pb2.ModelVersion]) -> str:
             )
             or None,
             v.user,
+            v.code_owner or None,
             v.notes.splitlines()[0] if v.notes else None,
         ]
         for v in versions
     ]
-    headers = ["VERSION", "CHECKPOINT", "EXP", "TRIAL", "BATCHES", "VALIDATION", "BY", "NOTES"]
+    headers = [
+        "VERSION",
+        "CHECKPOINT",
+        "EXP",
+        "TRIAL",
+        "BATCHES",
+        "VALIDATION",
+        "REGISTERED BY",
+        "CODE BY",
+        "NOTES",
+    ]
     return fmt.table(headers, rows)
 
 
@@ -111,24 +132,41 @@ def _versions_table(versions: list[api_pb2.ModelVersion]) -> str:
 def model() -> None:
     """Register checkpoints as named, versioned models, and download them.
 
-    A registered checkpoint is kept: garbage collection skips it and `assay checkpoint
-    delete` refuses it until its versions are deleted.
+    A model's owner, the editors of its workspace (in Default: nobody else) and admins
+    change it and its versions. A registered checkpoint is kept: garbage collection
+    skips it, and `assay checkpoint delete` refuses it while a model of its own workspace
+    registers it; a version in another workspace's model is marked deleted instead.
     """
 
 
 @model.command("create")
 @click.argument("name")
 @click.option("--description", default="", help="What the model is for.")
+@click.option(
+    "--workspace",
+    default="",
+    help="Its workspace, whose editors may change it too (default: Default, where only "
+    "you and admins may).",
+)
 @_LABEL
 @_METADATA
 @_JSON
 @user_errors
 def create_command(
-    name: str, description: str, labels: tuple[str, ...], metadata: tuple[str, ...], as_json: bool
+    name: str,
+    description: str,
+    workspace: str,
+    labels: tuple[str, ...],
+    metadata: tuple[str, ...],
+    as_json: bool,
 ) -> None:
     """Create the model NAME (letters, digits, '.', '_', '-'), with no versions yet."""
     made = client().create_model(
-        name, description=description, labels=list(labels), metadata=parse_metadata(metadata)
+        name,
+        description=description,
+        labels=list(labels),
+        metadata=parse_metadata(metadata),
+        workspace=workspace,
     )
     if as_json:
         echo_json(model_dict(made))
@@ -152,7 +190,11 @@ def register_version_command(
     metadata: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Register checkpoint CHECKPOINT_UUID as the next version of model NAME."""
+    """Register checkpoint CHECKPOINT_UUID as the next version of model NAME.
+
+    Takes the right to change the model (its owner, an editor of its workspace, or an
+    admin) and to delete the checkpoint (its experiment's owner or an editor of its
+    workspace), since the version keeps the checkpoint from deletion."""
     version = client().register_model_version(
         name, checkpoint_uuid, notes=notes, labels=list(labels), metadata=parse_metadata(metadata)
     )
@@ -207,7 +249,15 @@ def describe_command(name: str, as_json: bool) -> None:
         echo_json({**model_dict(found), "versions": [version_dict(v) for v in versions]})
         return
     details = model_dict(found)
-    for key in ("name", "description", "owner", "archived", "created_at", "updated_at"):
+    for key in (
+        "name",
+        "description",
+        "owner",
+        "workspace",
+        "archived",
+        "created_at",
+        "updated_at",
+    ):
         click.echo(f"{key + ':':<13} {details[key]}")
     click.echo(f"{'labels:':<13} {', '.join(found.labels) or '-'}")
     click.echo(
@@ -251,6 +301,11 @@ def download_command(args: tuple[str, ...]) -> None:
 
     api = client()
     version = api.get_model_version(name, number)
+    if version.checkpoint_deleted:
+        raise AssayError(
+            f"checkpoint {version.checkpoint_uuid} of {version.model} version {version.version} "
+            "was deleted by its owner: there is nothing to download"
+        )
     count, total = download(api, version.checkpoint_uuid, directory)
     click.echo(
         f"downloaded {version.model} version {version.version} (checkpoint "

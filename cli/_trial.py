@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -324,11 +325,14 @@ def download_tensorboard_command(trial_id: int, directory: Path) -> None:
     A Trial's `context.get_tensorboard_writer()` writes them; they are kept beside the
     experiment's checkpoints, in `tensorboard/trial-<ID>` of its checkpoint_storage
     (shared_fs: read on this machine at the same path; s3: downloaded with the
-    experiment's settings or boto3's credentials).
+    experiment's settings or boto3's credentials). Only regular files are copied: a
+    symbolic link, a FIFO or an object name that would leave DIR is skipped, and said.
     """
-    import shutil
+    from pathlib import PurePosixPath
 
     from assay.common.storage import TENSORBOARD, tensorboard_name
+
+    from ._download import NotFollowedError, copy_tree
 
     api = client()
     t = api.get_trial(trial_id)
@@ -343,20 +347,26 @@ def download_tensorboard_command(trial_id: int, directory: Path) -> None:
 
         s3_config = _storage_config(t.experiment_id)
         assert s3_config is not None
+        skipped: list[str] = []
         count = S3Storage.from_config(s3_config).download_tree(
-            TENSORBOARD, f"trial-{trial_id}", directory
+            TENSORBOARD, f"trial-{trial_id}", directory, skipped
         )
     else:
-        source = _shared_fs_root(api, t.experiment_id, trial_id, storage) / tensorboard_name(
-            trial_id
-        )
-        if not source.is_dir():
+        root = _shared_fs_root(api, t.experiment_id, trial_id, storage)
+        source = root / tensorboard_name(trial_id)
+        if not os.path.lexists(source):
             raise AssayError(
                 f"trial {trial_id} has no TensorBoard files at {source} (is the checkpoint "
                 "storage mounted here, and did the trial use get_tensorboard_writer()?)"
             )
-        shutil.copytree(source, directory, dirs_exist_ok=True)
-        count = sum(1 for p in directory.rglob("*") if p.is_file())
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            copied = copy_tree(root, PurePosixPath(tensorboard_name(trial_id)), directory)
+        except NotFollowedError as e:
+            raise AssayError(f"trial {trial_id}'s TensorBoard files: {e}") from None
+        count, skipped = copied.files, copied.skipped
+    for line in skipped:
+        click.echo(f"warning: skipped {line}", err=True)
     if count == 0:
         raise AssayError(f"trial {trial_id} stored no TensorBoard files")
     click.echo(f"downloaded {count} TensorBoard files of trial {trial_id} to {directory}")

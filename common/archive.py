@@ -741,29 +741,32 @@ def unpack_model_dir(
 
 
 def check_model_archive(
-    data: bytes,
+    data: bytes | Path,
     *,
     max_bytes: int = MAX_MODEL_DEF_BYTES,
     max_unpacked_bytes: int | None = None,
 ) -> None:
-    """Apply every check of `unpack_model_dir` without writing anything."""
+    """Apply every check of `unpack_model_dir` without writing anything. `data`: the
+    archive, or a file holding it (read as it is checked, never whole into memory)."""
     with _opened(data, max_bytes, max_unpacked_bytes):
         pass
 
 
 @contextlib.contextmanager
 def _opened(
-    data: bytes, max_bytes: int, max_unpacked_bytes: int | None
+    data: bytes | Path, max_bytes: int, max_unpacked_bytes: int | None
 ) -> Iterator[tuple[tarfile.TarFile, list[_Planned]]]:
     """The archive and its checked members; `ModelDefinitionError` otherwise."""
     limit = 4 * max_bytes if max_unpacked_bytes is None else max_unpacked_bytes
-    if len(data) > max_bytes:
+    size = data.stat().st_size if isinstance(data, Path) else len(data)
+    if size > max_bytes:
         raise ModelDefinitionError(
-            f"model definition is {_sized(len(data))}, over the limit of {_sized(max_bytes)}"
+            f"model definition is {_sized(size)}, over the limit of {_sized(max_bytes)}"
         )
     invalid = "model definition is not a valid .tar.gz archive"
     stream_limit = limit + MAX_MEMBERS * _HEADER_ALLOWANCE + tarfile.RECORDSIZE
-    stream = _BoundedStream(gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb"), stream_limit)
+    raw: IO[bytes] = data.open("rb") if isinstance(data, Path) else io.BytesIO(data)
+    stream = _BoundedStream(gzip.GzipFile(fileobj=raw, mode="rb"), stream_limit)
     try:
         with tarfile.open(fileobj=stream, mode="r:") as tar:
             yield tar, _plan(tar, stream, limit)
@@ -779,6 +782,7 @@ def _opened(
         raise ModelDefinitionError(f"{invalid}: too many extended headers in a row") from None
     finally:
         stream.close()
+        raw.close()
 
 
 __all__ = [

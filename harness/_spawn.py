@@ -4,47 +4,85 @@
 holds gRPC threads (an agent always does; a `run_local` caller with a client open may),
 gRPC's fork handlers now and then abort that child ("epoll_wait error: Bad file
 descriptor", SIGABRT) before it runs a line. Without them subprocess uses vfork and runs
-no handlers, so the work is done by a small exec wrapper in the child instead: it becomes
-the given user when there is one, asks Linux to SIGTERM it when the launching *thread*
-dies (PR_SET_PDEATHSIG, which survives exec but is cleared by a user switch, so it comes
-after), checks the launcher did not die first, then execs the command.
+no handlers, so the work is done by a small exec wrapper in the child instead. In order:
+it joins the cgroups it is given (while still root, before a line of the command runs,
+so nothing the command starts is ever outside them), becomes the given user when there
+is one, asks Linux to SIGTERM it when the launching *thread* dies (PR_SET_PDEATHSIG,
+which survives exec but is cleared by a user switch, so it comes after), checks the
+launcher did not die first, then execs the command.
+
+The wrapper's arguments are option flags, each with one value, then `--` and the
+command: `--parent PID` (required), `--user UID:GID`, `--cgroup DIR` (repeated: one per
+hierarchy). A step added later is one more flag, read before `--`.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 _EXEC_WITH_PDEATHSIG = """
 import ctypes, os, signal, sys
-parent, uid, gid = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-if uid != "-":
-    os.setgroups([int(gid)])
-    os.setgid(int(gid))
-    os.setuid(int(uid))
+def fail(code, message):
+    os.write(2, f"{message}\\n".encode())
+    os._exit(code)
+options, args = {}, sys.argv[1:]
+while args and args[0] != "--":
+    if len(args) < 2:
+        fail(127, f"the exec wrapper's option {args[0]} has no value")
+    options.setdefault(args[0], []).append(args[1])
+    args = args[2:]
+command = args[1:]
+unknown = set(options) - {"--parent", "--user", "--cgroup"}
+if unknown or not command or "--parent" not in options:
+    fail(127, f"the exec wrapper cannot run {sys.argv[1:]!r}")
+for folder in options.get("--cgroup", ()):
+    try:
+        fd = os.open(os.path.join(folder, "cgroup.procs"), os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+    except OSError as e:
+        fail(126, f"cannot join the cgroup {folder}: {e.strerror}")
+if "--user" in options:
+    uid, gid = (int(x) for x in options["--user"][-1].split(":"))
+    os.setgroups([gid])
+    os.setgid(gid)
+    os.setuid(uid)
     os.umask(0o007)
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 for s in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them; an exec keeps what is ignored
     signal.signal(getattr(signal, s), signal.SIG_DFL)
-if os.getppid() != parent:
+if os.getppid() != int(options["--parent"][0]):
     os._exit(1)
 try:
-    os.execvp(sys.argv[4], sys.argv[4:])
+    os.execvp(command[0], command)
 except OSError as e:
-    print(f"cannot run {sys.argv[4]}: {e.strerror}", file=sys.stderr)
-    os._exit(127)
+    fail(127, f"cannot run {command[0]}: {e.strerror}")
 """
 
 
 def dying_with(
-    command: Sequence[str], parent_pid: int, user: tuple[int, int] | None = None
+    command: Sequence[str],
+    parent_pid: int,
+    user: tuple[int, int] | None = None,
+    *,
+    cgroups: Sequence[Path] = (),
 ) -> list[str]:
-    """`command`, made to die with `parent_pid`'s launching thread on Linux, and to run
-    as `user` (uid, gid; the gid its only group, umask 007) when given."""
+    """`command`, made to die with `parent_pid`'s launching thread on Linux, to run as
+    `user` (uid, gid; the gid its only group, umask 007) when given, and inside each of
+    `cgroups` (directories of a cgroup filesystem, joined as root before anything else:
+    the launcher must be root to move a process there)."""
     if not sys.platform.startswith("linux"):
-        if user is not None:
-            raise OSError("running a command as another user needs Linux")
+        if user is not None or cgroups:
+            raise OSError("running a command as another user or in a cgroup needs Linux")
         return list(command)
-    uid, gid = (str(user[0]), str(user[1])) if user else ("-", "-")
+    options = ["--parent", str(parent_pid)]
+    if user is not None:
+        options += ["--user", f"{user[0]}:{user[1]}"]
+    for folder in cgroups:
+        options += ["--cgroup", str(folder)]
     wrapper = [sys.executable, "-I", "-S", "-c", _EXEC_WITH_PDEATHSIG]
-    return [*wrapper, str(parent_pid), uid, gid, *command]
+    return [*wrapper, *options, "--", *command]

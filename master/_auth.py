@@ -183,6 +183,9 @@ class Authenticator:
     password, deactivating a user and changing its rights forget them at once in this
     process; another master on the same database notices within `cache_ttl`.
     `scrypt_n` sets the cost of new password hashes (lower it only in tests).
+    `login_failures_per_minute`: failed logins a minute, cluster-wide, past which logins
+    from addresses their user name never logged in from are paced (0: never; see
+    `LoginLimiter`).
     """
 
     def __init__(
@@ -196,13 +199,18 @@ class Authenticator:
         cache_size: int = 10_000,
         touch_interval: dt.timedelta = dt.timedelta(minutes=5),
         scrypt_n: int = SCRYPT_N,
+        login_failures_per_minute: int = 0,
     ) -> None:
         if token_ttl <= dt.timedelta(0):
             raise ValueError(f"token_ttl must be positive, got {token_ttl}")
         self._store = store
         self._token_ttl = token_ttl
         self._clock = clock
-        self._limiter = limiter or LoginLimiter(clock=clock)
+        self._limiter = limiter or LoginLimiter(
+            clock=clock,
+            global_failures=login_failures_per_minute,
+            known_peer=self._logged_in_from,
+        )
         self._cache_ttl = cache_ttl
         self._cache_size = cache_size
         self._touch_interval = touch_interval
@@ -381,6 +389,16 @@ class Authenticator:
     def purge_expired(self) -> int:
         """Delete expired sessions from the database; return how many."""
         return self._store.purge_expired_sessions(self._clock())
+
+    def _logged_in_from(self, username: str, peer: str) -> bool:
+        """Whether a session of the user, still in the store, was opened from `peer`."""
+        if len(username) > _MAX_USERNAME:
+            return False
+        try:
+            user = self._store.get_user(username)
+        except NotFoundError:
+            return False
+        return any(session.peer == peer for session in self._store.list_sessions(user.id))
 
     def _check_password(self, username: str, password: str) -> UserRecord | None:
         """The user, if it is active and `password` is its password; the same work if not."""

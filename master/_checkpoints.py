@@ -6,8 +6,10 @@ first and refuses the whole request (nothing deleted) when one is not a uuid
 (`InvalidArgumentError`), is unknown (`NotFoundError`), belongs to an experiment of another
 user (`PermissionDeniedError`, unless the caller is an administrator), or is the latest
 checkpoint of a trial that has not ended (`ConflictError`, FAILED_PRECONDITION): a queued,
-running, paused or stopping trial restores from it; or is pinned by a registered model
-version (`CheckpointInUseError`, naming the versions). Then each is deleted from its
+running, paused or stopping trial restores from it; or is pinned by a version of a model
+in the checkpoint's own workspace (`CheckpointInUseError`, naming the versions; a version
+of another workspace's model never stops its deletion: it is marked as having lost its
+checkpoint, and says so). Then each is deleted from its
 experiment's storage and marked DELETED, as garbage collection does (`assay.master._gc`); a
 checkpoint already DELETED counts as deleted, files already gone count as missing, and a
 storage failure, or a record whose location is not where its experiment's storage keeps
@@ -104,7 +106,7 @@ def delete_checkpoints(
             reason = f"experiment {experiment_id}'s config is unreadable: no storage to delete from"
             failed.update({r.uuid: reason for r in mine})
             continue
-        result = delete_records(store, mine, config, storages, experiment_id)
+        result = delete_records(store, mine, config, storages, experiment_id, by_user=True)
         deleted.extend(result.deleted)
         missing.extend(result.missing)
         failed.update(result.failed)
@@ -122,8 +124,9 @@ def delete_experiment(
     """`DeleteExperiment`: delete an ended experiment, its checkpoints' files first.
 
     Refused, with nothing deleted, while the experiment has not ended (`ConflictError`:
-    kill it, or wait for its end) or while a registered model version pins one of its
-    checkpoints (`CheckpointInUseError`, naming the models and versions).
+    kill it, or wait for its end) or while a version of a model in the experiment's own
+    workspace pins one of its checkpoints (`CheckpointInUseError`, naming the models and
+    versions); versions of other workspaces' models are marked as having lost them.
 
     The files go first, best-effort, through garbage collection's own deletion
     (`delete_records`: each checkpoint is removed from the experiment's storage, then
@@ -149,7 +152,7 @@ def delete_experiment(
             "(COMPLETED, CANCELED or ERROR) can be deleted"
         )
     records = [c for t in store.list_trials(experiment_id) for c in store.list_checkpoints(t.id)]
-    pinned = store.checkpoint_references([c.uuid for c in records])
+    pinned = store.checkpoint_pins([c.uuid for c in records])
     if pinned:
         rows = [(uuid, m, v) for uuid, versions in pinned.items() for m, v in versions]
         raise CheckpointInUseError(pinned_message(experiment_id, rows))
@@ -163,7 +166,7 @@ def delete_experiment(
             result = GCResult(failed={c.uuid: f"{reason} ({c.location})" for c in live})
         else:
             storages = StorageCache(default_root, policy=policy)
-            result = delete_records(store, live, config, storages, experiment_id)
+            result = delete_records(store, live, config, storages, experiment_id, by_user=True)
     (delete_rows or store.delete_experiment)(experiment_id)
     where = {c.uuid: c.location for c in live}
     failed = {
@@ -193,8 +196,9 @@ def normalise_uuids(uuids: Sequence[str]) -> list[str]:
 
 
 def _check_unpinned(store: Store, uuids: Sequence[str]) -> None:
-    """Refuse (`CheckpointInUseError`) when a registered model version pins one of `uuids`."""
-    pinned = store.checkpoint_references(uuids)
+    """Refuse (`CheckpointInUseError`) when a version of a model in the checkpoint's own
+    workspace pins one of `uuids` (other workspaces' versions are marked instead)."""
+    pinned = store.checkpoint_pins(uuids)
     if pinned:
         uuid, versions = next(iter(pinned.items()))
         named = ", ".join(f"model {m!r} version {v}" for m, v in versions)

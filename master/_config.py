@@ -26,7 +26,8 @@ from assay.common.settings import (
     setting,
 )
 from assay.common.tls import PemFile
-from assay.master._pool_config import ResourcePools
+from assay.config._limits import METRIC_NAMES_PER_TRIAL
+from assay.master._pool_config import ResourcePools, spec_keys
 from assay.master._storage_policy import StoragePolicy
 from assay.master.scheduler import DEFAULT_POOL, Pools, PoolSpec
 
@@ -216,6 +217,29 @@ class MasterConfig:
         help="Trial logs one user may follow at once (web UI trial pages, `assay trial logs "
         "-f`); one more is refused until one ends.",
     )
+    metric_names_per_trial: int = setting(
+        METRIC_NAMES_PER_TRIAL,
+        kind=Integer(minimum=0),
+        help="Distinct metric names one trial may report, each group's counted apart (0: no "
+        "limit); a report with names past it is refused whole (RESOURCE_EXHAUSTED), the "
+        "names reported before are still taken. Each name is a curve on the trial's pages.",
+    )
+    custom_search_trials: int = setting(
+        1000,
+        kind=Integer(minimum=0),
+        help="Trials one custom search (searcher.name: custom) may create in all, whatever "
+        "its searcher.max_trials (0: no limit): a Create past it is refused "
+        "(RESOURCE_EXHAUSTED), and so is a config whose max_trials is larger.",
+    )
+    login_failures_per_minute: int = setting(
+        30,
+        kind=Integer(minimum=0),
+        help="Failed logins a minute, at all user names from all addresses, past which "
+        "logins are paced: each login of a user name from an address where it never logged "
+        "in waits its turn, one every 0.5 s doubling to 8 s while the failures go on, and "
+        "one whose turn is more than 15 s away is refused with when to retry (0: never). A "
+        "user logging in from an address she used before is never slowed.",
+    )
 
     resource_pools: list[dict[str, Any]] = setting(  # noqa: RUF009 - setting() makes a field
         factory=list,
@@ -225,7 +249,9 @@ class MasterConfig:
         "(resources.resource_pool): a list of {name, description, scheduler: "
         "priority|fair_share, user_slot_quota (this pool's, in place of the master's), "
         "preemption (true|false; default: true for fair_share, else the master's "
-        "preemption)}. Each pool is scheduled on its own; a trial never spans pools.",
+        "preemption), workspaces (the workspaces whose experiments may use the pool; "
+        "none: every workspace)}. Each pool is scheduled on its own; a trial never spans "
+        "pools.",
     )
     default_resource_pool: str = setting(
         DEFAULT_POOL,
@@ -249,7 +275,7 @@ class MasterConfig:
     @property
     def pool_specs(self) -> tuple[PoolSpec, ...]:
         """The declared pools; with none, the one default pool (priority scheduler)."""
-        specs = tuple(PoolSpec(**p) for p in self.resource_pools)
+        specs = tuple(PoolSpec(**spec_keys(p)) for p in self.resource_pools)
         return specs or (PoolSpec(self.default_resource_pool),)
 
     def preempts(self, pool: str) -> bool:

@@ -27,6 +27,7 @@ from assay.master._cluster_view import cluster_view
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
+from assay.master._pool_access import PoolAccess
 from assay.master._quota import SubmissionQuota
 from assay.master._rank_usage import RankUsageBoard
 from assay.master._sharing import not_settable, parse_value, resource_change
@@ -48,6 +49,7 @@ from assay.master.store import (
     Store,
     WriteBatch,
 )
+from assay.master.store._archive_file import ModelDefinition
 
 log = logging.getLogger("assay.master")
 REAP_INTERVAL_S = 1.0
@@ -89,10 +91,13 @@ class Master:
         self.experiments, self.trials, self.tokens = it.experiments, it.trials, it.ledger.tokens
         self.runs, self.run_of_trial, self.queued = it.runs, it.run_of_trial, it.queued
         self.models, self._gc = it.models, it.gc
+        # Which workspaces may use each pool; a workspace the settings name is made now.
+        self.pool_access = PoolAccess(store, config, self.scheduler.names)
         with self.lock:
             self.fleet.load_credentials(store.agent_credentials())
             it.recover()  # a restart: reload the live experiments, requeue their trials
         self.commit.flush()
+        self.pool_access.hold_back(self)  # trials of experiments a binding keeps out wait
         self._stop_reaper = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
         self._reaper.start()
@@ -158,9 +163,10 @@ class Master:
         return record
 
     def prepare_experiment(
-        self, config_yaml: str, model_definition: bytes, *, owner: str = "admin"
+        self, config_yaml: str, model_definition: ModelDefinition, *, owner: str = "admin"
     ) -> PreparedExperiment:
-        """Check a submission (no lock taken); `InvalidArgumentError` says what to fix."""
+        """Check a submission (no lock taken); `InvalidArgumentError` says what to fix. An
+        upload spooled to disk (`ArchiveFile`) is checked and stored from its file."""
         return intake.prepare(
             config_yaml,
             model_definition,
@@ -473,7 +479,14 @@ class Master:
         """Store a run's metrics and the trial's progress in one transaction (the store
         fences stale runs and makes retries no-ops), then update memory with it."""
         experiment = self.experiments.get(run.experiment_id)  # one read: no lock needed
-        done = reports.store_metrics(self.store, experiment, run, group, metrics)
+        done = reports.store_metrics(
+            self.store,
+            experiment,
+            run,
+            group,
+            metrics,
+            max_names=self.config.metric_names_per_trial,
+        )
         self.telemetry.metric_rows(done.stored)
         with self.lock:
             trial = self.trials.get(run.trial_id)

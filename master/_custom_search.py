@@ -6,6 +6,10 @@ state the runner saved with its last batch; `post_operations` checks a batch of
 operations whole (`CustomSearcher.apply`), carries it out as any searcher's operations
 are (`Interpreter.search`, which records the searcher's snapshot with them) and returns
 once that is committed. The roles are the servicer's question.
+
+A custom search creates trials when its runner says so, as many as it says: the master's
+`custom_search_trials` caps them (`check_trial_cap`, `check_config_cap`), whatever the
+config's `searcher.max_trials`, so that one call cannot queue 30,000 trials.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from assay.master.errors import ConflictError, InvalidArgumentError
+from assay.master.errors import ConflictError, InvalidArgumentError, ResourceExhaustedError
 from assay.master.lifecycle import ExperimentStatus
 from assay.master.lifecycle import _effects as fx
 from assay.master.searcher import (
@@ -31,7 +35,10 @@ from assay.master.searcher import (
 from assay.proto import api_pb2
 
 if TYPE_CHECKING:
+    from assay.config import ExperimentConfig
     from assay.master._core import Master
+
+CAP_SETTING = "custom_search_trials"
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,9 @@ def post_operations(
                 f"experiment {experiment_id} is {experiment.state.lower()}: its search takes "
                 "no more operations"
             )
+        check_trial_cap(
+            experiment_id, len(searcher.trials), ops, master.config.custom_search_trials
+        )
         try:
             carried = searcher.apply(
                 triggered_by, ops, method_state=method_state, progress=progress
@@ -116,6 +126,33 @@ def post_operations(
         master.interpreter.schedule()
         master.commit_and_wait()
         return searcher.acknowledged
+
+
+def check_trial_cap(experiment_id: int, created: int, ops: Sequence[Operation], cap: int) -> None:
+    """`ResourceExhaustedError` if the batch's Creates would take the search past `cap`
+    trials (0: no cap); `created`: how many it has created so far."""
+    adding = sum(1 for op in ops if isinstance(op, Create))
+    if cap and created + adding > cap:
+        raise ResourceExhaustedError(
+            f"experiment {experiment_id}: {adding} more trials would make "
+            f"{created + adding}, past the master's limit of {cap} trials per custom search "
+            f"({CAP_SETTING}); create at most {max(0, cap - created)} more, or ask an "
+            f"administrator to raise {CAP_SETTING}"
+        )
+
+
+def check_config_cap(config: ExperimentConfig, cap: int) -> None:
+    """`ResourceExhaustedError` for a custom search whose `searcher.max_trials` is past
+    the master's cap (0: no cap): it would be refused trials it was promised."""
+    searcher = config.searcher
+    if searcher.name != "custom" or not cap:
+        return
+    if searcher.max_trials is not None and searcher.max_trials > cap:
+        raise ResourceExhaustedError(
+            f"searcher.max_trials: {searcher.max_trials} is past the master's limit of {cap} "
+            f"trials per custom search ({CAP_SETTING}); give at most {cap}, or ask an "
+            f"administrator to raise {CAP_SETTING}"
+        )
 
 
 # --- the wire ------------------------------------------------------------------------------

@@ -274,14 +274,19 @@ def delete_records(
     config: CheckpointStorageConfig,
     storages: StorageCache,
     experiment_id: int,
+    *,
+    by_user: bool = False,
 ) -> GCResult:
     """Delete each of `records`, all of experiment `experiment_id` whose storage is
-    `config`, collecting outcomes; never raises for one checkpoint."""
+    `config`, collecting outcomes; never raises for one checkpoint. `by_user`: a user's
+    deletion, which only versions of models in the checkpoint's own workspace stop
+    (`Store.checkpoint_pins`); garbage collection keeps any registered checkpoint."""
     deleted: list[str] = []
     missing: list[str] = []
     failed: dict[str, str] = {}
+    kept_by = store.checkpoint_pins if by_user else store.checkpoint_references
     for record in records:
-        if store.checkpoint_references([record.uuid]):
+        if kept_by([record.uuid]):
             # Registered since the caller chose it: a model version pins it now.
             log.info("checkpoint %s: registered as a model version; kept", record.uuid)
             continue

@@ -251,6 +251,27 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "GET",
+        "/resource-pools/{pool}/workspaces",
+        "ListResourcePoolWorkspaces",
+        "The workspaces a pool is bound to (none: it is open to every workspace)",
+    ),
+    Route(
+        "POST",
+        "/resource-pools/{pool}/bind",
+        "BindResourcePool",
+        'Bind a pool to a workspace, a JSON body {"workspace": NAME}: a bound pool takes '
+        "experiments of its bound workspaces only (admins only)",
+        body=True,
+    ),
+    Route(
+        "POST",
+        "/resource-pools/{pool}/unbind",
+        "UnbindResourcePool",
+        'Remove a pool\'s binding to a workspace, a JSON body {"workspace": NAME} (admins only)',
+        body=True,
+    ),
+    Route(
+        "GET",
         "/usage",
         "GetUsage",
         "Slot-hours used in [since, until) by user, experiment, pool, agent or day; a user "
@@ -266,7 +287,8 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/models",
         "CreateModel",
-        'Create a model: a JSON body {"name", "description", "labels", "metadata"}',
+        'Create a model: a JSON body {"name", "description", "labels", "metadata", '
+        '"workspace"} (default: Default; elsewhere its editors may)',
         body=True,
     ),
     Route("GET", "/models/{name}", "GetModel", "A registered model"),
@@ -275,40 +297,43 @@ ROUTES: tuple[Route, ...] = (
         "/models/{name}/set",
         "PatchModel",
         'Change a model\'s description, labels (replaced: {"labels": {"labels": [...]}}) or '
-        "metadata (keys merged, null removes one); its owner or an admin",
+        "metadata (keys merged, null removes one); its owner, an editor of its workspace "
+        "(not of Default) or an admin",
         body=True,
     ),
     Route(
         "POST",
         "/models/{name}/archive",
         "ArchiveModel",
-        "Archive a model: listed apart, no new versions (its owner or an admin)",
+        "Archive a model: listed apart, no new versions (who may change it)",
     ),
     Route(
         "POST",
         "/models/{name}/unarchive",
         "UnarchiveModel",
-        "Unarchive a model (its owner or an admin)",
+        "Unarchive a model (who may change it)",
     ),
     Route(
         "POST",
         "/models/{name}/delete",
         "DeleteModel",
         "Delete a model; one with versions only with force=true, which deletes them too "
-        "(its owner or an admin)",
+        "(who may change it)",
     ),
     Route(
         "GET",
         "/models/{name}/versions",
         "ListModelVersions",
-        "A model's versions, each with its checkpoint (experiment, trial, metrics)",
+        "A model's versions, each with who registered it and its checkpoint (experiment, "
+        "trial, metrics, whose code; or that its owner deleted it)",
     ),
     Route(
         "POST",
         "/models/{name}/versions",
         "RegisterModelVersion",
         'Register a checkpoint as the model\'s next version: a JSON body {"checkpoint_uuid", '
-        '"notes", "labels", "metadata"}; the checkpoint is then kept from deletion',
+        '"notes", "labels", "metadata"}: who may change the model, and may delete the '
+        "checkpoint (its experiment's owner or an editor of its workspace)",
         body=True,
     ),
     Route(
@@ -321,14 +346,14 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/models/{name}/versions/{version}/set",
         "PatchModelVersion",
-        "Change a version's notes, labels or metadata (the model's owner or an admin)",
+        "Change a version's notes, labels or metadata (who may change the model)",
         body=True,
     ),
     Route(
         "POST",
         "/models/{name}/versions/{version}/delete",
         "DeleteModelVersion",
-        "Delete a version; its checkpoint is no longer kept for it (model owner or admin)",
+        "Delete a version; its checkpoint is no longer kept for it (who may change the model)",
     ),
     Route(
         "GET",

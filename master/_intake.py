@@ -26,11 +26,12 @@ from assay.master.lifecycle._effects import Effect, SetExperiment
 from assay.master.scheduler import Pools
 from assay.master.searcher import Searcher
 from assay.master.store import ExperimentRecord, Store, WriteBatch
+from assay.master.store._archive_file import ModelDefinition
 
 
 def prepare(
     config_yaml: str,
-    model_definition: bytes,
+    model_definition: ModelDefinition,
     owner: str,
     *,
     pools: Sequence[str],

@@ -82,11 +82,14 @@ class Interpreter:
         self.ledger = ledger = Ledger(lambda: commit.batch)
         self.experiments, self.trials = ledger.experiments, ledger.trials
         self.runs, self.run_of_trial, self.queued = ledger.runs, ledger.run_of_trial, ledger.queued
-        self.models = ModelCache(store)
+        self.models = ModelCache(store, config.state_dir / "models")  # files, not memory
         # Queued trials that cannot be placed even on an idle cluster, and why.
         self.unplaceable: dict[int, str] = {}
         # Why each queued trial waits, in the order the last round considered them.
         self.waiting: dict[int, Wait] = {}
+        # Live experiments whose workspace may not use their resource pool, and why, by
+        # experiment id as the requests' group (`_pool_access`): their trials wait.
+        self.barred: dict[str, str] = {}
         self.telemetry: Telemetry = NO_TELEMETRY  # the master's counters (metrics on)
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
         # Allocation tokens derive from a secret in the store, so a restarted master
@@ -403,9 +406,13 @@ class Interpreter:
             else replace(r, slot_type=slot_types[r.pool or self.scheduler.default])
             for r in self.queued.values()
         ]
+        held: list[tuple[str, str]] = []
+        if self.barred:
+            held = [(r.id, why) for r in pending if (why := self.barred.get(r.group))]
+            pending = [r for r in pending if r.group not in self.barred]
         bounds = limits(self.experiments, self.config.user_slot_quota)
         decision = self.telemetry.round(self.scheduler.schedule, pending, bounds)
-        self._note_unplaceable(decision.unschedulable)
+        self._note_unplaceable([*decision.unschedulable, *held])
         self.waiting = {int(r): wait for r, wait in decision.waiting.items()}
         placed = {a.request_id for a in decision.assignments}
         preemption = self.config.preemption  # of the pools that do not set their own

@@ -1,9 +1,11 @@
-"""Failed logins: when to refuse one before its password is checked (see `LoginLimiter`)."""
+"""Failed logins: when to refuse one before its password is checked, and when to make
+one wait its turn (see `LoginLimiter`)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,6 +15,7 @@ from assay.master.errors import RateLimitedError
 
 Clock = Callable[[], dt.datetime]
 _MAX_USERNAME = 128  # the users.username column
+_MAX_PACE_LEVEL = 16  # first_pace * 2**16 is past any max_pace worth setting
 
 
 def _utcnow() -> dt.datetime:
@@ -67,6 +70,18 @@ class LoginLimiter:
     success clears its user name's count at that address only: one working account must
     not reset the count of guesses from an address at others. Each table keeps at most
     `max_keys` keys (the least recently used go first). Thread-safe.
+
+    Spraying (one guess at each of many user names, each from a new address) passes all
+    three counts, so a fourth is cluster-wide: past `global_failures` failures within
+    `global_window` at all names from all addresses, every attempt of a user name from an
+    address where it has not logged in waits its turn. Turns come `first_pace` apart,
+    doubling with each further failure up to `max_pace`, until no attempt has failed for
+    `global_window`. An attempt waits at most `max_wait` (less than a client's deadline);
+    one whose turn is further off is refused at once, with the time to wait. The wait
+    happens before the password is checked, in the caller's thread. A user logging in
+    from an address where she logged in before (`known_peer` asks the store when this
+    process does not remember it) never waits, so spraying is slowed to one guess per
+    `max_pace` without locking anyone out.
     """
 
     def __init__(
@@ -81,7 +96,15 @@ class LoginLimiter:
         max_delay: dt.timedelta = dt.timedelta(minutes=15),
         max_keys: int = 10_000,
         clock: Clock = _utcnow,
+        global_failures: int = 0,
+        global_window: dt.timedelta = dt.timedelta(minutes=1),
+        first_pace: dt.timedelta = dt.timedelta(seconds=0.5),
+        max_pace: dt.timedelta = dt.timedelta(seconds=8),
+        max_wait: dt.timedelta = dt.timedelta(seconds=15),
+        known_peer: Callable[[str, str], bool] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """`global_failures` 0: no cluster-wide pacing."""
         for name, value in (
             ("max_failures", max_failures),
             ("address_failures", address_failures),
@@ -95,6 +118,11 @@ class LoginLimiter:
             raise ValueError(
                 f"need 0 < first_delay <= max_delay, got {first_delay} and {max_delay}"
             )
+        if not dt.timedelta(0) < first_pace <= max_pace <= max_wait:
+            raise ValueError(
+                "need 0 < first_pace <= max_pace <= max_wait, got "
+                f"{first_pace}, {max_pace} and {max_wait}"
+            )
         self._window = window
         self._first_delay = first_delay
         self._max_delay = max_delay
@@ -106,28 +134,40 @@ class LoginLimiter:
         self._peers = _Table(address_failures)  # address
         self._accounts = _Table(account_failures)  # user name, from unknown addresses
         self._known: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
+        self._pace = _Pace(global_failures, global_window, first_pace, max_pace, max_wait)
+        self._known_peer = known_peer
+        self._sleep = sleep
 
     @contextmanager
     def attempt(self, username: str, peer: str) -> Iterator[LoginAttempt]:
-        """Admit one attempt (or raise `RateLimitedError`), then record how it went."""
+        """Admit one attempt (or raise `RateLimitedError`), after its turn if logins are
+        paced; then record how it went."""
         name, peer = username[:_MAX_USERNAME], peer[:255]
         keys = [(self._users, f"{name}\x00{peer}")]
         if peer:
             keys.append((self._peers, peer))
+        known = self._knows(name, peer)
         now = self._clock()
         with self._lock:
-            if peer not in self._known.get(name, ()):
+            if not known:
                 keys.append((self._accounts, name))
             for table, key in keys:
                 self._admit(table, table.get(key), now)
+            wait = 0.0 if known else self._pace.turn(now)
             for table, key in keys:
                 self._strikes(table, key).in_flight += 1
         outcome = LoginAttempt()
         try:
+            if wait > 0:
+                self._sleep(wait)
             yield outcome
         finally:
             now = self._clock()
             with self._lock:
+                if not known:
+                    self._pace.ended(now, outcome.result is False)
+                elif outcome.result is False:
+                    self._pace.failed(now)
                 for table, key in keys:
                     strikes = self._strikes(table, key)
                     strikes.in_flight = max(0, strikes.in_flight - 1)
@@ -141,6 +181,20 @@ class LoginLimiter:
                         table.popitem(last=False)
                 if outcome.result and peer:
                     self._remember(name, peer)
+
+    def _knows(self, name: str, peer: str) -> bool:
+        """Whether `name` has logged in from `peer`: remembered here, or (only when that
+        would spare the attempt a lock or a wait) as `known_peer` finds in the store."""
+        with self._lock:
+            if peer in self._known.get(name, ()):
+                return True
+            ask = self._known_peer is not None and bool(peer)
+            ask = ask and (name in self._accounts or self._pace.on(self._clock()))
+        if not ask or self._known_peer is None or not self._known_peer(name, peer):
+            return False
+        with self._lock:
+            self._remember(name, peer)
+        return True
 
     def keys(self) -> tuple[int, int]:
         """How many user names (per address) and addresses are remembered."""
@@ -191,6 +245,74 @@ class LoginLimiter:
             strikes = table[key] = _Strikes()
         table.move_to_end(key)
         return strikes
+
+
+class _Pace:
+    """Cluster-wide failures, and the turns of the attempts that wait while there are
+    too many (see `LoginLimiter`). Not thread-safe: the limiter's lock guards it."""
+
+    def __init__(
+        self,
+        failures: int,
+        window: dt.timedelta,
+        first: dt.timedelta,
+        most: dt.timedelta,
+        max_wait: dt.timedelta,
+    ) -> None:
+        self.limit, self.window, self.first, self.most = failures, window, first, most
+        self.max_wait = max_wait
+        self.failures: deque[dt.datetime] = deque()  # within the window (the newest `limit`)
+        self.level = 0  # failures while paced: the turns are first * 2**(level-1) apart
+        self.next_turn: dt.datetime | None = None
+        # Attempts it has let through and not yet heard the end of: a burst of parallel
+        # guesses counts before the first of them fails.
+        self.pending = 0
+
+    def on(self, now: dt.datetime) -> bool:
+        """Whether attempts from addresses their user name never logged in from wait."""
+        if not self.limit:
+            return False
+        while self.failures and now - self.failures[0] >= self.window:
+            self.failures.popleft()
+        if not self.failures:
+            self.level = 0  # quiet for a whole window: pacing ends
+        return self.level > 0 or len(self.failures) + self.pending >= self.limit
+
+    def turn(self, now: dt.datetime) -> float:
+        """Seconds the attempt waits for its turn (0 when not paced); `RateLimitedError`
+        when its turn is more than `max_wait` away. Call `ended` when it has."""
+        if not self.limit:
+            return 0.0
+        if not self.on(now):
+            self.pending += 1
+            return 0.0
+        turn = now if self.next_turn is None else max(now, self.next_turn)
+        if turn - now > self.max_wait:
+            raise RateLimitedError((turn - now - self.max_wait).total_seconds())
+        self.next_turn = turn + self._gap()
+        self.pending += 1
+        return (turn - now).total_seconds()
+
+    def ended(self, now: dt.datetime, failed: bool) -> None:
+        """An attempt `turn` let through has ended."""
+        if not self.limit:
+            return
+        self.pending = max(0, self.pending - 1)
+        if failed:
+            self.failed(now)
+
+    def failed(self, now: dt.datetime) -> None:
+        """An attempt failed (one `turn` was not asked about too: a known address's)."""
+        if not self.limit:
+            return
+        self.failures.append(now)
+        if len(self.failures) > self.limit:  # the count only needs to reach the limit
+            self.failures.popleft()
+        if self.on(now):
+            self.level = min(self.level + 1, _MAX_PACE_LEVEL)
+
+    def _gap(self) -> dt.timedelta:
+        return min(self.first * 2 ** max(self.level - 1, 0), self.most)
 
 
 __all__ = ["LoginAttempt", "LoginLimiter"]

@@ -1,12 +1,17 @@
 """The `resource_pools` setting's kind: a list of {name, description, scheduler,
-user_slot_quota} mappings.
+user_slot_quota, preemption, workspaces} mappings.
 
 In the YAML file it is a list; in ASSAY_RESOURCE_POOLS or --resource-pools the same list
 as YAML (or JSON) text, e.g. `[{name: default}, {name: gpu, scheduler: fair_share}]`.
+
+`workspaces` binds a pool to the workspaces it serves (Determined's workspace-pool
+bindings): a pool with bindings, from here or made by an administrator at run time
+(`assay resource-pool bind`), takes experiments of those workspaces only.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +20,10 @@ import yaml
 from assay.common.settings import Kind, SettingsError
 from assay.master.scheduler import POOL_SCHEDULERS, PoolSpec
 
-_KEYS = ("name", "description", "scheduler", "user_slot_quota", "preemption")
+# A workspace's name, as the store takes it (store/_workspaces.py); not imported from
+# there, which would load the database layer with the settings.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.-]{0,127}")
+_KEYS = ("name", "description", "scheduler", "user_slot_quota", "preemption", "workspaces")
 
 
 class PoolsError(SettingsError):
@@ -30,7 +38,7 @@ class ResourcePools(Kind):
         return (
             "a list of {name, description, scheduler: "
             + "|".join(POOL_SCHEDULERS)
-            + ", user_slot_quota, preemption} mappings"
+            + ", user_slot_quota, preemption, workspaces: [NAME, ...]} mappings"
         )
 
     @property
@@ -87,4 +95,36 @@ def _pool(i: int, item: object) -> dict[str, Any]:
         entry["user_slot_quota"] = quota
     if preemption is not None:
         entry["preemption"] = preemption
+    workspaces = _workspaces(i, name, item.get("workspaces"))
+    if workspaces:
+        entry["workspaces"] = workspaces
     return entry
+
+
+def _workspaces(i: int, pool: str, value: object) -> list[str]:
+    """A pool's `workspaces`: workspace names, each once."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
+        raise PoolsError(
+            f"resource_pools[{i}] ({pool}): workspaces must be a list of workspace names "
+            f"(the workspaces whose experiments may use the pool), got {value!r}"
+        )
+    for name in value:
+        if not _NAME.fullmatch(name) or name != name.strip():
+            raise PoolsError(
+                f"resource_pools[{i}] ({pool}): workspaces: {name!r} is not a workspace "
+                "name (1 to 128 letters, digits, spaces, '_', '.' or '-', starting with a "
+                "letter or digit)"
+            )
+    return list(dict.fromkeys(value))
+
+
+def pool_workspaces(pools: list[dict[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """The workspaces the `resource_pools` setting binds each pool to (bound pools only)."""
+    return {p["name"]: tuple(p["workspaces"]) for p in pools if p.get("workspaces")}
+
+
+def spec_keys(pool: dict[str, Any]) -> dict[str, Any]:
+    """A `resource_pools` entry without what is not the scheduler's (its bindings)."""
+    return {k: v for k, v in pool.items() if k != "workspaces"}

@@ -11,6 +11,11 @@ experiment, trial, checkpoint, workspace or project asks `Roles` before it acts:
   checkpoints, with any role);
 - admin: also adds and removes members, changes their roles, archives and deletes.
 
+The Default workspace is shared by every user, so there an editor creates experiments
+and steers, changes and deletes only their own (with their trials and checkpoints);
+another user's are changed by its owner and by admins alone (`owned`). In workspaces
+that someone created, editors keep the rights above.
+
 Cluster admins may do everything everywhere. A user who is not a member of the
 workspace gets NOT_FOUND, with the same text as for an id that does not exist, so ids
 in other workspaces do not leak; a member whose role is too low gets PERMISSION_DENIED
@@ -73,13 +78,52 @@ class Roles:
         `owner_may`: the experiment's owner may too, with any role there (deleting its
         experiment or checkpoints stays theirs when their role was lowered to viewer)."""
         missing = f"experiment {experiment_id} does not exist"
-        workspace_id, project_id = self.store.experiment_place(experiment_id)
-        if owner_may and need != VIEWER:
-            self._need(who, workspace_id, VIEWER, missing)
-            if self.store.get_experiment(experiment_id).owner == who.username:
-                return project_id
-        self._need(who, workspace_id, need, missing)
-        return project_id
+        where = self.store.experiment_where(experiment_id)
+        if owner_may and need != VIEWER and where.owner_id == who.user_id:
+            self._need(who, where.workspace_id, VIEWER, missing)
+            return where.project_id
+        self.owned(
+            who,
+            where.workspace_id,
+            where.owner_id,
+            need,
+            missing,
+            lambda: (
+                f"experiment {experiment_id} belongs to "
+                f"{self.store.get_experiment(experiment_id).owner}"
+            ),
+        )
+        return where.project_id
+
+    def owned(
+        self,
+        who: Principal,
+        workspace_id: int,
+        owner_id: int,
+        need: str,
+        missing: str,
+        whose: Callable[[], str],
+    ) -> str:
+        """Check `who` has `need` for a thing that `owner_id` owns in the workspace (an
+        experiment, or anything else a user files there); return their role.
+
+        In the Default workspace, which every user shares, editing another user's thing
+        needs the admin role: an editor there changes only their own. `whose()` words
+        the thing and its owner for the refusal ("experiment 7 belongs to alice")."""
+        role = self._need(who, workspace_id, need, missing)
+        if (
+            workspace_id == DEFAULT_WORKSPACE_ID
+            and _RANK[need] >= _RANK[EDITOR]
+            and role == EDITOR
+            and owner_id != who.user_id
+        ):
+            raise PermissionDeniedError(
+                f"{whose()}: in the shared workspace 'Default' only its owner and admins "
+                "may steer, change or delete it (work on experiments together in a "
+                "workspace of your own: `assay workspace create`, then `assay workspace "
+                "add-member`)"
+            )
+        return role
 
     def trial(
         self, who: Principal, trial_id: int, need: str = VIEWER, *, owner_may: bool = False

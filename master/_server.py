@@ -86,7 +86,11 @@ class MasterServer:
         self.fatal: BaseException | None = None
         try:
             ttl = dt.timedelta(seconds=config.session_ttl_s)
-            self.auth = Authenticator(self.store, token_ttl=ttl)
+            self.auth = Authenticator(
+                self.store,
+                token_ttl=ttl,
+                login_failures_per_minute=config.login_failures_per_minute,
+            )
             if config.join_token is not None:
                 check_join_token(config.join_token)
             self.join_token = config.join_token or self.store.secret("join_token").hex()

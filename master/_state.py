@@ -10,8 +10,11 @@ memory from the store when the master starts.
 from __future__ import annotations
 
 import datetime as dt
+import os
+import shutil
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from assay.config import ExperimentConfig, parse_config, searcher_in_batches
@@ -30,6 +33,7 @@ from assay.master.lifecycle import (
 from assay.master.scheduler import Request, SlotType
 from assay.master.searcher import Searcher, make_searcher, restore_searcher
 from assay.master.store import Store, TrialRecord, WriteBatch
+from assay.master.store._archive_file import ArchiveFile, ModelDefinition, size_of
 
 
 class Ledger:
@@ -150,35 +154,75 @@ def new_searcher(config: ExperimentConfig) -> Searcher:
 
 
 class ModelCache:
-    """Model definitions of live experiments, most recently used first, up to a size."""
+    """Model definitions of live experiments, so that a trial's start does not read its
+    archive from the store each time.
 
-    def __init__(self, store: Store, max_bytes: int = 256 * 2**20) -> None:
+    With a `directory` (the master's `<state_dir>/models`) they are files there, read when
+    a trial starts, so the master holds no archive in memory between starts; an upload
+    spooled to disk becomes its file by a hard link. It is a cache (the store keeps every
+    archive): emptied when the master starts, and kept to `max_bytes` (1 GiB), the least
+    recently used dropped first. Without a directory they are kept in memory (256 MiB).
+    Called under the master's lock.
+    """
+
+    def __init__(
+        self, store: Store, directory: Path | None = None, max_bytes: int | None = None
+    ) -> None:
         self.store = store
-        self.max_bytes = max_bytes
-        self._data: OrderedDict[int, bytes] = OrderedDict()
+        self.directory = directory
+        self.max_bytes = max_bytes or (2**30 if directory is not None else 256 * 2**20)
+        self._sizes: OrderedDict[int, int] = OrderedDict()  # experiment -> archive bytes
+        self._data: dict[int, bytes] = {}  # without a directory
         self._bytes = 0
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(mode=0o700, parents=True)
 
-    def put(self, experiment_id: int, data: bytes) -> None:
+    def put(self, experiment_id: int, data: ModelDefinition) -> None:
         self.drop(experiment_id)
-        self._data[experiment_id] = data
-        self._bytes += len(data)
-        while self._bytes > self.max_bytes and len(self._data) > 1:
-            _, old = self._data.popitem(last=False)
-            self._bytes -= len(old)
+        if self.directory is None:
+            self._data[experiment_id] = data if isinstance(data, bytes) else data.read()
+        else:
+            self._write(self.directory / f"{experiment_id}.tar.gz", data)
+        self._sizes[experiment_id] = size = size_of(data)
+        self._bytes += size
+        while self._bytes > self.max_bytes and len(self._sizes) > 1:
+            self.drop(next(iter(self._sizes)))
 
     def get(self, experiment_id: int) -> bytes:
-        data = self._data.get(experiment_id)
-        if data is None:
-            data = self.store.get_model_definition(experiment_id)
-            self.put(experiment_id, data)
-        else:
-            self._data.move_to_end(experiment_id)
+        if experiment_id in self._sizes:
+            self._sizes.move_to_end(experiment_id)
+            if self.directory is None:
+                return self._data[experiment_id]
+            try:
+                return (self.directory / f"{experiment_id}.tar.gz").read_bytes()
+            except FileNotFoundError:  # removed behind our back: the store has it
+                self.drop(experiment_id)
+        data = self.store.get_model_definition(experiment_id)
+        self.put(experiment_id, data)
         return data
 
     def drop(self, experiment_id: int) -> None:
-        old = self._data.pop(experiment_id, None)
-        if old is not None:
-            self._bytes -= len(old)
+        size = self._sizes.pop(experiment_id, None)
+        if size is None:
+            return
+        self._bytes -= size
+        self._data.pop(experiment_id, None)
+        if self.directory is not None:
+            (self.directory / f"{experiment_id}.tar.gz").unlink(missing_ok=True)
+
+    @staticmethod
+    def _write(path: Path, data: ModelDefinition) -> None:
+        part = path.with_suffix(".part")
+        part.unlink(missing_ok=True)
+        if isinstance(data, ArchiveFile):
+            try:
+                os.link(data.path, part)
+            except OSError:  # another filesystem, or none that links
+                shutil.copyfile(data.path, part)
+        else:
+            part.write_bytes(data)
+        os.replace(part, path)
 
 
 def load_live(store: Store) -> list[ExperimentState]:

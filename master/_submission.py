@@ -28,6 +28,7 @@ from assay.master._state import new_searcher
 from assay.master.errors import InvalidArgumentError
 from assay.master.searcher import Searcher
 from assay.master.store import ExperimentRecord
+from assay.master.store._archive_file import ArchiveFile, ModelDefinition, size_of
 
 MAX_CONFIG_BYTES = 2**20
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -38,7 +39,7 @@ class PreparedExperiment:
     """A submission that passed every check, ready to be recorded."""
 
     config: ExperimentConfig
-    model_definition: bytes
+    model_definition: ModelDefinition  # an upload: spooled to disk, read when stored
     owner: str
     owner_id: int
     searcher: Searcher
@@ -47,7 +48,7 @@ class PreparedExperiment:
 
 
 def check_submission(
-    config_yaml: str, model_definition: bytes
+    config_yaml: str, model_definition: ModelDefinition
 ) -> tuple[ExperimentConfig, Searcher]:
     """The parsed config and its new searcher, or `InvalidArgumentError`.
 
@@ -145,19 +146,23 @@ _PASSED_LIMIT = 1024
 _passed_lock = threading.Lock()
 
 
-def _check_model_definition(data: bytes) -> None:
-    """The archive checks an agent applies before unpacking, done before it is stored."""
-    digest = hashlib.sha256(data).digest()
+def _check_model_definition(data: ModelDefinition) -> None:
+    """The archive checks an agent applies before unpacking, done before it is stored (a
+    spooled upload is read from its file as it is checked, never whole)."""
+    if isinstance(data, ArchiveFile):
+        digest = bytes.fromhex(data.sha256)
+    else:
+        digest = hashlib.sha256(data).digest()
     with _passed_lock:
         if digest in _PASSED_ARCHIVES:
             _PASSED_ARCHIVES.move_to_end(digest)
             return
     try:
-        check_model_archive(data)
+        check_model_archive(data.path if isinstance(data, ArchiveFile) else data)
     except ModelDefinitionError as e:
         raise InvalidArgumentError(
             f"{e}; exclude data and checkpoints with .assayignore"
-            if len(data) > MAX_MODEL_DEF_BYTES
+            if size_of(data) > MAX_MODEL_DEF_BYTES
             else str(e)
         ) from None
     with _passed_lock:

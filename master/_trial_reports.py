@@ -37,8 +37,12 @@ def store_metrics(
     run: Run,
     group: str,
     reports: Sequence[MetricReport],
+    *,
+    max_names: int,
 ) -> MetricsReported:
-    """Store a run's metrics and the trial's progress in one transaction."""
+    """Store a run's metrics and the trial's progress in one transaction; refused whole
+    (`ResourceExhaustedError`) if it would take the trial past `max_names` distinct
+    metric names (the master's `metric_names_per_trial`)."""
     searcher = experiment.config.searcher if experiment is not None else None
     return store.report_metrics_and_progress(
         run.trial_id,
@@ -47,6 +51,7 @@ def store_metrics(
         reports,
         searcher_metric=searcher.metric if searcher is not None else None,
         smaller_is_better=searcher.smaller_is_better if searcher is not None else True,
+        max_names=max_names,
     )
 
 

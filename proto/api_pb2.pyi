@@ -1631,6 +1631,7 @@ class ResourcePool(_message.Message):
     SLOTS_FIELD_NUMBER: _builtins.int
     QUEUED_TRIALS_FIELD_NUMBER: _builtins.int
     DEFAULT_FIELD_NUMBER: _builtins.int
+    BINDINGS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     description: _builtins.str
     scheduler: _builtins.str
@@ -1646,6 +1647,10 @@ class ResourcePool(_message.Message):
     def slots(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolSlots]:
         """one per slot type present"""
 
+    @_builtins.property
+    def bindings(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolBinding]:
+        """The workspaces whose experiments may use it; none: open to every workspace."""
+
     def __init__(
         self,
         *,
@@ -1656,14 +1661,124 @@ class ResourcePool(_message.Message):
         slots: _abc.Iterable[Global___PoolSlots] | None = ...,
         queued_trials: _builtins.int = ...,
         default: _builtins.bool = ...,
+        bindings: _abc.Iterable[Global___PoolBinding] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "default", b"default", "description", b"description", "name", b"name", "queued_trials", b"queued_trials", "scheduler", b"scheduler", "slots", b"slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "bindings", b"bindings", "default", b"default", "description", b"description", "name", b"name", "queued_trials", b"queued_trials", "scheduler", b"scheduler", "slots", b"slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResourcePool: _TypeAlias = ResourcePool  # noqa: Y015
+
+@_typing.final
+class PoolBinding(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    FROM_SETTINGS_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    from_settings: _builtins.bool
+    """Bound by the master's settings (resource_pools[].workspaces), not by `bind`."""
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        from_settings: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_settings", b"from_settings", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolBinding: _TypeAlias = PoolBinding  # noqa: Y015
+
+@_typing.final
+class ListResourcePoolWorkspacesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_FIELD_NUMBER: _builtins.int
+    pool: _builtins.str
+    def __init__(
+        self,
+        *,
+        pool: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListResourcePoolWorkspacesRequest: _TypeAlias = ListResourcePoolWorkspacesRequest  # noqa: Y015
+
+@_typing.final
+class BindResourcePoolRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    pool: _builtins.str
+    workspace: _builtins.str
+    def __init__(
+        self,
+        *,
+        pool: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BindResourcePoolRequest: _TypeAlias = BindResourcePoolRequest  # noqa: Y015
+
+@_typing.final
+class UnbindResourcePoolRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    pool: _builtins.str
+    workspace: _builtins.str
+    def __init__(
+        self,
+        *,
+        pool: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnbindResourcePoolRequest: _TypeAlias = UnbindResourcePoolRequest  # noqa: Y015
+
+@_typing.final
+class ResourcePoolWorkspaces(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_FIELD_NUMBER: _builtins.int
+    BINDINGS_FIELD_NUMBER: _builtins.int
+    pool: _builtins.str
+    @_builtins.property
+    def bindings(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolBinding]: ...
+    def __init__(
+        self,
+        *,
+        pool: _builtins.str = ...,
+        bindings: _abc.Iterable[Global___PoolBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bindings", b"bindings", "pool", b"pool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResourcePoolWorkspaces: _TypeAlias = ResourcePoolWorkspaces  # noqa: Y015
 
 @_typing.final
 class ListResourcePoolsResponse(_message.Message):
@@ -2097,6 +2212,7 @@ class Model(_message.Message):
     LATEST_VERSION_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     name: _builtins.str
     description: _builtins.str
@@ -2105,6 +2221,10 @@ class Model(_message.Message):
     num_versions: _builtins.int
     latest_version: _builtins.int
     """0: none yet"""
+    workspace: _builtins.str
+    """The workspace whose editors may change the model and its versions (beside its owner
+    and the administrators).
+    """
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -2127,10 +2247,11 @@ class Model(_message.Message):
         latest_version: _builtins.int = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        workspace: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "metadata", b"metadata", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "created_at", b"created_at", "description", b"description", "id", b"id", "labels", b"labels", "latest_version", b"latest_version", "metadata", b"metadata", "name", b"name", "num_versions", b"num_versions", "owner", b"owner", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived", b"archived", "created_at", b"created_at", "description", b"description", "id", b"id", "labels", b"labels", "latest_version", b"latest_version", "metadata", b"metadata", "name", b"name", "num_versions", b"num_versions", "owner", b"owner", "updated_at", b"updated_at", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2150,6 +2271,9 @@ class ModelVersion(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_DELETED_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_DELETED_AT_FIELD_NUMBER: _builtins.int
+    CODE_OWNER_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """the model's name"""
     version: _builtins.int
@@ -2158,6 +2282,14 @@ class ModelVersion(_message.Message):
     notes: _builtins.str
     user: _builtins.str
     """who registered it"""
+    checkpoint_deleted: _builtins.bool
+    """Its checkpoint was deleted by its owner (a version of a model in another workspace
+    does not keep it): the version stays, naming the uuid, with nothing to download.
+    """
+    code_owner: _builtins.str
+    """Who uploaded the code of the checkpoint's experiment: `load()` without a Trial class
+    runs it. Empty to whom the checkpoint is not shown, and once it is deleted.
+    """
     @_builtins.property
     def checkpoint(self) -> _common_pb2.Checkpoint:
         """The checkpoint: its experiment, trial, batches, files and validation metrics."""
@@ -2170,6 +2302,8 @@ class ModelVersion(_message.Message):
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def checkpoint_deleted_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -2183,10 +2317,13 @@ class ModelVersion(_message.Message):
         user: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        checkpoint_deleted: _builtins.bool = ...,
+        checkpoint_deleted_at: _timestamp_pb2.Timestamp | None = ...,
+        code_owner: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "created_at", b"created_at", "metadata", b"metadata", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "checkpoint_deleted_at", b"checkpoint_deleted_at", "created_at", b"created_at", "metadata", b"metadata", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "checkpoint_uuid", b"checkpoint_uuid", "created_at", b"created_at", "labels", b"labels", "metadata", b"metadata", "model", b"model", "notes", b"notes", "updated_at", b"updated_at", "user", b"user", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "checkpoint_deleted", b"checkpoint_deleted", "checkpoint_deleted_at", b"checkpoint_deleted_at", "checkpoint_uuid", b"checkpoint_uuid", "code_owner", b"code_owner", "created_at", b"created_at", "labels", b"labels", "metadata", b"metadata", "model", b"model", "notes", b"notes", "updated_at", b"updated_at", "user", b"user", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2222,9 +2359,12 @@ class CreateModelRequest(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """1-128 letters, digits, '.', '_' or '-', starting with a letter or digit."""
     description: _builtins.str
+    workspace: _builtins.str
+    """Its workspace (empty: Default): creating a model there takes the editor role."""
     @_builtins.property
     def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -2236,10 +2376,11 @@ class CreateModelRequest(_message.Message):
         description: _builtins.str = ...,
         labels: _abc.Iterable[_builtins.str] | None = ...,
         metadata: _struct_pb2.Struct | None = ...,
+        workspace: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "labels", b"labels", "metadata", b"metadata", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "labels", b"labels", "metadata", b"metadata", "name", b"name", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -225,6 +225,21 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsResponse.FromString,
                 _registered_method=True)
+        self.ListResourcePoolWorkspaces = channel.unary_unary(
+                '/assay.v1.Api/ListResourcePoolWorkspaces',
+                request_serializer=assay_dot_proto_dot_api__pb2.ListResourcePoolWorkspacesRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ResourcePoolWorkspaces.FromString,
+                _registered_method=True)
+        self.BindResourcePool = channel.unary_unary(
+                '/assay.v1.Api/BindResourcePool',
+                request_serializer=assay_dot_proto_dot_api__pb2.BindResourcePoolRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ResourcePoolWorkspaces.FromString,
+                _registered_method=True)
+        self.UnbindResourcePool = channel.unary_unary(
+                '/assay.v1.Api/UnbindResourcePool',
+                request_serializer=assay_dot_proto_dot_api__pb2.UnbindResourcePoolRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.ResourcePoolWorkspaces.FromString,
+                _registered_method=True)
         self.CreateModel = channel.unary_unary(
                 '/assay.v1.Api/CreateModel',
                 request_serializer=assay_dot_proto_dot_api__pb2.CreateModelRequest.SerializeToString,
@@ -624,10 +639,34 @@ class ApiServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListResourcePoolWorkspaces(self, request, context):
+        """The workspaces a pool is bound to (any user): a bound pool takes experiments of those
+        workspaces only; an unbound one is open to all. Binding and unbinding are for admins;
+        the bindings of the master's settings (resource_pools[].workspaces) cannot be unbound.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BindResourcePool(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnbindResourcePool(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateModel(self, request, context):
-        """The model registry. Any user reads it; a model is edited, archived and deleted by its
-        owner or an admin; a version is registered by anyone who may read the checkpoint's
-        experiment. A version pins its checkpoint: GC keeps it, deleting it is refused.
+        """The model registry. Any user reads it; a model, its versions, labels and metadata are
+        changed, archived and deleted by its owner, the editors of its workspace (in Default:
+        nobody else) or an admin; a checkpoint is registered as a version only by who may
+        delete it (its experiment's owner, or an editor of its workspace). GC keeps a
+        registered checkpoint; deleting it is refused while a version of a model in its own
+        workspace names it, and marks the versions of other workspaces' models as deleted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -987,6 +1026,21 @@ def add_ApiServicer_to_server(servicer, server):
                     servicer.ListResourcePools,
                     request_deserializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.ListResourcePoolsResponse.SerializeToString,
+            ),
+            'ListResourcePoolWorkspaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListResourcePoolWorkspaces,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.ListResourcePoolWorkspacesRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ResourcePoolWorkspaces.SerializeToString,
+            ),
+            'BindResourcePool': grpc.unary_unary_rpc_method_handler(
+                    servicer.BindResourcePool,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.BindResourcePoolRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ResourcePoolWorkspaces.SerializeToString,
+            ),
+            'UnbindResourcePool': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnbindResourcePool,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.UnbindResourcePoolRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.ResourcePoolWorkspaces.SerializeToString,
             ),
             'CreateModel': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateModel,
@@ -2145,6 +2199,87 @@ class Api:
             '/assay.v1.Api/ListResourcePools',
             assay_dot_proto_dot_api__pb2.ListResourcePoolsRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.ListResourcePoolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListResourcePoolWorkspaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/ListResourcePoolWorkspaces',
+            assay_dot_proto_dot_api__pb2.ListResourcePoolWorkspacesRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ResourcePoolWorkspaces.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BindResourcePool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/BindResourcePool',
+            assay_dot_proto_dot_api__pb2.BindResourcePoolRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ResourcePoolWorkspaces.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnbindResourcePool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/UnbindResourcePool',
+            assay_dot_proto_dot_api__pb2.UnbindResourcePoolRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.ResourcePoolWorkspaces.FromString,
             options,
             channel_credentials,
             insecure,

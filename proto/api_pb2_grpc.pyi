@@ -117,10 +117,20 @@ class ApiStub:
     """
     ListResourcePools: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListResourcePoolsRequest, _api_pb2.ListResourcePoolsResponse]
     """The resource pools the master declares, with their agents, slots and queued trials."""
+    ListResourcePoolWorkspaces: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListResourcePoolWorkspacesRequest, _api_pb2.ResourcePoolWorkspaces]
+    """The workspaces a pool is bound to (any user): a bound pool takes experiments of those
+    workspaces only; an unbound one is open to all. Binding and unbinding are for admins;
+    the bindings of the master's settings (resource_pools[].workspaces) cannot be unbound.
+    """
+    BindResourcePool: _grpc.UnaryUnaryMultiCallable[_api_pb2.BindResourcePoolRequest, _api_pb2.ResourcePoolWorkspaces]
+    UnbindResourcePool: _grpc.UnaryUnaryMultiCallable[_api_pb2.UnbindResourcePoolRequest, _api_pb2.ResourcePoolWorkspaces]
     CreateModel: _grpc.UnaryUnaryMultiCallable[_api_pb2.CreateModelRequest, _api_pb2.Model]
-    """The model registry. Any user reads it; a model is edited, archived and deleted by its
-    owner or an admin; a version is registered by anyone who may read the checkpoint's
-    experiment. A version pins its checkpoint: GC keeps it, deleting it is refused.
+    """The model registry. Any user reads it; a model, its versions, labels and metadata are
+    changed, archived and deleted by its owner, the editors of its workspace (in Default:
+    nobody else) or an admin; a checkpoint is registered as a version only by who may
+    delete it (its experiment's owner, or an editor of its workspace). GC keeps a
+    registered checkpoint; deleting it is refused while a version of a model in its own
+    workspace names it, and marks the versions of other workspaces' models as deleted.
     """
     GetModel: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetModelRequest, _api_pb2.Model]
     ListModels: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListModelsRequest, _api_pb2.ListModelsResponse]
@@ -250,10 +260,20 @@ class ApiAsyncStub(ApiStub):
     """
     ListResourcePools: _aio.UnaryUnaryMultiCallable[_api_pb2.ListResourcePoolsRequest, _api_pb2.ListResourcePoolsResponse]  # type: ignore[assignment]
     """The resource pools the master declares, with their agents, slots and queued trials."""
+    ListResourcePoolWorkspaces: _aio.UnaryUnaryMultiCallable[_api_pb2.ListResourcePoolWorkspacesRequest, _api_pb2.ResourcePoolWorkspaces]  # type: ignore[assignment]
+    """The workspaces a pool is bound to (any user): a bound pool takes experiments of those
+    workspaces only; an unbound one is open to all. Binding and unbinding are for admins;
+    the bindings of the master's settings (resource_pools[].workspaces) cannot be unbound.
+    """
+    BindResourcePool: _aio.UnaryUnaryMultiCallable[_api_pb2.BindResourcePoolRequest, _api_pb2.ResourcePoolWorkspaces]  # type: ignore[assignment]
+    UnbindResourcePool: _aio.UnaryUnaryMultiCallable[_api_pb2.UnbindResourcePoolRequest, _api_pb2.ResourcePoolWorkspaces]  # type: ignore[assignment]
     CreateModel: _aio.UnaryUnaryMultiCallable[_api_pb2.CreateModelRequest, _api_pb2.Model]  # type: ignore[assignment]
-    """The model registry. Any user reads it; a model is edited, archived and deleted by its
-    owner or an admin; a version is registered by anyone who may read the checkpoint's
-    experiment. A version pins its checkpoint: GC keeps it, deleting it is refused.
+    """The model registry. Any user reads it; a model, its versions, labels and metadata are
+    changed, archived and deleted by its owner, the editors of its workspace (in Default:
+    nobody else) or an admin; a checkpoint is registered as a version only by who may
+    delete it (its experiment's owner, or an editor of its workspace). GC keeps a
+    registered checkpoint; deleting it is refused while a version of a model in its own
+    workspace names it, and marks the versions of other workspaces' models as deleted.
     """
     GetModel: _aio.UnaryUnaryMultiCallable[_api_pb2.GetModelRequest, _api_pb2.Model]  # type: ignore[assignment]
     ListModels: _aio.UnaryUnaryMultiCallable[_api_pb2.ListModelsRequest, _api_pb2.ListModelsResponse]  # type: ignore[assignment]
@@ -610,14 +630,42 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         """The resource pools the master declares, with their agents, slots and queued trials."""
 
     @_abc_1.abstractmethod
+    def ListResourcePoolWorkspaces(
+        self,
+        request: _api_pb2.ListResourcePoolWorkspacesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ResourcePoolWorkspaces, _abc.Awaitable[_api_pb2.ResourcePoolWorkspaces]]:
+        """The workspaces a pool is bound to (any user): a bound pool takes experiments of those
+        workspaces only; an unbound one is open to all. Binding and unbinding are for admins;
+        the bindings of the master's settings (resource_pools[].workspaces) cannot be unbound.
+        """
+
+    @_abc_1.abstractmethod
+    def BindResourcePool(
+        self,
+        request: _api_pb2.BindResourcePoolRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ResourcePoolWorkspaces, _abc.Awaitable[_api_pb2.ResourcePoolWorkspaces]]: ...
+
+    @_abc_1.abstractmethod
+    def UnbindResourcePool(
+        self,
+        request: _api_pb2.UnbindResourcePoolRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.ResourcePoolWorkspaces, _abc.Awaitable[_api_pb2.ResourcePoolWorkspaces]]: ...
+
+    @_abc_1.abstractmethod
     def CreateModel(
         self,
         request: _api_pb2.CreateModelRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.Model, _abc.Awaitable[_api_pb2.Model]]:
-        """The model registry. Any user reads it; a model is edited, archived and deleted by its
-        owner or an admin; a version is registered by anyone who may read the checkpoint's
-        experiment. A version pins its checkpoint: GC keeps it, deleting it is refused.
+        """The model registry. Any user reads it; a model, its versions, labels and metadata are
+        changed, archived and deleted by its owner, the editors of its workspace (in Default:
+        nobody else) or an admin; a checkpoint is registered as a version only by who may
+        delete it (its experiment's owner, or an editor of its workspace). GC keeps a
+        registered checkpoint; deleting it is refused while a version of a model in its own
+        workspace names it, and marks the versions of other workspaces' models as deleted.
         """
 
     @_abc_1.abstractmethod

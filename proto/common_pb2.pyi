@@ -531,13 +531,17 @@ class Slot(_message.Message):
     ENABLED_FIELD_NUMBER: _builtins.int
     ALLOCATION_ID_FIELD_NUMBER: _builtins.int
     TRIAL_ID_FIELD_NUMBER: _builtins.int
+    BUSY_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     index: _builtins.int
     type: Global___SlotType.ValueType
     enabled: _builtins.bool
     allocation_id: _builtins.str
-    """Empty when free."""
+    """Empty when free, and for a caller who may not see the allocation (neither an admin
+    nor a member of its experiment's workspace): `busy` then tells it is taken.
+    """
     trial_id: _builtins.int
+    busy: _builtins.bool
     def __init__(
         self,
         *,
@@ -547,10 +551,11 @@ class Slot(_message.Message):
         enabled: _builtins.bool = ...,
         allocation_id: _builtins.str = ...,
         trial_id: _builtins.int = ...,
+        busy: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "allocation_id", b"allocation_id", "enabled", b"enabled", "index", b"index", "trial_id", b"trial_id", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "allocation_id", b"allocation_id", "busy", b"busy", "enabled", b"enabled", "index", b"index", "trial_id", b"trial_id", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,5 +1,5 @@
-"""`resources.weight` and `resources.max_slots`: accepted, defaulted, refused with one
-message; the master's user_slot_quota and a pool's own."""
+"""`resources.weight`, `resources.max_slots` and `resources.memory`: accepted, defaulted,
+refused with one message; the master's user_slot_quota and a pool's own."""
 
 from __future__ import annotations
 
@@ -68,6 +68,43 @@ def test_weight_and_max_slots_are_read() -> None:
 )
 def test_bad_values_get_one_message(resources: dict[str, Any], expected: str) -> None:
     assert only_problem(config(**resources)).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("memory", "size"),
+    [
+        ("8G", 8 << 30),
+        ("512Mi", 512 << 20),
+        ("4GiB", 4 << 30),
+        ("1.5g", 3 << 29),
+        ("64 MB", 64 << 20),  # powers of 1024, as docker, Slurm and systemd read them
+        (1 << 30, 1 << 30),
+    ],
+)
+def test_memory_is_a_size_per_slot(memory: object, size: int) -> None:
+    assert parse_config(config(memory=memory)).resources.memory == size
+    assert parse_config(config()).resources.memory is None
+
+
+@pytest.mark.parametrize(
+    ("memory", "expected"),
+    [
+        ("lots", "expected a size such as 8G, 512Mi, 4GiB (powers of 1024) or a number of"),
+        ("8X", "expected a size such as 8G"),
+        ("-1G", "expected a size such as 8G"),
+        (True, "expected a size such as 8G"),
+        ([8], "expected a size such as 8G"),
+        ("1.5", "expected a whole number of bytes, got '1.5'"),
+        (float("inf"), "expected a whole number of bytes"),
+        ("1M", "must be from 16 MiB to 1 EiB, got '1M' (1 MiB)"),
+        (0, "must be from 16 MiB to 1 EiB, got 0"),
+        (2**70, "must be from 16 MiB to 1 EiB"),
+    ],
+)
+def test_a_memory_that_is_no_size_is_refused_with_its_key(memory: object, expected: str) -> None:
+    problem = only_problem(config(memory=memory))
+    assert problem.startswith("resources.memory: " + expected), problem
+    assert problem.endswith("(the memory of each slot: a trial of N slots gets N times it)")
 
 
 def test_a_pool_may_set_its_own_user_quota(tmp_path: Path) -> None:

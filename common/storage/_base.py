@@ -8,11 +8,15 @@ storage.
 
 from __future__ import annotations
 
+import logging
+import os
 import uuid as uuidlib
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from assay.errors import AssayError
+
+log = logging.getLogger("assay")
 
 MANIFEST = "metadata.json"  # the same name as assay._checkpoint.MANIFEST
 S3_SCHEME = "s3://"
@@ -55,8 +59,17 @@ def safe_name(name: str) -> PurePosixPath:
 
 
 def checkpoint_files(directory: Path) -> list[str]:
-    """The files of a checkpoint directory, as relative POSIX names, manifest last."""
-    names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    """The regular files of a checkpoint directory (or of a TensorBoard one), as relative
+    POSIX names, manifest last. A symbolic link is left out, with a warning: what a trial
+    uploads is what it wrote, never what a link in its directory points to."""
+    names = []
+    for path in directory.rglob("*"):
+        name = path.relative_to(directory).as_posix()
+        if path.is_symlink():
+            log.warning("not uploading %s: a symbolic link (to %s)", name, os.readlink(path))
+        elif path.is_file():
+            names.append(name)
+    names.sort()
     if MANIFEST in names:
         names.remove(MANIFEST)
         names.append(MANIFEST)

@@ -132,24 +132,37 @@ class S3Storage:
         except Exception as e:
             raise self._fail("upload", uuid, e) from None
 
-    def download_tree(self, top: str, name: str, local_dir: Path) -> int:
+    def download_tree(
+        self, top: str, name: str, local_dir: Path, skipped: list[str] | None = None
+    ) -> int:
         """Copy every object under `top/name/` (e.g. `tensorboard`, `trial-7`) into
-        `local_dir`; return how many there were."""
+        `local_dir`; return how many were copied. Objects whose key would leave
+        `local_dir` (`..`, an absolute or empty name) or land on a directory are left
+        out, each added to `skipped` with why."""
         prefix = self._key(top, safe_name(name).as_posix()).rstrip("/") + "/"
+        skipped = [] if skipped is None else skipped
+        copied = 0
         try:
             keys: list[str] = []
             paginator = self.client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
                 keys.extend(obj["Key"] for obj in page.get("Contents", []))
             for key in keys:
-                target = Path(local_dir).joinpath(*safe_name(key[len(prefix) :]).parts)
+                target = _inside(Path(local_dir), key[len(prefix) :])
+                if target is None:
+                    skipped.append(f"s3://{self.bucket}/{key}: a name that leaves {local_dir}")
+                    continue
                 target.parent.mkdir(parents=True, exist_ok=True)
+                if target.is_dir() or target.is_symlink():
+                    skipped.append(f"s3://{self.bucket}/{key}: {target} is taken")
+                    continue
                 self.client.download_file(self.bucket, key, str(target))
+                copied += 1
         except StorageError:
             raise
         except Exception as e:
             raise self._fail("download", top, e) from None
-        return len(keys)
+        return copied
 
     def _list(self, uuid: str) -> list[str]:
         prefix = self._key(uuid)
@@ -237,6 +250,14 @@ def _code(error: Exception) -> str:
     if isinstance(response, dict):
         return str(response.get("Error", {}).get("Code", ""))
     return ""
+
+
+def _inside(root: Path, name: str) -> Path | None:
+    """`root/name`, or None for a name that would leave `root`."""
+    try:
+        return root.joinpath(*safe_name(name).parts)
+    except StorageError:
+        return None
 
 
 def _describe(error: Exception) -> str:

@@ -11,6 +11,7 @@
     model = client.create_model("digits")
     model.register_version(best, notes="first")  # pins the checkpoint against GC
     client.get_model("digits").get_version().load()   # the latest version's Trial
+    # another user's code runs only when trusted: .load(trust=True), or your own class
 
 Every call goes through the same gRPC client as the `assay` CLI, so the two cannot
 disagree. Errors are `AssayError`s: `NotFoundError`, `AuthenticationError`,
@@ -27,7 +28,7 @@ from assay.cli._client import (
     MasterError,
     NotFoundError,
 )
-from assay.client._checkpoint import Checkpoint
+from assay.client._checkpoint import Checkpoint, UntrustedCodeError
 from assay.client._experiment import Experiment, Trial
 from assay.client._model import Model, ModelVersion
 from assay.client._session import (
@@ -56,6 +57,7 @@ __all__ = [
     "NotFoundError",
     "Session",
     "Trial",
+    "UntrustedCodeError",
     "create_experiment",
     "create_model",
     "get_checkpoint",

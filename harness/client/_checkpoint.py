@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 _MODEL_DIRS: dict[tuple[str, int], Path] = {}
 
 
+class UntrustedCodeError(AssayError):
+    """`load()` would import and run model code that another user uploaded: pass
+    `trust=True` to run it, or give your own Trial class."""
+
+
 class Checkpoint:
     """A checkpoint as the master recorded it."""
 
@@ -77,19 +82,29 @@ class Checkpoint:
         download(self._api, self.uuid, target)
         return target
 
-    def load(self, trial_class: type[UserTrial] | None = None, **trial_kwargs: Any) -> UserTrial:
+    def load(
+        self,
+        trial_class: type[UserTrial] | None = None,
+        *,
+        trust: bool = False,
+        **trial_kwargs: Any,
+    ) -> UserTrial:
         """Its Trial, built on the CPU with the checkpoint's hyperparameters, every
         wrapped model's weights loaded, in eval mode: `trial.model(x)` predicts.
 
         `trial_class` None: the class the experiment's `entrypoint` names, imported from
-        the model definition the experiment was created with. `trial_kwargs` go to the
-        Trial's constructor after the context. A shared_fs checkpoint is read where it is
-        mounted, if it is; otherwise it is downloaded to a temporary directory first."""
+        the model definition the experiment was created with, which runs that code in
+        this process: when another user owns the experiment (and so uploaded the code),
+        it is refused with `UntrustedCodeError`, naming them, unless `trust=True`.
+        Weights alone run no code (they load with `weights_only=True`): your own
+        `trial_class` needs no trust. `trial_kwargs` go to the Trial's constructor after
+        the context. A shared_fs checkpoint is read where it is mounted, if it is;
+        otherwise it is downloaded to a temporary directory first."""
         from assay._checkpoint import verify_checkpoint
         from assay.pytorch import load_trial_from_checkpoint_path
 
         if trial_class is None:
-            trial_class = self._trial_class()
+            trial_class = self._trial_class(trust)
         path, recorded = self._local_copy()
         verify_checkpoint(path, recorded)
         return load_trial_from_checkpoint_path(path, trial_class, trial_kwargs or None)
@@ -103,7 +118,7 @@ class Checkpoint:
         target = Path(tempfile.mkdtemp(prefix=f"assay-{self.uuid[:8]}-")) / "checkpoint"
         return self.download(target), recorded
 
-    def _trial_class(self) -> type[UserTrial]:
+    def _trial_class(self, trust: bool) -> type[UserTrial]:
         from assay._loader import load_trial_class
         from assay.common.archive import unpack_model_dir
 
@@ -114,6 +129,8 @@ class Checkpoint:
                 f"experiment {self.experiment_id}'s entrypoint {entrypoint!r} is a command, "
                 "not a Trial class: load the files with Checkpoint.download() instead"
             )
+        if not trust:
+            self._refuse_foreign_code(str(experiment.owner), entrypoint)
         key = (self._api.address, self.experiment_id)
         model_dir = _MODEL_DIRS.get(key)
         if model_dir is None:
@@ -121,6 +138,19 @@ class Checkpoint:
             unpack_model_dir(self._api.get_model_definition(self.experiment_id), model_dir)
             _MODEL_DIRS[key] = model_dir
         return load_trial_class(model_dir, entrypoint)
+
+    def _refuse_foreign_code(self, owner: str, entrypoint: str) -> None:
+        """`UntrustedCodeError` unless the caller is `owner`, who uploaded the code."""
+        me = str(self._api.who_am_i().username)
+        if owner == me:
+            return
+        raise UntrustedCodeError(
+            f"checkpoint {self.uuid} comes from experiment {self.experiment_id} of {owner}: "
+            f"loading it imports {owner}'s model code ({entrypoint}) and runs it in this "
+            f"process as {me}. If you trust {owner}'s code, pass trust=True "
+            "(load(trust=True)); or pass a Trial class of your own "
+            "(load(trial_class=YourTrial)), which loads the weights alone"
+        )
 
 
 def best_checkpoints(

@@ -129,7 +129,8 @@ class Experiment:
         """Delete the ended experiment, its checkpoints (files and records), trials,
         metrics and logs, for good; return the uuids of the checkpoints deleted.
         Refused (`AssayError`, nothing deleted) while it is active, paused or stopping,
-        or while a registered model version uses one of its checkpoints. Raises
+        or while a version of a model in its own workspace uses one of its checkpoints
+        (versions of other workspaces' models are marked as having lost them). Raises
         `AssayError` too, after the deletion, naming checkpoints whose files could not
         be deleted from storage."""
         answer = self._api.delete_experiment(self.id)

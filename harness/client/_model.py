@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from assay.cli import _format as fmt
 from assay.client._checkpoint import Checkpoint
+from assay.errors import AssayError
 
 if TYPE_CHECKING:
     from assay._trial import Trial as UserTrial
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
 
 class Model:
     """A registered model: a name with numbered versions, each pinning a checkpoint
-    (checkpoint GC keeps it). Fields are as of the last `reload()`."""
+    (checkpoint GC keeps it). Its owner, the editors of its workspace and administrators
+    change it. Fields are as of the last `reload()`."""
 
     def __init__(self, api: Client, record: api_pb2.Model) -> None:
         self._api = api
@@ -47,6 +49,11 @@ class Model:
     @property
     def owner(self) -> str:
         return str(self._record.owner)
+
+    @property
+    def workspace(self) -> str:
+        """The workspace whose editors may change it (beside its owner and admins)."""
+        return str(self._record.workspace)
 
     def reload(self) -> Model:
         """Read the model again from the master."""
@@ -100,7 +107,10 @@ class Model:
 
 
 class ModelVersion:
-    """One version of a registered model and the checkpoint it pins."""
+    """One version of a registered model and the checkpoint it pins. A version of a
+    model in another workspace than its checkpoint's does not stop the checkpoint's
+    owner from deleting it: then `checkpoint_deleted` is True, and loading or
+    downloading it says so."""
 
     def __init__(self, api: Client, record: api_pb2.ModelVersion) -> None:
         self._api = api
@@ -118,8 +128,36 @@ class ModelVersion:
         return int(self._record.version)
 
     @property
+    def checkpoint_uuid(self) -> str:
+        return str(self._record.checkpoint_uuid)
+
+    @property
+    def checkpoint_deleted(self) -> bool:
+        """Whether its checkpoint's owner deleted the checkpoint (nothing to load)."""
+        return bool(self._record.checkpoint_deleted)
+
+    @property
+    def code_owner(self) -> str:
+        """Who uploaded the code of the checkpoint's experiment, which `load()` without
+        a Trial class runs ("" when the checkpoint is not shown to you, or deleted)."""
+        return str(self._record.code_owner)
+
+    @property
     def checkpoint(self) -> Checkpoint:
-        """The checkpoint this version pins (its experiment, trial, metrics, files)."""
+        """The checkpoint this version pins (its experiment, trial, metrics, files);
+        `AssayError` when it was deleted or is in a workspace you are not a member of."""
+        if self.checkpoint_deleted:
+            raise AssayError(
+                f"checkpoint {self.checkpoint_uuid} of {self.model_name} version "
+                f"{self.version} was deleted by its owner: there is nothing to load or "
+                "download (register another checkpoint as a new version)"
+            )
+        if not self._record.HasField("checkpoint"):
+            raise AssayError(
+                f"checkpoint {self.checkpoint_uuid} of {self.model_name} version "
+                f"{self.version} is in a workspace you are not a member of: ask its "
+                "admins to add you (assay workspace add-member)"
+            )
         return Checkpoint(self._api, self._record.checkpoint)
 
     @property
@@ -139,9 +177,16 @@ class ModelVersion:
         """Who registered it."""
         return str(self._record.user)
 
-    def load(self, trial_class: type[UserTrial] | None = None, **trial_kwargs: Any) -> UserTrial:
-        """Its checkpoint's Trial with the weights loaded: see `Checkpoint.load`."""
-        return self.checkpoint.load(trial_class, **trial_kwargs)
+    def load(
+        self,
+        trial_class: type[UserTrial] | None = None,
+        *,
+        trust: bool = False,
+        **trial_kwargs: Any,
+    ) -> UserTrial:
+        """Its checkpoint's Trial with the weights loaded: see `Checkpoint.load` (another
+        user's model code runs only with `trust=True`)."""
+        return self.checkpoint.load(trial_class, trust=trust, **trial_kwargs)
 
     def delete(self) -> None:
         """Delete this version (its checkpoint is no longer pinned by it)."""

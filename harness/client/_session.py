@@ -133,11 +133,13 @@ class Session:
         *,
         labels: list[str] | None = None,
         metadata: dict[str, Any] | None = None,
+        workspace: str = "",
     ) -> Model:
-        """Register a new model `name` (no versions yet); `InvalidRequestError` if the
-        name is taken or not 1-128 letters, digits, '.', '_' or '-'."""
+        """Register a new model `name` (no versions yet) in `workspace` (default:
+        Default), whose editors may change it too; `InvalidRequestError` if the name is
+        taken or not 1-128 letters, digits, '.', '_' or '-'."""
         found = self.api.create_model(
-            name, description=description, labels=labels, metadata=metadata
+            name, description=description, labels=labels, metadata=metadata, workspace=workspace
         )
         return Model(self.api, found)
 
@@ -270,9 +272,12 @@ def create_model(
     *,
     labels: list[str] | None = None,
     metadata: dict[str, Any] | None = None,
+    workspace: str = "",
 ) -> Model:
     """See `Session.create_model`."""
-    return _session().create_model(name, description, labels=labels, metadata=metadata)
+    return _session().create_model(
+        name, description, labels=labels, metadata=metadata, workspace=workspace
+    )
 
 
 def get_model(name: str) -> Model:

@@ -52,6 +52,7 @@ from assay.config._sections import (
     Precision,
     ResourcesConfig,
 )
+from assay.config._size import format_size, parse_memory, parse_size
 
 __all__ = [
     "MAX_CONFIG_DEPTH",
@@ -85,9 +86,12 @@ __all__ = [
     "Objective",
     "SearcherConfig",
     "environment_of",
+    "format_size",
     "grid_points",
     "grid_values",
     "load_config",
+    "parse_memory",
+    "parse_size",
     "parse_config",
     "pbt_spec",
     "preview",

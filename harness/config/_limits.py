@@ -13,6 +13,15 @@ protobuf messages, so a value must survive both, for every user who lists experi
 The name, description and labels are shown in every list, so they are bounded further
 (`text_problems`): `MAX_NAME_CHARS`, `MAX_DESCRIPTION_CHARS`, `MAX_LABELS` of at most
 `MAX_LABEL_CHARS`, and no control characters (a description may hold tabs and newlines).
+
+Every name that users show one another (experiment names and labels, model labels,
+hyperparameter names, metric names and groups) must also look like what it is
+(`name_problem`, the one rule for all of them): no bidirectional controls (U+202E shows
+"emoc" as "come"), no invisible characters (format characters such as U+200B ZERO WIDTH
+SPACE, Hangul fillers, the blank Braille pattern), no space but the ASCII one, and no
+word that mixes Latin, Cyrillic and Greek letters ("paypal" with a Cyrillic U+0430 for
+its first "a"). User, workspace, project, model and template names are stricter still:
+ASCII letters, digits and a few marks.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -31,6 +41,8 @@ MAX_LABEL_CHARS = 255  # the store's column
 # A metric's name (the store's column): refused by the Core API in the script too, not
 # only by the master, which would fail the run.
 MAX_METRIC_NAME_CHARS = 255
+# The distinct metric names one trial may report: the master's `metric_names_per_trial`.
+METRIC_NAMES_PER_TRIAL = 1000
 MAX_INT = 2**63 - 1
 
 # NUL: PostgreSQL's text and JSON cannot hold it; surrogates: not encodable as UTF-8.
@@ -39,6 +51,15 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _CONTROL_IN_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # tab and newline allowed
 _SHOWN_KEY_CHARS = 40
+# Bidirectional controls: embeddings, overrides, isolates and marks. They are format
+# characters (refused as invisible too); named apart because they also reorder the text.
+_BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+# Invisible characters that are not format characters: the combining grapheme joiner,
+# Hangul fillers, Khmer inherent vowels and the blank Braille pattern.
+_INVISIBLE = frozenset("\u034f\u115f\u1160\u17b4\u17b5\u2800\u3164\uffa0")
+_LOOK_ALIKE_SCRIPTS = frozenset({"LATIN", "CYRILLIC", "GREEK"})
 
 
 def value_problems(config: Mapping[Any, Any]) -> tuple[list[str], bool]:
@@ -130,14 +151,113 @@ def text_problems(value: str, path: str, kind: TextKind) -> list[str]:
     limit = _LIMITS[kind]
     if len(value) > limit:
         problems.append(f"{path}: is {len(value)} characters; a {kind} may have at most {limit}")
-    control = (_CONTROL_IN_TEXT if kind == "description" else _CONTROL).search(value)
-    if control is not None and control.group() != "\x00":  # NUL has its own message
-        allowed = " (tabs and newlines are allowed)" if kind == "description" else ""
+    if kind != "description":
+        # NUL has its own message (value_problems): it cannot be stored at all.
+        problem = name_problem(value.replace("\x00", ""))
+        if problem is not None:
+            problems.append(f"{path}: {problem}")
+        return problems
+    control = _CONTROL_IN_TEXT.search(value)
+    if control is not None and control.group() != "\x00":
         problems.append(
-            f"{path}: contains the control character U+{ord(control.group()):04X}; a {kind} "
-            f"is plain text{allowed}"
+            f"{path}: contains the control character U+{ord(control.group()):04X}; a "
+            "description is plain text (tabs and newlines are allowed)"
         )
     return problems
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name something other users see (None: it can): what it holds
+    that would make it look like another name, said with the character's code point."""
+    if name.isascii():
+        control = _CONTROL.search(name)
+        return None if control is None else _control_problem(control.group())
+    for char in name:
+        problem = _char_problem(char)
+        if problem is not None:
+            return problem
+    return _mixed_scripts(name)
+
+
+def names_problems(space: Mapping[str, Any], path: str) -> list[str]:
+    """`name_problem` of every key of `space` and of the mappings nested in it (groups of
+    hyperparameters), each with its path."""
+    problems: list[str] = []
+    pending: list[tuple[Mapping[str, Any], str]] = [(space, path)]
+    while pending:
+        mapping, where = pending.pop()
+        for key, value in mapping.items():
+            problem = name_problem(key) if isinstance(key, str) else None
+            if problem is not None:
+                problems.append(f"{where}: the name {key!r} {problem}")
+            elif isinstance(value, Mapping):
+                pending.append((value, f"{where}.{key}"))
+    return problems
+
+
+def _char_problem(char: str) -> str | None:
+    if char.isascii():
+        return _control_problem(char) if _CONTROL.match(char) else None
+    category = unicodedata.category(char)
+    if category[0] == "L" and char not in _INVISIBLE:
+        return None
+    shown = _code_point(char)
+    if char in _BIDI_CONTROLS:
+        return (
+            f"contains {shown}, a bidirectional control, which changes the order in which "
+            "the name is shown; remove it"
+        )
+    if category in ("Cf", "Zl", "Zp") or char in _INVISIBLE:
+        return f"contains {shown}, which is invisible; remove it"
+    if category == "Cc":
+        return _control_problem(char)
+    if category == "Zs":
+        return f"contains {shown}, which looks like a space; use a plain space (U+0020)"
+    return None
+
+
+def _control_problem(char: str) -> str:
+    return f"contains the control character U+{ord(char):04X}; a name is plain text"
+
+
+def _code_point(char: str) -> str:
+    name = unicodedata.name(char, "")
+    return f"U+{ord(char):04X} {name}" if name else f"U+{ord(char):04X}"
+
+
+def _mixed_scripts(name: str) -> str | None:
+    """A word (a run of letters and combining marks) whose letters come from more than
+    one of the look-alike alphabets: Latin, Cyrillic and Greek."""
+    first: str | None = None
+    start = 0
+    for i, char in enumerate(name):
+        category = unicodedata.category(char)
+        if category[0] not in "LM":  # a digit, a space, '_', '-', ...: the word ends
+            first, start = None, i + 1
+            continue
+        script = _script(char)
+        if script is None:
+            continue
+        if first is None:
+            first = script
+        elif script != first:
+            end = i
+            while end < len(name) and unicodedata.category(name[end])[0] in "LM":
+                end += 1
+            word = name[start:end]
+            return (
+                f"mixes {first.title()} and {script.title()} letters in the word {word!r} "
+                f"({_code_point(char)}), as names made to look like others do; write each "
+                "word in one alphabet"
+            )
+    return None
+
+
+def _script(char: str) -> str | None:
+    if char.isascii():
+        return "LATIN"  # only letters get here
+    script = unicodedata.name(char, "").partition(" ")[0]
+    return script if script in _LOOK_ALIKE_SCRIPTS else None
 
 
 def labels_problem(count: int, path: str) -> str | None:

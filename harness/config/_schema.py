@@ -192,6 +192,7 @@ def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
     warnings.extend(log_bound_warnings(hparams))
     if limits:
         problems.extend(overflow_problems(hparams, "hyperparameters"))
+        problems.extend(_limits.names_problems(hparams, "hyperparameters"))
     resources = parse_resources(top.section("resources"))
     _check_global_batch_size(top, hparams, resources.slots_per_trial, script=script)
     units = _Units(_records_per_batch(hparams), script)

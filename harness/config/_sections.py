@@ -11,6 +11,7 @@ from typing import Literal
 
 from assay.config import _determined
 from assay.config._reader import Section
+from assay.config._size import parse_memory
 
 Precision = Literal["off", "fp16", "bf16", "auto"]
 
@@ -37,6 +38,9 @@ class ResourcesConfig:
     # its trials are restricted to (None: any agent of the pool).
     resource_pool: str | None = None
     agent_label: str | None = None
+    # The memory each slot's share of an allocation may use, in bytes (None: the agent's
+    # default); an allocation of N slots on an agent is limited to N times it there.
+    memory: int | None = None
 
 
 StrategyName = Literal["ddp", "fsdp"]
@@ -124,6 +128,7 @@ def parse_resources(s: Section) -> ResourcesConfig:
         )
     pool = _name(s, "resource_pool")
     label = _name(s, "agent_label")
+    memory = _memory(s)
     _determined.check_resources(s)
     s.finish()
     return ResourcesConfig(
@@ -133,7 +138,19 @@ def parse_resources(s: Section) -> ResourcesConfig:
         max_slots=max_slots if max_slots is not None and max_slots >= 1 else None,
         resource_pool=pool,
         agent_label=label,
+        memory=memory,
     )
+
+
+def _memory(s: Section) -> int | None:
+    """`resources.memory`: a size per slot, or None when not set."""
+    if not s.has("memory"):
+        return None
+    try:
+        return parse_memory(s.raw("memory"))
+    except ValueError as e:
+        s.error("memory", f"{e} (the memory of each slot: a trial of N slots gets N times it)")
+        return None
 
 
 def _name(s: Section, key: str) -> str | None:

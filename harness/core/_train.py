@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from assay.config._limits import MAX_METRIC_NAME_CHARS
+from assay.config._limits import MAX_METRIC_NAME_CHARS, name_problem
 from assay.core._backend import Backend
 from assay.core._distributed import DistributedContext
 from assay.core._searcher import _SearchState
@@ -40,6 +40,7 @@ class TrainContext:
         self._search = search
         self._tensorboard = tensorboard
         self._skipped: set[str] = set()
+        self._names: set[str] = set()  # names already checked
         self._last_steps = 0
 
     def _chief(self, what: str) -> Backend:
@@ -120,13 +121,23 @@ class TrainContext:
                     )
                 continue
             key = str(name)
-            if not 1 <= len(key) <= MAX_METRIC_NAME_CHARS:
-                shown = f"{key[:40]!r}... ({len(key):,} characters)" if key else "''"
-                raise AssayError(
-                    f"metric name {shown}: a metric name is 1 to {MAX_METRIC_NAME_CHARS} characters"
-                )
+            if key not in self._names:
+                _check_metric_name(key)
+                self._names.add(key)
             values[key] = number
         return values
+
+
+def _check_metric_name(key: str) -> None:
+    """Refused here as the master would refuse it, before it fails the run there."""
+    if not 1 <= len(key) <= MAX_METRIC_NAME_CHARS:
+        shown = f"{key[:40]!r}... ({len(key):,} characters)" if key else "''"
+        raise AssayError(
+            f"metric name {shown}: a metric name is 1 to {MAX_METRIC_NAME_CHARS} characters"
+        )
+    problem = name_problem(key)
+    if problem is not None:
+        raise AssayError(f"metric name {key!r} {problem}")
 
 
 def _steps(steps_completed: Any) -> int:

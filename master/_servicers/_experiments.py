@@ -97,7 +97,9 @@ class ExperimentRpcs(ServicerBase):
 
         self._may_change(self._who(context), request.id)  # an editor, as for activate
         overrides = parse_overrides(request.id, request.config_yaml)
+        self.master.pool_access.may_continue(request.id)  # a continue keeps its pool
         self.master.continue_experiment(request.id, overrides)
+        self.master.pool_access.hold_back(self.master, [request.id])
         return self._experiment(request.id)
 
     @maps_errors

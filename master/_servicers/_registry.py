@@ -70,9 +70,11 @@ class RegistryRpcs(ServicerBase):
         self, request: api_pb2.CreateModelRequest, context: grpc.ServicerContext
     ) -> api_pb2.Model:
         who = self._who(context)
+        workspace_id = _registry.workspace_for_new_model(self.roles, who, request.workspace)
         record = self.store.create_model(
             request.name,
             owner_id=who.user_id,
+            workspace_id=workspace_id,
             description=request.description,
             labels=list(request.labels),
             metadata=_registry.metadata(request.metadata),
@@ -100,7 +102,7 @@ class RegistryRpcs(ServicerBase):
     def PatchModel(  # noqa: N802
         self, request: api_pb2.PatchModelRequest, context: grpc.ServicerContext
     ) -> api_pb2.Model:
-        _registry.may_edit_model(self.store, self._who(context), request.name, "change")
+        self._may_change_model(context, request.name, "change")
         record = self.store.patch_model(
             request.name,
             description=request.description if request.HasField("description") else None,
@@ -115,21 +117,21 @@ class RegistryRpcs(ServicerBase):
     def ArchiveModel(  # noqa: N802
         self, request: api_pb2.ArchiveModelRequest, context: grpc.ServicerContext
     ) -> api_pb2.Model:
-        _registry.may_edit_model(self.store, self._who(context), request.name, "archive")
+        self._may_change_model(context, request.name, "archive")
         return _registry.model_message(self.store.patch_model(request.name, archived=True))
 
     @maps_errors
     def UnarchiveModel(  # noqa: N802
         self, request: api_pb2.UnarchiveModelRequest, context: grpc.ServicerContext
     ) -> api_pb2.Model:
-        _registry.may_edit_model(self.store, self._who(context), request.name, "unarchive")
+        self._may_change_model(context, request.name, "unarchive")
         return _registry.model_message(self.store.patch_model(request.name, archived=False))
 
     @maps_errors
     def DeleteModel(  # noqa: N802
         self, request: api_pb2.DeleteModelRequest, context: grpc.ServicerContext
     ) -> api_pb2.DeleteModelResponse:
-        _registry.may_edit_model(self.store, self._who(context), request.name, "delete")
+        self._may_change_model(context, request.name, "delete")
         deleted = self.store.delete_model(request.name, force=request.force)
         return api_pb2.DeleteModelResponse(versions_deleted=deleted)
 
@@ -138,10 +140,11 @@ class RegistryRpcs(ServicerBase):
         self, request: api_pb2.RegisterModelVersionRequest, context: grpc.ServicerContext
     ) -> api_pb2.ModelVersion:
         who = self._who(context)
-        self.store.get_model(request.name)  # an unknown model is named before the checkpoint
+        model = self.store.get_model(request.name)  # an unknown one is named first
         uuid = _registry.checkpoint_uuid(request.checkpoint_uuid)
-        # A checkpoint of a workspace the caller is not in is not theirs to register.
-        self.roles.checkpoint(who, self.store.get_checkpoint(uuid))
+        # The checkpoint's workspace first: to a non-member it does not exist.
+        _registry.may_register(self.roles, who, self.store.get_checkpoint(uuid))
+        _registry.may_change_model(self.roles, who, model, "add versions to")
         record = self.store.register_version(
             request.name,
             uuid,
@@ -175,6 +178,12 @@ class RegistryRpcs(ServicerBase):
         readable = self._reads(self._who(context), record.checkpoint_uuid)
         return _registry.version_message(self.store, record, readable=readable)
 
+    def _may_change_model(self, context: grpc.ServicerContext, name: str, what: str) -> Principal:
+        """The caller, if they may `what` model `name` (`_registry.may_change_model`)."""
+        who = self._who(context)
+        _registry.may_change_model(self.roles, who, self.store.get_model(name), what)
+        return who
+
     def _reads(self, who: Principal, uuid: str) -> bool:
         """Whether `who` may read checkpoint `uuid` (its workspace's members and admins)."""
         try:
@@ -187,8 +196,7 @@ class RegistryRpcs(ServicerBase):
     def PatchModelVersion(  # noqa: N802
         self, request: api_pb2.PatchModelVersionRequest, context: grpc.ServicerContext
     ) -> api_pb2.ModelVersion:
-        who = self._who(context)
-        _registry.may_edit_model(self.store, who, request.name, "change versions of")
+        who = self._may_change_model(context, request.name, "change versions of")
         record = self.store.patch_version(
             request.name,
             request.version,
@@ -205,6 +213,6 @@ class RegistryRpcs(ServicerBase):
     def DeleteModelVersion(  # noqa: N802
         self, request: api_pb2.DeleteModelVersionRequest, context: grpc.ServicerContext
     ) -> api_pb2.DeleteModelVersionResponse:
-        _registry.may_edit_model(self.store, self._who(context), request.name, "delete versions of")
+        self._may_change_model(context, request.name, "delete versions of")
         self.store.delete_version(request.name, request.version)
         return api_pb2.DeleteModelVersionResponse()

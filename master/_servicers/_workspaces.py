@@ -10,7 +10,12 @@ from assay.master._auth import Principal
 from assay.master._roles import ADMIN, EDITOR
 from assay.master._servicers._base import ServicerBase
 from assay.master._status import maps_errors
-from assay.master.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
+from assay.master.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+)
 from assay.master.store import ProjectRecord, WorkspaceRecord
 from assay.master.store._templates import TemplateRecord
 from assay.proto import api_pb2, common_pb2
@@ -80,6 +85,13 @@ class WorkspaceRpcs(ServicerBase):
         self, request: api_pb2.DeleteWorkspaceRequest, context: grpc.ServicerContext
     ) -> api_pb2.DeleteWorkspaceResponse:
         found = self.roles.workspace(self._who(context), request.name, ADMIN)
+        pools = self.master.pool_access.named_by_settings(found.id)
+        if pools:  # deleted, its name could be claimed by anyone, and the pools with it
+            raise ConflictError(
+                f"workspace {found.name!r} is bound to resource pool(s) {', '.join(pools)} "
+                "by the master's settings (resource_pools[].workspaces): take it out of "
+                "them and restart the master before deleting it"
+            )
         self.store.delete_workspace(found.id)
         return api_pb2.DeleteWorkspaceResponse()
 
@@ -167,7 +179,13 @@ class WorkspaceRpcs(ServicerBase):
             raise InvalidArgumentError(
                 f"project {target.workspace}/{target.name} is archived: unarchive it first"
             )
+        access = self.master.pool_access
+        live = self.master.experiments.get(request.id)
+        if live is not None:  # an ended one is checked if it is continued
+            access.check(live.config.raw, target.workspace_id, self.store.directory.get())
         self.store.move_experiment(request.id, target.id)
+        if live is not None:
+            access.hold_back(self.master, [request.id])  # it may use its pool now
         return self._experiment(request.id)
 
     @maps_errors

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from assay.master.errors import InvalidArgumentError
 from assay.master.store import _rollups, _usage
+from assay.master.store._archive_file import ArchiveFile, ModelDefinition
 from assay.master.store._models import (
     Agent,
     Allocation,
@@ -133,7 +134,7 @@ class WriteBatch:
         name: str,
         owner_id: int,
         config: Mapping[str, Any],
-        model_definition: bytes,
+        model_definition: ModelDefinition,
         state: str,
         description: str,
         labels: Sequence[str],
@@ -142,6 +143,8 @@ class WriteBatch:
         config_text: str | None = None,
         project_id: int | None = None,
     ) -> None:
+        # A file is read when the row is written (a call, below), not held until then.
+        inline = model_definition if isinstance(model_definition, bytes) else b""
         self.insert(
             _EXPERIMENTS,
             {
@@ -151,7 +154,7 @@ class WriteBatch:
                 "owner_id": owner_id,
                 "state": state,
                 "config": dict(config),
-                "model_definition": model_definition,
+                "model_definition": inline,
                 "priority": priority,
                 "progress": 0.0,
                 "searcher_state": None,
@@ -166,6 +169,15 @@ class WriteBatch:
                 **({"project_id": project_id} if project_id is not None else {}),
             },
         )
+        if isinstance(model_definition, ArchiveFile):
+            archive = model_definition
+            self.call(
+                lambda s: s.execute(
+                    update(_EXPERIMENTS)
+                    .where(_EXPERIMENTS.c.id == experiment_id)
+                    .values(model_definition=archive.read())
+                )
+            )
         rows = [{"experiment_id": experiment_id, "label": label} for label in sorted(set(labels))]
         if rows:
             self.call(lambda s: s.execute(insert(ExperimentLabel), rows))

@@ -18,15 +18,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from assay.master.errors import ConflictError, NotFoundError, StaleRunError
-from assay.master.store._base import StoreBase
+from assay.master.store._base import StoreBase, now
 from assay.master.store._metrics import VALIDATION
-from assay.master.store._models import Checkpoint, Metric, Trial
+from assay.master.store._models import Checkpoint, Metric, ModelVersion, Trial
 from assay.master.store._records import CheckpointRecord
 
 DELETED = "DELETED"  # a checkpoint whose files garbage collection or a user removed
@@ -105,7 +106,8 @@ class CheckpointQueries(StoreBase):
     def set_checkpoint_state(self, uuid: str, state: str) -> None:
         """Mark the checkpoint `state`. A trial whose latest checkpoint is marked DELETED
         (only an ended trial's can be) gets its newest checkpoint still stored as its
-        latest, or none: what `describe` shows and `--latest` downloads."""
+        latest, or none: what `describe` shows and `--latest` downloads. The model
+        versions naming a DELETED one are marked as having lost it."""
         with self.write() as s:
             c = s.get(Checkpoint, uuid)
             if c is None:
@@ -113,6 +115,7 @@ class CheckpointQueries(StoreBase):
             c.state = state
             if state != DELETED:
                 return
+            mark_versions_bereft(s, [uuid])
             trial = s.get(Trial, c.trial_id, with_for_update=True)
             if trial is None or trial.latest_checkpoint != uuid:
                 return
@@ -122,6 +125,19 @@ class CheckpointQueries(StoreBase):
                 .order_by(Checkpoint.total_batches.desc(), Checkpoint.created_at.desc())
                 .limit(1)
             ).scalar_one_or_none()
+
+
+def mark_versions_bereft(s: Session, uuids: Any) -> None:
+    """Mark the model versions naming one of `uuids` (a list, or a select of uuids) as
+    having lost their checkpoint (deleted by its owner), in the caller's transaction."""
+    s.execute(
+        update(ModelVersion)
+        .where(
+            ModelVersion.checkpoint_uuid.in_(uuids), ModelVersion.checkpoint_deleted_at.is_(None)
+        )
+        .values(checkpoint_deleted_at=now())
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _checkpoint(c: Checkpoint) -> CheckpointRecord:

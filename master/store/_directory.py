@@ -6,8 +6,8 @@ was the master's costliest step per submission (an ORM query or three, each a
 transaction, on every CreateExperiment). The copy answers from memory.
 
 It is dropped by every write of this store that changes what it holds (a workspace, a
-project or a membership created, archived, changed or deleted; a user created, who
-joins the Default workspace), after that write commits, so the next read of this
+project, a membership or a pool's binding created, archived, changed or deleted; a user
+created, who joins the Default workspace), after that write commits, so the next read of this
 process sees the change; and it is read again after `ttl_s` in any case, so a write by
 another process on the same database (another master, a tool) is seen within that, as
 the session cache of _auth.py does for tokens. A reader that loaded while a write
@@ -39,6 +39,8 @@ class Snapshot:
     projects: dict[tuple[int, str], ProjectRecord] = field(default_factory=dict)
     # user id -> workspace id -> role
     roles: dict[int, dict[int, str]] = field(default_factory=dict)
+    # resource pool -> the ids of the workspaces an administrator bound it to
+    pools: dict[str, frozenset[int]] = field(default_factory=dict)
 
     def project_by_names(
         self, workspace: str, project: str, visible: Collection[int] | None = None

@@ -24,6 +24,7 @@ from assay.master.errors import (
 )
 from assay.master.store._base import StoreBase
 from assay.master.store._batch import EXPERIMENT_FIELDS
+from assay.master.store._checkpoints import mark_versions_bereft
 from assay.master.store._models import (
     Allocation,
     Checkpoint,
@@ -31,15 +32,14 @@ from assay.master.store._models import (
     ExperimentLabel,
     Metric,
     MetricRollup,
-    ModelVersion,
     Project,
-    RegisteredModel,
     TaskLog,
     Trial,
     User,
     Workspace,
 )
 from assay.master.store._records import ExperimentRecord, Page, TrialRecord
+from assay.master.store._registry import pinning_versions
 
 # Columns the experiment list may be sorted by (user input never names a column).
 SORT_COLUMNS: dict[str, Any] = {
@@ -264,8 +264,10 @@ class ExperimentQueries(StoreBase):
         metrics and their rollups, logs, allocations and checkpoint records (its slot
         usage stays: usage outlives what it counts). Nothing is deleted when it has not
         ended (`ConflictError`) or when a registered model version pins one of its
-        checkpoints (`CheckpointInUseError`, naming the versions); the experiment row is
-        locked first, so a version registered meanwhile is seen here or refused there."""
+        checkpoints (`CheckpointInUseError`, naming the versions; a version of a model in
+        another workspace does not, and is marked as having lost its checkpoint); the
+        experiment row is locked first, so a version registered meanwhile is seen here or
+        refused there."""
         with self.write() as s:
             experiment = s.get(Experiment, experiment_id, with_for_update=True)
             if experiment is None:
@@ -278,14 +280,10 @@ class ExperimentQueries(StoreBase):
             trials = select(Trial.id).where(Trial.experiment_id == experiment_id)
             checkpoints = select(Checkpoint.uuid).where(Checkpoint.trial_id.in_(trials))
             s.execute(checkpoints.with_for_update()).all()  # as register_version does
-            pinned = s.execute(
-                select(ModelVersion.checkpoint_uuid, RegisteredModel.name, ModelVersion.version)
-                .join(RegisteredModel, RegisteredModel.id == ModelVersion.model_id)
-                .where(ModelVersion.checkpoint_uuid.in_(checkpoints))
-                .order_by(RegisteredModel.name, ModelVersion.version)
-            ).all()
+            pinned = s.execute(pinning_versions(checkpoints)).all()
             if pinned:
                 raise CheckpointInUseError(pinned_message(experiment_id, pinned))
+            mark_versions_bereft(s, checkpoints)  # of models in other workspaces
             for table in (Metric, MetricRollup, TaskLog, Allocation, Checkpoint):
                 s.execute(delete(table).where(table.trial_id.in_(trials)))
             s.execute(delete(Trial).where(Trial.experiment_id == experiment_id))

@@ -13,11 +13,11 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, case, not_, select, update
+from sqlalchemy import Engine, Table, and_, case, not_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from assay.config._limits import MAX_METRIC_NAME_CHARS
+from assay.config._limits import MAX_METRIC_NAME_CHARS, METRIC_NAMES_PER_TRIAL, name_problem
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -26,6 +26,7 @@ from assay.master.errors import (
 )
 from assay.master.store._base import StoreBase
 from assay.master.store._curves import read_curve, read_curves
+from assay.master.store._metric_names import MetricNameCap
 from assay.master.store._models import Experiment, Metric, MetricRollup, Trial
 from assay.master.store._records import MetricReport, MetricsReported
 from assay.master.store._rollups import Row, merge_rollups
@@ -40,14 +41,26 @@ MAX_NAME_LEN = MAX_METRIC_NAME_CHARS
 class MetricQueries(StoreBase):
     """Metric reports, curves and metric names."""
 
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.metric_names = MetricNameCap()
+
     def report_metrics(
-        self, trial_id: int, run_id: int, group: str, reports: Sequence[MetricReport]
+        self,
+        trial_id: int,
+        run_id: int,
+        group: str,
+        reports: Sequence[MetricReport],
+        *,
+        max_names: int = METRIC_NAMES_PER_TRIAL,
     ) -> int:
         """Store a batch of reports in one transaction; return how many values were new.
 
         `report_metrics_and_progress` without a searcher metric, less what it returns.
         """
-        return self.report_metrics_and_progress(trial_id, run_id, group, reports).stored
+        return self.report_metrics_and_progress(
+            trial_id, run_id, group, reports, max_names=max_names
+        ).stored
 
     def report_metrics_and_progress(
         self,
@@ -58,6 +71,7 @@ class MetricQueries(StoreBase):
         *,
         searcher_metric: str | None = None,
         smaller_is_better: bool = True,
+        max_names: int = METRIC_NAMES_PER_TRIAL,
     ) -> MetricsReported:
         """Store a batch of reports and the trial's progress, all in one transaction.
 
@@ -70,27 +84,35 @@ class MetricQueries(StoreBase):
         Idempotent: values already stored identically are skipped, and a retry leaves the
         trial's progress as it was; a different value for a stored (trial, run, group,
         batch, metric) is refused with `ConflictError`. A report from an older run than
-        the trial's current one raises `StaleRunError`, and writes nothing.
+        the trial's current one raises `StaleRunError`, and writes nothing. A report that
+        would take the trial past `max_names` distinct metric names (0: no limit) raises
+        `ResourceExhaustedError`, and writes nothing (see _metric_names.py).
         """
         _check_group(group)
-        rows = flatten_reports(reports)
+        rows, names = flatten_reports(reports)
         latest = max((r.total_batches for r in reports), default=0)
         best = None
         if group == VALIDATION and searcher_metric is not None:
             best = _best(rows, searcher_metric, smaller_is_better)
         for attempt in range(3):
+            admitted = False
             try:
                 with self.write() as s:
                     check_run(s, trial_id, run_id)
+                    admitted = self.metric_names.admit(s, trial_id, group, names, max_names)
                     stored = insert_metrics(s, trial_id, run_id, group, rows)
                     total, best_validation = advance_trial(
                         s, trial_id, latest, best, smaller_is_better
                     )
-                    return MetricsReported(stored, total, best_validation)
-            except IntegrityError:
+                    done = MetricsReported(stored, total, best_validation)
+            except BaseException as e:
+                if admitted:  # the names it counted were not stored
+                    self.metric_names.forget(trial_id)
                 # A concurrent identical report won the race; the retry sees its rows.
-                if attempt == 2:
+                if not isinstance(e, IntegrityError) or attempt == 2:
                     raise
+            else:
+                return done
         raise AssertionError("unreachable")
 
     def trial_curve(
@@ -158,8 +180,9 @@ class MetricQueries(StoreBase):
             return [(str(group), str(name)) for group, name in rows]
 
 
-def flatten_reports(reports: Sequence[MetricReport]) -> list[Row]:
-    """Check a batch of reports and flatten it to rows; NaN becomes None."""
+def flatten_reports(reports: Sequence[MetricReport]) -> tuple[list[Row], set[str]]:
+    """Check a batch of reports and flatten it to rows (NaN becomes None); and the names
+    in it."""
     rows: dict[tuple[int, str], float | None] = {}
     checked: set[str] = set()
     for report in reports:
@@ -178,6 +201,9 @@ def flatten_reports(reports: Sequence[MetricReport]) -> list[Row]:
                     raise InvalidArgumentError(
                         f"metric names must be 1-{MAX_NAME_LEN} characters: {name!r}"
                     )
+                problem = name_problem(name)
+                if problem is not None:
+                    raise InvalidArgumentError(f"metric name {name!r} {problem}")
                 checked.add(name)
             if type(raw) is float:
                 value: float | None = None if raw != raw else raw  # NaN != NaN
@@ -190,7 +216,7 @@ def flatten_reports(reports: Sequence[MetricReport]) -> list[Row]:
                     "values in one request"
                 )
             rows[key] = value
-    return [(b, n, v) for (b, n), v in rows.items()]
+    return [(b, n, v) for (b, n), v in rows.items()], checked
 
 
 def _value(name: str, raw: Any) -> float | None:
@@ -212,6 +238,9 @@ def _same(a: float | None, b: float | None) -> bool:
 def _check_group(group: str) -> None:
     if not group or len(group) > MAX_GROUP_LEN:
         raise InvalidArgumentError(f"metric group must be 1-{MAX_GROUP_LEN} characters: {group!r}")
+    problem = name_problem(group)
+    if problem is not None:
+        raise InvalidArgumentError(f"metric group {group!r} {problem}")
 
 
 def _best(rows: Sequence[Row], metric: str, smaller_is_better: bool) -> float | None:

@@ -123,6 +123,19 @@ class WorkspaceMember(Base):
     role: Mapped[str] = mapped_column(String(16))
 
 
+class PoolBinding(Base):
+    """A resource pool bound to a workspace by an administrator (`assay resource-pool
+    bind`): a pool with bindings takes experiments of its bound workspaces only. The
+    bindings of the master's settings (`resource_pools[].workspaces`) are not stored."""
+
+    __tablename__ = "pool_bindings"
+    pool: Mapped[str] = mapped_column(Text, primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
 # The "Default" workspace and its "Uncategorized" project, made by migration 0009 (the
 # first rows of their tables): where an experiment goes when its config names neither.
 DEFAULT_WORKSPACE_ID = 1
@@ -328,6 +341,10 @@ class RegisteredModel(Base):
     user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     archived: Mapped[bool] = mapped_column(Boolean, default=False)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    # Its editors may change the model (beside its owner and the administrators).
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("workspaces.id"), index=True, server_default=text("1")
+    )
     last_version: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
     updated_at: Mapped[dt.datetime] = mapped_column(
@@ -336,10 +353,13 @@ class RegisteredModel(Base):
 
 
 class ModelVersion(Base):
-    """One version of a registered model: a checkpoint, pinned against deletion.
+    """One version of a registered model: a checkpoint, pinned against deletion by
+    others than its owner.
 
-    The foreign key to the checkpoint has no ON DELETE: the database itself refuses to
-    drop a checkpoint row a version still names.
+    `checkpoint_uuid` has no foreign key: a version of a model in another workspace than
+    the checkpoint's does not stop its owner from deleting it (the version is then kept,
+    with `checkpoint_deleted_at` set); the store refuses the deletion while a version of
+    the checkpoint's own workspace names it.
     """
 
     __tablename__ = "model_versions"
@@ -347,7 +367,8 @@ class ModelVersion(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
     version: Mapped[int] = mapped_column(Integer)
-    checkpoint_uuid: Mapped[str] = mapped_column(ForeignKey("checkpoints.uuid"), index=True)
+    checkpoint_uuid: Mapped[str] = mapped_column(String(64), index=True)
+    checkpoint_deleted_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     notes: Mapped[str] = mapped_column(Text, default="")
     labels: Mapped[list[Any]] = mapped_column(JSON, default=list)
     user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,12 +1,15 @@
 """The model registry: named models and their numbered versions, each a checkpoint.
 
-A version pins its checkpoint: garbage collection skips it and deleting it is refused
-(`checkpoint_references` says by which versions), and the database's foreign key refuses
-to drop its row. Models are edited by people, one call at a time, so these writes are
-the store's direct ones (like users'), each one transaction. Version numbers count up
-from 1 per model and are never reused: the model row is locked while one is given.
-Names, labels and metadata are checked here, so every way in (gRPC, HTTP, Python) gets
-the same errors.
+A model belongs to a workspace. A version keeps its checkpoint from garbage collection
+(`checkpoint_references`). Deleting the checkpoint, or its experiment, is refused while
+a version of a model in the checkpoint's own workspace names it (`checkpoint_pins` says
+which); a version of a model in another workspace never stops it: once the checkpoint is
+deleted such a version stays, marked (`checkpoint_deleted_at`), so that its owner's
+workspace, not a reader elsewhere, decides how long a checkpoint lives. Models are
+edited by people, one call at a time, so these writes are the store's direct ones (like
+users'), each one transaction. Version numbers count up from 1 per model and are never
+reused: the model row is locked while one is given. Names, labels and metadata are
+checked here, so every way in (gRPC, HTTP, Python) gets the same errors.
 """
 
 from __future__ import annotations
@@ -22,10 +25,21 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from assay.config._limits import name_problem
 from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError
 from assay.master.store._base import StoreBase, now
 from assay.master.store._checkpoints import DELETED
-from assay.master.store._models import Checkpoint, ModelVersion, RegisteredModel, Trial, User
+from assay.master.store._models import (
+    DEFAULT_WORKSPACE_ID,
+    Checkpoint,
+    Experiment,
+    ModelVersion,
+    Project,
+    RegisteredModel,
+    Trial,
+    User,
+    Workspace,
+)
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_LABELS = 64
@@ -44,6 +58,9 @@ class ModelRecord:
     metadata: Mapping[str, Any]
     archived: bool
     owner: str
+    owner_id: int
+    workspace_id: int
+    workspace: str
     num_versions: int
     latest_version: int  # 0: none yet
     created_at: dt.datetime
@@ -55,13 +72,18 @@ class ModelVersionRecord:
     model: str
     version: int
     checkpoint_uuid: str
-    experiment_id: int  # of the checkpoint's trial
+    # Of the checkpoint's trial; None once its experiment was deleted with it.
+    experiment_id: int | None
     notes: str
     labels: tuple[str, ...]
     metadata: Mapping[str, Any]
     user: str  # who registered it
     created_at: dt.datetime
     updated_at: dt.datetime
+    # When its checkpoint's owner deleted the checkpoint (None: it is there).
+    checkpoint_deleted_at: dt.datetime | None = None
+    # Who owns the checkpoint's experiment, and uploaded its code (None: deleted).
+    code_owner: str | None = None
 
 
 def check_name(name: str) -> str:
@@ -83,6 +105,9 @@ def check_labels(labels: Iterable[str]) -> list[str]:
             raise InvalidArgumentError(
                 f"label {raw!r} is not allowed: give 1 to {MAX_LABEL_CHARS} characters"
             )
+        problem = name_problem(label)
+        if problem is not None:
+            raise InvalidArgumentError(f"label {raw!r} {problem}")
         if label not in out:
             out.append(label)
     if len(out) > MAX_LABELS:
@@ -146,17 +171,20 @@ class RegistryQueries(StoreBase):
         name: str,
         *,
         owner_id: int,
+        workspace_id: int = DEFAULT_WORKSPACE_ID,
         description: str = "",
         labels: Sequence[str] = (),
         metadata: Mapping[str, Any] | None = None,
     ) -> ModelRecord:
-        """Create a model; a model of that name already existing is a `ConflictError`."""
+        """Create a model in workspace `workspace_id`; a model of that name already
+        existing is a `ConflictError`."""
         row = RegisteredModel(
             name=check_name(name),
             description=_text(description, "description"),
             labels=check_labels(labels),
             user_metadata=check_metadata(metadata or {}),
             owner_id=owner_id,
+            workspace_id=workspace_id,
         )
         try:
             with self.write() as s:
@@ -325,20 +353,54 @@ class RegistryQueries(StoreBase):
             model.updated_at = now()
 
     def checkpoint_references(self, uuids: Collection[str]) -> dict[str, list[tuple[str, int]]]:
-        """For each of `uuids` that a version registers: [(model name, version), ...]."""
+        """For each of `uuids` that a version registers: [(model name, version), ...]
+        (garbage collection keeps these checkpoints)."""
+        return self._references(uuids, pins=False)
+
+    def checkpoint_pins(self, uuids: Collection[str]) -> dict[str, list[tuple[str, int]]]:
+        """For each of `uuids` that a version of a model in the checkpoint's own
+        workspace registers: [(model name, version), ...]. Only these refuse the
+        checkpoint's deletion; other workspaces' versions are marked instead."""
+        return self._references(uuids, pins=True)
+
+    def _references(
+        self, uuids: Collection[str], *, pins: bool
+    ) -> dict[str, list[tuple[str, int]]]:
         found: dict[str, list[tuple[str, int]]] = {}
         wanted = list(dict.fromkeys(uuids))
         with self.read() as s:
             for start in range(0, len(wanted), 500):
-                rows = s.execute(
-                    select(ModelVersion.checkpoint_uuid, RegisteredModel.name, ModelVersion.version)
-                    .join(RegisteredModel, RegisteredModel.id == ModelVersion.model_id)
-                    .where(ModelVersion.checkpoint_uuid.in_(wanted[start : start + 500]))
-                    .order_by(RegisteredModel.name, ModelVersion.version)
-                )
-                for uuid, model, version in rows:
+                chunk = wanted[start : start + 500]
+                query = pinning_versions(chunk) if pins else _versions_naming(chunk)
+                for uuid, model, version in s.execute(query):
                     found.setdefault(uuid, []).append((model, version))
         return found
+
+
+def _versions_naming(uuids: Any) -> Any:  # Select[...]: its spelling differs in 2.0/2.1
+    """(checkpoint uuid, model name, version) of the versions naming one of `uuids` (a
+    list, or a select of uuids), whose checkpoint is not marked deleted."""
+    return (
+        select(ModelVersion.checkpoint_uuid, RegisteredModel.name, ModelVersion.version)
+        .join(RegisteredModel, RegisteredModel.id == ModelVersion.model_id)
+        .where(
+            ModelVersion.checkpoint_uuid.in_(uuids), ModelVersion.checkpoint_deleted_at.is_(None)
+        )
+        .order_by(RegisteredModel.name, ModelVersion.version)
+    )
+
+
+def pinning_versions(uuids: Any) -> Any:  # a Select, as `_versions_naming`
+    """`_versions_naming(uuids)` of models in the workspace of the checkpoint they name:
+    those that keep it from deletion."""
+    return (
+        _versions_naming(uuids)
+        .join(Checkpoint, Checkpoint.uuid == ModelVersion.checkpoint_uuid)
+        .join(Trial, Trial.id == Checkpoint.trial_id)
+        .join(Experiment, Experiment.id == Trial.experiment_id)
+        .join(Project, Project.id == Experiment.project_id)
+        .where(Project.workspace_id == RegisteredModel.workspace_id)
+    )
 
 
 def _numbered(version: int) -> None:
@@ -398,7 +460,18 @@ def _models(s: Session, rows: Sequence[RegisteredModel]) -> list[ModelRecord]:
             select(User.id, User.username).where(User.id.in_({m.owner_id for m in rows}))
         )
     }
-    return [_record(m, owners[m.owner_id], *counts.get(m.id, (0, 0))) for m in rows]
+    workspaces: dict[int, str] = {
+        wid: name
+        for wid, name in s.execute(
+            select(Workspace.id, Workspace.name).where(
+                Workspace.id.in_({m.workspace_id for m in rows})
+            )
+        )
+    }
+    return [
+        _record(m, owners[m.owner_id], workspaces[m.workspace_id], *counts.get(m.id, (0, 0)))
+        for m in rows
+    ]
 
 
 def _model(s: Session, row: RegisteredModel) -> ModelRecord:
@@ -406,7 +479,9 @@ def _model(s: Session, row: RegisteredModel) -> ModelRecord:
     return record
 
 
-def _record(row: RegisteredModel, owner: str, count: int, latest: int) -> ModelRecord:
+def _record(
+    row: RegisteredModel, owner: str, workspace: str, count: int, latest: int
+) -> ModelRecord:
     return ModelRecord(
         id=row.id,
         name=row.name,
@@ -415,6 +490,9 @@ def _record(row: RegisteredModel, owner: str, count: int, latest: int) -> ModelR
         metadata=dict(row.user_metadata),
         archived=row.archived,
         owner=owner,
+        owner_id=row.owner_id,
+        workspace_id=row.workspace_id,
+        workspace=workspace,
         num_versions=count,
         latest_version=latest,
         created_at=row.created_at,
@@ -423,22 +501,27 @@ def _record(row: RegisteredModel, owner: str, count: int, latest: int) -> ModelR
 
 
 def _version(s: Session, model: RegisteredModel, row: ModelVersion) -> ModelVersionRecord:
-    experiment_id = s.execute(
-        select(Trial.experiment_id)
+    found = s.execute(
+        select(Trial.experiment_id, User.username)
         .join(Checkpoint, Checkpoint.trial_id == Trial.id)
+        .join(Experiment, Experiment.id == Trial.experiment_id)
+        .join(User, User.id == Experiment.owner_id)
         .where(Checkpoint.uuid == row.checkpoint_uuid)
-    ).scalar_one()
+    ).first()
+    experiment_id, code_owner = found if found is not None else (None, None)
     return ModelVersionRecord(
         model=model.name,
         version=row.version,
         checkpoint_uuid=row.checkpoint_uuid,
-        experiment_id=int(experiment_id),
+        experiment_id=None if experiment_id is None else int(experiment_id),
         notes=row.notes,
         labels=tuple(row.labels),
         metadata=dict(row.user_metadata),
         user=_username(s, row.user_id),
         created_at=row.created_at,
         updated_at=row.updated_at,
+        checkpoint_deleted_at=row.checkpoint_deleted_at,
+        code_owner=None if row.checkpoint_deleted_at or code_owner is None else str(code_owner),
     )
 
 
@@ -452,4 +535,5 @@ __all__ = [
     "check_metadata",
     "check_name",
     "merge_metadata",
+    "pinning_versions",
 ]

@@ -26,7 +26,10 @@ from assay.master.store._models import (
     DEFAULT_PROJECT_ID,
     DEFAULT_WORKSPACE_ID,
     Experiment,
+    PoolBinding,
     Project,
+    RegisteredModel,
+    Trial,
     User,
     Workspace,
     WorkspaceMember,
@@ -54,6 +57,15 @@ class ProjectRecord:
     description: str
     archived: bool
     num_experiments: int = 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an experiment is filed, and who owns it."""
+
+    workspace_id: int
+    project_id: int
+    owner_id: int
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,10 @@ class WorkspaceQueries(StoreBase):
                 select(WorkspaceMember.user_id, WorkspaceMember.workspace_id, WorkspaceMember.role)
             ):
                 snapshot.roles.setdefault(uid, {})[wid] = role
+            pools: dict[str, set[int]] = {}
+            for pool, wid in s.execute(select(PoolBinding.pool, PoolBinding.workspace_id)):
+                pools.setdefault(pool, set()).add(wid)
+            snapshot.pools.update((pool, frozenset(ids)) for pool, ids in pools.items())
         return snapshot
 
     # --- workspaces -----------------------------------------------------------------------
@@ -144,6 +160,25 @@ class WorkspaceQueries(StoreBase):
                 return WorkspaceRecord(workspace.id, workspace.name, False)
         except IntegrityError:
             raise ConflictError(f"workspace {name!r} already exists") from None
+
+    def settings_workspace(self, name: str) -> WorkspaceRecord:
+        """The workspace named `name`, made with no members if there is none: a name the
+        master's settings bind a pool to is taken at start, so no user can claim it by
+        creating a workspace of that name."""
+        check_name("workspace", name)
+        for _ in range(2):  # a workspace of that name made meanwhile: found the second time
+            found = self.directory.get().by_name.get(name)
+            if found is not None:
+                return found
+            try:
+                with self._write_directory() as s:
+                    workspace = Workspace(name=name, archived=False)
+                    s.add(workspace)
+                    s.flush()
+                    return WorkspaceRecord(workspace.id, workspace.name, False)
+            except IntegrityError:
+                continue
+        return self.get_workspace(name)
 
     def get_workspace(self, name: str) -> WorkspaceRecord:
         with self.read() as s:
@@ -175,7 +210,7 @@ class WorkspaceQueries(StoreBase):
 
     def delete_workspace(self, workspace_id: int) -> None:
         """Delete a workspace, its (empty) projects and its membership; one that holds
-        experiments, or the Default workspace, is refused (nothing deleted)."""
+        experiments or models, or the Default workspace, is refused (nothing deleted)."""
         with self._write_directory() as s:
             workspace = s.get(Workspace, workspace_id)
             if workspace is None:
@@ -190,7 +225,18 @@ class WorkspaceQueries(StoreBase):
                     f"workspace {workspace.name!r} holds {held} experiment(s): move them to "
                     "another project (`assay experiment move`) before deleting it"
                 )
+            models = s.execute(
+                select(func.count())
+                .select_from(RegisteredModel)
+                .where(RegisteredModel.workspace_id == workspace_id)
+            ).scalar_one()
+            if models:
+                raise ConflictError(
+                    f"workspace {workspace.name!r} holds {models} model(s) of the registry: "
+                    "delete them (`assay model delete --force`) before deleting it"
+                )
             s.execute(delete(WorkspaceMember).where(WorkspaceMember.workspace_id == workspace_id))
+            s.execute(delete(PoolBinding).where(PoolBinding.workspace_id == workspace_id))
             s.execute(delete(Project).where(Project.workspace_id == workspace_id))
             s.delete(workspace)
 
@@ -233,6 +279,35 @@ class WorkspaceQueries(StoreBase):
 
     def role_in(self, user_id: int, workspace_id: int) -> str | None:
         return self.directory.get().roles.get(user_id, {}).get(workspace_id)
+
+    # --- resource pools -------------------------------------------------------------------
+
+    def bind_pool(self, pool: str, workspace_id: int) -> bool:
+        """Bind the pool to the workspace; False if it was bound already (idempotent)."""
+        try:
+            with self._write_directory() as s:
+                if s.get(PoolBinding, (pool, workspace_id)) is not None:
+                    return False
+                if s.get(Workspace, workspace_id) is None:
+                    raise NotFoundError(f"workspace {workspace_id} does not exist")
+                s.add(PoolBinding(pool=pool, workspace_id=workspace_id))
+                return True
+        except IntegrityError:  # the same binding, made at the same time
+            return False
+
+    def unbind_pool(self, pool: str, workspace_id: int) -> bool:
+        """Whether the pool was bound to the workspace (and is no longer)."""
+        with self._write_directory() as s:
+            result = s.execute(
+                delete(PoolBinding).where(
+                    PoolBinding.pool == pool, PoolBinding.workspace_id == workspace_id
+                )
+            )
+            return bool(getattr(result, "rowcount", 0))
+
+    def pool_bindings(self) -> dict[str, frozenset[int]]:
+        """The workspaces (ids) each pool was bound to by `bind_pool`, by pool name."""
+        return dict(self.directory.get().pools)
 
     # --- projects -------------------------------------------------------------------------
 
@@ -330,15 +405,45 @@ class WorkspaceQueries(StoreBase):
 
     def experiment_place(self, experiment_id: int) -> tuple[int, int]:
         """(workspace id, project id) of an experiment; `NotFoundError` if there is none."""
+        found = self.experiment_where(experiment_id)
+        return found.workspace_id, found.project_id
+
+    def experiment_where(self, experiment_id: int) -> Placement:
+        """Where an experiment is filed, and whose it is; `NotFoundError` if there is none."""
         with self.read() as s:
             row = s.execute(
-                select(Project.workspace_id, Project.id)
+                select(Project.workspace_id, Project.id, Experiment.owner_id)
                 .join(Experiment, Experiment.project_id == Project.id)
                 .where(Experiment.id == experiment_id)
             ).first()
             if row is None:
                 raise NotFoundError(f"experiment {experiment_id} does not exist")
-            return int(row[0]), int(row[1])
+            return Placement(int(row[0]), int(row[1]), int(row[2]))
+
+    def experiment_workspaces(self, experiment_ids: Collection[int]) -> dict[int, int]:
+        """The workspace id of each of `experiment_ids` that exists, by experiment id."""
+        if not experiment_ids:
+            return {}
+        with self.read() as s:
+            rows = s.execute(
+                select(Experiment.id, Project.workspace_id)
+                .join(Project, Project.id == Experiment.project_id)
+                .where(Experiment.id.in_(list(experiment_ids)))
+            ).all()
+            return {int(e): int(w) for e, w in rows}
+
+    def trials_in(self, trial_ids: Collection[int], workspaces: Collection[int]) -> set[int]:
+        """Those of `trial_ids` whose experiment is filed in one of `workspaces` (by id)."""
+        if not trial_ids or not workspaces:
+            return set()
+        with self.read() as s:
+            rows = s.execute(
+                select(Trial.id)
+                .join(Experiment, Experiment.id == Trial.experiment_id)
+                .join(Project, Project.id == Experiment.project_id)
+                .where(Trial.id.in_(list(trial_ids)), Project.workspace_id.in_(list(workspaces)))
+            ).scalars()
+            return {int(i) for i in rows}
 
     def experiments_in(
         self, experiment_ids: Collection[int], workspaces: Collection[int]
@@ -405,6 +510,7 @@ def _project(s: Session, p: Project, workspace: str, *, counts: bool = True) -> 
 __all__ = [
     "ROLES",
     "MemberRecord",
+    "Placement",
     "ProjectRecord",
     "WorkspaceQueries",
     "WorkspaceRecord",

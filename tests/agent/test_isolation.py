@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from assay.agent._allocation import Allocation, AllocationError
-from assay.agent._isolation import Identity, Isolation, kill_processes_of
+from assay.agent._isolation import Identity, Isolation, kill_processes_of, processes_of
 from assay.agent._process import RankProcesses, RankSpec, wrap_command
 from assay.common.tls import ClientTls
 from assay.proto import agent_pb2
@@ -78,7 +78,7 @@ def test_what_an_allocation_leaves_running_is_killed_when_it_ends() -> None:
     while psutil.pid_exists(daemon) and psutil.Process(daemon).status() != "zombie":
         assert time.monotonic() < deadline, "the daemon outlived its allocation"
         time.sleep(0.05)
-    assert kill_processes_of(identity.uid) == 0
+    assert processes_of(identity.uid) == set()
 
 
 def test_uids_are_lent_round_robin_and_never_twice_at_once(tmp_path: Path) -> None:
@@ -408,6 +408,7 @@ def test_an_isolating_agent_whose_python_no_trial_can_run_refuses_to_start(
         isolation="uid",
         isolation_uid_base=BASE,
         isolation_uids=100,
+        cgroups="off",  # tests/agent/test_cgroups.py covers them
     )
     try:
         with pytest.raises(ValueError, match="cannot run .*root-only/python -m assay._cluster"):
@@ -422,3 +423,78 @@ def test_an_isolating_agent_whose_python_no_trial_can_run_refuses_to_start(
                 Agent(settings, harness_command=(str(python), "-m", "assay._cluster"))
     finally:
         shutil.rmtree(base)
+
+
+# A uid range of this test run's own: the checks below kill what lives under its uids.
+OWN_BASE = 1_950_000_000 + (os.getpid() % 10_000) * 10
+# Forks and exits every few milliseconds (a new pid each time), beating into BEAT: a
+# shell script, as a uid of no account cannot run this machine's Python. $0 is itself.
+SHELL_FORK_LOOP = 'echo . >> BEAT; sleep 0.001; /bin/sh -c "$0" "$0" & exit 0'
+
+
+@pytest.fixture
+def beat() -> Iterator[Path]:
+    """A heartbeat file any uid may append to."""
+    folder = Path(tempfile.mkdtemp(prefix="assay-beat-"))
+    folder.chmod(0o755)
+    path = folder / "beat"
+    path.touch(mode=0o666)
+    path.chmod(0o666)
+    yield path
+    shutil.rmtree(folder)
+
+
+def _beating(path: Path) -> bool:
+    before = path.stat().st_size
+    time.sleep(0.3)
+    return path.stat().st_size > before
+
+
+def test_the_turn_of_uids_survives_an_agents_restart(tmp_path: Path) -> None:
+    first = Isolation("uid", OWN_BASE, 5, lock_dir=tmp_path / "uids")
+    lent = [first.lend(f"a{i}", experiment_id=1) for i in range(2)]
+    assert [i.uid for i in lent if i is not None] == [OWN_BASE, OWN_BASE + 1]
+    for identity in lent:
+        first.give_back(identity)
+
+    restarted = Isolation("uid", OWN_BASE, 5, lock_dir=tmp_path / "uids")
+    again = restarted.lend("b", experiment_id=1)
+    assert again is not None
+    assert again.uid == OWN_BASE + 2  # not the first of the range again
+
+
+def test_a_uid_under_which_a_process_still_lives_is_not_lent(tmp_path: Path) -> None:
+    """A process left under a uid (its agent was killed, say) keeps the uid from being
+    lent, and is killed: a new allocation never shares a uid with a stranger's process."""
+    leftover = Identity(OWN_BASE, OWN_BASE)
+    sleeper = subprocess.Popen(wrap_command(["/bin/sleep", "60"], os.getpid(), leftover))
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(sleeper.pid).uids().real != OWN_BASE:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        isolation = Isolation("uid", OWN_BASE, 3, lock_dir=tmp_path / "uids")
+        lent = isolation.lend("a", experiment_id=1)
+        assert lent is not None
+        assert lent.uid == OWN_BASE + 1
+        assert sleeper.wait(timeout=10) == -9  # and the leftover was killed
+        assert processes_of(OWN_BASE) == set()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_every_process_of_a_uid_is_killed_even_one_forking_every_millisecond(
+    beat: Path,
+) -> None:
+    identity = Identity(OWN_BASE + 3, OWN_BASE + 3)
+    loop = SHELL_FORK_LOOP.replace("BEAT", str(beat))
+    for _ in range(3):
+        command = wrap_command(["/bin/sh", "-c", loop, loop], os.getpid(), identity)
+        subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    assert _beating(beat)
+
+    assert kill_processes_of(identity.uid)
+
+    assert processes_of(identity.uid) == set()
+    assert not _beating(beat), "a process of the uid outlived the kill"

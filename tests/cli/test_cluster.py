@@ -87,6 +87,7 @@ def test_slot_list_json(master: FakeApi) -> None:
             "index": 0,
             "type": "CUDA",
             "enabled": True,
+            "busy": True,
             "allocation_id": "alloc-1",
             "trial_id": 11,
             "resource_pool": "",
@@ -96,11 +97,28 @@ def test_slot_list_json(master: FakeApi) -> None:
             "index": 1,
             "type": "CUDA",
             "enabled": True,
+            "busy": False,
             "allocation_id": None,
             "trial_id": None,
             "resource_pool": "",
         },
     ]
+
+
+def test_a_slot_of_another_workspace_is_busy_without_its_ids(master: FakeApi) -> None:
+    """The master leaves out the ids of a trial the caller may not see, and says busy."""
+    hidden = common_pb2.Slot(agent_id="gpu-1", index=0, type=CUDA, enabled=True, busy=True)
+    master.responses["ListAgents"] = api_pb2.ListAgentsResponse(
+        agents=[common_pb2.Agent(id="gpu-1", slot_type=CUDA, connected=True, slots=[hidden])]
+    )
+
+    table = run_cli("slot", "list", master=master)
+    agents = run_cli("agent", "list", "--json", master=master)
+
+    assert_ok(table)
+    _header, row = table.stdout.strip().splitlines()
+    assert row.split() == ["gpu-1", "0", "CUDA", "yes", "busy", "-", "-"]  # no trial, no id
+    assert json.loads(agents.stdout.strip().splitlines()[-1])[0]["used_slots"] == 1
 
 
 def test_agent_enable_disable(master: FakeApi) -> None:

@@ -25,7 +25,14 @@ def pools() -> api_pb2.ListResourcePoolsResponse:
                 queued_trials=2,
                 default=True,
             ),
-            api_pb2.ResourcePool(name="gpu", scheduler="fair_share"),
+            api_pb2.ResourcePool(
+                name="gpu",
+                scheduler="fair_share",
+                bindings=[
+                    api_pb2.PoolBinding(workspace="vision", from_settings=True),
+                    api_pb2.PoolBinding(workspace="nlp"),
+                ],
+            ),
         ]
     )
 
@@ -45,6 +52,7 @@ def test_resource_pool_list_json(master: FakeApi) -> None:
             "agents": ["c1", "c2"],
             "slots": [{"type": "CPU", "total": 8, "used": 3, "free": 5}],
             "queued_trials": 2,
+            "workspaces": [],
         },
         {
             "name": "gpu",
@@ -54,6 +62,10 @@ def test_resource_pool_list_json(master: FakeApi) -> None:
             "agents": [],
             "slots": [],
             "queued_trials": 0,
+            "workspaces": [
+                {"workspace": "vision", "from_settings": True},
+                {"workspace": "nlp", "from_settings": False},
+            ],
         },
     ]
 
@@ -74,6 +86,7 @@ def test_resource_pool_list_table(master: FakeApi) -> None:
         "USED",
         "FREE",
         "QUEUED",
+        "WORKSPACES",
         "DESCRIPTION",
     ]
     assert first.split() == [
@@ -86,10 +99,12 @@ def test_resource_pool_list_table(master: FakeApi) -> None:
         "3",
         "5",
         "2",
+        "all",
         "CPU",
         "boxes",
     ]
     assert second.split()[:3] == ["gpu", "fair_share", "0"]
+    assert second.split()[-2:] == ["vision,nlp", "-"]  # no description
 
 
 def test_resource_pool_list_needs_a_master_that_has_it(master: FakeApi) -> None:
@@ -158,3 +173,70 @@ def test_agent_disable_drain_of_an_unknown_agent(master: FakeApi) -> None:
     done = run_cli("agent", "disable", "--drain", "nope", master=master)
 
     assert_one_line_error(done, "agent 'nope' is not connected")
+
+
+def bound(*names: str) -> api_pb2.ResourcePoolWorkspaces:
+    return api_pb2.ResourcePoolWorkspaces(
+        pool="gpu",
+        bindings=[api_pb2.PoolBinding(workspace=n, from_settings=n == "vision") for n in names],
+    )
+
+
+def test_resource_pool_bind_and_unbind(master: FakeApi) -> None:
+    master.responses["BindResourcePool"] = bound("nlp", "vision")
+    master.responses["UnbindResourcePool"] = bound()
+
+    assert_ok(bind := run_cli("rp", "bind", "gpu", "nlp", master=master))
+    assert_ok(unbind := run_cli("resource-pool", "unbind", "gpu", "nlp", master=master))
+
+    assert bind.stdout.strip() == "pool gpu takes experiments of workspaces nlp, vision"
+    assert unbind.stdout.strip() == "pool gpu is open to every workspace"
+    assert [(r.pool, r.workspace) for r in master.calls("BindResourcePool")] == [("gpu", "nlp")]
+    assert [(r.pool, r.workspace) for r in master.calls("UnbindResourcePool")] == [("gpu", "nlp")]
+
+
+def test_resource_pool_list_workspaces(master: FakeApi) -> None:
+    master.responses["ListResourcePoolWorkspaces"] = bound("nlp", "vision")
+
+    table = run_cli("rp", "list-workspaces", "gpu", master=master)
+    listed = run_cli("rp", "list-workspaces", "gpu", "--json", master=master)
+
+    assert_ok(table)
+    assert [line.split() for line in table.stdout.strip().splitlines()] == [
+        ["WORKSPACE", "BOUND", "BY"],
+        ["nlp", "bind"],
+        ["vision", "settings"],
+    ]
+    assert json.loads(listed.stdout.strip().splitlines()[-1]) == [
+        {"workspace": "nlp", "from_settings": False},
+        {"workspace": "vision", "from_settings": True},
+    ]
+    assert [r.pool for r in master.calls("ListResourcePoolWorkspaces")] == ["gpu", "gpu"]
+
+
+def test_resource_pool_list_workspaces_of_an_open_pool(master: FakeApi) -> None:
+    master.responses["ListResourcePoolWorkspaces"] = bound()
+
+    done = run_cli("rp", "list-workspaces", "gpu", master=master)
+
+    assert_ok(done)
+    assert done.stdout.strip() == "pool gpu is bound to no workspace: it is open to every workspace"
+
+
+def test_resource_pool_bind_refusals_are_one_line(master: FakeApi) -> None:
+    master.errors["BindResourcePool"] = (
+        grpc.StatusCode.PERMISSION_DENIED,
+        "only an administrator may bind resource pools to workspaces; bob is not",
+    )
+    master.errors["UnbindResourcePool"] = (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "pool 'gpu' is bound to workspace 'vision' by the master's settings",
+    )
+
+    bind = run_cli("rp", "bind", "gpu", "nlp", master=master)
+    unbind = run_cli("rp", "unbind", "gpu", "vision", master=master)
+    missing = run_cli("rp", "bind", "gpu", master=master)
+
+    assert_one_line_error(bind, "only an administrator may bind resource pools")
+    assert_one_line_error(unbind, "bound to workspace 'vision' by the master's settings")
+    assert_one_line_error(missing, "missing argument 'WORKSPACE'")

@@ -91,6 +91,9 @@ def test_every_route_is_in_it(document: dict[str, Any]) -> None:
         ("post", "/api/v1/workspaces/{workspace}/projects/{name}/archive"),
         ("post", "/api/v1/workspaces/{workspace}/projects/{name}/unarchive"),
         ("post", "/api/v1/workspaces/{workspace}/projects/{name}/delete"),
+        ("get", "/api/v1/resource-pools/{pool}/workspaces"),
+        ("post", "/api/v1/resource-pools/{pool}/bind"),
+        ("post", "/api/v1/resource-pools/{pool}/unbind"),
     }
     present = {(m, p) for p, ops in document["paths"].items() for m in ops}
     assert present == expected

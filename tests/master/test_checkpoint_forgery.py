@@ -266,7 +266,7 @@ def test_a_legit_report_is_recorded_and_deleted_by_its_owner(
     assert master.store.get_checkpoint(older).location == str(root / older)
 
 
-def test_a_viewer_may_not_delete_an_editor_of_the_workspace_may(
+def test_in_default_viewers_and_editors_may_not_delete_anothers_an_admin_of_it_may(
     master: MasterServer, api: api_pb2_grpc.ApiStub, run: Callable[..., Running]
 ) -> None:
     admins = run()  # created by admin
@@ -288,9 +288,17 @@ def test_a_viewer_may_not_delete_an_editor_of_the_workspace_may(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "bob is a viewer of workspace 'Default'",
             )
+        # Default is every user's: an editor there deletes only their own checkpoints.
+        member.role = "editor"
+        api.SetWorkspaceMember(member)
+        _refused(
+            lambda: bob.DeleteCheckpoints(api_pb2.DeleteCheckpointsRequest(uuids=[older])),
+            grpc.StatusCode.PERMISSION_DENIED,
+            "belongs to admin: in the shared workspace 'Default' only its owner and admins",
+        )
         assert (root / older).is_dir()
         assert master.store.get_checkpoint(older).state == "COMPLETED"
-        member.role = "editor"
+        member.role = "admin"
         api.SetWorkspaceMember(member)
         answer = bob.DeleteCheckpoints(api_pb2.DeleteCheckpointsRequest(uuids=[older]))
         assert list(answer.deleted) == [older]

@@ -148,6 +148,7 @@ def _fill(path: str) -> str:
         "{name}": "priority",
         "{version}": "1",
         "{workspace}": "w",
+        "{pool}": "default",
     }
     for key, value in values.items():
         path = path.replace(key, value)

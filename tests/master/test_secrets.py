@@ -343,6 +343,7 @@ def _read_over_http(
         "checkpoints": ["00000000-0000-0000-0000-000000000000"],  # none was made
         "workspaces": ["Default"],  # and its project, for /workspaces/{workspace}/projects/{name}
         "models": ["kept"],  # made here, with no version
+        "resource-pools": ["default"],
     }
     seen.add("CreateModel", site.api.CreateModel(api_pb2.CreateModelRequest(name="kept")))
     queries = {

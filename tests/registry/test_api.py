@@ -58,14 +58,16 @@ def test_a_version_shows_its_checkpoint(world: World, model: str) -> None:
     assert [(m["name"], m["num_versions"], m["latest_version"]) for m in listed] == [(model, 1, 1)]
 
 
-def test_any_user_reads_and_registers_only_the_owner_edits(
+def test_any_user_reads_and_only_the_owner_changes_a_default_model(
     world: World, model: str, carol: str
 ) -> None:
     assert _get(world, f"/models/{model}", carol).status == 200
     uuid = world.checkpoints[-1]
-    reply = _post(world, f"/models/{model}/versions", {"checkpoint_uuid": uuid}, carol)
-    assert reply.status == 200
-    assert reply.json()["user"] == "carol"
+    assert _post(world, f"/models/{model}/versions", {"checkpoint_uuid": uuid}).status == 200
+    # Admin's checkpoint of Default is not carol's to keep from deletion.
+    refused = _post(world, f"/models/{model}/versions", {"checkpoint_uuid": uuid}, carol)
+    assert refused.status == 403
+    assert f"cannot register checkpoint {uuid}" in refused.json()["error"]
     for path, body in [
         (f"/models/{model}/set", {"description": "mine now"}),
         (f"/models/{model}/archive", None),
@@ -75,12 +77,13 @@ def test_any_user_reads_and_registers_only_the_owner_edits(
     ]:
         refused = _post(world, path, body, carol)
         assert refused.status == 403, (path, refused.json())
-        assert "belongs to admin: only they or an administrator" in refused.json()["error"]
+        assert "belongs to admin: only they and administrators" in refused.json()["error"]
     assert _get(world, f"/models/{model}").json()["description"] == ""
     assert _get(world, f"/models/{model}").json()["num_versions"] == 1
 
     # Carol's own model is hers to change; an admin may change anyone's.
-    assert _post(world, "/models", {"name": "carols"}, carol).status == 200
+    made = _post(world, "/models", {"name": "carols"}, carol)
+    assert (made.status, made.json()["workspace"]) == (200, "Default")
     assert _post(world, "/models/carols/set", {"description": "c"}, carol).status == 200
     assert _post(world, "/models/carols/archive").status == 200
     assert _post(world, "/models/carols/delete", None, carol).status == 200

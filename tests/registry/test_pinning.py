@@ -1,6 +1,8 @@
 """A registered checkpoint is pinned: GC keeps it, deleting it is refused naming the
-versions, and once its last version is deleted it is a checkpoint like any other.
-Real stores (SQLite and PostgreSQL) and real shared_fs storage."""
+versions of models in its own workspace, and once its last version is deleted it is a
+checkpoint like any other. A version of a model in another workspace keeps it from GC
+but never from its owner: deleting it marks that version. Real stores (SQLite and
+PostgreSQL) and real shared_fs storage."""
 
 from __future__ import annotations
 
@@ -107,3 +109,37 @@ def test_deleting_a_registered_checkpoint_is_refused_naming_the_versions(setup: 
     for batches in (10, 20):
         assert setup.store.get_checkpoint(setup.uuids[batches]).state == "COMPLETED"
         assert setup.storage.exists(setup.uuids[batches])
+
+
+def _register_elsewhere(setup: Setup, batches: int) -> None:
+    """Register the checkpoint in bob's model of another workspace than its own."""
+    store = setup.store
+    elsewhere = store.create_workspace("elsewhere", store.user_id("bob")).id
+    store.create_model("bobs", owner_id=store.user_id("bob"), workspace_id=elsewhere)
+    store.register_version("bobs", setup.uuids[batches], user_id=store.user_id("bob"))
+
+
+def test_gc_keeps_a_checkpoint_registered_from_another_workspace(setup: Setup) -> None:
+    _register_elsewhere(setup, 10)
+
+    result = collect(
+        setup.store, setup.experiment_id, parse_config(setup.config), experiment_ended=True
+    )
+
+    assert result.deleted == ()
+    assert setup.storage.exists(setup.uuids[10])
+
+
+def test_its_owner_deletes_it_all_the_same_and_the_version_says_so(setup: Setup) -> None:
+    _register_elsewhere(setup, 10)
+    _register(setup, "m", 20)  # of its own workspace: this one stays pinned
+
+    result = delete_checkpoints(setup.store, [setup.uuids[10]])
+
+    assert (result.deleted, result.failed) == ((setup.uuids[10],), {})
+    assert not setup.storage.exists(setup.uuids[10])
+    version = setup.store.get_version("bobs", 1)
+    assert version.checkpoint_deleted_at is not None
+    assert setup.store.checkpoint_references([setup.uuids[10]]) == {}
+    with pytest.raises(CheckpointInUseError, match="'m' version 1"):
+        delete_checkpoints(setup.store, [setup.uuids[20]])

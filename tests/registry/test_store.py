@@ -6,13 +6,19 @@ import threading
 import uuid as uuidlib
 
 import pytest
-from sqlalchemy import delete
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import text
 
-from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError
-from assay.master.store import CheckpointRecord, Store
-from assay.master.store._models import Checkpoint
+from assay.master.errors import (
+    CheckpointInUseError,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+)
+from assay.master.store import CheckpointRecord, Store, head_revision, migrate
+from assay.master.store._batch import WriteBatch
 from tests.store import _seed as seed
+from tests.store.test_migrations import _downgrade
 
 
 def _checkpoint(store: Store, trial_id: int, run_id: int, batches: int = 10) -> str:
@@ -139,14 +145,51 @@ def test_a_model_with_versions_is_deleted_only_with_force(store: Store) -> None:
     assert store.checkpoint_references([ckpt]) == {}
 
 
-def test_the_database_keeps_a_registered_checkpoint_row(store: Store) -> None:
+def _ended(store: Store, experiment_id: int) -> None:
+    batch = WriteBatch()
+    batch.set_experiment(experiment_id, state="COMPLETED")
+    seed.commit(store, batch)
+
+
+def test_only_a_version_of_the_checkpoints_own_workspace_keeps_its_rows(store: Store) -> None:
+    experiment_id, trial_id, run_id = seed.trial_with_run(store)  # in Default
+    ckpt = _checkpoint(store, trial_id, run_id)
+    alice, bob = store.user_id("alice"), store.user_id("bob")
+    elsewhere = store.create_workspace("elsewhere", bob).id
+    store.create_model("here", owner_id=alice)
+    store.create_model("there", owner_id=bob, workspace_id=elsewhere)
+    store.register_version("here", ckpt, user_id=alice)
+    store.register_version("there", ckpt, user_id=bob)
+    _ended(store, experiment_id)
+
+    assert store.checkpoint_references([ckpt]) == {ckpt: [("here", 1), ("there", 1)]}
+    assert store.checkpoint_pins([ckpt]) == {ckpt: [("here", 1)]}
+    with pytest.raises(CheckpointInUseError, match="model 'here' version 1; delete"):
+        store.delete_experiment(experiment_id)
+    assert store.get_checkpoint(ckpt).uuid == ckpt
+    assert store.get_version("there", 1).checkpoint_deleted_at is None
+
+    store.delete_version("here", 1)
+    store.delete_experiment(experiment_id)
+    gone = store.get_version("there", 1)
+    assert (gone.checkpoint_uuid, gone.experiment_id, gone.code_owner) == (ckpt, None, None)
+    assert gone.checkpoint_deleted_at is not None
+    assert store.checkpoint_references([ckpt]) == {}
+
+
+def test_a_deleted_checkpoint_marks_the_versions_naming_it(store: Store) -> None:
     _, trial_id, run_id = seed.trial_with_run(store)
     ckpt = _checkpoint(store, trial_id, run_id)
-    store.create_model("m", owner_id=store.user_id("alice"))
-    store.register_version("m", ckpt, user_id=store.user_id("alice"))
-    with pytest.raises(IntegrityError), store.write() as s:
-        s.execute(delete(Checkpoint).where(Checkpoint.uuid == ckpt))
-    assert store.get_checkpoint(ckpt).uuid == ckpt
+    store.create_model("m", owner_id=store.user_id("bob"))
+    made = store.register_version("m", ckpt, user_id=store.user_id("bob"))
+    assert (made.code_owner, made.checkpoint_deleted_at) == ("alice", None)
+
+    store.set_checkpoint_state(ckpt, "DELETED")
+    marked = store.get_version("m", 1)
+    assert marked.checkpoint_deleted_at is not None
+    assert marked.code_owner is None
+    store.set_checkpoint_state(ckpt, "DELETED")  # again: the first time is kept
+    assert store.get_version("m", 1).checkpoint_deleted_at == marked.checkpoint_deleted_at
 
 
 def test_concurrent_registrations_get_distinct_numbers(store: Store) -> None:
@@ -172,3 +215,40 @@ def test_concurrent_registrations_get_distinct_numbers(store: Store) -> None:
     assert errors == []
     assert sorted(numbers) == list(range(1, 9))
     assert store.get_model("m").latest_version == 8
+
+
+def test_a_workspace_that_holds_a_model_is_not_deleted(store: Store) -> None:
+    bob = store.user_id("bob")
+    team = store.create_workspace("team", bob)
+    made = store.create_model("m", owner_id=bob, workspace_id=team.id)
+    assert (made.workspace_id, made.workspace) == (team.id, "team")
+
+    with pytest.raises(ConflictError, match=r"'team' holds 1 model\(s\) of the registry: delete"):
+        store.delete_workspace(team.id)
+    assert store.get_workspace("team").id == team.id
+    store.delete_model("m")
+    store.delete_workspace(team.id)
+
+
+def test_0013_downgrades_and_upgrades_with_the_models_and_versions(store: Store) -> None:
+    _, trial_id, run_id = seed.trial_with_run(store)
+    kept, lost = _checkpoint(store, trial_id, run_id, 10), _checkpoint(store, trial_id, run_id, 20)
+    bob = store.user_id("bob")
+    team = store.create_workspace("team", bob).id
+    store.create_model("m", owner_id=bob, workspace_id=team)
+    store.register_version("m", kept, user_id=bob)
+    store.register_version("m", lost, user_id=bob)
+    store.set_checkpoint_state(lost, "DELETED")
+
+    _downgrade(store.engine, "0012")
+    with store.engine.connect() as c:
+        assert "workspace_id" not in {col["name"] for col in sa_inspect(c).get_columns("models")}
+        rows = c.execute(text("SELECT version, checkpoint_uuid FROM model_versions")).all()
+    # A version whose checkpoint is gone cannot stand under the old foreign key.
+    assert [tuple(r) for r in rows] == [(1, kept)]
+
+    assert migrate(store.engine) == head_revision()
+    model = store.get_model("m")
+    assert (model.workspace, model.num_versions) == ("Default", 1)
+    assert store.get_version("m", 1).checkpoint_deleted_at is None
+    assert store.checkpoint_pins([kept]) == {kept: [("m", 1)]}

@@ -21,8 +21,9 @@ import psutil
 import pytest
 import yaml
 
+from assay.agent._isolation import processes_of
 from assay.common.archive import pack_model_dir
-from assay.proto import api_pb2, api_pb2_grpc
+from assay.proto import api_pb2, api_pb2_grpc, common_pb2
 from tests.credentials import login
 from tests.e2e.conftest import ROOT, Cluster, start_cluster, stop_cluster
 
@@ -118,6 +119,41 @@ print("FOUND " + json.dumps(found), flush=True)
 """
 
 
+# Leaves behind a daemon (double-forked, in a session of its own, its output closed)
+# that forks and exits every millisecond, so that its pid is never the same twice, and
+# beats a byte a turn into $BEAT; then it stays $STAY seconds.
+FORKER_SCRIPT = """
+import json, os, sys, time
+LOOP = (
+    "import os, sys, time\\n"
+    "beat = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)\\n"
+    "while True:\\n"
+    "    try:\\n"
+    "        if os.fork():\\n"
+    "            os._exit(0)\\n"
+    "    except OSError:\\n"
+    "        pass\\n"
+    "    os.write(beat, b'.')\\n"
+    "    time.sleep(0.001)\\n"
+)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.execv(sys.executable, [sys.executable, "-c", LOOP, os.environ["BEAT"]])
+    os._exit(0)
+os.wait()
+time.sleep(0.3)
+print("FORKER " + json.dumps({"uid": os.getuid()}), flush=True)
+time.sleep(float(os.environ["STAY"]))
+"""
+HOG_SCRIPT = "x = bytearray(512 << 20)\n"
+# The agent's command for each cluster of this module (to start it again).
+_agent_commands: dict[str, list[str]] = {}
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("isolation")
@@ -131,6 +167,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cmd += ["--slot-type", "cpu", "--agent-id", "isolated", "--work-dir", str(work / "agent")]
     cmd += ["--isolation", "uid"]
     cmd = _exposing(cmd, _PYTHON)
+    _agent_commands[c.address] = cmd
     with agent_log.open("wb") as out:
         c.procs.append(
             subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ)
@@ -162,10 +199,15 @@ def _api(cluster: Cluster, user: str) -> tuple[Any, tuple[tuple[str, str], ...]]
 
 
 def _submit(
-    cluster: Cluster, user: str, tmp: Path, script: str, env: dict[str, str] | None = None
+    cluster: Cluster,
+    user: str,
+    tmp: Path,
+    script: str,
+    env: dict[str, str] | None = None,
+    resources: dict[str, Any] | None = None,
 ) -> int:
     folder = tmp / user
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / "run.py").write_text(script)
     config: dict[str, Any] = {
         "name": f"{user}-run",
@@ -173,6 +215,8 @@ def _submit(
         "searcher": {"name": "single", "metric": "x", "max_length": {"batches": 1}},
         "max_restarts": 0,
     }
+    if resources:
+        config["resources"] = resources
     if env:
         config["environment"] = {"environment_variables": [f"{k}={v}" for k, v in env.items()]}
     api, auth = _api(cluster, user)
@@ -184,20 +228,22 @@ def _submit(
     return int(api.CreateExperiment(request, metadata=auth, timeout=60).experiment.id)
 
 
-def _log_line(cluster: Cluster, user: str, experiment_id: int, prefix: str) -> str:
+def _log_line(cluster: Cluster, user: str, experiment_id: int, prefix: str, nth: int = 1) -> str:
+    """The rest of the `nth` line of the experiment's logs that starts with `prefix`."""
     api, auth = _api(cluster, user)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         described = api.GetExperiment(
             api_pb2.GetExperimentRequest(id=experiment_id), metadata=auth, timeout=30
         )
+        found = []
         for trial in described.trials:
             lines = api.StreamTrialLogs(
                 api_pb2.StreamTrialLogsRequest(trial_id=trial.id), metadata=auth, timeout=30
             )
-            for line in lines:
-                if line.message.startswith(prefix):
-                    return str(line.message[len(prefix) :])
+            found += [x.message[len(prefix) :] for x in lines if x.message.startswith(prefix)]
+        if len(found) >= nth:
+            return str(found[nth - 1])
         time.sleep(0.5)
     raise AssertionError(f"no line starting {prefix!r}:\n{cluster.dump_logs()}")
 
@@ -238,3 +284,107 @@ def test_a_hostile_trial_reaches_nothing_of_another_allocation_or_of_the_cluster
     while psutil.pid_exists(found["daemon"]):
         assert time.monotonic() < deadline, "a daemon outlived its allocation"
         time.sleep(0.3)
+
+
+@pytest.fixture
+def beat() -> Iterator[Path]:
+    """A file any uid may append to: a fork loop's heartbeat (looking for such a loop in
+    /proc misses it: by the time its entry is read, it is another process)."""
+    folder = Path(tempfile.mkdtemp(prefix="assay-beat-"))
+    folder.chmod(0o755)
+    path = folder / "beat"
+    path.touch()
+    path.chmod(0o666)
+    yield path
+    shutil.rmtree(folder)
+
+
+def _beating(path: Path) -> bool:
+    before = path.stat().st_size
+    time.sleep(0.5)
+    return path.stat().st_size > before
+
+
+def _trial(cluster: Cluster, user: str, experiment_id: int) -> Any:
+    api, auth = _api(cluster, user)
+    request = api_pb2.GetExperimentRequest(id=experiment_id)
+    return api.GetExperiment(request, metadata=auth, timeout=30).trials[0]
+
+
+def _ended(cluster: Cluster, user: str, experiment_id: int) -> Any:
+    """The experiment's trial once it has ended (polled every 50 ms)."""
+    done = (common_pb2.TRIAL_STATE_COMPLETED, common_pb2.TRIAL_STATE_ERROR)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        trial = _trial(cluster, user, experiment_id)
+        if trial.state in done:
+            return trial
+        time.sleep(0.05)
+    raise AssertionError(f"the trial did not end:\n{cluster.dump_logs()}")
+
+
+@pytest.mark.slow
+def test_nothing_a_trial_leaves_running_outlives_its_allocation(
+    cluster: Cluster, tmp_path: Path, beat: Path
+) -> None:
+    """A daemon forking every millisecond once lived 73 s past its allocation, and the
+    next allocation got its uid."""
+    env = {"BEAT": str(beat), "STAY": "0"}
+    eid = _submit(cluster, "mallory", tmp_path, FORKER_SCRIPT, env)
+    uid = json.loads(_log_line(cluster, "mallory", eid, "FORKER "))["uid"]
+    _ended(cluster, "mallory", eid)
+    at_end = beat.stat().st_size  # when the master counts the allocation as ended
+
+    assert not _beating(beat), "the fork loop outlived its allocation"
+    assert beat.stat().st_size == at_end, "the fork loop lived on after its allocation ended"
+    assert processes_of(uid) == set()
+
+
+@pytest.mark.slow
+def test_a_restarted_agent_kills_what_its_allocations_left_and_lends_it_no_uid(
+    cluster: Cluster, tmp_path: Path, beat: Path
+) -> None:
+    env = {"BEAT": str(beat), "STAY": "600"}
+    eid = _submit(cluster, "mallory", tmp_path, FORKER_SCRIPT, env)
+    uid = json.loads(_log_line(cluster, "mallory", eid, "FORKER "))["uid"]
+    agent_log = next(p for p in cluster.logs if p.name == "agent-isolated.log")
+    agent = cluster.procs[1]
+    agent.kill()  # its ranks die with it (SIGTERM from the kernel); the loop lives on
+    agent.wait()
+    assert _beating(beat)
+
+    with agent_log.open("ab") as out:
+        out.write(b"\n--- restarted ---\n")
+        cluster.procs[1] = subprocess.Popen(
+            _agent_commands[cluster.address], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
+        )
+    deadline = time.monotonic() + 60
+    while "agent isolated: " not in agent_log.read_text().rpartition("--- restarted ---")[2]:
+        assert time.monotonic() < deadline, cluster.dump_logs()
+        time.sleep(0.1)
+
+    assert not _beating(beat), "the fork loop outlived its agent's restart"
+    assert processes_of(uid) == set()
+    # The trial runs again (it lost its agent; that is no restart of its own), under
+    # another uid: the restarted agent goes on with the machine's turn of uids.
+    again = _log_line(cluster, "mallory", eid, "FORKER ", nth=2)
+    api, auth = _api(cluster, "mallory")
+    kill = api_pb2.ExperimentActionRequest(id=eid, action=api_pb2.EXPERIMENT_ACTION_KILL)
+    api.ExperimentAction(kill, metadata=auth, timeout=30)
+    assert json.loads(again)["uid"] != uid
+
+
+@pytest.mark.slow
+def test_a_trial_past_its_memory_is_killed_and_told_why(cluster: Cluster, tmp_path: Path) -> None:
+    with pytest.raises(grpc.RpcError) as refused:
+        _submit(cluster, "alice", tmp_path / "bad", HOG_SCRIPT, resources={"memory": "lots"})
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "resources.memory: expected a size such as 8G" in str(refused.value.details())
+
+    eid = _submit(cluster, "alice", tmp_path, HOG_SCRIPT, resources={"memory": "64Mi"})
+    trial = _ended(cluster, "alice", eid)
+    assert trial.state == common_pb2.TRIAL_STATE_ERROR
+    assert (
+        "killed by SIGKILL: the allocation reached its memory limit of 64 MiB "
+        "(resources.memory for 1 slot(s)); raise resources.memory"
+    ) in trial.last_error, trial.last_error

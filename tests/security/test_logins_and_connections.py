@@ -5,8 +5,11 @@ many addresses, and HTTP connections that cannot be held open for nothing (a rea
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import socket
+import statistics
+import threading
 import time
 from collections.abc import Iterator
 
@@ -77,6 +80,81 @@ def test_guesses_spread_over_many_addresses_are_bounded(cluster: Cluster) -> Non
     assert answers.count(401) == 20  # each address guessed once: 20, then all refused
     assert set(answers) == {401, 429}
     assert _login(cluster, "carol", PASSWORDS["carol"], "127.0.0.1") == 200  # still in
+
+
+# Failed logins a minute, cluster-wide, past which logins from new addresses are paced
+# (login_failures_per_minute; 30 by default).
+SPRAY_LIMIT = 10
+
+
+@pytest.fixture(scope="module")
+def spray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(
+        tmp_path_factory.mktemp("spray"),
+        None,
+        agents=0,
+        slots=1,
+        master_env={"ASSAY_LOGIN_FAILURES_PER_MINUTE": str(SPRAY_LIMIT)},
+    )
+    try:
+        with grpc.insecure_channel(c.address) as channel:
+            api = api_pb2_grpc.ApiStub(channel)
+            admin = (("authorization", f"Bearer {login(c.address)}"),)
+            request = api_pb2.CreateUserRequest(username="alice", password=PASSWORDS["alice"])
+            api.CreateUser(request, metadata=admin, timeout=30)
+        yield c
+    finally:
+        stop_cluster(c)
+
+
+def _spray(cluster: Cluster, seconds: float, threads: int) -> dict[int, int]:
+    """One guess at each of many user names, each from a new address, from `threads`
+    threads for `seconds`; how many answers of each status came back."""
+    counts: dict[int, int] = {}
+    lock = threading.Lock()
+    guesses = itertools.count()
+    stop = time.monotonic() + seconds
+
+    def sprayer() -> None:
+        while time.monotonic() < stop:
+            n = next(guesses)
+            source = f"127.{n // 62500 + 1}.{n // 250 % 250 + 1}.{n % 250 + 2}"
+            status = _login(cluster, f"user{n}", "Winter2024!", source)
+            with lock:
+                counts[status] = counts.get(status, 0) + 1
+
+    workers = [threading.Thread(target=sprayer) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return counts
+
+
+@pytest.mark.slow
+def test_a_spray_is_slowed_and_its_owner_is_not(spray_cluster: Cluster) -> None:
+    cluster = spray_cluster
+    assert _login(cluster, "alice", PASSWORDS["alice"], "127.0.0.1") == 200  # her machine
+    spray = threading.Thread(target=lambda: answers.update(_spray(cluster, 20, 8)))
+    answers: dict[int, int] = {}
+    spray.start()
+    latencies = []
+    time.sleep(3)  # past the limit by now
+    while spray.is_alive():
+        started = time.monotonic()
+        assert _login(cluster, "alice", PASSWORDS["alice"], "127.0.0.1") == 200
+        latencies.append(time.monotonic() - started)
+        time.sleep(1)
+    # 10 go at full speed, then one every 0.5, 1, 2, 4, 8, 8... s (~150 in 20 s before).
+    assert answers.get(401, 0) <= SPRAY_LIMIT + 8, answers
+    assert set(answers) <= {401, 429}
+    # Alice at her own address never waits a turn; from a new one she waits hers.
+    assert statistics.median(latencies) < 2.0, latencies
+    started = time.monotonic()
+    while (status := _login(cluster, "alice", PASSWORDS["alice"], "127.9.9.9")) == 429:
+        assert time.monotonic() - started < 60, "a new address stayed refused"
+        time.sleep(1)
+    assert status == 200
 
 
 def test_idle_and_slow_header_connections_are_closed(cluster: Cluster) -> None:

@@ -9,8 +9,9 @@ and notes, as the CLI does; archiving hides the model from the default list; a m
 does not exist is an error, not an empty page.
 
 "Delete" on an experiment's page: refused, with the master's reason in the dialog, while a
-model version keeps one of its checkpoints; a second finished experiment deleted from its
-page is gone from its project's list, and its page says so.
+model version of its workspace keeps one of its checkpoints; a second finished experiment
+deleted from its page is gone from its project's list, and its page says so, while the
+version of another workspace's model that named its checkpoint shows it was deleted.
 """
 
 from __future__ import annotations
@@ -141,6 +142,10 @@ def test_create_register_and_show_versions(seeded: Seeded) -> None:
     )
     expect(v1.locator('[data-testid="version-metrics"]')).to_have_text("accuracy 0.82")
     expect(v1.locator('[data-testid="version-notes"]')).to_have_text("best of the first search")
+    # Who registered it, and whose code loading it runs.
+    expect(v1.locator('[data-testid="version-registered-by"]')).to_contain_text("admin, ")
+    expect(v1.locator('[data-testid="version-code-owner"]')).to_have_text("admin")
+    expect(page.locator('[data-testid="model-about"]')).to_contain_text("workspace Default")
     screenshot(page, "model")
 
     # Archived: out of the default list, in "Archived only".
@@ -194,6 +199,15 @@ def test_delete_an_experiment(seeded: Seeded) -> None:
     expect(page.locator(f'[data-testid="experiment-row"][data-id="{kept}"]')).to_be_visible()
     expect(page.locator(f'[data-testid="experiment-row"][data-id="{doomed}"]')).to_be_visible()
 
+    # A version of a model in another workspace does not keep its checkpoint.
+    elsewhere = (
+        ("workspace", "create", "elsewhere"),
+        ("model", "create", "far", "--workspace", "elsewhere"),
+        ("model", "register-version", "far", DOOMED_CHECKPOINT),
+    )
+    for step in elsewhere:
+        done = site.cluster.cli(*step)
+        assert done.returncode == 0, done.stderr
     page.goto(f"{site.base}/experiments/{doomed}")
     project = page.locator('[data-testid="experiment-project"]').inner_text()
     page.locator('[data-testid="delete-experiment"]').click()
@@ -212,12 +226,19 @@ def test_delete_an_experiment(seeded: Seeded) -> None:
     listed = site.cluster.cli("experiment", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert doomed not in [int(e["id"]) for e in json.loads(listed.stdout)]
+    # That version stays, and says what happened to its checkpoint.
+    page.goto(site.base + "/models/far")
+    far = page.locator('[data-testid="version-row"][data-version="1"]')
+    expect(far.locator('[data-testid="version-deleted"]')).to_have_text("deleted by its owner")
+    expect(far).not_to_contain_text("assay model download")
+    screenshot(page, "model-version-deleted")
     page.context.close()
 
 
 def test_delete_is_for_ended_experiments_and_their_editors(seeded: Seeded) -> None:
     """Disabled, with the reason in its tooltip, while the experiment runs; hidden from a
-    viewer of its workspace, shown to an editor there."""
+    viewer of its workspace, and in `Default` from an editor who does not own it; shown
+    to an admin of `Default`."""
     site = seeded.site
     running = site.submit(LONG)  # no agents: its trials wait, and it stays ACTIVE
     try:
@@ -245,7 +266,7 @@ def test_delete_is_for_ended_experiments_and_their_editors(seeded: Seeded) -> No
         check=False,
     )
     assert created.returncode == 0, created.stderr
-    for role in ("viewer", "editor"):
+    for role in ("viewer", "editor", "admin"):
         done = site.cluster.cli("workspace", "add-member", "Default", "vera", "--role", role)
         assert done.returncode == 0, done.stderr
         page = site.page(logged_in=False)
@@ -258,6 +279,6 @@ def test_delete_is_for_ended_experiments_and_their_editors(seeded: Seeded) -> No
             page.locator('[data-testid="login-submit"]').click()
         expect(page.locator('[data-testid="fork-experiment"]')).to_be_visible()
         expect(page.locator('[data-testid="delete-experiment"]')).to_have_count(
-            0 if role == "viewer" else 1
+            1 if role == "admin" else 0
         )
         page.context.close()

@@ -118,3 +118,33 @@ def test_unknown_names_and_roles_are_one_clear_error(site: Site, tmp_path: Path)
     config = _config(tmp_path, workspace="Uncategorized", project="Uncategorized")
     created = _json(site, tmp_path, "experiment", "create", config, REGRESSION_DIR, "--paused")
     assert site.master.store.get_experiment(created["id"]).workspace == "Default"
+
+
+def test_resource_pool_bind_list_workspaces_and_unbind(site: Site, tmp_path: Path) -> None:
+    """An admin binds the default pool to a workspace: submissions from Default are refused,
+    naming the pool and its workspace, until the binding is removed."""
+    assert_ok(_cli(site, tmp_path, "workspace", "create", "vis"))
+    refused = _cli(site, tmp_path, "resource-pool", "bind", "default", "vis", user="bob")
+    assert_one_line_error(refused, "only an administrator may bind resource pools")
+    bound = _cli(site, tmp_path, "resource-pool", "bind", "default", "vis")
+    assert_ok(bound)
+    try:
+        assert bound.stdout.strip() == "pool default takes experiments of workspace vis"
+        listed = _json(site, tmp_path, "resource-pool", "list-workspaces", "default", user="bob")
+        assert listed == [{"workspace": "vis", "from_settings": False}]
+        [pool] = _json(site, tmp_path, "resource-pool", "list")
+        assert pool["workspaces"] == listed
+        config = _config(tmp_path)
+        refused = _cli(site, tmp_path, "experiment", "create", config, REGRESSION_DIR, "--paused")
+        assert_one_line_error(
+            refused, "pool 'default' is bound to workspace 'vis'", "workspace 'Default'"
+        )
+    finally:
+        unbound = _cli(site, tmp_path, "resource-pool", "unbind", "default", "vis")
+    assert_ok(unbound)
+    assert unbound.stdout.strip() == "pool default is open to every workspace"
+    again = _cli(site, tmp_path, "resource-pool", "unbind", "default", "vis")
+    assert_one_line_error(again, "pool 'default' is not bound to workspace 'vis'")
+    unknown = _cli(site, tmp_path, "resource-pool", "bind", "tpu", "vis")
+    assert_one_line_error(unknown, "resource pool 'tpu' does not exist", "default")
+    assert_ok(_cli(site, tmp_path, "workspace", "delete", "vis"))

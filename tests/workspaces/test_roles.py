@@ -10,6 +10,7 @@ a workspace is called by each of them: below the RPC's role it is refused
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import urllib.parse
@@ -45,13 +46,15 @@ ANY_USER = {
     "GetUsage",  # one's own usage; cluster admins everyone's
     "ListAgents",
     "ListResourcePools",
+    "ListResourcePoolWorkspaces",  # which workspaces may use a pool: told to all
     "ListExperiments",  # filtered: test_lists_show_only_the_callers_workspaces
     "GetQueue",  # filtered likewise
     "ListWorkspaces",  # filtered likewise
     "ListProjects",  # without a workspace: filtered likewise
     "CreateWorkspace",  # its creator becomes its admin
-    # The model registry: any user reads it; a model is edited by its owner or an admin
-    # (tests/registry); registering a checkpoint needs a role (below).
+    # The model registry: any user reads it; a model is changed by its owner, editors of
+    # its workspace or an admin (tests/registry, tests/security/test_registry_tenants);
+    # registering a checkpoint needs a role (below).
     # Experiment templates: any user reads and creates; the creator or an admin deletes.
     "CreateTemplate",
     "GetTemplate",
@@ -70,7 +73,14 @@ ANY_USER = {
     "DeleteModelVersion",
 }
 PUBLIC = {"Login"}
-CLUSTER_ADMIN = {"CreateUser", "SetUserActive", "RemoveAgent", "SetAgentEnabled"}
+CLUSTER_ADMIN = {
+    "CreateUser",
+    "SetUserActive",
+    "RemoveAgent",
+    "SetAgentEnabled",
+    "BindResourcePool",
+    "UnbindResourcePool",
+}
 
 
 @dataclass
@@ -107,7 +117,7 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
     store.add_checkpoint(
         CheckpointRecord(checkpoint, trial.id, 0, 1, "COMPLETED", "/nowhere", {"m.pt": 1})
     )
-    site.api.CreateModel(api_pb2.CreateModelRequest(name="m1"))
+    site.api.CreateModel(api_pb2.CreateModelRequest(name="m1", workspace="team"))
     stubs, tokens, channels = {}, {}, []
     for name in USERS:
         tokens[name] = login(address, name, PASSWORD)
@@ -159,8 +169,9 @@ def _requests(t: Team) -> dict[str, tuple[str, Callable[[], Any]]]:
         "StreamTrialLogs": ("viewer", lambda: api_pb2.StreamTrialLogsRequest(trial_id=tid)),
         "ListCheckpoints": ("viewer", lambda: api_pb2.ListCheckpointsRequest(experiment_id=eid)),
         "GetCheckpoint": ("viewer", lambda: api_pb2.GetCheckpointRequest(uuid=t.checkpoint)),
+        # As deleting the checkpoint: a version keeps it (m1 is a model of "team").
         "RegisterModelVersion": (
-            "viewer",
+            "editor",
             lambda: api_pb2.RegisterModelVersionRequest(name="m1", checkpoint_uuid=t.checkpoint),
         ),
         "GetWorkspace": ("viewer", lambda: api_pb2.GetWorkspaceRequest(name="team")),
@@ -299,6 +310,8 @@ def test_cluster_admins_only(team: Team) -> None:
         "SetUserActive": api_pb2.SetUserActiveRequest(username="admin"),
         "RemoveAgent": api_pb2.RemoveAgentRequest(id="a"),
         "SetAgentEnabled": api_pb2.SetAgentEnabledRequest(id="a", enabled=False),
+        "BindResourcePool": api_pb2.BindResourcePoolRequest(pool="default", workspace="team"),
+        "UnbindResourcePool": api_pb2.UnbindResourcePoolRequest(pool="default", workspace="team"),
     }
     assert set(requests) == CLUSTER_ADMIN
     for rpc, request in requests.items():
@@ -331,6 +344,77 @@ def test_lists_show_only_the_callers_workspaces(team: Team) -> None:
     )
     assert {e.id for e in only.experiments} >= {team.experiment_id}
     assert all((e.workspace, e.project) == ("team", "p1") for e in only.experiments)
+
+
+# What an editor of the shared Default workspace may not do to another user's experiment
+# (there only its owner and admins steer, change or delete it, its trials and checkpoints).
+DEFAULT_OWNERS_ONLY = {
+    "ExperimentAction",
+    "SetExperimentResource",
+    "MoveExperiment",
+    "GetSearcherEvents",
+    "PostSearcherOperations",
+    "PatchExperiment",
+    "KillTrial",
+    "ContinueExperiment",
+    "DeleteExperiment",
+    "DeleteCheckpoints",
+    "RegisterModelVersion",  # a version would keep the checkpoint from its owner's deletion
+}
+
+
+def test_in_default_an_editor_steers_only_their_own_experiments(team: Team) -> None:
+    """otto is an editor of Default: admin's experiment there he reads but may not steer,
+    change or delete (nor its trial and checkpoint); his own he steers."""
+    store = team.site.master.store
+    [trial] = store.list_trials(team.default_experiment)
+    checkpoint = str(uuid.uuid4())
+    store.add_checkpoint(
+        CheckpointRecord(checkpoint, trial.id, 0, 1, "COMPLETED", "/nowhere", {"m.pt": 1})
+    )
+    default = dataclasses.replace(
+        team, experiment_id=team.default_experiment, trial_id=trial.id, checkpoint=checkpoint
+    )
+    requests = _requests(default)
+    steering = {rpc for rpc, (need, _) in requests.items() if need == "editor"}
+    assert steering - {"CreateExperiment", "CreateExperimentStream", "CreateProject"} == (
+        DEFAULT_OWNERS_ONLY
+    )
+    otto = team.stubs["otto"]
+    failures = []
+    for rpc in sorted(DEFAULT_OWNERS_ONLY):
+        request = requests[rpc][1]()
+        if rpc == "KillTrial":
+            request = api_pb2.KillTrialRequest(id=trial.id)
+        try:
+            getattr(otto, rpc)(request, timeout=10)
+            failures.append(f"{rpc}: passed")
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.PERMISSION_DENIED or "belongs to admin" not in str(
+                e.details()
+            ):
+                failures.append(f"{rpc}: {e.code().name} {e.details()}")
+    assert failures == []
+    assert _call(otto, "GetExperiment", api_pb2.GetExperimentRequest(id=default.experiment_id)) == (
+        grpc.StatusCode.OK
+    )
+    assert store.get_checkpoint(checkpoint).state == "COMPLETED"
+    own = otto.CreateExperiment(
+        api_pb2.CreateExperimentRequest(
+            config_yaml=experiment_yaml(), model_definition=model_archive()
+        )
+    ).experiment.id
+    for rpc, request in (
+        (
+            "SetExperimentResource",
+            api_pb2.SetExperimentResourceRequest(id=own, name="weight", value="2"),
+        ),
+        (
+            "ExperimentAction",
+            api_pb2.ExperimentActionRequest(id=own, action=api_pb2.EXPERIMENT_ACTION_KILL),
+        ),
+    ):
+        assert _call(otto, rpc, request) == grpc.StatusCode.OK, rpc
 
 
 def _fill(path: str, t: Team) -> str:
@@ -480,7 +564,7 @@ def test_a_model_version_shows_its_checkpoint_only_to_who_may_read_it(team: Team
     # A model's owner who is no member of the checkpoint's workspace: its reply to a
     # change of the version holds no more than its reads.
     otto.CreateModel(api_pb2.CreateModelRequest(name="ottos"))
-    ada.RegisterModelVersion(
+    team.site.api.RegisterModelVersion(
         api_pb2.RegisterModelVersionRequest(name="ottos", checkpoint_uuid=team.checkpoint)
     )
     patched = otto.PatchModelVersion(

@@ -240,8 +240,10 @@ export interface Slot {
   index: number;
   type: SlotType;
   enabled: boolean;
+  /** Empty when free, and to a user who may not see the trial on it (`busy` then). */
   allocation_id: string;
   trial_id: Int64;
+  busy?: boolean;
 }
 
 export interface Agent {
@@ -278,6 +280,14 @@ export interface ResourcePool {
   slots?: PoolSlots[];
   queued_trials?: number;
   default?: boolean;
+  /** The workspaces whose experiments may use it; none: every workspace. */
+  bindings?: PoolBinding[];
+}
+
+export interface PoolBinding {
+  workspace: string;
+  /** Bound by the master's settings: not removed from here. */
+  from_settings?: boolean;
 }
 
 export interface LogLine {
@@ -317,6 +327,8 @@ export interface Model {
   metadata?: JsonObject;
   archived: boolean;
   owner: string;
+  /** Whose editors may change it, beside its owner and admins (in Default: nobody else). */
+  workspace?: string;
   num_versions: number;
   /** 0: none yet. */
   latest_version: number;
@@ -337,6 +349,11 @@ export interface ModelVersion {
   user: string;
   created_at?: string;
   updated_at?: string;
+  /** Its checkpoint's owner deleted the checkpoint: nothing to download or load. */
+  checkpoint_deleted?: boolean;
+  checkpoint_deleted_at?: string;
+  /** Who uploaded the code of the checkpoint's experiment (what loading it runs). */
+  code_owner?: string;
 }
 
 export interface Workspace {
@@ -648,14 +665,22 @@ export const api = {
   resourcePools: (signal?: AbortSignal) =>
     request<{ pools?: ResourcePool[] }>("GET", "/resource-pools", { signal }),
 
+  /** Bind a pool to a workspace, or remove a binding (admins). */
+  bindPool: (pool: string, workspace: string, bind: boolean) =>
+    request<{ bindings?: PoolBinding[] }>(
+      "POST",
+      `/resource-pools/${encodeURIComponent(pool)}/${bind ? "bind" : "unbind"}`,
+      { body: { workspace } },
+    ),
+
   models: (params: { name?: string; label?: string; archived?: boolean }, signal?: AbortSignal) =>
     request<{ models?: Model[] }>("GET", "/models", { query: { ...params }, signal }),
 
   model: (name: string, signal?: AbortSignal) =>
     request<Model>("GET", `/models/${encodeURIComponent(name)}`, { signal }),
 
-  createModel: (name: string, description: string) =>
-    request<Model>("POST", "/models", { body: { name, description } }),
+  createModel: (name: string, description: string, workspace = "") =>
+    request<Model>("POST", "/models", { body: { name, description, workspace } }),
 
   modelVersions: (name: string, signal?: AbortSignal) =>
     request<{ versions?: ModelVersion[] }>("GET", `/models/${encodeURIComponent(name)}/versions`, { signal }),

@@ -12,9 +12,12 @@ import { ErrorPanel } from "./ui";
 
 /** Workspace roles that may delete its experiments (the master's EDITOR or above). */
 const EDITS = new Set(["editor", "admin"]);
+/** The workspace every user shares: there an editor deletes only their own experiments. */
+const SHARED = "Default";
 
 /** Whether the logged-in user may delete `experiment`: an admin, its owner, or an editor
- * of its workspace (asked of the master; unknown until it answers, then hidden). */
+ * of its workspace other than Default (asked of the master; unknown until it answers,
+ * then hidden). */
 function useMayDelete(experiment: Experiment): boolean {
   const { user } = useSession();
   const direct = user !== null && (user.admin || user.username === experiment.owner);
@@ -31,7 +34,8 @@ function useMayDelete(experiment: Experiment): boolean {
       .catch(() => setRole(null));
     return () => controller.abort();
   }, [direct, workspace]);
-  return direct || (role !== null && role.workspace === workspace && EDITS.has(role.role));
+  const edits = role !== null && role.workspace === workspace && EDITS.has(role.role);
+  return direct || (edits && (workspace !== SHARED || role?.role === "admin"));
 }
 
 export function DeleteExperimentButton({ experiment }: { experiment: Experiment }) {

@@ -1,7 +1,7 @@
 // `/cluster`: agents with their slots and devices, totals, and the queue of trials.
 import { useEffect, useState } from "react";
 import { Link } from "react-router";
-import { api, num, servedRoutes, type Agent, type QueuedTrial, type ResourcePool } from "../api";
+import { api, num, servedRoutes, type Agent, type QueuedTrial, type ResourcePool, type Slot } from "../api";
 import { ErrorPanel, Loading, Meter, Section } from "../components/ui";
 import { fmtBytes, fmtTime } from "../format";
 import { usePoll, useSession } from "../hooks";
@@ -10,6 +10,11 @@ const QUEUE_ROUTE = "/api/v1/queue";
 const POOLS_ROUTE = "/api/v1/resource-pools";
 const DRAIN_ROUTE = "/api/v1/agents/{id}/drain";
 const ENABLE_ROUTE = "/api/v1/agents/{id}/enable";
+const BIND_ROUTE = "/api/v1/resource-pools/{pool}/bind";
+
+// Whether a trial holds the slot: the master leaves out the ids of a trial in a workspace
+// the user is not in, and says `busy`.
+const taken = (s: Slot): boolean => Boolean(s.busy || s.allocation_id);
 
 function useServedRoutes(): Set<string> | undefined {
   const [routes, setRoutes] = useState<Set<string>>();
@@ -42,9 +47,10 @@ export function ClusterPage() {
 
   const list = agents.data?.agents ?? [];
   const slots = list.flatMap((a) => a.slots);
-  const busySlots = slots.filter((s) => s.allocation_id).length;
+  const busySlots = slots.filter(taken).length;
   const usable = list.filter((a) => a.connected && a.enabled).flatMap((a) => a.slots.filter((s) => s.enabled));
-  const free = usable.filter((s) => !s.allocation_id).length;
+  const free = usable.filter((s) => !taken(s)).length;
+  const canBind = user?.admin === true && (routes?.has(BIND_ROUTE) ?? false);
 
   const toggle = async (a: Agent, drain = false) => {
     setBusy(a.id);
@@ -114,7 +120,7 @@ export function ClusterPage() {
                       </span>{" "}
                       {!a.enabled && (
                         <span className="state state-paused" data-testid="agent-state">
-                          {a.draining && a.slots.some((s) => s.allocation_id) ? "draining" : "disabled"}
+                          {a.draining && a.slots.some(taken) ? "draining" : "disabled"}
                         </span>
                       )}
                     </td>
@@ -123,13 +129,13 @@ export function ClusterPage() {
                         {a.slots.map((s) => (
                           <span
                             key={s.index}
-                            className={`slot ${s.allocation_id ? "slot-busy" : "slot-free"} ${s.enabled ? "" : "slot-off"}`}
+                            className={`slot ${taken(s) ? "slot-busy" : "slot-free"} ${s.enabled ? "" : "slot-off"}`}
                             title={`slot ${s.index} (${s.type.replace("SLOT_TYPE_", "").toLowerCase()})${s.enabled ? "" : ", disabled"}`}
                           >
                             {s.index}:{" "}
                             {s.allocation_id && num(s.trial_id) > 0 ? (
                               <Link to={`/trials/${s.trial_id}`}>trial {String(s.trial_id)}</Link>
-                            ) : s.allocation_id ? (
+                            ) : taken(s) ? (
                               "busy"
                             ) : (
                               "free"
@@ -197,7 +203,7 @@ export function ClusterPage() {
           </div>
         )}
       </Section>
-      {hasPools && <PoolsPanel />}
+      {hasPools && <PoolsPanel canBind={canBind} />}
       {hasQueue && <QueuePanel />}
     </div>
   );
@@ -220,13 +226,25 @@ function poolSlots(p: ResourcePool): string {
     .join(", ");
 }
 
-function PoolsPanel() {
+function PoolsPanel({ canBind }: { canBind: boolean }) {
   const pools = usePoll("resource-pools", (s) => api.resourcePools(s));
   const rows: ResourcePool[] = pools.data?.pools ?? [];
+  const [bindError, setBindError] = useState<unknown>(null);
+  const change = async (pool: string, workspace: string, bind: boolean) => {
+    try {
+      await api.bindPool(pool, workspace, bind);
+      setBindError(null);
+    } catch (e) {
+      setBindError(e);
+    } finally {
+      pools.reload();
+    }
+  };
   return (
     <Section title="Resource pools">
       <div data-testid="pools">
         {pools.error && <ErrorPanel error={pools.error} title="Cannot list the resource pools" />}
+        {bindError !== null && <ErrorPanel error={bindError} title="Cannot change the pool's workspaces" />}
         {pools.loading && !pools.error && <Loading what="resource pools" />}
         {pools.data && (
           <table className="table">
@@ -237,6 +255,7 @@ function PoolsPanel() {
                 <th className="num">Agents</th>
                 <th>Slots</th>
                 <th className="num">Queued</th>
+                <th title="A bound pool takes experiments of its workspaces only">Workspaces</th>
               </tr>
             </thead>
             <tbody>
@@ -255,6 +274,9 @@ function PoolsPanel() {
                   </td>
                   <td data-testid="pool-slots">{poolSlots(p)}</td>
                   <td className="num">{p.queued_trials ?? 0}</td>
+                  <td data-testid="pool-workspaces">
+                    <PoolWorkspaces pool={p} canBind={canBind} onChange={change} />
+                  </td>
                 </tr>
               ))}
             </tbody>
@@ -262,6 +284,63 @@ function PoolsPanel() {
         )}
       </div>
     </Section>
+  );
+}
+
+// A pool's bound workspaces ("all" when it has none); admins remove the bindings made
+// here (not the settings' own) and add one by the workspace's name.
+function PoolWorkspaces({
+  pool,
+  canBind,
+  onChange,
+}: {
+  pool: ResourcePool;
+  canBind: boolean;
+  onChange: (pool: string, workspace: string, bind: boolean) => Promise<void>;
+}) {
+  const [name, setName] = useState("");
+  const bindings = pool.bindings ?? [];
+  return (
+    <div>
+      {bindings.length === 0 && <span className="muted">all</span>}
+      {bindings.map((b) => (
+        <span key={b.workspace} className="chip" data-testid="pool-binding" title={b.from_settings ? "bound by the master's settings" : undefined}>
+          {b.workspace}
+          {canBind && !b.from_settings && (
+            <button
+              type="button"
+              className="link"
+              aria-label={`unbind ${b.workspace}`}
+              data-testid="pool-unbind"
+              onClick={() => void onChange(pool.name, b.workspace, false)}
+            >
+              ×
+            </button>
+          )}{" "}
+        </span>
+      ))}
+      {canBind && (
+        <form
+          className="inline"
+          onSubmit={(e) => {
+            e.preventDefault();
+            if (name.trim()) void onChange(pool.name, name.trim(), true).then(() => setName(""));
+          }}
+        >
+          <input
+            value={name}
+            onChange={(e) => setName(e.target.value)}
+            placeholder="workspace"
+            aria-label={`bind ${pool.name} to a workspace`}
+            data-testid="pool-bind-name"
+            size={12}
+          />
+          <button type="submit" data-testid="pool-bind">
+            Bind
+          </button>
+        </form>
+      )}
+    </div>
   );
 }
 

@@ -1,6 +1,8 @@
 // `/models` and `/models/:name`: the model registry. The list (filter by name, archived,
 // a form for a new model) and a model's page with its versions: each one's checkpoint,
-// the experiment and trial it came from, the validation metrics at that checkpoint, notes.
+// the experiment and trial it came from, the validation metrics at that checkpoint, notes,
+// who registered it and whose code loading it runs; a version whose checkpoint its owner
+// deleted says so.
 import { useEffect, useState } from "react";
 import { Link, useParams, useSearchParams } from "react-router";
 import { api, num, type Model, type ModelVersion } from "../api";
@@ -79,6 +81,7 @@ export function ModelsPage() {
                 <th className="num">Versions</th>
                 <th className="num">Latest</th>
                 <th>Owner</th>
+                <th>Workspace</th>
                 <th>Updated</th>
               </tr>
             </thead>
@@ -100,12 +103,13 @@ export function ModelsPage() {
                   </td>
                   <td className="num">{m.latest_version ? `v${m.latest_version}` : "–"}</td>
                   <td>{m.owner || "–"}</td>
+                  <td>{m.workspace || "–"}</td>
                   <td className="nowrap">{fmtTime(m.updated_at)}</td>
                 </tr>
               ))}
               {models.length === 0 && (
                 <tr>
-                  <td colSpan={6} className="empty">
+                  <td colSpan={7} className="empty">
                     {name || archived
                       ? "No models match these filters."
                       : "No models yet. Register a checkpoint from a trial's page, or create a model here."}
@@ -124,6 +128,7 @@ export function ModelsPage() {
 function NewModel({ onCreated }: { onCreated: () => void }) {
   const [name, setName] = useState("");
   const [description, setDescription] = useState("");
+  const [workspace, setWorkspace] = useState("");
   const [error, setError] = useState<unknown>(null);
   const [created, setCreated] = useState<Model | null>(null);
   const [busy, setBusy] = useState(false);
@@ -136,7 +141,7 @@ function NewModel({ onCreated }: { onCreated: () => void }) {
     }
     setBusy(true);
     try {
-      setCreated(await api.createModel(name.trim(), description));
+      setCreated(await api.createModel(name.trim(), description, workspace.trim()));
       setName("");
       setDescription("");
       onCreated();
@@ -163,6 +168,14 @@ function NewModel({ onCreated }: { onCreated: () => void }) {
             testId="model-new-description"
             value={description}
             onChange={(e) => setDescription(e.target.value)}
+          />
+          <Field
+            label="Workspace"
+            testId="model-new-workspace"
+            value={workspace}
+            placeholder="Default"
+            title="Its editors may change the model too; in Default only you and admins may"
+            onChange={(e) => setWorkspace(e.target.value)}
           />
           <button type="submit" className="primary" disabled={busy} data-testid="model-new-submit">
             Create
@@ -233,8 +246,10 @@ export function ModelPage() {
         </button>
       </div>
       {actionError !== null && <ErrorPanel error={actionError} title="The action failed" />}
-      <p className="muted">
-        {m.description || "No description."} Owner {m.owner || "–"}, created {fmtTime(m.created_at)}.
+      <p className="muted" data-testid="model-about">
+        {m.description || "No description."} Owner {m.owner || "–"}, workspace {m.workspace || "–"}, created{" "}
+        {fmtTime(m.created_at)}. Its owner, {m.workspace === "Default" ? "" : "editors of its workspace, "}and admins
+        may change it.
       </p>
       <Section title={`Versions (${m.num_versions})`}>
         {versions.error && <ErrorPanel error={versions.error} title="Cannot list the versions" />}
@@ -250,7 +265,8 @@ export function ModelPage() {
                   <th className="num">Batches</th>
                   <th>Metrics at the checkpoint</th>
                   <th>Notes</th>
-                  <th>Registered</th>
+                  <th>Registered by</th>
+                  <th title="Who uploaded the code that loading the version runs">Code by</th>
                   <th>Download</th>
                 </tr>
               </thead>
@@ -260,7 +276,7 @@ export function ModelPage() {
                 ))}
                 {list.length === 0 && (
                   <tr>
-                    <td colSpan={8} className="empty">
+                    <td colSpan={9} className="empty">
                       No versions yet: "Register" on a trial's checkpoint adds one.
                     </td>
                   </tr>
@@ -277,11 +293,23 @@ export function ModelPage() {
 function VersionRow({ v }: { v: ModelVersion }) {
   const c = v.checkpoint;
   const metrics = Object.entries(c?.validation_metrics ?? {});
+  const gone = Boolean(v.checkpoint_deleted);
   return (
-    <tr data-testid="version-row" data-version={v.version}>
+    <tr data-testid="version-row" data-version={v.version} className={gone ? "archived" : undefined}>
       <td className="num">v{v.version}</td>
       <td className="mono small" title={v.checkpoint_uuid}>
         {v.checkpoint_uuid.slice(0, 8)}
+        {gone && (
+          <span
+            className="chip chip-muted"
+            data-testid="version-deleted"
+            title={`Checkpoint ${v.checkpoint_uuid} of version ${v.version} was deleted by its owner${
+              v.checkpoint_deleted_at ? ` (${fmtTime(v.checkpoint_deleted_at)})` : ""
+            }: nothing to download or load`}
+          >
+            deleted by its owner
+          </span>
+        )}
       </td>
       <td data-testid="version-from">
         {c ? (
@@ -300,11 +328,16 @@ function VersionRow({ v }: { v: ModelVersion }) {
       <td className="notes" data-testid="version-notes">
         {v.notes || "–"}
       </td>
-      <td className="nowrap">
+      <td className="nowrap" data-testid="version-registered-by">
         {v.user || "–"}, {fmtTime(v.created_at)}
       </td>
+      <td data-testid="version-code-owner">{v.code_owner || "–"}</td>
       <td>
-        <CopyCommand command={`assay model download ${v.model} ${v.version} ./${v.model}-v${v.version}`} />
+        {gone ? (
+          "–"
+        ) : (
+          <CopyCommand command={`assay model download ${v.model} ${v.version} ./${v.model}-v${v.version}`} />
+        )}
       </td>
     </tr>
   );

@@ -42,6 +42,7 @@ from assay.agent._connection import Backoff, MasterConnection
 from assay.agent._credential import CredentialFile
 from assay.agent._devices import DeviceMonitor, detect_devices, slot_type_proto
 from assay.agent._isolation import Isolation
+from assay.agent._netns import LoopbackNetwork
 from assay.agent._process import wrap_command
 from assay.agent._usage import RankProcess, RankSampler
 from assay.config import format_size
@@ -101,6 +102,7 @@ class Agent:
             mode = "uid" if os.geteuid() == 0 else "none"
         self.isolation = Isolation(mode, settings.isolation_uid_base, settings.isolation_uids)
         self.cgroups = self._open_cgroups()
+        self._check_network()
         total = psutil.virtual_memory().total
         self.allowance = Allowance(
             memory=memory_bytes(settings.allocation_memory, total),
@@ -149,6 +151,24 @@ class Agent:
             raise ValueError(
                 f"{why} each allocation in a cgroup of its own, and the agent cannot make one: {e}"
             ) from None
+
+    def _check_network(self) -> None:
+        """`isolation_network: loopback` needs isolated trials (a uid of their own keeps
+        them from leaving the namespace) and a kernel that makes network namespaces: made
+        once here, so that an agent that cannot refuses to start instead of each trial.
+        Raises ValueError with what to do."""
+        if self.settings.isolation_network != "loopback":
+            return
+        if not self.isolation.enabled:
+            raise ValueError(
+                "isolation_network: loopback runs each isolated trial in a network of its "
+                "own, and this agent does not isolate trials (isolation: none): run it as "
+                "root with isolation: uid, or set isolation_network: host"
+            )
+        try:
+            LoopbackNetwork(("127.0.0.1", 9), name="startup-check").close()
+        except OSError as e:
+            raise ValueError(f"{e}, or set isolation_network: host") from None
 
     def _check_trials_can_start(self) -> None:
         """Isolated, a trial runs as a uid of no account: check that such a uid can start
@@ -216,6 +236,11 @@ class Agent:
             )
         if self.isolation.enabled:
             log.info("each allocation runs as a uid of its own (isolation: uid)")
+        if self.settings.isolation_network == "loopback":
+            log.info(
+                "each allocation runs in a network of its own: its loopback, the master's "
+                "trial API and its checkpoint storage (isolation_network: loopback)"
+            )
         else:
             log.warning(
                 "isolation: none -- single-tenant: every trial runs as this agent's user "
@@ -286,6 +311,7 @@ class Agent:
             isolation=self.isolation,
             cgroups=self.cgroups,
             allowance=self.allowance,
+            network=self.settings.isolation_network,
         )
         try:
             if stopping:
@@ -301,7 +327,7 @@ class Agent:
             # A start refused because the agent is shutting down (the master placed it
             # before it heard so) is stopped by the agent, as its running trials are:
             # requeued, not a failure of the trial.
-            codes = (PREEMPTED_EXIT_CODE,) if stopping else ()
+            codes = (PREEMPTED_EXIT_CODE,) if stopping else e.codes
             self.connection.send(
                 state_change(allocation_id, agent_pb2.ALLOCATION_STATE_EXITED, codes, str(e))
             )

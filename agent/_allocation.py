@@ -10,6 +10,7 @@ group's before the processes start (`Isolation.give_experiment_directory`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -27,12 +28,14 @@ from assay.agent._devices import SlotKind
 from assay.agent._isolation import Identity, Isolation, kill_processes_of
 from assay.agent._logs import LogBatcher
 from assay.agent._nccl import interface_of, nccl_environment
+from assay.agent._netns import LoopbackNetwork, outlets_of, split_address
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
 from assay.common.archive import ModelDefinitionError, unpack_model_dir
 from assay.common.tls import ClientTls
 from assay.config import environment_of, format_size, parse_memory
 from assay.core._distributed import torchrun_env
 from assay.errors import (
+    PERMANENT_ERROR_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     AssayError,
     InvalidConfigError,
@@ -76,7 +79,12 @@ Send = Callable[[agent_pb2.AgentMessage], None]
 
 
 class AllocationError(AssayError):
-    """A StartAllocation this agent cannot carry out; the message goes to the master."""
+    """A StartAllocation this agent cannot carry out; the message goes to the master,
+    with `codes` as the exit codes (78 for a refusal every run would meet again)."""
+
+    def __init__(self, message: str, codes: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.codes = tuple(codes)
 
 
 def state_change(
@@ -189,6 +197,7 @@ class Allocation:
         isolation: Isolation | None = None,
         cgroups: Cgroups | None = None,
         allowance: Allowance | None = None,
+        network: str = "host",
     ) -> None:
         """`work_dir`: the agent's (this allocation's directory goes under it);
         `harness_command`: what each rank runs; `address`: MASTER_ADDR when the master
@@ -196,7 +205,9 @@ class Allocation:
         `grace`: SIGTERM-to-SIGKILL for the other ranks when one fails; `keep_dir`: keep
         the directory after the exit (debugging); `isolation`: lends the processes a
         uid of their own (none: they run as the agent); `cgroups`: gives them a cgroup
-        of their own, limited as `allowance` says (none: they run in the agent's)."""
+        of their own, limited as `allowance` says (none: they run in the agent's);
+        `network`: "loopback" runs them in a network namespace of their own (see
+        `_netns`), "host" in the agent's."""
         self.start_msg = start
         self.id = start.allocation_id
         self.slots = list(start.slots)
@@ -213,6 +224,8 @@ class Allocation:
         self.cgroups = cgroups
         self.allowance = allowance or Allowance(memory=2**62)
         self.cgroup: Cgroup | None = None
+        self.network_mode = network
+        self.network: LoopbackNetwork | None = None
         self._asked_memory: int | None = None  # resources.memory times its slots, if set
         self._oom_kills = 0
         self._send = send
@@ -234,6 +247,7 @@ class Allocation:
             processes.spawn()
         except (AllocationError, OSError, RuntimeError) as e:
             self._end_processes(persist=False)  # on the launching thread: bounded
+            self._close_network()
             self._remove_dir()
             self._remove_cgroup()
             self.isolation.give_back(self.identity)
@@ -282,7 +296,11 @@ class Allocation:
         except ModelDefinitionError as e:
             raise AllocationError(f"refused the model definition: {e}") from None
         spec_path = self.dir / "trial.json"
-        trial_spec(start).write(spec_path)  # readable by its owner only
+        spec = trial_spec(start)
+        self.network = self._make_network(spec.config)
+        if self.network is not None:  # its ranks reach the master through the relay
+            spec = dataclasses.replace(spec, trial_api=self.network.trial_api)
+        spec.write(spec_path)  # readable by its owner only
         self.identity = self.isolation.lend(self.id, start.experiment_id)
         self.isolation.hand_over(self.dir, self.identity)
         self.cgroup = self._make_cgroup()
@@ -310,7 +328,32 @@ class Allocation:
             self._logs.add,
             self.identity,
             self.cgroup.dirs if self.cgroup is not None else (),
+            self.network.fd if self.network is not None else None,
         )
+
+    def _make_network(self, config: dict[str, Any]) -> LoopbackNetwork | None:
+        """The allocation's own network namespace, with `isolation_network: loopback`."""
+        if self.network_mode != "loopback":
+            return None
+        start = self.start_msg
+        if len(start.slots) != start.world_size:
+            raise AllocationError(
+                f"this trial's {start.world_size} ranks span several agents, and this agent "
+                "runs each trial in a network of its own (isolation_network: loopback), which "
+                "ranks on other machines cannot reach: ask for at most "
+                f"{len(start.slots)} slots (resources.slots_per_trial), or use a resource pool "
+                "whose agents run trials on the host's network",
+                codes=(PERMANENT_ERROR_EXIT_CODE,),
+            )
+        try:
+            target = split_address(start.trial_api)
+            return LoopbackNetwork(target, outlets_of(config), name=self.id)
+        except (OSError, ValueError) as e:
+            raise AllocationError(f"cannot give the allocation a network of its own: {e}") from None
+
+    def _close_network(self) -> None:
+        if self.network is not None:
+            self.network.close()
 
     def _make_cgroup(self) -> Cgroup | None:
         """The allocation's own cgroup, limited to its share (None without cgroups)."""
@@ -354,7 +397,8 @@ class Allocation:
         env.update(_config_environment(start.config_json, self.slot_kind))
         # The interface other machines reach this one at, for NCCL and Gloo; the config's
         # variables (NCCL_DEBUG, NCCL_SOCKET_IFNAME, ...) and the agent's own stand.
-        env.update(nccl_environment(self.interface, env))
+        interface = "lo" if self.network is not None else self.interface
+        env.update(nccl_environment(interface, env))
         env.update(
             torchrun_env(
                 rank=rank,
@@ -373,6 +417,8 @@ class Allocation:
             PYTHONUNBUFFERED="1",
         )
         self.tls.export(env)
+        if self.network is not None:
+            env.update(self.network.environment(self.tls))
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_world)))
         if self.slot_kind == "cuda":
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -396,6 +442,7 @@ class Allocation:
             self._send(state_change(self.id, agent_pb2.ALLOCATION_STATE_EXITED, codes, message))
         finally:
             self.isolation.give_back(self.identity)  # and whatever it left running
+            self._close_network()
             self._remove_cgroup()
             self._remove_dir()
             self._on_done(self.id)

@@ -194,6 +194,17 @@ class AgentSettings:
         help="How many uids from isolation_uid_base are lent; experiments share gids from "
         "the same range (an experiment's id modulo this).",
     )
+    isolation_network: str = setting(
+        "host",
+        kind=Choice(("host", "loopback")),
+        help="loopback: each isolated allocation runs in a network namespace of its own "
+        "that holds only its own loopback, so its code reaches nothing that listens on "
+        "this machine (a database trusting local connections, other trials' ports) or "
+        "beyond, save the master's trial API and its experiment's S3 checkpoint storage, "
+        "which the agent relays; its ranks meet on that loopback. A trial whose ranks span "
+        "several agents cannot run so and is refused: keep such trials in a pool of "
+        "agents with host. Needs isolation: uid. host: trials use this machine's network.",
+    )
     cgroups: str = setting(
         "auto",
         kind=Choice(("auto", "on", "off")),

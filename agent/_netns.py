@@ -38,8 +38,11 @@ import socket
 import struct
 import threading
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from assay.common.tls import SERVER_NAME_ENV, ClientTls
 
 log = logging.getLogger("assay.agent")
 
@@ -170,6 +173,24 @@ def outlet_of_url(url: str | None) -> Outlet:
     return Outlet(parts.hostname or "", port, subdomains=True)
 
 
+def outlets_of(config: Mapping[str, Any]) -> list[Outlet]:
+    """What an experiment's trials reach outside: its S3 endpoint, if it checkpoints
+    there (shared_fs is a directory: nothing to reach)."""
+    storage = config.get("checkpoint_storage")
+    if isinstance(storage, Mapping) and storage.get("type") == "s3":
+        url = storage.get("endpoint_url")
+        return [outlet_of_url(url if isinstance(url, str) else None)]
+    return []
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """HOST:PORT (or [V6]:PORT) as (host, port); ValueError if it is not one."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
 def _read_head(s: socket.socket) -> tuple[bytes, bytes]:
     """An HTTP request's head (to its blank line) and what came after it."""
     data = b""
@@ -211,7 +232,7 @@ class LoopbackNetwork:
     """
 
     def __init__(
-        self, target: tuple[str, int], outlets: Sequence[Outlet] = (), name: str = ""
+        self, target: tuple[str, int], outlets: Sequence[Outlet] = (), *, name: str = ""
     ) -> None:
         """`target`: the master's trial API as the agent reaches it (host, port)."""
         try:
@@ -239,6 +260,24 @@ class LoopbackNetwork:
     @property
     def trial_api(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def environment(self, tls: ClientTls) -> dict[str, str]:
+        """What a rank's environment needs inside: the rendezvous on its loopback, the
+        proxy for HTTP(S) clients (the trial API's gRPC channel excepted), and, over
+        TLS, the master's name to check its certificate against (the rank connects to
+        127.0.0.1)."""
+        env = {"MASTER_ADDR": "127.0.0.1"}
+        if self.proxy is not None:
+            # Upper case: Python's HTTP clients (boto3's too) read it, gRPC does not (it
+            # reads http_proxy and https_proxy only), so the trial API's channel goes
+            # straight to the relay; NO_PROXY names the relay by port, not the whole
+            # loopback, since an S3 endpoint may be the agent's 127.0.0.1.
+            env.update(HTTP_PROXY=self.proxy, HTTPS_PROXY=self.proxy)
+            env["NO_PROXY"] = self.trial_api
+            env["no_grpc_proxy"] = "127.0.0.1"
+        if tls.enabled and tls.server_name is None:
+            env[SERVER_NAME_ENV] = self._target[0]
+        return env
 
     def _start(self, listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
         def accept() -> None:
@@ -365,5 +404,7 @@ __all__ = [
     "NamespaceError",
     "Outlet",
     "outlet_of_url",
+    "outlets_of",
     "set_namespace",
+    "split_address",
 ]

@@ -39,13 +39,14 @@ def wrap_command(
     agent_pid: int,
     identity: Identity | None = None,
     cgroups: Sequence[Path] = (),
+    netns: int | None = None,
 ) -> list[str]:
     """`command`, made to die with the agent on Linux (PR_SET_PDEATHSIG), to run as
-    `identity` when given, and inside the cgroup directories `cgroups`, joined before it
-    starts (see `assay._spawn`)."""
+    `identity` when given, and inside the cgroup directories `cgroups` and the network
+    namespace `netns` (a descriptor), joined before it starts (see `assay._spawn`)."""
     user = (identity.uid, identity.gid) if identity else None
     try:
-        return dying_with(command, agent_pid, user, cgroups=cgroups)
+        return dying_with(command, agent_pid, user, cgroups=cgroups, netns=netns)
     except OSError:
         raise OSError("isolating allocations needs Linux") from None
 
@@ -91,12 +92,15 @@ class RankProcesses:
         sink: LineSink,
         identity: Identity | None = None,
         cgroups: Sequence[Path] = (),
+        netns: int | None = None,
     ) -> None:
         """`identity`: the user the processes run as (None: the agent's own); `cgroups`:
-        the directories of the cgroup they start in (none: the agent's)."""
+        the directories of the cgroup they start in (none: the agent's); `netns`: a
+        descriptor of the network namespace they run in (None: the agent's)."""
         self.command = list(command)
         self.identity = identity
         self.cgroups = tuple(cgroups)
+        self.netns = netns
         self.cwd = cwd
         self.specs = list(specs)
         self._sink = sink
@@ -113,7 +117,7 @@ class RankProcesses:
 
     def spawn(self) -> None:
         """Start every process; if one cannot start, stop those already started."""
-        command = wrap_command(self.command, os.getpid(), self.identity, self.cgroups)
+        command = wrap_command(self.command, os.getpid(), self.identity, self.cgroups, self.netns)
         try:
             for spec in self.specs:
                 proc = subprocess.Popen(
@@ -124,6 +128,7 @@ class RankProcesses:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
+                    pass_fds=() if self.netns is None else (self.netns,),
                 )
                 self._procs.append(proc)
         except BaseException:

@@ -6,14 +6,15 @@ gRPC's fork handlers now and then abort that child ("epoll_wait error: Bad file
 descriptor", SIGABRT) before it runs a line. Without them subprocess uses vfork and runs
 no handlers, so the work is done by a small exec wrapper in the child instead. In order:
 it joins the cgroups it is given (while still root, before a line of the command runs,
-so nothing the command starts is ever outside them), becomes the given user when there
+so nothing the command starts is ever outside them) and the network namespace it is
+given (by an inherited descriptor; also as root), becomes the given user when there
 is one, asks Linux to SIGTERM it when the launching *thread* dies (PR_SET_PDEATHSIG,
 which survives exec but is cleared by a user switch, so it comes after), checks the
 launcher did not die first, then execs the command.
 
 The wrapper's arguments are option flags, each with one value, then `--` and the
 command: `--parent PID` (required), `--user UID:GID`, `--cgroup DIR` (repeated: one per
-hierarchy). A step added later is one more flag, read before `--`.
+hierarchy), `--netns FD`. A step added later is one more flag, read before `--`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ while args and args[0] != "--":
     options.setdefault(args[0], []).append(args[1])
     args = args[2:]
 command = args[1:]
-unknown = set(options) - {"--parent", "--user", "--cgroup"}
+unknown = set(options) - {"--parent", "--user", "--cgroup", "--netns"}
 if unknown or not command or "--parent" not in options:
     fail(127, f"the exec wrapper cannot run {sys.argv[1:]!r}")
 for folder in options.get("--cgroup", ()):
@@ -46,6 +47,10 @@ for folder in options.get("--cgroup", ()):
             os.close(fd)
     except OSError as e:
         fail(126, f"cannot join the cgroup {folder}: {e.strerror}")
+for fd in options.get("--netns", ()):
+    if ctypes.CDLL(None, use_errno=True).setns(int(fd), 0x40000000) != 0:  # CLONE_NEWNET
+        fail(126, f"cannot join the network namespace: {os.strerror(ctypes.get_errno())}")
+    os.close(int(fd))
 if "--user" in options:
     uid, gid = (int(x) for x in options["--user"][-1].split(":"))
     os.setgroups([gid])
@@ -70,13 +75,15 @@ def dying_with(
     user: tuple[int, int] | None = None,
     *,
     cgroups: Sequence[Path] = (),
+    netns: int | None = None,
 ) -> list[str]:
     """`command`, made to die with `parent_pid`'s launching thread on Linux, to run as
     `user` (uid, gid; the gid its only group, umask 007) when given, and inside each of
     `cgroups` (directories of a cgroup filesystem, joined as root before anything else:
-    the launcher must be root to move a process there)."""
+    the launcher must be root to move a process there), and in the network namespace
+    the descriptor `netns` names (the caller passes it on: Popen's `pass_fds`)."""
     if not sys.platform.startswith("linux"):
-        if user is not None or cgroups:
+        if user is not None or cgroups or netns is not None:
             raise OSError("running a command as another user or in a cgroup needs Linux")
         return list(command)
     options = ["--parent", str(parent_pid)]
@@ -84,5 +91,7 @@ def dying_with(
         options += ["--user", f"{user[0]}:{user[1]}"]
     for folder in cgroups:
         options += ["--cgroup", str(folder)]
+    if netns is not None:
+        options += ["--netns", str(netns)]
     wrapper = [sys.executable, "-I", "-S", "-c", _EXEC_WITH_PDEATHSIG]
     return [*wrapper, *options, "--", *command]

@@ -12,10 +12,17 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from assay.agent import Agent, AgentSettings
+from assay.agent._allocation import Allocation, AllocationError
 from assay.agent._netns import LoopbackNetwork, outlet_of_url
+from assay.common.tls import ClientTls
+from assay.errors import PERMANENT_ERROR_EXIT_CODE
+from assay.proto import agent_pb2
+from tests.agent.conftest import start_message
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not sys.platform.startswith("linux"),
@@ -89,7 +96,7 @@ def test_inside_only_its_own_loopback_answers_and_the_relay_reaches_the_master(
 ) -> None:
     # The relay's target stands for the master; the same service, reached directly on
     # 127.0.0.1, stands for anything else on the agent's loopback.
-    network = LoopbackNetwork(("127.0.0.1", echo_server), "test")
+    network = LoopbackNetwork(("127.0.0.1", echo_server), name="test")
     try:
         found = _probe(network, echo_server)
     finally:
@@ -102,8 +109,8 @@ def test_inside_only_its_own_loopback_answers_and_the_relay_reaches_the_master(
 
 
 def test_two_allocations_do_not_see_each_others_ports(echo_server: int) -> None:
-    first = LoopbackNetwork(("127.0.0.1", echo_server), "first")
-    second = LoopbackNetwork(("127.0.0.1", echo_server), "second")
+    first = LoopbackNetwork(("127.0.0.1", echo_server), name="first")
+    second = LoopbackNetwork(("127.0.0.1", echo_server), name="second")
     try:
         # The first's relay port, tried from inside the second: nothing listens there.
         found = _probe(second, first.port)
@@ -116,7 +123,7 @@ def test_two_allocations_do_not_see_each_others_ports(echo_server: int) -> None:
 
 def test_the_agent_thread_that_made_it_stays_in_the_agents_namespace(echo_server: int) -> None:
     before = os.readlink("/proc/thread-self/ns/net")
-    network = LoopbackNetwork(("127.0.0.1", echo_server), "test")
+    network = LoopbackNetwork(("127.0.0.1", echo_server), name="test")
     try:
         assert os.readlink("/proc/thread-self/ns/net") == before
         assert os.readlink(f"/proc/self/fd/{network.fd}") != before
@@ -125,7 +132,7 @@ def test_the_agent_thread_that_made_it_stays_in_the_agents_namespace(echo_server
 
 
 def test_close_ends_the_relay_and_every_connection_through_it(echo_server: int) -> None:
-    network = LoopbackNetwork(("127.0.0.1", echo_server), "test")
+    network = LoopbackNetwork(("127.0.0.1", echo_server), name="test")
     probe = """
 import ctypes, socket, sys, time
 fd, relay = int(sys.argv[1]), int(sys.argv[2])
@@ -192,7 +199,7 @@ def web_server() -> Iterator[int]:
 
 def test_the_proxy_reaches_the_outlets_and_nothing_else(echo_server: int, web_server: int) -> None:
     outlet = outlet_of_url(f"http://127.0.0.1:{web_server}")
-    network = LoopbackNetwork(("127.0.0.1", echo_server), [outlet], "test")
+    network = LoopbackNetwork(("127.0.0.1", echo_server), [outlet], name="test")
     try:
         assert network.proxy is not None
         done = subprocess.run(
@@ -230,3 +237,41 @@ def test_an_outlet_admits_its_host_its_subdomains_and_its_port_only() -> None:
     assert not minio.admits("minio.lab", 9001)
     assert not minio.admits("xminio.lab", 9000)
     assert outlet_of_url("http://10.0.0.5").port == 80
+
+
+def test_an_agent_that_does_not_isolate_trials_refuses_a_network_of_their_own(
+    tmp_path: Path,
+) -> None:
+    settings = AgentSettings(
+        master="127.0.0.1:1",
+        slot_type="cpu",
+        slots=1,
+        work_dir=tmp_path,
+        isolation="none",
+        isolation_network="loopback",
+    )
+    with pytest.raises(ValueError, match="isolation_network: loopback runs each isolated trial"):
+        Agent(settings, harness_command=[sys.executable, "-c", "pass"])
+
+
+def test_a_trial_spanning_agents_is_refused_for_good_with_what_to_do(tmp_path: Path) -> None:
+    start = start_message("spans", {}, slots=[0, 1], ranks=[0, 1], world_size=4).start
+    sent: list[agent_pb2.AgentMessage] = []
+    allocation = Allocation(
+        start,
+        sent.append,
+        lambda _: None,
+        work_dir=tmp_path,
+        harness_command=[sys.executable, "-c", "pass"],
+        slot_kind="cpu",
+        address="127.0.0.1",
+        tls=ClientTls(),
+        grace=1.0,
+        network="loopback",
+    )
+    with pytest.raises(AllocationError) as refused:
+        allocation.launch()
+    assert refused.value.codes == (PERMANENT_ERROR_EXIT_CODE,)
+    assert "ranks span several agents" in str(refused.value)
+    assert "resources.slots_per_trial" in str(refused.value)
+    assert not (tmp_path / "allocations" / "spans").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ import yaml
 from assay.agent._isolation import processes_of
 from assay.common.archive import pack_model_dir
 from assay.proto import api_pb2, api_pb2_grpc, common_pb2
+from tests.conftest import S3Server
 from tests.credentials import login
 from tests.e2e.conftest import ROOT, Cluster, start_cluster, stop_cluster
 
@@ -152,20 +154,23 @@ time.sleep(float(os.environ["STAY"]))
 HOG_SCRIPT = "x = bytearray(512 << 20)\n"
 # The agent's command for each cluster of this module (to start it again).
 _agent_commands: dict[str, list[str]] = {}
+# A cluster's shared_fs storage root that isolated trials reach, where it has one.
+_storage_roots: dict[str, Path] = {}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    tmp = tmp_path_factory.mktemp("isolation")
-    c = start_cluster(tmp, None, agents=0, slots=1)
+def _isolated_cluster(
+    tmp: Path, agent_flags: list[str], master_env: dict[str, str] | None = None
+) -> Iterator[Cluster]:
+    """A master, alice and mallory, and one root agent of 2 CPU slots isolating trials."""
+    c = start_cluster(tmp, None, agents=0, slots=1, master_env=master_env)
     # The agent's work dir where isolated trials reach it (pytest's folders are root's).
     work = Path(tempfile.mkdtemp(prefix="assay-isolated-agent-"))
     work.chmod(0o711)
     agent_log = tmp / "agent-isolated.log"
     c.logs.append(agent_log)
     cmd = [sys.executable, "-m", "assay.agent.main", "--master", c.address, "--slots", "2"]
-    cmd += ["--slot-type", "cpu", "--agent-id", "isolated", "--work-dir", str(work / "agent")]
-    cmd += ["--isolation", "uid"]
+    cmd += ["--slot-type", "cpu", "--agent-id", tmp.name, "--work-dir", str(work / "agent")]
+    cmd += ["--isolation", "uid", *agent_flags]
     cmd = _exposing(cmd, _PYTHON)
     _agent_commands[c.address] = cmd
     with agent_log.open("wb") as out:
@@ -192,6 +197,32 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    yield from _isolated_cluster(tmp_path_factory.mktemp("isolated"), [])
+
+
+@pytest.fixture(scope="module")
+def loopback_cluster(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server
+) -> Iterator[Cluster]:
+    """Its agent runs each trial in a network of its own; its master takes `s3_server`, and
+    shared_fs storage in a folder isolated trials reach (`_storage_roots`)."""
+    flags = ["--isolation-network", "loopback"]
+    root = Path(tempfile.mkdtemp(prefix="assay-isolated-checkpoints-"))
+    root.chmod(0o711)
+    master_env = {
+        "ASSAY_S3_ENDPOINTS": s3_server.endpoint_url,
+        "ASSAY_SHARED_FS_HOST_PATHS": str(root),
+    }
+    try:
+        for c in _isolated_cluster(tmp_path_factory.mktemp("loopback"), flags, master_env):
+            _storage_roots[c.address] = root
+            yield c
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _api(cluster: Cluster, user: str) -> tuple[Any, tuple[tuple[str, str], ...]]:
     channel = grpc.insecure_channel(cluster.address)
     token = login(cluster.address, user, f"{user}-pass-1234")
@@ -205,6 +236,7 @@ def _submit(
     script: str,
     env: dict[str, str] | None = None,
     resources: dict[str, Any] | None = None,
+    storage: dict[str, Any] | None = None,
 ) -> int:
     folder = tmp / user
     folder.mkdir(parents=True)
@@ -217,6 +249,8 @@ def _submit(
     }
     if resources:
         config["resources"] = resources
+    if storage:
+        config["checkpoint_storage"] = storage
     if env:
         config["environment"] = {"environment_variables": [f"{k}={v}" for k, v in env.items()]}
     api, auth = _api(cluster, user)
@@ -388,3 +422,96 @@ def test_a_trial_past_its_memory_is_killed_and_told_why(cluster: Cluster, tmp_pa
         "killed by SIGKILL: the allocation reached its memory limit of 64 MiB "
         "(resources.memory for 1 slot(s)); raise resources.memory"
     ) in trial.last_error, trial.last_error
+
+
+# Probes what it reaches on 127.0.0.1 (TARGETS: name -> port), then reports through the
+# master and checkpoints (to S3 when the experiment's storage is there), its two ranks
+# meeting on their own loopback.
+NETWORK_SCRIPT = r"""
+import json, os, socket
+import assay.core
+
+found = {"interfaces": sorted(x.split(":")[0].strip() for x in open("/proc/net/dev") if ":" in x)}
+for name, port in json.loads(os.environ["TARGETS"]).items():
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        found[name] = "reached"
+    except OSError as e:
+        found[name] = type(e).__name__
+with assay.core.init() as context:
+    found["ranks"] = context.distributed.allgather(context.distributed.rank)
+    print("NET " + json.dumps(found), flush=True)
+    if context.distributed.rank == 0:
+        with context.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
+            (path / "weights.txt").write_text("1")
+        context.train.report_validation_metrics(steps_completed=1, metrics={"x": 1.0})
+"""
+
+
+@pytest.fixture
+def local_service() -> Iterator[int]:
+    """Something listening on the machine's loopback that trusts whoever connects."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        yield int(server.getsockname()[1])
+
+
+def _wait_for_state(cluster: Cluster, user: str, experiment_id: int) -> Any:
+    api, auth = _api(cluster, user)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        described = api.GetExperiment(
+            api_pb2.GetExperimentRequest(id=experiment_id), metadata=auth, timeout=30
+        )
+        if described.experiment.state in (
+            common_pb2.EXPERIMENT_STATE_COMPLETED,
+            common_pb2.EXPERIMENT_STATE_ERROR,
+        ):
+            return described
+        time.sleep(0.5)
+    raise AssertionError(f"experiment {experiment_id} did not end:\n{cluster.dump_logs()}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage", ["shared_fs", "s3"])
+def test_a_trial_in_a_network_of_its_own_reaches_its_master_and_storage_and_nothing_else(
+    loopback_cluster: Cluster,
+    tmp_path: Path,
+    local_service: int,
+    s3_server: S3Server,
+    storage: str,
+) -> None:
+    master_port = int(loopback_cluster.address.rpartition(":")[2])
+    targets = {"service": local_service, "postgres": 5432, "master": master_port}
+    for port in targets.values():  # each answers on the machine's loopback
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    if storage == "s3":
+        config = s3_server.storage_config(s3_server.new_bucket())
+    else:
+        config = {"type": "shared_fs", "host_path": str(_storage_roots[loopback_cluster.address])}
+    eid = _submit(
+        loopback_cluster,
+        "mallory",
+        tmp_path,
+        NETWORK_SCRIPT,
+        {"TARGETS": json.dumps(targets)},
+        resources={"slots_per_trial": 2},
+        storage=config,
+    )
+    for nth in (1, 2):
+        found = json.loads(_log_line(loopback_cluster, "mallory", eid, "NET ", nth))
+        assert found["interfaces"] == ["lo"], found
+        for name in targets:
+            assert found[name] == "ConnectionRefusedError", (name, found)
+        assert found["ranks"] == [0, 1], "the ranks met on their own loopback"
+    described = _wait_for_state(loopback_cluster, "mallory", eid)
+    state = common_pb2.ExperimentState.Name(described.experiment.state)
+    assert state == "EXPERIMENT_STATE_COMPLETED", loopback_cluster.dump_logs()
+    api, auth = _api(loopback_cluster, "mallory")
+    checkpoints = api.ListCheckpoints(
+        api_pb2.ListCheckpointsRequest(experiment_id=eid), metadata=auth, timeout=30
+    ).checkpoints
+    assert len(checkpoints) == 1
+    if storage == "s3":
+        assert any(k.endswith("weights.txt") for k in s3_server.keys(config["bucket"]))

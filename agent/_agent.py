@@ -236,16 +236,16 @@ class Agent:
             )
         if self.isolation.enabled:
             log.info("each allocation runs as a uid of its own (isolation: uid)")
-        if self.settings.isolation_network == "loopback":
-            log.info(
-                "each allocation runs in a network of its own: its loopback, the master's "
-                "trial API and its checkpoint storage (isolation_network: loopback)"
-            )
         else:
             log.warning(
                 "isolation: none -- single-tenant: every trial runs as this agent's user "
                 "and can read its files and environment and other trials' processes and "
                 "files; run the agent as root for a uid per allocation"
+            )
+        if self.settings.isolation_network == "loopback":
+            log.info(
+                "each allocation runs in a network of its own: its loopback, the master's "
+                "trial API and its checkpoint storage (isolation_network: loopback)"
             )
         forced = False
         try:

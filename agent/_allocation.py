@@ -453,15 +453,19 @@ class Allocation:
         uid's."""
         cgroup = self.cgroup
         if cgroup is not None:
-            self._oom_kills = cgroup.oom_kills()
-            while not cgroup.kill() and persist:
-                log.error(
-                    "allocation %s: processes %s still live after SIGKILL (stuck in the "
-                    "kernel: a hung file system?); it ends once they are gone",
-                    self.id,
-                    sorted(cgroup.processes()),
-                )
-        elif self.identity is not None:
+            try:
+                self._oom_kills = cgroup.oom_kills()
+                while not cgroup.kill() and persist:
+                    log.error(
+                        "allocation %s: processes %s still live after SIGKILL (stuck in "
+                        "the kernel: a hung file system?); it ends once they are gone",
+                        self.id,
+                        sorted(cgroup.processes()),
+                    )
+                return
+            except OSError as e:  # its exit is reported all the same
+                log.error("allocation %s: cannot kill its cgroup (%s): by its uid", self.id, e)
+        if self.identity is not None:
             # Without a cgroup, by uid (`give_back` does it too, after the exit is sent).
             kill_processes_of(self.identity.uid)
 

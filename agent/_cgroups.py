@@ -202,6 +202,13 @@ class Cgroup:
             if memory is not None:
                 limit = "memory.max" if self._v2 else "memory.limit_in_bytes"
                 _write(self._memory / limit, str(memory))
+                # No swap beyond it (where the kernel accounts swap): a trial past its
+                # memory would otherwise swap, and slow every other trial here with it.
+                swap = self._memory / (
+                    "memory.swap.max" if self._v2 else "memory.memsw.limit_in_bytes"
+                )
+                if swap.exists():
+                    _write(swap, "0" if self._v2 else str(memory))
             if pids is not None:
                 _write(self._pids / "pids.max", str(pids))
         except OSError:

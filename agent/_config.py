@@ -198,7 +198,7 @@ class AgentSettings:
         "host",
         kind=Choice(("host", "loopback")),
         help="loopback: each isolated allocation runs in a network namespace of its own "
-        "that holds only its own loopback, so its code reaches nothing that listens on "
+        "that holds only its own loopback, so its code reaches no TCP or UDP service of "
         "this machine (a database trusting local connections, other trials' ports) or "
         "beyond, save the master's trial API and its experiment's S3 checkpoint storage, "
         "which the agent relays; its ranks meet on that loopback. A trial whose ranks span "

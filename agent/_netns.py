@@ -32,11 +32,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import ipaddress
 import logging
 import os
+import re
 import socket
 import struct
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +57,10 @@ _IFREQ = "16sH22x"  # struct ifreq: the name, then the flags of the union (40 by
 _BUFFER = 64 * 1024
 _MAX_HEAD = 16 * 1024  # a proxy request's head
 _HEAD_TIMEOUT = 30.0
+# Connections open at once through one allocation's relay and proxy: a trial needs a
+# few (a gRPC channel per rank, a pool of S3 connections).
+_MAX_CONNECTIONS = 64
+_REFUSALS_LOGGED = 10
 
 
 class NamespaceError(OSError):
@@ -147,30 +154,82 @@ def _copy(source: socket.socket, sink: socket.socket) -> None:
         sink.shutdown(socket.SHUT_WR)
 
 
+# A host name as DNS spells it (letters, digits, hyphens, dots): nothing that a resolver
+# would cut short or read otherwise (a NUL, a space, a percent sign).
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
+# AWS's own S3 endpoints, and buckets under them: s3.amazonaws.com,
+# s3.us-east-1.amazonaws.com, s3-us-west-2.amazonaws.com, bucket.s3...amazonaws.com.
+_AWS_S3 = re.compile(r"([a-z0-9.-]+\.)?s3([.-][a-z0-9-]+)*\.amazonaws\.com")
+
+
+def _address_kind(address: str) -> str:
+    """loopback, link-local, private or global: which network an address is on."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if ip.is_loopback:
+        return "loopback"
+    if ip.is_link_local:
+        return "link-local"
+    if ip.is_private or not ip.is_global:
+        return "private"
+    return "global"
+
+
 @dataclass(frozen=True)
 class Outlet:
     """A place outside that an allocation's processes may reach through its proxy: `host`
     on `port`, and with `subdomains` any name under `host` too (an S3 bucket addressed
-    as `<bucket>.<endpoint>`)."""
+    as `<bucket>.<endpoint>`); AWS's own S3 (`aws`) by its names instead.
+
+    A name is resolved once, by the agent, and the connection goes to that address,
+    which must be on the Internet, or on the network the endpoint itself is on (an S3
+    server on the agent's loopback or a private network): a name that resolves to the
+    machine's loopback or to a link-local address (a cloud's metadata service) leads
+    nowhere else."""
 
     host: str
     port: int
     subdomains: bool = False
+    aws: bool = False
 
     def admits(self, host: str, port: int) -> bool:
-        host = host.lower().rstrip(".")
+        if port != self.port:
+            return False
+        if self.aws:
+            return _AWS_S3.fullmatch(host) is not None
         own = self.host.lower().rstrip(".")
-        named = host == own or (self.subdomains and host.endswith("." + own))
-        return port == self.port and named
+        return host == own or (self.subdomains and host.endswith("." + own))
+
+    def networks(self) -> frozenset[str]:
+        """The kinds of address a connection through this outlet may go to."""
+        if self.aws:
+            return frozenset({"global"})
+        try:
+            found = {_address_kind(a[4][0]) for a in socket.getaddrinfo(self.host, self.port)}
+        except (OSError, ValueError):
+            found = set()
+        return frozenset({"global", *found})
 
 
 def outlet_of_url(url: str | None) -> Outlet:
     """Where an S3 client with `endpoint_url` `url` connects (None: AWS itself)."""
     if not url:
-        return Outlet("amazonaws.com", 443, subdomains=True)
+        return Outlet("amazonaws.com", 443, aws=True)
     parts = urllib.parse.urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return Outlet(parts.hostname or "", port, subdomains=True)
+    return Outlet((parts.hostname or "").lower().rstrip("."), port, subdomains=True)
+
+
+def _host_of(text: str) -> str:
+    """A host as a proxy request names it, checked: a DNS name or an IP address; else
+    ValueError."""
+    host = text.strip("[]").lower().rstrip(".")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if len(host) > 253 or _HOST_NAME.fullmatch(host) is None:
+        raise ValueError(f"not a host name: {text!r}")
+    return host
 
 
 def outlets_of(config: Mapping[str, Any]) -> list[Outlet]:
@@ -192,12 +251,17 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def _read_head(s: socket.socket) -> tuple[bytes, bytes]:
-    """An HTTP request's head (to its blank line) and what came after it."""
+    """An HTTP request's head (to its blank line) and what came after it, all of it
+    within `_HEAD_TIMEOUT`."""
     data = b""
-    s.settimeout(_HEAD_TIMEOUT)
+    deadline = time.monotonic() + _HEAD_TIMEOUT
     while b"\r\n\r\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or len(data) > _MAX_HEAD:
+            raise ValueError("no complete request head")
+        s.settimeout(left)
         chunk = s.recv(4096)
-        if not chunk or len(data) > _MAX_HEAD:
+        if not chunk:
             raise ValueError("no complete request head")
         data += chunk
     s.settimeout(None)
@@ -212,13 +276,18 @@ def _proxy_target(head: bytes) -> tuple[str, int, bytes | None]:
     method, target, version = line.decode("latin-1").split(" ")
     if method == "CONNECT":
         host, _, port = target.rpartition(":")
-        return host.strip("[]"), int(port), None
+        return _host_of(host), int(port), None
     parts = urllib.parse.urlsplit(target)
-    if parts.scheme != "http" or not parts.hostname:
+    if parts.scheme != "http" or not parts.hostname or "@" in parts.netloc:
         raise ValueError(f"not a proxy request: {target}")
+    host, port = _host_of(parts.hostname), parts.port or 80
     path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
-    sent = f"{method} {path} {version}\r\n".encode("latin-1") + headers
-    return parts.hostname, parts.port or 80, sent
+    # The Host header names where the request goes, whatever the client wrote there (a
+    # server behind the endpoint's address must not see another name).
+    kept = [h for h in headers.split(b"\r\n") if not h.lower().startswith(b"host:")]
+    named = f"Host: {host}" + (f":{port}" if port != 80 else "")
+    sent = "\r\n".join([f"{method} {path} {version}", named]).encode("latin-1") + b"\r\n"
+    return host, port, sent + b"\r\n".join(kept)
 
 
 class LoopbackNetwork:
@@ -251,6 +320,9 @@ class LoopbackNetwork:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._closed = False
+        self._slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
+        self._networks: dict[Outlet, frozenset[str]] = {}
+        self._refusals = 0
         self.port = _port_of(self._listeners[0])
         self.proxy = f"http://127.0.0.1:{_port_of(self._listeners[1])}" if outlets else None
         self._start(self._listeners[0], self._relay)
@@ -280,14 +352,26 @@ class LoopbackNetwork:
         return env
 
     def _start(self, listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
+        """Serve each connection `listener` takes, `_MAX_CONNECTIONS` at most at a time
+        (each holds two of the agent's threads): one more is closed at once."""
+
+        def run(inside: socket.socket) -> None:
+            try:
+                serve(inside)
+            finally:
+                self._slots.release()
+
         def accept() -> None:
             while True:
                 try:
                     inside, _ = listener.accept()
                 except OSError:
                     return  # closed
+                if not self._slots.acquire(blocking=False):
+                    inside.close()
+                    continue
                 threading.Thread(
-                    target=serve, args=(inside,), name=f"relay-{self._name}", daemon=True
+                    target=run, args=(inside,), name=f"relay-{self._name}", daemon=True
                 ).start()
 
         threading.Thread(target=accept, name=f"relay-{self._name}", daemon=True).start()
@@ -304,16 +388,47 @@ class LoopbackNetwork:
         except (OSError, ValueError):
             inside.close()
             return
-        if not any(outlet.admits(host, port) for outlet in self._outlets):
-            log.warning("allocation %s: refused a connection to %s:%d", self._name, host, port)
+        outlet = next((o for o in self._outlets if o.admits(host, port)), None)
+        address = self._resolve(outlet, host, port) if outlet is not None else None
+        if address is None:
+            self._say_refused(host, port)
             with contextlib.suppress(OSError):
                 inside.sendall(_refusal(host, port))
             inside.close()
             return
         if sent is None:
-            self._join(inside, (host, port), b"", rest, connected=_TUNNEL_OPEN)
+            self._join(inside, address, b"", rest, connected=_TUNNEL_OPEN)
         else:
-            self._join(inside, (host, port), sent + rest, b"")
+            self._join(inside, address, sent + rest, b"")
+
+    def _resolve(self, outlet: Outlet, host: str, port: int) -> tuple[str, int] | None:
+        """The address to connect to for `host`: its first on a network `outlet` allows
+        (see `Outlet`), or None."""
+        with self._lock:
+            networks = self._networks.get(outlet)
+        if networks is None:
+            networks = outlet.networks()
+            with self._lock:
+                self._networks[outlet] = networks
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            return None
+        for *_, address in found:
+            if _address_kind(str(address[0])) in networks:
+                return str(address[0]), port
+        return None
+
+    def _say_refused(self, host: str, port: int) -> None:
+        """Log a refusal; a trial that keeps asking gets a few lines, not a flood."""
+        with self._lock:
+            self._refusals += 1
+            count = self._refusals
+        if count <= _REFUSALS_LOGGED:
+            more = " (later refusals are not logged)" if count == _REFUSALS_LOGGED else ""
+            log.warning(
+                "allocation %s: refused a connection to %s:%d%s", self._name, host, port, more
+            )
 
     def _join(
         self,

@@ -123,8 +123,10 @@ class PoolAccess:
         self._declared(pool)
         if workspace.id in self.settings.get(pool, frozenset()):
             return False
+        bound = self.store.bind_pool(pool, workspace.id)
+        # After the write: a submission that saw the old generation is checked again.
         self.generation += 1
-        return self.store.bind_pool(pool, workspace.id)
+        return bound
 
     def unbind(self, pool: str, workspace: WorkspaceRecord) -> None:
         """Remove a binding made by `bind`; the settings' own are refused."""
@@ -135,9 +137,9 @@ class PoolAccess:
                 "settings (resource_pools[].workspaces): remove it there and restart the "
                 "master"
             )
-        self.generation += 1
         if not self.store.unbind_pool(pool, workspace.id):
             raise NotFoundError(f"pool {pool!r} is not bound to workspace {workspace.name!r}")
+        self.generation += 1
 
     def named_by_settings(self, workspace_id: int) -> list[str]:
         """The pools the settings bind to the workspace."""

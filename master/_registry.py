@@ -28,7 +28,7 @@ from google.protobuf.struct_pb2 import Struct
 from assay.common import storage
 from assay.master import _convert
 from assay.master._auth import Principal
-from assay.master._roles import EDITOR, Roles
+from assay.master._roles import EDITOR, VIEWER, Roles
 from assay.master.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from assay.master.store import CheckpointRecord, ModelRecord, ModelVersionRecord, Store
 from assay.master.store._models import DEFAULT_WORKSPACE_ID
@@ -39,11 +39,11 @@ def may_change_model(roles: Roles, who: Principal, model: ModelRecord, what: str
     """`who` may `what` `model` (change, archive, delete it, add, change or delete its
     versions): its owner, an editor of its workspace (not of `Default`) or an
     administrator; else `PermissionDeniedError` naming who may (the registry is read by
-    all, so a non-member of the workspace is told so too, not that it does not exist)."""
-    if model.owner_id == who.user_id:
-        return
+    all, so a non-member of the workspace is told so too, not that it does not exist).
+    An owner who has left the workspace changes it no more, as with an experiment."""
+    need = VIEWER if model.owner_id == who.user_id else EDITOR
     try:
-        roles.owned(who, model.workspace_id, model.owner_id, EDITOR, "", lambda: "")
+        roles.owned(who, model.workspace_id, model.owner_id, need, "", lambda: "")
         return
     except (NotFoundError, PermissionDeniedError):
         pass

@@ -210,7 +210,8 @@ class WorkspaceQueries(StoreBase):
 
     def delete_workspace(self, workspace_id: int) -> None:
         """Delete a workspace, its (empty) projects and its membership; one that holds
-        experiments or models, or the Default workspace, is refused (nothing deleted)."""
+        experiments or models, one bound to a resource pool, or the Default workspace, is
+        refused (nothing deleted)."""
         with self._write_directory() as s:
             workspace = s.get(Workspace, workspace_id)
             if workspace is None:
@@ -235,8 +236,18 @@ class WorkspaceQueries(StoreBase):
                     f"workspace {workspace.name!r} holds {models} model(s) of the registry: "
                     "delete them (`assay model delete --force`) before deleting it"
                 )
+            pools = sorted(
+                s.execute(select(PoolBinding.pool).where(PoolBinding.workspace_id == workspace_id))
+                .scalars()
+                .all()
+            )
+            if pools:  # with its last binding gone, a pool would take every workspace's
+                raise ConflictError(
+                    f"workspace {workspace.name!r} is bound to resource pool(s) "
+                    f"{', '.join(pools)}: an administrator unbinds it first (`assay "
+                    f"resource-pool unbind {pools[0]} {workspace.name}`)"
+                )
             s.execute(delete(WorkspaceMember).where(WorkspaceMember.workspace_id == workspace_id))
-            s.execute(delete(PoolBinding).where(PoolBinding.workspace_id == workspace_id))
             s.execute(delete(Project).where(Project.workspace_id == workspace_id))
             s.delete(workspace)
 

@@ -18,7 +18,7 @@ import pytest
 
 from assay.agent import Agent, AgentSettings
 from assay.agent._allocation import Allocation, AllocationError
-from assay.agent._netns import LoopbackNetwork, outlet_of_url
+from assay.agent._netns import LoopbackNetwork, _address_kind, _host_of, outlet_of_url
 from assay.common.tls import ClientTls
 from assay.errors import PERMANENT_ERROR_EXIT_CODE
 from assay.proto import agent_pb2
@@ -181,7 +181,7 @@ def web_server() -> Iterator[int]:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = f"got {self.path}".encode()
+            body = f"got {self.path} for {self.headers['Host']}".encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -221,7 +221,7 @@ def test_the_proxy_reaches_the_outlets_and_nothing_else(echo_server: int, web_se
     finally:
         network.close()
     found = json.loads(done.stdout)
-    assert found["allowed"] == "got /bucket/key?x=1"
+    assert found["allowed"] == f"got /bucket/key?x=1 for 127.0.0.1:{web_server}"
     assert found["other"].startswith("403 assay: 127.0.0.1:")
     assert "outside this trial's network" in found["other"]
 
@@ -229,14 +229,76 @@ def test_the_proxy_reaches_the_outlets_and_nothing_else(echo_server: int, web_se
 def test_an_outlet_admits_its_host_its_subdomains_and_its_port_only() -> None:
     aws = outlet_of_url(None)
     assert aws.admits("my-bucket.s3.us-east-1.amazonaws.com", 443)
+    assert aws.admits("s3-us-west-2.amazonaws.com", 443)
+    assert not aws.admits("ec2.us-east-1.amazonaws.com", 443)  # AWS, but not S3
     assert not aws.admits("amazonaws.com.evil.example", 443)
     assert not aws.admits("s3.amazonaws.com", 80)
-    minio = outlet_of_url("https://MinIO.lab:9000")
+    assert aws.networks() == {"global"}
+    minio = outlet_of_url("https://MinIO.lab.:9000")
     assert minio.admits("minio.lab", 9000)
-    assert minio.admits("bucket.minio.lab.", 9000)
+    assert minio.admits("bucket.minio.lab", 9000)
     assert not minio.admits("minio.lab", 9001)
     assert not minio.admits("xminio.lab", 9000)
     assert outlet_of_url("http://10.0.0.5").port == 80
+    local = outlet_of_url("http://127.0.0.1:9000")
+    assert local.networks() == {"global", "loopback"}
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "169.254.169.254\x00.minio.lab",  # a resolver stops at the NUL
+        "127.0.0.1 .minio.lab",
+        "127.0.0.1%2e.minio.lab",
+        "-x.minio.lab",
+        "a..minio.lab",
+        "",
+    ],
+)
+def test_a_host_a_resolver_would_read_otherwise_is_refused(host: str) -> None:
+    with pytest.raises(ValueError, match="not a host name"):
+        _host_of(host)
+
+
+def test_hosts_are_spelled_one_way() -> None:
+    assert _host_of("Bucket.MinIO.lab.") == "bucket.minio.lab"
+    assert _host_of("[::1]") == "::1"
+    assert _host_of("127.0.0.1") == "127.0.0.1"
+    assert [_address_kind(a) for a in ("127.0.0.1", "169.254.169.254", "10.1.2.3", "8.8.8.8")] == [
+        "loopback",
+        "link-local",
+        "private",
+        "global",
+    ]
+
+
+def test_past_its_connections_the_relay_closes_a_new_one_at_once(echo_server: int) -> None:
+    network = LoopbackNetwork(("127.0.0.1", echo_server), name="test")
+    probe = """
+import ctypes, socket, sys
+fd, relay, count = (int(a) for a in sys.argv[1:4])
+assert ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) == 0
+held = [socket.create_connection(("127.0.0.1", relay), timeout=30) for _ in range(count)]
+for s in held:  # each taken up: the relay answers what it was sent
+    s.sendall(b"x")
+extra = socket.create_connection(("127.0.0.1", relay), timeout=30)
+try:
+    print("closed" if extra.recv(1) == b"" else "open")
+except (ConnectionResetError, TimeoutError) as e:
+    print("closed" if isinstance(e, ConnectionResetError) else "open")
+"""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe, str(network.fd), str(network.port), "64"],
+            pass_fds=(network.fd,),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+    finally:
+        network.close()
+    assert done.stdout.strip() == "closed"
 
 
 def test_an_agent_that_does_not_isolate_trials_refuses_a_network_of_their_own(

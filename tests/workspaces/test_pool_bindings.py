@@ -40,7 +40,7 @@ def _config(tmp_path: Path, pools: list[dict[str, object]]) -> MasterConfig:
     )
 
 
-def test_bindings_are_kept_shown_at_once_and_go_with_their_workspace(store: Store) -> None:
+def test_bindings_are_kept_shown_at_once_and_hold_their_workspace(store: Store) -> None:
     alice = store.user_id("alice")
     team = store.create_workspace("team", alice)
     other = store.create_workspace("other", alice)
@@ -56,6 +56,11 @@ def test_bindings_are_kept_shown_at_once_and_go_with_their_workspace(store: Stor
     with pytest.raises(NotFoundError):
         store.bind_pool("gpu", 9999)
 
+    # Deleted with it, the binding would leave the pool open to every workspace.
+    with pytest.raises(ConflictError, match="unbinds it first"):
+        store.delete_workspace(team.id)
+    assert store.pool_bindings() == {"gpu": frozenset({team.id})}
+    assert store.unbind_pool("gpu", team.id) is True
     store.delete_workspace(team.id)
     assert store.pool_bindings() == {}
 

@@ -312,7 +312,8 @@ class _Pace:
             self.level = min(self.level + 1, _MAX_PACE_LEVEL)
 
     def _gap(self) -> dt.timedelta:
-        return min(self.first * 2 ** max(self.level - 1, 0), self.most)
+        doubled: dt.timedelta = self.first * (1 << max(self.level - 1, 0))
+        return min(doubled, self.most)
 
 
 __all__ = ["LoginAttempt", "LoginLimiter"]

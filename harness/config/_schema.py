@@ -197,6 +197,12 @@ def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
     _check_global_batch_size(top, hparams, resources.slots_per_trial, script=script)
     units = _Units(_records_per_batch(hparams), script)
     searcher = _parse_searcher(top.section("searcher", required=True), hparams, units, warnings)
+    if limits:  # a metric no trial may report (see _limits.name_problem) is never met
+        named = [(f"searcher.metrics[{i}]", o.name) for i, o in enumerate(searcher.objectives)]
+        for where, name in named or [("searcher.metric", searcher.metric)]:
+            problem = _limits.name_problem(name) if name else None
+            if problem is not None:
+                problems.append(f"{where}: {name!r} {problem}")
     optimizations = parse_optimizations(top.section("optimizations"), warnings)
     min_val = _parse_length(top, "min_validation_period", required=False, units=units)
     min_ckpt = _parse_length(top, "min_checkpoint_period", required=False, units=units)

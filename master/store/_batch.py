@@ -21,13 +21,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Table, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, Table, bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from assay.master.errors import InvalidArgumentError
 from assay.master.store import _rollups, _usage
 from assay.master.store._archive_file import ArchiveFile, ModelDefinition
+from assay.master.store._engine import CLOSE_AT_CHECKIN
 from assay.master.store._models import (
     Agent,
     Allocation,
@@ -40,6 +41,14 @@ from assay.master.store._models import (
 
 _TABLE_ORDER = {table.name: i for i, table in enumerate(Base.metadata.sorted_tables)}
 _EXPERIMENTS: Table = Experiment.__table__  # type: ignore[assignment]
+# Bound at execution, never in the statement: a compiled statement is cached, and would
+# keep the last archive it was built with.
+_SET_MODEL_DEFINITION = (
+    update(_EXPERIMENTS)
+    .where(_EXPERIMENTS.c.id == bindparam("eid"))
+    .values(model_definition=bindparam("archive"))
+)
+_ARCHIVE_PIECE = 1 << 20
 _TRIALS: Table = Trial.__table__  # type: ignore[assignment]
 _ALLOCATIONS: Table = Allocation.__table__  # type: ignore[assignment]
 _AGENTS: Table = Agent.__table__  # type: ignore[assignment]
@@ -171,13 +180,7 @@ class WriteBatch:
         )
         if isinstance(model_definition, ArchiveFile):
             archive = model_definition
-            self.call(
-                lambda s: s.execute(
-                    update(_EXPERIMENTS)
-                    .where(_EXPERIMENTS.c.id == experiment_id)
-                    .values(model_definition=archive.read())
-                )
-            )
+            self.call(lambda s: _write_archive(s, experiment_id, archive))
         rows = [{"experiment_id": experiment_id, "label": label} for label in sorted(set(labels))]
         if rows:
             self.call(lambda s: s.execute(insert(ExperimentLabel), rows))
@@ -419,6 +422,32 @@ class WriteBatch:
             fn(session)
         if self._logs:
             _write_logs(session, self._logs)
+
+
+def _write_archive(session: Session, experiment_id: int, archive: ArchiveFile) -> None:
+    """Set the experiment's model definition from a file, so that no copy of it stays in
+    memory once written. SQLite takes it in pieces (incremental blob I/O into a
+    zeroblob): it keeps the values bound to a cached statement until that is run again,
+    so a blob bound whole would stay. PostgreSQL takes the bytes whole; its client keeps
+    a send buffer as large as the largest message it sent, so the connection is closed
+    when it goes back to the pool, after the commit."""
+    connection = session.connection()
+    if connection.dialect.name != "sqlite":
+        params = {"eid": experiment_id, "archive": archive.read()}
+        connection.execute(_SET_MODEL_DEFINITION, params)
+        connection.connection.info[CLOSE_AT_CHECKIN] = True
+        return
+    connection.execute(
+        update(_EXPERIMENTS)
+        .where(_EXPERIMENTS.c.id == bindparam("eid"))
+        .values(model_definition=func.zeroblob(bindparam("size"))),
+        {"eid": experiment_id, "size": archive.size},
+    )
+    raw: Any = connection.connection.driver_connection  # the sqlite3.Connection
+    blob = raw.blobopen("experiments", "model_definition", experiment_id)
+    with blob, archive.path.open("rb") as source:
+        while piece := source.read(_ARCHIVE_PIECE):
+            blob.write(piece)
 
 
 # The bind name of the primary key in the updates `apply` writes (not a column name).

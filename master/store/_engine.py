@@ -31,7 +31,20 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         )
         _configure_sqlite(engine)
         return engine
-    return create_engine(url, pool_pre_ping=True, **kwargs)
+    engine = create_engine(url, pool_pre_ping=True, **kwargs)
+    event.listen(engine, "checkin", _close_if_marked)
+    return engine
+
+
+CLOSE_AT_CHECKIN = "assay_close_at_checkin"
+
+
+def _close_if_marked(_dbapi_connection: Any, record: Any) -> None:
+    """Close a connection a write marked (`CLOSE_AT_CHECKIN` in its info) as it goes back
+    to the pool: libpq keeps its send buffer as large as the largest message it sent, so
+    a connection that sent a model archive would hold that much memory for its life."""
+    if record.info.pop(CLOSE_AT_CHECKIN, False):
+        record.invalidate()
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -43,7 +43,7 @@ class MetricQueries(StoreBase):
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
-        self.metric_names = MetricNameCap()
+        self._name_cap = MetricNameCap()
 
     def report_metrics(
         self,
@@ -99,7 +99,7 @@ class MetricQueries(StoreBase):
             try:
                 with self.write() as s:
                     check_run(s, trial_id, run_id)
-                    admitted = self.metric_names.admit(s, trial_id, group, names, max_names)
+                    admitted = self._name_cap.admit(s, trial_id, group, names, max_names)
                     stored = insert_metrics(s, trial_id, run_id, group, rows)
                     total, best_validation = advance_trial(
                         s, trial_id, latest, best, smaller_is_better
@@ -107,7 +107,7 @@ class MetricQueries(StoreBase):
                     done = MetricsReported(stored, total, best_validation)
             except BaseException as e:
                 if admitted:  # the names it counted were not stored
-                    self.metric_names.forget(trial_id)
+                    self._name_cap.forget(trial_id)
                 # A concurrent identical report won the race; the retry sees its rows.
                 if not isinstance(e, IntegrityError) or attempt == 2:
                     raise

@@ -64,7 +64,9 @@ def _creates(first: int, count: int) -> list[api_pb2.SearcherOperation]:
     return ops
 
 
-def _post(api: api_pb2_grpc.ApiStub, eid: int, after: int, ops: list[object]) -> int:
+def _post(
+    api: api_pb2_grpc.ApiStub, eid: int, after: int, ops: list[api_pb2.SearcherOperation]
+) -> int:
     request = api_pb2.PostSearcherOperationsRequest(
         experiment_id=eid, triggered_by_event_id=after, operations=ops
     )
@@ -175,9 +177,9 @@ def test_a_trial_reporting_names_without_end_is_stopped_at_the_cap(
         _exhausted(refused, "metric_names_per_trial")
     # Names it has reported keep coming, as a trial that passed a lowered cap keeps its own.
     assert _report(trial, [f"m{i}" for i in range(60)], batch=3) == 60
-    names = _names(mallory, trial)
-    assert len(names) == NAMES_CAP
-    assert ("training", "new") not in names
+    stored = _names(mallory, trial)
+    assert len(stored) == NAMES_CAP
+    assert ("training", "new") not in stored
 
     # A restarted master counts the trial's names from the store.
     stop_processes_of_master(cluster)

@@ -38,6 +38,7 @@ LIES = [
 # Names in other alphabets, accents, CJK beside Latin, Greek letters as their own words.
 ARCHIVE = model_archive()
 STATS = "\u03c3_stats"  # a metric group in Greek
+SEARCHER = {"name": "single", "max_length": {"batches": 100}}
 HONEST = [
     "\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac",  # Greek
     "\u041f\u0440\u0438\u0432\u0435\u0442 run",  # Cyrillic, then Latin as another word
@@ -76,7 +77,7 @@ def _count(api: api_pb2_grpc.ApiStub) -> int:
 
 
 @pytest.mark.parametrize(("name", "said"), LIES)
-def test_experiment_names_labels_and_hyperparameters_that_lie_are_refused(
+def test_experiment_names_labels_hyperparameters_and_metrics_that_lie_are_refused(
     mallory: api_pb2_grpc.ApiStub, name: str, said: str
 ) -> None:
     before = _count(mallory)
@@ -85,6 +86,7 @@ def test_experiment_names_labels_and_hyperparameters_that_lie_are_refused(
         (experiment_yaml(name=name), "name:"),
         (experiment_yaml(labels=["ok", name]), "labels[1]:"),
         (experiment_yaml(hyperparameters=hparams), "hyperparameters:"),
+        (experiment_yaml(searcher={**SEARCHER, "metric": name}), "searcher.metric:"),
     ]:
         request = api_pb2.CreateExperimentRequest(config_yaml=config, model_definition=ARCHIVE)
         message = _refused(mallory.CreateExperiment, request)

@@ -204,7 +204,7 @@ class Outlet:
         if self.aws:
             return frozenset({"global"})
         try:
-            found = {_address_kind(a[4][0]) for a in socket.getaddrinfo(self.host, self.port)}
+            found = {_address_kind(str(a[4][0])) for a in socket.getaddrinfo(self.host, self.port)}
         except (OSError, ValueError):
             found = set()
         return frozenset({"global", *found})
@@ -275,8 +275,8 @@ def _proxy_target(head: bytes) -> tuple[str, int, bytes | None]:
     line, _, headers = head.partition(b"\r\n")
     method, target, version = line.decode("latin-1").split(" ")
     if method == "CONNECT":
-        host, _, port = target.rpartition(":")
-        return _host_of(host), int(port), None
+        named_host, _, named_port = target.rpartition(":")
+        return _host_of(named_host), int(named_port), None
     parts = urllib.parse.urlsplit(target)
     if parts.scheme != "http" or not parts.hostname or "@" in parts.netloc:
         raise ValueError(f"not a proxy request: {target}")

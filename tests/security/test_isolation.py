@@ -123,7 +123,8 @@ print("FOUND " + json.dumps(found), flush=True)
 
 # Leaves behind a daemon (double-forked, in a session of its own, its output closed)
 # that forks and exits every millisecond, so that its pid is never the same twice, and
-# beats a byte a turn into $BEAT; then it stays $STAY seconds.
+# beats a byte a turn into $BEAT; then it stays $STAY seconds. A later run of the trial
+# (requeued after its agent restarted) leaves none: what beats then is the first run's.
 FORKER_SCRIPT = """
 import json, os, sys, time
 LOOP = (
@@ -138,16 +139,17 @@ LOOP = (
     "    os.write(beat, b'.')\\n"
     "    time.sleep(0.001)\\n"
 )
-if os.fork() == 0:
-    os.setsid()
+if os.path.getsize(os.environ["BEAT"]) == 0:
     if os.fork() == 0:
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.execv(sys.executable, [sys.executable, "-c", LOOP, os.environ["BEAT"]])
-    os._exit(0)
-os.wait()
-time.sleep(0.3)
+        os.setsid()
+        if os.fork() == 0:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.execv(sys.executable, [sys.executable, "-c", LOOP, os.environ["BEAT"]])
+        os._exit(0)
+    os.wait()
+    time.sleep(0.3)
 print("FORKER " + json.dumps({"uid": os.getuid()}), flush=True)
 time.sleep(float(os.environ["STAY"]))
 """
@@ -159,7 +161,7 @@ _storage_roots: dict[str, Path] = {}
 
 
 def _isolated_cluster(
-    tmp: Path, agent_flags: list[str], master_env: dict[str, str] | None = None
+    tmp: Path, agent_id: str, agent_flags: list[str], master_env: dict[str, str] | None = None
 ) -> Iterator[Cluster]:
     """A master, alice and mallory, and one root agent of 2 CPU slots isolating trials."""
     c = start_cluster(tmp, None, agents=0, slots=1, master_env=master_env)
@@ -169,7 +171,7 @@ def _isolated_cluster(
     agent_log = tmp / "agent-isolated.log"
     c.logs.append(agent_log)
     cmd = [sys.executable, "-m", "assay.agent.main", "--master", c.address, "--slots", "2"]
-    cmd += ["--slot-type", "cpu", "--agent-id", tmp.name, "--work-dir", str(work / "agent")]
+    cmd += ["--slot-type", "cpu", "--agent-id", agent_id, "--work-dir", str(work / "agent")]
     cmd += ["--isolation", "uid", *agent_flags]
     cmd = _exposing(cmd, _PYTHON)
     _agent_commands[c.address] = cmd
@@ -199,7 +201,7 @@ def _isolated_cluster(
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    yield from _isolated_cluster(tmp_path_factory.mktemp("isolated"), [])
+    yield from _isolated_cluster(tmp_path_factory.mktemp("isolated"), "isolated", [])
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +218,8 @@ def loopback_cluster(
         "ASSAY_SHARED_FS_HOST_PATHS": str(root),
     }
     try:
-        for c in _isolated_cluster(tmp_path_factory.mktemp("loopback"), flags, master_env):
+        tmp = tmp_path_factory.mktemp("loopback")
+        for c in _isolated_cluster(tmp, "loopback", flags, master_env):
             _storage_roots[c.address] = root
             yield c
     finally:

@@ -11,6 +11,7 @@ group's before the processes start (`Isolation.give_experiment_directory`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -107,24 +108,22 @@ def _json_or_empty(text: str, field: str) -> Any:
         raise AllocationError(f"{field} is not valid JSON: {e}") from None
 
 
-def _config_environment(config_json: str, slot_kind: str) -> dict[str, str]:
+def _config_environment(config: Any, slot_kind: str) -> dict[str, str]:
     """`environment.environment_variables` of the experiment config, for this slot kind."""
     try:
-        return environment_of(_json_or_empty(config_json, "config_json"), slot_kind)
+        return environment_of(config, slot_kind)
     except InvalidConfigError as e:
         raise AllocationError(f"refused the config's environment variables: {e}") from None
 
 
-def _stores_on_shared_fs(config_json: str) -> bool:
+def _stores_on_shared_fs(config: Any) -> bool:
     """Whether the experiment's checkpoints go to shared_fs (its default) storage."""
-    config = _json_or_empty(config_json, "config_json")
     storage = config.get("checkpoint_storage") if isinstance(config, dict) else None
     return not isinstance(storage, dict) or storage.get("type", "shared_fs") == "shared_fs"
 
 
-def _memory_per_slot(config_json: str) -> int | None:
+def _memory_per_slot(config: Any) -> int | None:
     """`resources.memory` of the experiment config, in bytes (None when unset)."""
-    config = _json_or_empty(config_json, "config_json")
     resources = config.get("resources") if isinstance(config, dict) else None
     value = resources.get("memory") if isinstance(resources, dict) else None
     if value is None:
@@ -240,6 +239,11 @@ class Allocation:
         )
         self.processes: RankProcesses | None = None
 
+    @functools.cached_property
+    def config(self) -> Any:
+        """The experiment config of the start, read once (AllocationError if no JSON)."""
+        return _json_or_empty(self.start_msg.config_json, "config_json")
+
     def launch(self) -> None:
         """Prepare the directory and spawn the ranks; raises AllocationError (cleaned up)."""
         try:
@@ -297,14 +301,14 @@ class Allocation:
             raise AllocationError(f"refused the model definition: {e}") from None
         spec_path = self.dir / "trial.json"
         spec = trial_spec(start)
-        self.network = self._make_network(spec.config)
+        self.network = self._make_network()
         if self.network is not None:  # its ranks reach the master through the relay
             spec = dataclasses.replace(spec, trial_api=self.network.trial_api)
         spec.write(spec_path)  # readable by its owner only
         self.identity = self.isolation.lend(self.id, start.experiment_id)
         self.isolation.hand_over(self.dir, self.identity)
         self.cgroup = self._make_cgroup()
-        if start.checkpoint_root and _stores_on_shared_fs(start.config_json):
+        if start.checkpoint_root and _stores_on_shared_fs(self.config):
             try:
                 self.isolation.give_experiment_directory(
                     Path(start.checkpoint_root), start.experiment_id
@@ -331,7 +335,7 @@ class Allocation:
             self.network.fd if self.network is not None else None,
         )
 
-    def _make_network(self, config: dict[str, Any]) -> LoopbackNetwork | None:
+    def _make_network(self) -> LoopbackNetwork | None:
         """The allocation's own network namespace, with `isolation_network: loopback`."""
         if self.network_mode != "loopback":
             return None
@@ -347,7 +351,7 @@ class Allocation:
             )
         try:
             target = split_address(start.trial_api)
-            return LoopbackNetwork(target, outlets_of(config), name=self.id)
+            return LoopbackNetwork(target, outlets_of(self.config), name=self.id)
         except (OSError, ValueError) as e:
             raise AllocationError(f"cannot give the allocation a network of its own: {e}") from None
 
@@ -359,7 +363,7 @@ class Allocation:
         """The allocation's own cgroup, limited to its share (None without cgroups)."""
         if self.cgroups is None:
             return None
-        per_slot = _memory_per_slot(self.start_msg.config_json)
+        per_slot = _memory_per_slot(self.config)
         slots = len(self.slots)
         limits = self.allowance.limits(slots, per_slot)
         if per_slot is not None:
@@ -394,7 +398,7 @@ class Allocation:
         env = self.isolation.environment_for(shareable_environment(), self.dir)
         # The config's environment_variables; those set below win (the config may not name
         # them, and this order keeps it so).
-        env.update(_config_environment(start.config_json, self.slot_kind))
+        env.update(_config_environment(self.config, self.slot_kind))
         # The interface other machines reach this one at, for NCCL and Gloo; the config's
         # variables (NCCL_DEBUG, NCCL_SOCKET_IFNAME, ...) and the agent's own stand.
         interface = "lo" if self.network is not None else self.interface

@@ -232,10 +232,10 @@ def _host_of(text: str) -> str:
     return host
 
 
-def outlets_of(config: Mapping[str, Any]) -> list[Outlet]:
+def outlets_of(config: Any) -> list[Outlet]:
     """What an experiment's trials reach outside: its S3 endpoint, if it checkpoints
     there (shared_fs is a directory: nothing to reach)."""
-    storage = config.get("checkpoint_storage")
+    storage = config.get("checkpoint_storage") if isinstance(config, Mapping) else None
     if isinstance(storage, Mapping) and storage.get("type") == "s3":
         url = storage.get("endpoint_url")
         return [outlet_of_url(url if isinstance(url, str) else None)]

@@ -42,7 +42,7 @@ from assay.agent._connection import Backoff, MasterConnection
 from assay.agent._credential import CredentialFile
 from assay.agent._devices import DeviceMonitor, detect_devices, slot_type_proto
 from assay.agent._isolation import Isolation
-from assay.agent._netns import LoopbackNetwork
+from assay.agent._netns import LoopbackNetwork, split_address
 from assay.agent._process import wrap_command
 from assay.agent._usage import RankProcess, RankSampler
 from assay.config import format_size
@@ -56,7 +56,7 @@ HARNESS_COMMAND = (sys.executable, "-m", "assay._cluster")
 
 def guess_address(master: str) -> str:
     """This machine's address on the route to the master (no packet is sent)."""
-    host = master.rpartition(":")[0].strip("[]")
+    host = split_address(master)[0]
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as s:

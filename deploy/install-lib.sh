@@ -146,7 +146,7 @@ enclosing_checkout() {
     local checkout
     checkout=$(cd "$DEPLOY_DIR/.." && pwd)
     grep -qx 'name = "assay"' "$checkout/pyproject.toml" 2>/dev/null || return 1
-    [ -d "$checkout/harness" ] || return 1
+    [ -d "$checkout/src/assay" ] || return 1
     printf '%s\n' "$checkout"
 }
 

@@ -1,9 +1,9 @@
-"""Generate the Python code of every `.proto` in proto/ (the one definition of the API).
+"""Generate the Python code of every `.proto` in src/assay/proto/ (the one definition of the API).
 
-    python scripts/gen_proto.py            # regenerate proto/*_pb2*.py(i)
+    python scripts/gen_proto.py            # regenerate src/assay/proto/*_pb2*.py(i)
     python scripts/gen_proto.py --check    # exit 1 if the checked-in code is stale
 
-Sources live in proto/ and import each other as "assay/proto/NAME.proto", so the
+Sources live in src/assay/proto/ and import each other as "assay/proto/NAME.proto", so the
 generated modules import each other as `assay.proto.NAME_pb2`, the package they are
 installed as. Typed stubs (.pyi) come from mypy-protobuf.
 """
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO = ROOT / "proto"
+PROTO = ROOT / "src" / "assay" / "proto"
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 
 

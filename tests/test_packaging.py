@@ -18,24 +18,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def package_dirs() -> dict[str, str]:
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    mapping: dict[str, str] = pyproject["tool"]["setuptools"]["package-dir"]
-    return mapping
+SRC = ROOT / "src"
 
 
 def expected_wheel_paths() -> dict[str, Path]:
-    """Wheel path -> source file, for every .py under every mapped folder (recursively)."""
+    """Wheel path -> source file, for every .py under src/ (recursively)."""
     expected: dict[str, Path] = {}
-    for package, folder in package_dirs().items():
-        root = ROOT / folder
-        assert root.is_dir(), f"package-dir maps {package!r} to missing folder {folder!r}"
-        for source in root.rglob("*.py"):
-            relative = source.relative_to(root)
-            if "__pycache__" in relative.parts:
-                continue
-            target = PurePosixPath(*package.split("."), *relative.parts)
-            expected[str(target)] = source
+    for source in (SRC / "assay").rglob("*.py"):
+        relative = source.relative_to(SRC)
+        if "__pycache__" in relative.parts:
+            continue
+        expected[str(PurePosixPath(*relative.parts))] = source
     return expected
 
 
@@ -48,16 +41,16 @@ def assay_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "assay.cli.main"]
 
 
-def test_package_dir_covers_every_listed_package() -> None:
+def test_every_folder_of_code_is_a_package() -> None:
+    """setuptools finds a package by its `__init__.py`; a folder of code without one would
+    work in a checkout and be missing from the wheel."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    listed = set(pyproject["tool"]["setuptools"]["packages"])
-
-    assert set(package_dirs()) <= listed | {"assay"}
-    for package, folder in package_dirs().items():
-        for init in (ROOT / folder).rglob("__init__.py"):
-            sub = init.parent.relative_to(ROOT / folder).parts
-            name = ".".join((*package.split("."), *sub))
-            assert name in listed, f"{name} ({init.parent}) is not in [tool.setuptools] packages"
+    assert "package-dir" not in pyproject["tool"]["setuptools"], "folders are import paths"
+    for source in (SRC / "assay").rglob("*.py"):
+        folder = source.parent
+        if "__pycache__" in folder.parts or "migrations" in folder.relative_to(SRC).parts:
+            continue
+        assert (folder / "__init__.py").is_file(), f"{folder.relative_to(ROOT)} has no __init__.py"
 
 
 @pytest.mark.slow
@@ -100,7 +93,7 @@ def test_wheel_contains_every_module(tmp_path: Path) -> None:
     assert "assay/py.typed" in names
     assert "assay = assay.cli.main:main" in scripts
     # The web UI's build travels in the wheel, so an installed master serves it.
-    built = ROOT / "master" / "webui_dist"
+    built = SRC / "assay" / "master" / "webui_dist"
     assert (built / "index.html").is_file(), "build the web UI first: cd webui && npm run build"
     ui_files = {
         str(PurePosixPath("assay", "master", "webui_dist", *f.relative_to(built).parts))
@@ -116,13 +109,13 @@ def _files(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_committed_web_ui_is_the_build_of_its_sources(tmp_path: Path) -> None:
-    """master/webui_dist is committed so that a clone serves the UI without Node.js.
+    """src/assay/master/webui_dist is committed so that a clone serves the UI without Node.js.
 
     It must be what `cd webui && npm run build` makes of webui/src now: built again here
     and compared byte for byte, and (in a git checkout) equal to what is committed, since
     the test command itself rebuilds it in place before pytest runs.
     """
-    webui, built = ROOT / "webui", ROOT / "master" / "webui_dist"
+    webui, built = ROOT / "webui", SRC / "assay" / "master" / "webui_dist"
     vite = webui / "node_modules" / ".bin" / "vite"
     assert vite.is_file(), "install the web UI's tools first: cd webui && npm ci"
     fresh = tmp_path / "dist"
@@ -141,11 +134,13 @@ def test_committed_web_ui_is_the_build_of_its_sources(tmp_path: Path) -> None:
     differing = sorted(
         name for name in want.keys() | have.keys() if want.get(name) != have.get(name)
     )
-    rebuild = "rebuild and commit it: cd webui && npm run build; git add -A master/webui_dist"
-    assert not differing, f"master/webui_dist is stale ({differing}); {rebuild}"
+    rebuild = (
+        "rebuild and commit it: cd webui && npm run build; git add -A src/assay/master/webui_dist"
+    )
+    assert not differing, f"src/assay/master/webui_dist is stale ({differing}); {rebuild}"
     if (ROOT / ".git").exists():
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--", "master/webui_dist"],
+            ["git", "status", "--porcelain", "--", "src/assay/master/webui_dist"],
             cwd=ROOT,
             capture_output=True,
             text=True,

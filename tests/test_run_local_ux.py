@@ -102,7 +102,7 @@ def test_verbose_shows_the_whole_traceback_above_the_line(model: Path) -> None:
 
     assert done.returncode == 1
     assert "Traceback (most recent call last)" in done.stderr
-    assert "assay/_controller.py" in done.stderr or "harness/_controller.py" in done.stderr
+    assert "assay/_controller.py" in done.stderr
     assert done.stderr.strip().splitlines()[-1] == f"error: {_error_line()}"
 
 

@@ -11,7 +11,7 @@ export default defineConfig({
   plugins: [react()],
   base: "/",
   build: {
-    outDir: "../master/webui_dist",
+    outDir: "../src/assay/master/webui_dist",
     emptyOutDir: true,
     target: "es2022",
     sourcemap: false,

@@ -12,8 +12,8 @@ from assay._checkpoint import CheckpointMetadata
 from assay._spec import ClusterSpec
 from assay.cli import _format as fmt
 from assay.core._backend import ClusterBackend
-from assay.master import _convert
-from assay.master._checkpoints import reported_metadata
+from assay.master.wire import _records as _convert
+from assay.master.checkpoints._checkpoints import reported_metadata
 from assay.master.store import CheckpointRecord
 from assay.proto import common_pb2, trial_pb2
 

@@ -13,8 +13,8 @@ from unittest import mock
 from assay.agent import Agent
 from assay.agent._devices import detect_devices
 from assay.agent._topology import gpu_islands
-from assay.master._agent_wire import device_message, devices, registration
-from assay.master._fleet import Fleet
+from assay.master.wire._agents import device_message, devices, registration
+from assay.master.fleet._fleet import Fleet
 from assay.master.scheduler import Pools, Request
 from tests.agent.conftest import FakeMaster, FakeNVML, start_message
 

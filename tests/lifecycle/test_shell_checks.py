@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from assay.config import parse_config
-from assay.master import _intake as intake
+from assay.master.submission import _intake as intake
 from assay.master._state import new_searcher
 from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.lifecycle import ExperimentState, ExperimentStatus, Run

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from assay.master._agents import KillRun
+from assay.master.fleet._agents import KillRun
 from assay.master._aio import LoopOutbox, LoopThread, loop_mail, one_wakeup
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from assay.master import _auth
-from assay.master._auth import (
+from assay.master.auth import _auth
+from assay.master.auth._auth import (
     MAX_PASSWORD,
     SCRYPT_N,
     WRONG_LOGIN,

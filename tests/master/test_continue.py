@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from assay.master._continue import continued_config, parse_overrides
+from assay.master.submission._continue import continued_config, parse_overrides
 from assay.master.errors import InvalidArgumentError
 
 STORED: dict[str, Any] = {

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from sqlalchemy.exc import DataError, OperationalError
 
-from assay.master._http_calls import CallError
-from assay.master._status import (
+from assay.master.api._http_calls import CallError
+from assay.master.api._status import (
     DATA_ERROR,
     INTERNAL_ERROR,
     STORE_UNAVAILABLE,

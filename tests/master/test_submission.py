@@ -7,8 +7,8 @@ import tarfile
 
 import pytest
 
-from assay.master import _submission
-from assay.master._submission import check_submission
+from assay.master.submission import _submission
+from assay.master.submission._submission import check_submission
 from assay.master.errors import InvalidArgumentError
 
 CONFIG = """\

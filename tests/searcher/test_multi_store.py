@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from assay.config import Objective
-from assay.master._multi_objective import (
+from assay.master.telemetry._multi_objective import (
     fill_pareto,
     objectives_of,
     pareto_points,

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from assay.master._http import _logged_path
+from assay.master.api._http import _logged_path
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.credentials import login
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from assay.common.archive import pack_model_dir
-from assay.master._quota import SubmissionQuota
+from assay.master.submission._quota import SubmissionQuota
 from assay.master.errors import ResourceExhaustedError
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.credentials import login

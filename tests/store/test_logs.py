@@ -6,7 +6,7 @@ import datetime as dt
 
 from sqlalchemy import event
 
-from assay.master._trial_logs import LogKeeper
+from assay.master.telemetry._trial_logs import LogKeeper
 from assay.master.store import LogLine, Store, WriteBatch
 from assay.master.store._logs import MARKER_STREAM, QUOTA_MARKER
 from tests.store import _seed as seed

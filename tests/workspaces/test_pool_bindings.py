@@ -10,8 +10,8 @@ import pytest
 
 from assay.common.settings import SettingsError
 from assay.master._config import MasterConfig, load_master_config
-from assay.master._pool_access import Binding, PoolAccess
-from assay.master._pool_config import ResourcePools, pool_workspaces
+from assay.master.fleet._pool_access import Binding, PoolAccess
+from assay.master.fleet._pool_config import ResourcePools, pool_workspaces
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from assay.master import _agents
-from assay.master._agents import ClusterView
+from assay.master.fleet import _agents
+from assay.master.fleet._agents import ClusterView
 from assay.master._interpreter import Interpreter
 
 

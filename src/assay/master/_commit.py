@@ -33,7 +33,7 @@ from collections.abc import Callable
 from sqlalchemy.exc import OperationalError
 
 from assay.master._aio import loop_mail, one_wakeup
-from assay.master._telemetry import NO_TELEMETRY, Telemetry
+from assay.master.telemetry._telemetry import NO_TELEMETRY, Telemetry
 from assay.master.errors import StoreUnavailableError
 from assay.master.store import Store, WriteBatch
 

@@ -20,21 +20,21 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from assay.master import _intake as intake
-from assay.master import _trial_reports as reports
-from assay.master._agents import AgentHandle, ClusterView, Load, Outbox, Registration
+from assay.master.submission import _intake as intake
+from assay.master.telemetry import _trial_reports as reports
+from assay.master.fleet._agents import AgentHandle, ClusterView, Load, Outbox, Registration
 from assay.master._cluster_view import cluster_view
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
-from assay.master._pool_access import PoolAccess
-from assay.master._quota import SubmissionQuota
-from assay.master._rank_usage import RankUsageBoard
-from assay.master._sharing import not_settable, parse_value, resource_change
+from assay.master.fleet._pool_access import PoolAccess
+from assay.master.submission._quota import SubmissionQuota
+from assay.master.telemetry._rank_usage import RankUsageBoard
+from assay.master.sharing._sharing import not_settable, parse_value, resource_change
 from assay.master._state import trial_state
-from assay.master._submission import PreparedExperiment, new_record
-from assay.master._telemetry import NO_TELEMETRY, Telemetry
-from assay.master._trial_logs import LogKeeper
+from assay.master.submission._submission import PreparedExperiment, new_record
+from assay.master.telemetry._telemetry import NO_TELEMETRY, Telemetry
+from assay.master.telemetry._trial_logs import LogKeeper
 from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.lifecycle import RELEASED, ExperimentStatus, Run
 from assay.master.lifecycle import _effects as fx

@@ -25,16 +25,16 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from assay.common.storage import experiment_directory
-from assay.master import _preemption as preempt
-from assay.master._agents import KillRun
-from assay.master._auth import mask_secrets
+from assay.master.sharing import _preemption as preempt
+from assay.master.fleet._agents import KillRun
+from assay.master.auth._auth import mask_secrets
 from assay.master._config import MasterConfig
-from assay.master._fleet import Fleet
-from assay.master._gc import collect_later
-from assay.master._sharing import limits
+from assay.master.fleet._fleet import Fleet
+from assay.master.checkpoints._gc import collect_later
+from assay.master.sharing._sharing import limits
 from assay.master._state import Ledger, ModelCache, load_live
-from assay.master._telemetry import NO_TELEMETRY, Telemetry
-from assay.master._usage import pool_of
+from assay.master.telemetry._telemetry import NO_TELEMETRY, Telemetry
+from assay.master.telemetry._usage import pool_of
 from assay.master.lifecycle import (
     TERMINAL_TRIAL,
     ExperimentState,

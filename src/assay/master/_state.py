@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from assay.config import ExperimentConfig, parse_config, searcher_in_batches
-from assay.master._checkpoints import recorded_sha256
+from assay.master.checkpoints._checkpoints import recorded_sha256
 from assay.master.errors import NotFoundError, PermissionDeniedError
 from assay.master.lifecycle import (
     LIVE_EXPERIMENT,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from assay.master._agents import StartRun as AgentStart
+from assay.master.fleet._agents import StartRun as AgentStart
 from assay.master.lifecycle._model import Run, StopKind, TrialStatus
 
 

@@ -10,7 +10,7 @@ from typing import Any, get_args
 
 from assay.config import searcher_in_batches
 from assay.errors import InvalidConfigError
-from assay.master._agents import StartRun as AgentStart
+from assay.master.fleet._agents import StartRun as AgentStart
 from assay.master.lifecycle._effects import (
     Effect,
     SetExperiment,

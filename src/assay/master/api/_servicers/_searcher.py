@@ -1,0 +1,43 @@
+"""API handlers for a custom searcher: the events it reads, the operations it posts."""
+
+from __future__ import annotations
+
+import grpc
+
+from assay.master.api._servicers._base import ServicerBase
+from assay.master.api._status import maps_errors
+from assay.proto import api_pb2
+
+
+class SearcherRpcs(ServicerBase):
+    """A custom search's runner steers its experiment (see `_custom_search`)."""
+
+    @maps_errors
+    def GetSearcherEvents(  # noqa: N802
+        self, request: api_pb2.GetSearcherEventsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetSearcherEventsResponse:
+        from assay.master.submission import _custom_search
+
+        # The runner steers the search: an editor's role, as pausing the experiment is.
+        self._may_change(self._who(context), request.experiment_id)
+        view = _custom_search.searcher_events(
+            self.master, request.experiment_id, request.after_event_id
+        )
+        return _custom_search.events_response(view)
+
+    @maps_errors
+    def PostSearcherOperations(  # noqa: N802
+        self, request: api_pb2.PostSearcherOperationsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PostSearcherOperationsResponse:
+        from assay.master.submission import _custom_search
+
+        self._may_change(self._who(context), request.experiment_id)
+        acknowledged = _custom_search.post_operations(
+            self.master,
+            request.experiment_id,
+            request.triggered_by_event_id,
+            _custom_search.operations_of(request),
+            method_state=request.method_state,
+            progress=request.progress if request.HasField("progress") else None,
+        )
+        return api_pb2.PostSearcherOperationsResponse(acknowledged_event_id=acknowledged)

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from assay._local import free_port
-from assay.master.api._http_ui import DEFAULT_UI_DIR
+from assay.master.api import DEFAULT_UI_DIR
 from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store, WriteBatch
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ from assay._checkpoint import CheckpointMetadata
 from assay._spec import ClusterSpec
 from assay.cli import _format as fmt
 from assay.core._backend import ClusterBackend
-from assay.master.wire import _records as _convert
-from assay.master.checkpoints._checkpoints import reported_metadata
+from assay.master import wire
+from assay.master.checkpoints import reported_metadata
 from assay.master.store import CheckpointRecord
 from assay.proto import common_pb2, trial_pb2
 
@@ -79,7 +79,7 @@ def test_a_scripts_metadata_comes_back_as_it_was_stored() -> None:
     stored = reported_metadata(_reported({"note": "up", "steps_completed": 5}))
 
     assert stored == {"note": "up", "steps_completed": 5}
-    shown = fmt.checkpoint_dict(_convert.checkpoint(_record(stored), 2))
+    shown = fmt.checkpoint_dict(wire.checkpoint(_record(stored), 2))
     assert shown["user_metadata"] == {"note": "up", "steps_completed": 5}
 
 
@@ -118,6 +118,6 @@ def test_no_metadata_and_records_from_before_are_shown_as_none() -> None:
     )
     assert old.metadata == {}
     assert _record(["not", "a", "dict"]).metadata == {}
-    message = _convert.checkpoint(old, 2)
+    message = wire.checkpoint(old, 2)
     assert fmt.checkpoint_dict(message)["user_metadata"] == {}
     assert dict(message.validation_metrics) == {"vloss": 0.1}

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from assay.master.checkpoints._gc import GCPolicy, TrialCheckpoints, checkpoints_to_delete
+from assay.master.checkpoints import GCPolicy, TrialCheckpoints, checkpoints_to_delete
 from assay.master.store import CheckpointRecord
 
 

@@ -13,9 +13,9 @@ from unittest import mock
 from assay.agent import Agent
 from assay.agent._devices import detect_devices
 from assay.agent._topology import gpu_islands
-from assay.master.wire._agents import device_message, devices, registration
-from assay.master.fleet._fleet import Fleet
+from assay.master.fleet import Fleet
 from assay.master.scheduler import Pools, Request
+from assay.master.wire import device_message, devices, registration
 from tests.agent.conftest import FakeMaster, FakeNVML, start_message
 
 

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from assay.common.settings import settings_of
 from assay.master._config import MasterConfig
-from assay.master.api._http import METRICS_PATH
+from assay.master.api import METRICS_PATH
 from tests.deploy.conftest import DEPLOY
 from tests.http.conftest import Site, open_site
 

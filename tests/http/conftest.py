@@ -20,9 +20,8 @@ from typing import Any
 import grpc
 import pytest
 
-from assay.master.api._http import HttpServer, start_http
 from assay.master._server import MasterServer
-from assay.master.api._servicers import ApiServicer
+from assay.master.api import ApiServicer, HttpServer, start_http
 from assay.master.store import LogLine
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.credentials import authed_channel, login, master_config

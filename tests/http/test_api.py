@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from assay.errors import AssayError
-from assay.master.api._http import HttpServer
+from assay.master.api import HttpServer
 from tests.http.conftest import Site, World, serve
 
 

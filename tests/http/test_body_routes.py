@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from assay.master.api._http_routes import ROUTES
+from assay.master.api import ROUTES
 from tests.http.conftest import Site, World, wait_for
 from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
 

@@ -25,7 +25,7 @@ from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from assay.master.api._http_routes import ROUTES
+from assay.master.api import ROUTES
 from tests.http.conftest import World
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import validate
 
-from assay.master.api._http_routes import ROUTES
+from assay.master.api import ROUTES
 from assay.proto import api_pb2, common_pb2
 from tests.http.conftest import World
 

@@ -16,7 +16,7 @@ import yaml
 from assay.common.storage import checkpoint_location
 from assay.config import parse_config
 from assay.errors import PREEMPTED_EXIT_CODE
-from assay.master.fleet._agents import KillRun, StartRun
+from assay.master.lifecycle import KillRun, StartRun
 from assay.master.lifecycle.simulate import MasterAdapter, Outbox, model_archive
 from assay.master.store import CheckpointRecord, MetricReport
 

@@ -10,13 +10,12 @@ from typing import Any
 import pytest
 
 from assay.config import parse_config
-from assay.master.submission import _intake as intake
-from assay.master._state import new_searcher
 from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.lifecycle import ExperimentState, ExperimentStatus, Run
 from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.store import ExperimentRecord
+from assay.master.submission import intake, new_searcher
 
 STORED: dict[str, Any] = {
     "name": "c",

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from assay.master import scheduler
-from assay.master.fleet._agents import StartRun as Start
+from assay.master.lifecycle import StartRun as Start
 from assay.master.lifecycle import TrialStatus
 from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle import experiment as experiment_life

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from assay.config import parse_config
-from assay.master._state import new_searcher
 from assay.master.errors import ConflictError
 from assay.master.lifecycle import (
     CONTINUE_EDGES,
@@ -29,6 +28,7 @@ from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
 from assay.master.searcher import Close, Create, Shutdown, ValidateAfter
+from assay.master.submission import new_searcher
 
 E, T = ExperimentStatus, TrialStatus
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)

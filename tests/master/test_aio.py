@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from assay.master.fleet._agents import KillRun
 from assay.master._aio import LoopOutbox, LoopThread, loop_mail, one_wakeup
+from assay.master.lifecycle import KillRun
 
 
 def test_posts_inside_one_wakeup_wake_the_loop_once_and_keep_their_order(

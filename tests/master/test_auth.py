@@ -12,15 +12,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from assay.master.auth import _auth
-from assay.master.auth._auth import (
+from assay.master.auth import (
     MAX_PASSWORD,
     SCRYPT_N,
     WRONG_LOGIN,
     Authenticator,
-    AuthError,
     LoginLimiter,
-    RateLimitedError,
+    _auth,
     check_password,
     check_username,
     hash_password,
@@ -28,7 +26,13 @@ from assay.master.auth._auth import (
     scrypt_parameters,
     verify_password,
 )
-from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError
+from assay.master.errors import (
+    AuthError,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    RateLimitedError,
+)
 from assay.master.store import Store
 
 FAST_N = 2**4  # scrypt's cost in tests; the default is SCRYPT_N

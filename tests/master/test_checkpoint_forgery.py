@@ -25,8 +25,8 @@ from assay.common.storage import (
     trial_storage,
 )
 from assay.config import parse_config
-from assay.master.checkpoints._gc import delete_checkpoint
 from assay.master._server import MasterServer
+from assay.master.checkpoints import delete_checkpoint
 from assay.master.store import CheckpointRecord, Store
 from assay.proto import agent_pb2, api_pb2, api_pb2_grpc, common_pb2, trial_pb2
 from tests.credentials import authed_api, login

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from assay.master.submission._continue import continued_config, parse_overrides
 from assay.master.errors import InvalidArgumentError
+from assay.master.submission import continued_config, parse_overrides
 
 STORED: dict[str, Any] = {
     "name": "c",

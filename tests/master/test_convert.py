@@ -11,8 +11,8 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from assay.common.archive import pack_model_dir
-from assay.master.wire._records import experiment, timestamp
-from assay.master.submission._submission import PreparedExperiment, check_submission, new_record
+from assay.master.submission import PreparedExperiment, check_submission, new_record
+from assay.master.wire import experiment, timestamp
 
 _ZONES = [
     dt.UTC,

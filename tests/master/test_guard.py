@@ -20,8 +20,8 @@ from typing import Any
 import grpc
 import pytest
 
-from assay.master.api._http_routes import ROUTES
 from assay.master._server import MasterServer, check_join_token
+from assay.master.api import ROUTES
 from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2, common_pb2
 from tests.credentials import ADMIN_PASSWORD, authed_api, login
 from tests.http.conftest import Site, open_site, site

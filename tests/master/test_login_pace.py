@@ -9,7 +9,7 @@ import datetime as dt
 
 import pytest
 
-from assay.master.auth._login_limits import LoginLimiter
+from assay.master.auth import LoginLimiter
 from assay.master.errors import RateLimitedError
 from tests.master.test_auth import FakeClock
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from assay.config import parse_config
-from assay.master.sharing._sharing import not_settable, parse_value, resource_change
-from assay.master._state import new_searcher
 from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.lifecycle import ExperimentState, ExperimentStatus
 from assay.master.lifecycle import effects as fx
 from assay.master.scheduler import Request
+from assay.master.sharing import not_settable, parse_value, resource_change
+from assay.master.submission import new_searcher
 
 
 def _experiment(experiment_id: int = 3, **resources: Any) -> ExperimentState:

@@ -23,9 +23,8 @@ from google.protobuf import json_format
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from assay.master.auth._auth import mask_secrets
-from assay.master.api._http_routes import PREFIX, ROUTES
-from assay.master.auth._secrets import MASK, is_secret_name, mask_text, masked
+from assay.master.api import PREFIX, ROUTES
+from assay.master.auth import MASK, is_secret_name, mask_secrets, mask_text, masked
 from assay.master.store._engine import make_engine
 from assay.proto import agent_pb2, api_pb2, common_pb2
 from tests.credentials import login
@@ -378,7 +377,7 @@ def _read_over_http(
 def test_the_submitted_text_keeps_order_and_comments_with_its_secrets_masked() -> None:
     import yaml
 
-    from assay.master.auth._secrets import masked_config_text
+    from assay.master.auth import masked_config_text
 
     text = (
         "# digits, tuned\n"
@@ -408,6 +407,6 @@ def test_the_submitted_text_keeps_order_and_comments_with_its_secrets_masked() -
 def test_a_text_whose_masking_is_not_complete_is_not_shown(text: str) -> None:
     import yaml
 
-    from assay.master.auth._secrets import masked_config_text
+    from assay.master.auth import masked_config_text
 
     assert masked_config_text(text, yaml.safe_load(text)) is None

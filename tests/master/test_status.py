@@ -12,11 +12,11 @@ import grpc
 import pytest
 from sqlalchemy.exc import DataError, OperationalError
 
-from assay.master.api._http_calls import CallError
-from assay.master.api._status import (
+from assay.master.api import (
     DATA_ERROR,
     INTERNAL_ERROR,
     STORE_UNAVAILABLE,
+    CallError,
     maps_errors,
     maps_errors_async,
     maps_errors_stream,

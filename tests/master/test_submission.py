@@ -7,9 +7,8 @@ import tarfile
 
 import pytest
 
-from assay.master.submission import _submission
-from assay.master.submission._submission import check_submission
 from assay.master.errors import InvalidArgumentError
+from assay.master.submission import _submission, check_submission
 
 CONFIG = """\
 name: remembered

@@ -14,8 +14,7 @@ import pytest
 
 from assay.common.storage import StorageManager, storage_for
 from assay.config import parse_config
-from assay.master.checkpoints._checkpoints import delete_checkpoints
-from assay.master.checkpoints._gc import collect
+from assay.master.checkpoints import collect, delete_checkpoints
 from assay.master.errors import CheckpointInUseError
 from assay.master.store import CheckpointRecord, Store
 from tests.conftest import regression_config

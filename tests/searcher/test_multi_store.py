@@ -6,13 +6,8 @@ from __future__ import annotations
 import math
 
 from assay.config import Objective
-from assay.master.telemetry._multi_objective import (
-    fill_pareto,
-    objectives_of,
-    pareto_points,
-    validation_vector,
-)
 from assay.master.store import MetricReport, Store
+from assay.master.telemetry import fill_pareto, objectives_of, pareto_points, validation_vector
 from assay.proto import api_pb2
 from tests.store import _seed as seed
 from tests.store.conftest import db_url, postgres_url, store  # noqa: F401

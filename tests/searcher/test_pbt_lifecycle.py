@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 
 from assay.config import parse_config
-from assay.master._state import new_searcher
 from assay.master.lifecycle import (
     ExperimentState,
     ExperimentStatus,
@@ -18,6 +17,7 @@ from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
 from assay.master.searcher import Create, ValidateAfter
+from assay.master.submission import new_searcher
 
 E, T = ExperimentStatus, TrialStatus
 NOW = dt.datetime(2026, 12, 2, tzinfo=dt.UTC)

@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from assay.common.storage import checkpoint_uuid
-from assay.master.wire._agents import master_message
-from assay.master.checkpoints._checkpoints import recorded_sha256
+from assay.master.checkpoints import recorded_sha256
 from assay.master.store import CheckpointRecord
+from assay.master.wire import master_message
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.conftest import REGRESSION_DIR, regression_config
 from tests.credentials import login
@@ -274,7 +274,7 @@ def test_a_checkpoint_planted_in_by_another_users_trial_is_refused(
 
 def test_the_start_of_a_run_carries_the_record_of_its_checkpoint() -> None:
     from assay.agent._allocation import trial_spec
-    from assay.master.fleet._agents import StartRun
+    from assay.master.lifecycle import StartRun
 
     uuid = checkpoint_uuid("123e4567-e89b-42d3-a456-426614174000")
     record = CheckpointRecord(

@@ -16,8 +16,7 @@ import yaml
 from assay.common.archive import pack_model_dir
 from assay.common.storage import StorageError
 from assay.config import CheckpointStorageConfig
-from assay.master.checkpoints._gc import StorageCache
-from assay.master.checkpoints._storage_policy import StoragePolicy
+from assay.master.checkpoints import StorageCache, StoragePolicy
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.credentials import login
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster

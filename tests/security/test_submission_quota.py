@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from assay.common.archive import pack_model_dir
-from assay.master.submission._quota import SubmissionQuota
 from assay.master.errors import ResourceExhaustedError
+from assay.master.submission import SubmissionQuota
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.credentials import login
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import pytest
 
-from assay.master.fleet._pool_config import ResourcePools
+from assay.master.fleet import ResourcePools
 from assay.proto import api_pb2, api_pb2_grpc, common_pb2
 from tests.credentials import authed_api, login
 from tests.http.conftest import Site, open_site

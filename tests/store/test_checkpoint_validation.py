@@ -13,7 +13,7 @@ import pytest
 
 from assay.common.storage import storage_for
 from assay.config import parse_config
-from assay.master.checkpoints._gc import collect, searcher_metric
+from assay.master.checkpoints import collect, searcher_metric
 from assay.master.errors import ConflictError
 from assay.master.store import CheckpointRecord, MetricReport, Store
 from tests.conftest import regression_config

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from assay.master.checkpoints._checkpoints import delete_experiment
+from assay.master.checkpoints import delete_experiment
 from assay.master.errors import CheckpointInUseError, ConflictError, NotFoundError
 from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store, WriteBatch
 from assay.master.store._models import Checkpoint, Metric, MetricRollup, TaskLog, Trial

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from assay.master.auth._auth import Principal
-from assay.master.auth._roles import Roles
+from assay.master.auth import Principal, Roles
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,

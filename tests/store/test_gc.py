@@ -13,8 +13,7 @@ import pytest
 
 from assay.common.storage import SharedFSStorage, StorageManager, storage_for
 from assay.config import parse_config
-from assay.master.checkpoints._checkpoints import delete_checkpoints
-from assay.master.checkpoints._gc import collect
+from assay.master.checkpoints import collect, delete_checkpoints
 from assay.master.errors import ConflictError, NotFoundError
 from assay.master.store import CheckpointRecord, Store
 from tests.conftest import S3Server, regression_config

@@ -6,9 +6,9 @@ import datetime as dt
 
 from sqlalchemy import event
 
-from assay.master.telemetry._trial_logs import LogKeeper
 from assay.master.store import LogLine, Store, WriteBatch
 from assay.master.store._logs import MARKER_STREAM, QUOTA_MARKER
+from assay.master.telemetry import LogKeeper
 from tests.store import _seed as seed
 
 

@@ -196,7 +196,7 @@ def test_shared_fs_stores_restores_and_deletes_a_sharded_checkpoint_whole(
     _equal(to_full_state_dict(ckpt), torch.load(tmp_path / "full.pt", weights_only=True))
     _equal(_load(tmp_path / "restored.pt"), _load(tmp_path / "full.pt"))
 
-    from assay.master.checkpoints._gc import delete_checkpoint
+    from assay.master.checkpoints import delete_checkpoint
 
     storage = SharedFSStorage(root)
     store = _States()
@@ -243,7 +243,7 @@ def test_s3_stores_every_ranks_shards_restores_and_deletes_them_whole(
     _equal(to_full_state_dict(local), torch.load(tmp_path / "full.pt", weights_only=True))
     _equal(_load(tmp_path / "restored.pt"), _load(tmp_path / "full.pt"))
 
-    from assay.master.checkpoints._gc import delete_checkpoint
+    from assay.master.checkpoints import delete_checkpoint
 
     store = _States()
     record = _record(uuid, storage.location(uuid), read_metadata(local).files)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from assay.master.api._http_ui import BUILD_COMMAND, DEFAULT_UI_DIR
+from assay.master.api import BUILD_COMMAND, DEFAULT_UI_DIR
 from tests.credentials import ADMIN_PASSWORD
 from tests.e2e.conftest import ROOT, Cluster, start_cluster, stop_cluster
 

@@ -10,14 +10,13 @@ import pytest
 
 from assay.common.settings import SettingsError
 from assay.master._config import MasterConfig, load_master_config
-from assay.master.fleet._pool_access import Binding, PoolAccess
-from assay.master.fleet._pool_config import ResourcePools, pool_workspaces
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
 )
+from assay.master.fleet import Binding, PoolAccess, ResourcePools, pool_workspaces
 from assay.master.store import Store
 from assay.master.store._models import DEFAULT_WORKSPACE_ID
 from assay.proto import api_pb2

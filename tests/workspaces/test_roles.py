@@ -24,7 +24,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from assay.master.api._http_routes import ROUTES
+from assay.master.api import ROUTES
 from assay.master.store import CheckpointRecord
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.credentials import authed_api, login

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from assay.master.fleet._agents import AgentMessage
+from assay.master.lifecycle import AgentMessage
 
 
 class _Aborted(BaseException):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from assay.master.fleet import _agents
-from assay.master.fleet._agents import ClusterView
 from assay.master._interpreter import Interpreter
+from assay.master.fleet import ClusterView
+from assay.master.fleet import cluster_view as fleet_view
 
 
 def cluster_view(cluster_id: str, it: Interpreter) -> ClusterView:
@@ -22,7 +22,7 @@ def cluster_view(cluster_id: str, it: Interpreter) -> ClusterView:
     queue = [
         replace(r, slot_type=kinds.get(r.pool or scheduler.default, r.slot_type)) for r in queue
     ]
-    return _agents.cluster_view(
+    return fleet_view(
         cluster_id,
         fleet.slot_type(),
         fleet.agents.values(),

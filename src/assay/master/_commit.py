@@ -33,9 +33,9 @@ from collections.abc import Callable
 from sqlalchemy.exc import OperationalError
 
 from assay.master._aio import loop_mail, one_wakeup
-from assay.master.telemetry._telemetry import NO_TELEMETRY, Telemetry
 from assay.master.errors import StoreUnavailableError
 from assay.master.store import Store, WriteBatch
+from assay.master.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger("assay.master")
 RETRIES = 5

@@ -27,8 +27,8 @@ from assay.common.settings import (
 )
 from assay.common.tls import PemFile
 from assay.config._limits import METRIC_NAMES_PER_TRIAL
-from assay.master.fleet._pool_config import ResourcePools, spec_keys
-from assay.master.checkpoints._storage_policy import StoragePolicy
+from assay.master.checkpoints import StoragePolicy
+from assay.master.fleet import ResourcePools, spec_keys
 from assay.master.scheduler import DEFAULT_POOL, Pools, PoolSpec
 
 PORT = Integer(0, 65535)

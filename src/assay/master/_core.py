@@ -20,27 +20,19 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from assay.master.submission import _intake as intake
-from assay.master.telemetry import _trial_reports as reports
-from assay.master.fleet._agents import AgentHandle, ClusterView, Load, Outbox, Registration
 from assay.master._cluster_view import cluster_view
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
-from assay.master.fleet._pool_access import PoolAccess
-from assay.master.submission._quota import SubmissionQuota
-from assay.master.telemetry._rank_usage import RankUsageBoard
-from assay.master.sharing._sharing import not_settable, parse_value, resource_change
 from assay.master._state import trial_state
-from assay.master.submission._submission import PreparedExperiment, new_record
-from assay.master.telemetry._telemetry import NO_TELEMETRY, Telemetry
-from assay.master.telemetry._trial_logs import LogKeeper
 from assay.master.errors import ConflictError, InvalidArgumentError
+from assay.master.fleet import AgentHandle, ClusterView, Load, Outbox, PoolAccess, Registration
 from assay.master.lifecycle import RELEASED, ExperimentStatus, Run
 from assay.master.lifecycle import _effects as fx
 from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
+from assay.master.sharing import not_settable, parse_value, resource_change
 from assay.master.store import (
     CheckpointRecord,
     ExperimentRecord,
@@ -50,6 +42,8 @@ from assay.master.store import (
     WriteBatch,
 )
 from assay.master.store._archive_file import ModelDefinition
+from assay.master.submission import PreparedExperiment, SubmissionQuota, intake, new_record
+from assay.master.telemetry import NO_TELEMETRY, LogKeeper, RankUsageBoard, Telemetry, reports
 
 log = logging.getLogger("assay.master")
 REAP_INTERVAL_S = 1.0

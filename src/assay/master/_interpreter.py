@@ -25,20 +25,16 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from assay.common.storage import experiment_directory
-from assay.master.sharing import _preemption as preempt
-from assay.master.fleet._agents import KillRun
-from assay.master.auth._auth import mask_secrets
 from assay.master._config import MasterConfig
-from assay.master.fleet._fleet import Fleet
-from assay.master.checkpoints._gc import collect_later
-from assay.master.sharing._sharing import limits
 from assay.master._state import Ledger, ModelCache, load_live
-from assay.master.telemetry._telemetry import NO_TELEMETRY, Telemetry
-from assay.master.telemetry._usage import pool_of
+from assay.master.auth import mask_secrets
+from assay.master.checkpoints import collect_later
+from assay.master.fleet import Fleet
 from assay.master.lifecycle import (
     TERMINAL_TRIAL,
     ExperimentState,
     ExperimentStatus,
+    KillRun,
     Run,
     TrialState,
     TrialStatus,
@@ -52,7 +48,10 @@ from assay.master.lifecycle import trial as trial_life
 from assay.master.lifecycle.run import end_trial, requeue, stop_to_requeue
 from assay.master.scheduler import Wait
 from assay.master.searcher import Create, Operation
+from assay.master.sharing import limits
+from assay.master.sharing import preemption as preempt
 from assay.master.store import AllocationRecord, Store, UsagePart, WriteBatch
+from assay.master.telemetry import NO_TELEMETRY, Telemetry, pool_of
 
 log = logging.getLogger("assay.master")
 E, T = ExperimentStatus, TrialStatus

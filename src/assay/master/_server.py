@@ -19,21 +19,17 @@ from assay.common.archive import MAX_MODEL_DEF_BYTES
 from assay.common.tls import ServerTls
 from assay.errors import AssayError
 from assay.master._aio import GenericOnly, LoopThread, SyncAdapter
-from assay.master.auth._auth import Authenticator
 from assay.master._config import MasterConfig
 from assay.master._core import Master
-from assay.master.auth._guard import Guard, GuardInterceptor
-from assay.master.api._http import HttpServer
-from assay.master.api._servicers import ApiServicer
-from assay.master.api._servicers._agent import AgentServicer
-from assay.master.api._servicers._trial import TrialServicer
 from assay.master._store_owner import StoreTakenError, own_store
-from assay.master.telemetry._telemetry import NO_TELEMETRY, Telemetry
+from assay.master.api import AgentServicer, ApiServicer, HttpServer, TrialServicer
+from assay.master.auth import Authenticator, Guard, GuardInterceptor
 from assay.master.store import Store
+from assay.master.telemetry import NO_TELEMETRY, Telemetry
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
 
 if TYPE_CHECKING:
-    from assay.master.telemetry._metrics import PrometheusTelemetry
+    from assay.master.telemetry.prometheus import PrometheusTelemetry
 
 log = logging.getLogger("assay.master")
 # What the master takes in one message: gRPC refuses a bigger one from its length
@@ -163,7 +159,7 @@ class MasterServer:
             return None, None
         try:
             # Prometheus's code is loaded only by a master that serves metrics.
-            from assay.master.telemetry._metrics import PrometheusTelemetry
+            from assay.master.telemetry.prometheus import PrometheusTelemetry
 
             token = config.metrics_token
             if config.metrics != "token":

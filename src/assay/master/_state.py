@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from assay.config import ExperimentConfig, parse_config, searcher_in_batches
-from assay.master.checkpoints._checkpoints import recorded_sha256
+from assay.config import parse_config, searcher_in_batches
+from assay.master.checkpoints import recorded_sha256
 from assay.master.errors import NotFoundError, PermissionDeniedError
 from assay.master.lifecycle import (
     LIVE_EXPERIMENT,
@@ -31,9 +31,10 @@ from assay.master.lifecycle import (
     TrialStatus,
 )
 from assay.master.scheduler import Request, SlotType
-from assay.master.searcher import Searcher, make_searcher, restore_searcher
+from assay.master.searcher import restore_searcher
 from assay.master.store import Store, TrialRecord, WriteBatch
 from assay.master.store._archive_file import ArchiveFile, ModelDefinition, size_of
+from assay.master.submission import new_searcher
 
 
 class Ledger:
@@ -140,17 +141,6 @@ class Ledger:
 
     def runs_by_trial(self) -> dict[int, Run]:
         return {t: self.runs[a] for t, a in self.run_of_trial.items()}
-
-
-def new_searcher(config: ExperimentConfig) -> Searcher:
-    """The experiment's searcher; `ValueError` names an option that cannot work.
-
-    Its lengths are batches: one in epochs is converted with `records_per_epoch` (the
-    config is stored as written, and converted the same way again on restore).
-    """
-    return make_searcher(
-        searcher_in_batches(config), config.hyperparameters, config.experiment_seed
-    )
 
 
 class ModelCache:

@@ -34,8 +34,6 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from assay.errors import AssayError
-from assay.master.auth._auth import Principal
-from assay.master.auth._guard import AUTH_HEADER, PUBLIC_RPC_NAMES, Guard, caller, calling_as
 from assay.master.api._http_calls import (
     INTERNAL_MESSAGE,
     AsyncHttpContext,
@@ -48,8 +46,9 @@ from assay.master.api._http_openapi import openapi_document
 from assay.master.api._http_params import ParamError, build_body_request, build_request
 from assay.master.api._http_routes import PREFIX, ROUTES, Route
 from assay.master.api._http_ui import WebUi
-from assay.master.telemetry._trial_logs import FollowerLimit
+from assay.master.auth import AUTH_HEADER, PUBLIC_RPC_NAMES, Guard, Principal, caller, calling_as
 from assay.master.errors import AuthError
+from assay.master.telemetry import FollowerLimit
 from assay.proto import api_pb2
 
 log = logging.getLogger("assay.master")

@@ -13,9 +13,9 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 
 from assay import __version__
-from assay.master.auth._guard import PUBLIC_RPC_NAMES
 from assay.master.api._http_params import body_fields, enum_choices, enum_of, query_fields
 from assay.master.api._http_routes import PREFIX, ROUTES, Route
+from assay.master.auth import PUBLIC_RPC_NAMES
 
 Schema = dict[str, Any]
 _F = FieldDescriptor

@@ -26,9 +26,8 @@ from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 
 from assay.common import storage
-from assay.master.wire import _records as _convert
-from assay.master.auth._auth import Principal
-from assay.master.auth._roles import EDITOR, VIEWER, Roles
+from assay.master import wire
+from assay.master.auth import EDITOR, VIEWER, Principal, Roles
 from assay.master.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from assay.master.store import CheckpointRecord, ModelRecord, ModelVersionRecord, Store
 from assay.master.store._models import DEFAULT_WORKSPACE_ID
@@ -116,8 +115,8 @@ def model_message(record: ModelRecord) -> api_pb2.Model:
         owner=record.owner,
         num_versions=record.num_versions,
         latest_version=record.latest_version,
-        created_at=_convert.timestamp(record.created_at),
-        updated_at=_convert.timestamp(record.updated_at),
+        created_at=wire.timestamp(record.created_at),
+        updated_at=wire.timestamp(record.updated_at),
         workspace=record.workspace,
     )
     _fill(message.metadata, record.metadata)
@@ -138,14 +137,14 @@ def version_message(
         notes=record.notes,
         labels=list(record.labels),
         user=record.user,
-        created_at=_convert.timestamp(record.created_at),
-        updated_at=_convert.timestamp(record.updated_at),
+        created_at=wire.timestamp(record.created_at),
+        updated_at=wire.timestamp(record.updated_at),
         checkpoint_deleted=record.checkpoint_deleted_at is not None,
-        checkpoint_deleted_at=_convert.timestamp(record.checkpoint_deleted_at),
+        checkpoint_deleted_at=wire.timestamp(record.checkpoint_deleted_at),
     )
     if readable and record.checkpoint_deleted_at is None and record.experiment_id is not None:
         checkpoint = store.get_checkpoint(record.checkpoint_uuid)
-        message.checkpoint.CopyFrom(_convert.checkpoint(checkpoint, record.experiment_id))
+        message.checkpoint.CopyFrom(wire.checkpoint(checkpoint, record.experiment_id))
         message.code_owner = record.code_owner or ""
     _fill(message.metadata, record.metadata)
     return message

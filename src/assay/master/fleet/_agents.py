@@ -1,7 +1,8 @@
-"""What the master knows of its agents, and what it tells them, as plain values.
+"""What the master knows of its agents, and what it shows of them, as plain values.
 
 The agent servicer turns the agents' protobuf messages into these and these into
-protobuf (`_servicers.py`); the core and its lifecycles never see a wire type.
+protobuf (`assay.master.wire`); the core and its lifecycles never see a wire type. What
+the master tells an agent to do is the lifecycle's (`StartRun`, `KillRun`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
+
+from assay.master.lifecycle import AgentMessage
 
 if TYPE_CHECKING:
     from assay.master.lifecycle import TrialState
@@ -52,44 +55,6 @@ class Load:
     memory_used_fraction: float = 0.0
     devices: tuple[Device, ...] = ()
     stopping: bool = False  # the agent is shutting down: place nothing more on it
-
-
-@dataclass(frozen=True)
-class StartRun:
-    """Start one agent's part of an allocation: one process per slot."""
-
-    allocation_id: str
-    trial_id: int
-    run_id: int
-    experiment_id: int
-    slots: tuple[int, ...]
-    ranks: tuple[int, ...]
-    world_size: int
-    master_addr: str
-    master_port: int
-    model_definition: bytes
-    config_json: str
-    checkpoint_uuid: str
-    checkpoint_location: str
-    trial_api: str
-    token: str
-    hparams_json: str
-    trial_seed: int
-    checkpoint_root: str
-    # The sha256 of each file of the checkpoint to restore, as recorded (empty: none).
-    checkpoint_sha256: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class KillRun:
-    """Stop an allocation's processes: at a checkpoint first when `graceful`."""
-
-    allocation_id: str
-    graceful: bool
-    grace_seconds: int = 0
-
-
-AgentMessage = StartRun | KillRun
 
 
 class Outbox(Protocol):

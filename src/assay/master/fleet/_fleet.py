@@ -21,14 +21,6 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from assay.master.fleet._agents import (
-    AgentHandle,
-    AgentMessage,
-    KillRun,
-    Load,
-    Outbox,
-    Registration,
-)
 from assay.master.errors import (
     AuthError,
     ConflictError,
@@ -36,7 +28,8 @@ from assay.master.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
-from assay.master.lifecycle import Run
+from assay.master.fleet._agents import AgentHandle, Load, Outbox, Registration
+from assay.master.lifecycle import AgentMessage, KillRun, Run
 from assay.master.lifecycle.agent import AgentClock
 from assay.master.scheduler import Agent, Pools, SlotType
 from assay.master.store import WriteBatch

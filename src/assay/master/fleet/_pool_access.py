@@ -25,13 +25,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from assay.master.fleet._pool_config import pool_workspaces
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
 )
+from assay.master.fleet._pool_config import pool_workspaces
 from assay.master.store import Store, WorkspaceRecord
 from assay.master.store._directory import Snapshot
 

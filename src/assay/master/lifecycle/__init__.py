@@ -28,9 +28,13 @@ from assay.master.lifecycle._model import (
     TrialState,
     TrialStatus,
 )
+from assay.master.lifecycle._orders import AgentMessage, KillRun, StartRun
 from assay.master.lifecycle.run import Outcome, RunEnd, finish_run, run_end, run_outcome
 
 __all__ = [
+    "AgentMessage",
+    "KillRun",
+    "StartRun",
     "CONTINUE_EDGES",
     "EXPERIMENT_EDGES",
     "LIVE_EXPERIMENT",

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from assay.master.fleet._agents import StartRun as AgentStart
 from assay.master.lifecycle._model import Run, StopKind, TrialStatus
+from assay.master.lifecycle._orders import StartRun as AgentStart
 
 
 @dataclass(frozen=True)

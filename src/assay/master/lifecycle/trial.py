@@ -10,7 +10,6 @@ from typing import Any, get_args
 
 from assay.config import searcher_in_batches
 from assay.errors import InvalidConfigError
-from assay.master.fleet._agents import StartRun as AgentStart
 from assay.master.lifecycle._effects import (
     Effect,
     SetExperiment,
@@ -30,6 +29,7 @@ from assay.master.lifecycle._model import (
     TrialState,
     TrialStatus,
 )
+from assay.master.lifecycle._orders import StartRun as AgentStart
 from assay.master.lifecycle.experiment import close_paused
 from assay.master.lifecycle.run import end_trial, requeue
 

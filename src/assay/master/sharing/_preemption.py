@@ -4,20 +4,34 @@ After a scheduling round that left trials waiting, a fair-share pool stops runs 
 experiments above their share for the first waiting trial of one below it, and a
 priority pool stops lower-priority runs for the first trial that waits for room. The
 victims are the pure scheduler's choice (`choose_victims`, `fair_share_victims`); these
-functions read the master's memory (the `Ledger`) for it and return the effects that
+functions read the master's memory (its `Ledger`) for it and return the effects that
 stop them, which the `Interpreter` applies. One wave at a time: while a run stops for
 preemption, nothing else is stopped, as the slots it frees go to the queue first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Protocol
 
-from assay.master.sharing._sharing import fair_share_victims
-from assay.master._state import Ledger
+from assay.master.lifecycle import ExperimentState, Run
 from assay.master.lifecycle import _effects as fx
 from assay.master.lifecycle.run import preemption
 from assay.master.scheduler import Decision, Pools, Request, Running, choose_victims
+from assay.master.sharing._sharing import fair_share_victims
+
+
+class Ledger(Protocol):
+    """What preemption reads of the master's memory (the shell's `Ledger`)."""
+
+    @property
+    def experiments(self) -> Mapping[int, ExperimentState]: ...
+
+    @property
+    def runs(self) -> Mapping[str, Run]: ...
+
+    @property
+    def run_of_trial(self) -> Mapping[int, str]: ...
 
 
 def for_share(

@@ -15,8 +15,8 @@ import yaml
 
 from assay.config import ExperimentConfig
 from assay.config._merge import merge
-from assay.master.submission._submission import check_config
 from assay.master.errors import InvalidArgumentError
+from assay.master.submission._submission import check_config
 
 # Dotted key paths (with everything under them) a continue may change.
 CONTINUABLE = (

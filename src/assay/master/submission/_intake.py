@@ -14,12 +14,9 @@ from typing import Any
 import yaml
 
 from assay.config import ExperimentConfig, searcher_in_batches
-from assay.master.submission._continue import continued_config
-from assay.master.fleet._fleet import Fleet
-from assay.master._state import new_searcher
-from assay.master.checkpoints._storage_policy import StoragePolicy
-from assay.master.submission._submission import PreparedExperiment, check_resource_pool, check_submission
+from assay.master.checkpoints import StoragePolicy
 from assay.master.errors import ConflictError, InvalidArgumentError
+from assay.master.fleet import Fleet
 from assay.master.lifecycle import ExperimentState, ExperimentStatus, TrialState
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle._effects import Effect, SetExperiment
@@ -27,6 +24,13 @@ from assay.master.scheduler import Pools
 from assay.master.searcher import Searcher
 from assay.master.store import ExperimentRecord, Store, WriteBatch
 from assay.master.store._archive_file import ModelDefinition
+from assay.master.submission._continue import continued_config
+from assay.master.submission._submission import (
+    PreparedExperiment,
+    check_resource_pool,
+    check_submission,
+    new_searcher,
+)
 
 
 def prepare(

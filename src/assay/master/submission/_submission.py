@@ -23,15 +23,25 @@ import yaml
 from assay.common.archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
 from assay.config import ExperimentConfig, parse_config, searcher_in_batches
 from assay.errors import InvalidConfigError
-from assay.master.wire._records import config_struct
-from assay.master._state import new_searcher
 from assay.master.errors import InvalidArgumentError
-from assay.master.searcher import Searcher
+from assay.master.searcher import Searcher, make_searcher
 from assay.master.store import ExperimentRecord
 from assay.master.store._archive_file import ArchiveFile, ModelDefinition, size_of
+from assay.master.wire import config_struct
 
 MAX_CONFIG_BYTES = 2**20
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def new_searcher(config: ExperimentConfig) -> Searcher:
+    """The experiment's searcher; `ValueError` names an option that cannot work.
+
+    Its lengths are batches: one in epochs is converted with `records_per_epoch` (the
+    config is stored as written, and converted the same way again on restore).
+    """
+    return make_searcher(
+        searcher_in_batches(config), config.hyperparameters, config.experiment_seed
+    )
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from assay.config import ExperimentConfig
-from assay.master.auth._auth import mask_secrets
-from assay.master.checkpoints._checkpoints import recorded_sha256, reported_location
-from assay.master.telemetry._multi_objective import validation_vector
+from assay.master.auth import mask_secrets
+from assay.master.checkpoints import recorded_sha256, reported_location
 from assay.master.lifecycle import ExperimentState, Restore, Run, TrialState
 from assay.master.store import (
     CheckpointRecord,
@@ -24,6 +23,7 @@ from assay.master.store import (
     MetricsReported,
     Store,
 )
+from assay.master.telemetry._multi_objective import validation_vector
 
 
 def masked(lines: Sequence[LogLine]) -> list[LogLine]:

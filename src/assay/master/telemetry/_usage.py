@@ -19,7 +19,7 @@ from assay.master.store._usage import GroupBy
 if TYPE_CHECKING:
     import threading
 
-    from assay.master.fleet._fleet import Fleet
+    from assay.master.fleet import Fleet
 
 
 class _Master(Protocol):

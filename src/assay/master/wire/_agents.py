@@ -5,16 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 
-from assay.master.fleet._agents import (
-    AgentMessage,
-    AgentView,
-    ClusterView,
-    Device,
-    KillRun,
-    Load,
-    Registration,
-    SlotKind,
-)
+from assay.master.fleet import AgentView, ClusterView, Device, Load, Registration, SlotKind
+from assay.master.lifecycle import AgentMessage, KillRun
 from assay.master.store import LogLine
 from assay.proto import agent_pb2, api_pb2, common_pb2
 

@@ -20,7 +20,7 @@ from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from assay.config import MAX_CONFIG_DEPTH, ExperimentConfig
-from assay.master.auth._secrets import masked
+from assay.master.auth import masked
 from assay.master.store import CheckpointRecord, ExperimentRecord, LogLine, TrialRecord
 from assay.proto import common_pb2
 

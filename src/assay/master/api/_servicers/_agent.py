@@ -17,12 +17,12 @@ import grpc
 
 from assay import __version__
 from assay.errors import AssayError
-from assay.master.wire import _agents as wire
-from assay.master.fleet._agents import AgentHandle
+from assay.master import wire
 from assay.master._aio import LoopOutbox
 from assay.master._core import Master
-from assay.master.auth._guard import AgentPass, agent_pass
 from assay.master.api._status import status_of
+from assay.master.auth import AgentPass, agent_pass
+from assay.master.fleet import AgentHandle
 from assay.proto import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("assay.master")

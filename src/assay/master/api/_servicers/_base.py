@@ -5,15 +5,19 @@ from __future__ import annotations
 from concurrent import futures
 from typing import Any
 
-from assay.master.wire import _records as _convert
-from assay.master.auth._auth import Principal
+from assay.master import wire
 from assay.master._core import Master
-from assay.master.auth._guard import Guard, caller, metadata_dict
-from assay.master.telemetry._multi_objective import objectives_of
-from assay.master.auth._roles import EDITOR, Roles
-from assay.master.auth._secrets import masked_config_text
-from assay.master.telemetry._trial_logs import FollowerLimit
+from assay.master.auth import (
+    EDITOR,
+    Guard,
+    Principal,
+    Roles,
+    caller,
+    masked_config_text,
+    metadata_dict,
+)
 from assay.master.errors import PermissionDeniedError
+from assay.master.telemetry import FollowerLimit, objectives_of
 from assay.proto import api_pb2_grpc, common_pb2
 
 
@@ -75,7 +79,7 @@ class ServicerBase(api_pb2_grpc.ApiServicer):
         if objectives := objectives_of(record.config):  # searcher.metrics: the first one's
             smaller = objectives[0].smaller_is_better
         best = (min(bests) if smaller else max(bests)) if bests else None
-        message = _convert.experiment(record, num_trials=len(trials), best=best)
+        message = wire.experiment(record, num_trials=len(trials), best=best)
         message.workspace, message.project = record.workspace, record.project
         text = self.store.get_config_text(experiment_id) if with_text else None
         if text is not None:

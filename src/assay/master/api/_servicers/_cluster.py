@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from assay import __version__
-from assay.master.wire import _agents as wire
+from assay.master import wire
 from assay.master.api._servicers._base import ServicerBase
 from assay.master.api._status import maps_errors
 from assay.master.errors import InvalidArgumentError

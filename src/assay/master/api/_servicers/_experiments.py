@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import grpc
 
-from assay.master.checkpoints import _checkpoints
-
-from assay.master.wire import _records as _convert
-from assay.master.telemetry._multi_objective import fill_pareto
-from assay.master.auth._roles import EDITOR
+from assay.master import checkpoints, wire
 from assay.master.api._servicers._base import ServicerBase
 from assay.master.api._status import maps_errors
+from assay.master.auth import EDITOR
 from assay.master.errors import InvalidArgumentError
+from assay.master.telemetry import fill_pareto
 from assay.proto import api_pb2, common_pb2
 
 _ACTIONS = {
@@ -33,7 +31,7 @@ class ExperimentRpcs(ServicerBase):
     ) -> api_pb2.GetExperimentResponse:
         who = self._may_read(context, request.id)
         experiment = self._experiment(request.id, with_text=True)
-        trials = [_convert.trial(t) for t in self.store.list_trials(request.id)]
+        trials = [wire.trial(t) for t in self.store.list_trials(request.id)]
         waiting = self.master.unplaceable
         for trial in trials:
             if trial.state == common_pb2.TRIAL_STATE_QUEUED:
@@ -95,7 +93,7 @@ class ExperimentRpcs(ServicerBase):
     def ContinueExperiment(  # noqa: N802
         self, request: api_pb2.ContinueExperimentRequest, context: grpc.ServicerContext
     ) -> common_pb2.Experiment:
-        from assay.master.submission._continue import parse_overrides
+        from assay.master.submission import parse_overrides
 
         self._may_change(self._who(context), request.id)  # an editor, as for activate
         overrides = parse_overrides(request.id, request.config_yaml)
@@ -177,9 +175,9 @@ class ExperimentRpcs(ServicerBase):
     def DeleteExperiment(  # noqa: N802
         self, request: api_pb2.DeleteExperimentRequest, context: grpc.ServicerContext
     ) -> api_pb2.DeleteExperimentResponse:
-        # Editors of its workspace (and its owner) delete it; see _checkpoints.delete_experiment.
+        # Editors of its workspace (and its owner) delete it; see checkpoints.delete_experiment.
         self.roles.experiment(self._who(context), request.id, EDITOR, owner_may=True)
-        result = _checkpoints.delete_experiment(
+        result = checkpoints.delete_experiment(
             self.store,
             request.id,
             default_root=self.master.config.checkpoint_root,

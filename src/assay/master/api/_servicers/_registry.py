@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import grpc
 
-from assay.master.checkpoints import _checkpoints
-
-from assay.master.wire import _records as _convert
-
+from assay.master import checkpoints, wire
 from assay.master.api import _registry
-from assay.master.auth._auth import Principal
-from assay.master.auth._roles import EDITOR
 from assay.master.api._servicers._base import ServicerBase
 from assay.master.api._status import maps_errors
+from assay.master.auth import EDITOR, Principal
 from assay.master.errors import NotFoundError
 from assay.proto import api_pb2, common_pb2
 
@@ -33,7 +29,7 @@ class RegistryRpcs(ServicerBase):
             trials = self.store.list_trials(request.experiment_id)
         return api_pb2.ListCheckpointsResponse(
             checkpoints=[
-                _convert.checkpoint(c, t.experiment_id)
+                wire.checkpoint(c, t.experiment_id)
                 for t in trials
                 for c in self.store.list_checkpoints(t.id)
             ]
@@ -46,13 +42,13 @@ class RegistryRpcs(ServicerBase):
         who = self._who(context)
         # A checkpoint of another workspace does not exist for you (each uuid as it is
         # looked up below: stripped and lowercased).
-        for uuid in _checkpoints.normalise_uuids(request.uuids):
+        for uuid in checkpoints.normalise_uuids(request.uuids):
             try:
                 record = self.store.get_checkpoint(uuid)
             except NotFoundError:
                 continue  # named by the deletion below
             self.roles.checkpoint(who, record, EDITOR, owner_may=True)
-        return _checkpoints.delete_response(
+        return checkpoints.delete_response(
             self.store,
             request,
             user=None,  # the roles above: editors of its workspace, or its owner
@@ -67,7 +63,7 @@ class RegistryRpcs(ServicerBase):
         record = self.store.get_checkpoint(request.uuid)
         self.roles.checkpoint(self._who(context), record)
         trial = self.store.get_trial(record.trial_id)
-        return _convert.checkpoint(record, trial.experiment_id)
+        return wire.checkpoint(record, trial.experiment_id)
 
     @maps_errors
     def CreateModel(  # noqa: N802

@@ -16,27 +16,27 @@ class SearcherRpcs(ServicerBase):
     def GetSearcherEvents(  # noqa: N802
         self, request: api_pb2.GetSearcherEventsRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetSearcherEventsResponse:
-        from assay.master.submission import _custom_search
+        from assay.master import submission
 
         # The runner steers the search: an editor's role, as pausing the experiment is.
         self._may_change(self._who(context), request.experiment_id)
-        view = _custom_search.searcher_events(
+        view = submission.searcher_events(
             self.master, request.experiment_id, request.after_event_id
         )
-        return _custom_search.events_response(view)
+        return submission.events_response(view)
 
     @maps_errors
     def PostSearcherOperations(  # noqa: N802
         self, request: api_pb2.PostSearcherOperationsRequest, context: grpc.ServicerContext
     ) -> api_pb2.PostSearcherOperationsResponse:
-        from assay.master.submission import _custom_search
+        from assay.master import submission
 
         self._may_change(self._who(context), request.experiment_id)
-        acknowledged = _custom_search.post_operations(
+        acknowledged = submission.post_operations(
             self.master,
             request.experiment_id,
             request.triggered_by_event_id,
-            _custom_search.operations_of(request),
+            submission.operations_of(request),
             method_state=request.method_state,
             progress=request.progress if request.HasField("progress") else None,
         )

@@ -12,14 +12,13 @@ from typing import Any
 import grpc
 
 from assay.common.archive import MAX_MODEL_DEF_BYTES
-from assay.master.wire import _records as _convert
-from assay.master.submission import _custom_search
-from assay.master.auth._guard import caller
+from assay.master import submission, wire
 from assay.master.api._servicers._base import ServicerBase
-from assay.master.submission._spool import Upload, UploadSpool
 from assay.master.api._status import maps_errors_async
+from assay.master.auth import caller
 from assay.master.errors import InvalidArgumentError, ResourceExhaustedError
 from assay.master.store._archive_file import ModelDefinition, size_of
+from assay.master.submission import Upload, UploadSpool
 from assay.proto import api_pb2
 
 # Model archives up to this size are checked on the event loop (a few milliseconds).
@@ -150,7 +149,7 @@ class SubmissionRpcs(ServicerBase):
         else:
             prepared = self.master.prepare_experiment(*args, owner=owner)
         config = prepared.config
-        _custom_search.check_config_cap(config, self.master.config.custom_search_trials)
+        submission.check_config_cap(config, self.master.config.custom_search_trials)
         # From the store's directory when it is fresh (no thread hop); else off the loop,
         # which also explains a refusal the directory cannot (an unknown name).
         project = self.roles.new_experiment_project_now(who, config.workspace, config.project)
@@ -173,7 +172,7 @@ class SubmissionRpcs(ServicerBase):
         await self.master.commit.wait_async(ticket)
         if access.generation != generation:  # a binding changed since the check
             await loop.run_in_executor(self.pool, access.hold_back, self.master, [record.id])
-        experiment = _convert.experiment(record, num_trials=1, parsed=prepared.config)
+        experiment = wire.experiment(record, num_trials=1, parsed=prepared.config)
         experiment.workspace, experiment.project = project.workspace, project.name
         warnings = (
             [

@@ -8,7 +8,7 @@ import random
 
 import grpc
 
-from assay.master.checkpoints import _checkpoints
+from assay.master import checkpoints
 from assay.master._core import Master, Run
 from assay.master.api._status import maps_errors
 from assay.master.store import CheckpointRecord, MetricReport
@@ -82,7 +82,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
             user_metadata={
                 "sha256": {f.name: f.sha256 for f in files},
                 "validation_metrics": dict(checkpoint.validation_metrics),
-                "metadata": _checkpoints.reported_metadata(checkpoint),
+                "metadata": checkpoints.reported_metadata(checkpoint),
             },
         )
         self.master.report_checkpoint(run, record)
@@ -118,7 +118,7 @@ class TrialServicer(trial_pb2_grpc.TrialServiceServicer):
         self, request: trial_pb2.DeleteTrialCheckpointsRequest, context: grpc.ServicerContext
     ) -> trial_pb2.DeleteTrialCheckpointsResponse:
         run = self._run(context, request.trial_id, request.run_id)
-        result = _checkpoints.delete_checkpoints(
+        result = checkpoints.delete_checkpoints(
             self.master.store,
             list(request.uuids),
             trial_id=run.trial_id,

@@ -10,12 +10,11 @@ from typing import TypeVar
 
 import grpc
 
-from assay.master.wire import _records as _convert
-from assay.master.auth._guard import metadata_dict
-from assay.master.auth._roles import EDITOR
+from assay.master import wire
 from assay.master.api._servicers._base import ServicerBase
 from assay.master.api._status import maps_errors, maps_errors_stream
-from assay.master.telemetry._trial_logs import stream_trial_logs
+from assay.master.auth import EDITOR, metadata_dict
+from assay.master.telemetry import stream_trial_logs
 from assay.proto import api_pb2, common_pb2
 
 _T = TypeVar("_T")
@@ -30,14 +29,14 @@ class TrialRpcs(ServicerBase):
     ) -> common_pb2.Trial:
         self.roles.trial(self._who(context), request.id, EDITOR)  # as killing its experiment
         self.master.kill_trial(request.id)
-        return _convert.trial(self.store.get_trial(request.id))
+        return wire.trial(self.store.get_trial(request.id))
 
     @maps_errors
     def GetTrial(  # noqa: N802
         self, request: api_pb2.GetTrialRequest, context: grpc.ServicerContext
     ) -> common_pb2.Trial:
         self.roles.trial(self._who(context), request.id)
-        trial = _convert.trial(self.store.get_trial(request.id))
+        trial = wire.trial(self.store.get_trial(request.id))
         allocation_id = self.master.run_of_trial.get(request.id)
         if allocation_id is not None:  # running: each rank's latest utilisation
             trial.ranks.extend(self.master.rank_usage.ranks(allocation_id))
@@ -95,4 +94,4 @@ class TrialRpcs(ServicerBase):
         with slot:
             async with contextlib.aclosing(lines):
                 async for line in lines:
-                    yield _convert.log_line(line, request.trial_id)
+                    yield wire.log_line(line, request.trial_id)

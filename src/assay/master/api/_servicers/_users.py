@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import grpc
 
-from assay.master.telemetry import _usage
-from assay.master.auth._guard import bearer, metadata_dict
 from assay.master.api._servicers._base import ServicerBase
 from assay.master.api._status import maps_errors
+from assay.master.auth import bearer, metadata_dict
 from assay.master.store import UserRecord
+from assay.master.telemetry import usage
 from assay.proto import api_pb2
 
 
@@ -89,14 +89,14 @@ class UserRpcs(ServicerBase):
         self, request: api_pb2.GetUsageRequest, context: grpc.ServicerContext
     ) -> api_pb2.GetUsageResponse:
         who = self._who(context)
-        found = _usage.report(
+        found = usage.report(
             self.store,
             user_id=None if who.admin else who.user_id,  # a user sees their own usage only
             by=request.by,
             since=request.since,
             until=request.until,
             per_day=request.per_day,
-            capacity=_usage.capacity(self.master) if who.admin else {},
+            capacity=usage.capacity(self.master) if who.admin else {},
         )
         return _usage_message(found)
 
@@ -113,7 +113,7 @@ def _user_message(user: UserRecord) -> api_pb2.User:
     )
 
 
-def _usage_message(found: _usage.UsageReport) -> api_pb2.GetUsageResponse:
+def _usage_message(found: usage.UsageReport) -> api_pb2.GetUsageResponse:
     response = api_pb2.GetUsageResponse(by=found.by, all_users=found.all_users)
     response.since.FromDatetime(found.since)
     response.until.FromDatetime(found.until)

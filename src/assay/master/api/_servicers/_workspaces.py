@@ -6,10 +6,9 @@ from typing import Any
 
 import grpc
 
-from assay.master.auth._auth import Principal
-from assay.master.auth._roles import ADMIN, EDITOR
 from assay.master.api._servicers._base import ServicerBase
 from assay.master.api._status import maps_errors
+from assay.master.auth import ADMIN, EDITOR, Principal
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -243,7 +242,7 @@ def _template_config(text: str) -> dict[str, Any]:
     import yaml
 
     from assay.config import _limits
-    from assay.master.auth._secrets import is_secret_name
+    from assay.master.auth import is_secret_name
 
     try:
         config = yaml.safe_load(text)

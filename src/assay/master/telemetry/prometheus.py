@@ -26,9 +26,9 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from assay.master.fleet._agents import AgentView, ClusterView, QueuedView
-from assay.master.telemetry._telemetry import Telemetry
+from assay.master.fleet import AgentView, ClusterView, QueuedView
 from assay.master.lifecycle.run import Outcome
+from assay.master.telemetry._telemetry import Telemetry
 from assay.proto import agent_pb2, api_pb2, trial_pb2
 
 # The text format every Prometheus since 2.0 reads (what generate_latest writes).

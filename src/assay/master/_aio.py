@@ -2,7 +2,7 @@
 
 Every agent keeps one stream open. A thread-per-stream server spends most of its time
 handing messages between threads (two per agent), so the agents' streams are served
-on one event loop instead (see `AgentServicer` in _servicers.py). The API and trial
+on one event loop instead (see `AgentServicer` in `assay.master.api`). The API and trial
 handlers block on the store and the master's lock; they stay plain functions, written
 against the synchronous `grpc.ServicerContext`, and run on a thread pool behind
 `SyncAdapter`.

@@ -28,8 +28,8 @@ from assay.master._state import trial_state
 from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.fleet import AgentHandle, ClusterView, Load, Outbox, PoolAccess, Registration
 from assay.master.lifecycle import RELEASED, ExperimentStatus, Run
-from assay.master.lifecycle import _effects as fx
 from assay.master.lifecycle import agent as agent_life
+from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
 from assay.master.sharing import not_settable, parse_value, resource_change

@@ -1,9 +1,11 @@
 """The master's effect interpreter: it applies the lifecycles' effects, and schedules.
 
 `Interpreter` owns the master's memory (the `Ledger`, the agents' `Fleet`, the pure
-`Scheduler`) and carries out what the decisions in `lifecycle/` return: it changes
-memory, records each change in the open `WriteBatch`, and queues the messages to agents
-that are sent once the batch is committed. It holds no lock and never commits: its
+`Scheduler`) and carries out what the decisions in `lifecycle/` return, step by step: a
+change (`_changes.py`) updates memory, records itself in the open `WriteBatch`, or
+queues a message to an agent that is sent once the batch is committed; a follow-up
+decision (`_followups.py`) is decided on the memory as it is then, and its own steps are
+applied in its place. It holds no lock and never commits: its
 caller (`Master`, in _core.py) takes the lock around every call and commits afterwards.
 It knows nothing of `Master`; of the group commit it uses only the open batch and the
 actions that run after a commit (`Recorder`).
@@ -12,7 +14,6 @@ actions that run after a commit (`Recorder`).
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import hashlib
 import hmac
 import logging
@@ -22,27 +23,25 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
 
 from assay.common.storage import experiment_directory
+from assay.master._changes import CHANGES, now
 from assay.master._config import MasterConfig
+from assay.master._followups import FOLLOW_UPS, part_lost
 from assay.master._state import Ledger, ModelCache, load_live
-from assay.master.auth import mask_secrets
-from assay.master.checkpoints import collect_later
 from assay.master.fleet import Fleet
 from assay.master.lifecycle import (
     TERMINAL_TRIAL,
     ExperimentState,
     ExperimentStatus,
-    KillRun,
     Run,
     TrialState,
     TrialStatus,
     finish_run,
     run_end,
 )
-from assay.master.lifecycle import _effects as fx
-from assay.master.lifecycle import agent as agent_life
+from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
 from assay.master.lifecycle.run import end_trial, requeue, stop_to_requeue
@@ -50,8 +49,8 @@ from assay.master.scheduler import Wait
 from assay.master.searcher import Create, Operation
 from assay.master.sharing import limits
 from assay.master.sharing import preemption as preempt
-from assay.master.store import AllocationRecord, Store, UsagePart, WriteBatch
-from assay.master.telemetry import NO_TELEMETRY, Telemetry, pool_of
+from assay.master.store import AllocationRecord, Store, WriteBatch
+from assay.master.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger("assay.master")
 E, T = ExperimentStatus, TrialStatus
@@ -95,13 +94,13 @@ class Interpreter:
         # recognises the trial processes that kept running. The HMAC's keyed state is
         # built once and copied per token (building it costs more than the digest).
         self._token_mac = hmac.new(store.secret("allocation-tokens"), digestmod=hashlib.sha256)
-        self._checkpoint_root = str(config.checkpoint_root)
+        self.checkpoint_root = str(config.checkpoint_root)
         # Checkpoint deletions, one at a time, off the master's lock (storage I/O).
         self.gc = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gc")
-        self._storages: dict[str, Any] = {}
+        self.storages: dict[str, Any] = {}
         # Trials created from a running trial's checkpoint (pbt), by that trial's id: they
         # start when its run ends, from the checkpoint it leaves.
-        self._awaiting: dict[int, list[int]] = {}
+        self.awaiting: dict[int, list[int]] = {}
 
     @property
     def batch(self) -> WriteBatch:
@@ -128,9 +127,9 @@ class Interpreter:
         for experiment in self.experiments.values():
             self._resume_copies(experiment)
         # Usage records whose allocation is over (or gone with its trial) close now.
-        self.batch.usage_orphans_closed(_now())
+        self.batch.usage_orphans_closed(now())
         for experiment in list(self.experiments.values()):
-            self.do(trial_life.after_restart(experiment, self.run_of_trial, _now()))
+            self.do(trial_life.after_restart(experiment, self.run_of_trial, now()))
         self.schedule()
 
     def _await_run(self, allocation: AllocationRecord) -> bool:
@@ -196,9 +195,9 @@ class Interpreter:
                 continue
             if parent.id in self.run_of_trial:
                 trial.awaiting_parent = True
-                self._awaiting.setdefault(parent.id, []).append(trial.id)
+                self.awaiting.setdefault(parent.id, []).append(trial.id)
             else:
-                self._copy_checkpoint(trial, parent)
+                self.copy_checkpoint(trial, parent)
 
     # --- effects --------------------------------------------------------------------------
 
@@ -208,73 +207,13 @@ class Interpreter:
             self._apply(effect)
 
     def _apply(self, effect: fx.Effect) -> None:
-        if isinstance(effect, fx.SetTrial):
-            self.ledger.set_trial(effect.trial_id, effect.fields)
-        elif isinstance(effect, fx.SetExperiment):
-            self.ledger.set_experiment(effect.experiment_id, effect.fields)
-        elif isinstance(effect, fx.Enqueue):
-            self.ledger.enqueue(effect.trial_id, to_back=effect.to_back)
-        elif isinstance(effect, fx.Dequeue):
-            self.queued.pop(effect.trial_id, None)
-        elif isinstance(effect, fx.Kill):
-            run = self.runs.get(effect.allocation_id)
-            if run is not None:
-                if effect.stopping is not None and effect.stopping != run.stopping:
-                    run.stopping = effect.stopping
-                    # In the commit that records its trial STOPPING: a restarted master
-                    # finishes this stop, not one it would guess from the experiment.
-                    self.batch.set_allocation(run.allocation_id, stopping=effect.stopping)
-                self.fleet.kill(run, graceful=effect.graceful)
-        elif isinstance(effect, fx.Log):
-            # The trial's log has the line; the master's own log repeats what went wrong.
-            level = logging.getLevelName(effect.level)
-            shown = level if level >= logging.WARNING else logging.DEBUG
-            log.log(shown, "trial %d: %s", effect.trial_id, effect.message)
-            self.batch.log(
-                effect.trial_id, effect.run_id, effect.message, level=effect.level, now=_now()
-            )
-        elif isinstance(effect, fx.Tell):
-            self._tell(effect)
-        elif isinstance(effect, fx.Settle):
-            self._settle(effect.experiment_id)
-        elif isinstance(effect, fx.CollectGarbage):
-            self._collect_garbage(effect)
-        elif isinstance(effect, fx.Drop):
-            self.ledger.drop_experiment(effect.experiment_id)
-            self.models.drop(effect.experiment_id)
-        elif isinstance(effect, fx.NewTrial):
-            self._new_trial(effect)
-        elif isinstance(effect, fx.StartRun):
-            self._start_run(effect)
-        elif isinstance(effect, fx.Adopt):
-            self._adopt(effect)
-        elif isinstance(effect, fx.PartLost):
-            self._part_lost(effect.allocation_id, effect.agent_id, effect.why)
-        elif isinstance(effect, fx.PartEnded):
-            self._part_ended(effect)
-        elif isinstance(effect, fx.FinishRun):
-            run = self.runs.get(effect.allocation_id)
-            if run is not None:
-                self.finish_run(run)
-        elif isinstance(effect, fx.DropAgent):
-            self.drop_agent(effect.agent_id, effect.why)
-        elif isinstance(effect, fx.KillUnknown):
-            self.fleet.send(effect.agent_id, KillRun(effect.allocation_id, graceful=False))
-
-    def _collect_garbage(self, effect: fx.CollectGarbage) -> None:
-        """Once the end is committed, delete the checkpoints the policy does not keep."""
-        collect = collect_later(
-            self.gc,
-            self.store,
-            effect.experiment_id,
-            self.experiments[effect.experiment_id].config,
-            ended_trial_ids=effect.ended_trial_ids,
-            experiment_ended=effect.experiment_ended,
-            default_root=self.config.checkpoint_root,
-            storage_cache=self._storages,
-            policy=self.config.storage_policy,
-        )
-        self.commit.after(collect)
+        """A change is applied; a follow-up decision is decided now, on the memory the
+        steps before it left, and its own steps are applied in its place."""
+        change = CHANGES.get(type(effect))
+        if change is not None:
+            change(self, effect)
+        else:
+            self.do(FOLLOW_UPS[type(effect)](self, effect))
 
     def search(self, experiment: ExperimentState, ops: Sequence[Operation]) -> None:
         """Carry out the searcher's operations (and those they lead to), then record it."""
@@ -284,9 +223,7 @@ class Interpreter:
             op = pending.popleft()
             if isinstance(op, Create) and op.checkpoint_from is not None:
                 copied.add(op.checkpoint_from)
-            for effect in experiment_life.apply_operation(
-                experiment, op, self.run_of_trial, _now()
-            ):
+            for effect in experiment_life.apply_operation(experiment, op, self.run_of_trial, now()):
                 if isinstance(effect, fx.Tell) and effect.event in (
                     "on_trial_created",
                     "on_trial_closed",
@@ -307,36 +244,7 @@ class Interpreter:
         search = {"searcher_state": experiment.search_state(), "progress": progress}
         self.ledger.set_experiment(experiment.id, search)
 
-    def _tell(self, tell: fx.Tell) -> None:
-        """Tell the searcher what became of a trial, and carry out its answer."""
-        experiment = self.experiments.get(tell.experiment_id)
-        if experiment is None or experiment.state not in (E.ACTIVE, E.PAUSED):
-            return  # the experiment is being canceled or killed: the search is over
-        handler = getattr(experiment.searcher, tell.event)
-        self.search(experiment, handler(tell.request_id, *tell.args))
-
-    def _new_trial(self, new: fx.NewTrial) -> None:
-        trial_id = self.store.reserve_id("trials")
-        trial = TrialState(
-            trial_id, new.experiment_id, new.request_id, new.hparams, new.seed, new.state
-        )
-        parent = None
-        if new.checkpoint_from is not None:
-            parent = self.experiments[new.experiment_id].by_request.get(new.checkpoint_from)
-            if parent is None:
-                raise ValueError(f"Create({new.request_id}): no trial {new.checkpoint_from!r}")
-            trial.parent_id, trial.search_round = parent.id, new.search_round
-            if parent.id in self.run_of_trial:
-                # Its parent has not stopped at a checkpoint yet: it starts once it has.
-                trial.state, trial.awaiting_parent = T.PAUSED, True
-                self._awaiting.setdefault(parent.id, []).append(trial.id)
-        self.ledger.add_trial(trial, _now())
-        if parent is not None and not trial.awaiting_parent:
-            self._copy_checkpoint(trial, parent)
-        if trial.state == T.QUEUED:
-            self.ledger.enqueue(trial.id)
-
-    def _copy_checkpoint(self, trial: TrialState, parent: TrialState) -> None:
+    def copy_checkpoint(self, trial: TrialState, parent: TrialState) -> None:
         """`trial` starts from `parent`'s latest checkpoint, at its batch count. The store
         names that checkpoint as the trial's latest until it has one of its own, which keeps
         it from garbage collection and tells a restarted master where the trial starts."""
@@ -363,31 +271,22 @@ class Interpreter:
         run = self.runs.get(allocation_id) if allocation_id is not None else None
         if run is None or run.stopping is not None or parent.closed or parent.target is None:
             return
-        why = f"stops at a checkpoint for trials {self._awaiting.get(parent.id, [])} to copy"
+        why = f"stops at a checkpoint for trials {self.awaiting.get(parent.id, [])} to copy"
         self.do(stop_to_requeue(run, why))
 
     def _release_copies(self, parent: TrialState) -> None:
         """The parent's run ended: the trials waiting for it start from its checkpoint."""
-        for trial_id in self._awaiting.pop(parent.id, []):
+        for trial_id in self.awaiting.pop(parent.id, []):
             trial = self.trials.get(trial_id)
             if trial is None or not trial.awaiting_parent:
                 continue
             trial.awaiting_parent = False
             if trial.state in TERMINAL_TRIAL:
                 continue
-            self._copy_checkpoint(trial, parent)
+            self.copy_checkpoint(trial, parent)
             experiment = self.experiments[trial.experiment_id]
             if experiment.state == E.ACTIVE and trial.target is not None and not trial.closed:
                 self.do(requeue(trial))
-
-    def _settle(self, experiment_id: int) -> None:
-        experiment = self.experiments.get(experiment_id)
-        if experiment is None:
-            return
-        effects, problem = experiment_life.settle(experiment, self.queued, _now())
-        if problem:
-            log.error("%s", problem)
-        self.do(effects)
 
     # --- scheduling -----------------------------------------------------------------------
 
@@ -435,7 +334,7 @@ class Interpreter:
                 if run is not None and self.ledger.end_run(run):
                     self.fleet.kill(run, graceful=False)
                     self._allocation_ended(run.allocation_id)
-                self.do([*end_trial(trial, T.ERROR, _now()), fx.Settle(trial.experiment_id)])
+                self.do([*end_trial(trial, T.ERROR, now()), fx.Settle(trial.experiment_id)])
 
     def _note_unplaceable(self, unschedulable: Sequence[tuple[str, str]]) -> None:
         """Remember why queued trials cannot be placed on the cluster as it is; a trial's
@@ -456,7 +355,7 @@ class Interpreter:
         # The experiment's own directory: its trials write there, and an isolating agent
         # gives it to the experiment's group alone.
         host = experiment.config.checkpoint_storage.host_directory
-        root = str(experiment_directory(host or self._checkpoint_root, trial.experiment_id))
+        root = str(experiment_directory(host or self.checkpoint_root, trial.experiment_id))
         effects = trial_life.start(
             trial,
             experiment,
@@ -468,68 +367,10 @@ class Interpreter:
             model=self.models.get(trial.experiment_id),
             trial_api=self.trial_api,
             checkpoint_root=root,
-            now=_now(),
+            now=now(),
         )
         self.do(effects)
         log.debug("trial %d run %d started on %s", trial.id, trial.run_id, _where(placement))
-
-    def _start_run(self, start: fx.StartRun) -> None:
-        run = start.run
-        if start.supersede_after is not None:
-            searcher = self.experiments[run.experiment_id].config.searcher
-            self.batch.supersede_metrics(
-                run.trial_id, start.supersede_after, searcher.metric, searcher.smaller_is_better
-            )
-        now = _now()
-        self.batch.add_allocation(
-            run.allocation_id,
-            trial_id=run.trial_id,
-            run_id=run.run_id,
-            placement=[{"agent_id": a, "slots": list(s)} for a, s in run.placement],
-            now=now,
-        )
-        self.batch.usage_started(
-            run.allocation_id,
-            experiment_id=run.experiment_id,
-            trial_id=run.trial_id,
-            run_id=run.run_id,
-            parts=[self._usage_part(a, len(s)) for a, s in run.placement],
-            now=now,
-        )
-        self.ledger.add_run(run)
-        for agent_id, message in start.messages:
-            self.fleet.send(agent_id, message)
-        self.telemetry.allocation_started()
-
-    # --- agents' effects ------------------------------------------------------------------
-
-    def _adopt(self, adopt: fx.Adopt) -> None:
-        run = self.runs[adopt.allocation_id]
-        run.awaiting.discard(adopt.agent_id)
-        slots = dict(run.placement)[adopt.agent_id]
-        self.scheduler.adopt(str(run.trial_id), adopt.agent_id, slots, str(run.experiment_id))
-        log.info("trial %d run %d re-adopted on %s", run.trial_id, run.run_id, adopt.agent_id)
-
-    def _part_lost(self, allocation_id: str, agent_id: str, why: str = "") -> None:
-        run = self.runs.get(allocation_id)
-        if run is None:
-            return
-        if why:
-            log.warning("trial %d run %d: agent %s %s", run.trial_id, run.run_id, agent_id, why)
-        self.do(agent_life.part_lost(run, agent_id))
-
-    def _part_ended(self, ended: fx.PartEnded) -> None:
-        run = self.runs.get(ended.allocation_id)
-        if run is None:
-            return
-        run.exit_codes[ended.agent_id] = list(ended.exit_codes)
-        if ended.message:
-            run.messages.append(mask_secrets(f"{ended.agent_id}: {ended.message}"))
-        if ended.lost:
-            run.awaiting.discard(ended.agent_id)
-            run.lost = True
-            # The agent's slots are gone (or it lost the processes): its part ends here.
-            self.batch.usage_ended(ended.allocation_id, _now(), agent_id=ended.agent_id)
 
     def drop_agent(self, agent_id: str, why: str) -> None:
         """Give up on an agent: its runs' parts are lost, its slots leave the scheduler."""
@@ -541,13 +382,18 @@ class Interpreter:
         for request_id in request_ids:
             allocation_id = self.run_of_trial.get(int(request_id))
             if allocation_id is not None:
-                self._part_lost(allocation_id, agent_id)
+                self.do(part_lost(self, allocation_id, agent_id))
 
     # --- the end of a run -----------------------------------------------------------------
 
     def finish_run(self, run: Run) -> None:
+        self.do(self.run_finished(run))
+
+    def run_finished(self, run: Run) -> Sequence[fx.Effect]:
+        """Release the ended run's slots and close its records; the steps that decide
+        its trial's fate."""
         if not self.ledger.end_run(run):
-            return
+            return ()
         self.scheduler.release(str(run.trial_id))
         self._allocation_ended(run.allocation_id)
         trial = self.trials[run.trial_id]
@@ -561,23 +407,18 @@ class Interpreter:
             max_restarts=config.max_restarts,
             metric=config.searcher.metric,
         )
-        outcome, effects = finish_run(run, trial, end, _now())
+        outcome, effects = finish_run(run, trial, end, now())
         self.telemetry.allocation_ended(outcome.name.lower())
         log.debug("trial %d run %d ended: %s", trial.id, run.run_id, outcome.value)
-        if trial.id in self._awaiting:
+        if trial.id in self.awaiting:
             self._release_copies(trial)  # before its own effects: it may requeue and resume
-        self.do(effects)
+        return effects
 
     def _allocation_ended(self, allocation_id: str) -> None:
         """Record that the allocation is over, and close its usage records, as of now."""
-        now = _now()
-        self.batch.set_allocation(allocation_id, state="TERMINATED", ended_at=now)
-        self.batch.usage_ended(allocation_id, now)
-
-    def _usage_part(self, agent_id: str, slots: int) -> UsagePart:
-        handle = self.fleet.agents.get(agent_id)
-        slot_type = handle.slot_type if handle is not None else self.fleet.slot_type()
-        return UsagePart(agent_id, slots, slot_type, pool_of(self.fleet, agent_id))
+        at = now()
+        self.batch.set_allocation(allocation_id, state="TERMINATED", ended_at=at)
+        self.batch.usage_ended(allocation_id, at)
 
 
 def _where(placement: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
@@ -588,8 +429,13 @@ def _where(placement: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
     )
 
 
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+def _check_tables() -> None:
+    """Every step a decision can return has exactly one way to be applied."""
+    changes, follow_ups = set(get_args(fx.Change)), set(get_args(fx.FollowUp))
+    if set(CHANGES) != changes or set(FOLLOW_UPS) != follow_ups:
+        raise RuntimeError("the interpreter's tables do not match lifecycle's steps")
 
+
+_check_tables()
 
 __all__ = ["Interpreter", "Recorder"]

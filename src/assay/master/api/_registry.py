@@ -1,7 +1,7 @@
 """The model registry's RPCs between the wire and the store: who may do what, and records
 to messages.
 
-Who may do what is decided here, through the workspace roles of `assay.master.auth._roles`:
+Who may do what is decided here, through the workspace roles of `assay.master.auth`:
 
 - any logged-in user reads the registry (a version's checkpoint details only when they
   may read the checkpoint's workspace);

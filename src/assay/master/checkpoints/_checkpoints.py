@@ -9,8 +9,8 @@ checkpoint of a trial that has not ended (`ConflictError`, FAILED_PRECONDITION):
 running, paused or stopping trial restores from it; or is pinned by a version of a model
 in the checkpoint's own workspace (`CheckpointInUseError`, naming the versions; a version
 of another workspace's model never stops its deletion: it is marked as having lost its
-checkpoint, and says so). Then each is deleted from its
-experiment's storage and marked DELETED, as garbage collection does (`assay.master.checkpoints._gc`); a
+checkpoint, and says so). Then each is deleted from its experiment's storage and marked
+DELETED, as garbage collection does (`_gc`); a
 checkpoint already DELETED counts as deleted, files already gone count as missing, and a
 storage failure, or a record whose location is not where its experiment's storage keeps
 it, is reported per checkpoint, leaving that one as it was.

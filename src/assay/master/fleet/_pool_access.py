@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from assay.master.errors import (
     ConflictError,
@@ -36,8 +36,43 @@ from assay.master.store import Store, WorkspaceRecord
 from assay.master.store._directory import Snapshot
 
 if TYPE_CHECKING:
-    from assay.master._config import MasterConfig
-    from assay.master._core import Master
+    from contextlib import AbstractContextManager
+
+    from assay.master.lifecycle import ExperimentState
+
+
+class Settings(Protocol):
+    """What the bindings read of the master's settings (`MasterConfig`)."""
+
+    @property
+    def default_resource_pool(self) -> str: ...
+
+    @property
+    def resource_pools(self) -> list[dict[str, Any]]: ...
+
+
+class _Memory(Protocol):
+    """What holding back reads and changes of the interpreter's memory."""
+
+    barred: dict[str, str]
+
+    def schedule(self) -> None: ...
+
+
+class Shell(Protocol):
+    """What holding back uses of the master (`Master`): its lock, live experiments and
+    memory, and the wait for its changes to be committed."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+
+    @property
+    def experiments(self) -> Mapping[int, ExperimentState]: ...
+
+    @property
+    def interpreter(self) -> _Memory: ...
+
+    def commit_and_wait(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +88,7 @@ class PoolAccess:
     store (read from its directory, an in-memory copy), and the checks made of them.
     `generation` counts the changes made here (`bind`, `unbind`)."""
 
-    def __init__(self, store: Store, config: MasterConfig, pools: Sequence[str]) -> None:
+    def __init__(self, store: Store, config: Settings, pools: Sequence[str]) -> None:
         self.store = store
         self.default = config.default_resource_pool
         self.pools = tuple(pools)
@@ -145,7 +180,7 @@ class PoolAccess:
         """The pools the settings bind to the workspace."""
         return sorted(p for p, ids in self.settings.items() if workspace_id in ids)
 
-    def hold_back(self, master: Master, experiment_ids: Collection[int] | None = None) -> None:
+    def hold_back(self, master: Shell, experiment_ids: Collection[int] | None = None) -> None:
         """Hold back the queued trials of live experiments whose workspace may not use
         their pool, and let go those that now may; of `experiment_ids`, or of every live
         experiment. Reads the store, then changes the master's memory under its lock."""

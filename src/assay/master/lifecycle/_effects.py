@@ -1,8 +1,11 @@
 """What a lifecycle decision asks the master to do.
 
-Decisions never write, send or schedule themselves: they return these, in order, and
-the master's `Interpreter` (_interpreter.py) applies each to memory, the open
-`WriteBatch` and the agents' outboxes.
+Decisions never write, send or schedule themselves: they return these, in order. Most
+are changes (`Change`) that the master's `Interpreter` applies to memory, the open
+`WriteBatch` and the agents' outboxes. The rest are follow-up decisions (`FollowUp`):
+a decision that needs the state after the changes before it (the searcher's answer, an
+experiment's end, a run's end) names it, and the interpreter runs it there and then, and
+applies what it returns in its place.
 """
 
 from __future__ import annotations
@@ -63,27 +66,6 @@ class Log:
 
 
 @dataclass(frozen=True)
-class Tell:
-    """Tell the searcher what became of a trial (`event` is a `Searcher` method) and
-    carry out the operations it answers with."""
-
-    experiment_id: int
-    request_id: str
-    event: Literal[
-        "on_trial_created", "on_validation_completed", "on_trial_closed", "on_trial_exited_early"
-    ]
-    args: tuple[Any, ...] = ()
-
-
-@dataclass(frozen=True)
-class Settle:
-    """End the experiment if its search is over and all its trials have ended (decided
-    when the effects before this one have been applied)."""
-
-    experiment_id: int
-
-
-@dataclass(frozen=True)
 class CollectGarbage:
     """Once committed, delete the checkpoints the experiment's policy does not keep."""
 
@@ -130,15 +112,6 @@ class Adopt:
 
 
 @dataclass(frozen=True)
-class PartLost:
-    """An agent's part of a run is gone without an exit code (the agent lost it)."""
-
-    allocation_id: str
-    agent_id: str
-    why: str = ""  # for the master's log
-
-
-@dataclass(frozen=True)
 class PartEnded:
     """Record that an agent's part of a run is gone: its exit codes, one per rank (none:
     its processes could not start, or the agent lost them), and what the agent said.
@@ -149,6 +122,65 @@ class PartEnded:
     exit_codes: tuple[int, ...] = ()
     message: str = ""  # masked of secrets when recorded
     lost: bool = False
+
+
+@dataclass(frozen=True)
+class KillUnknown:
+    """An agent runs an allocation the master has no run for: kill it there."""
+
+    agent_id: str
+    allocation_id: str
+
+
+Change = (
+    SetTrial
+    | SetExperiment
+    | Enqueue
+    | Dequeue
+    | Kill
+    | Log
+    | CollectGarbage
+    | Drop
+    | NewTrial
+    | StartRun
+    | Adopt
+    | PartEnded
+    | KillUnknown
+)
+"""What the interpreter applies to memory, the open batch and the agents' outboxes."""
+
+
+# --- follow-up decisions: run by the interpreter where they stand -------------------------
+
+
+@dataclass(frozen=True)
+class Tell:
+    """Tell the searcher what became of a trial (`event` is a `Searcher` method) and
+    carry out the operations it answers with."""
+
+    experiment_id: int
+    request_id: str
+    event: Literal[
+        "on_trial_created", "on_validation_completed", "on_trial_closed", "on_trial_exited_early"
+    ]
+    args: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settle:
+    """End the experiment if its search is over and all its trials have ended (decided
+    when the effects before this one have been applied)."""
+
+    experiment_id: int
+
+
+@dataclass(frozen=True)
+class PartLost:
+    """An agent's part of a run is gone without an exit code (the agent lost it)."""
+
+    allocation_id: str
+    agent_id: str
+    why: str = ""  # for the master's log
 
 
 @dataclass(frozen=True)
@@ -167,31 +199,9 @@ class DropAgent:
     why: str
 
 
-@dataclass(frozen=True)
-class KillUnknown:
-    """An agent runs an allocation the master has no run for: kill it there."""
+FollowUp = Tell | Settle | PartLost | FinishRun | DropAgent
+"""A decision the interpreter runs where it stands in a decision's answer: its own
+answer is applied in its place, before what follows."""
 
-    agent_id: str
-    allocation_id: str
-
-
-Effect = (
-    SetTrial
-    | SetExperiment
-    | Enqueue
-    | Dequeue
-    | Kill
-    | Log
-    | Tell
-    | Settle
-    | CollectGarbage
-    | Drop
-    | NewTrial
-    | StartRun
-    | Adopt
-    | PartLost
-    | PartEnded
-    | FinishRun
-    | DropAgent
-    | KillUnknown
-)
+Effect = Change | FollowUp
+"""One step of a decision's answer, applied in order."""

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from assay.master.lifecycle import ExperimentState, Run
-from assay.master.lifecycle import _effects as fx
+from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle.run import preemption
 from assay.master.scheduler import Decision, Pools, Request, Running, choose_victims
 from assay.master.sharing._sharing import fair_share_victims

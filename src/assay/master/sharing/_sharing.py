@@ -16,7 +16,7 @@ from typing import Any
 from assay.config import MAX_WEIGHT, MIN_WEIGHT, ExperimentConfig
 from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.lifecycle import ExperimentState, Run
-from assay.master.lifecycle._effects import Effect, Enqueue, SetExperiment
+from assay.master.lifecycle import effects as fx
 from assay.master.scheduler import (
     MAX_PRIORITY,
     MIN_PRIORITY,
@@ -138,7 +138,7 @@ class ResourceChange:
 
     config: ExperimentConfig
     priority: int
-    effects: list[Effect]
+    effects: list[fx.Effect]
 
 
 def resource_change(
@@ -172,5 +172,5 @@ def resource_change(
     if field == "priority":
         priority = fields["priority"] = int(value)
     group = str(experiment.id)
-    requeue = [Enqueue(t) for t, request in queued.items() if request.group == group]
-    return ResourceChange(config, priority, [SetExperiment(experiment.id, fields), *requeue])
+    requeue = [fx.Enqueue(t) for t, request in queued.items() if request.group == group]
+    return ResourceChange(config, priority, [fx.SetExperiment(experiment.id, fields), *requeue])

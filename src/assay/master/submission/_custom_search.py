@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from assay.master.errors import ConflictError, InvalidArgumentError, ResourceExhaustedError
 from assay.master.lifecycle import ExperimentStatus
-from assay.master.lifecycle import _effects as fx
+from assay.master.lifecycle import effects as fx
 from assay.master.searcher import (
     Close,
     Create,
@@ -35,8 +35,46 @@ from assay.master.searcher import (
 from assay.proto import api_pb2
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from assay.config import ExperimentConfig
-    from assay.master._core import Master
+    from assay.master.lifecycle import ExperimentState
+    from assay.master.store import Store
+
+
+class _Commit(Protocol):
+    def flush(self, timeout: float | None = None) -> None: ...
+
+
+class _Interpreter(Protocol):
+    def search(self, experiment: ExperimentState, ops: Sequence[Operation]) -> None: ...
+
+    def do(self, effects: Iterable[fx.Effect]) -> None: ...
+
+    def schedule(self) -> None: ...
+
+
+class Shell(Protocol):
+    """What a custom search's calls use of the master (`Master`): its lock, memory and
+    interpreter, the store, and the group commit."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+
+    @property
+    def experiments(self) -> Mapping[int, ExperimentState]: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def commit(self) -> _Commit: ...
+
+    @property
+    def interpreter(self) -> _Interpreter: ...
+
+    def commit_and_wait(self) -> None: ...
+
 
 CAP_SETTING = "custom_search_trials"
 
@@ -62,7 +100,7 @@ def _custom(searcher: Any, experiment_id: int) -> CustomSearcher:
     return searcher
 
 
-def searcher_events(master: Master, experiment_id: int, after: int) -> SearcherView:
+def searcher_events(master: Shell, experiment_id: int, after: int) -> SearcherView:
     with master.lock:
         experiment = master.experiments.get(experiment_id)
         if experiment is not None:
@@ -89,13 +127,14 @@ def searcher_events(master: Master, experiment_id: int, after: int) -> SearcherV
 
 
 def post_operations(
-    master: Master,
+    master: Shell,
     experiment_id: int,
     triggered_by: int,
     ops: Sequence[Operation],
     *,
     method_state: bytes,
     progress: float | None,
+    cap: int,
 ) -> int:
     """Apply a runner's batch; return the last event it answered."""
     with master.lock:
@@ -111,9 +150,7 @@ def post_operations(
                 f"experiment {experiment_id} is {experiment.state.lower()}: its search takes "
                 "no more operations"
             )
-        check_trial_cap(
-            experiment_id, len(searcher.trials), ops, master.config.custom_search_trials
-        )
+        check_trial_cap(experiment_id, len(searcher.trials), ops, cap)
         try:
             carried = searcher.apply(
                 triggered_by, ops, method_state=method_state, progress=progress

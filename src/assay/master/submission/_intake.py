@@ -18,8 +18,8 @@ from assay.master.checkpoints import StoragePolicy
 from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.fleet import Fleet
 from assay.master.lifecycle import ExperimentState, ExperimentStatus, TrialState
+from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle import experiment as experiment_life
-from assay.master.lifecycle._effects import Effect, SetExperiment
 from assay.master.scheduler import Pools
 from assay.master.searcher import Searcher
 from assay.master.store import ExperimentRecord, Store, WriteBatch
@@ -114,7 +114,7 @@ def continued(
     config: ExperimentConfig,
     searcher: Searcher,
     trials: Iterable[TrialState],
-) -> tuple[ExperimentState, list[Effect]]:
+) -> tuple[ExperimentState, list[fx.Effect]]:
     """An ended experiment live again with `config` (`raw`: as stored), and the effects
     that store that config and make its first trial resume and train on to the config's
     length; `ConflictError` when it has no trial."""
@@ -136,6 +136,6 @@ def continued(
     text = yaml.safe_dump(raw, sort_keys=False)
     length = searcher_in_batches(config).max_length.value
     return experiment, [
-        SetExperiment(record.id, {"config": raw, "config_text": text}),
+        fx.SetExperiment(record.id, {"config": raw, "config_text": text}),
         *experiment_life.continue_trial(experiment, first, length),
     ]

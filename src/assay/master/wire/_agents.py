@@ -1,4 +1,5 @@
-"""The agents' protobuf messages to the core's plain values (`_agents.py`), and back."""
+"""The agents' protobuf messages to the core's plain values (`assay.master.fleet`,
+`assay.master.lifecycle`), and back."""
 
 from __future__ import annotations
 

@@ -39,5 +39,6 @@ class SearcherRpcs(ServicerBase):
             submission.operations_of(request),
             method_state=request.method_state,
             progress=request.progress if request.HasField("progress") else None,
+            cap=self.master.config.custom_search_trials,
         )
         return api_pb2.PostSearcherOperationsResponse(acknowledged_event_id=acknowledged)

@@ -9,8 +9,9 @@ import random
 import grpc
 
 from assay.master import checkpoints
-from assay.master._core import Master, Run
+from assay.master._core import Master
 from assay.master.api._status import maps_errors
+from assay.master.lifecycle import Run
 from assay.master.store import CheckpointRecord, MetricReport
 from assay.proto import trial_pb2, trial_pb2_grpc
 

@@ -10,32 +10,86 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from typing import Any, Protocol, TypeVar
 
+from assay.master._config import MasterConfig
+from assay.master._state import Ledger, ModelCache
 from assay.master.auth import mask_secrets
 from assay.master.checkpoints import collect_later
-from assay.master.lifecycle import KillRun, TrialState, TrialStatus
+from assay.master.fleet import Fleet
+from assay.master.lifecycle import ExperimentState, KillRun, Run, TrialState, TrialStatus
 from assay.master.lifecycle import effects as fx
-from assay.master.store import UsagePart
-from assay.master.telemetry import pool_of
-
-if TYPE_CHECKING:
-    from assay.master._interpreter import Interpreter
+from assay.master.scheduler import Pools, Request
+from assay.master.searcher import Operation
+from assay.master.store import Store, UsagePart, WriteBatch
+from assay.master.telemetry import Telemetry, pool_of
 
 log = logging.getLogger("assay.master")
 
+
+class _After(Protocol):
+    def after(self, action: Callable[[], None]) -> None: ...
+
+
+class Host(Protocol):
+    """What the changes and follow-ups use of the interpreter (`_interpreter.Interpreter`):
+    its memory, the open batch, and the steps that are its own."""
+
+    @property
+    def config(self) -> MasterConfig: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def commit(self) -> _After: ...
+    @property
+    def batch(self) -> WriteBatch: ...
+    @property
+    def scheduler(self) -> Pools: ...
+    @property
+    def fleet(self) -> Fleet: ...
+    @property
+    def ledger(self) -> Ledger: ...
+    @property
+    def models(self) -> ModelCache: ...
+    @property
+    def telemetry(self) -> Telemetry: ...
+    @property
+    def gc(self) -> futures.ThreadPoolExecutor: ...
+    @property
+    def storages(self) -> dict[str, Any]: ...
+    @property
+    def awaiting(self) -> dict[int, list[int]]: ...
+    @property
+    def experiments(self) -> dict[int, ExperimentState]: ...
+    @property
+    def runs(self) -> dict[str, Run]: ...
+    @property
+    def run_of_trial(self) -> dict[int, str]: ...
+    @property
+    def queued(self) -> dict[int, Request]: ...
+
+    def copy_checkpoint(self, trial: TrialState, parent: TrialState) -> None: ...
+
+    def search(self, experiment: ExperimentState, ops: Sequence[Operation]) -> None: ...
+
+    def run_finished(self, run: Run) -> Sequence[fx.Effect]: ...
+
+    def drop_agent(self, agent_id: str, why: str) -> None: ...
+
+
 _C = TypeVar("_C")
-Apply = Callable[["Interpreter", Any], None]
+Apply = Callable[[Host, Any], None]
 
 CHANGES: dict[type[Any], Apply] = {}
 """The function that applies each kind of change, by the change's type."""
 
 
-def _applies(kind: type[_C]) -> Callable[[Callable[[Interpreter, _C], None]], Apply]:
+def _applies(kind: type[_C]) -> Callable[[Callable[[Host, _C], None]], Apply]:
     """Register the decorated function as the one that applies `kind`."""
 
-    def register(apply: Callable[[Interpreter, _C], None]) -> Apply:
+    def register(apply: Callable[[Host, _C], None]) -> Apply:
         CHANGES[kind] = apply
         return apply
 
@@ -43,27 +97,27 @@ def _applies(kind: type[_C]) -> Callable[[Callable[[Interpreter, _C], None]], Ap
 
 
 @_applies(fx.SetTrial)
-def _set_trial(it: Interpreter, change: fx.SetTrial) -> None:
+def _set_trial(it: Host, change: fx.SetTrial) -> None:
     it.ledger.set_trial(change.trial_id, change.fields)
 
 
 @_applies(fx.SetExperiment)
-def _set_experiment(it: Interpreter, change: fx.SetExperiment) -> None:
+def _set_experiment(it: Host, change: fx.SetExperiment) -> None:
     it.ledger.set_experiment(change.experiment_id, change.fields)
 
 
 @_applies(fx.Enqueue)
-def _enqueue(it: Interpreter, change: fx.Enqueue) -> None:
+def _enqueue(it: Host, change: fx.Enqueue) -> None:
     it.ledger.enqueue(change.trial_id, to_back=change.to_back)
 
 
 @_applies(fx.Dequeue)
-def _dequeue(it: Interpreter, change: fx.Dequeue) -> None:
+def _dequeue(it: Host, change: fx.Dequeue) -> None:
     it.queued.pop(change.trial_id, None)
 
 
 @_applies(fx.Kill)
-def _kill(it: Interpreter, change: fx.Kill) -> None:
+def _kill(it: Host, change: fx.Kill) -> None:
     run = it.runs.get(change.allocation_id)
     if run is None:
         return
@@ -76,7 +130,7 @@ def _kill(it: Interpreter, change: fx.Kill) -> None:
 
 
 @_applies(fx.Log)
-def _log(it: Interpreter, change: fx.Log) -> None:
+def _log(it: Host, change: fx.Log) -> None:
     # The trial's log has the line; the master's own log repeats what went wrong.
     level = logging.getLevelName(change.level)
     shown = level if level >= logging.WARNING else logging.DEBUG
@@ -85,7 +139,7 @@ def _log(it: Interpreter, change: fx.Log) -> None:
 
 
 @_applies(fx.CollectGarbage)
-def _collect_garbage(it: Interpreter, change: fx.CollectGarbage) -> None:
+def _collect_garbage(it: Host, change: fx.CollectGarbage) -> None:
     """Once the end is committed, delete the checkpoints the policy does not keep."""
     collect = collect_later(
         it.gc,
@@ -102,13 +156,13 @@ def _collect_garbage(it: Interpreter, change: fx.CollectGarbage) -> None:
 
 
 @_applies(fx.Drop)
-def _drop(it: Interpreter, change: fx.Drop) -> None:
+def _drop(it: Host, change: fx.Drop) -> None:
     it.ledger.drop_experiment(change.experiment_id)
     it.models.drop(change.experiment_id)
 
 
 @_applies(fx.NewTrial)
-def _new_trial(it: Interpreter, new: fx.NewTrial) -> None:
+def _new_trial(it: Host, new: fx.NewTrial) -> None:
     trial_id = it.store.reserve_id("trials")
     trial = TrialState(
         trial_id, new.experiment_id, new.request_id, new.hparams, new.seed, new.state
@@ -131,7 +185,7 @@ def _new_trial(it: Interpreter, new: fx.NewTrial) -> None:
 
 
 @_applies(fx.StartRun)
-def _start_run(it: Interpreter, start: fx.StartRun) -> None:
+def _start_run(it: Host, start: fx.StartRun) -> None:
     run = start.run
     if start.supersede_after is not None:
         searcher = it.experiments[run.experiment_id].config.searcher
@@ -160,14 +214,14 @@ def _start_run(it: Interpreter, start: fx.StartRun) -> None:
     it.telemetry.allocation_started()
 
 
-def _usage_part(it: Interpreter, agent_id: str, slots: int) -> UsagePart:
+def _usage_part(it: Host, agent_id: str, slots: int) -> UsagePart:
     handle = it.fleet.agents.get(agent_id)
     slot_type = handle.slot_type if handle is not None else it.fleet.slot_type()
     return UsagePart(agent_id, slots, slot_type, pool_of(it.fleet, agent_id))
 
 
 @_applies(fx.Adopt)
-def _adopt(it: Interpreter, adopt: fx.Adopt) -> None:
+def _adopt(it: Host, adopt: fx.Adopt) -> None:
     run = it.runs[adopt.allocation_id]
     run.awaiting.discard(adopt.agent_id)
     slots = dict(run.placement)[adopt.agent_id]
@@ -176,7 +230,7 @@ def _adopt(it: Interpreter, adopt: fx.Adopt) -> None:
 
 
 @_applies(fx.PartEnded)
-def _part_ended(it: Interpreter, ended: fx.PartEnded) -> None:
+def _part_ended(it: Host, ended: fx.PartEnded) -> None:
     run = it.runs.get(ended.allocation_id)
     if run is None:
         return
@@ -191,7 +245,7 @@ def _part_ended(it: Interpreter, ended: fx.PartEnded) -> None:
 
 
 @_applies(fx.KillUnknown)
-def _kill_unknown(it: Interpreter, change: fx.KillUnknown) -> None:
+def _kill_unknown(it: Host, change: fx.KillUnknown) -> None:
     it.fleet.send(change.agent_id, KillRun(change.allocation_id, graceful=False))
 
 
@@ -199,4 +253,4 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-__all__ = ["CHANGES", "Apply", "now"]
+__all__ = ["CHANGES", "Apply", "Host", "now"]

@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from assay.master._changes import now
+from assay.master._changes import Host, now
 from assay.master.lifecycle import ExperimentStatus
 from assay.master.lifecycle import agent as agent_life
 from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle import experiment as experiment_life
 
-if TYPE_CHECKING:
-    from assay.master._interpreter import Interpreter
-
 log = logging.getLogger("assay.master")
 
 _F = TypeVar("_F")
 Steps = Sequence[fx.Effect]
-Decide = Callable[["Interpreter", Any], Steps]
+Decide = Callable[[Host, Any], Steps]
 
 FOLLOW_UPS: dict[type[Any], Decide] = {}
 """The function that runs each kind of follow-up decision, by its type."""
@@ -33,10 +30,10 @@ FOLLOW_UPS: dict[type[Any], Decide] = {}
 
 def _decides(
     kind: type[_F],
-) -> Callable[[Callable[[Interpreter, _F], Sequence[fx.Effect]]], Decide]:
+) -> Callable[[Callable[[Host, _F], Sequence[fx.Effect]]], Decide]:
     """Register the decorated function as the one that runs `kind`."""
 
-    def register(decide: Callable[[Interpreter, _F], Steps]) -> Decide:
+    def register(decide: Callable[[Host, _F], Steps]) -> Decide:
         FOLLOW_UPS[kind] = decide
         return decide
 
@@ -44,7 +41,7 @@ def _decides(
 
 
 @_decides(fx.Tell)
-def _tell(it: Interpreter, tell: fx.Tell) -> Steps:
+def _tell(it: Host, tell: fx.Tell) -> Steps:
     """Tell the searcher what became of a trial, and carry out its answer."""
     experiment = it.experiments.get(tell.experiment_id)
     if experiment is None or experiment.state not in (
@@ -58,7 +55,7 @@ def _tell(it: Interpreter, tell: fx.Tell) -> Steps:
 
 
 @_decides(fx.Settle)
-def _settle(it: Interpreter, settle: fx.Settle) -> Steps:
+def _settle(it: Host, settle: fx.Settle) -> Steps:
     experiment = it.experiments.get(settle.experiment_id)
     if experiment is None:
         return ()
@@ -69,11 +66,11 @@ def _settle(it: Interpreter, settle: fx.Settle) -> Steps:
 
 
 @_decides(fx.PartLost)
-def _part_lost(it: Interpreter, lost: fx.PartLost) -> Steps:
+def _part_lost(it: Host, lost: fx.PartLost) -> Steps:
     return part_lost(it, lost.allocation_id, lost.agent_id, lost.why)
 
 
-def part_lost(it: Interpreter, allocation_id: str, agent_id: str, why: str = "") -> Steps:
+def part_lost(it: Host, allocation_id: str, agent_id: str, why: str = "") -> Steps:
     """What becomes of a run whose part on `agent_id` is gone without an exit code."""
     run = it.runs.get(allocation_id)
     if run is None:
@@ -84,15 +81,13 @@ def part_lost(it: Interpreter, allocation_id: str, agent_id: str, why: str = "")
 
 
 @_decides(fx.FinishRun)
-def _finish_run(it: Interpreter, finish: fx.FinishRun) -> Steps:
+def _finish_run(it: Host, finish: fx.FinishRun) -> Steps:
     run = it.runs.get(finish.allocation_id)
-    if run is not None:
-        it.finish_run(run)
-    return ()
+    return () if run is None else it.run_finished(run)
 
 
 @_decides(fx.DropAgent)
-def _drop_agent(it: Interpreter, drop: fx.DropAgent) -> Steps:
+def _drop_agent(it: Host, drop: fx.DropAgent) -> Steps:
     it.drop_agent(drop.agent_id, drop.why)
     return ()
 

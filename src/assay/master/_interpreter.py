@@ -386,9 +386,6 @@ class Interpreter:
 
     # --- the end of a run -----------------------------------------------------------------
 
-    def finish_run(self, run: Run) -> None:
-        self.do(self.run_finished(run))
-
     def run_finished(self, run: Run) -> Sequence[fx.Effect]:
         """Release the ended run's slots and close its records; the steps that decide
         its trial's fate."""

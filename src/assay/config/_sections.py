@@ -84,7 +84,7 @@ class CheckpointStorageConfig:
     mount at the same place); `s3` uploads to `s3://bucket/prefix/<uuid>` on AWS or any
     S3-compatible store at `endpoint_url`. Without `access_key`/`secret_key`, boto3's usual
     chain (AWS_* environment variables, ~/.aws, an instance role) supplies the credentials.
-    `save_*` are Determined's garbage-collection counts (see `assay.master.checkpoints._gc`).
+    `save_*` are Determined's garbage-collection counts (see `assay.master.checkpoints`).
     """
 
     type: Literal["shared_fs", "s3"] = "shared_fs"

@@ -22,6 +22,7 @@ from assay.config import BracketPreview, Preview, RungPreview, preview, rung_len
 
 from ._asha import INVALID_HP_FACTOR, promotion_quota
 from ._custom import MAX_METHOD_STATE, CustomSearcher, OperationsError
+from ._multi import orient, pareto_ranks
 from ._ops import (
     EXITED_REASONS,
     Close,
@@ -53,6 +54,8 @@ __all__ = [
     "Shutdown",
     "ValidateAfter",
     "make_searcher",
+    "orient",
+    "pareto_ranks",
     "preview",
     "promotion_quota",
     "restore_searcher",

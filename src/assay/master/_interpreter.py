@@ -5,8 +5,8 @@
 change (`_changes.py`) updates memory, records itself in the open `WriteBatch`, or
 queues a message to an agent that is sent once the batch is committed; a follow-up
 decision (`_followups.py`) is decided on the memory as it is then, and its own steps are
-applied in its place. It holds no lock and never commits: its
-caller (`Master`, in _core.py) takes the lock around every call and commits afterwards.
+applied in its place. It holds no lock and never commits: its caller (`Master`, in
+_core.py) takes the lock around every call and commits afterwards.
 It knows nothing of `Master`; of the group commit it uses only the open batch and the
 actions that run after a commit (`Recorder`).
 """
@@ -86,7 +86,7 @@ class Interpreter:
         # Why each queued trial waits, in the order the last round considered them.
         self.waiting: dict[int, Wait] = {}
         # Live experiments whose workspace may not use their resource pool, and why, by
-        # experiment id as the requests' group (`_pool_access`): their trials wait.
+        # experiment id as the requests' group (`PoolAccess`): their trials wait.
         self.barred: dict[str, str] = {}
         self.telemetry: Telemetry = NO_TELEMETRY  # the master's counters (metrics on)
         self.trial_api = config.advertised_address or f"127.0.0.1:{config.grpc_port}"
@@ -94,7 +94,7 @@ class Interpreter:
         # recognises the trial processes that kept running. The HMAC's keyed state is
         # built once and copied per token (building it costs more than the digest).
         self._token_mac = hmac.new(store.secret("allocation-tokens"), digestmod=hashlib.sha256)
-        self.checkpoint_root = str(config.checkpoint_root)
+        self._checkpoint_root = str(config.checkpoint_root)
         # Checkpoint deletions, one at a time, off the master's lock (storage I/O).
         self.gc = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gc")
         self.storages: dict[str, Any] = {}
@@ -355,7 +355,7 @@ class Interpreter:
         # The experiment's own directory: its trials write there, and an isolating agent
         # gives it to the experiment's group alone.
         host = experiment.config.checkpoint_storage.host_directory
-        root = str(experiment_directory(host or self.checkpoint_root, trial.experiment_id))
+        root = str(experiment_directory(host or self._checkpoint_root, trial.experiment_id))
         effects = trial_life.start(
             trial,
             experiment,

@@ -6,6 +6,9 @@ applies them to memory, the write batch and the agents' outboxes, and `Master`
 (`_core.py`) is the shell that holds the lock around it and commits. `simulate` drives
 the master through a seeded fake cluster and checks the invariants at every step, as
 `searcher/simulate.py` does for search.
+
+What a decision orders an agent to do (`StartRun`, `KillRun`) is plain data here too;
+the lifecycle reads no store, sends nothing and imports nothing of the shell.
 """
 
 from assay.master.lifecycle import _effects as effects

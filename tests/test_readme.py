@@ -1,4 +1,5 @@
-"""The README's set-up commands are the ones CI and newcomers actually run."""
+"""The README's set-up commands are the ones CI and newcomers actually run, and the docs'
+code runs as shown."""
 
 from __future__ import annotations
 
@@ -52,15 +53,15 @@ def test_the_first_command_runs_a_search_on_a_local_cluster() -> None:
     assert (Path(config), Path(model_dir)) == (DEMO_CONFIG, DEMO_MODEL_DIR)
 
 
-def _python_block_after(heading: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def _python_block_after(heading: str, page: str) -> str:
+    text = (ROOT / "docs" / page).read_text()
     section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     return str(re.findall(r"```python\n(.*?)```", section, flags=re.S)[0])
 
 
 @pytest.mark.slow
 def test_use_a_trained_model_runs_as_shown(tmp_path: Path) -> None:
-    """The README's loading code, on a checkpoint of the digits example's const.yaml."""
+    """The docs' loading code, on a checkpoint of the digits example's const.yaml."""
     digits = ROOT / "examples" / "digits"
     run_local = [sys.executable, "-m", "assay.cli.main", "trial", "run-local", "const.yaml", "."]
     trained = subprocess.run(
@@ -73,7 +74,7 @@ def test_use_a_trained_model_runs_as_shown(tmp_path: Path) -> None:
     )
     assert trained.returncode == 0, trained.stderr
     checkpoint = json.loads(trained.stdout.strip().splitlines()[-1])["checkpoint"]
-    code = _python_block_after("Use a trained model")
+    code = _python_block_after("Use a trained model", "models.md")
     assert 'assay.load_checkpoint("UUID")' in code
 
     done = subprocess.run(

@@ -1,7 +1,8 @@
-"""What the README promises of every command, against a scripted master: `--json` on
-every reading command, usage errors as one `error:` line, help without arguments, the
-newest experiments first, progress that is 100% only when an experiment COMPLETED,
-searched hyperparameters only, and metric groups named when one is missing.
+"""What the CLI guide (docs/reference/cli.md) promises of every command, against a
+scripted master: `--json` on every reading command, usage errors as one `error:` line,
+help without arguments, the newest experiments first, progress that is 100% only when an
+experiment COMPLETED, searched hyperparameters only, and metric groups named when one is
+missing.
 """
 
 from __future__ import annotations

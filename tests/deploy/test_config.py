@@ -13,7 +13,7 @@ import pytest
 from assay.agent._config import AgentSettings, load_agent_settings
 from assay.common.settings import SettingsError, reference, settings_of
 from assay.master._config import MasterConfig, load_master_config
-from tests.deploy.conftest import DEPLOY
+from tests.test_docs import generated_page
 
 
 def _file(tmp_path: Path, text: str) -> Path:
@@ -151,15 +151,15 @@ def test_every_field_is_a_documented_setting(cls: type) -> None:
         assert s.help.endswith("."), s.name  # a sentence, as --help-config prints it
 
 
-def test_the_deploy_readme_shows_the_generated_reference() -> None:
-    """deploy/README.md quotes `--help-config`: regenerate it when a key changes."""
-    readme = (DEPLOY / "README.md").read_text()
-    for cls, program, path in [
-        (AgentSettings, "assay-agent", "/etc/assay/agent.yaml"),
-        (MasterConfig, "assay-master", "/etc/assay/master.yaml"),
+def test_the_docs_show_the_generated_reference() -> None:
+    """The docs site's settings pages quote `--help-config`, generated at every build."""
+    for cls, program, path, page in [
+        (AgentSettings, "assay-agent", "/etc/assay/agent.yaml", "reference/agent-settings.md"),
+        (MasterConfig, "assay-master", "/etc/assay/master.yaml", "reference/master-settings.md"),
     ]:
+        readme = generated_page(page)
         assert reference(cls, program=program, path=path) in readme, (
-            f"deploy/README.md's {path} reference is stale: paste `{program} --help-config`"
+            f"docs/{page}'s {path} reference is stale: it must show `{program} --help-config`"
         )
 
 

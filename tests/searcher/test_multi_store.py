@@ -81,9 +81,10 @@ def test_a_restarted_trial_counts_its_new_run(store: Store) -> None:  # noqa: F8
 def test_a_trials_point_is_one_validation_its_final_not_its_best_per_metric(
     store: Store,  # noqa: F811
 ) -> None:
-    # The README's choice: a point is the vector of one validation, the trial's last (as
-    # Optuna takes the values a trial reports as its result). Each metric's best would mix
-    # validations into a point the model never reached: here (0.1, 0.9), on the front.
+    # The docs' choice (docs/search.md): a point is the vector of one validation, the
+    # trial's last (as Optuna takes the values a trial reports as its result). Each
+    # metric's best would mix validations into a point the model never reached: here
+    # (0.1, 0.9), on the front.
     eid = seed.experiment(store, config=CONFIG)
     a, ra = _trial(store, eid, "t0")
     b, rb = _trial(store, eid, "t1")

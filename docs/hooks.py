@@ -278,7 +278,7 @@ def cli_page() -> str:
 
 def openapi_document() -> dict[str, Any]:
     """The master's OpenAPI document, as `GET /api/v1/openapi.json` serves it."""
-    from assay.master._http_openapi import openapi_document as build
+    from assay.master.api import openapi_document as build
 
     return build()
 

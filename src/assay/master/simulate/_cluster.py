@@ -18,8 +18,8 @@ from assay.config import parse_config
 from assay.errors import PREEMPTED_EXIT_CODE
 from assay.master._agents import AgentHandle, KillRun, StartRun
 from assay.master.errors import PermissionDeniedError, StaleRunError
-from assay.master.lifecycle.simulate._adapter import MasterAdapter, Outbox
-from assay.master.lifecycle.simulate._snapshot import InvariantError
+from assay.master.simulate._adapter import MasterAdapter, Outbox
+from assay.master.simulate._snapshot import InvariantError
 from assay.master.store import CheckpointRecord, MetricReport
 
 

@@ -17,7 +17,7 @@ from assay.common.storage import checkpoint_location
 from assay.config import parse_config
 from assay.errors import PREEMPTED_EXIT_CODE
 from assay.master.lifecycle import KillRun, StartRun
-from assay.master.lifecycle.simulate import MasterAdapter, Outbox, model_archive
+from assay.master.simulate import MasterAdapter, Outbox, StoreKind, model_archive
 from assay.master.store import CheckpointRecord, MetricReport
 
 CONFIG: dict[str, Any] = {
@@ -29,9 +29,10 @@ CONFIG: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def master(tmp_path: Path) -> Iterator[MasterAdapter]:
-    adapter = MasterAdapter(tmp_path, reconnect_wait_s=0, preemption=False)
+@pytest.fixture(params=["memory", "sqlite"])
+def master(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[MasterAdapter]:
+    """A master on each store the simulation runs on: what it does must not differ."""
+    adapter = MasterAdapter(tmp_path, reconnect_wait_s=0, preemption=False, store=request.param)
     yield adapter
     adapter.close()
 
@@ -158,10 +159,13 @@ def test_an_agent_back_with_a_part_the_master_gave_up_on_is_told_to_kill_it(
     )
 
 
-def test_a_restarted_master_finishes_the_preemption_under_way(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_restarted_master_finishes_the_preemption_under_way(
+    tmp_path: Path, store: StoreKind
+) -> None:
     """A master restarted while a run is being preempted keeps the preemption: the run
     still stops at a checkpoint, as its STOPPING trial says."""
-    master = MasterAdapter(tmp_path, reconnect_wait_s=1e9, preemption=True)
+    master = MasterAdapter(tmp_path, reconnect_wait_s=1e9, preemption=True, store=store)
     try:
         box = Outbox()
         master.register("a0", "cpu", 1, frozenset(), box)

@@ -18,7 +18,7 @@ from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.lifecycle import trial as trial_life
 from assay.master.lifecycle.run import requeue
-from assay.master.lifecycle.simulate import (
+from assay.master.simulate import (
     EXPERIMENT_EDGES,
     EXPERIMENT_MOVES,
     TRIAL_EDGES,
@@ -30,6 +30,7 @@ from assay.master.lifecycle.simulate import (
     RunView,
     Snapshot,
     Stats,
+    StoreKind,
     TrialView,
     check_move,
     check_progress,
@@ -77,6 +78,19 @@ def test_the_same_seed_plays_the_same_cluster() -> None:
         second.events,
         second.trials,
         second.experiments,
+    )
+
+
+def test_a_seed_plays_the_same_cluster_on_sqlite_as_in_memory() -> None:
+    # The simulation runs on the in-memory store; the master on its SQL store must end
+    # every experiment and trial alike, step for step.
+    on_sqlite, in_memory = simulate(11, 300, store="sqlite"), simulate(11, 300)
+    _ended_cleanly(on_sqlite)
+    assert on_sqlite.restarts == 5
+    assert (on_sqlite.events, on_sqlite.trials, on_sqlite.experiments) == (
+        in_memory.events,
+        in_memory.trials,
+        in_memory.experiments,
     )
 
 
@@ -409,14 +423,17 @@ def test_a_restart_with_nothing_live_restores_nothing(tmp_path: Path) -> None:
         adapter.close()
 
 
-def test_a_continued_experiment_keeps_its_new_length_across_a_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_continued_experiment_keeps_its_new_length_across_a_restart(
+    tmp_path: Path, store: StoreKind
+) -> None:
     """A single trial of 4 batches completes; continued, its master restarts: the new
     master holds the new length (stored config, the trial's target) and the trial ends
     there, its runs restored from its newest checkpoint (batch 4 first)."""
     import yaml
 
-    from assay.master.lifecycle.simulate._simulation import Simulation, _master_errors
-    from assay.master.lifecycle.simulate._workload import model_archive
+    from assay.master.simulate._simulation import Simulation, _master_errors
+    from assay.master.simulate._workload import model_archive
 
     config = {
         "name": "continued",
@@ -425,7 +442,7 @@ def test_a_continued_experiment_keeps_its_new_length_across_a_restart(tmp_path: 
         "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 4}},
     }
     with _master_errors() as errors:
-        sim = Simulation(7, tmp_path, errors)
+        sim = Simulation(7, tmp_path, errors, store)
         try:
             adapter = sim.adapter
             experiment_id = adapter.create(yaml.safe_dump(config), model_archive(), activate=True)

@@ -1,8 +1,9 @@
 """A seeded fake cluster around a real `Master`: agents, trial processes, users and
 restarts played at random, with the master's invariants checked after every step.
 
-`simulate(seed, events)` builds a `Master` on a SQLite store in a temporary directory (no
-gRPC, no processes, no clock) and plays `events` steps chosen by `random.Random(seed)`:
+`simulate(seed, events)` builds a `Master` on an in-memory store (`MemoryStore`; or with
+`store="sqlite"` on a SQLite file), its files in a temporary directory (no gRPC, no
+processes, no clock), and plays `events` steps chosen by `random.Random(seed)`:
 agents join, disconnect, die silently and come back with what they still run; trial
 processes ask for work, report metrics and checkpoints, complete operations, fail, exit
 with an invalid-hyperparameters or a preempted code, and obey kills; users create
@@ -28,8 +29,8 @@ processes), `_workload` (what users submit), `_simulation` (the loop, the users'
 actions, restarts and the drain).
 """
 
-from assay.master.lifecycle.simulate._adapter import MasterAdapter, Outbox
-from assay.master.lifecycle.simulate._checks import (
+from assay.master.simulate._adapter import MasterAdapter, Outbox, StoreKind
+from assay.master.simulate._checks import (
     check_move,
     check_progress,
     check_queue,
@@ -39,14 +40,14 @@ from assay.master.lifecycle.simulate._checks import (
     check_snapshot,
     check_trials,
 )
-from assay.master.lifecycle.simulate._cluster import (
+from assay.master.simulate._cluster import (
     FakeAgent,
     Process,
     check_restore,
     check_start,
 )
-from assay.master.lifecycle.simulate._simulation import Stats, simulate
-from assay.master.lifecycle.simulate._snapshot import (
+from assay.master.simulate._simulation import Stats, simulate
+from assay.master.simulate._snapshot import (
     EXPERIMENT_EDGES,
     EXPERIMENT_MOVES,
     TRIAL_EDGES,
@@ -57,7 +58,7 @@ from assay.master.lifecycle.simulate._snapshot import (
     Snapshot,
     TrialView,
 )
-from assay.master.lifecycle.simulate._workload import experiment_config, model_archive
+from assay.master.simulate._workload import experiment_config, model_archive
 
 __all__ = [
     "EXPERIMENT_EDGES",
@@ -73,6 +74,7 @@ __all__ = [
     "RunView",
     "Snapshot",
     "Stats",
+    "StoreKind",
     "TrialView",
     "check_move",
     "check_progress",

@@ -1,18 +1,20 @@
-"""Every call into the master: `MasterAdapter` wraps a real `Master` on a SQLite store and
-takes its memory as a `Snapshot`; nothing else in the simulation touches `Master`."""
+"""Every call into the master: `MasterAdapter` wraps a real `Master` on a store (in memory
+by default, or SQLite) and takes its memory as a `Snapshot`; nothing else in the
+simulation touches `Master`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
-from assay.master._agents import AgentHandle, Device, KillRun, Load, Registration, StartRun
 from assay.master._config import MasterConfig
 from assay.master._core import Master
 from assay.master._interpreter import Interpreter, Recorder
+from assay.master.fleet import AgentHandle, Device, Load, Registration
+from assay.master.lifecycle import KillRun, StartRun
 from assay.master.lifecycle import effects as fx
-from assay.master.lifecycle.simulate._snapshot import (
+from assay.master.simulate._snapshot import (
     ExperimentView,
     InvariantError,
     Move,
@@ -20,7 +22,16 @@ from assay.master.lifecycle.simulate._snapshot import (
     Snapshot,
     TrialView,
 )
-from assay.master.store import CheckpointRecord, MetricReport, Store
+from assay.master.store import (
+    CheckpointRecord,
+    MasterStore,
+    MemoryDatabase,
+    MemoryStore,
+    MetricReport,
+    Store,
+)
+
+StoreKind = Literal["memory", "sqlite"]
 
 
 class Outbox:
@@ -60,19 +71,33 @@ class WatchedInterpreter(Interpreter):
 class WatchedMaster(Master):
     """A `Master` whose interpreter records its moves (its recovery's too)."""
 
-    def __init__(self, config: MasterConfig, store: Store) -> None:
+    def __init__(self, config: MasterConfig, store: MasterStore) -> None:
         self.moves: list[Move] = []
-        super().__init__(config, store)
+        # `Master` names the SQL store's class; it asks only what `MasterStore` offers.
+        super().__init__(config, cast(Store, store))
 
     def _interpreter(self, config: MasterConfig, store: Store, commit: Recorder) -> Interpreter:
         return WatchedInterpreter(config, store, commit, self.moves)
 
 
 class MasterAdapter:
-    """The one place that calls `Master` (and reads its memory for `snapshot`)."""
+    """The one place that calls `Master` (and reads its memory for `snapshot`).
 
-    def __init__(self, directory: Path, *, reconnect_wait_s: float, preemption: bool) -> None:
+    `store`: where the master keeps its state, "memory" (a `MemoryStore`, the default:
+    the simulation's speed is the master's own) or "sqlite" (a file in `directory`, the
+    store a single master runs on). A restart opens a new store on the same data.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        reconnect_wait_s: float,
+        preemption: bool,
+        store: StoreKind = "memory",
+    ) -> None:
         self.url = f"sqlite:///{directory / 'assay.db'}"
+        self.database = MemoryDatabase() if store == "memory" else None
         self.config = MasterConfig(
             state_dir=directory,
             agent_reconnect_wait_s=reconnect_wait_s,
@@ -80,14 +105,19 @@ class MasterAdapter:
             kill_grace_s=1.0,
             preemption=preemption,
         )
-        self.store = Store.open(self.url)
+        self.store = self._open()
         self.master = WatchedMaster(self.config, self.store)
         self.pending = False  # changes recorded that no call has waited for yet
+
+    def _open(self) -> MasterStore:
+        if self.database is not None:
+            return MemoryStore(self.database)
+        return Store.open(self.url)
 
     def restart(self) -> None:
         """Stop this master and start another on the same database, as a new process."""
         self.close()
-        self.store = Store.open(self.url)
+        self.store = self._open()
         self.master = WatchedMaster(self.config, self.store)  # it commits its recovery
         self.pending = False
 

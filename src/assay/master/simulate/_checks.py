@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from assay.master.lifecycle.simulate._snapshot import (
+from assay.master.simulate._snapshot import (
     TERMINAL,
     InvariantError,
     Snapshot,

@@ -16,10 +16,11 @@ from typing import Any, Literal
 from assay.common.storage import trial_storage
 from assay.config import parse_config
 from assay.errors import PREEMPTED_EXIT_CODE
-from assay.master._agents import AgentHandle, KillRun, StartRun
 from assay.master.errors import PermissionDeniedError, StaleRunError
-from assay.master.lifecycle.simulate._adapter import MasterAdapter, Outbox
-from assay.master.lifecycle.simulate._snapshot import InvariantError
+from assay.master.fleet import AgentHandle
+from assay.master.lifecycle import KillRun, StartRun
+from assay.master.simulate._adapter import MasterAdapter, Outbox
+from assay.master.simulate._snapshot import InvariantError
 from assay.master.store import CheckpointRecord, MetricReport
 
 

@@ -20,16 +20,16 @@ import yaml
 
 from assay.errors import INVALID_HP_EXIT_CODE
 from assay.master.errors import ConflictError, InvalidArgumentError
-from assay.master.lifecycle.simulate._adapter import MasterAdapter
-from assay.master.lifecycle.simulate._checks import (
+from assay.master.simulate._adapter import MasterAdapter, StoreKind
+from assay.master.simulate._checks import (
     check_move,
     check_progress,
     check_restart,
     check_snapshot,
     check_usage_closed,
 )
-from assay.master.lifecycle.simulate._cluster import Cluster, FakeAgent
-from assay.master.lifecycle.simulate._snapshot import (
+from assay.master.simulate._cluster import Cluster, FakeAgent
+from assay.master.simulate._snapshot import (
     CONTINUE_EXPERIMENT_EDGES,
     CONTINUE_EXPERIMENT_MOVES,
     CONTINUE_TRIAL_EDGES,
@@ -42,7 +42,7 @@ from assay.master.lifecycle.simulate._snapshot import (
     TRIAL_MOVES,
     InvariantError,
 )
-from assay.master.lifecycle.simulate._workload import experiment_config, model_archive
+from assay.master.simulate._workload import experiment_config, model_archive
 
 # The experiment states each user action applies to.
 
@@ -106,7 +106,9 @@ class Simulation:
 
     max_experiments = 4
 
-    def __init__(self, seed: int, directory: Path, errors: _ErrorLog) -> None:
+    def __init__(
+        self, seed: int, directory: Path, errors: _ErrorLog, store: StoreKind = "memory"
+    ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.window = self.rng.random() < 0.5  # runs of lost agents wait for them
@@ -114,6 +116,7 @@ class Simulation:
             directory,
             reconnect_wait_s=1e9 if self.window else 0.0,
             preemption=self.rng.random() < 0.5,
+            store=store,
         )
         self.errors = errors
         self.stats = Stats(seed)
@@ -391,14 +394,21 @@ class Simulation:
         )
 
 
-def simulate(seed: int, events: int, *, directory: Path | str | None = None) -> Stats:
+def simulate(
+    seed: int,
+    events: int,
+    *,
+    directory: Path | str | None = None,
+    store: StoreKind = "memory",
+) -> Stats:
     """Play `events` random steps and a drain on a fresh master; `InvariantError` on any
-    breach. The database lives in a temporary directory under `directory` (default: the
-    system's, /dev/shm when it exists: the store commits once per step)."""
+    breach. The master's store is in memory, or with `store="sqlite"` a database in a
+    temporary directory under `directory` (default: the system's, /dev/shm when it
+    exists: the store commits once per step), which also holds the master's files."""
     if directory is None and Path("/dev/shm").is_dir():
         directory = "/dev/shm"
     with (
         tempfile.TemporaryDirectory(prefix="assay-sim-", dir=directory) as tmp,
         _master_errors() as errors,
     ):
-        return Simulation(seed, Path(tmp), errors).run(events)
+        return Simulation(seed, Path(tmp), errors, store).run(events)

@@ -1,12 +1,31 @@
 """The experiment store: SQLAlchemy models, Alembic migrations, and the `Store` API.
 
 SQLite (WAL) is the zero-setup default and PostgreSQL the production store; both pass
-the same contract tests (tests/store/).
+the same contract tests (tests/store/). What a running master needs of a store is
+written down per aggregate as `Protocol`s (`MasterStore`, _protocols.py); `MemoryStore`
+implements them in memory for the lifecycle simulation, and the contract suite
+(tests/store/test_aggregates.py) holds it to the SQL store's answers.
 """
 
 from assay.master.store._batch import WriteBatch
 from assay.master.store._experiments import MAX_PAGE, SORT_COLUMNS
+from assay.master.store._memory import MemoryDatabase, MemoryStore
 from assay.master.store._migrate import current_revision, head_revision, migrate
+from assay.master.store._protocols import (
+    AgentStore,
+    BatchStore,
+    CheckpointStore,
+    ExperimentStore,
+    LogStore,
+    MasterStore,
+    MetricStore,
+    RegistryStore,
+    SecretStore,
+    TrialStore,
+    UsageStore,
+    UserStore,
+    WorkspaceStore,
+)
 from assay.master.store._records import (
     AgentRecord,
     AllocationRecord,
@@ -35,24 +54,39 @@ __all__ = [
     "ROLES",
     "SORT_COLUMNS",
     "AgentRecord",
+    "AgentStore",
     "AllocationRecord",
+    "BatchStore",
     "CheckpointRecord",
+    "CheckpointStore",
     "ExperimentRecord",
+    "ExperimentStore",
     "LogLine",
+    "LogStore",
+    "MasterStore",
     "MemberRecord",
+    "MemoryDatabase",
+    "MemoryStore",
     "MetricReport",
+    "MetricStore",
     "MetricsReported",
     "ModelRecord",
     "ModelVersionRecord",
     "Page",
     "PoolUsage",
     "ProjectRecord",
+    "RegistryStore",
+    "SecretStore",
     "Store",
     "TrialRecord",
+    "TrialStore",
     "UsagePart",
     "UsageRow",
+    "UsageStore",
     "UserRecord",
+    "UserStore",
     "WorkspaceRecord",
+    "WorkspaceStore",
     "WriteBatch",
     "current_revision",
     "head_revision",

@@ -175,10 +175,10 @@ def _validated(s: Session, trial_id: int, rows: Sequence[Checkpoint]) -> list[Ch
     for run_id, at, name, value in s.execute(query):
         if (run_id, at) in wanted:
             found.setdefault((run_id, at), {})[name] = math.nan if value is None else value
-    return [_with_validation(_checkpoint(c), found.get((c.run_id, c.total_batches))) for c in rows]
+    return [with_validation(_checkpoint(c), found.get((c.run_id, c.total_batches))) for c in rows]
 
 
-def _with_validation(
+def with_validation(
     record: CheckpointRecord, validation: Mapping[str, float] | None
 ) -> CheckpointRecord:
     if not validation:

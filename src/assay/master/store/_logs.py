@@ -36,7 +36,7 @@ def message_bytes(message: str) -> int:
     return len(message) if message.isascii() else len(message.encode("utf-8", "replace"))
 
 
-def _quota_line(quota_bytes: int, run_id: int) -> dict[str, object]:
+def quota_line(quota_bytes: int, run_id: int) -> dict[str, object]:
     mib = quota_bytes / 2**20
     return {
         "run_id": run_id,
@@ -127,7 +127,7 @@ class LogQueries(StoreBase):
                 break
             total += size
         if kept < len(rows):
-            rows = [*rows[:kept], _quota_line(quota_bytes, run_id)]
+            rows = [*rows[:kept], quota_line(quota_bytes, run_id)]
             marked = True
         # Written back before the commit: a failed commit leaves a count too high by this
         # batch, which drops a little early rather than letting a log grow past its quota.

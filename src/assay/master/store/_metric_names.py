@@ -64,7 +64,7 @@ class MetricNameCap:
             if not new:
                 return False
             if known.count + len(new) > limit:
-                raise ResourceExhaustedError(_refusal(trial_id, known.count, new, limit))
+                raise ResourceExhaustedError(refusal(trial_id, known.count, new, limit))
             known.by_group.setdefault(group, set()).update(new)
             known.count += len(new)
             return True
@@ -102,7 +102,7 @@ def _load(session: Session, trial_id: int) -> _Known:
     return known
 
 
-def _refusal(trial_id: int, count: int, new: Set[str], limit: int) -> str:
+def refusal(trial_id: int, count: int, new: Set[str], limit: int) -> str:
     shown = ", ".join(repr(n) for n in sorted(new)[:3]) + (", ..." if len(new) > 3 else "")
     return (
         f"trial {trial_id} has reported {count} distinct metric names; {len(new)} new ones "

@@ -88,12 +88,12 @@ class MetricQueries(StoreBase):
         would take the trial past `max_names` distinct metric names (0: no limit) raises
         `ResourceExhaustedError`, and writes nothing (see _metric_names.py).
         """
-        _check_group(group)
+        check_group(group)
         rows, names = flatten_reports(reports)
         latest = max((r.total_batches for r in reports), default=0)
         best = None
         if group == VALIDATION and searcher_metric is not None:
-            best = _best(rows, searcher_metric, smaller_is_better)
+            best = best_value(rows, searcher_metric, smaller_is_better)
         for attempt in range(3):
             admitted = False
             try:
@@ -235,7 +235,7 @@ def _same(a: float | None, b: float | None) -> bool:
     return a == b or (a is None and b is None)
 
 
-def _check_group(group: str) -> None:
+def check_group(group: str) -> None:
     if not group or len(group) > MAX_GROUP_LEN:
         raise InvalidArgumentError(f"metric group must be 1-{MAX_GROUP_LEN} characters: {group!r}")
     problem = name_problem(group)
@@ -243,7 +243,7 @@ def _check_group(group: str) -> None:
         raise InvalidArgumentError(f"metric group {group!r} {problem}")
 
 
-def _best(rows: Sequence[Row], metric: str, smaller_is_better: bool) -> float | None:
+def best_value(rows: Sequence[Row], metric: str, smaller_is_better: bool) -> float | None:
     """The best finite value of `metric` among `rows`, or None."""
     values = [v for _, name, v in rows if name == metric and v is not None and math.isfinite(v)]
     if not values:

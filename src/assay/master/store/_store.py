@@ -30,6 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from assay.master.errors import ConflictError
 from assay.master.store._agents import AgentQueries
 from assay.master.store._batch import WriteBatch
+from assay.master.store._batch_sql import write_batch
 from assay.master.store._checkpoints import CheckpointQueries
 from assay.master.store._engine import make_engine
 from assay.master.store._experiments import ExperimentQueries
@@ -85,7 +86,7 @@ class Store(
         """
         if batch:
             with self.write() as s:
-                batch.apply(s)
+                write_batch(s, batch)
 
     def secret(self, name: str) -> bytes:
         """A random secret kept in the database, made on first use (the same for every

@@ -1,14 +1,9 @@
-"""Model-directory archives: what `assay experiment create` uploads and agents extract.
+"""Checking and extracting a model-definition archive.
 
-`pack_model_dir` turns a directory into a deterministic gzip-compressed tar (sorted entries,
-zeroed mtimes and owners), honouring a `.assayignore` file of gitignore-like patterns and
-refusing anything over `MAX_MODEL_DEF_BYTES` as early as it can tell. `unpack_model_dir`
-extracts such an archive after checking all of it: members that could write outside the
-destination (absolute or `..` paths, links leading out, hard links, devices), more than
-`MAX_MEMBERS` entries and more than `MAX_UNPACKED_BYTES` of files are refused before
-anything is written. `check_model_archive` applies the same checks without extracting.
-
-CLI, master and agent all use these functions, so the rules are the same everywhere.
+Archives come from users, so unpacking trusts nothing in them. Every member is checked,
+and the whole archive is modelled as the tree it would create, before anything is
+written; the tree is then written into a fresh directory beside the destination and
+renamed into place, so a refused or failed archive leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -23,332 +18,12 @@ import stat
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Literal
 
-from assay.errors import AssayError
-
-MAX_MODEL_DEF_BYTES = 96 * 2**20
-"""Largest compressed model definition the master accepts (96 MiB)."""
-
-MAX_UNPACKED_BYTES = 4 * MAX_MODEL_DEF_BYTES
-"""Largest total size of the files a model definition may unpack to (384 MiB)."""
-
-IGNORE_FILE = ".assayignore"
-
-LOCAL_OUTPUT_MARKER = ".assay-local-output"
-"""A directory holding this file was made by a local run for its output (`./checkpoints`
-and `./assay-metrics` of `assay trial run-local` or of a plain `python3 train.py`):
-packing a model directory leaves it out."""
-
-# Never worth shipping, whatever .assayignore says.
-_ALWAYS_SKIPPED_DIRS = frozenset({"__pycache__", ".git"})
-_ALWAYS_SKIPPED_FILES = frozenset({".git"})
-_ALWAYS_SKIPPED_SUFFIXES = (".pyc",)
-
-_CHUNK = 1 << 20
-
-
-class ModelDefinitionError(AssayError):
-    """The model directory cannot be packed, or a model-definition archive is unusable."""
-
-
-def format_bytes(n: int) -> str:
-    """`1536` -> `1.5 KiB`: sizes for people, with the exact count kept next to it."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def _sized(n: int) -> str:
-    return f"{format_bytes(n)} ({n} bytes)"
-
-
-# --- .assayignore ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Rule:
-    regex: re.Pattern[str]
-    negate: bool
-    dir_only: bool
-
-
-def _translate(pattern: str) -> str:
-    """Translate one gitignore glob (already stripped of `!`, leading and trailing `/`)."""
-    out: list[str] = []
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("/**", i) and i + 3 == n:
-            out.append("(?:/.*)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "[":
-            end = pattern.find("]", i + 2 if pattern[i + 1 : i + 2] in ("!", "^") else i + 1)
-            if end == -1:
-                out.append(re.escape(c))
-                i += 1
-                continue
-            body = pattern[i + 1 : end]
-            if body[:1] in ("!", "^"):
-                body = "^" + body[1:]
-            out.append("[" + body.replace("\\", "\\\\") + "]")
-            i = end + 1
-        elif c == "\\" and i + 1 < n:
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-        else:
-            out.append(re.escape(c))
-            i += 1
-    return "".join(out)
-
-
-def _parse_rules(lines: Iterable[str]) -> list[_Rule]:
-    rules: list[_Rule] = []
-    for raw in lines:
-        line = raw.rstrip("\n").rstrip()
-        if not line or line.startswith("#"):
-            continue
-        negate = line.startswith("!")
-        if negate:
-            line = line[1:]
-        if line.startswith("\\"):  # `\#name`, `\!name`: a literal first character
-            line = line[1:]
-        dir_only = line.endswith("/")
-        line = line.rstrip("/")
-        if not line:
-            continue
-        # A slash at the start or in the middle anchors the pattern at the directory root;
-        # otherwise it matches a name at any depth.
-        anchored = "/" in line
-        line = line.lstrip("/")
-        body = _translate(line)
-        regex = body if anchored else f"(?:.*/)?{body}"
-        rules.append(_Rule(re.compile(f"^{regex}$", re.DOTALL), negate, dir_only))
-    return rules
-
-
-def _ignored(rules: list[_Rule], relpath: str, is_dir: bool) -> bool:
-    ignored = False
-    for rule in rules:
-        if rule.dir_only and not is_dir:
-            continue
-        if rule.regex.match(relpath):
-            ignored = not rule.negate
-    return ignored
-
-
-def _always_skipped(name: str, is_dir: bool) -> bool:
-    if is_dir:
-        return name in _ALWAYS_SKIPPED_DIRS
-    return name in _ALWAYS_SKIPPED_FILES or name.endswith(_ALWAYS_SKIPPED_SUFFIXES)
-
-
-def left_out(root: Path, relpath: str, *, is_dir: bool) -> bool:
-    """Whether packing `root` leaves `relpath` (a path under it) out of the archive: by
-    `.assayignore` (it or a directory above it), or as always skipped."""
-    ignore_file = root / IGNORE_FILE
-    rules = _parse_rules(ignore_file.read_text().splitlines()) if ignore_file.is_file() else []
-    parts = PurePosixPath(relpath).parts
-    for i, name in enumerate(parts, start=1):
-        directory = i < len(parts) or is_dir
-        if _always_skipped(name, directory) or _ignored(rules, "/".join(parts[:i]), directory):
-            return True
-    return False
-
-
-def make_local_output_dir(directory: Path) -> None:
-    """Create `directory` for a local run's output, marked so that an `experiment create`
-    of the model directory it lies in does not ship it. One that exists already is left
-    as it is, unmarked: it may hold files its owner means to ship."""
-    if directory.exists():
-        return
-    try:
-        directory.mkdir(parents=True)
-    except FileExistsError:
-        return  # made meanwhile (another rank of the same run, or another process)
-    (directory / LOCAL_OUTPUT_MARKER).write_text(
-        "Made by a local Assay run for its output; model directories are packed without it.\n"
-    )
-
-
-# --- packing ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Entry:
-    relpath: str  # POSIX, relative to the root
-    path: Path
-    kind: str  # "file" | "dir" | "link"
-    size: int
-    mode: int
-    link_target: str = ""
-
-
-def _collect(root: Path, rules: list[_Rule], max_unpacked: int) -> list[_Entry]:
-    entries: list[_Entry] = []
-    total = 0
-    real_root = root.resolve()
-
-    def visit(directory: Path, rel: PurePosixPath | None) -> Iterator[_Entry]:
-        with os.scandir(directory) as it:
-            children = sorted(it, key=lambda e: e.name)
-        for child in children:
-            relpath = str(rel / child.name) if rel else child.name
-            path = Path(child.path)
-            st = os.lstat(path)
-            is_link = stat.S_ISLNK(st.st_mode)
-            is_dir = stat.S_ISDIR(st.st_mode) or (is_link and path.is_dir())
-            if _always_skipped(child.name, is_dir) or _ignored(rules, relpath, is_dir):
-                continue
-            if is_link:
-                target = path.resolve()
-                if not target.is_relative_to(real_root):
-                    raise ModelDefinitionError(
-                        f"{path} is a symbolic link to {os.readlink(path)}, outside the model "
-                        f"directory {root}; copy the file in or add {relpath} to {IGNORE_FILE}"
-                    )
-                link_target = os.path.relpath(target, path.parent.resolve())
-                yield _Entry(relpath, path, "link", 0, 0o777, PurePosixPath(link_target).as_posix())
-            elif stat.S_ISDIR(st.st_mode):
-                if (path / LOCAL_OUTPUT_MARKER).is_file():
-                    continue  # a local run's checkpoints
-                yield _Entry(relpath, path, "dir", 0, 0o755)
-                yield from visit(path, PurePosixPath(relpath))
-            elif stat.S_ISREG(st.st_mode):
-                mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
-                yield _Entry(relpath, path, "file", st.st_size, mode)
-            else:
-                raise ModelDefinitionError(
-                    f"{path} is not a regular file, directory or link; "
-                    f"remove it or add {relpath} to {IGNORE_FILE}"
-                )
-
-    for entry in visit(root, None):
-        total += entry.size
-        if total > max_unpacked:
-            raise ModelDefinitionError(
-                f"model directory {root} holds more than {_sized(total)} of files, over the "
-                f"limit of {_sized(max_unpacked)}; list data, checkpoints and other large "
-                f"files in {root / IGNORE_FILE}"
-            )
-        entries.append(entry)
-    entries.sort(key=lambda e: e.relpath)
-    return entries
-
-
-class _ArchiveTooLargeError(Exception):
-    def __init__(self, written: int) -> None:
-        self.written = written
-
-
-class _LimitedBuffer(io.RawIOBase):
-    """An in-memory sink that refuses to grow past `limit` bytes (checked on every write)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.buffer = io.BytesIO()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: bytes) -> int:  # type: ignore[override]
-        if self.buffer.tell() + len(data) > self.limit:
-            raise _ArchiveTooLargeError(self.buffer.tell() + len(data))
-        return self.buffer.write(data)
-
-
-def _tarinfo(entry: _Entry) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(entry.relpath)
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.mode = entry.mode
-    if entry.kind == "dir":
-        info.type = tarfile.DIRTYPE
-    elif entry.kind == "link":
-        info.type = tarfile.SYMTYPE
-        info.linkname = entry.link_target
-    else:
-        info.size = entry.size
-    return info
-
-
-class _ExactReader:
-    """Reads exactly `size` bytes of a file that must not have changed size meanwhile."""
-
-    def __init__(self, handle: IO[bytes], path: Path, size: int) -> None:
-        self.handle, self.path, self.left = handle, path, size
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.left if n < 0 else min(n, self.left)
-        data = self.handle.read(n)
-        self.left -= len(data)
-        if len(data) < n:
-            raise ModelDefinitionError(f"{self.path} changed while it was being packed")
-        return data
-
-
-def pack_model_dir(path: str | os.PathLike[str], *, max_bytes: int = MAX_MODEL_DEF_BYTES) -> bytes:
-    """Pack the directory into a deterministic `.tar.gz` (at most `max_bytes`).
-
-    Raises `ModelDefinitionError` when the directory is missing, holds a link leading
-    outside it, or its archive would exceed `max_bytes` (or its files `4 * max_bytes`,
-    checked from their sizes before any is read).
-    """
-    root = Path(path)
-    if not root.is_dir():
-        raise ModelDefinitionError(f"model directory {root} does not exist or is not a directory")
-    ignore_file = root / IGNORE_FILE
-    rules = _parse_rules(ignore_file.read_text().splitlines()) if ignore_file.is_file() else []
-    entries = _collect(root, rules, 4 * max_bytes)
-
-    sink = _LimitedBuffer(max_bytes)
-    try:
-        # filename="" and mtime=0 keep the gzip header free of anything that varies.
-        with (
-            gzip.GzipFile(filename="", mode="wb", fileobj=sink, mtime=0) as gz,
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
-        ):
-            for entry in entries:
-                info = _tarinfo(entry)
-                if entry.kind == "file":
-                    with entry.path.open("rb") as handle:
-                        tar.addfile(info, _ExactReader(handle, entry.path, entry.size))
-                else:
-                    tar.addfile(info)
-    except _ArchiveTooLargeError as e:
-        raise ModelDefinitionError(
-            f"model directory {root} packs to more than {_sized(e.written)}, over the limit "
-            f"of {_sized(max_bytes)} for a model definition; list data, checkpoints and "
-            f"other large files in {root / IGNORE_FILE}"
-        ) from None
-    return sink.buffer.getvalue()
-
-
-# --- unpacking -------------------------------------------------------------------------
-#
-# Archives come from users, so unpacking trusts nothing in them. Every member is checked,
-# and the whole archive is modelled as the tree it would create, before anything is
-# written; the tree is then written into a fresh directory beside the destination and
-# renamed into place, so a refused or failed archive leaves nothing behind.
+from assay.common.archive._rules import MAX_MODEL_DEF_BYTES, ModelDefinitionError, sized
 
 MAX_MEMBERS = 10_000
 """Most entries (files, directories and links together) a model definition may hold."""
@@ -381,33 +56,6 @@ _SPECIAL_TYPES = {
 }
 _DRIVE = re.compile(r"[A-Za-z]:")
 _OUTSIDE = "would be written outside the model directory"
-
-
-# Files a training run writes for itself: shipped with the code, every trial gets them,
-# and code that resumes from a path (Lightning's `ckpt_path="last"`) resumes from them.
-CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".safetensors")
-
-
-def packed_checkpoint_warning(archive: bytes, *, shown: int = 3) -> str | None:
-    """A warning naming the checkpoint-like files `archive` (a packed model directory)
-    holds, with their total size; None if it holds none."""
-    found: list[tuple[str, int]] = []
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        for member in tar:
-            if member.isfile() and member.name.lower().endswith(CHECKPOINT_SUFFIXES):
-                found.append((member.name, member.size))
-    if not found:
-        return None
-    names = ", ".join(name for name, _ in found[:shown])
-    more = f" and {len(found) - shown} more" if len(found) > shown else ""
-    total = format_bytes(sum(size for _, size in found))
-    noun = "file" if len(found) == 1 else "files"
-    return (
-        f"the model directory holds {len(found)} checkpoint {noun} ({total}: {names}{more}): "
-        "every trial gets them, and code that resumes from a path (such as Lightning's "
-        "ckpt_path='last') resumes from them instead of starting fresh; list them in "
-        f"{IGNORE_FILE} unless the trial needs them"
-    )
 
 
 def _refused(name: str, rule: str) -> ModelDefinitionError:
@@ -601,8 +249,8 @@ def _plan(tar: tarfile.TarFile, stream: _BoundedStream, limit: int) -> list[_Pla
             total += member.size
             if total > limit:
                 raise ModelDefinitionError(
-                    f"model definition unpacks to more than {_sized(total)}, over the "
-                    f"limit of {_sized(limit)} (at archive member {member.name!r})"
+                    f"model definition unpacks to more than {sized(total)}, over the "
+                    f"limit of {sized(limit)} (at archive member {member.name!r})"
                 )
         plan.append(_Planned(member, parts, kind))
     stream.listed()
@@ -643,7 +291,7 @@ class _BoundedStream:
             if self.header_bytes > _MAX_HEADER_BYTES:
                 raise _StreamLimitError(
                     "its tar headers for one member (PAX records, long names, sparse maps) "
-                    f"take more than {_sized(_MAX_HEADER_BYTES)}"
+                    f"take more than {sized(_MAX_HEADER_BYTES)}"
                 )
         data = self.raw.read(size)
         if self.raw.tell() > self.limit:
@@ -666,7 +314,7 @@ class _BoundedStream:
 
     def _too_long(self) -> _StreamLimitError:
         return _StreamLimitError(
-            f"its tar stream runs past {_sized(self.limit)}, more than its entries can need"
+            f"its tar stream runs past {sized(self.limit)}, more than its entries can need"
         )
 
 
@@ -761,7 +409,7 @@ def _opened(
     size = data.stat().st_size if isinstance(data, Path) else len(data)
     if size > max_bytes:
         raise ModelDefinitionError(
-            f"model definition is {_sized(size)}, over the limit of {_sized(max_bytes)}"
+            f"model definition is {sized(size)}, over the limit of {sized(max_bytes)}"
         )
     invalid = "model definition is not a valid .tar.gz archive"
     stream_limit = limit + MAX_MEMBERS * _HEADER_ALLOWANCE + tarfile.RECORDSIZE
@@ -783,20 +431,3 @@ def _opened(
     finally:
         stream.close()
         raw.close()
-
-
-__all__ = [
-    "IGNORE_FILE",
-    "MAX_DEPTH",
-    "MAX_LINK_DEPTH",
-    "MAX_MEMBERS",
-    "MAX_MODEL_DEF_BYTES",
-    "MAX_NAME_BYTES",
-    "MAX_PATH_CHARS",
-    "MAX_UNPACKED_BYTES",
-    "ModelDefinitionError",
-    "check_model_archive",
-    "format_bytes",
-    "pack_model_dir",
-    "unpack_model_dir",
-]

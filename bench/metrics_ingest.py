@@ -66,9 +66,8 @@ from typing import Any
 
 from sqlalchemy import create_engine, insert, text
 
-from assay.master.store import MetricReport, Store, WriteBatch
+from assay.master.store import Metric, MetricReport, Store, WriteBatch
 from assay.master.store._engine import writer
-from assay.master.store._models import Metric
 
 RATIO_TARGET = 0.7
 SQLITE_ROWS_TARGET = 20_000.0

@@ -14,8 +14,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from assay.master.store import Store, WriteBatch
-from assay.master.store._models import Trial
+from assay.master.store import Store, Trial, WriteBatch
 
 
 def now() -> dt.datetime:

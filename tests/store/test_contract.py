@@ -13,13 +13,13 @@ from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundErr
 from assay.master.store import (
     CheckpointRecord,
     LogLine,
+    Metric,
     MetricReport,
     MetricsReported,
     Store,
     WriteBatch,
 )
 from assay.master.store._curves import RAW_READ_LIMIT
-from assay.master.store._models import Metric
 from tests.store import _seed as seed
 
 _trial = seed.trial_with_run

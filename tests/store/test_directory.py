@@ -17,9 +17,8 @@ from assay.master.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
-from assay.master.store import Store
+from assay.master.store import DEFAULT_WORKSPACE_ID, Store
 from assay.master.store._directory import Directory, Snapshot
-from assay.master.store._models import DEFAULT_WORKSPACE_ID
 
 
 @pytest.fixture

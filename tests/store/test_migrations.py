@@ -190,7 +190,7 @@ def _at_0003(tmp_path: Path, db_url: str) -> Store:
 
 def _live(store: Store, trial_id: int) -> dict[tuple[str, str], list[tuple[int, float | None]]]:
     """(group, name) -> the trial's live points, NaN as None."""
-    from assay.master.store._models import Metric
+    from assay.master.store import Metric
 
     out: dict[tuple[str, str], list[tuple[int, float | None]]] = {}
     with store.read() as s:

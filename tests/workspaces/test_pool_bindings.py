@@ -17,8 +17,7 @@ from assay.master.errors import (
     PermissionDeniedError,
 )
 from assay.master.fleet import Binding, PoolAccess, ResourcePools, pool_workspaces
-from assay.master.store import Store
-from assay.master.store._models import DEFAULT_WORKSPACE_ID
+from assay.master.store import DEFAULT_WORKSPACE_ID, Store
 from assay.proto import api_pb2
 from tests.http.conftest import open_site
 from tests.master.conftest import ScriptedAgent

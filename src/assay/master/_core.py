@@ -38,10 +38,10 @@ from assay.master.store import (
     ExperimentRecord,
     LogLine,
     MetricReport,
+    ModelDefinition,
     Store,
     WriteBatch,
 )
-from assay.master.store._archive_file import ModelDefinition
 from assay.master.submission import PreparedExperiment, SubmissionQuota, intake, new_record
 from assay.master.telemetry import NO_TELEMETRY, LogKeeper, RankUsageBoard, Telemetry, reports
 

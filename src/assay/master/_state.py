@@ -32,8 +32,7 @@ from assay.master.lifecycle import (
 )
 from assay.master.scheduler import Request, SlotType
 from assay.master.searcher import restore_searcher
-from assay.master.store import Store, TrialRecord, WriteBatch
-from assay.master.store._archive_file import ArchiveFile, ModelDefinition, size_of
+from assay.master.store import ArchiveFile, ModelDefinition, Store, TrialRecord, WriteBatch, size_of
 from assay.master.submission import new_searcher
 
 

@@ -29,8 +29,13 @@ from assay.common import storage
 from assay.master import wire
 from assay.master.auth import EDITOR, VIEWER, Principal, Roles
 from assay.master.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
-from assay.master.store import CheckpointRecord, ModelRecord, ModelVersionRecord, Store
-from assay.master.store._models import DEFAULT_WORKSPACE_ID
+from assay.master.store import (
+    DEFAULT_WORKSPACE_ID,
+    CheckpointRecord,
+    ModelRecord,
+    ModelVersionRecord,
+    Store,
+)
 from assay.proto import api_pb2
 
 

@@ -28,9 +28,14 @@ from collections.abc import Callable, Collection
 
 from assay.master.auth._auth import Principal
 from assay.master.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
-from assay.master.store import CheckpointRecord, ProjectRecord, Store, WorkspaceRecord
-from assay.master.store._directory import Snapshot
-from assay.master.store._models import DEFAULT_WORKSPACE_ID
+from assay.master.store import (
+    DEFAULT_WORKSPACE_ID,
+    CheckpointRecord,
+    ProjectRecord,
+    Snapshot,
+    Store,
+    WorkspaceRecord,
+)
 
 VIEWER, EDITOR, ADMIN = "viewer", "editor", "admin"
 UNCATEGORIZED = "Uncategorized"

@@ -38,9 +38,14 @@ from assay.master.errors import (
     PermissionDeniedError,
 )
 from assay.master.lifecycle import TERMINAL_TRIAL
-from assay.master.store import CheckpointRecord, ExperimentRecord, Store
-from assay.master.store._checkpoints import DELETED
-from assay.master.store._experiments import ENDED_EXPERIMENT, pinned_message
+from assay.master.store import (
+    DELETED,
+    ENDED_EXPERIMENT,
+    CheckpointRecord,
+    ExperimentRecord,
+    Store,
+    pinned_message,
+)
 from assay.proto import api_pb2, common_pb2
 
 MAX_UUIDS = 1000

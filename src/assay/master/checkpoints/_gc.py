@@ -45,8 +45,7 @@ from assay.common.storage import (
 from assay.config import CheckpointStorageConfig, ExperimentConfig
 from assay.master.checkpoints._storage_policy import StoragePolicy
 from assay.master.lifecycle import TERMINAL_TRIAL
-from assay.master.store import CheckpointRecord, Store
-from assay.master.store._checkpoints import DELETED
+from assay.master.store import DELETED, CheckpointRecord, Store
 
 log = logging.getLogger("assay.master")
 

@@ -32,8 +32,7 @@ from assay.master.errors import (
     PermissionDeniedError,
 )
 from assay.master.fleet._pool_config import pool_workspaces
-from assay.master.store import Store, WorkspaceRecord
-from assay.master.store._directory import Snapshot
+from assay.master.store import Snapshot, Store, WorkspaceRecord
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

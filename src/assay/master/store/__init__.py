@@ -7,10 +7,15 @@ implements them in memory for the lifecycle simulation, and the contract suite
 (tests/store/test_aggregates.py) holds it to the SQL store's answers.
 """
 
+from assay.master.store._archive_file import ArchiveFile, ModelDefinition, size_of
+from assay.master.store._base import StoreBase
 from assay.master.store._batch import WriteBatch
-from assay.master.store._experiments import MAX_PAGE, SORT_COLUMNS
+from assay.master.store._checkpoints import DELETED
+from assay.master.store._directory import Snapshot
+from assay.master.store._experiments import ENDED_EXPERIMENT, MAX_PAGE, SORT_COLUMNS, pinned_message
 from assay.master.store._memory import MemoryDatabase, MemoryStore
 from assay.master.store._migrate import current_revision, head_revision, migrate
+from assay.master.store._models import DEFAULT_WORKSPACE_ID, Metric, Trial
 from assay.master.store._protocols import (
     AgentStore,
     BatchStore,
@@ -40,7 +45,8 @@ from assay.master.store._records import (
 )
 from assay.master.store._registry import ModelRecord, ModelVersionRecord
 from assay.master.store._store import Store
-from assay.master.store._usage import GROUP_BY, PoolUsage, UsagePart, UsageRow, pool_usage
+from assay.master.store._templates import TemplateRecord
+from assay.master.store._usage import GROUP_BY, GroupBy, PoolUsage, UsagePart, UsageRow, pool_usage
 from assay.master.store._workspaces import (
     ROLES,
     MemberRecord,
@@ -49,6 +55,19 @@ from assay.master.store._workspaces import (
 )
 
 __all__ = [
+    "ArchiveFile",
+    "ModelDefinition",
+    "size_of",
+    "StoreBase",
+    "DEFAULT_WORKSPACE_ID",
+    "Metric",
+    "Trial",
+    "GroupBy",
+    "Snapshot",
+    "TemplateRecord",
+    "DELETED",
+    "ENDED_EXPERIMENT",
+    "pinned_message",
     "GROUP_BY",
     "MAX_PAGE",
     "ROLES",

@@ -22,8 +22,7 @@ from assay.master.lifecycle import effects as fx
 from assay.master.lifecycle import experiment as experiment_life
 from assay.master.scheduler import Pools
 from assay.master.searcher import Searcher
-from assay.master.store import ExperimentRecord, Store, WriteBatch
-from assay.master.store._archive_file import ModelDefinition
+from assay.master.store import ExperimentRecord, ModelDefinition, Store, WriteBatch
 from assay.master.submission._continue import continued_config
 from assay.master.submission._submission import (
     PreparedExperiment,

@@ -15,7 +15,7 @@ import secrets
 import shutil
 from pathlib import Path
 
-from assay.master.store._archive_file import ArchiveFile
+from assay.master.store import ArchiveFile
 
 
 class Upload:

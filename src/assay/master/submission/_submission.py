@@ -25,8 +25,7 @@ from assay.config import ExperimentConfig, parse_config, searcher_in_batches
 from assay.errors import InvalidConfigError
 from assay.master.errors import InvalidArgumentError
 from assay.master.searcher import Searcher, make_searcher
-from assay.master.store import ExperimentRecord
-from assay.master.store._archive_file import ArchiveFile, ModelDefinition, size_of
+from assay.master.store import ArchiveFile, ExperimentRecord, ModelDefinition, size_of
 from assay.master.wire import config_struct
 
 MAX_CONFIG_BYTES = 2**20

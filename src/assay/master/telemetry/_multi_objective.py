@@ -19,8 +19,7 @@ from sqlalchemy import select
 from assay.config import Objective
 from assay.config._searcher_config import parse_objectives
 from assay.master.searcher import orient, pareto_ranks
-from assay.master.store._base import StoreBase
-from assay.master.store._models import Metric, Trial
+from assay.master.store import Metric, StoreBase, Trial
 
 VALIDATION = "validation"
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
 from assay.master.errors import InvalidArgumentError
-from assay.master.store import GROUP_BY, PoolUsage, Store, UsageRow, pool_usage
-from assay.master.store._usage import GroupBy
+from assay.master.store import GROUP_BY, GroupBy, PoolUsage, Store, UsageRow, pool_usage
 
 if TYPE_CHECKING:
     import threading

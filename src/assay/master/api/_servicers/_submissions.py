@@ -17,7 +17,7 @@ from assay.master.api._servicers._base import ServicerBase
 from assay.master.api._status import maps_errors_async
 from assay.master.auth import caller
 from assay.master.errors import InvalidArgumentError, ResourceExhaustedError
-from assay.master.store._archive_file import ModelDefinition, size_of
+from assay.master.store import ModelDefinition, size_of
 from assay.master.submission import Upload, UploadSpool
 from assay.proto import api_pb2
 

@@ -15,8 +15,7 @@ from assay.master.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
-from assay.master.store import ProjectRecord, WorkspaceRecord
-from assay.master.store._templates import TemplateRecord
+from assay.master.store import ProjectRecord, TemplateRecord, WorkspaceRecord
 from assay.proto import api_pb2, common_pb2
 
 

@@ -8,13 +8,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from assay.cli import _format as fmt
 from assay.errors import AssayError
 
+from . import _records as fmt
+
 if TYPE_CHECKING:
-    from assay._trial import Trial as UserTrial
-    from assay.cli._client import Client
+    from assay import Trial as UserTrial
     from assay.proto import common_pb2
+
+    from ._api import Client
 
 # (master address, experiment id) -> where its model definition was unpacked, once per
 # process: importing a Trial may import more of its files later, so they stay.
@@ -76,10 +78,10 @@ class Checkpoint:
     def download(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Copy its files into `path` (new or empty; default ./checkpoints/UUID),
         verifying each file's size and sha256, and return the directory."""
-        from assay.cli._checkpoint import download
+        from ._fetch import download_checkpoint
 
         target = Path(path) if path is not None else Path("checkpoints") / self.uuid
-        download(self._api, self.uuid, target)
+        download_checkpoint(self._api, self.uuid, target)
         return target
 
     def load(

@@ -17,14 +17,17 @@ from assay.config._hparams import (
     grid_values,
     sample_hparams,
 )
-from assay.config._length import Length, LengthUnit
+from assay.config._length import UNBOUNDED_LENGTH, Length, LengthUnit
 from assay.config._limits import (
     MAX_CONFIG_DEPTH,
     MAX_DESCRIPTION_CHARS,
     MAX_LABEL_CHARS,
     MAX_LABELS,
+    MAX_METRIC_NAME_CHARS,
     MAX_NAME_CHARS,
+    name_problem,
 )
+from assay.config._merge import merge
 from assay.config._pbt import PBTSpec, pbt_spec
 from assay.config._schema import (
     ExperimentConfig,
@@ -48,9 +51,11 @@ from assay.config._sections import (
     MAX_WEIGHT,
     MIN_WEIGHT,
     CheckpointStorageConfig,
+    FSDPConfig,
     OptimizationsConfig,
     Precision,
     ResourcesConfig,
+    StrategyName,
 )
 from assay.config._size import format_size, parse_memory, parse_size
 
@@ -60,9 +65,11 @@ __all__ = [
     "MAX_GRID_POINTS",
     "MAX_LABELS",
     "MAX_LABEL_CHARS",
+    "MAX_METRIC_NAME_CHARS",
     "MAX_NAME_CHARS",
     "MAX_WEIGHT",
     "MIN_WEIGHT",
+    "UNBOUNDED_LENGTH",
     "BracketPreview",
     "BracketSpec",
     "Categorical",
@@ -70,6 +77,7 @@ __all__ = [
     "Const",
     "Double",
     "ExperimentConfig",
+    "FSDPConfig",
     "HParam",
     "Int",
     "Length",
@@ -85,11 +93,14 @@ __all__ = [
     "SearchSpec",
     "Objective",
     "SearcherConfig",
+    "StrategyName",
     "environment_of",
     "format_size",
     "grid_points",
     "grid_values",
     "load_config",
+    "merge",
+    "name_problem",
     "parse_memory",
     "parse_size",
     "parse_config",

@@ -13,8 +13,11 @@ from assay.config._hparams import (
     HParam,
     Int,
     Log,
+    assemble,
     grid_points,
+    grid_size,
     grid_values,
+    leaves,
     sample_hparams,
 )
 from assay.config._length import UNBOUNDED_LENGTH, Length, LengthUnit
@@ -25,6 +28,7 @@ from assay.config._limits import (
     MAX_LABELS,
     MAX_METRIC_NAME_CHARS,
     MAX_NAME_CHARS,
+    METRIC_NAMES_PER_TRIAL,
     name_problem,
 )
 from assay.config._merge import merge
@@ -42,11 +46,12 @@ from assay.config._search import (
     RoundPreview,
     RungPreview,
     SearchSpec,
+    divide,
     preview,
     rung_lengths,
     search_spec,
 )
-from assay.config._searcher_config import Objective, SearcherConfig
+from assay.config._searcher_config import Divisor, Objective, SearcherConfig, parse_objectives
 from assay.config._sections import (
     MAX_WEIGHT,
     MIN_WEIGHT,
@@ -69,12 +74,14 @@ __all__ = [
     "MAX_NAME_CHARS",
     "MAX_WEIGHT",
     "MIN_WEIGHT",
+    "METRIC_NAMES_PER_TRIAL",
     "UNBOUNDED_LENGTH",
     "BracketPreview",
     "BracketSpec",
     "Categorical",
     "CheckpointStorageConfig",
     "Const",
+    "Divisor",
     "Double",
     "ExperimentConfig",
     "FSDPConfig",
@@ -94,14 +101,19 @@ __all__ = [
     "Objective",
     "SearcherConfig",
     "StrategyName",
+    "assemble",
+    "divide",
     "environment_of",
     "format_size",
     "grid_points",
+    "grid_size",
     "grid_values",
+    "leaves",
     "load_config",
     "merge",
     "name_problem",
     "parse_memory",
+    "parse_objectives",
     "parse_size",
     "parse_config",
     "pbt_spec",

@@ -89,7 +89,7 @@ from typing import IO, Any
 import grpc
 import yaml
 
-from assay._local import free_port
+from assay._rank_processes import free_port
 from assay.common.archive import pack_model_dir
 from assay.master._aio import GenericOnly
 from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc, common_pb2

@@ -47,7 +47,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from assay._local import free_port
+from assay._rank_processes import free_port
 from assay.master.api import DEFAULT_UI_DIR
 from assay.master.store import CheckpointRecord, LogLine, MetricReport, Store, WriteBatch
 

@@ -12,8 +12,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from assay._activation_checkpointing import apply_activation_checkpointing
+from assay._ranks import release_groups_at_exit
 from assay.config import parse_config
-from assay.core._distributed import release_groups_at_exit
 from assay.errors import InvalidConfigError
 
 TOL = 1e-6

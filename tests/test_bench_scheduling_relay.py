@@ -16,7 +16,7 @@ from types import ModuleType
 import grpc
 import pytest
 
-from assay._local import free_port
+from assay._rank_processes import free_port
 from assay.proto import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc, common_pb2
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "scheduling.py"

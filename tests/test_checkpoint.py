@@ -401,8 +401,8 @@ def test_a_trial_restored_against_the_record_continues_and_a_forged_one_is_refus
 ) -> None:
     """The Trial harness's own restore (`run_worker` with the master's record), as a slot
     on a cluster runs it: the same checkpoint restores, a forged copy of it does not."""
-    from assay._spec import WorkerSpec
     from assay._worker import run_worker
+    from assay.common.spec import WorkerSpec
 
     first = assay_run(regression_config(batches=8), tmp_path / "a", None)
     checkpoint = Path(str(first.checkpoint))

@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from assay._backend import ClusterBackend
 from assay._checkpoint import CheckpointMetadata
-from assay._spec import ClusterSpec
 from assay.cli import _format as fmt
-from assay.core._backend import ClusterBackend
+from assay.common.spec import ClusterSpec
 from assay.master import wire
 from assay.master.checkpoints import reported_metadata
 from assay.master.store import CheckpointRecord

@@ -26,14 +26,14 @@ import pytest
 from google.protobuf.message import Message
 
 from assay._checkpoint import read_metadata
-from assay._local import free_port
-from assay._spec import ClusterSpec
+from assay._rank_processes import free_port
 from assay._trial_client import (
     MasterUnreachableError,
     TrialAPIError,
     TrialClient,
     retry_budget_from_env,
 )
+from assay.common.spec import ClusterSpec
 from assay.errors import PERMANENT_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE, AssayError
 from assay.proto import common_pb2, trial_pb2, trial_pb2_grpc
 from tests.conftest import REGRESSION_DIR, S3Server, regression_config

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from assay._local import free_port
+from assay._rank_processes import free_port
 from assay.config import parse_config
 from assay.errors import InvalidConfigError
 

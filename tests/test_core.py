@@ -266,7 +266,7 @@ def test_determined_accessors(local_dir: Path) -> None:
 
 def _local_spec(tmp: Path, monkeypatch: pytest.MonkeyPatch, **searcher: Any) -> None:
     """As `assay trial run-local` starts a script: ASSAY_LOCAL_SPEC names the run's spec."""
-    from assay._spec import LocalSpec
+    from assay.common.spec import LocalSpec
 
     config = {
         "entrypoint": "python3 train.py",
@@ -1009,7 +1009,7 @@ def test_run_local_says_which_rank_left_early_when_another_then_fails(tmp_path: 
 
 
 def test_a_local_run_remembers_only_its_latest_steps_values(tmp_path: Path) -> None:
-    from assay.core._backend import _RECENT_STEPS, LocalBackend
+    from assay._backend import _RECENT_STEPS, LocalBackend
 
     backend = LocalBackend(tmp_path / "m.jsonl", None)
     for step in range(_RECENT_STEPS + 50):

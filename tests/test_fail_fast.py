@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from assay._local import free_port
-from assay._spec import ClusterSpec
+from assay._rank_processes import free_port
+from assay.common.spec import ClusterSpec
 from assay.errors import PERMANENT_ERROR_EXIT_CODE
 from tests.conftest import REGRESSION_DIR, regression_config
 

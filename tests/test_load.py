@@ -100,7 +100,7 @@ def test_a_trial_with_other_models_is_refused(trained: Path) -> None:
 
 
 def test_an_unreachable_master_is_named_for_a_uuid() -> None:
-    from assay._local import free_port
+    from assay._rank_processes import free_port
 
     address = f"127.0.0.1:{free_port()}"
 

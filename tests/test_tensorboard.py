@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from assay._cluster import ClusterSession
-from assay._spec import ClusterSpec
 from assay._trial_client import TrialClient
+from assay.common.spec import ClusterSpec
 from assay.common.storage import S3Storage, storage_for
 from assay.config import parse_config
 from tests.conftest import S3Server

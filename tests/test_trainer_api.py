@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from assay import pytorch
-from assay._local import free_port, run_local
-from assay._spec import LOCAL_SPEC_ENV, LocalSpec
+from assay._local import run_local
+from assay._rank_processes import free_port
+from assay.common.spec import LOCAL_SPEC_ENV, LocalSpec
 from assay.errors import AssayError, TrainingError, TrialLoadError
 
 TRAINER_DIR = Path(__file__).parent / "fixtures" / "trainer"

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from assay._context import StepMode, TrialContext
     from assay._distributed import DistributedContext
     from assay._local import run_local
-    from assay._spec import LocalResult
     from assay._trial import MetricReducer, Reducer, Trial
-    from assay.core._info import get_cluster_info
+    from assay.common.spec import LocalResult
+    from assay.core import get_cluster_info
 
 __version__ = "0.1.0"
 # Determined's `det.LOG_FORMAT`, for `logging.basicConfig(format=assay.LOG_FORMAT)`.
@@ -39,9 +39,10 @@ _LAZY = {
     "StepMode": "assay._context",
     "DistributedContext": "assay._distributed",
     "run_local": "assay._local",
-    "load_checkpoint": "assay._load",
-    "get_cluster_info": "assay.core._info",
-    "LocalResult": "assay._spec",
+    # The SDK's: a UUID is looked up at the master.
+    "load_checkpoint": "assay.client",
+    "get_cluster_info": "assay.core",
+    "LocalResult": "assay.common.spec",
 }
 
 

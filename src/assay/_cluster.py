@@ -42,9 +42,9 @@ from pathlib import Path
 
 from assay._checkpoint import check_writable, cluster_storage_fix
 from assay._session import CheckpointReport, MetricsReport, log_metrics
-from assay._spec import SPEC_ENV, ClusterSpec, WorkerSpec
 from assay._trial_client import TrialClient, retry_budget_from_env
 from assay.common.archive import format_bytes
+from assay.common.spec import SPEC_ENV, ClusterSpec, WorkerSpec
 from assay.common.storage import (
     TENSORBOARD,
     StorageError,
@@ -107,7 +107,7 @@ class ClusterSession:
         were written in place, on shared_fs). `local_root`: where they are written first
         then; its TensorBoard event files are uploaded with every checkpoint and at the
         end (`tensorboard/trial-<id>` in the storage)."""
-        from assay.core._backend import ClusterBackend
+        from assay._backend import ClusterBackend
 
         self.backend = ClusterBackend(spec, client=client, unit="batch", echo=False)
         self.storage = storage

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from assay.core._distributed import RankAccessors, release_groups_at_exit
+from assay._ranks import RankAccessors, control_group, ranks_from_env, release_groups_at_exit
 
 T = TypeVar("T")
 
@@ -35,8 +35,6 @@ class DistributedContext(RankAccessors):
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> DistributedContext:
         """Read `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` (torchrun's names)."""
-        from assay.core._distributed import ranks_from_env
-
         return cls(*ranks_from_env(env))
 
     @property
@@ -56,7 +54,7 @@ class DistributedContext(RankAccessors):
             world_size=self.size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        _control_group()  # every rank creates it now, together
+        control_group()  # every rank creates it now, together
 
     def allgather(self, obj: T) -> list[T]:
         """Every rank's `obj`, in rank order (a picklable object; one collective)."""
@@ -83,21 +81,8 @@ class DistributedContext(RankAccessors):
         if not self.is_distributed:
             return flag
         votes = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=_control_group())
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=control_group())
         return bool(votes.item())
-
-
-_CONTROL: dict[int, Any] = {}  # id of the default group -> its control group
-
-
-def _control_group() -> Any:
-    """A Gloo group on the CPU for control votes: no device sync, whatever the backend."""
-    key = id(dist.group.WORLD)
-    if key not in _CONTROL:
-        _CONTROL.clear()
-        gloo = dist.get_backend() == "gloo"
-        _CONTROL[key] = None if gloo else dist.new_group(backend="gloo")
-    return _CONTROL[key]
 
 
 def default_device(distributed: DistributedContext) -> torch.device:

@@ -10,21 +10,20 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from assay._banner import banner
 from assay._checkpoint import check_writable
-from assay._spawn import dying_with
-from assay._spec import LocalResult, WorkerSpec
+from assay._rank_processes import free_port, pump_output, stop_all, wait_all
 from assay.common.archive import make_local_output_dir
+from assay.common.spawn import dying_with
+from assay.common.spec import LocalResult, WorkerSpec
 from assay.config import ExperimentConfig, environment_of, load_config, parse_config
 from assay.errors import InvalidConfigError, TrainingError, collective_mismatch_hint
 
@@ -179,21 +178,6 @@ def _entrypoint_of(trial: type[Trial]) -> tuple[Path, str]:
     return root, f"{trial.__module__}:{trial.__qualname__}"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _pump(stream: IO[bytes], prefix: str, sink: IO[str], tail: list[str]) -> None:
-    for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace").rstrip("\n")
-        tail.append(line)
-        del tail[:-40]
-        sink.write(f"{prefix}{line}\n")
-        sink.flush()
-
-
 def _launch(spec: WorkerSpec, slots: int) -> LocalResult:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="assay-local-") as tmp:
@@ -229,14 +213,16 @@ def _launch(spec: WorkerSpec, slots: int) -> LocalResult:
             tails.append(tail)
             assert proc.stdout is not None
             pump = threading.Thread(
-                target=_pump, args=(proc.stdout, f"[rank {rank}] ", sys.stderr, tail), daemon=True
+                target=pump_output,
+                args=(proc.stdout, f"[rank {rank}] ", sys.stderr, tail),
+                daemon=True,
             )
             pump.start()
             pumps.append(pump)
         try:
-            failed = _wait_all(procs)
+            failed = wait_all(procs)
         finally:
-            _stop(procs)  # on an interrupt too: no worker outlives its launcher
+            stop_all(procs)  # on an interrupt too: no worker outlives its launcher
         for pump in pumps:
             pump.join(timeout=5)
         if failed is not None:
@@ -270,37 +256,6 @@ def _environment(variables: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _wait_all(
-    procs: list[subprocess.Popen[bytes]], early: list[int] | None = None
-) -> tuple[int, int] | None:
-    """Wait for every process; on the first failure stop the others and return it, with
-    the ranks that had exited 0 by then in `early`."""
-    while True:
-        codes = [p.poll() for p in procs]
-        for rank, code in enumerate(codes):
-            if code not in (None, 0):
-                if early is not None:
-                    early.extend(r for r, c in enumerate(codes) if c == 0)
-                _stop(procs)
-                return rank, code
-        if all(code == 0 for code in codes):
-            return None
-        time.sleep(0.05)
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + 10
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def _failure_message(tmp: Path, rank: int, code: int, tail: list[str]) -> str:
     error_file = tmp / f"error-{rank}.txt"
     if error_file.exists():
@@ -310,4 +265,4 @@ def _failure_message(tmp: Path, rank: int, code: int, tail: list[str]) -> str:
     return f"rank {rank} exited with code {code}{hint}; its last output:\n{last}"
 
 
-__all__ = ["free_port", "run_local"]
+__all__ = ["run_local"]

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import ast
 import difflib
-import importlib.util
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from assay._archive_check import ignored_import, installed
+from assay._script import launcher_trial, script_problem
 from assay.config import ExperimentConfig
 
 # Larger model files are let through unread: parsing them costs more than it can tell.
@@ -25,8 +26,6 @@ MAX_PARSED_BYTES = 2 * 2**20
 
 def entrypoint_problem(config: ExperimentConfig, model_dir: str | Path) -> str | None:
     """What is wrong with `config`'s entrypoint in `model_dir`, on one line, or None."""
-    from assay._script import launcher_trial, script_problem
-
     if config.command is not None:
         trial = launcher_trial(config.command)
         if trial is None:
@@ -44,7 +43,7 @@ def trial_problem(entrypoint: str, model_dir: Path) -> str | None:
     source = _module_file(model_dir, module_name)
     if source is None:
         top = module_name.split(".")[0]
-        if _installed(top):
+        if installed(top):
             return None  # an installed package: only importing it would tell
         found = sorted(p.name for p in model_dir.glob("*.py"))
         return (
@@ -72,44 +71,6 @@ def trial_problem(entrypoint: str, model_dir: Path) -> str | None:
         return None
 
 
-def ignored_import(tree: ast.Module, shown: Path, model_dir: Path) -> str | None:
-    """The problem when the model directory's archive would leave out the file `shown`
-    (parsed as `tree`), or a module of the directory that it imports at its top level
-    (outside `try`, so nothing catches the ImportError): the trial would fail to import."""
-    from assay.common.archive import IGNORE_FILE, left_out
-
-    if left_out(model_dir, shown.as_posix(), is_dir=False):
-        return f"{IGNORE_FILE} leaves out {shown}, which the entrypoint runs: remove it there"
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            tops = [a.name.split(".")[0] for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            tops = [node.module.split(".")[0]]
-        else:
-            continue
-        for top in tops:
-            # What Python would import from the directory: a package (a folder with an
-            # __init__.py; a folder without one is data, or a namespace package that
-            # anything installed shadows), else a module.
-            local = [
-                (relpath, is_dir)
-                for relpath, is_dir, marker in (
-                    (top, True, f"{top}/__init__.py"),
-                    (f"{top}.py", False, f"{top}.py"),
-                )
-                if (model_dir / marker).is_file()
-            ]
-            kept = [c for c in local if not left_out(model_dir, c[0], is_dir=c[1])]
-            if local and not kept and not _installed(top):
-                relpath, is_dir = local[0]
-                return (
-                    f"{shown} imports {top}, but {IGNORE_FILE} leaves "
-                    f"{relpath}{'/' if is_dir else ''} out of the archive, so the trial "
-                    f"could not import it: remove it from {IGNORE_FILE}"
-                )
-    return None
-
-
 def _missing_name(entrypoint: str, shown: Path, tree: ast.Module, qualname: str) -> str | None:
     """What is wrong with a class `qualname` in the parsed module `tree`, or None."""
     names = _top_level_names(tree)
@@ -135,14 +96,6 @@ def _module_file(model_dir: Path, module_name: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
-
-
-def _installed(top: str) -> bool:
-    """Whether `top` is importable from this environment (found, not imported)."""
-    try:
-        return importlib.util.find_spec(top) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _top_level_names(tree: ast.Module) -> set[str] | None:

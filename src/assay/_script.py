@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from assay._archive_check import ignored_import
 from assay.errors import (
     INVALID_HP_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
@@ -200,8 +201,6 @@ def script_problem(
             warnings.simplefilter("ignore")
             tree = ast.parse(path.read_bytes(), filename=str(path))
             compile(tree, str(path), "exec", dont_inherit=True)
-        from assay._precheck import ignored_import
-
         return ignored_import(tree, Path(script), Path(model_dir))
     except SyntaxError as e:
         return (
@@ -254,9 +253,8 @@ def spawn_ranks(
     Output is passed through, prefixed `[rank N]` when there are several processes.
     `early` gets the ranks that had exited 0 when the first failure came.
     """
-    from assay._local import _pump, _stop, _wait_all, free_port
-    from assay._spawn import dying_with
-    from assay.core._distributed import torchrun_env
+    from assay._rank_processes import free_port, pump_output, stop_all, wait_all
+    from assay.common.spawn import dying_with, torchrun_env
 
     command = resolve_command(argv)
     _check_runnable(command[0], env, cwd)
@@ -290,7 +288,7 @@ def spawn_ranks(
                 )
             )
     except OSError as e:
-        _stop(procs)
+        stop_all(procs)
         raise AssayError(f"cannot run the entrypoint {command[0]!r}: {e.strerror or e}") from None
     pumps = []
     for rank, proc in enumerate(procs):
@@ -299,14 +297,14 @@ def spawn_ranks(
         assert proc.stdout is not None
         prefix = f"[rank {rank}] " if slots > 1 else ""
         pump = threading.Thread(
-            target=_pump, args=(proc.stdout, prefix, sys.stderr, lines), daemon=True
+            target=pump_output, args=(proc.stdout, prefix, sys.stderr, lines), daemon=True
         )
         pump.start()
         pumps.append(pump)
     try:
-        failed = _wait_all(procs, early)
+        failed = wait_all(procs, early)
     finally:
-        _stop(procs)
+        stop_all(procs)
     for pump in pumps:
         pump.join(timeout=5)
     return failed if failed is not None else (0, 0)
@@ -320,10 +318,10 @@ def run_script_local(
     resume_from: str | Path | None = None,
 ) -> Any:
     """`assay trial run-local` for a script entrypoint; returns a `LocalResult`."""
+    from assay._backend import read_local_records
     from assay._banner import local_hparams
-    from assay._spec import LOCAL_SPEC_ENV, LocalResult, LocalSpec
+    from assay.common.spec import LOCAL_SPEC_ENV, LocalResult, LocalSpec
     from assay.config import environment_of, parse_config, searcher_in_batches
-    from assay.core._backend import read_local_records
 
     config = parse_config(raw)
     assert config.command is not None

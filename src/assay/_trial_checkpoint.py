@@ -199,7 +199,7 @@ class TrialCheckpointer:
         its own files from its own machine (the chief's go with the manifest). Returns the
         layout record (what `restore` checks) and every rank's files with their entries,
         once every rank's are stored; every rank fails together."""
-        from assay.strategy._sharded import save_sharded
+        from assay.strategy import save_sharded
 
         context, dist = self.context, self.dist
         strategy = context._strategy
@@ -378,7 +378,7 @@ class TrialCheckpointer:
     def _load_shards(self, path: Path, layout: Mapping[str, Any]) -> None:
         """Load each model of sharded checkpoint `path` with the optimizers that step it
         (every rank together; resharded onto this world, or into one plain process)."""
-        from assay.strategy._sharded import load_sharded
+        from assay.strategy import load_sharded
 
         context = self.context
         strategy = context._strategy

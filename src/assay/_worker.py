@@ -27,8 +27,8 @@ from assay._precision import make_precision
 from assay._preempt import POLL_INTERVAL_S, PreemptWatcher
 from assay._rank_metrics import GROUP as RANK_GROUP
 from assay._session import LocalSession, Session
-from assay._spec import LocalResult, WorkerSpec
 from assay._trial import Trial, construct_trial
+from assay.common.spec import LocalResult, WorkerSpec
 from assay.common.storage import StorageManager
 from assay.config import ExperimentConfig, Length, parse_config
 from assay.errors import AssayError, PermanentError, TrainingError, TrialContractError

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from assay._spec import ClusterSpec
 from assay.agent import Agent
+from assay.common.spec import ClusterSpec
 from assay.proto import agent_pb2, common_pb2
 from tests.agent.conftest import FakeMaster, FakeNVML, kill_message, start_message
 

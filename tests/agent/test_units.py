@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from assay._spec import SPEC_ENV, ClusterSpec, spec_from_env
 from assay.agent import NoGPUError, detect_devices
 from assay.agent._allocation import AllocationError, trial_spec, validate
 from assay.agent._config import AgentSettings
@@ -18,6 +17,7 @@ from assay.agent._connection import Backoff, Outbox
 from assay.agent._devices import cpu_devices, cpu_model_name
 from assay.agent._logs import MAX_BATCH_BYTES, MAX_LINES, LogBatcher, parse_level
 from assay.common.settings import SettingsError
+from assay.common.spec import SPEC_ENV, ClusterSpec, spec_from_env
 from assay.proto import agent_pb2, common_pb2
 from tests.agent.conftest import BrokenNVML, FakeNVML
 

@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from assay._local import free_port
-from assay.cli._common import DEFAULT_MASTER
-from assay.cli._deploy import local_master
+from assay._rank_processes import free_port
+from assay.client import DEFAULT_MASTER, local_master
 
 pytestmark = pytest.mark.slow
 

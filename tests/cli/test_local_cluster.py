@@ -25,11 +25,17 @@ import torch
 import yaml
 
 import assay
-from assay._local import free_port
-from assay.cli import _credentials
-from assay.cli._client import Client
-from assay.cli._common import DEFAULT_MASTER
+from assay._rank_processes import free_port
 from assay.cli._deploy import _log_in, _read_private, _ui_line, _write_private, up
+from assay.client import (
+    DEFAULT_MASTER,
+    Client,
+    StoredSession,
+    forget_session,
+    load_session,
+    master_key,
+    save_session,
+)
 from assay.proto import api_pb2, api_pb2_grpc
 from tests.fixtures.regression.model_def import RegressionTrial
 from tests.store.conftest import postgres_url
@@ -79,7 +85,7 @@ def test_the_cli_default_master_is_the_one_up_starts() -> None:
     port = next(p for p in up.params if p.name == "port")
 
     assert f"127.0.0.1:{port.default}" == DEFAULT_MASTER
-    assert _credentials.master_key("localhost") == _credentials.master_key(DEFAULT_MASTER)
+    assert master_key("localhost") == master_key(DEFAULT_MASTER)
 
 
 def test_up_logs_in_every_new_shell_and_serves_the_ui(shell: Shell) -> None:
@@ -283,7 +289,7 @@ def test_the_ui_line_tells_a_missing_build_and_a_silent_port(tmp_path: Path) -> 
     ],
 )
 def test_master_key(typed: str, key: str) -> None:
-    assert _credentials.master_key(typed) == key
+    assert master_key(typed) == key
 
 
 def test_sessions_stored_under_another_spelling_are_found_and_replaced(
@@ -310,10 +316,10 @@ def test_sessions_stored_under_another_spelling_are_found_and_replaced(
         )
     )
 
-    found = _credentials.load("127.0.0.1:8090")
-    _credentials.save("[::1]:8090", _credentials.Session("c", "t3", later))
+    found = load_session("127.0.0.1:8090")
+    save_session("[::1]:8090", StoredSession("c", "t3", later))
     stored = json.loads(auth.read_text())["sessions"]
-    forgotten = _credentials.forget("localhost")
+    forgotten = forget_session("localhost")
     after = json.loads(auth.read_text())["sessions"]
 
     assert found is not None
@@ -322,7 +328,7 @@ def test_sessions_stored_under_another_spelling_are_found_and_replaced(
     assert stored["127.0.0.1:8090"]["token"] == "t3"
     assert forgotten
     assert sorted(after) == ["other:8090"]
-    assert _credentials.load("localhost:8090") is None
+    assert load_session("localhost:8090") is None
 
 
 @pytest.mark.parametrize(
@@ -338,7 +344,7 @@ def test_sessions_stored_under_another_spelling_are_found_and_replaced(
 )
 def test_the_client_dials_the_port_the_session_is_kept_for(typed: str, dialled: str) -> None:
     assert Client(typed).address == dialled
-    assert _credentials.master_key(dialled) == _credentials.master_key(typed)
+    assert master_key(dialled) == master_key(typed)
 
 
 def test_a_master_named_without_a_port_gets_its_stored_session_on_8090(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from assay.cli._experiment import _masked_keys
+from assay.cli._experiment_create import _masked_keys
 from assay.cli._template import apply_overrides, compose, is_override
 from assay.config._merge import merge
 from assay.errors import AssayError

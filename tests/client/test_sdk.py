@@ -218,7 +218,7 @@ def test_bad_input_raises_one_clear_error(
 
 
 def test_an_unreachable_master_is_named() -> None:
-    from assay._local import free_port
+    from assay._rank_processes import free_port
 
     with pytest.raises(client.MasterError, match="cannot reach the master"):
         client.login(f"127.0.0.1:{free_port()}", "admin", ADMIN_PASSWORD)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from assay._local import free_port
+from assay._rank_processes import free_port
 from tests.deploy.conftest import DEPLOY, ROOT, VENV, Installer, wait_for_agents
 from tests.e2e.conftest import stop_processes
 

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 import assay
-from assay._local import free_port
+from assay._rank_processes import free_port
 from assay.agent._connection import Backoff, MasterConnection
 from assay.agent._credential import CredentialFile
 from assay.master._server import MasterServer

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from assay._local import free_port
-from assay.cli._client import Client, MasterError
+from assay._rank_processes import free_port
+from assay.client import Client, MasterError
 from tests.store.conftest import _empty_postgres, postgres_url
 
 __all__ = ["postgres_url"]  # the session's PostgreSQL database, shared with the store tests

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from assay._local import free_port
+from assay._rank_processes import free_port
 
 
 def _assay(*args: str) -> subprocess.CompletedProcess[str]:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from assay._local import free_port
+from assay._rank_processes import free_port
 from assay.proto import common_pb2
 from tests.conftest import REGRESSION_DIR, regression_config
 from tests.e2e.conftest import SCRIPTS, Cluster, loop_config, start_cluster, stop_cluster
@@ -218,7 +218,7 @@ def test_a_trial_kill_under_way_when_the_master_died_still_ends_the_trial(
     processes are not reported gone before the master is SIGKILLed. The restarted master
     finishes the kill (not a preemption): the trial ends CANCELED at run 1, the other
     completes, and the experiment ends COMPLETED with no slot left allocated."""
-    from assay.cli._client import Client
+    from assay.client import Client
 
     # A reconnect window that outlasts the freeze: the old master must not give the frozen
     # agent up (which would end the trial as killed before the restart).

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from assay.cli._client import Client, MasterError
+from assay.client import Client, MasterError
 from assay.proto import common_pb2
 from tests.conftest import REGRESSION_DIR, regression_config
 from tests.e2e.conftest import SCRIPTS, Cluster, loop_config, start_cluster, stop_cluster

@@ -272,7 +272,34 @@ def test_a_crashed_runs_best_is_forgotten_when_the_next_run_rolls_it_back(
     ids = (second.token, second.trial_id, second.run_id)
     master.flush()
     assert master.store.get_trial(second.trial_id).best_validation == 0.5
-    assert master.best_validation(*ids) is None  # until its next validation report
+    assert master.best_validation(*ids) == 0.5  # memory agrees with the store at once
     master.report_metrics(*ids, "validation", MetricReport(6, {"loss": 0.56}))
     assert master.best_validation(*ids) == 0.5
     assert master.store.get_trial(second.trial_id).best_validation == 0.5
+
+
+def test_a_restored_run_keeps_the_best_validated_before_its_checkpoint(
+    master: MasterAdapter, outbox: Outbox
+) -> None:
+    """Run 1 validates 0.2 at batch 4 (with a checkpoint), trains on to batch 6, then
+    crashes; run 2 restores batch 4, where the 0.2 was reported: it stays the trial's
+    best in memory (the Core API) as in the store (`describe`), and a master restarted
+    before any other validation loads the same."""
+    master.create(yaml.safe_dump(CONFIG), model_archive(), activate=True)
+    first = _started(master, outbox)
+    ids = (first.token, first.trial_id, first.run_id)
+    assert master.next_operation(*ids, 0) == 8
+    master.report_metrics(*ids, "validation", MetricReport(4, {"loss": 0.2}))
+    _checkpoint(master, first, 4)
+    master.report_metrics(*ids, "training", MetricReport(6, {"loss": 0.1}))
+    master.exited("a0", first.allocation_id, [1], "crashed after batch 6")
+
+    second = _started(master, outbox)
+    ids = (second.token, second.trial_id, second.run_id)
+    master.flush()
+    assert master.store.get_trial(second.trial_id).best_validation == 0.2
+    assert master.snapshot().trials[second.trial_id].best_validation == 0.2
+    assert master.best_validation(*ids) == 0.2
+
+    master.restart()
+    assert master.snapshot().trials[second.trial_id].best_validation == 0.2

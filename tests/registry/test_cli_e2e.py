@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from assay.cli import _format as fmt
-from assay.cli._client import Client
 from assay.cli._model import version_dict
+from assay.client import Client, checkpoint_state, experiment_state
 from tests.conftest import REGRESSION_DIR, regression_config
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
 
@@ -54,7 +53,7 @@ def api(cluster: Cluster) -> Iterator[Client]:
 
 
 def _state(api: Client, eid: int) -> str:
-    return fmt.experiment_state(api.get_experiment(eid).experiment.state)
+    return experiment_state(api.get_experiment(eid).experiment.state)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +93,7 @@ def run(cluster: Cluster, api: Client, tmp_path_factory: pytest.TempPathFactory)
 
 
 def _checkpoints(api: Client, eid: int) -> dict[str, str]:
-    return {c.uuid: fmt.checkpoint_state(c.state) for c in api.list_checkpoints(eid)}
+    return {c.uuid: checkpoint_state(c.state) for c in api.list_checkpoints(eid)}
 
 
 def test_gc_keeps_the_registered_checkpoint_and_deletes_its_neighbours(

@@ -22,8 +22,7 @@ from typing import Any
 import grpc
 import pytest
 
-from assay.cli._client import Client
-from assay.client import Session, UntrustedCodeError
+from assay.client import Client, Session, UntrustedCodeError
 from assay.common.storage import checkpoint_location
 from assay.config import parse_config
 from assay.errors import AssayError

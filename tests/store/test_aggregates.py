@@ -335,11 +335,16 @@ def test_a_restore_supersedes_later_metrics_and_their_best(master_store: MasterS
         [MetricReport(10, {"loss": 0.5}), MetricReport(20, {"loss": 0.1})],
         searcher_metric="loss",
     )
+    # What the master takes into memory before the batch below is written.
+    assert master_store.best_validation_through(trial_id, 10, "loss", True) == 0.5
+    assert master_store.best_validation_through(trial_id, 20, "loss", False) == 0.5
+    assert master_store.best_validation_through(trial_id, 9, "loss", True) is None
     batch = WriteBatch()
     batch.set_trial(trial_id, run_id=run + 1, total_batches=10)
     batch.supersede_metrics(trial_id, 10, "loss", smaller_is_better=True)
     master_store.apply(batch)
     assert master_store.get_trial(trial_id).best_validation == 0.5
+    assert master_store.best_validation_through(trial_id, 20, "loss", True) == 0.5
     # The next run reports batch 20 again: a new row, not a conflict with the hidden one.
     assert (
         master_store.report_metrics(

@@ -20,7 +20,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module", autouse=True)
 def one_rank_group() -> Iterator[None]:
-    from assay._local import free_port
+    from assay._rank_processes import free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(free_port())
@@ -175,13 +175,14 @@ def test_at_exit_a_users_own_mesh_lets_go_of_its_groups() -> None:
     their Gloo threads could abort a finished rank (exit -6)."""
     from torch.distributed.fsdp import fully_shard
 
+    from assay import _ranks
     from assay.core import _distributed as core_distributed
 
     core_distributed.DistributedContext(rank=0, size=2)
-    assert core_distributed._RELEASING  # registered with atexit by a context of 2 ranks
+    assert _ranks._RELEASING  # registered with atexit by a context of 2 ranks
 
     model = fully_shard(net())  # the default mesh, as a script's own `fully_shard` makes
     mesh = next(iter(model.parameters())).device_mesh  # type: ignore[attr-defined]
     assert mesh._pg_registry, "the mesh holds its group"
-    core_distributed._release_groups()
+    _ranks._release_groups()
     assert mesh._pg_registry == {}

@@ -131,7 +131,7 @@ def _load_full(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: P
 def _worker(phase: str, args: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    from assay.core._distributed import release_groups_at_exit
+    from assay._ranks import release_groups_at_exit
     from assay.strategy._sharded import save_sharded
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -188,8 +188,8 @@ def _trials(runs: list[dict[str, Any]], out: Path) -> None:
 
     """Train the regression Trial once per run (in this process group); rank 0 writes the
     path of each run's last checkpoint into `out/<name>`, or the error it expected."""
-    from assay._spec import WorkerSpec
     from assay._worker import run_worker
+    from assay.common.spec import WorkerSpec
     from assay.errors import AssayError
 
     for run in runs:

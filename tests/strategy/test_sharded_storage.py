@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 def _worker(args: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    from assay.core._backend import LocalBackend
+    from assay._backend import LocalBackend
     from assay.core._checkpoint import CheckpointContext
     from assay.core._distributed import DistributedContext
     from assay.strategy._sharded import save_sharded
@@ -110,8 +110,8 @@ def _trial_on_s3(args: dict[str, Any], rank: int, out: Path) -> None:
     import torch.distributed as dist
 
     from assay._session import CheckpointReport, LocalSession
-    from assay._spec import WorkerSpec
     from assay._worker import run_worker
+    from assay.common.spec import WorkerSpec
 
     storage = S3Storage(
         args["trial_bucket"],

@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from assay._spec import ClusterSpec
 from assay.agent._cgroups import Allowance, Cgroup, Cgroups
 from assay.agent._devices import SlotKind
 from assay.agent._isolation import Identity, Isolation, kill_processes_of
@@ -32,9 +31,10 @@ from assay.agent._nccl import interface_of, nccl_environment
 from assay.agent._netns import LoopbackNetwork, outlets_of, split_address
 from assay.agent._process import ExitReport, RankProcesses, RankSpec, describe_exit
 from assay.common.archive import ModelDefinitionError, unpack_model_dir
+from assay.common.spawn import torchrun_env
+from assay.common.spec import ClusterSpec
 from assay.common.tls import ClientTls
 from assay.config import environment_of, format_size, parse_memory
-from assay.core._distributed import torchrun_env
 from assay.errors import (
     PERMANENT_ERROR_EXIT_CODE,
     PREEMPTED_EXIT_CODE,

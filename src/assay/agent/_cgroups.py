@@ -1,7 +1,7 @@
 """Each allocation in a cgroup of its own: limited, and killed as a whole by the kernel.
 
 An allocation's processes join its cgroup in the exec wrapper, as root, before a line of
-the user's code runs (`assay._spawn`), so everything they start is inside it and cannot
+the user's code runs (`assay.common.spawn`), so everything they start is inside it and cannot
 leave (its directories are root's). The cgroup limits their memory (`memory.max`,
 `memory.limit_in_bytes`) and their number of processes and threads (`pids.max`: a fork
 bomb stops there). When the allocation ends, the agent kills the cgroup and waits until

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import psutil
 
-from assay._spawn import dying_with
+from assay.common.spawn import dying_with
 
 log = logging.getLogger("assay.agent")
 

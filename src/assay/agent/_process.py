@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from assay._spawn import dying_with
 from assay.agent._isolation import Identity
+from assay.common.spawn import dying_with
 from assay.errors import PREEMPTED_EXIT_CODE
 
 log = logging.getLogger("assay.agent")
@@ -43,7 +43,7 @@ def wrap_command(
 ) -> list[str]:
     """`command`, made to die with the agent on Linux (PR_SET_PDEATHSIG), to run as
     `identity` when given, and inside the cgroup directories `cgroups` and the network
-    namespace `netns` (a descriptor), joined before it starts (see `assay._spawn`)."""
+    namespace `netns` (a descriptor), joined before it starts (see `assay.common.spawn`)."""
     user = (identity.uid, identity.gid) if identity else None
     try:
         return dying_with(command, agent_pid, user, cgroups=cgroups, netns=netns)

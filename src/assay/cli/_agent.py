@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import click
 
+from assay.client import percent
+
 from . import _format as fmt
-from ._client import client
-from ._common import AliasedGroup, echo_json, settings, user_errors
+from ._common import AliasedGroup, client, echo_json, settings, user_errors
 
 
 @click.group("agent", cls=AliasedGroup)
@@ -34,8 +35,8 @@ def agent_list_command(as_json: bool) -> None:
             a["agent_label"],
             "yes" if a["connected"] else "no",
             _enabled(a),
-            fmt.percent(a["cpu_utilization"]),
-            fmt.percent(a["memory_used_fraction"]),
+            percent(a["cpu_utilization"]),
+            percent(a["memory_used_fraction"]),
             a["last_heartbeat"],
         ]
         for a in agents

@@ -1,4 +1,5 @@
-"""What every command shares: the alias-aware group, settings, error printing, JSON output."""
+"""What every command shares: the alias-aware group, settings, the client for `--master`,
+error printing, JSON output."""
 
 from __future__ import annotations
 
@@ -12,12 +13,10 @@ from typing import Any, TypeVar
 
 import click
 
+from assay.client import DEFAULT_MASTER, Client, master_address
 from assay.errors import AssayError
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-# Where `assay deploy local up` starts the master unless its --port says otherwise.
-DEFAULT_MASTER = "127.0.0.1:8090"
 
 
 @dataclass(frozen=True)
@@ -25,21 +24,6 @@ class Settings:
     """Options of the root command that every subcommand needs."""
 
     master: str = DEFAULT_MASTER
-
-
-def default_master() -> str:
-    """The master when neither --master nor ASSAY_MASTER names one: the local cluster's
-    that `assay deploy local up` started and that still runs (its --port), else
-    DEFAULT_MASTER."""
-    from ._deploy import local_master
-
-    return local_master() or DEFAULT_MASTER
-
-
-def master_address(master: str | None = None) -> str:
-    """`master` if given, else ASSAY_MASTER, else `default_master()`: the one rule the CLI,
-    the Python SDK and `assay.load_checkpoint` use to find the master."""
-    return master or os.environ.get("ASSAY_MASTER") or default_master()
 
 
 def settings() -> Settings:
@@ -50,12 +34,12 @@ def settings() -> Settings:
     return Settings(master_address())
 
 
-def poll_seconds() -> float:
-    """How often `--follow` and `wait` poll the master (ASSAY_POLL_SECONDS, default 1)."""
-    try:
-        return max(0.01, float(os.environ.get("ASSAY_POLL_SECONDS", "1")))
-    except ValueError:
-        return 1.0
+def client() -> Client:
+    """The client for this invocation's `--master`, closed when the command ends."""
+    ctx = click.get_current_context()
+    c = Client(settings().master)
+    ctx.call_on_close(c.close)
+    return c
 
 
 def user_errors(func: F) -> F:

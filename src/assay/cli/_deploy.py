@@ -22,15 +22,23 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import click
 
+from assay.client import (
+    CLUSTER_FILE,
+    DEFAULT_STATE,
+    Client,
+    LocalCluster,
+    MasterError,
+    running_cluster,
+)
+
 from ._common import user_errors
 
-DEFAULT_STATE = Path.home() / ".assay" / "local"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -45,18 +53,9 @@ def local() -> None:
 
 
 PASSWORD_FILE = "admin-password"
-CLUSTER_FILE = "cluster.json"
 DEMO_CONFIG = Path("examples/digits/adaptive_asha.yaml")
 DEMO_MODEL_DIR = Path("examples/digits")
 CREATED = re.compile(r"Created experiment (\d+)\b")
-
-
-@dataclass(frozen=True)
-class LocalCluster:
-    """Where a local cluster answers: the gRPC address and the web UI's URL."""
-
-    master: str
-    ui_url: str | None
 
 
 def _state_dir_option(func: F) -> F:
@@ -154,7 +153,7 @@ def demo(
             f"{config} or {model_dir} is missing: run this from the root of an Assay "
             "checkout, or name a config and a model directory"
         )
-    cluster = _running(state_dir)
+    cluster = running_cluster(state_dir)
     if cluster is None:
         cluster = _start(agents, slots_per_agent, slot_type, port, http_port, state_dir, db_url)
     else:
@@ -196,29 +195,6 @@ def _create_and_follow(master: str, config: Path, model_dir: Path) -> tuple[int,
             if experiment_id is None and created:
                 experiment_id = int(created.group(1))
     return proc.returncode, experiment_id
-
-
-def local_master(state_dir: Path = DEFAULT_STATE) -> str | None:
-    """The address of the master `up` started from `state_dir`, if it still runs: the
-    CLI's master when neither --master nor ASSAY_MASTER names one. Two small files and a
-    signal 0, so that every command starts as fast as before."""
-    cluster = _running(state_dir)
-    return cluster.master if cluster is not None else None
-
-
-def _running(state_dir: Path) -> LocalCluster | None:
-    """The cluster `up` started from `state_dir`, if its master still runs."""
-    pids_file, cluster_file = state_dir / "pids.json", state_dir / CLUSTER_FILE
-    try:
-        pids = json.loads(pids_file.read_text())
-        found = json.loads(cluster_file.read_text())
-        return (
-            LocalCluster(str(found["master"]), found.get("ui_url"))
-            if _alive(int(pids["master"]))
-            else None
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _start(
@@ -424,8 +400,6 @@ def _read_join_token(master_state: Path) -> str:
 def _log_in(address: str, password: str, origin: Origin, password_file: Path) -> None:
     """Log this user in as admin, so the next commands work without `assay user login`;
     keep a password that worked in `password_file`, and drop one made for nothing."""
-    from ._client import Client, MasterError
-
     how = "log in with `assay user login admin`"
     c = Client(address)
     try:

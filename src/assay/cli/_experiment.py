@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
+from assay.client import experiment_state, struct
+from assay.client import metric as metric_text
 from assay.errors import AssayError
 
 from . import _experiment_report as _report
 from . import _format as fmt
-from ._client import Client, client
-from ._common import AliasedGroup, echo_json, user_errors
+from ._common import AliasedGroup, client, echo_json, user_errors
+from ._experiment_create import continue_command, create_command, fork_command, watch
 from ._trial import log_options, print_logs
-from ._watch import Watcher, summarize
 
 if TYPE_CHECKING:
     from assay.proto import api_pb2
@@ -39,185 +39,9 @@ def experiment() -> None:
     """Create, watch and control experiments."""
 
 
-@experiment.command("create")
-@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "-f", "--follow", is_flag=True, help="Print progress, trial states and logs until it ends."
-)
-@click.option("--paused", is_flag=True, help="Create it paused (start with `experiment activate`).")
-@click.option(
-    "--test",
-    "test_mode",
-    is_flag=True,
-    help="Determined's test mode: one trial (searcher single, its first hyperparameters) "
-    "of 1 batch, validated and checkpointed on the cluster, no restarts; implies --follow.",
-)
-@click.option("-q", "--quiet", is_flag=True, help="With --follow: print only the final summary.")
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help='Print {"id": N}; with --follow, the summary as the last line.',
-)
-@click.option(
-    "--config",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Set a config key (dotted, e.g. searcher.max_length.batches=200; VALUE is YAML). "
-    "Repeat for several.",
-)
-@click.option(
-    "--project",
-    help="File it under this project (the config's `project`); WORKSPACE/PROJECT also "
-    "sets the workspace.",
-)
-@click.option("--workspace", help="File it in this workspace (the config's `workspace`).")
-@click.option(
-    "--template",
-    metavar="NAME",
-    help="Merge CONFIG over template NAME (`assay template list`); --config applies last.",
-)
-@user_errors
-def create_command(
-    config: Path,
-    model_dir: Path,
-    follow: bool,
-    paused: bool,
-    test_mode: bool,
-    quiet: bool,
-    as_json: bool,
-    overrides: tuple[str, ...],
-    project: str | None,
-    workspace: str | None,
-    template: str | None,
-) -> None:
-    """Upload MODEL_DIR with the experiment CONFIG and start searching.
-
-    The config is validated here first; MODEL_DIR is packed (honouring `.assayignore`)
-    and must stay under 96 MiB compressed. With --follow, exits 0 only if the experiment
-    completes; it ends with one line: the state, the best metric and its checkpoint.
-    """
-    from assay.common.archive import pack_model_dir, packed_checkpoint_warning
-    from assay.config import load_config, searcher_in_batches
-
-    if test_mode and paused:
-        raise click.UsageError("--test runs the experiment at once; drop --paused")
-    follow = follow or test_mode
-    if follow and paused:
-        raise click.UsageError("--follow needs a running experiment; drop --paused")
-    overrides = (*overrides, *_filing(workspace, project))
-    if overrides or template or test_mode:
-        import yaml
-
-        from assay.config import parse_config
-        from assay.config._merge import merge
-
-        from ._template import apply_overrides, read_partial
-
-        data = read_partial(config)
-        if template:
-            base = yaml.safe_load(client().get_template(template).config_yaml)
-            data = merge(base if isinstance(base, dict) else {}, data)
-        data = apply_overrides(data, overrides)
-        if test_mode:
-            data = _test_mode(data)
-        parsed = parse_config(data)
-        text = yaml.safe_dump(data, sort_keys=False)
-    else:
-        parsed = load_config(config)  # every problem, with its key path, before any upload
-        text = config.read_text()
-    searcher_in_batches(parsed)  # the master's searchers count batches
-    for warning in parsed.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    if not model_dir.is_dir():
-        raise AssayError(f"model directory {model_dir} does not exist")
-    from assay._precheck import entrypoint_problem
-
-    problem = entrypoint_problem(parsed, model_dir)  # read, not imported: no torch here
-    if problem is not None:
-        raise AssayError(problem)
-    archive = pack_model_dir(model_dir)
-    packed_checkpoints = packed_checkpoint_warning(archive)
-    if packed_checkpoints is not None:
-        click.echo(f"warning: {packed_checkpoints}", err=True)
-    api = client()
-    response = api.create_experiment(text, archive, activate=not paused)
-    created = response.experiment
-    for warning in response.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    if as_json:
-        echo_json({"id": created.id})
-    else:
-        click.echo(f"Created experiment {created.id}" + (" (paused)" if paused else ""))
-    if not follow:
-        return
-    watch(api, created.id, logs=True, quiet=quiet, as_json=as_json, verb="following")
-
-
-def _test_mode(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` as `--test` runs it: one trial of 1 batch (searcher single, the metric kept),
-    which validates and checkpoints at its end, and no restarts."""
-    searcher = data.get("searcher")
-    searcher = searcher if isinstance(searcher, dict) else {}
-    kept = {k: searcher[k] for k in ("metric", "metrics", "smaller_is_better") if k in searcher}
-    name = data.get("name") if isinstance(data.get("name"), str) else "experiment"
-    return {
-        **data,
-        "name": f"{name} (test)",
-        "searcher": {"name": "single", **kept, "max_length": {"batches": 1}},
-        "max_restarts": 0,
-    }
-
-
-def _filing(workspace: str | None, project: str | None) -> list[str]:
-    """--workspace and --project as config overrides (quoted: a name is never YAML)."""
-    import json
-
-    if project and "/" in project:
-        named, _, project = project.rpartition("/")
-        if workspace and workspace != named:
-            raise click.UsageError(f"--project {named}/{project} is not in --workspace {workspace}")
-        workspace = named
-    found = [("workspace", workspace), ("project", project)]
-    return [f"{key}={json.dumps(value)}" for key, value in found if value]
-
-
-def watch(
-    api: Client,
-    experiment_id: int,
-    *,
-    logs: bool,
-    quiet: bool,
-    as_json: bool,
-    verb: str,
-    timeout: float | None = None,
-) -> None:
-    """Watch until the experiment ends, print the summary, and fail unless it COMPLETED.
-
-    With --json, stdout holds only JSON (the summary last); what people read goes to stderr.
-    """
-
-    def out(line: str) -> None:
-        click.echo(line, err=as_json)
-
-    try:
-        response = Watcher(api, experiment_id, out, logs=logs, quiet=quiet).run(timeout)
-    except KeyboardInterrupt:
-        click.echo(
-            f"stopped {verb}; experiment {experiment_id} keeps running "
-            f"(assay experiment describe {experiment_id})",
-            err=True,
-        )
-        sys.exit(130)
-    summary = summarize(api, response)
-    if as_json:
-        echo_json(summary.to_json())
-    else:
-        click.echo(summary.line())
-    if summary.state != "COMPLETED":
-        raise AssayError(f"experiment {experiment_id} ended in state {summary.state}")
+experiment.add_command(create_command)
+experiment.add_command(fork_command)
+experiment.add_command(continue_command)
 
 
 def _list_request(
@@ -282,7 +106,7 @@ def list_command(
             e["state"] + (" (archived)" if e["archived"] else ""),
             fmt.progress(e["state"], e["progress"]),
             e["num_trials"],
-            fmt.metric(e["best_validation"]),
+            metric_text(e["best_validation"]),
             e["owner"] or None,
             ",".join(e["labels"]) or None,
             e["start_time"],
@@ -320,7 +144,7 @@ def list_trials_command(experiment_id: int, as_json: bool) -> None:
     if as_json:
         echo_json([fmt.trial_dict(t) for t in response.trials])
     else:
-        config = fmt.struct(response.experiment.config)
+        config = struct(response.experiment.config)
         click.echo(fmt.trial_rows(list(response.trials), config))
 
 
@@ -361,7 +185,7 @@ def _action_command(action: str) -> click.Command:
 
         kind = api_pb2.ExperimentActionKind.Value(f"EXPERIMENT_ACTION_{action.upper()}")
         result = client().experiment_action(experiment_id, kind)
-        state = fmt.experiment_state(result.state)
+        state = experiment_state(result.state)
         click.echo(f"experiment {experiment_id} {done} (state {state})")
 
     helps = {
@@ -405,7 +229,7 @@ def set_command(name: str, experiment_id: int, value: str) -> None:
         click.echo(f"experiment {experiment_id}: {name} is now {now}")
         return
     result = client().set_experiment_resource(experiment_id, name, value)
-    resources = fmt.struct(result.config).get("resources") or {}
+    resources = struct(result.config).get("resources") or {}
     key = name.replace("-", "_")
     shown = result.priority if name == "priority" else resources.get(key, value)
     if isinstance(shown, float):
@@ -433,106 +257,6 @@ def wait_command(experiment_id: int, timeout: float | None, quiet: bool, as_json
         verb="waiting",
         timeout=timeout,
     )
-
-
-# A secret as the master shows it (master/_secrets.py MASK): never a real value.
-_MASKED = "********"
-
-
-def _masked_keys(config: Any, at: str = "") -> list[str]:
-    if isinstance(config, dict):
-        return [k for key, v in config.items() for k in _masked_keys(v, f"{at}{key}.")]
-    if isinstance(config, list):
-        return [k for i, v in enumerate(config) for k in _masked_keys(v, f"{at}{i}.")]
-    return [at.rstrip(".")] if config == _MASKED else []
-
-
-@experiment.command("fork")
-@click.argument("experiment_id", metavar="ID", type=int)
-@click.option(
-    "--config",
-    "configs",
-    multiple=True,
-    metavar="FILE|KEY=VALUE",
-    help="A partial config FILE merged over ID's config, or one KEY=VALUE set "
-    "(dotted keys; VALUE is YAML). Repeat for several; applied in order.",
-)
-@click.option("--paused", is_flag=True, help="Create it paused (start with `experiment activate`).")
-@click.option("--json", "as_json", is_flag=True, help='Print {"id": N, "forked_from": ID}.')
-@user_errors
-def fork_command(experiment_id: int, configs: tuple[str, ...], paused: bool, as_json: bool) -> None:
-    """Create a new experiment from experiment ID's config and model definition, with
-    the changes --config gives. The new experiment starts from scratch (no checkpoint)."""
-    import yaml
-
-    from assay.config import parse_config
-
-    from ._template import compose
-
-    api = client()
-    source = api.get_experiment(experiment_id).experiment
-    # The config as submitted (key order kept), else its parsed form.
-    base = yaml.safe_load(source.config_yaml) if source.config_yaml else None
-    data = compose(base if isinstance(base, dict) else fmt.struct(source.config), configs)
-    masked = _masked_keys(data)
-    if masked:
-        raise AssayError(
-            f"experiment {experiment_id}'s config holds secrets the master does not show "
-            f"({', '.join(masked)}): give each with --config {masked[0]}=VALUE"
-        )
-    parsed = parse_config(data)  # every problem, with its key path, before any upload
-    for warning in parsed.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    archive = api.get_model_definition(experiment_id)
-    response = api.create_experiment(yaml.safe_dump(data, sort_keys=False), archive, not paused)
-    for warning in response.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    created = response.experiment.id
-    if as_json:
-        echo_json({"id": created, "forked_from": experiment_id})
-    else:
-        state = " (paused)" if paused else ""
-        click.echo(f"Created experiment {created}{state}, forked from experiment {experiment_id}")
-
-
-@experiment.command("continue")
-@click.argument("experiment_id", metavar="ID", type=int)
-@click.option(
-    "--config",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Change a config key (dotted; VALUE is YAML), e.g. searcher.max_length.batches=200. "
-    "Repeat for several.",
-)
-@click.option(
-    "--config-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="A partial config FILE of the keys to change (--config applies over it).",
-)
-@user_errors
-def continue_command(
-    experiment_id: int, overrides: tuple[str, ...], config_file: Path | None
-) -> None:
-    """Continue a COMPLETED, CANCELED or ERROR single-trial experiment: its trial resumes
-    from its latest checkpoint and trains on to the new searcher.max_length (its metrics
-    go on from the batch count it had). Only searcher.max_length, max_restarts,
-    min_validation_period and min_checkpoint_period may change; to change anything else,
-    `experiment fork` starts a new experiment."""
-    import yaml
-
-    from ._template import apply_overrides, read_partial
-
-    changes = read_partial(config_file) if config_file is not None else {}
-    changes = apply_overrides(changes, overrides)
-    text = yaml.safe_dump(changes, sort_keys=False) if changes else ""
-    result = client().continue_experiment(experiment_id, text)
-    length = (fmt.struct(result.config).get("searcher") or {}).get("max_length")
-    to = ""
-    if isinstance(length, dict):  # JSON numbers come back as floats: 8.0 reads as 8
-        to = " to " + ", ".join(f"{v:g} {k}" for k, v in length.items())
-    state = fmt.experiment_state(result.state)
-    click.echo(f"experiment {experiment_id} continues{to} (state {state})")
 
 
 @experiment.command("download-model-def")

@@ -8,6 +8,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from assay.client import best_trial, metric, struct, trial_state
+
 from . import _format as fmt
 
 if TYPE_CHECKING:
@@ -23,15 +25,15 @@ def as_text(response: api_pb2.GetExperimentResponse) -> str:
     """`describe`: the summary's fields, the trials' table, then a line for each trial
     that started from another's checkpoint, waits, or failed; the Pareto front last."""
     e = fmt.experiment_summary(response.experiment)
-    config = fmt.struct(response.experiment.config)
-    best = fmt.best_trial(response.trials, config)
+    config = struct(response.experiment.config)
+    best = best_trial(response.trials, config)
     fields = [
         ("ID", e["id"]),
         ("Name", e["name"]),
         ("State", e["state"] + (" (archived)" if e["archived"] else "")),
         ("Searcher", e["searcher"] or None),
         ("Progress", fmt.progress(e["state"], e["progress"])),
-        ("Best validation", fmt.metric(e["best_validation"])),
+        ("Best validation", metric(e["best_validation"])),
         ("Best trial", best["id"] if best else None),
         ("Owner", e["owner"] or None),
         ("Project", filed(response.experiment)),
@@ -66,7 +68,7 @@ def _failure_lines(trials: Sequence[common_pb2.Trial]) -> list[str]:
     says it once."""
     causes: dict[str, list[int]] = {}
     for t in trials:
-        if fmt.trial_state(t.state) != "ERROR":
+        if trial_state(t.state) != "ERROR":
             continue
         error = t.last_error.strip()
         causes.setdefault(error.splitlines()[-1].strip() if error else "", []).append(t.id)
@@ -120,7 +122,7 @@ def _pareto_table(response: api_pb2.GetExperimentResponse) -> str:
         [
             "*" if p.on_front else "",
             str(p.trial_id),
-            *[fmt.metric(v) if math.isfinite(v) else "-" for v in p.values],
+            *[metric(v) if math.isfinite(v) else "-" for v in p.values],
             str(p.rank),
             str(p.total_batches),
         ]

@@ -5,19 +5,25 @@ Protobuf is imported inside the functions, so importing this module stays cheap.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from assay.client import (
+    best_trial,
+    checkpoint_state,
+    experiment_state,
+    metric,
+    percent,
+    slot_type,
+    struct,
+    trial_state,
+)
+
 if TYPE_CHECKING:
     from google.protobuf.message import Message
-    from google.protobuf.struct_pb2 import Struct
     from google.protobuf.timestamp_pb2 import Timestamp
 
     from assay.proto import api_pb2, common_pb2
-
-TERMINAL_EXPERIMENT_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR"})
-TERMINAL_TRIAL_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR"})
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -33,50 +39,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def _enum(enum_name: str, value: int, prefix: str) -> str:
-    from assay.proto import common_pb2
-
-    try:
-        name: str = getattr(common_pb2, enum_name).Name(value)
-    except ValueError:
-        return str(value)  # a state newer than this CLI
-    return name.removeprefix(prefix)
-
-
-def experiment_state(value: int) -> str:
-    return _enum("ExperimentState", value, "EXPERIMENT_STATE_")
-
-
-def trial_state(value: int) -> str:
-    return _enum("TrialState", value, "TRIAL_STATE_")
-
-
-def slot_type(value: int) -> str:
-    return _enum("SlotType", value, "SLOT_TYPE_")
-
-
-def checkpoint_state(value: int) -> str:
-    return _enum("CheckpointState", value, "CHECKPOINT_STATE_")
-
-
-def _ints(value: Any) -> Any:
-    """Struct stores every number as a double: give whole numbers back as ints."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _ints(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_ints(v) for v in value]
-    return value
-
-
-def struct(message: Struct) -> dict[str, Any]:
-    from google.protobuf import json_format
-
-    converted: dict[str, Any] = _ints(json_format.MessageToDict(message))
-    return converted
-
-
 def timestamp(message: Message, field: str) -> str | None:
     if not message.HasField(field):
         return None
@@ -89,12 +51,6 @@ def optional_float(message: Message, field: str) -> float | None:
         return None
     value: float = getattr(message, field)
     return value
-
-
-def metric(value: float | None) -> str | None:
-    if value is None:
-        return None
-    return f"{value:.6g}" if math.isfinite(value) else str(value)
 
 
 def trial_dict(t: common_pb2.Trial) -> dict[str, Any]:
@@ -170,34 +126,6 @@ def experiment_detail(response: api_pb2.GetExperimentResponse) -> dict[str, Any]
         "slot_hours": response.slot_seconds / 3600,
         "trials": [trial_dict(t) for t in response.trials],
     }
-
-
-def searcher_objective(config: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """The metric a stored config's searcher ranks trials by, and whether smaller is better:
-    `searcher.metric`, or the first of a multi-objective search's `searcher.metrics`
-    (a name, or `{name, smaller_is_better}`)."""
-    searcher = config.get("searcher") or {}
-    metrics = searcher.get("metrics")
-    if isinstance(metrics, Sequence) and not isinstance(metrics, str) and metrics:
-        first = metrics[0]
-        if isinstance(first, Mapping):
-            name = first.get("name")
-            return (None if name is None else str(name)), bool(first.get("smaller_is_better", True))
-        return str(first), True
-    metric = searcher.get("metric")
-    return (None if metric is None else str(metric)), bool(searcher.get("smaller_is_better", True))
-
-
-def best_trial(
-    trials: Sequence[common_pb2.Trial], config: Mapping[str, Any]
-) -> dict[str, Any] | None:
-    """The trial with the best validation of the searcher's metric (None before any)."""
-    smaller = searcher_objective(config)[1]
-    scored = [t for t in trials if t.HasField("best_validation")]
-    if not scored:
-        return None
-    best = (min if smaller else max)(scored, key=lambda t: t.best_validation)
-    return {"id": best.id, "best_validation": best.best_validation}
 
 
 def searched_names(config: Mapping[str, Any]) -> set[str] | None:
@@ -355,10 +283,6 @@ def agent_dict(a: common_pb2.Agent) -> dict[str, Any]:
         "cpu_utilization": a.cpu_utilization,
         "last_heartbeat": timestamp(a, "last_heartbeat"),
     }
-
-
-def percent(fraction: float) -> str:
-    return f"{100 * fraction:.0f}%"
 
 
 def progress(state: str, fraction: float) -> str:

@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from assay.client import slot_type
+
 from . import _format as fmt
-from ._client import client
-from ._common import AliasedGroup, echo_json, user_errors
+from ._common import AliasedGroup, client, echo_json, user_errors
 
 if TYPE_CHECKING:
     from assay.proto import api_pb2
@@ -28,7 +29,7 @@ def queued_dict(q: api_pb2.QueuedTrial) -> dict[str, Any]:
         "resource_pool": q.resource_pool,
         "priority": q.priority,
         "slots": q.slots,
-        "slot_type": fmt.slot_type(q.slot_type),
+        "slot_type": slot_type(q.slot_type),
         "wait_kind": q.wait_kind,
         "waiting": q.waiting or q.reason,
     }

@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from assay.client import download_checkpoint, metric, struct
 from assay.errors import AssayError
 
 from . import _format as fmt
-from ._checkpoint import download
-from ._client import client
-from ._common import AliasedGroup, echo_json, user_errors
+from ._common import AliasedGroup, client, echo_json, user_errors
 
 if TYPE_CHECKING:
     from assay.proto import api_pb2
@@ -39,7 +38,7 @@ def model_dict(m: api_pb2.Model) -> dict[str, Any]:
         "name": m.name,
         "description": m.description,
         "labels": list(m.labels),
-        "metadata": fmt.struct(m.metadata),
+        "metadata": struct(m.metadata),
         "archived": m.archived,
         "owner": m.owner,
         "workspace": m.workspace,
@@ -63,7 +62,7 @@ def version_dict(v: api_pb2.ModelVersion) -> dict[str, Any]:
         "validation_metrics": dict(sorted(v.checkpoint.validation_metrics.items())),
         "notes": v.notes,
         "labels": list(v.labels),
-        "metadata": fmt.struct(v.metadata),
+        "metadata": struct(v.metadata),
         "registered_by": v.user,
         "user": v.user,  # the same: the name of earlier releases
         # Who uploaded the code `load()` runs (None: the checkpoint is not shown).
@@ -104,9 +103,7 @@ def _versions_table(versions: list[api_pb2.ModelVersion]) -> str:
             v.checkpoint.experiment_id if v.HasField("checkpoint") else None,
             v.checkpoint.trial_id if v.HasField("checkpoint") else None,
             v.checkpoint.total_batches if v.HasField("checkpoint") else None,
-            " ".join(
-                f"{k}={fmt.metric(x)}" for k, x in sorted(v.checkpoint.validation_metrics.items())
-            )
+            " ".join(f"{k}={metric(x)}" for k, x in sorted(v.checkpoint.validation_metrics.items()))
             or None,
             v.user,
             v.code_owner or None,
@@ -306,7 +303,7 @@ def download_command(args: tuple[str, ...]) -> None:
             f"checkpoint {version.checkpoint_uuid} of {version.model} version {version.version} "
             "was deleted by its owner: there is nothing to download"
         )
-    count, total = download(api, version.checkpoint_uuid, directory)
+    count, total = download_checkpoint(api, version.checkpoint_uuid, directory)
     click.echo(
         f"downloaded {version.model} version {version.version} (checkpoint "
         f"{version.checkpoint_uuid}, {count} files, {format_bytes(total)}) to {directory}"

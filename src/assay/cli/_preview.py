@@ -120,7 +120,7 @@ def _show_rounds(plan: Any) -> None:
 
 def _show_custom(searcher: Any, as_json: bool) -> None:
     """custom: no plan to show; the user's SearchMethod decides every trial."""
-    from assay.config._length import UNBOUNDED_LENGTH
+    from assay.config import UNBOUNDED_LENGTH
 
     bound = searcher.max_length
     max_length = None if bound.value >= UNBOUNDED_LENGTH else bound.to_dict()

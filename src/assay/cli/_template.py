@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING, Any
 import click
 import yaml
 
-from assay.config._merge import merge
+from assay.config import merge
 from assay.errors import AssayError
 
 from . import _format as fmt
-from ._client import client
-from ._common import AliasedGroup, echo_json, user_errors
+from ._common import AliasedGroup, client, echo_json, user_errors
 
 if TYPE_CHECKING:
     from assay.proto import api_pb2

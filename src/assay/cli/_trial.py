@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 import click
 
+from assay.client import Client, metric, struct, trial_state
 from assay.errors import AssayError, InvalidConfigError
 
 from . import _format as fmt
-from ._client import Client, client
-from ._common import AliasedGroup, echo_json, user_errors
+from ._common import AliasedGroup, client, echo_json, user_errors
 
 
 @click.group("trial", cls=AliasedGroup)
@@ -71,8 +71,8 @@ def run_local_command(
     """
     import os
 
-    from assay._precheck import entrypoint_problem
     from assay.config import load_config, parse_config
+    from assay.harness import entrypoint_problem
 
     if overrides:
         from ._template import apply_overrides, read_partial
@@ -98,7 +98,7 @@ def run_local_command(
     if verbose:
         os.environ["ASSAY_TRACEBACK"] = "1"  # the worker processes of --slots N read it
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    from assay._local import run_local  # light: it logs its first line before torch loads
+    from assay import run_local  # light: it logs its first line before torch loads
 
     try:
         result = run_local(
@@ -128,8 +128,7 @@ def _exit_with_one_line(error: Exception) -> None:
     it with --verbose, or when no frame is the user's (the error is then Assay's)."""
     import traceback
 
-    from assay._user_frame import describe, user_frame
-    from assay._worker import show_tracebacks
+    from assay.harness import describe, show_tracebacks, user_frame
 
     verbose = show_tracebacks()
     if isinstance(error, AssayError):
@@ -158,7 +157,7 @@ def describe_command(trial_id: int, as_json: bool) -> None:
         ("Experiment", t["experiment_id"]),
         ("State", t["state"]),
         ("Batches", t["total_batches"]),
-        ("Best validation", fmt.metric(t["best_validation"])),
+        ("Best validation", metric(t["best_validation"])),
         ("Checkpoint", t["latest_checkpoint"]),
         ("Restarts", t["restarts"]),
         ("Last error", t["last_error"]),
@@ -185,7 +184,7 @@ def kill_command(trial_id: int) -> None:
     its other trials (an experiment whose every trial was killed ends CANCELED).
     """
     result = client().kill_trial(trial_id)
-    state = fmt.trial_state(result.state)
+    state = trial_state(result.state)
     ending = "killed" if state == "CANCELED" else "being killed"
     click.echo(f"trial {trial_id} of experiment {result.experiment_id} {ending} (state {state})")
 
@@ -267,7 +266,7 @@ def metrics_command(trial_id: int, group: str, as_json: bool) -> None:
     click.echo(
         fmt.table(
             ["BATCHES", *names],
-            [[r["total_batches"], *(fmt.metric(r["metrics"].get(n)) for n in names)] for r in rows],
+            [[r["total_batches"], *(metric(r["metrics"].get(n)) for n in names)] for r in rows],
         )
     )
 
@@ -296,16 +295,14 @@ def _check_group(api: Client, trial_id: int, group: str) -> None:
 def download_command(trial_id: int, directory: Path, which: str | None, as_json: bool) -> None:
     """Copy trial ID's best (--best) or latest (--latest) checkpoint into DIR (new or
     empty), verifying every file's size and sha256."""
-    from assay.client import Trial
-
-    from ._checkpoint import download
+    from assay.client import Trial, download_checkpoint
 
     if which is None:
         raise click.UsageError("say which checkpoint: --best or --latest")
     api = client()
     found = Trial(api, api.get_trial(trial_id))
     chosen = found.top_checkpoint() if which == "best" else found.latest_checkpoint()
-    download(api, chosen.uuid, directory)
+    download_checkpoint(api, chosen.uuid, directory)
     if as_json:
         echo_json(fmt.checkpoint_dict(api.get_checkpoint(chosen.uuid)))
         return
@@ -330,22 +327,20 @@ def download_tensorboard_command(trial_id: int, directory: Path) -> None:
     """
     from pathlib import PurePosixPath
 
+    from assay.client import NotFollowedError, copy_tree
     from assay.common.storage import TENSORBOARD, tensorboard_name
-
-    from ._download import NotFollowedError, copy_tree
 
     api = client()
     t = api.get_trial(trial_id)
-    config = fmt.struct(api.get_experiment(t.experiment_id).experiment.config)
+    config = struct(api.get_experiment(t.experiment_id).experiment.config)
     storage = config.get("checkpoint_storage") or {}
     if directory.exists() and any(directory.iterdir()):
         raise AssayError(f"{directory} already exists and is not empty")
     if isinstance(storage, dict) and storage.get("type") == "s3":
+        from assay.client import storage_config
         from assay.common.storage import S3Storage
 
-        from ._checkpoint import _storage_config
-
-        s3_config = _storage_config(t.experiment_id)
+        s3_config = storage_config(t.experiment_id, api)
         assert s3_config is not None
         skipped: list[str] = []
         count = S3Storage.from_config(s3_config).download_tree(

@@ -9,9 +9,10 @@ from typing import Any
 
 import click
 
+from assay.client import percent
+
 from . import _format as fmt
-from ._client import client
-from ._common import echo_json, user_errors
+from ._common import client, echo_json, user_errors
 
 _BY = ("user", "experiment", "pool", "agent", "day")
 _HEADER = {"user": "USER", "experiment": "EXPERIMENT", "pool": "POOL", "agent": "AGENT"}
@@ -86,15 +87,15 @@ def usage_command(by: str, since: str, until: str, as_json: bool, as_csv: bool) 
         headers = [_HEADER.get(by, "DAY (UTC)"), "SLOT-HOURS", "SHARE"]
     rows = []
     for g in report["groups"]:
-        share = fmt.percent(g["slot_hours"] / total) if total else None
+        share = percent(g["slot_hours"] / total) if total else None
         lead = [g["key"], g["name"]] if by == "experiment" else [g["key"]]
         rows.append([*lead, f"{g['slot_hours']:.2f}", share])
     click.echo(fmt.table(headers, rows) if rows else "(no usage in this window)")
     for p in report["pools"]:
         click.echo(
             f"pool {p['pool']}: {p['used_slot_hours']:.2f} of {p['capacity_slot_hours']:.2f} "
-            f"slot-hours used ({fmt.percent(p['used_ratio'])} used, "
-            f"{fmt.percent(p['idle_ratio'])} idle; "
+            f"slot-hours used ({percent(p['used_ratio'])} used, "
+            f"{percent(p['idle_ratio'])} idle; "
             "capacity: its connected agents since they joined)"
         )
 

@@ -7,8 +7,7 @@ import sys
 
 import click
 
-from ._client import client
-from ._common import AliasedGroup, echo_json, settings, user_errors
+from ._common import AliasedGroup, client, echo_json, settings, user_errors
 
 
 def _password(prompt: str, *, confirm: bool = False, stdin: bool = False) -> str:

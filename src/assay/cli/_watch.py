@@ -11,19 +11,31 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from assay.client import (
+    TERMINAL_EXPERIMENT_STATES,
+    TERMINAL_TRIAL_STATES,
+    best_trial,
+    checkpoint_state,
+    experiment_state,
+    metric_name,
+    poll_seconds,
+    progress_line,
+    searcher_objective,
+    struct,
+    trial_state,
+)
+from assay.client import (
+    metric as metric_text,
+)
 from assay.errors import AssayError
 
-from . import _format as fmt
-from ._common import poll_seconds
-
 if TYPE_CHECKING:
+    from assay.client import Client
     from assay.proto import api_pb2, common_pb2
-
-    from ._client import Client
 
 # A trial's logs are asked for once more after it ends: its last lines can reach the
 # master a moment after its state does.
@@ -60,13 +72,13 @@ class Summary:
             text += f": no validation {self.metric} reported"
         else:
             text += (
-                f": best {self.metric} {fmt.metric(self.best_validation)} "
+                f": best {self.metric} {metric_text(self.best_validation)} "
                 f"(trial {self.best_trial}), checkpoint {self.best_checkpoint or '-'}"
             )
             held = self.best_checkpoint_validation
             if self.best_checkpoint and held != self.best_validation:
                 text += (
-                    f" (its {self.metric} {fmt.metric(held)}: no checkpoint was taken at the "
+                    f" (its {self.metric} {metric_text(held)}: no checkpoint was taken at the "
                     "best validation)"
                     if held is not None
                     else " (the trial's latest: no checkpoint holds a validation)"
@@ -90,44 +102,12 @@ class Summary:
         }
 
 
-def progress_line(response: api_pb2.GetExperimentResponse) -> str:
-    """`45%; trials: 3 done, 2 running, 1 queued; best val_loss 0.1475 (trial 2)`."""
-    config = fmt.struct(response.experiment.config)
-    counts = {"done": 0, "running": 0, "queued": 0, "paused": 0}
-    for t in response.trials:
-        state = fmt.trial_state(t.state)
-        if state in fmt.TERMINAL_TRIAL_STATES:
-            counts["done"] += 1
-        elif state in ("RUNNING", "STOPPING"):
-            counts["running"] += 1
-        elif state == "PAUSED":
-            counts["paused"] += 1
-        else:
-            counts["queued"] += 1
-    shown = [f"{n} {word}" for word, n in counts.items() if n or word != "paused"]
-    state = fmt.experiment_state(response.experiment.state)
-    text = "" if state == "ACTIVE" else f"{state}; "
-    text += f"{fmt.percent(response.experiment.progress)}; trials: {', '.join(shown)}"
-    best = fmt.best_trial(response.trials, config)
-    if best is not None:
-        text += f"; best {_metric_name(config)} {fmt.metric(best['best_validation'])}"
-        text += f" (trial {best['id']})"
-    waiting = next((t for t in response.trials if t.waiting), None)
-    if waiting is not None:
-        text += f"; trial {waiting.id} cannot start: {waiting.waiting}"
-    return text
-
-
-def _metric_name(config: Mapping[str, Any]) -> str:
-    return fmt.searcher_objective(config)[0] or "metric"
-
-
 def _trial_end(t: common_pb2.Trial, metric: str) -> str:
     """`trial 3: COMPLETED at batch 40 (best val_loss 0.2)`: how a trial ended."""
-    state = fmt.trial_state(t.state)
+    state = trial_state(t.state)
     text = f"trial {t.id}: {state} at batch {t.total_batches}"
     if t.HasField("best_validation"):
-        text += f" (best {metric} {fmt.metric(t.best_validation)})"
+        text += f" (best {metric} {metric_text(t.best_validation)})"
     if state == "ERROR":
         restarts = f" after {t.restarts} restarts" if t.restarts else ""
         error = (t.last_error or "").strip()
@@ -168,12 +148,12 @@ class Watcher:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             response = self.api.get_experiment(self.experiment_id)
-            state = fmt.experiment_state(response.experiment.state)
-            finished = state in fmt.TERMINAL_EXPERIMENT_STATES
+            state = experiment_state(response.experiment.state)
+            finished = state in TERMINAL_EXPERIMENT_STATES
             if state != self.state and not finished and self.logs:
                 self.out(f"experiment {self.experiment_id}: {state}")
             self.state = state
-            self._trials(response.trials, _metric_name(fmt.struct(response.experiment.config)))
+            self._trials(response.trials, metric_name(struct(response.experiment.config)))
             if finished:
                 if self.logs:
                     self._drain(response.trials)
@@ -190,10 +170,10 @@ class Watcher:
 
     def _trials(self, trials: Sequence[common_pb2.Trial], metric: str) -> None:
         for t in sorted(trials, key=lambda t: t.id):
-            state = fmt.trial_state(t.state)
+            state = trial_state(t.state)
             changed = self.trial_states.get(t.id) != state
             self.trial_states[t.id] = state
-            ended = state in fmt.TERMINAL_TRIAL_STATES
+            ended = state in TERMINAL_TRIAL_STATES
             if not self.logs:
                 continue
             if changed and not ended:
@@ -228,28 +208,28 @@ class Watcher:
 def summarize(api: Client, response: api_pb2.GetExperimentResponse) -> Summary:
     """The summary of an ended experiment: its best trial and that trial's checkpoint
     with the best validation of the searcher's metric."""
-    config = fmt.struct(response.experiment.config)
-    metric = _metric_name(config)
+    config = struct(response.experiment.config)
+    metric = metric_name(config)
     summary = Summary(
         experiment_id=response.experiment.id,
-        state=fmt.experiment_state(response.experiment.state),
+        state=experiment_state(response.experiment.state),
         metric=metric,
         errors={
             t.id: t.last_error
             for t in response.trials
-            if fmt.trial_state(t.state) == "ERROR" and t.last_error
+            if trial_state(t.state) == "ERROR" and t.last_error
         },
     )
-    best = fmt.best_trial(response.trials, config)
+    best = best_trial(response.trials, config)
     if best is None:
         return summary
     summary.best_validation = best["best_validation"]
     summary.best_trial = best["id"]
-    smaller = fmt.searcher_objective(config)[1]
+    smaller = searcher_objective(config)[1]
     kept = [
         c
         for c in api.list_checkpoints(response.experiment.id, best["id"])
-        if fmt.checkpoint_state(c.state) != "DELETED"
+        if checkpoint_state(c.state) != "DELETED"
     ]
     scored = [c for c in kept if metric in c.validation_metrics]
     if scored:

@@ -8,8 +8,7 @@ from typing import Any
 import click
 
 from . import _format as fmt
-from ._client import client
-from ._common import AliasedGroup, echo_json, user_errors
+from ._common import AliasedGroup, client, echo_json, user_errors
 from ._experiment import experiment
 
 ROLES = ("viewer", "editor", "admin")

@@ -9,10 +9,11 @@ from __future__ import annotations
 import click
 
 from assay import __version__
+from assay.client import DEFAULT_MASTER, default_master
 
 from ._agent import agent, master, resource_pool, slot
 from ._checkpoint import checkpoint
-from ._common import DEFAULT_MASTER, RootGroup, Settings, default_master
+from ._common import RootGroup, Settings
 from ._deploy import deploy
 from ._experiment import experiment
 from ._job import job

@@ -21,16 +21,57 @@ status) carry the master's one-line message.
 
 from __future__ import annotations
 
-from assay.cli._client import (
+from assay.client._address import (
+    CLUSTER_FILE,
+    DEFAULT_MASTER,
+    DEFAULT_STATE,
+    LocalCluster,
+    default_master,
+    local_master,
+    master_address,
+    poll_seconds,
+    running_cluster,
+)
+from assay.client._api import Client
+from assay.client._channel import http_port_message
+from assay.client._checkpoint import Checkpoint, UntrustedCodeError
+from assay.client._credentials import (
+    StoredSession,
+    auth_file,
+    dial_address,
+    env_credentials,
+    forget_session,
+    load_session,
+    master_key,
+    save_session,
+)
+from assay.client._download import NotFollowedError, copy_tree
+from assay.client._errors import (
     AuthenticationError,
     ForbiddenError,
     InvalidRequestError,
     MasterError,
     NotFoundError,
 )
-from assay.client._checkpoint import Checkpoint, UntrustedCodeError
 from assay.client._experiment import Experiment, Trial
+from assay.client._fetch import download_checkpoint, storage_config
+from assay.client._load import LoadedCheckpoint, load_checkpoint
 from assay.client._model import Model, ModelVersion
+from assay.client._records import (
+    TERMINAL_EXPERIMENT_STATES,
+    TERMINAL_TRIAL_STATES,
+    best_trial,
+    checkpoint_state,
+    experiment_state,
+    metric,
+    metric_name,
+    percent,
+    progress_line,
+    searcher_objective,
+    slot_type,
+    struct,
+    trial_state,
+)
 from assay.client._session import (
     Session,
     create_experiment,
@@ -45,12 +86,14 @@ from assay.client._session import (
     logout,
 )
 
+# The scripting API.
 __all__ = [
     "AuthenticationError",
     "Checkpoint",
     "Experiment",
     "ForbiddenError",
     "InvalidRequestError",
+    "LoadedCheckpoint",
     "MasterError",
     "Model",
     "ModelVersion",
@@ -66,6 +109,47 @@ __all__ = [
     "get_trial",
     "list_experiments",
     "list_models",
+    "load_checkpoint",
     "login",
     "logout",
+]
+# The kernel the `assay` CLI stands on: the channel, the stored sessions, which master to
+# call, checkpoint downloads and the master's records as Python values.
+__all__ += [
+    "CLUSTER_FILE",
+    "DEFAULT_MASTER",
+    "DEFAULT_STATE",
+    "TERMINAL_EXPERIMENT_STATES",
+    "TERMINAL_TRIAL_STATES",
+    "Client",
+    "LocalCluster",
+    "NotFollowedError",
+    "StoredSession",
+    "auth_file",
+    "best_trial",
+    "checkpoint_state",
+    "copy_tree",
+    "default_master",
+    "dial_address",
+    "download_checkpoint",
+    "env_credentials",
+    "experiment_state",
+    "forget_session",
+    "http_port_message",
+    "load_session",
+    "local_master",
+    "master_address",
+    "master_key",
+    "metric",
+    "metric_name",
+    "percent",
+    "poll_seconds",
+    "progress_line",
+    "running_cluster",
+    "save_session",
+    "searcher_objective",
+    "slot_type",
+    "storage_config",
+    "struct",
+    "trial_state",
 ]

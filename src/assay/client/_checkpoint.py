@@ -8,13 +8,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from assay.cli import _format as fmt
 from assay.errors import AssayError
 
+from . import _records as fmt
+
 if TYPE_CHECKING:
-    from assay._trial import Trial as UserTrial
-    from assay.cli._client import Client
+    from assay import Trial as UserTrial
     from assay.proto import common_pb2
+
+    from ._api import Client
 
 # (master address, experiment id) -> where its model definition was unpacked, once per
 # process: importing a Trial may import more of its files later, so they stay.
@@ -76,10 +78,10 @@ class Checkpoint:
     def download(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Copy its files into `path` (new or empty; default ./checkpoints/UUID),
         verifying each file's size and sha256, and return the directory."""
-        from assay.cli._checkpoint import download
+        from ._fetch import download_checkpoint
 
         target = Path(path) if path is not None else Path("checkpoints") / self.uuid
-        download(self._api, self.uuid, target)
+        download_checkpoint(self._api, self.uuid, target)
         return target
 
     def load(
@@ -100,7 +102,7 @@ class Checkpoint:
         `trial_class` needs no trust. `trial_kwargs` go to the Trial's constructor after
         the context. A shared_fs checkpoint is read where it is mounted, if it is;
         otherwise it is downloaded to a temporary directory first."""
-        from assay._checkpoint import verify_checkpoint
+        from assay.harness import verify_checkpoint
         from assay.pytorch import load_trial_from_checkpoint_path
 
         if trial_class is None:
@@ -119,8 +121,8 @@ class Checkpoint:
         return self.download(target), recorded
 
     def _trial_class(self, trust: bool) -> type[UserTrial]:
-        from assay._loader import load_trial_class
         from assay.common.archive import unpack_model_dir
+        from assay.harness import load_trial_class
 
         experiment = self._api.get_experiment(self.experiment_id).experiment
         entrypoint = fmt.struct(experiment.config).get("entrypoint")

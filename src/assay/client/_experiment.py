@@ -7,14 +7,16 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from assay.cli import _format as fmt
-from assay.cli._common import poll_seconds
-from assay.client._checkpoint import Checkpoint, best_checkpoints
 from assay.errors import AssayError
 
+from . import _records as fmt
+from ._address import poll_seconds
+from ._checkpoint import Checkpoint, best_checkpoints
+
 if TYPE_CHECKING:
-    from assay.cli._client import Client
     from assay.proto import common_pb2
+
+    from ._api import Client
 
 
 class Experiment:
@@ -76,8 +78,6 @@ class Experiment:
         or ERROR). With `progress`, a line on stderr whenever it changes (trials done,
         running, queued; the best metric). `timeout` seconds: `TimeoutError` after them;
         `interval`: seconds between polls (default ASSAY_POLL_SECONDS, else 1)."""
-        from assay.cli._watch import progress_line
-
         deadline = None if timeout is None else time.monotonic() + timeout
         every = poll_seconds() if interval is None else interval
         last = ""
@@ -86,7 +86,7 @@ class Experiment:
             self._record = response.experiment
             state = fmt.experiment_state(response.experiment.state)
             if progress:
-                line = progress_line(response)
+                line = fmt.progress_line(response)
                 if line != last:
                     print(f"experiment {self.id}: {line}", file=sys.stderr, flush=True)
                     last = line

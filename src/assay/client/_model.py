@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from assay.cli import _format as fmt
-from assay.client._checkpoint import Checkpoint
 from assay.errors import AssayError
 
+from . import _records as fmt
+from ._checkpoint import Checkpoint
+
 if TYPE_CHECKING:
-    from assay._trial import Trial as UserTrial
-    from assay.cli._client import Client
+    from assay import Trial as UserTrial
     from assay.proto import api_pb2
+
+    from ._api import Client
 
 
 class Model:

@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from assay.cli import _credentials
-from assay.cli._client import AuthenticationError, Client
-from assay.cli._common import master_address
-from assay.client._checkpoint import Checkpoint
-from assay.client._experiment import Experiment, Trial
-from assay.client._model import Model
 from assay.errors import AssayError
+
+from . import _credentials
+from ._address import master_address
+from ._api import Client
+from ._checkpoint import Checkpoint
+from ._errors import AuthenticationError
+from ._experiment import Experiment, Trial
+from ._model import Model
 
 log = logging.getLogger("assay")
 
@@ -203,7 +205,7 @@ def login(
 
 
 def _login_stored(api: Client, user: str) -> None:
-    stored = _credentials.load(api.address)
+    stored = _credentials.load_session(api.address)
     if stored is not None and stored.username == user and stored.valid():
         api.use_token(stored.token)
         return

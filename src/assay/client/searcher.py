@@ -41,11 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from assay.cli._client import MasterError
 from assay.errors import AssayError
 
+from ._errors import MasterError
+
 if TYPE_CHECKING:
-    from assay.client._session import ConfigSource, Session
+    from ._session import ConfigSource, Session
 
 MAX_METHOD_STATE = 1 << 20
 """The most bytes of saved state the master keeps for a runner (files and searcher state)."""
@@ -417,7 +418,7 @@ def _check_custom(config: ConfigSource) -> None:
 
 
 def _default_session() -> Session:
-    from assay.client._session import _session
+    from ._session import _session
 
     return _session()
 

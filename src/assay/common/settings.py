@@ -16,12 +16,14 @@ import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import click
 import yaml
 
 from assay.errors import AssayError
+
+if TYPE_CHECKING:
+    import click
 
 _T = TypeVar("_T")
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -394,7 +396,10 @@ def _yaml_scalar(value: object) -> str:
 
 
 def click_options(cls: type[Any]) -> Callable[[_F], _F]:
-    """One option per key (value None when not given, so lower layers show through)."""
+    """One option per key (value None when not given, so lower layers show through).
+    click is imported here, not with the module: the SDK reads TLS settings through this
+    module and never loads click."""
+    import click
 
     def decorate(command: _F) -> _F:
         for s in reversed(settings_of(cls)):
@@ -414,6 +419,7 @@ def click_options(cls: type[Any]) -> Callable[[_F], _F]:
 
 def help_config_option(cls: type[Any], *, program: str, path: str) -> Callable[[_F], _F]:
     """`--help-config`: print `reference()` and exit."""
+    import click
 
     def show(ctx: click.Context, param: click.Parameter, value: bool) -> None:
         if value and not ctx.resilient_parsing:

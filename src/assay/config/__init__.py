@@ -13,18 +13,27 @@ from assay.config._hparams import (
     HParam,
     Int,
     Log,
+    assemble,
     grid_points,
+    grid_size,
     grid_values,
+    leaves,
     sample_hparams,
 )
-from assay.config._length import Length, LengthUnit
+from assay.config._length import UNBOUNDED_LENGTH, Length, LengthUnit
 from assay.config._limits import (
     MAX_CONFIG_DEPTH,
     MAX_DESCRIPTION_CHARS,
     MAX_LABEL_CHARS,
     MAX_LABELS,
+    MAX_METRIC_NAME_CHARS,
     MAX_NAME_CHARS,
+    METRIC_NAMES_PER_TRIAL,
+    name_problem,
+    text_problems,
+    value_problems,
 )
+from assay.config._merge import merge
 from assay.config._pbt import PBTSpec, pbt_spec
 from assay.config._schema import (
     ExperimentConfig,
@@ -39,18 +48,21 @@ from assay.config._search import (
     RoundPreview,
     RungPreview,
     SearchSpec,
+    divide,
     preview,
     rung_lengths,
     search_spec,
 )
-from assay.config._searcher_config import Objective, SearcherConfig
+from assay.config._searcher_config import Divisor, Objective, SearcherConfig, parse_objectives
 from assay.config._sections import (
     MAX_WEIGHT,
     MIN_WEIGHT,
     CheckpointStorageConfig,
+    FSDPConfig,
     OptimizationsConfig,
     Precision,
     ResourcesConfig,
+    StrategyName,
 )
 from assay.config._size import format_size, parse_memory, parse_size
 
@@ -60,16 +72,21 @@ __all__ = [
     "MAX_GRID_POINTS",
     "MAX_LABELS",
     "MAX_LABEL_CHARS",
+    "MAX_METRIC_NAME_CHARS",
     "MAX_NAME_CHARS",
     "MAX_WEIGHT",
     "MIN_WEIGHT",
+    "METRIC_NAMES_PER_TRIAL",
+    "UNBOUNDED_LENGTH",
     "BracketPreview",
     "BracketSpec",
     "Categorical",
     "CheckpointStorageConfig",
     "Const",
+    "Divisor",
     "Double",
     "ExperimentConfig",
+    "FSDPConfig",
     "HParam",
     "Int",
     "Length",
@@ -85,12 +102,22 @@ __all__ = [
     "SearchSpec",
     "Objective",
     "SearcherConfig",
+    "StrategyName",
+    "assemble",
+    "divide",
     "environment_of",
     "format_size",
     "grid_points",
+    "grid_size",
     "grid_values",
+    "leaves",
     "load_config",
+    "merge",
+    "name_problem",
+    "text_problems",
+    "value_problems",
     "parse_memory",
+    "parse_objectives",
     "parse_size",
     "parse_config",
     "pbt_spec",

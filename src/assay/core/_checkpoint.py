@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from assay._backend import Backend, LocalBackend
 from assay._checkpoint import (
     MANIFEST,
     CheckpointError,
@@ -38,7 +39,6 @@ from assay._checkpoint import (
 )
 from assay.common.archive import make_local_output_dir
 from assay.common.storage import SharedFSStorage, StorageError, StorageManager, checkpoint_uuid
-from assay.core._backend import Backend, LocalBackend
 from assay.core._distributed import DistributedContext
 
 log = logging.getLogger("assay")
@@ -178,7 +178,7 @@ class CheckpointContext:
         together and writes only the shards it holds (`torch.distributed.checkpoint`);
         return the checkpoint's uuid. It restores onto any number of processes, under
         FSDP, DDP or none (`load_sharded`)."""
-        from assay.strategy._sharded import save_sharded, strategy_of
+        from assay.strategy import save_sharded, strategy_of
 
         with self.store_path(metadata, shard=True) as (path, uuid):
             save_sharded(
@@ -194,7 +194,7 @@ class CheckpointContext:
     def load_sharded(self, storage_id: str, model: Any, optimizer: Any = None) -> None:
         """Load sharded checkpoint `storage_id` into `model` (and `optimizer`) as they are
         wrapped now, verified first; every process calls it together."""
-        from assay.strategy._sharded import load_sharded
+        from assay.strategy import load_sharded
 
         with self.restore_path(storage_id) as path:
             load_sharded(path, model, optimizer)

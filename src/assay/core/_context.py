@@ -19,10 +19,10 @@ from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, overload
 
+from assay._backend import Backend, ClosedBackend, ClusterBackend, LocalBackend
 from assay._checkpoint import CheckpointError, check_writable, cluster_storage_fix
-from assay._spec import ClusterSpec, LocalSpec, spec_from_env
+from assay.common.spec import ClusterSpec, LocalSpec, spec_from_env
 from assay.common.storage import SharedFSStorage, StorageManager, storage_for, trial_storage
-from assay.core._backend import Backend, ClosedBackend, ClusterBackend, LocalBackend
 from assay.core._checkpoint import CheckpointContext
 from assay.core._distributed import DistributedContext
 from assay.core._info import ClusterInfo, info_from_spec

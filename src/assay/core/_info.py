@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from assay._spec import ClusterSpec, LocalSpec, spec_from_env
+from assay.common.spec import ClusterSpec, LocalSpec, spec_from_env
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import enum
 import os
 import threading
 
+from assay._backend import Backend, report_line
 from assay._preempt import POLL_INTERVAL_S, PreemptWatcher
-from assay.core._backend import Backend, report_line
 from assay.core._distributed import DistributedContext
 
 

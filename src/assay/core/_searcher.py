@@ -20,8 +20,8 @@ import enum
 import logging
 from collections.abc import Callable, Iterator, Mapping
 
-from assay.config._length import UNBOUNDED_LENGTH
-from assay.core._backend import Backend, LocalBackend, report_line
+from assay._backend import Backend, LocalBackend, report_line
+from assay.config import UNBOUNDED_LENGTH
 from assay.core._distributed import DistributedContext
 from assay.errors import AssayError, SearcherMetricError
 

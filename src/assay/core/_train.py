@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from assay.config._limits import MAX_METRIC_NAME_CHARS, name_problem
-from assay.core._backend import Backend
+from assay._backend import Backend
+from assay.config import MAX_METRIC_NAME_CHARS, name_problem
 from assay.core._distributed import DistributedContext
 from assay.core._searcher import _SearchState
 from assay.core._tensorboard import TensorBoardFiles

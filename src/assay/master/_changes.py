@@ -192,6 +192,12 @@ def _start_run(it: Host, start: fx.StartRun) -> None:
         it.batch.supersede_metrics(
             run.trial_id, start.supersede_after, searcher.metric, searcher.smaller_is_better
         )
+        if searcher.metric is not None:
+            # The trial's best becomes the best of what is left, in memory as in the
+            # store: what `describe`, the Core API and a restarted master all see.
+            it.ledger.trials[run.trial_id].best_validation = it.store.best_validation_through(
+                run.trial_id, start.supersede_after, searcher.metric, searcher.smaller_is_better
+            )
     at = now()
     it.batch.add_allocation(
         run.allocation_id,

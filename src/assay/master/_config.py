@@ -26,7 +26,7 @@ from assay.common.settings import (
     setting,
 )
 from assay.common.tls import PemFile
-from assay.config._limits import METRIC_NAMES_PER_TRIAL
+from assay.config import METRIC_NAMES_PER_TRIAL
 from assay.master.checkpoints import StoragePolicy
 from assay.master.fleet import ResourcePools, spec_keys
 from assay.master.scheduler import DEFAULT_POOL, Pools, PoolSpec

@@ -30,10 +30,10 @@ from assay._context import TrialContext
 from assay._distributed import DistributedContext
 from assay._precision import make_precision
 from assay._session import CheckpointReport, LocalSession, MetricsReport, Session
-from assay._spec import ClusterSpec, LocalResult, LocalSpec, spec_from_env
 from assay._trial import Trial, construct_trial
 from assay._worker import build_context, local_result, preempt_watcher, train_slot
 from assay.common.archive import make_local_output_dir
+from assay.common.spec import ClusterSpec, LocalResult, LocalSpec, spec_from_env
 from assay.common.storage import StorageManager
 from assay.config import ExperimentConfig, Length, parse_config, sample_hparams
 from assay.errors import AssayError, TrialLoadError, TrialPreempted
@@ -449,7 +449,7 @@ class _RecordingSession(LocalSession):
     them (the records of `assay.core`'s local twin)."""
 
     def __init__(self, spec: LocalSpec) -> None:
-        from assay.core._backend import LocalBackend
+        from assay._backend import LocalBackend
 
         super().__init__(max_batches=0, echo=False)
         self._backend = LocalBackend(Path(spec.metrics_path), None)
@@ -559,7 +559,9 @@ def load_trial_from_checkpoint_path(
         trial = trial_class(context, **trial_kwargs)
     else:
         trial = construct_trial(trial_class, context)
-    from assay._load import load_models  # models.pt, or gathered from a sharded checkpoint
+    from assay._checkpoint_models import (
+        load_models,  # models.pt, or gathered from a sharded checkpoint
+    )
 
     models = load_models(path)
     if len(models) != len(context.models):

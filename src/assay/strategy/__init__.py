@@ -10,6 +10,14 @@ from assay.strategy._base import ReduceOp, Strategy
 from assay.strategy._ddp import DDPStrategy
 from assay.strategy._fsdp import FSDPStrategy
 from assay.strategy._select import make_strategy, strategy_for
+from assay.strategy._sharded import (
+    load_sharded,
+    save_sharded,
+    sharded_parts,
+    strategy_of,
+    to_full_state_dict,
+    write_full_state_dicts,
+)
 from assay.strategy._single import SingleDeviceStrategy
 
 __all__ = [
@@ -18,6 +26,12 @@ __all__ = [
     "ReduceOp",
     "SingleDeviceStrategy",
     "Strategy",
+    "load_sharded",
     "make_strategy",
+    "save_sharded",
+    "sharded_parts",
     "strategy_for",
+    "strategy_of",
+    "to_full_state_dict",
+    "write_full_state_dicts",
 ]

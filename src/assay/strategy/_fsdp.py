@@ -34,8 +34,8 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
-from assay.config._sections import FSDPConfig, Precision
-from assay.core._distributed import release_groups_at_exit
+from assay._ranks import release_groups_at_exit
+from assay.config import FSDPConfig, Precision
 from assay.errors import TrainingError
 from assay.strategy._base import Ranks, ReduceOp, Strategy, indices_to_names
 from assay.strategy._ddp import all_reduce

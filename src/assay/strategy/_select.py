@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from assay.config._sections import FSDPConfig, OptimizationsConfig, Precision, StrategyName
+from assay.config import FSDPConfig, OptimizationsConfig, Precision, StrategyName
 from assay.errors import TrainingError
 from assay.strategy._base import Ranks, Strategy
 from assay.strategy._ddp import DDPStrategy

@@ -20,9 +20,7 @@ from assay.master.api._http_params import (
 )
 from assay.master.api._http_routes import PREFIX, ROUTES, Route
 from assay.master.api._http_ui import BUILD_COMMAND, DEFAULT_UI_DIR, WebUi
-from assay.master.api._servicers import ApiServicer
-from assay.master.api._servicers._agent import AgentServicer
-from assay.master.api._servicers._trial import TrialServicer
+from assay.master.api._servicers import AgentServicer, ApiServicer, TrialServicer
 from assay.master.api._status import (
     DATA_ERROR,
     INTERNAL_ERROR,

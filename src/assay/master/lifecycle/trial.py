@@ -63,7 +63,7 @@ def start(
     fields["total_batches"] = restore.total_batches if restore is not None else 0
     if trial.total_batches > fields["total_batches"] and trial.best_validation is not None:
         # Its best may have been reported past that point: StartRun has the store find
-        # the best of what is left, and the next validation report brings it back here.
+        # the best of what is left, and takes it into memory too.
         fields["best_validation"] = None
     world = sum(len(slots) for _, slots in placement)
     config_json = experiment.config_json

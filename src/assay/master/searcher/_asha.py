@@ -22,9 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from assay.config import BracketSpec
-from assay.config._search import divide
-from assay.config._searcher_config import Divisor
+from assay.config import BracketSpec, Divisor, divide
 
 from ._ops import Close, ExitedReason, Operation, ValidateAfter
 

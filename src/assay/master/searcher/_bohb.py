@@ -47,8 +47,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from assay.config import Categorical, Const, Double, HParam, Int, Log, sample_hparams
-from assay.config._hparams import assemble, leaves
+from assay.config import (
+    Categorical,
+    Const,
+    Double,
+    HParam,
+    Int,
+    Log,
+    assemble,
+    leaves,
+    sample_hparams,
+)
 
 from ._samplers import derive_seed
 

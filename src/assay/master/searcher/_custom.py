@@ -29,8 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from assay.config import HParam
-from assay.config._hparams import Categorical, Const, Double, Int, Log, leaves
+from assay.config import Categorical, Const, Double, HParam, Int, Log, leaves
 
 from ._ops import (
     EXITED_REASONS,
@@ -373,7 +372,7 @@ def hparams_problems(space: Mapping[str, HParam], hparams: Mapping[str, Any]) ->
 
 def complete_hparams(space: Mapping[str, HParam], hparams: Mapping[str, Any]) -> dict[str, Any]:
     """`hparams` with the constants it left out (checked by `hparams_problems`)."""
-    from assay.config._hparams import assemble
+    from assay.config import assemble
 
     values: dict[tuple[str, ...], Any] = {}
     for path, hp in leaves(space):

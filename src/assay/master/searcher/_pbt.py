@@ -26,8 +26,18 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from assay.config import Categorical, Const, HParam, Int, Log, PBTSpec, sample_hparams
-from assay.config._hparams import Double, assemble, leaves
+from assay.config import (
+    Categorical,
+    Const,
+    Double,
+    HParam,
+    Int,
+    Log,
+    PBTSpec,
+    assemble,
+    leaves,
+    sample_hparams,
+)
 
 from ._ops import (
     EXITED_REASONS,

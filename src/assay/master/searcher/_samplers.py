@@ -15,8 +15,15 @@ import random
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from assay.config import MAX_GRID_POINTS, HParam, sample_hparams
-from assay.config._hparams import assemble, grid_size, grid_values, leaves
+from assay.config import (
+    MAX_GRID_POINTS,
+    HParam,
+    assemble,
+    grid_size,
+    grid_values,
+    leaves,
+    sample_hparams,
+)
 
 
 def derive_seed(seed: int, purpose: str, index: int) -> int:

@@ -236,7 +236,7 @@ def _make(
             f"{config.max_length.to_dict()}, give e.g. {{batches: 1000}}"
         )
     if config.name == "custom":
-        from assay.config._length import UNBOUNDED_LENGTH
+        from assay.config import UNBOUNDED_LENGTH
 
         bound = config.max_length.value
         return CustomSearcher(

@@ -18,8 +18,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from assay.config import Categorical, Const, Double, HParam, Int, Log
-from assay.config._hparams import assemble, leaves
+from assay.config import Categorical, Const, Double, HParam, Int, Log, assemble, leaves
 
 from ._samplers import derive_seed
 

@@ -40,19 +40,16 @@ from assay.master.store._records import (
     MetricReport,
     MetricsReported,
     Page,
+    ProjectRecord,
     TrialRecord,
     UserRecord,
+    WorkspaceRecord,
 )
 from assay.master.store._registry import ModelRecord, ModelVersionRecord
 from assay.master.store._store import Store
 from assay.master.store._templates import TemplateRecord
 from assay.master.store._usage import GROUP_BY, GroupBy, PoolUsage, UsagePart, UsageRow, pool_usage
-from assay.master.store._workspaces import (
-    ROLES,
-    MemberRecord,
-    ProjectRecord,
-    WorkspaceRecord,
-)
+from assay.master.store._workspaces import ROLES, MemberRecord
 
 __all__ = [
     "ArchiveFile",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from assay.master.store._workspaces import ProjectRecord, WorkspaceRecord
+    from assay.master.store._records import ProjectRecord, WorkspaceRecord
 
 TTL_S = 5.0
 

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, exists, func, select, text
 from sqlalchemy.orm import Session, undefer
 
-from assay.config._limits import MAX_LABELS
+from assay.config import MAX_LABELS
 from assay.master.errors import (
     CheckpointInUseError,
     ConflictError,

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from assay.config._limits import METRIC_NAMES_PER_TRIAL
+from assay.config import METRIC_NAMES_PER_TRIAL
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -31,7 +31,7 @@ from assay.master.store._batch import EXPERIMENT_FIELDS, WriteBatch
 from assay.master.store._checkpoints import DELETED, with_validation
 from assay.master.store._directory import Directory
 from assay.master.store._experiments import ENDED_EXPERIMENT, MAX_PAGE, SORT_COLUMNS
-from assay.master.store._memory_batch import stored_fields, write_batch
+from assay.master.store._memory_batch import live_best, stored_fields, write_batch
 from assay.master.store._memory_logs import MemoryLogs
 from assay.master.store._memory_tables import MemoryDatabase, Row, Transaction, as_json
 from assay.master.store._memory_workspaces import MemoryWorkspaces
@@ -264,6 +264,12 @@ class MemoryStore(MemoryLogs, MemoryWorkspaces):
                     )
             total, best_validation = _advance(tx, trial_id, latest, best, smaller_is_better)
         return MetricsReported(stored, total, best_validation)
+
+    def best_validation_through(
+        self, trial_id: int, through_batches: int, metric: str, smaller_is_better: bool
+    ) -> float | None:
+        with self.database.read() as db:
+            return live_best(db["metrics"], trial_id, metric, smaller_is_better, through_batches)
 
     # --- checkpoints ----------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from assay.master.errors import ConflictError, NotFoundError
@@ -144,18 +144,33 @@ def _supersede(tx: Transaction, step: MetricsSuperseded) -> None:
         if key[0] == step.trial_id and key[3] > step.after_batches and not row["superseded"]:
             tx.update("metrics", key, superseded=True)
     if step.metric is not None:
-        values = [
-            row["value"]
-            for key, row in tx["metrics"].items()
-            if key[0] == step.trial_id
-            and key[1] == VALIDATION
-            and key[2] == step.metric
-            and not row["superseded"]
-            and row["value"] is not None
-            and math.isfinite(row["value"])
-        ]
-        pick = min if step.smaller_is_better else max
-        tx.update("trials", step.trial_id, best_validation=pick(values) if values else None)
+        best = live_best(tx["metrics"], step.trial_id, step.metric, step.smaller_is_better)
+        tx.update("trials", step.trial_id, best_validation=best)
+
+
+def live_best(
+    metrics: Mapping[Any, Row],
+    trial_id: int,
+    metric: str,
+    smaller_is_better: bool,
+    through_batches: int | None = None,
+) -> float | None:
+    """The best finite live validation value of `metric` the trial reported (at or before
+    `through_batches` where given), or None: `_rollups.live_best` on the metrics table."""
+    values: list[float] = [
+        row["value"]
+        for key, row in metrics.items()
+        if key[0] == trial_id
+        and key[1] == VALIDATION
+        and key[2] == metric
+        and (through_batches is None or key[3] <= through_batches)
+        and not row["superseded"]
+        and row["value"] is not None
+        and math.isfinite(row["value"])
+    ]
+    if not values:
+        return None
+    return min(values) if smaller_is_better else max(values)
 
 
 def _agent_registered(tx: Transaction, step: AgentRegistered) -> None:

@@ -12,7 +12,8 @@ from collections.abc import Collection
 from assay.master.errors import NotFoundError
 from assay.master.store._directory import Directory, Snapshot
 from assay.master.store._memory_tables import DEFAULT_WORKSPACE_ID, MemoryDatabase
-from assay.master.store._workspaces import ProjectRecord, WorkspaceRecord, check_name
+from assay.master.store._records import ProjectRecord, WorkspaceRecord
+from assay.master.store._workspaces import check_name
 
 
 class MemoryWorkspaces:

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, Table, and_, case, not_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from assay.config._limits import MAX_METRIC_NAME_CHARS, METRIC_NAMES_PER_TRIAL, name_problem
+from assay.config import MAX_METRIC_NAME_CHARS, METRIC_NAMES_PER_TRIAL, name_problem
 from assay.master.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -29,7 +29,7 @@ from assay.master.store._curves import read_curve, read_curves
 from assay.master.store._metric_names import MetricNameCap
 from assay.master.store._models import Experiment, Metric, MetricRollup, Trial
 from assay.master.store._records import MetricReport, MetricsReported
-from assay.master.store._rollups import Row, merge_rollups
+from assay.master.store._rollups import Row, live_best, merge_rollups
 
 TRIALS = cast(Table, Trial.__table__)
 VALIDATION = "validation"  # the group whose searcher metric ranks trials
@@ -114,6 +114,16 @@ class MetricQueries(StoreBase):
             else:
                 return done
         raise AssertionError("unreachable")
+
+    def best_validation_through(
+        self, trial_id: int, through_batches: int, metric: str, smaller_is_better: bool
+    ) -> float | None:
+        """The best finite live validation value of `metric` the trial reported at or
+        before `through_batches`: its `best_validation` once a run restored from a
+        checkpoint there has superseded the rest (`WriteBatch.supersede_metrics`), known
+        before that batch is written."""
+        with self.read() as s:
+            return live_best(s, trial_id, metric, smaller_is_better, through_batches)
 
     def trial_curve(
         self, trial_id: int, name: str, *, group: str = "validation", max_points: int = 1000

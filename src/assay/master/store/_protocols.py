@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
-from assay.config._limits import METRIC_NAMES_PER_TRIAL
+from assay.config import METRIC_NAMES_PER_TRIAL
 from assay.master.store._batch import WriteBatch
 from assay.master.store._directory import Directory
 from assay.master.store._records import (
@@ -26,8 +26,8 @@ from assay.master.store._records import (
     MetricsReported,
     Page,
     TrialRecord,
+    WorkspaceRecord,
 )
-from assay.master.store._workspaces import WorkspaceRecord
 
 
 class BatchStore(Protocol):
@@ -112,6 +112,10 @@ class MetricStore(Protocol):
         smaller_is_better: bool = True,
         max_names: int = METRIC_NAMES_PER_TRIAL,
     ) -> MetricsReported: ...
+
+    def best_validation_through(
+        self, trial_id: int, through_batches: int, metric: str, smaller_is_better: bool
+    ) -> float | None: ...
 
 
 class CheckpointStore(Protocol):

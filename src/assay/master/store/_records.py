@@ -166,3 +166,23 @@ class Page(Generic[T]):
     total: int
     offset: int
     limit: int
+
+
+@dataclass(frozen=True)
+class WorkspaceRecord:
+    id: int
+    name: str
+    archived: bool
+    num_projects: int = 0
+    num_experiments: int = 0
+
+
+@dataclass(frozen=True)
+class ProjectRecord:
+    id: int
+    workspace_id: int
+    workspace: str
+    name: str
+    description: str
+    archived: bool
+    num_experiments: int = 0

@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from assay.config._limits import name_problem
+from assay.config import name_problem
 from assay.master.errors import ConflictError, InvalidArgumentError, NotFoundError
 from assay.master.store._base import StoreBase, now
 from assay.master.store._checkpoints import DELETED

@@ -227,15 +227,28 @@ def supersede(
 
 
 def _recompute_best(session: Session, trial_id: int, metric: str, smaller_is_better: bool) -> None:
-    pick = func.min if smaller_is_better else func.max
-    best = session.execute(
-        select(pick(Metric.value)).where(
-            Metric.trial_id == trial_id,
-            Metric.group == "validation",
-            Metric.name == metric,
-            Metric.superseded.is_(False),
-            Metric.value > -math.inf,  # NaN is NULL; infinities are never a best
-            Metric.value < math.inf,
-        )
-    ).scalar_one_or_none()
+    best = live_best(session, trial_id, metric, smaller_is_better)
     session.execute(update(Trial).where(Trial.id == trial_id).values(best_validation=best))
+
+
+def live_best(
+    session: Session,
+    trial_id: int,
+    metric: str,
+    smaller_is_better: bool,
+    through_batches: int | None = None,
+) -> float | None:
+    """The best finite live validation value of `metric` the trial reported (at or before
+    `through_batches` where given), or None."""
+    pick = func.min if smaller_is_better else func.max
+    query = select(pick(Metric.value)).where(
+        Metric.trial_id == trial_id,
+        Metric.group == "validation",
+        Metric.name == metric,
+        Metric.superseded.is_(False),
+        Metric.value > -math.inf,  # NaN is NULL; infinities are never a best
+        Metric.value < math.inf,
+    )
+    if through_batches is not None:
+        query = query.where(Metric.total_batches <= through_batches)
+    return session.execute(query).scalar_one_or_none()

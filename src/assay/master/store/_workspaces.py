@@ -34,29 +34,10 @@ from assay.master.store._models import (
     Workspace,
     WorkspaceMember,
 )
+from assay.master.store._records import ProjectRecord, WorkspaceRecord
 
 ROLES = ("viewer", "editor", "admin")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.-]{0,127}")
-
-
-@dataclass(frozen=True)
-class WorkspaceRecord:
-    id: int
-    name: str
-    archived: bool
-    num_projects: int = 0
-    num_experiments: int = 0
-
-
-@dataclass(frozen=True)
-class ProjectRecord:
-    id: int
-    workspace_id: int
-    workspace: str
-    name: str
-    description: str
-    archived: bool
-    num_experiments: int = 0
 
 
 @dataclass(frozen=True)

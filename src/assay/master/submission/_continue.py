@@ -13,8 +13,7 @@ from typing import Any
 
 import yaml
 
-from assay.config import ExperimentConfig
-from assay.config._merge import merge
+from assay.config import ExperimentConfig, merge
 from assay.master.errors import InvalidArgumentError
 from assay.master.submission._submission import check_config
 

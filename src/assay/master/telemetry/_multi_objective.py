@@ -16,8 +16,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from assay.config import Objective
-from assay.config._searcher_config import parse_objectives
+from assay.config import Objective, parse_objectives
 from assay.master.searcher import orient, pareto_ranks
 from assay.master.store import Metric, StoreBase, Trial
 

@@ -19,11 +19,13 @@ and `_trial` (TrialService: the harness's calls from inside a trial).
 
 from __future__ import annotations
 
+from assay.master.api._servicers._agent import AgentServicer
 from assay.master.api._servicers._cluster import ClusterRpcs
 from assay.master.api._servicers._experiments import ExperimentRpcs
 from assay.master.api._servicers._registry import RegistryRpcs
 from assay.master.api._servicers._searcher import SearcherRpcs
 from assay.master.api._servicers._submissions import SubmissionRpcs
+from assay.master.api._servicers._trial import TrialServicer
 from assay.master.api._servicers._trials import TrialRpcs
 from assay.master.api._servicers._users import UserRpcs
 from assay.master.api._servicers._workspaces import WorkspaceRpcs
@@ -42,4 +44,4 @@ class ApiServicer(
     """The public API; plain methods run on `pool` (see _aio.SyncAdapter)."""
 
 
-__all__ = ["ApiServicer"]
+__all__ = ["AgentServicer", "ApiServicer", "TrialServicer"]

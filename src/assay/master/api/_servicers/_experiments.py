@@ -132,7 +132,7 @@ class ExperimentRpcs(ServicerBase):
     def PatchExperiment(  # noqa: N802
         self, request: api_pb2.PatchExperimentRequest, context: grpc.ServicerContext
     ) -> common_pb2.Experiment:
-        from assay.config import _limits
+        from assay.config import text_problems
 
         self._may_change(self._who(context), request.id)
         name = request.name.strip() if request.HasField("name") else None
@@ -140,9 +140,7 @@ class ExperimentRpcs(ServicerBase):
         labels = list(request.labels.labels) if request.HasField("labels") else None
         added, removed = list(request.add_labels), list(request.remove_labels)
         problems = (
-            []
-            if description is None
-            else _limits.text_problems(description, "description", "description")
+            [] if description is None else text_problems(description, "description", "description")
         )
         for text, kind in [
             *([(name, "name")] if name is not None else []),
@@ -150,7 +148,7 @@ class ExperimentRpcs(ServicerBase):
         ]:
             if not text.strip() or "\x00" in text:
                 problems.append(f"{kind} {text!r}: give 1 or more characters, without NUL")
-            problems.extend(_limits.text_problems(text, kind, kind))  # type: ignore[arg-type]
+            problems.extend(text_problems(text, kind, kind))  # type: ignore[arg-type]
         if problems:
             raise InvalidArgumentError("; ".join(problems))
         self.store.patch_experiment(

@@ -240,7 +240,7 @@ def _template_config(text: str) -> dict[str, Any]:
     templates."""
     import yaml
 
-    from assay.config import _limits
+    from assay.config import value_problems
     from assay.master.auth import is_secret_name
 
     try:
@@ -249,7 +249,7 @@ def _template_config(text: str) -> dict[str, Any]:
         raise InvalidArgumentError(f"the template is not valid YAML: {e}") from None
     if not isinstance(config, dict) or not config:
         raise InvalidArgumentError("a template must be a non-empty mapping of config keys")
-    problems, too_deep = _limits.value_problems(config)
+    problems, too_deep = value_problems(config)
     if problems or too_deep:
         raise InvalidArgumentError("; ".join(problems) or "the template nests too deep")
     pending: list[Any] = [config]

@@ -1,4 +1,4 @@
-"""Session tokens the CLI keeps per master, in `~/.assay/auth.json` (mode 0600).
+"""Session tokens the CLI and the SDK keep per master, in `~/.assay/auth.json` (mode 0600).
 
 `assay user login` stores one; every later command to the same master sends it. With
 `ASSAY_USER` and `ASSAY_PASSWORD` set, the CLI logs in by itself when it has no valid
@@ -26,7 +26,9 @@ _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
 
 
 @dataclass(frozen=True)
-class Session:
+class StoredSession:
+    """A session token the master issued to `username`, kept until `expires_at`."""
+
     username: str
     token: str
     expires_at: dt.datetime
@@ -106,7 +108,7 @@ def _matching(sessions: dict[str, Any], master: str) -> list[str]:
     return [k for k in sessions if master_key(k) == key]
 
 
-def load(master: str) -> Session | None:
+def load_session(master: str) -> StoredSession | None:
     """The stored session for `master` (HOST:PORT), or None."""
     sessions = _read().get("sessions", {})
     if not isinstance(sessions, dict):
@@ -118,12 +120,12 @@ def load(master: str) -> Session | None:
         return None
     try:
         expires = dt.datetime.fromisoformat(str(entry["expires_at"]))
-        return Session(str(entry["username"]), str(entry["token"]), expires)
+        return StoredSession(str(entry["username"]), str(entry["token"]), expires)
     except (KeyError, ValueError):
         return None
 
 
-def save(master: str, session: Session) -> None:
+def save_session(master: str, session: StoredSession) -> None:
     data = _read()
     sessions = data.setdefault("sessions", {})
     for old in _matching(sessions, master):
@@ -136,7 +138,7 @@ def save(master: str, session: Session) -> None:
     _write(data)
 
 
-def forget(master: str) -> bool:
+def forget_session(master: str) -> bool:
     data = _read()
     sessions = data.get("sessions", {})
     found = _matching(sessions, master)

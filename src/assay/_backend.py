@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from assay._checkpoint import MANIFEST, CheckpointMetadata
 from assay._session import _fmt
-from assay._spec import ClusterSpec
 from assay.common.archive import format_bytes, make_local_output_dir
-from assay.config._length import UNBOUNDED_LENGTH
+from assay.common.spec import ClusterSpec
+from assay.config import UNBOUNDED_LENGTH
 from assay.errors import AssayError
 
 if TYPE_CHECKING:

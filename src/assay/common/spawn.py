@@ -15,6 +15,9 @@ launcher did not die first, then execs the command.
 The wrapper's arguments are option flags, each with one value, then `--` and the
 command: `--parent PID` (required), `--user UID:GID`, `--cgroup DIR` (repeated: one per
 hierarchy), `--netns FD`. A step added later is one more flag, read before `--`.
+
+Each rank of a trial starts with `torchrun_env`'s variables, whoever launches it (the
+agent, `assay trial run-local --slots N`, a script's launcher).
 """
 
 from __future__ import annotations
@@ -95,3 +98,36 @@ def dying_with(
         options += ["--netns", str(netns)]
     wrapper = [sys.executable, "-I", "-S", "-c", _EXEC_WITH_PDEATHSIG]
     return [*wrapper, *options, "--", *command]
+
+
+def torchrun_env(
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    local_world_size: int,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+) -> dict[str, str]:
+    """The variables torchrun gives each process, so that Lightning, Accelerate and
+    `init_process_group("env://")` see a torchrun launch (`TORCHELASTIC_RUN_ID` included).
+    The group (machine) rank is `rank // local_world_size`, as `assay.core` reads it back.
+    """
+    local = max(1, local_world_size)
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "GROUP_RANK": str(rank // local),
+        "GROUP_WORLD_SIZE": str(max(1, world_size // local)),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }

@@ -10,7 +10,7 @@ against the sha256s the master recorded for them (a UUID) or the manifest (a dir
 and returns those states with the metadata; `load_trial` rebuilds your Trial around them
 for inference.
 
-A UUID is looked up at the master (`master=`, else ASSAY_MASTER, else the CLI's default:
+A UUID is looked up at the master (`master=`, else ASSAY_MASTER, else the SDK's default:
 the running `assay deploy local up` cluster's, else 127.0.0.1:8090) with the CLI's stored
 login: a `shared_fs` checkpoint is read where its path is mounted on this machine, an `s3`
 one is downloaded into `cache_dir` (default `~/.cache/assay/checkpoints`) once.
@@ -20,19 +20,21 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from assay._checkpoint import CheckpointError, load_file, verify_checkpoint
 from assay.errors import AssayError
+from assay.harness import MODELS_FILE, CheckpointError, load_models, verify_checkpoint
+
+from ._address import master_address
+from ._api import Client
+from ._fetch import download_checkpoint
 
 if TYPE_CHECKING:
-    from assay._trial import Trial
+    from assay import Trial
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
-MODELS_FILE = "models.pt"
 
 
 @dataclass(frozen=True)
@@ -93,28 +95,11 @@ def load_checkpoint(
     )
 
 
-def load_models(path: Path) -> list[dict[str, Any]]:
-    """The full state_dict of each model in checkpoint `path` (already verified): from
-    `models.pt`, else gathered from its sharded checkpoints (none: empty)."""
-    if (path / MODELS_FILE).is_file():
-        loaded = load_file(path, "models")
-        if not isinstance(loaded, list) or not all(isinstance(m, Mapping) for m in loaded):
-            raise CheckpointError(f"{path / MODELS_FILE} is not a list of state_dicts")
-        return [dict(m) for m in loaded]
-    from assay.strategy._sharded import sharded_parts, to_full_state_dict
-
-    return [dict(to_full_state_dict(part)["model"]) for part in sharded_parts(path)]
-
-
 def _resolve(
     uuid: str, master: str | None, cache_dir: str | os.PathLike[str] | None
 ) -> tuple[Path, dict[str, str] | None]:
     """A directory holding checkpoint `uuid` (where it is mounted, else a verified copy),
     and the sha256s the master recorded for its files (None: it recorded none)."""
-    from assay.cli._checkpoint import download
-    from assay.cli._client import Client
-    from assay.cli._common import master_address
-
     api = Client(master_address(master))
     try:
         record = api.get_checkpoint(uuid)
@@ -126,7 +111,7 @@ def _resolve(
         root = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "assay" / "checkpoints"
         target = root / uuid
         if not (target / "metadata.json").is_file():
-            download(api, uuid, target)
+            download_checkpoint(api, uuid, target)
         return target, recorded
     finally:
         api.close()

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from assay.cli import _format as fmt
+from assay.client import best_trial, searcher_objective
 from assay.proto import common_pb2
 
 
@@ -29,7 +29,7 @@ from assay.proto import common_pb2
 def test_searcher_objective_is_the_metric_or_the_first_of_several(
     searcher: dict[str, Any], expected: tuple[str | None, bool]
 ) -> None:
-    assert fmt.searcher_objective({"searcher": searcher}) == expected
+    assert searcher_objective({"searcher": searcher}) == expected
 
 
 def test_best_trial_follows_the_first_metric_of_a_multi_objective_search() -> None:
@@ -39,4 +39,4 @@ def test_best_trial_follows_the_first_metric_of_a_multi_objective_search() -> No
     ]
     config = {"searcher": {"metrics": [{"name": "accuracy", "smaller_is_better": False}, "ms"]}}
 
-    assert fmt.best_trial(trials, config) == {"id": 1, "best_validation": 0.9}
+    assert best_trial(trials, config) == {"id": 1, "best_validation": 0.9}

@@ -87,12 +87,23 @@ def tar_bytes(*members: Member, fmt: int = tarfile.PAX_FORMAT) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
         for member, content in members:
-            if content is None:
+            if content is None and member.isreg() and member.size:
+                _header_only(tar, member)
+            elif content is None:
                 tar.addfile(member)
             else:
                 member.size = len(content)
                 tar.addfile(member, io.BytesIO(content))
     return buffer.getvalue()
+
+
+def _header_only(tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+    """A file's header without the data it declares, as `addfile` wrote one before
+    Python 3.13 (which refuses a non-empty file without its contents)."""
+    header = member.tobuf(tar.format, tar.encoding, tar.errors)
+    assert tar.fileobj is not None
+    tar.fileobj.write(header)
+    tar.offset += len(header)
 
 
 def tar_gz(*members: Member, fmt: int = tarfile.PAX_FORMAT) -> bytes:

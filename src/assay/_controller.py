@@ -17,15 +17,14 @@ import torch
 
 from assay._context import TrialContext
 from assay._data import ShardedLoader
+from assay._metric_reduction import floats, metric_reducers, number, wrapped_metrics
 from assay._preempt import PreemptWatcher
 from assay._rank_metrics import GROUP as RANK_GROUP
 from assay._rank_metrics import RankMeter, rank_metrics
 from assay._session import MetricsReport, Session
 from assay._trial import (
-    BuiltinReducer,
     MetricReducer,
     PyTorchCallback,
-    Reducer,
     Trial,
     check_callbacks,
     evaluation_mode,
@@ -142,7 +141,7 @@ class TrialController:
             storage,
             self.config.optimizations.aggregation_frequency,
         )
-        self.reducers = _reducers(trial.evaluation_reducer())
+        self.reducers = metric_reducers(trial.evaluation_reducer())
         self.last_validation: dict[str, float] = {}
         self.last_checkpoint: Path | None = None  # rank 0 only: the others write none
         self._checkpointed = False  # the same on every rank, unlike last_checkpoint
@@ -349,7 +348,7 @@ class TrialController:
 
     def _window_values(self) -> dict[str, list[float]]:
         """This rank's pending training metric values as floats (one sync per device)."""
-        return {name: _floats(values) for name, values in self._window.items()}
+        return {name: floats(values) for name, values in self._window.items()}
 
     def _flush_training_metrics(self) -> None:
         # Summed left to right in float64, so a window carried through a checkpoint adds
@@ -372,7 +371,7 @@ class TrialController:
         if not totals:
             return
         metrics = {name: acc[0] / acc[1] for name, acc in totals.items()}
-        metrics.update(self._wrapped_metrics(training=True))
+        metrics.update(wrapped_metrics(self.context, training=True))
         system = rank_metrics(self.dist.allgather(self._rank_meter.sample()))
         if self.session is not None:
             self.session.report_training_metrics(
@@ -388,34 +387,6 @@ class TrialController:
                 for i in range(longest)
             ]
             self._call("on_training_workload_end", dict(metrics), per_batch)
-
-    def _wrapped_metrics(self, *, training: bool) -> dict[str, float]:
-        """The metrics of `context.wrap_reducer` reducers (a collective when there are any);
-        the reducers are reset."""
-        wrapped = [
-            w for w in self.context._reducers if (w.for_training if training else w.for_validation)
-        ]
-        if not wrapped:
-            return {}
-        everyone = self.dist.allgather([(w.fed, w.reducer.per_slot_reduce()) for w in wrapped])
-        metrics: dict[str, float] = {}
-        for i, w in enumerate(wrapped):
-            per_slot = [per_rank[i][1] for per_rank in everyone]
-            fed = any(per_rank[i][0] for per_rank in everyone)
-            w.reset()
-            if not fed:
-                continue  # no rank fed it since its last report: nothing to report
-            value = w.reducer.cross_slot_reduce(per_slot)
-            if w.name is None:
-                if not isinstance(value, Mapping):
-                    raise TrainingError(
-                        "a reducer wrapped with name=None must return a dict of metrics, got "
-                        f"{type(value).__name__}"
-                    )
-                metrics.update({k: _number(k, v) for k, v in value.items()})
-            else:
-                metrics[w.name] = _number(w.name, value)
-        return metrics
 
     # --- validation ---------------------------------------------------------------------
 
@@ -489,7 +460,7 @@ class TrialController:
                 reducer = reducers.get(name) or self.reducers(name)
                 value = reducer.cross_slot_reduce([r[name] for r in everyone if name in r])
                 metrics[name] = float(value.item() if isinstance(value, torch.Tensor) else value)
-        metrics.update(self._wrapped_metrics(training=False))
+        metrics.update(wrapped_metrics(self.context, training=False))
         if not metrics:
             raise TrainingError("the validation data loader yielded no batches on any slot")
         searcher_metric = self.config.searcher.metric
@@ -555,7 +526,7 @@ class TrialController:
                         "evaluate_full_dataset must return a dict of metrics, got "
                         f"{type(out).__name__}"
                     )
-                answer = ({str(k): _number(str(k), v) for k, v in out.items()}, None)
+                answer = ({str(k): number(str(k), v) for k, v in out.items()}, None)
             except BaseException as e:
                 error = e
                 answer = (None, f"{type(e).__name__}: {e}")
@@ -589,48 +560,5 @@ class TrialController:
 _END = object()
 
 
-def _floats(values: list[torch.Tensor | float]) -> list[float]:
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    if not tensors:
-        return [float(v) for v in values]
-    if len({t.device for t in tensors}) == 1:
-        converted = iter(torch.stack([t.reshape(()).double() for t in tensors]).tolist())
-    else:
-        converted = iter([float(t) for t in tensors])
-    return [next(converted) if isinstance(v, torch.Tensor) else float(v) for v in values]
-
-
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.item())
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    raise TrainingError(f"metric {name!r} must be a number or a scalar tensor, got {value!r}")
-
-
 def _period(length: Any, batches_per_epoch: int | None) -> int:
     return 0 if length is None else int(length.to_batches(batches_per_epoch))
-
-
-class _ReducerFactory:
-    def __init__(self, spec: Reducer | Mapping[str, Reducer | MetricReducer]) -> None:
-        self.spec = spec
-
-    def __call__(self, name: str) -> MetricReducer:
-        if isinstance(self.spec, Reducer):
-            return BuiltinReducer(self.spec)
-        choice = self.spec.get(name, Reducer.AVG)
-        return BuiltinReducer(choice) if isinstance(choice, Reducer) else choice
-
-
-def _reducers(spec: Any) -> _ReducerFactory:
-    if isinstance(spec, Reducer):
-        return _ReducerFactory(spec)
-    if isinstance(spec, Mapping) and all(
-        isinstance(v, Reducer | MetricReducer) for v in spec.values()
-    ):
-        return _ReducerFactory(spec)
-    raise TrainingError(
-        "evaluation_reducer() must return an assay.Reducer or a dict of metric name to "
-        f"Reducer or MetricReducer, got {spec!r}"
-    )

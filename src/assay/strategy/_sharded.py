@@ -22,6 +22,7 @@ parameter names (`torch.distributed.checkpoint.state_dict`'s form), which
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import io
 import json
@@ -377,17 +378,44 @@ class _MetadataUnpickler(pickle.Unpickler):
     """Builds DCP's metadata classes, torch dtypes and sizes, and nothing else."""
 
     def find_class(self, module: str, name: str) -> Any:
-        allowed = (
-            module.startswith("torch.distributed.checkpoint.")
-            or (module, name) in _ALLOWED
-            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        )
-        if not allowed:
+        if (module, name) == ("builtins", "getattr"):
+            # Some Python releases (3.11.0 to 3.11.4, Debian 12's 3.11.2 among them)
+            # pickle an enum member as `getattr(EnumClass, "NAME")`, others by value.
+            return _enum_member
+        if not _allowed(module, name):
             raise pickle.UnpicklingError(
                 f"{DCP_METADATA} refers to {module}.{name}, which a checkpoint's metadata "
                 "never holds; it is not loaded"
             )
         return super().find_class(module, name)
+
+
+def _allowed(module: str, name: str) -> bool:
+    return (
+        module.startswith("torch.distributed.checkpoint.")
+        or (module, name) in _ALLOWED
+        or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+    )
+
+
+def _enum_member(cls: object, name: object) -> enum.Enum:
+    """`getattr` as the metadata's unpickler offers it: a member of an allowed enum class,
+    looked up by name, and nothing else."""
+    if not (
+        isinstance(cls, type)
+        and issubclass(cls, enum.Enum)
+        and _allowed(cls.__module__, cls.__qualname__)
+    ):
+        raise pickle.UnpicklingError(
+            f"{DCP_METADATA} asks getattr of {cls!r}, which is not an enum class a "
+            "checkpoint's metadata holds; it is not loaded"
+        )
+    if not isinstance(name, str) or name not in cls.__members__:
+        raise pickle.UnpicklingError(
+            f"{DCP_METADATA} asks getattr of {cls.__qualname__}.{name}, which is not one "
+            "of its members; it is not loaded"
+        )
+    return cls.__members__[name]
 
 
 _ALLOWED = {

@@ -51,9 +51,9 @@ class ComponentPrivacyContract(Contract):
     """No module imports another package's private module.
 
     A module is private when a component of its name below the root starts with one
-    underscore (`assay.cli._client`, `assay.master._servicers.experiments`). It belongs to
+    underscore (`assay.cli._client`, `assay.master.api._servicers._experiments`). It belongs to
     the parent of its innermost private component: `assay.cli._client` to `assay.cli`,
-    `assay.master._servicers._experiments` to `assay.master._servicers`. A private module
+    `assay.master.api._servicers._experiments` to `assay.master.api._servicers`. A private module
     may be imported only by the package it belongs to and by that package's descendants,
     where the packages listed in `boundaries` are each a package of their own: a module
     inside a boundary package is not part of any package above it. So with `assay.client`

@@ -68,7 +68,7 @@ class Outcome:
     python: Python
     summary: str
     ok: bool
-    reused: bool
+    venv: str  # reused, updated or made
     setup_s: float
     test_s: float
     torch: str
@@ -157,15 +157,16 @@ def _pip(venv: Path, *args: str) -> None:
         raise subprocess.CalledProcessError(done.returncode, command)
 
 
-def make_venv(python: Python, wheel: Path | None) -> bool:
-    """Make `python`'s venv, or bring the one there up to date; True when it was used as
-    it was (its stamp matches: no pip at all)."""
+def make_venv(python: Python, wheel: Path | None) -> str:
+    """Make `python`'s venv, or bring the one there up to date: "reused" (its stamp
+    matches: no pip at all), "updated" or "made"."""
     venv = VENVS / python.version
     marker = venv / "assay-stamp"
     wanted = stamp(python, wheel)
     if marker.is_file() and marker.read_text() == wanted:
-        return True
-    if not (venv / "bin" / "python").exists():
+        return "reused"
+    made = not (venv / "bin" / "python").exists()
+    if made:
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([str(python.path), "-m", "venv", str(venv)], check=True)
     marker.unlink(missing_ok=True)  # until pip has succeeded
@@ -178,7 +179,7 @@ def make_venv(python: Python, wheel: Path | None) -> bool:
         _pip(venv, "--no-deps", "-e", ".")
         _pip(venv, "-c", str(constraints), *requirements(without_torch=True))
     marker.write_text(wanted)
-    return False
+    return "made" if made else "updated"
 
 
 def _summary(output: str) -> str:
@@ -198,10 +199,10 @@ def run_unit(python: Python, pytest_args: Sequence[str]) -> Outcome:
     torch = f"torch {wheel.name.split('-')[1]}" if wheel else "no torch"
     venv = VENVS / python.version
     try:
-        reused = make_venv(python, wheel)
+        state = make_venv(python, wheel)
     except subprocess.CalledProcessError:
         summary = f"its venv could not be made (see {venv / 'pip.log'})"
-        return Outcome(python, summary, False, False, time.monotonic() - started, 0.0, torch)
+        return Outcome(python, summary, False, "failed", time.monotonic() - started, 0.0, torch)
     setup_s = time.monotonic() - started
     env = dict(os.environ)
     args = [*PYTEST, f"--junitxml={venv / 'junit.xml'}", *pytest_args]
@@ -234,7 +235,7 @@ def run_unit(python: Python, pytest_args: Sequence[str]) -> Outcome:
         python,
         _summary(output),
         pytest.returncode == 0,
-        reused,
+        state,
         setup_s,
         time.monotonic() - started,
         torch,
@@ -302,10 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes = [run_unit(python, options.pytest_args) for python in pythons]
     print("\n=== the unit tier on every Python")
     for o in outcomes:
-        venv = "venv reused" if o.reused else "venv made"
         print(
             f"{'ok  ' if o.ok else 'FAIL'} {o.python.version:8} {o.torch:14} {o.summary} "
-            f"(pytest {o.test_s:.0f} s; {venv} in {o.setup_s:.0f} s)"
+            f"(pytest {o.test_s:.0f} s; venv {o.venv} in {o.setup_s:.0f} s)"
         )
     return 0 if all(o.ok for o in outcomes) else 1
 

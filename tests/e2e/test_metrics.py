@@ -127,7 +127,11 @@ def test_a_trial_moves_the_counters(cluster: Cluster, tmp_path: Path) -> None:
     assert "admin" not in text
 
 
-@pytest.mark.parametrize("token", [None, "", "wrong", TOKEN[:-1], TOKEN + "x"])
+@pytest.mark.parametrize(
+    "token",
+    [None, "", "wrong", TOKEN[:-1], TOKEN + "x"],
+    ids=["none", "empty", "wrong", "a-prefix", "longer"],  # the same in every xdist worker
+)
 def test_a_scrape_without_the_token_is_refused_and_shows_nothing(
     cluster: Cluster, token: str | None
 ) -> None:

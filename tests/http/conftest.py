@@ -27,6 +27,7 @@ from assay.proto import api_pb2, api_pb2_grpc
 from tests.credentials import authed_channel, login, master_config
 from tests.master.conftest import ScriptedAgent, experiment_yaml, model_archive
 from tests.master.test_search import Harness
+from tests.store.conftest import seeded
 
 
 @dataclass
@@ -109,7 +110,7 @@ def serve(master: MasterServer, ui_dir: Path | None = None) -> HttpServer:
 def open_site(state_dir: Path, ui_dir: Path | None = None, **settings: Any) -> Site:
     """A master with the test cluster's credentials (and `settings`), and its HTTP side."""
     config = master_config(
-        state_dir=state_dir,
+        state_dir=state_dir if "db_url" in settings else seeded(state_dir),
         heartbeat_interval_s=0.5,
         agent_reconnect_wait_s=1.0,
         **settings,

@@ -30,12 +30,13 @@ from tests.credentials import (
     authed_channel,
     master_config,
 )
+from tests.store.conftest import seeded
 
 
 @pytest.fixture
 def master(tmp_path: Path) -> Iterator[MasterServer]:
     config = master_config(
-        state_dir=tmp_path / "master",
+        state_dir=seeded(tmp_path / "master"),
         heartbeat_interval_s=0.5,
         agent_reconnect_wait_s=1.0,
     )

@@ -6,7 +6,6 @@ database shows once `ttl_s` has passed."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -19,13 +18,6 @@ from assay.master.errors import (
 )
 from assay.master.store import DEFAULT_WORKSPACE_ID, Store
 from assay.master.store._directory import Directory, Snapshot
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    s = Store.open(db_url)
-    yield s
-    s.close()
 
 
 def _warm(store: Store) -> None:

@@ -22,12 +22,12 @@ from assay.proto import api_pb2
 from tests.http.conftest import open_site
 from tests.master.conftest import ScriptedAgent
 from tests.store import _seed as seed
-from tests.store.conftest import db_url, postgres_url  # noqa: F401 - fixtures
+from tests.store.conftest import db_url, migrated, postgres_url  # noqa: F401 - fixtures
 
 
 @pytest.fixture
 def store(db_url: str) -> Iterator[Store]:  # noqa: F811
-    s = Store.open(db_url)
+    s = Store.open(migrated(db_url))
     yield s
     s.close()
 

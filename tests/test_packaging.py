@@ -15,6 +15,8 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from tests.wheel import build_wheel
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -55,24 +57,7 @@ def test_every_folder_of_code_is_a_package() -> None:
 
 @pytest.mark.slow
 def test_wheel_contains_every_module(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(ROOT),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = build_wheel(tmp_path)
     assert done.returncode == 0, f"pip wheel failed:\n{done.stdout}\n{done.stderr}"
     wheels = list(tmp_path.glob("assay-*.whl"))
     assert len(wheels) == 1, wheels

@@ -22,6 +22,7 @@ import pytest
 
 from tests.credentials import ADMIN_PASSWORD
 from tests.store.conftest import _empty_postgres, postgres_url
+from tests.wheel import build_wheel
 
 __all__ = ["postgres_url"]
 
@@ -33,14 +34,7 @@ VENV = "/opt/assay/venv"  # the installers' default, under the throwaway root
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-    done = subprocess.run(
-        [*pip, "-w", str(out), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = build_wheel(out)
     assert done.returncode == 0, done.stderr
     (built,) = out.glob("assay-*.whl")
     return built

@@ -36,6 +36,21 @@ def message_bytes(message: str) -> int:
     return len(message) if message.isascii() else len(message.encode("utf-8", "replace"))
 
 
+def line_rows(run_id: int, lines: Sequence[LogLine]) -> list[dict[str, object]]:
+    """The rows of a run's lines, stamped now where the line has no time of its own."""
+    return [
+        {
+            "run_id": run_id,
+            "rank": line.rank,
+            "stream": line.stream,
+            "level": line.level,
+            "timestamp": line.timestamp or now(),
+            "message": line.message,
+        }
+        for line in lines
+    ]
+
+
 def quota_line(quota_bytes: int, run_id: int) -> dict[str, object]:
     mib = quota_bytes / 2**20
     return {
@@ -80,17 +95,7 @@ class LogQueries(StoreBase):
             # follower reading "after id N" never skips a line committed late.
             if s.get(Trial, trial_id, with_for_update=True) is None:
                 raise NotFoundError(f"trial {trial_id} does not exist")
-            rows: list[dict[str, object]] = [
-                {
-                    "run_id": run_id,
-                    "rank": line.rank,
-                    "stream": line.stream,
-                    "level": line.level,
-                    "timestamp": line.timestamp or now(),
-                    "message": line.message,
-                }
-                for line in lines
-            ]
+            rows = line_rows(run_id, lines)
             if quota_bytes is not None:
                 rows = self._within_quota(s, trial_id, run_id, rows, quota_bytes)
                 if not rows:

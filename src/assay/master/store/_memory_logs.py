@@ -11,11 +11,11 @@ import datetime as dt
 from collections.abc import Sequence
 
 from assay.master.errors import InvalidArgumentError, NotFoundError
-from assay.master.store._base import now
 from assay.master.store._logs import (
     MARKER_STREAM,
     MAX_READ,
     QUOTA_MARKER,
+    line_rows,
     message_bytes,
     quota_line,
 )
@@ -42,17 +42,7 @@ class MemoryLogs:
         with self.database.write() as tx:
             if trial_id not in tx["trials"]:
                 raise NotFoundError(f"trial {trial_id} does not exist")
-            rows: list[Row] = [
-                {
-                    "run_id": run_id,
-                    "rank": line.rank,
-                    "stream": line.stream,
-                    "level": line.level,
-                    "timestamp": line.timestamp or now(),
-                    "message": line.message,
-                }
-                for line in lines
-            ]
+            rows: list[Row] = line_rows(run_id, lines)
             if quota_bytes is not None:
                 rows = _within_quota(tx, trial_id, run_id, rows, quota_bytes)
                 if not rows:

@@ -25,7 +25,7 @@ timeout of its own per test (`TIMEOUTS`; an explicit `@pytest.mark.timeout` wins
   browser. Folders e2e/, webui/, deploy/, security/; and agent/test_isolation,
   cli/ test_default_master, test_local_cluster, test_real_master, client/test_sdk,
   registry/test_cli_e2e, store/test_store_owner, strategy/ test_core_setup,
-  test_exit_threads, test_fsdp_ground_truth, test_sharded; at the top
+  test_exit_threads, test_fsdp_ground_truth, test_group_teardown, test_sharded; at the top
   test_bench_gpu, test_bench_scheduling_relay, test_checkpoint, test_cli,
   test_cluster_session, test_config_determined, test_config_entrypoint, test_core,
   test_example, test_fail_fast, test_launcher, test_lightning, test_packaging,
@@ -108,6 +108,7 @@ _FILES = {
         agent/test_isolation cli/test_default_master cli/test_local_cluster
         cli/test_real_master client/test_sdk registry/test_cli_e2e store/test_store_owner
         strategy/test_core_setup strategy/test_exit_threads strategy/test_fsdp_ground_truth
+        strategy/test_group_teardown
         strategy/test_sharded test_bench_gpu test_bench_scheduling_relay test_checkpoint
         test_cli test_cluster_session test_config_determined test_config_entrypoint
         test_core test_example test_fail_fast test_launcher test_lightning test_packaging

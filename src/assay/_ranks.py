@@ -40,6 +40,32 @@ def release_groups_at_exit() -> None:
         atexit.register(_release_groups)
 
 
+_KEPT: list[Any] = []  # the groups `leave_groups` destroyed, held until exit
+
+
+def leave_groups() -> None:
+    """`destroy_process_group()`, the groups' Python objects held until exit.
+
+    A DDP model's reducer holds the default group. Had the reducer dropped the group's
+    last reference (the model freed when the script's function returns), the group's
+    destructor would join Gloo's worker threads with the GIL held, while a worker still
+    freeing a finished collective's tensors waits for the GIL: a deadlock (one run in 12
+    of two Trainer API ranks on a loaded machine hung after its work was done). A
+    group's own Python object frees it with the GIL released, so that object keeps the
+    last reference here until exit (`_release_groups`).
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    world = getattr(distributed_c10d, "_world", None)
+    groups = list(getattr(world, "pg_map", None) or ())
+    if not groups and dist.group.WORLD is not None:
+        groups = [dist.group.WORLD]
+    _KEPT.extend(groups)
+    release_groups_at_exit()
+    dist.destroy_process_group()
+
+
 def _release_groups() -> None:
     _CONTROL.clear()
     mesh_module = sys.modules.get("torch.distributed.device_mesh")
@@ -53,6 +79,7 @@ def _release_groups() -> None:
                 if isinstance(registry, dict):
                     registry.clear()
     gc.collect()
+    _KEPT.clear()  # the last references, if the models that held them are gone
 
 
 class DistributedEnvError(AssayError, ValueError):

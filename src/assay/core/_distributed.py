@@ -20,7 +20,13 @@ import os
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from assay._ranks import RankAccessors, control_group, ranks_from_env, release_groups_at_exit
+from assay._ranks import (
+    RankAccessors,
+    control_group,
+    leave_groups,
+    ranks_from_env,
+    release_groups_at_exit,
+)
 from assay.errors import AssayError
 
 T = TypeVar("T")
@@ -154,7 +160,7 @@ class DistributedContext(RankAccessors):
 
             if dist.is_initialized() and together:
                 dist.barrier()
-                dist.destroy_process_group()
+                leave_groups()
             self._joined = False
         self._group, self._group_ready = None, False
 

@@ -29,6 +29,7 @@ from assay._checkpoint import verify_checkpoint
 from assay._context import TrialContext
 from assay._distributed import DistributedContext
 from assay._precision import make_precision
+from assay._ranks import leave_groups
 from assay._session import CheckpointReport, LocalSession, MetricsReport, Session
 from assay._trial import Trial, construct_trial
 from assay._worker import build_context, local_result, preempt_watcher, train_slot
@@ -172,7 +173,7 @@ def init(
         context._close()
         if started_group and torch.distributed.is_initialized():
             torch.distributed.barrier()
-            torch.distributed.destroy_process_group()
+            leave_groups()
 
 
 def _local_config(

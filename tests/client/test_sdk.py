@@ -67,11 +67,19 @@ def _validation_loss(model: nn.Module) -> float:
         return float(nn.functional.mse_loss(model(x), y))
 
 
-def test_a_search_its_best_checkpoint_loads_into_a_model_that_gives_its_metric(
-    session: client.Session, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def searched(cluster: Cluster) -> client.Experiment:
+    """A grid search of two trials, completed: the module's tests read it, in any order."""
+    client.login(cluster.address, "admin", ADMIN_PASSWORD)
     experiment = client.create_experiment(_search_config(name="sdk-search"), REGRESSION_DIR)
     assert experiment.wait(progress=True, timeout=300) == "COMPLETED"
+    return experiment
+
+
+def test_a_search_its_best_checkpoint_loads_into_a_model_that_gives_its_metric(
+    session: client.Session, searched: client.Experiment, tmp_path: Path
+) -> None:
+    experiment = searched
     assert experiment.state == "COMPLETED"
 
     trials = experiment.trials()
@@ -120,9 +128,9 @@ def test_a_search_its_best_checkpoint_loads_into_a_model_that_gives_its_metric(
 
 
 def test_metrics_dataframe_says_to_install_pandas_when_it_is_missing(
-    session: client.Session, monkeypatch: pytest.MonkeyPatch
+    session: client.Session, searched: client.Experiment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    experiment = client.list_experiments(name="sdk-search", states=["COMPLETED"])[0]
+    experiment = searched
     trial = experiment.trials()[0]
     monkeypatch.setitem(sys.modules, "pandas", None)
     with pytest.raises(ImportError, match="pip install pandas"):
@@ -136,11 +144,11 @@ def _until(experiment: client.Experiment, state: str, timeout: float = 120) -> N
         time.sleep(0.3)
 
 
-def test_metrics_as_a_dataframe(session: client.Session) -> None:
+def test_metrics_as_a_dataframe(session: client.Session, searched: client.Experiment) -> None:
     pd = pytest.importorskip(
         "pandas", reason="pandas is not installed (Trial.metrics_dataframe needs it)"
     )
-    experiment = client.list_experiments(name="sdk-search", states=["COMPLETED"])[0]
+    experiment = searched
     trial = experiment.trials()[0]
     frame = trial.metrics_dataframe("validation")
     assert isinstance(frame, pd.DataFrame)

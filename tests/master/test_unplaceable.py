@@ -1,5 +1,6 @@
 """An experiment the cluster can never run says so: at create, in describe, in the queue,
-in the trial's log; and stops saying so once agents that fit it are there."""
+in the trial's log, on the experiment itself (what the web UI's list and page show); and
+stops saying so once agents that fit it are there."""
 
 from __future__ import annotations
 
@@ -60,6 +61,45 @@ def test_a_trial_larger_than_the_cluster_says_so_everywhere_until_it_fits(
     assert all(q.reason == "" for q in api.GetQueue(api_pb2.GetQueueRequest()).trials)
     assert _log(api, trial.id).count(f"waiting: {why}") == 1  # said once
     for agent in (a1, a2, a3):
+        agent.close()
+
+
+def _listed(api: api_pb2_grpc.ApiStub) -> dict[int, str]:
+    response = api.ListExperiments(api_pb2.ListExperimentsRequest())
+    return {e.id: e.waiting for e in response.experiments}
+
+
+def test_the_experiment_carries_its_trials_reason_in_get_and_list_until_it_fits(
+    master: MasterServer, api: api_pb2_grpc.ApiStub
+) -> None:
+    a1 = ScriptedAgent(master.port, "a1", slots=2)
+    why = "needs 8 CPU slots; the cluster has 2 (1 agent)"
+    stuck = _create(api, 8)
+    assert stuck.experiment.waiting == why
+    got = api.GetExperiment(api_pb2.GetExperimentRequest(id=stuck.experiment.id))
+    assert got.experiment.waiting == why == got.trials[0].waiting
+    # One that fits waits for slots only (the first holds none): nothing to say.
+    fits = _create(api, 2)
+    assert fits.experiment.waiting == ""
+    a1.next("start")
+    assert _listed(api) == {stuck.experiment.id: why, fits.experiment.id: ""}
+    # Paused, its trial leaves the queue: it waits for nothing.
+    api.ExperimentAction(
+        api_pb2.ExperimentActionRequest(
+            id=stuck.experiment.id, action=api_pb2.EXPERIMENT_ACTION_PAUSE
+        )
+    )
+    eventually(lambda: _listed(api)[stuck.experiment.id] == "")
+    api.ExperimentAction(
+        api_pb2.ExperimentActionRequest(
+            id=stuck.experiment.id, action=api_pb2.EXPERIMENT_ACTION_ACTIVATE
+        )
+    )
+    eventually(lambda: _listed(api)[stuck.experiment.id] == why)
+    # Three more agents make 8 possible: the reason goes from the list too.
+    more = [ScriptedAgent(master.port, f"a{i}", slots=2) for i in (2, 3, 4)]
+    eventually(lambda: _listed(api)[stuck.experiment.id] == "")
+    for agent in (a1, *more):
         agent.close()
 
 

@@ -26,16 +26,6 @@ export type ExperimentState =
   | "EXPERIMENT_STATE_CANCELED"
   | "EXPERIMENT_STATE_ERROR";
 
-export const EXPERIMENT_STATES: ExperimentState[] = [
-  "EXPERIMENT_STATE_ACTIVE",
-  "EXPERIMENT_STATE_PAUSED",
-  "EXPERIMENT_STATE_STOPPING_CANCELED",
-  "EXPERIMENT_STATE_STOPPING_KILLED",
-  "EXPERIMENT_STATE_COMPLETED",
-  "EXPERIMENT_STATE_CANCELED",
-  "EXPERIMENT_STATE_ERROR",
-];
-
 export type TrialState =
   | "TRIAL_STATE_UNSPECIFIED"
   | "TRIAL_STATE_QUEUED"
@@ -87,6 +77,9 @@ export interface Experiment {
   end_time?: string;
   workspace?: string;
   project?: string;
+  /** Why its queued trials cannot start on the cluster as it is, even idle ("needs 8 CPU
+   * slots; the cluster has 2 (1 agent)"); absent when none is stuck. */
+  waiting?: string;
 }
 
 export interface Trial {
@@ -103,6 +96,8 @@ export interface Trial {
   start_time?: string;
   end_time?: string;
   last_error: string;
+  /** Queued and unable to start on the cluster as it is: why, with the numbers. */
+  waiting?: string;
   /** While it runs: each rank's latest utilisation, from its agent's heartbeat. */
   ranks?: RankUsage[];
   /** A pbt copy: the trial whose checkpoint it started from, and the round that made it. */

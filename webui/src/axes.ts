@@ -2,7 +2,7 @@
 // value, and ticks at round values (1, 2, 5 × 10^k) all labelled in one notation. uPlot's own log ticks assume a
 // range that starts on such a value; from any other start they come out unround (and
 // labelled "0"), and from a start near 0 so many that drawing them stalls the page.
-import type uPlot from "uplot";
+import uPlot from "uplot";
 
 /** The smallest and largest positive finite values, or null when there is none. */
 export function positiveExtent(values: ArrayLike<number | null | undefined>): [number, number] | null {
@@ -26,6 +26,21 @@ export function logRange(extent: [number, number] | null, pad = 0.05): [number, 
   if (lo === hi) return [lo / 2, hi * 2];
   const f = (hi / lo) ** pad;
   return [lo / f, hi * f];
+}
+
+/** Whether [lo, hi] is one value as uPlot sees it (a single point, or a flat series). */
+function flat(lo: number, hi: number): boolean {
+  const scale = Math.max(Math.abs(lo), Math.abs(hi));
+  return hi - lo < 1e-24 || (scale > 0 && (hi - lo) / scale < 1e-10);
+}
+
+/** A value axis's range: uPlot's own for values that differ (10% of the span each way,
+ * to round numbers, from 0 when the values are all near it); for a single value, 10% of
+ * it each way (±1 around 0), where uPlot would run from 0 to twice the value. */
+export function valueRange(lo: number | null, hi: number | null): uPlot.Range.MinMax {
+  if (lo == null || hi == null || !Number.isFinite(lo) || !Number.isFinite(hi)) return [lo, hi];
+  if (flat(lo, hi)) return linearRange(lo, lo);
+  return uPlot.rangeNum(lo, hi, 0.1, true);
 }
 
 /** A linear axis's range over [lo, hi], widened by `pad` of its span on each side. */

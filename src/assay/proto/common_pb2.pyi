@@ -131,6 +131,7 @@ class Experiment(_message.Message):
     START_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
     CONFIG_YAML_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
     PROJECT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
@@ -148,6 +149,11 @@ class Experiment(_message.Message):
     """The config text as submitted (key order and comments kept), secrets masked. Only
     in GetExperiment; empty for experiments stored before it was kept, and for a text
     whose masking could not be verified complete (then read `config`).
+    """
+    waiting: _builtins.str
+    """Why its queued trials cannot start on the cluster as it is, even idle, with the
+    numbers ("needs 8 CPU slots; the cluster has 2 (1 agent)"): the first such trial's
+    `waiting`. Empty when none is stuck (trials waiting for slots to free up are not).
     """
     workspace: _builtins.str
     """Where it is filed."""
@@ -181,12 +187,13 @@ class Experiment(_message.Message):
         start_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
         config_yaml: _builtins.str = ...,
+        waiting: _builtins.str = ...,
         workspace: _builtins.str = ...,
         project: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "best_validation", b"best_validation", "config", b"config", "end_time", b"end_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "archived", b"archived", "best_validation", b"best_validation", "config", b"config", "config_yaml", b"config_yaml", "description", b"description", "end_time", b"end_time", "id", b"id", "labels", b"labels", "name", b"name", "num_trials", b"num_trials", "owner", b"owner", "priority", b"priority", "progress", b"progress", "project", b"project", "searcher", b"searcher", "start_time", b"start_time", "state", b"state", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation", "archived", b"archived", "best_validation", b"best_validation", "config", b"config", "config_yaml", b"config_yaml", "description", b"description", "end_time", b"end_time", "id", b"id", "labels", b"labels", "name", b"name", "num_trials", b"num_trials", "owner", b"owner", "priority", b"priority", "progress", b"progress", "project", b"project", "searcher", b"searcher", "start_time", b"start_time", "state", b"state", "waiting", b"waiting", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__best_validation: _TypeAlias = _typing.Literal["best_validation"]  # noqa: Y015
     _WhichOneofArgType__best_validation: _TypeAlias = _typing.Literal["_best_validation", b"_best_validation"]  # noqa: Y015

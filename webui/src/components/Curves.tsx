@@ -5,8 +5,8 @@ import type uPlot from "uplot";
 import { alignCurves, nearestIndex, singlePoint, toXY, type XY } from "../align";
 import type { Curve, JsonObject } from "../api";
 import { fmtNumber, fmtValue } from "../format";
-import { linearRange, logAxis, logRange } from "../axes";
-import { AXIS_STYLE, Plot } from "./Plot";
+import { linearRange, logAxis, logRange, valueRange } from "../axes";
+import { AXIS_STYLE, Plot, markYRange } from "./Plot";
 
 declare global {
   interface Window {
@@ -25,6 +25,9 @@ export interface CurvesProps {
   hparamsOf: (trialId: string) => JsonObject | undefined;
   colorOf: (trialId: string) => string;
   height?: number;
+  /** The chart's data-testid ("curves" for the page's main chart, which also sets
+   * `window.__assayCurvesDrawnAt`). */
+  testId?: string;
 }
 
 interface Hover {
@@ -36,7 +39,17 @@ interface Hover {
   y: number;
 }
 
-export function Curves({ curves, metric, xLabel, xScale, log, hparamsOf, colorOf, height = 380 }: CurvesProps) {
+export function Curves({
+  curves,
+  metric,
+  xLabel,
+  xScale,
+  log,
+  hparamsOf,
+  colorOf,
+  height = 380,
+  testId = "curves",
+}: CurvesProps) {
   const box = useRef<HTMLDivElement>(null);
   const navigate = useNavigate();
   const [hover, setHover] = useState<Hover | null>(null);
@@ -119,7 +132,8 @@ export function Curves({ curves, metric, xLabel, xScale, log, hparamsOf, colorOf
         const n = live.current.withPoints;
         if (!el || u.data[0].length === 0) return;
         el.dataset["drawn"] = String(n);
-        if (n > 0 && window.__assayCurvesDrawnAt === undefined) {
+        markYRange(el, u);
+        if (n > 0 && testId === "curves" && window.__assayCurvesDrawnAt === undefined) {
           window.__assayCurvesDrawnAt = performance.now();
         }
       };
@@ -140,7 +154,10 @@ export function Curves({ curves, metric, xLabel, xScale, log, hparamsOf, colorOf
             range: (_u, lo, hi) => (live.current.markers || lo === hi ? linearRange(lo, hi, 0.015) : [lo, hi]),
           },
           // A log axis from the data's least positive value (values <= 0 are not drawn).
-          y: log ? { distr: 3, log: 10, range: (_u, lo, hi) => logRange(lo > 0 && hi >= lo ? [lo, hi] : null, 0.02) } : {},
+          // A linear one: a margin around a single value, not an axis from 0 to twice it.
+          y: log
+            ? { distr: 3, log: 10, range: (_u, lo, hi) => logRange(lo > 0 && hi >= lo ? [lo, hi] : null, 0.02) }
+            : { range: (_u, lo, hi) => valueRange(lo, hi) },
         },
         axes: [
           { ...AXIS_STYLE, label: xLabel, labelSize: 20 },
@@ -170,7 +187,7 @@ export function Curves({ curves, metric, xLabel, xScale, log, hparamsOf, colorOf
       };
     },
     // `structure` covers metric, unit, scale and series; colours follow the trial ids.
-    [structure],
+    [structure, testId],
   );
 
   const onCreate = useCallback(
@@ -188,7 +205,7 @@ export function Curves({ curves, metric, xLabel, xScale, log, hparamsOf, colorOf
 
   const hparams = hover ? hparamsOf(hover.trialId) : undefined;
   return (
-    <div className="curves" data-testid="curves" ref={box}>
+    <div className="curves" data-testid={testId} ref={box}>
       <Plot options={options} data={prepared.data} structure={structure} height={height} onCreate={onCreate} />
       {hover && (
         <div

@@ -111,3 +111,32 @@ export const AXIS_STYLE: Partial<uPlot.Axis> = {
   font: "11px system-ui, -apple-system, Segoe UI, Roboto, sans-serif",
   labelFont: "11px system-ui, -apple-system, Segoe UI, Roboto, sans-serif",
 };
+
+/** The last value of a column of uPlot's data, or undefined when it has none. */
+export function lastValue(column: ArrayLike<number | null | undefined> | undefined): number | undefined {
+  if (!column) return undefined;
+  for (let i = column.length - 1; i >= 0; i--) {
+    const v = column[i];
+    if (v != null && v === v) return v;
+  }
+  return undefined;
+}
+
+/** A live legend's value for a series: the hovered point's ("–" where the series has no
+ * point there) and, while nothing is hovered, the series' latest value; the x series
+ * says "latest" then. Instead of uPlot's "--" for every series. */
+export function legendValue(format: (v: number) => string): uPlot.Series.Value {
+  return (u, raw, seriesIdx, idx) => {
+    if (idx != null) return raw == null || raw !== raw ? "–" : format(raw);
+    if (seriesIdx === 0) return "latest";
+    const last = lastValue(u.data[seriesIdx]);
+    return last === undefined ? "–" : format(last);
+  };
+}
+
+/** Record the y range a chart was drawn with on `el`, as `data-y-range="[min,max]"`
+ * (what the browser tests read: the axis itself is drawn on a canvas). */
+export function markYRange(el: HTMLElement | null, u: uPlot): void {
+  const y = u.scales["y"];
+  if (el && y?.min != null && y.max != null) el.dataset["yRange"] = JSON.stringify([y.min, y.max]);
+}

@@ -3,8 +3,9 @@ import { useCallback, useMemo, useRef } from "react";
 import type uPlot from "uplot";
 import { alignCurves, singlePoint, toXY, type XY } from "../align";
 import { num, type MetricsReport } from "../api";
-import { linearRange } from "../axes";
-import { AXIS_STYLE, Plot } from "./Plot";
+import { linearRange, valueRange } from "../axes";
+import { fmtNumber } from "../format";
+import { AXIS_STYLE, Plot, legendValue, markYRange } from "./Plot";
 
 const GROUP_COLORS: Record<string, string> = { training: "#1f77b4", validation: "#ff7f0e" };
 
@@ -83,6 +84,7 @@ export function TrialCharts({ byGroup }: { byGroup: Record<string, MetricsReport
 }
 
 function MetricChart({ spec, onDrawn }: { spec: ChartSpec; onDrawn: (name: string, n: number) => void }) {
+  const box = useRef<HTMLDivElement>(null);
   const live = useRef({ spec, onDrawn });
   live.current = { spec, onDrawn };
   const options = useCallback(
@@ -98,16 +100,20 @@ function MetricChart({ spec, onDrawn }: { spec: ChartSpec; onDrawn: (name: strin
           range: (_u, lo, hi) =>
             live.current.spec.single.some(Boolean) || lo === hi ? linearRange(lo, hi, 0.015) : [lo, hi],
         },
+        // A single value (one validation) gets a margin around it, not an axis from 0 to twice it.
+        y: { range: (_u, lo, hi) => valueRange(lo, hi) },
       },
+      // Not hovering: each series' latest value.
       legend: { live: true },
       axes: [
         { ...AXIS_STYLE, label: "batches", labelSize: 18 },
         { ...AXIS_STYLE, size: 56 },
       ],
       series: [
-        { label: "batches" },
+        { label: "batches", value: legendValue(fmtNumber) },
         ...spec.groups.map((g) => ({
           label: g,
+          value: legendValue(fmtNumber),
           stroke: GROUP_COLORS[g] ?? "#7f7f7f",
           width: 1.5,
           spanGaps: true,
@@ -121,6 +127,7 @@ function MetricChart({ spec, onDrawn }: { spec: ChartSpec; onDrawn: (name: strin
       hooks: {
         draw: [
           (u: uPlot) => {
+            markYRange(box.current, u);
             if (u.data[0].length > 0) live.current.onDrawn(live.current.spec.name, live.current.spec.withPoints);
           },
         ],
@@ -130,7 +137,7 @@ function MetricChart({ spec, onDrawn }: { spec: ChartSpec; onDrawn: (name: strin
     [spec.name, spec.groups.join(",")],
   );
   return (
-    <div className="metric-chart">
+    <div className="metric-chart" ref={box} data-testid="metric-chart" data-metric={spec.name}>
       <Plot options={options} data={spec.data} structure={`${spec.name}|${spec.groups.join(",")}`} height={220} />
     </div>
   );

@@ -11,6 +11,16 @@ export function StateBadge({ state, testId }: { state: string; testId?: string }
   );
 }
 
+/** Why an experiment's (or a trial's) trials cannot start on the cluster as it is: the
+ * master's reason, the one `assay experiment describe` gives. */
+export function WaitingNote({ why, testId }: { why: string; testId?: string }) {
+  return (
+    <div className="waiting-note" data-testid={testId} title="Its trials wait until agents that can hold them connect or are enabled">
+      waiting: {why}
+    </div>
+  );
+}
+
 export function ErrorPanel({ error, title }: { error: unknown; title?: string }) {
   const message = error instanceof Error ? error.message : String(error);
   const status = error instanceof ApiError && error.status ? ` (HTTP ${error.status})` : "";
@@ -171,7 +181,9 @@ export function ExperimentActions({
 }
 
 /** A command in a box with a button that copies it. */
-export function CopyCommand({ command }: { command: string }) {
+/** A command to copy: shown with a Copy button; `compact` (a table's cell): the button
+ * alone, the command in its tooltip. */
+export function CopyCommand({ command, compact = false }: { command: string; compact?: boolean }) {
   const [copied, setCopied] = useState(false);
   const copy = async () => {
     try {
@@ -188,6 +200,13 @@ export function CopyCommand({ command }: { command: string }) {
     setCopied(true);
     window.setTimeout(() => setCopied(false), 1200);
   };
+  if (compact) {
+    return (
+      <button type="button" className="copy-compact" onClick={() => void copy()} title={command} data-testid="copy">
+        {copied ? "Copied" : "Copy command"}
+      </button>
+    );
+  }
   return (
     <span className="copy-command">
       <code title={command}>{command}</code>

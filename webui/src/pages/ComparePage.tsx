@@ -15,8 +15,8 @@ import {
   type MetricsReport,
   type Trial,
 } from "../api";
-import { linearRange } from "../axes";
-import { AXIS_STYLE, Plot, seriesColor } from "../components/Plot";
+import { linearRange, valueRange } from "../axes";
+import { AXIS_STYLE, Plot, legendValue, markYRange, seriesColor } from "../components/Plot";
 import { ErrorPanel, Loading, Section, StateBadge } from "../components/ui";
 import { fmtNumber, fmtValue, searcherInfo } from "../format";
 import { usePoll } from "../hooks";
@@ -489,6 +489,7 @@ function CompareChart({ spec }: { spec: ChartSpec }) {
           time: false,
           range: (_u, lo, hi) => (live.current.single.some(Boolean) || lo === hi ? linearRange(lo, hi, 0.015) : [lo, hi]),
         },
+        y: { range: (_u, lo, hi) => valueRange(lo, hi) },
       },
       legend: { live: true },
       axes: [
@@ -496,9 +497,10 @@ function CompareChart({ spec }: { spec: ChartSpec }) {
         { ...AXIS_STYLE, size: 56 },
       ],
       series: [
-        { label: "batches" },
+        { label: "batches", value: legendValue(fmtNumber) },
         ...spec.runIdx.map((ri, s) => ({
           label: spec.labels[s]!,
+          value: legendValue(fmtNumber),
           stroke: seriesColor(ri),
           width: 1.5,
           spanGaps: true,
@@ -513,6 +515,7 @@ function CompareChart({ spec }: { spec: ChartSpec }) {
         draw: [
           (u: uPlot) => {
             const el = box.current;
+            markYRange(el, u);
             if (el && u.data[0].length > 0) el.dataset["drawn"] = String(live.current.withPoints);
           },
         ],

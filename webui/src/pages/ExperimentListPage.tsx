@@ -3,7 +3,6 @@
 import { useCallback, useEffect, useMemo, useState, type ReactNode } from "react";
 import { Link, useSearchParams } from "react-router";
 import {
-  EXPERIMENT_STATES,
   api,
   num,
   type Experiment,
@@ -11,8 +10,9 @@ import {
   type JsonValue,
   type ListExperimentsParams,
 } from "../api";
-import { ErrorPanel, ExperimentActions, Loading, Progress, StateBadge } from "../components/ui";
-import { fmtDuration, fmtNumber, fmtTime, fmtValue, plural, searcherInfo, stateLabel } from "../format";
+import { Filters, queryStates } from "../components/ExperimentFilters";
+import { ErrorPanel, ExperimentActions, Loading, Progress, StateBadge, WaitingNote } from "../components/ui";
+import { fmtDuration, fmtNumber, fmtTime, fmtValue, plural, searcherInfo } from "../format";
 import { POLL_MS, usePoll } from "../hooks";
 import { toggleSelected, useSelection } from "../selection";
 
@@ -66,7 +66,17 @@ const BASE_COLUMNS: Column[] = [
         "–"
       ),
   },
-  { id: "state", title: "State", serverSort: "state", cell: (e) => <StateBadge state={e.state} testId="experiment-state" /> },
+  {
+    id: "state",
+    title: "State",
+    serverSort: "state",
+    cell: (e) => (
+      <>
+        <StateBadge state={e.state} testId="experiment-state" />
+        {e.waiting && <WaitingNote why={e.waiting} testId="experiment-waiting" />}
+      </>
+    ),
+  },
   { id: "searcher", title: "Searcher", value: (e) => e.searcher || undefined, cell: (e) => e.searcher || "–" },
   { id: "progress", title: "Progress", serverSort: "progress", cell: (e) => <Progress value={num(e.progress)} /> },
   {
@@ -221,7 +231,7 @@ function listParams(q: URLSearchParams, serverSort: boolean, scope: ListScope): 
   const archived = q.get("archived");
   const sort = q.get("sort") ?? "id";
   return {
-    states: q.getAll("state"),
+    states: queryStates(q.getAll("state")),
     name: q.get("name") ?? undefined,
     label: q.get("label") ?? undefined,
     owner: q.get("owner") ?? undefined,
@@ -512,82 +522,5 @@ function ExperimentRow({
         <ExperimentActions experiment={e} onDone={onDone} compact />
       </td>
     </tr>
-  );
-}
-
-function Filters({
-  q,
-  update,
-}: {
-  q: URLSearchParams;
-  update: (changes: Record<string, string | string[] | null>) => void;
-}) {
-  // Text boxes update the URL shortly after typing stops.
-  const [name, setName] = useState(q.get("name") ?? "");
-  const [label, setLabel] = useState(q.get("label") ?? "");
-  const urlName = q.get("name") ?? "";
-  const urlLabel = q.get("label") ?? "";
-  useEffect(() => setName(urlName), [urlName]);
-  useEffect(() => setLabel(urlLabel), [urlLabel]);
-  useEffect(() => {
-    if (name === urlName && label === urlLabel) return;
-    const t = window.setTimeout(() => update({ name, label }), 300);
-    return () => window.clearTimeout(t);
-  }, [name, label, urlName, urlLabel, update]);
-
-  const states = q.getAll("state");
-  const archived = q.get("archived");
-  return (
-    <div className="filters">
-      <input
-        type="search"
-        placeholder="Name contains…"
-        value={name}
-        onChange={(e) => setName(e.target.value)}
-        data-testid="filter-name"
-        aria-label="Filter by name"
-      />
-      <input
-        type="search"
-        placeholder="Label"
-        value={label}
-        onChange={(e) => setLabel(e.target.value)}
-        data-testid="filter-label"
-        aria-label="Filter by label"
-      />
-      <div className="state-filter" data-testid="filter-state">
-        {EXPERIMENT_STATES.map((s) => {
-          const short = stateLabel(s).replace(/ /g, "_");
-          const on = states.includes(short);
-          return (
-            <button
-              type="button"
-              key={s}
-              className={on ? "toggle on" : "toggle"}
-              aria-pressed={on}
-              data-state={short}
-              onClick={() => update({ state: on ? states.filter((x) => x !== short) : [...states, short] })}
-            >
-              {stateLabel(s)}
-            </button>
-          );
-        })}
-      </div>
-      <select
-        value={archived ?? "hide"}
-        onChange={(e) => update({ archived: e.target.value === "hide" ? null : e.target.value })}
-        aria-label="Archived experiments"
-        data-testid="filter-archived"
-      >
-        <option value="hide">Not archived</option>
-        <option value="all">Archived too</option>
-        <option value="only">Archived only</option>
-      </select>
-      {(states.length > 0 || urlName || urlLabel || archived) && (
-        <button type="button" className="link" onClick={() => update({ state: [], name: null, label: null, archived: null })}>
-          Clear filters
-        </button>
-      )}
-    </div>
   );
 }

@@ -2,24 +2,14 @@
 // plots, the trials, the best checkpoint and the config.
 import { useCallback, useEffect, useMemo, useState } from "react";
 import { Link, useParams } from "react-router";
-import {
-  api,
-  num,
-  type Checkpoint,
-  type Curve,
-  type Experiment,
-  type ExperimentDetail,
-  type MetricName,
-  type Trial,
-} from "../api";
-import { Curves } from "../components/Curves";
+import { api, num, type Checkpoint, type Experiment, type ExperimentDetail, type Trial } from "../api";
+import { CURVE_POINTS, CurvesPanel } from "../components/CurvesPanel";
 import { DeleteExperimentButton } from "../components/DeleteExperimentDialog";
 import { ForkButton } from "../components/ForkDialog";
 import { RegisterCheckpoint } from "../components/RegisterModel";
 import { HparamPlots, hparamAxes, type HpPoint } from "../components/HparamPlots";
 import { LineageCell, LineagePanel, showsLineage } from "../components/Lineage";
 import { ParetoPanel } from "../components/Pareto";
-import { seriesColor } from "../components/Plot";
 import {
   CopyCommand,
   ErrorPanel,
@@ -28,10 +18,10 @@ import {
   Progress,
   Section,
   StateBadge,
+  WaitingNote,
   downloadCommand,
 } from "../components/ui";
 import {
-  batchesPerEpoch,
   fmtBytes,
   fmtDuration,
   fmtInt,
@@ -48,9 +38,6 @@ import { toggleSelected, useSelection } from "../selection";
 import { usePoll, useQueryState, useSession } from "../hooks";
 import { projectPath } from "./ExperimentListPage";
 import { fmtSlotHours } from "./UsagePage";
-
-/** Points per trial asked of the server: enough for a wide chart, extremes kept. */
-const CURVE_POINTS = 800;
 
 export function ExperimentPage() {
   const { id = "" } = useParams();
@@ -114,6 +101,7 @@ export function ExperimentPage() {
         group={group}
         curves={curves.data?.curves}
         curvesError={curves.error}
+        running={running}
         param={param}
         setParam={setParam}
       />
@@ -183,6 +171,12 @@ function Header({
         <ForkButton experiment={e} />
         <DeleteExperimentButton experiment={e} />
       </div>
+      {e.waiting && (
+        <div className="notice waiting" data-testid="experiment-waiting">
+          <strong>Waiting:</strong> its trials cannot start on this cluster as it is: each {e.waiting}. They
+          start when agents that can hold them connect or are enabled.
+        </div>
+      )}
       {e.description && <p className="description">{e.description}</p>}
       <dl className="facts">
         <div>
@@ -237,154 +231,6 @@ function Header({
         </div>
       </dl>
     </div>
-  );
-}
-
-// -- curves ------------------------------------------------------------------------------
-
-/** The metrics to choose from: the master's list when it sends one, else the names one
- * trial has reported (asked of the trial metrics route). */
-function useMetricNames(detail: ExperimentDetail): MetricName[] | undefined {
-  const fromMaster = detail.metric_names;
-  const probe = useMemo(() => {
-    const trials = [...detail.trials].sort((a, b) => num(b.total_batches) - num(a.total_batches));
-    return trials[0] ? String(trials[0].id) : "";
-  }, [detail.trials]);
-  const [probed, setProbed] = useState<MetricName[] | undefined>();
-  useEffect(() => {
-    if (fromMaster || !probe) return;
-    const controller = new AbortController();
-    Promise.all(
-      ["validation", "training"].map((g) =>
-        api
-          .trialMetrics(probe, g, 2, controller.signal)
-          .then((r) => [...new Set(r.reports.flatMap((x) => Object.keys(x.metrics)))].map((name) => ({ group: g, name })))
-          .catch(() => [] as MetricName[]),
-      ),
-    ).then((lists) => setProbed(lists.flat()), () => undefined);
-    return () => controller.abort();
-  }, [fromMaster, probe]);
-  return fromMaster ?? probed;
-}
-
-function CurvesPanel({
-  detail,
-  metric,
-  group,
-  curves,
-  curvesError,
-  param,
-  setParam,
-}: {
-  detail: ExperimentDetail;
-  metric: string;
-  group: string;
-  curves: Curve[] | undefined;
-  curvesError: Error | undefined;
-  param: (key: string) => string | null;
-  setParam: (c: Record<string, string | null>) => void;
-}) {
-  const e = detail.experiment;
-  const names = useMetricNames(detail);
-  const options = useMemo(() => {
-    const list = [...(names ?? [])];
-    if (metric && !list.some((m) => m.name === metric && m.group === group)) list.unshift({ group, name: metric });
-    return list.sort((a, b) => a.group.localeCompare(b.group) * -1 || a.name.localeCompare(b.name));
-  }, [names, metric, group]);
-
-  const bpe = batchesPerEpoch(e.config);
-  const xUnit = param("x") === "epochs" && bpe ? "epochs" : "batches";
-  const log = param("log") === "1";
-
-  const byId = useMemo(() => {
-    const sorted = [...detail.trials].sort((a, b) => num(a.id) - num(b.id));
-    const m = new Map<string, { trial: Trial; color: string }>();
-    sorted.forEach((t, i) => m.set(String(t.id), { trial: t, color: seriesColor(i) }));
-    return m;
-  }, [detail.trials]);
-  const hparamsOf = useCallback((tid: string) => byId.get(tid)?.trial.hparams, [byId]);
-  const colorOf = useCallback((tid: string) => byId.get(tid)?.color ?? "#888", [byId]);
-
-  const groups = [...new Set(options.map((o) => o.group))];
-  const hasPoints = curves?.some((c) => c.values.length > 0);
-  return (
-    <Section
-      title="Learning curves"
-      right={
-        <>
-          <label>
-            Metric{" "}
-            <select
-              data-testid="metric-select"
-              value={`${group}\u0000${metric}`}
-              onChange={(ev) => {
-                const [g, n] = ev.target.value.split("\u0000");
-                setParam({ group: g ?? "validation", metric: n ?? "" });
-              }}
-            >
-              {!metric && <option value={`${group}\u0000`}>choose a metric</option>}
-              {groups.map((g) => (
-                <optgroup key={g} label={g}>
-                  {options
-                    .filter((o) => o.group === g)
-                    .map((o) => (
-                      <option key={`${o.group}/${o.name}`} value={`${o.group}\u0000${o.name}`}>
-                        {o.name} ({o.group})
-                      </option>
-                    ))}
-                </optgroup>
-              ))}
-            </select>
-          </label>
-          <label title={bpe ? "" : "Epochs need records_per_epoch and global_batch_size in the config"}>
-            X axis{" "}
-            <select
-              value={xUnit}
-              onChange={(ev) => setParam({ x: ev.target.value === "epochs" ? "epochs" : null })}
-              data-testid="x-axis"
-            >
-              <option value="batches">batches</option>
-              {bpe && <option value="epochs">epochs</option>}
-            </select>
-          </label>
-          <label className="check">
-            <input
-              type="checkbox"
-              checked={log}
-              onChange={(ev) => setParam({ log: ev.target.checked ? "1" : null })}
-              data-testid="log-scale"
-            />{" "}
-            log scale
-          </label>
-        </>
-      }
-    >
-      {curvesError && <ErrorPanel error={curvesError} title="Cannot load the curves" />}
-      {!curves && !curvesError && metric && <div className="chart-placeholder">Loading curves…</div>}
-      {!metric && <div className="chart-placeholder">Choose a metric to plot.</div>}
-      {curves && !hasPoints && (
-        <div className="chart-placeholder" data-testid="curves" data-drawn="0">
-          No trial has reported {metric} ({group}) yet.
-        </div>
-      )}
-      {curves && hasPoints && (
-        <>
-          <Curves
-            curves={curves}
-            metric={metric}
-            xLabel={xUnit}
-            xScale={xUnit === "epochs" && bpe ? 1 / bpe : 1}
-            log={log}
-            hparamsOf={hparamsOf}
-            colorOf={colorOf}
-          />
-          <div className="hint">
-            {plural(curves.filter((c) => c.values.length > 0).length, "trial")} · hover a line for its trial and
-            hyperparameters, click to open it · drag to zoom, double-click to reset
-          </div>
-        </>
-      )}
-    </Section>
   );
 }
 
@@ -513,6 +359,7 @@ function TrialsPanel({ detail }: { detail: ExperimentDetail }) {
                 </td>
                 <td>
                   <StateBadge state={t.state} />
+                  {t.waiting && <WaitingNote why={t.waiting} />}
                   {t.last_error && (
                     <span className="error-mark" title={t.last_error}>
                       !

@@ -1,7 +1,7 @@
 // `/trials/:id`: state and runs, metrics charts, hyperparameters, checkpoints, live log.
 import { useEffect, useMemo } from "react";
 import { Link, useParams } from "react-router";
-import { api, num, type MetricsReport, type Trial } from "../api";
+import { api, num, type Double, type MetricsReport, type Trial } from "../api";
 import { TrialLineage } from "../components/Lineage";
 import { LogViewer } from "../components/LogViewer";
 import { RegisterCheckpoint } from "../components/RegisterModel";
@@ -156,7 +156,7 @@ function TrialView({ t, live, refreshError }: { t: Trial; live: boolean; refresh
           {checkpoints.loading && <Loading />}
           {checkpoints.data && (
             <div className="table-wrap">
-              <table className="table" data-testid="checkpoints">
+              <table className="table checkpoint-table" data-testid="checkpoints">
                 <thead>
                   <tr>
                     <th>UUID</th>
@@ -165,7 +165,7 @@ function TrialView({ t, live, refreshError }: { t: Trial; live: boolean; refresh
                     <th>Metrics</th>
                     <th className="num">Size</th>
                     <th>Download</th>
-                    <th>Model registry</th>
+                    <th>Registry</th>
                   </tr>
                 </thead>
                 <tbody>
@@ -180,13 +180,15 @@ function TrialView({ t, live, refreshError }: { t: Trial; live: boolean; refresh
                         <td className="num">{fmtInt(num(c.total_batches))}</td>
                         <td>{stateLabel(c.state)}</td>
                         <td className="small">
-                          {Object.entries(c.validation_metrics)
-                            .map(([k, v]) => `${k} ${fmtNumber(num(v))}`)
-                            .join(", ") || "–"}
+                          <CheckpointMetrics metrics={c.validation_metrics} />
                         </td>
                         <td className="num nowrap">{fmtBytes(c.files.reduce((n, f) => n + num(f.size_bytes), 0))}</td>
                         <td>
-                          {c.state === "CHECKPOINT_STATE_DELETED" ? "deleted" : <CopyCommand command={downloadCommand(c.uuid)} />}
+                          {c.state === "CHECKPOINT_STATE_DELETED" ? (
+                            "deleted"
+                          ) : (
+                            <CopyCommand command={downloadCommand(c.uuid)} compact />
+                          )}
                         </td>
                         <td className="nowrap">
                           {c.state !== "CHECKPOINT_STATE_DELETED" && <RegisterCheckpoint uuid={c.uuid} />}
@@ -211,5 +213,20 @@ function TrialView({ t, live, refreshError }: { t: Trial; live: boolean; refresh
         <LogViewer trialId={id} live={live} />
       </Section>
     </div>
+  );
+}
+
+/** A checkpoint's validation metrics, one a line (a line of them overflows the card). */
+function CheckpointMetrics({ metrics }: { metrics: Record<string, Double> }) {
+  const entries = Object.entries(metrics).sort(([a], [b]) => a.localeCompare(b));
+  if (entries.length === 0) return <>–</>;
+  return (
+    <>
+      {entries.map(([k, v]) => (
+        <div key={k} className="nowrap">
+          {k} <span className="mono">{fmtNumber(num(v))}</span>
+        </div>
+      ))}
+    </>
   );
 }

@@ -81,6 +81,11 @@ class ServicerBase(api_pb2_grpc.ApiServicer):
         best = (min(bests) if smaller else max(bests)) if bests else None
         message = wire.experiment(record, num_trials=len(trials), best=best)
         message.workspace, message.project = record.workspace, record.project
+        # The reason GetExperiment gives its queued trials (and the CLI's describe shows).
+        waiting = self.master.unplaceable
+        message.waiting = next(
+            (waiting[t.id] for t in trials if t.state == "QUEUED" and t.id in waiting), ""
+        )
         text = self.store.get_config_text(experiment_id) if with_text else None
         if text is not None:
             message.config_yaml = masked_config_text(text, record.config) or ""

@@ -174,6 +174,7 @@ class SubmissionRpcs(ServicerBase):
             await loop.run_in_executor(self.pool, access.hold_back, self.master, [record.id])
         experiment = wire.experiment(record, num_trials=1, parsed=prepared.config)
         experiment.workspace, experiment.project = project.workspace, project.name
+        experiment.waiting = why or ""
         warnings = (
             [
                 f"its trials cannot start on this cluster as it is: each {why}; they wait until "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,7 +15,7 @@ from . import _experiment_report as _report
 from . import _format as fmt
 from ._common import AliasedGroup, client, echo_json, user_errors
 from ._experiment_create import continue_command, create_command, fork_command, watch
-from ._trial import log_options, print_logs
+from ._logs import log_options, log_query, print_logs
 
 if TYPE_CHECKING:
     from assay.proto import api_pb2
@@ -152,9 +152,10 @@ def list_trials_command(experiment_id: int, as_json: bool) -> None:
 @click.argument("experiment_id", metavar="ID", type=int)
 @log_options
 @user_errors
-def logs_command(experiment_id: int, follow: bool, tail: int | None, as_json: bool) -> None:
-    """Print the logs of the experiment's first trial (as Determined's `det e logs`);
-    `assay trial logs ID` prints another's."""
+def logs_command(experiment_id: int, as_json: bool, **options: Any) -> None:
+    """Print the logs of the experiment's first trial (as Determined's `det e logs`),
+    with `assay trial logs`'s filters; `assay trial logs ID` prints another's."""
+    query = log_query(**options)
     trials = sorted(client().get_experiment(experiment_id).trials, key=lambda t: t.id)
     if not trials:
         raise click.ClickException(f"experiment {experiment_id} has no trials yet")
@@ -165,7 +166,7 @@ def logs_command(experiment_id: int, follow: bool, tail: int | None, as_json: bo
             f"{trials[0].id} (`assay trial logs ID` for the others: {others})",
             err=True,
         )
-    print_logs(trials[0].id, follow=follow, tail=tail, as_json=as_json)
+    print_logs(trials[0].id, query, as_json=as_json)
 
 
 def _action_command(action: str) -> click.Command:

@@ -1244,11 +1244,32 @@ class StreamTrialLogsRequest(_message.Message):
     AFTER_ID_FIELD_NUMBER: _builtins.int
     FOLLOW_FIELD_NUMBER: _builtins.int
     TAIL_FIELD_NUMBER: _builtins.int
+    HEAD_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    MIN_LEVEL_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    SEARCH_TEXT_FIELD_NUMBER: _builtins.int
     trial_id: _builtins.int
     after_id: _builtins.int
     follow: _builtins.bool
     tail: _builtins.int
     """only the last N lines (before following)"""
+    head: _builtins.int
+    """The filters below are applied by the master, before `head` and `tail` count lines.
+    Only the first N lines; not with `tail` or `follow`.
+    """
+    min_level: _builtins.str
+    """Only lines of this level or higher: TRACE, DEBUG, INFO, WARNING, ERROR or CRITICAL
+    (any case). A line without a level counts as INFO.
+    """
+    since: _builtins.str
+    """Only lines stamped at or after this time (RFC 3339, e.g. 2026-01-02T15:04:05Z)."""
+    search_text: _builtins.str
+    """Only lines containing this text (case-sensitive)."""
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Only the lines of these ranks (none: every rank)."""
+
     def __init__(
         self,
         *,
@@ -1256,10 +1277,15 @@ class StreamTrialLogsRequest(_message.Message):
         after_id: _builtins.int = ...,
         follow: _builtins.bool = ...,
         tail: _builtins.int = ...,
+        head: _builtins.int = ...,
+        ranks: _abc.Iterable[_builtins.int] | None = ...,
+        min_level: _builtins.str = ...,
+        since: _builtins.str = ...,
+        search_text: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "follow", b"follow", "tail", b"tail", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "follow", b"follow", "head", b"head", "min_level", b"min_level", "ranks", b"ranks", "search_text", b"search_text", "since", b"since", "tail", b"tail", "trial_id", b"trial_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

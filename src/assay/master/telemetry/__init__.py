@@ -15,7 +15,12 @@ from assay.master.telemetry._multi_objective import (
 )
 from assay.master.telemetry._rank_usage import RankUsageBoard
 from assay.master.telemetry._telemetry import NO_TELEMETRY, Telemetry
-from assay.master.telemetry._trial_logs import FollowerLimit, LogKeeper, stream_trial_logs
+from assay.master.telemetry._trial_logs import (
+    FollowerLimit,
+    LogKeeper,
+    log_filter,
+    stream_trial_logs,
+)
 from assay.master.telemetry._usage import pool_of
 
 __all__ = [
@@ -29,6 +34,7 @@ __all__ = [
     "pareto_points",
     "pool_of",
     "reports",
+    "log_filter",
     "stream_trial_logs",
     "usage",
     "validation_vector",

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from assay.client import experiment_state, struct
 from assay.client import metric as metric_text
+from assay.client import struct
 from assay.errors import AssayError
 
 from . import _experiment_report as _report
 from . import _format as fmt
+from ._actions import run_action
 from ._common import AliasedGroup, client, echo_json, user_errors
 from ._experiment_create import continue_command, create_command, fork_command, watch
 from ._logs import log_options, log_query, print_logs
@@ -170,30 +171,17 @@ def logs_command(experiment_id: int, as_json: bool, **options: Any) -> None:
 
 
 def _action_command(action: str) -> click.Command:
-    done = {
-        "pause": "paused",
-        "activate": "activated",
-        "cancel": "canceling",
-        "kill": "killing",
-        "archive": "archived",
-        "unarchive": "unarchived",
-    }[action]
-
     @click.argument("experiment_id", metavar="ID", type=int)
     @user_errors
     def command(experiment_id: int) -> None:
-        from assay.proto import api_pb2
-
-        kind = api_pb2.ExperimentActionKind.Value(f"EXPERIMENT_ACTION_{action.upper()}")
-        result = client().experiment_action(experiment_id, kind)
-        state = experiment_state(result.state)
-        click.echo(f"experiment {experiment_id} {done} (state {state})")
+        click.echo(run_action(client(), experiment_id, action))
 
     helps = {
         "pause": "Pause an experiment: its trials checkpoint and release their slots.",
         "activate": "Resume (or start) a paused experiment.",
         "cancel": "Stop an experiment gracefully: trials checkpoint, then stop.",
-        "kill": "Stop an experiment now, without checkpointing.",
+        "kill": "Stop an experiment now, without checkpointing; says how many trials it "
+        "stopped once they have (waiting up to 30 s).",
         "archive": "Hide a finished experiment from `experiment list`.",
         "unarchive": "Show an archived experiment in `experiment list` again.",
     }

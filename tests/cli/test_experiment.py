@@ -511,3 +511,29 @@ def test_cancel_and_pause_say_what_their_trials_do(master: FakeApi) -> None:
         "experiment 7 paused: 2 trials (4, 5) checkpoint and give back their slots; "
         "`assay experiment activate 7` resumes them\n"
     )
+
+
+def test_list_state_filters_group_transient_states_under_where_they_lead(
+    master: FakeApi,
+) -> None:
+    master.responses["ListExperiments"] = api_pb2.ListExperimentsResponse()
+
+    grouped = run_cli("e", "list", "--state", "canceled", "--state", "ERROR", master=master)
+    exact = run_cli("e", "list", "--state", "stopping_killed", master=master)
+    shown = run_cli("e", "list", "--help", master=master)
+    refused = run_cli("e", "list", "--state", "STOPPING", master=master)
+
+    assert_ok(grouped)
+    first, second = master.calls("ListExperiments")
+    assert list(first.states) == [
+        common_pb2.EXPERIMENT_STATE_STOPPING_CANCELED,
+        common_pb2.EXPERIMENT_STATE_STOPPING_KILLED,
+        common_pb2.EXPERIMENT_STATE_CANCELED,
+        common_pb2.EXPERIMENT_STATE_ERROR,
+    ]
+    assert_ok(exact)
+    assert list(second.states) == [common_pb2.EXPERIMENT_STATE_STOPPING_KILLED]
+    assert_ok(shown)
+    offered = shown.stdout.split("--state [", 1)[1].split("]", 1)[0]
+    assert offered.upper().split("|") == ["ACTIVE", "PAUSED", "COMPLETED", "CANCELED", "ERROR"]
+    assert_one_line_error(refused, "'STOPPING' is not one of")

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from assay.client import EXPERIMENT_STATE_GROUPS, experiment_states_in, struct
 from assay.client import metric as metric_text
-from assay.client import struct
 from assay.errors import AssayError
 
 from . import _experiment_report as _report
@@ -21,15 +21,19 @@ from ._logs import log_options, log_query, print_logs
 if TYPE_CHECKING:
     from assay.proto import api_pb2
 
-STATES = [
-    "ACTIVE",
-    "PAUSED",
-    "STOPPING_CANCELED",
-    "STOPPING_KILLED",
-    "COMPLETED",
-    "CANCELED",
-    "ERROR",
-]
+
+class _StateChoice(click.Choice[str]):
+    """The states a user filters by (EXPERIMENT_STATE_GROUPS: CANCELED takes in the
+    experiments still stopping toward it); an exact transient state is still taken,
+    unlisted, by scripts that name one."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.upper() in TRANSIENT_STATES:
+            return value.upper()
+        return super().convert(value, param, ctx)
+
+
+TRANSIENT_STATES = ("STOPPING_CANCELED", "STOPPING_KILLED")
 ACTIONS = ["pause", "activate", "cancel", "kill", "archive", "unarchive"]
 SETTABLE = ["priority", "weight", "max-slots"]  # what `experiment set` changes
 DESCRIBING = ["name", "description", "labels"]  # ... and these, in any state
@@ -51,7 +55,10 @@ def _list_request(
     from assay.proto import api_pb2, common_pb2
 
     request = api_pb2.ListExperimentsRequest(
-        states=[common_pb2.ExperimentState.Value(f"EXPERIMENT_STATE_{s.upper()}") for s in states],
+        states=[
+            common_pb2.ExperimentState.Value(f"EXPERIMENT_STATE_{s}")
+            for s in experiment_states_in(states)
+        ],
         name=name or "",
         label=label or "",
         limit=limit,
@@ -69,8 +76,9 @@ def _list_request(
     "--state",
     "states",
     multiple=True,
-    type=click.Choice(STATES, case_sensitive=False),
-    help="Only these states (repeat for several).",
+    type=_StateChoice(list(EXPERIMENT_STATE_GROUPS), case_sensitive=False),
+    help="Only these states (repeat for several); CANCELED includes the experiments "
+    "being canceled or killed.",
 )
 @click.option("--name", help="Only names containing this (case-insensitive).")
 @click.option("--label", help="Only experiments with this label.")

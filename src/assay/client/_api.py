@@ -27,6 +27,26 @@ class Client(RegistryCalls):
         info: api_pb2.MasterInfo = self._unary("GetMasterInfo", api_pb2.GetMasterInfoRequest())
         return info
 
+    def get_master_config(self) -> str:
+        """The master's settings as YAML, secrets hidden (administrators only)."""
+        from assay.proto import api_pb2
+
+        request = api_pb2.GetMasterConfigRequest()
+        response: api_pb2.GetMasterConfigResponse = self._unary("GetMasterConfig", request)
+        return response.yaml
+
+    def stream_master_logs(
+        self, *, tail: int = 0, follow: bool = False
+    ) -> Iterator[api_pb2.MasterLogLine]:
+        """The master's recent log lines, then, with `follow`, each new one (admins)."""
+        from assay.proto import api_pb2
+
+        request = api_pb2.StreamMasterLogsRequest(tail=tail, follow=follow)
+        timeout = None if follow else 10 * self.timeout
+        with self._errors(timeout):
+            metadata = self._metadata()
+            yield from self.stub.StreamMasterLogs(request, timeout=timeout, metadata=metadata)
+
     def create_experiment(
         self, config_yaml: str, model_definition: bytes, activate: bool
     ) -> api_pb2.CreateExperimentResponse:

@@ -7,6 +7,11 @@ multi-objective experiment's metric vectors. The Prometheus exporter is the publ
 
 from assay.master.telemetry import _trial_reports as reports
 from assay.master.telemetry import _usage as usage
+from assay.master.telemetry._master_logs import (
+    SECRET_ARGS,
+    MasterLogBuffer,
+    stream_master_logs,
+)
 from assay.master.telemetry._multi_objective import (
     fill_pareto,
     objectives_of,
@@ -35,6 +40,9 @@ __all__ = [
     "pool_of",
     "reports",
     "log_filter",
+    "MasterLogBuffer",
+    "SECRET_ARGS",
+    "stream_master_logs",
     "stream_trial_logs",
     "usage",
     "validation_vector",

@@ -63,7 +63,7 @@ def _installed_by(command: str) -> set[str]:
     the ones it names, Assay's dependencies and those of the extras it names."""
     pip = command.split("pip install ", 1)[1].split(" && ")[0].split()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    names = {canonicalize_name(project["name"])}
+    names: set[str] = {canonicalize_name(project["name"])}
     requirements = list(project["dependencies"])
     for word in pip:
         word = word.strip("'\"")

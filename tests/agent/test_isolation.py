@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -405,7 +406,7 @@ def test_an_isolating_agent_whose_python_no_trial_can_run_refuses_to_start(
         agent_id="probe",
         slot_type="cpu",
         slots=1,
-        work_dir=tmp_path / "work",
+        work_dir=base / "work",  # where the lent uid reaches it (checked first)
         isolation="uid",
         isolation_uid_base=BASE,
         isolation_uids=100,
@@ -420,7 +421,10 @@ def test_an_isolating_agent_whose_python_no_trial_can_run_refuses_to_start(
             # The same Python where every user may run it: the agent starts.
             Agent(settings, harness_command=(str(python), "-m", "assay._cluster"))
         else:  # as on a machine whose Python is under /root: named too
-            with pytest.raises(ValueError, match=f"{real.name}: Permission denied"):
+            # The script execs this Python by the path it was started with (a venv's
+            # link to it, maybe), which the shell names.
+            denied = f"{re.escape(sys.executable)}: Permission denied"
+            with pytest.raises(ValueError, match=denied):
                 Agent(settings, harness_command=(str(python), "-m", "assay._cluster"))
     finally:
         shutil.rmtree(base)

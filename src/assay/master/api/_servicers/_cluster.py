@@ -26,7 +26,6 @@ from assay.master.store import WorkspaceRecord
 from assay.master.telemetry import stream_master_logs
 from assay.proto import api_pb2, common_pb2
 
-
 HIDDEN = "<hidden>"  # as `effective` writes a secret setting's value
 
 

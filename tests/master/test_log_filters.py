@@ -128,6 +128,7 @@ def test_a_filtered_follow_gets_the_new_lines_it_matches(
         ({"min_level": "LOUD"}, "min_level must be one of TRACE, DEBUG, INFO, WARNING, ERROR"),
         ({"since": "yesterday"}, "since must be an RFC 3339 time with its offset"),
         ({"since": "2026-03-01T12:00:00"}, "since must be an RFC 3339 time with its offset"),
+        ({"since": "0001-01-01T00:00:00+05:00"}, "since must be an RFC 3339 time with its offset"),
         ({"head": 2, "tail": 2}, "head cannot be combined with tail or follow"),
         ({"head": 2, "follow": True}, "head cannot be combined with tail or follow"),
         ({"ranks": [-1]}, "ranks count from 0, got -1"),

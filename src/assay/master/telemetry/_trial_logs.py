@@ -175,7 +175,9 @@ def log_filter(
     if since:
         try:
             since_time = dt.datetime.fromisoformat(since)
-        except ValueError:
+            if since_time.tzinfo is not None:
+                since_time = since_time.astimezone(dt.UTC)  # as the store keeps times
+        except (ValueError, OverflowError):  # not a time; a year 1 ahead of UTC
             since_time = None
         if since_time is None or since_time.tzinfo is None:
             raise InvalidArgumentError(

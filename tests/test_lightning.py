@@ -242,3 +242,18 @@ def test_a_stop_asked_mid_epoch_checkpoints_there_without_validating(tmp_path: P
     records = _records(tmp_path)
     assert [r["steps_completed"] for r in records if r.get("group") == "validation"] == [10]
     assert sorted(_checkpoints(tmp_path)) == [10, 13]
+
+
+def test_without_lightning_the_import_says_what_to_install() -> None:
+    """The callback's module, in a Python without Lightning: one error naming the package
+    to install, not a bare `No module named 'lightning'` from inside Assay."""
+    blocked = "import sys; sys.modules['lightning'] = None; import assay.lightning"
+    done = subprocess.run(
+        [sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: assay.lightning needs Lightning"), last
+    assert "pip install 'lightning>=2.4'" in last
+    assert "examples" in last

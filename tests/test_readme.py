@@ -3,13 +3,18 @@ code runs as shown."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
 import sys
+import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,6 +56,64 @@ def test_the_first_command_runs_a_search_on_a_local_cluster() -> None:
     assert (ROOT / model_dir).is_dir()
     assert "searcher:\n  name: adaptive_asha" in (ROOT / config).read_text()
     assert (Path(config), Path(model_dir)) == (DEMO_CONFIG, DEMO_MODEL_DIR)
+
+
+def _installed_by(command: str) -> set[str]:
+    """The distributions `pip install ... -e '.[EXTRAS]'` in `command` asks for by name:
+    the ones it names, Assay's dependencies and those of the extras it names."""
+    pip = command.split("pip install ", 1)[1].split(" && ")[0].split()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names: set[str] = {canonicalize_name(project["name"])}
+    requirements = list(project["dependencies"])
+    for word in pip:
+        word = word.strip("'\"")
+        if word.startswith(".["):
+            for extra in word[2:-1].split(","):
+                requirements += project["optional-dependencies"][extra.strip()]
+        elif not word.startswith(("-", ".")):
+            requirements.append(word)
+    names |= {canonicalize_name(Requirement(r).name) for r in requirements}
+    return names
+
+
+def _examples_pointed_to() -> list[Path]:
+    """The example folders the README names, and those named by the docs pages it links."""
+    pages = [ROOT / "README.md"]
+    readme = pages[0].read_text()
+    pages += [ROOT / link for link in re.findall(r"\]\((docs/[\w/-]+\.md)", readme)]
+    named = {m for page in pages for m in re.findall(r"examples/(\w+)", page.read_text())}
+    return [ROOT / "examples" / name for name in sorted(named)]
+
+
+def _imports(source: Path) -> set[str]:
+    """The top-level modules a file imports (anywhere in it, absolute imports only)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_every_example_the_readme_points_to_runs_after_its_install_command() -> None:
+    """An example whose imports the README's install does not bring fails at its first
+    line (`No module named 'lightning'`): each module it imports must be the standard
+    library's, its own folder's, or come from a distribution the command names."""
+    installed = _installed_by(_first_command())
+    providers = packages_distributions()
+    examples = _examples_pointed_to()
+    missing = []
+    for folder in examples:
+        local = {p.stem for p in folder.iterdir()}
+        for source in sorted(folder.glob("*.py")):
+            for module in sorted(_imports(source) - local - set(sys.stdlib_module_names)):
+                dists = {canonicalize_name(d) for d in providers.get(module, [])}
+                if not dists & installed:
+                    missing.append(f"{source.relative_to(ROOT)}: {module} ({', '.join(dists)})")
+
+    assert {e.name for e in examples} >= {"digits", "lightning", "core_api", "trainer_api"}
+    assert missing == [], "not installed by the README's install command"
 
 
 def _python_block_after(heading: str, page: str) -> str:

@@ -38,7 +38,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+try:
+    from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+except ModuleNotFoundError as e:  # Lightning is not one of Assay's own dependencies
+    if e.name is None or e.name.split(".")[0] != "lightning":
+        raise
+    raise ModuleNotFoundError(
+        "assay.lightning needs Lightning, which is not installed in this Python "
+        f"({e}): pip install 'lightning>=2.4' (Assay's `examples` extra brings it), on "
+        "every machine whose agent runs such trials",
+        name="lightning",
+    ) from None
 
 import assay
 from assay.core import Context

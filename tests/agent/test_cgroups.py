@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -298,6 +300,7 @@ def test_without_memory_and_pids_controllers_it_says_what_to_do() -> None:
         Cgroups.open("x", mountinfo=mountinfo, proc_cgroup="2:cpu:/\n")
 
 
+@pytest.mark.xdist_group("uids")  # the agent that starts enters its work dir as a lent uid
 def test_a_cgroup_fs_it_cannot_write_stops_an_isolating_agent_with_what_to_do(
     tmp_path: Path,
 ) -> None:
@@ -314,12 +317,15 @@ def test_a_cgroup_fs_it_cannot_write_stops_an_isolating_agent_with_what_to_do(
     def unwritable(agent_id: str) -> Cgroups:
         return real(agent_id, mountinfo=mountinfo, proc_cgroup="1:memory:/\n2:pids:/\n")
 
+    # Where its trials' uids reach it (pytest's folders are root's alone).
+    reachable = Path(tempfile.mkdtemp(prefix="assay-cgroups-", dir="/tmp"))
+    reachable.chmod(0o711)
     settings = AgentSettings(
         master="127.0.0.1:1",
         agent_id="no-cgroups",
         slot_type="cpu",
         slots=1,
-        work_dir=tmp_path / "work",
+        work_dir=reachable / "work",
         isolation="uid",
     )
     with pytest.MonkeyPatch.context() as patch:
@@ -327,7 +333,10 @@ def test_a_cgroup_fs_it_cannot_write_stops_an_isolating_agent_with_what_to_do(
         with pytest.raises(ValueError, match="isolation: uid puts each allocation in a cgroup"):
             Agent(settings, harness_command=["/bin/true"])
         # Opted out: the agent starts, and says so when it runs.
-        Agent(dataclasses.replace(settings, cgroups="off"), harness_command=["/bin/true"])
+        try:
+            Agent(dataclasses.replace(settings, cgroups="off"), harness_command=["/bin/true"])
+        finally:
+            shutil.rmtree(reachable)
 
 
 # --- a real agent: limits from the config, the end verified before the master hears -----

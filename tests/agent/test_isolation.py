@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -404,7 +406,7 @@ def test_an_isolating_agent_whose_python_no_trial_can_run_refuses_to_start(
         agent_id="probe",
         slot_type="cpu",
         slots=1,
-        work_dir=tmp_path / "work",
+        work_dir=base / "work",  # where the lent uid reaches it (checked first)
         isolation="uid",
         isolation_uid_base=BASE,
         isolation_uids=100,
@@ -419,7 +421,10 @@ def test_an_isolating_agent_whose_python_no_trial_can_run_refuses_to_start(
             # The same Python where every user may run it: the agent starts.
             Agent(settings, harness_command=(str(python), "-m", "assay._cluster"))
         else:  # as on a machine whose Python is under /root: named too
-            with pytest.raises(ValueError, match=f"{real.name}: Permission denied"):
+            # The script execs this Python by the path it was started with (a venv's
+            # link to it, maybe), which the shell names.
+            denied = f"{re.escape(sys.executable)}: Permission denied"
+            with pytest.raises(ValueError, match=denied):
                 Agent(settings, harness_command=(str(python), "-m", "assay._cluster"))
     finally:
         shutil.rmtree(base)
@@ -498,3 +503,80 @@ def test_every_process_of_a_uid_is_killed_even_one_forking_every_millisecond(
 
     assert processes_of(identity.uid) == set()
     assert not _beating(beat), "a process of the uid outlived the kill"
+
+
+@pytest.fixture
+def closed_folder() -> Iterator[Path]:
+    """A folder only root may enter, as `mktemp -d` makes one (0700), outside pytest's
+    own folders (root's too)."""
+    folder = Path(tempfile.mkdtemp(prefix="assay-closed-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _isolating_agent(work_dir: Path) -> Any:
+    from assay.agent import Agent, AgentSettings
+
+    settings = AgentSettings(
+        master="127.0.0.1:9",
+        agent_id="closed-work-dir",
+        slot_type="cpu",
+        slots=1,
+        work_dir=work_dir,
+        isolation="uid",
+        cgroups="off",
+    )
+    # Not `python -m assay._cluster`: this Python may be out of a lent uid's reach too,
+    # and that check is not this test's.
+    return Agent(settings, harness_command=[sys.executable, "worker.py"])
+
+
+def test_an_agent_whose_trials_cannot_reach_its_work_dir_refuses_to_start(
+    closed_folder: Path,
+) -> None:
+    work_dir = closed_folder / "agent"
+
+    with pytest.raises(ValueError, match="cannot reach the work dir") as refused:
+        _isolating_agent(work_dir)
+
+    said = str(refused.value)
+    assert f"{closed_folder} (mode 0700) lets no other user through" in said
+    assert f"`chmod o+x {closed_folder}`" in said
+    assert "work_dir that every user can pass through" in said
+    assert "isolation: none" in said
+
+
+def test_once_its_trials_can_pass_through_the_agent_starts(closed_folder: Path) -> None:
+    closed_folder.chmod(0o711)
+    work_dir = closed_folder / "deeper" / "agent"
+    (closed_folder / "deeper").mkdir(mode=0o755)
+
+    agent = _isolating_agent(work_dir)
+
+    assert agent.work_dir == work_dir
+    assert (work_dir / "allocations").stat().st_mode & 0o777 == 0o711
+    # What a lent uid does first: enter its allocation's directory and read trial.json.
+    allocation = work_dir / "allocations" / "a1"
+    allocation.mkdir(mode=0o700)
+    (allocation / "trial.json").write_text("{}")
+    os.chown(allocation, BASE + 8, BASE + 8)
+    os.chown(allocation / "trial.json", BASE + 8, BASE + 8)
+    read = _run_as(Identity(BASE + 8, BASE + 8), f"cat {allocation}/trial.json")
+    assert read.returncode == 0, read.stderr
+    assert read.stdout == "{}"
+
+
+def test_assay_agent_says_what_to_do_about_a_closed_work_dir(closed_folder: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "assay.agent.main", "--master", "127.0.0.1:9", "--slot-type",
+         "cpu", "--isolation", "uid", "--cgroups", "off", "--work-dir",
+         str(closed_folder / "agent")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "assay-agent: error: trials run as a uid of their own (isolation: uid), and such a "
+        f"uid cannot reach the work dir {closed_folder / 'agent'}: {closed_folder} (mode 0700)"
+    ), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -333,3 +333,28 @@ def test_download_of_an_s3_checkpoint_that_is_gone(
     done = run_cli("c", "download", UUID, tmp_path / "out", master=master)
 
     assert_one_line_error(done, f"checkpoint {UUID} has no state.pt in s3://{bucket}/exp7/{UUID}")
+
+
+def test_describe_lines_up_its_fields_and_files(master: FakeApi, tmp_path: Path) -> None:
+    checkpoint = stored_checkpoint(tmp_path)
+    master.responses["GetCheckpoint"] = checkpoint
+
+    done = run_cli("checkpoint", "describe", UUID, master=master)
+
+    assert_ok(done)
+    lines = done.stdout.splitlines()
+    files_at = lines.index("Files (2):")
+    fields = lines[:files_at]
+    assert fields[0] == f"UUID:            {UUID}"
+    assert "Validation:      val_loss=0.25" in fields
+    assert {len(line) - len(line.split(":", 1)[1].lstrip()) for line in fields} == {17}
+    header, *rows = lines[files_at + 1 :]
+    assert header.split() == ["NAME", "SIZE", "SHA256"]
+    assert len(rows) == 2
+    # Names left, sizes right, hashes left: each column starts (or ends) where its head does.
+    for row, f in zip(rows, checkpoint.files, strict=True):
+        assert row.startswith(f"  {f.name}")
+        assert row.index(f.sha256) == header.index("SHA256")
+        assert row.index(f.sha256) - 2 == header.index("SIZE") + len("SIZE")
+    assert rows[0].split()[1:3] == ["7.8", "KiB"]
+    assert rows[1].split()[1:3] == ["14", "B"]

@@ -12,7 +12,9 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from assay.cli.main import cli
 from assay.common.archive import unpack_model_dir
 from assay.proto import api_pb2, common_pb2
 
@@ -352,6 +354,7 @@ def test_list_trials_json(master: FakeApi) -> None:
 )
 def test_actions_send_their_enum(master: FakeApi, verb: str, kind: int) -> None:
     master.responses["ExperimentAction"] = make_experiment(9)
+    master.responses["GetExperiment"] = experiment_response(common_pb2.EXPERIMENT_STATE_CANCELED)
 
     done = run_cli("e", verb, 9, master=master)
 
@@ -433,3 +436,104 @@ def test_create_epochs_without_records_per_epoch_refused_locally(
     assert "searcher.max_length" in done.stderr
     assert "records_per_epoch" in done.stderr
     assert master.requests == []
+
+
+def _stopping_experiment(master: FakeApi, state: int) -> None:
+    """Trials 4 and 5 running and 3 completed; after the action's first read, the
+    experiment is in `state` and its two running trials CANCELED."""
+    trials = {
+        3: common_pb2.TRIAL_STATE_COMPLETED,
+        4: common_pb2.TRIAL_STATE_RUNNING,
+        5: common_pb2.TRIAL_STATE_QUEUED,
+    }
+    reads = []
+
+    def read(request: api_pb2.GetExperimentRequest) -> api_pb2.GetExperimentResponse:
+        reads.append(request)
+        if len(reads) == 1:
+            return experiment_response(trials=[make_trial(i, s) for i, s in trials.items()])
+        ended = {i: s if i == 3 else common_pb2.TRIAL_STATE_CANCELED for i, s in trials.items()}
+        return experiment_response(state, [make_trial(i, s) for i, s in ended.items()])
+
+    master.responses["GetExperiment"] = read
+
+
+def test_kill_says_how_many_trials_it_stopped(master: FakeApi) -> None:
+    _stopping_experiment(master, common_pb2.EXPERIMENT_STATE_CANCELED)
+    master.responses["ExperimentAction"] = make_experiment(
+        7, common_pb2.EXPERIMENT_STATE_STOPPING_KILLED
+    )
+
+    done = run_cli("experiment", "kill", 7, master=master)
+
+    assert_ok(done)
+    assert done.stdout == "experiment 7 killed (CANCELED): 2 trials (4, 5) stopped\n"
+    assert "STOPPING" not in done.stdout
+
+
+def test_a_kill_still_under_way_says_so(master: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    from assay.cli import _actions
+
+    _stopping_experiment(master, common_pb2.EXPERIMENT_STATE_STOPPING_KILLED)
+    master.responses["ExperimentAction"] = make_experiment(
+        7, common_pb2.EXPERIMENT_STATE_STOPPING_KILLED
+    )
+    monkeypatch.setattr(_actions, "KILL_WAIT_S", 0.3)
+    monkeypatch.setenv("ASSAY_MASTER", master.address)
+    monkeypatch.setenv("ASSAY_POLL_SECONDS", "0.05")
+
+    done = CliRunner().invoke(cli, ["experiment", "kill", "7"])
+
+    assert done.exit_code == 0, done.output
+    assert done.output == (
+        "experiment 7 is being killed: 2 trials (4, 5) still stopping; "
+        "`assay experiment wait 7` waits for them\n"
+    )
+
+
+def test_cancel_and_pause_say_what_their_trials_do(master: FakeApi) -> None:
+    _stopping_experiment(master, common_pb2.EXPERIMENT_STATE_STOPPING_CANCELED)
+    master.responses["ExperimentAction"] = make_experiment(
+        7, common_pb2.EXPERIMENT_STATE_STOPPING_CANCELED
+    )
+    canceled = run_cli("experiment", "cancel", 7, master=master)
+    _stopping_experiment(master, common_pb2.EXPERIMENT_STATE_PAUSED)
+    master.responses["ExperimentAction"] = make_experiment(7, common_pb2.EXPERIMENT_STATE_PAUSED)
+    paused = run_cli("experiment", "pause", 7, master=master)
+
+    assert_ok(canceled)
+    assert canceled.stdout == (
+        "experiment 7 canceling: 2 trials (4, 5) checkpoint, then stop; "
+        "`assay experiment wait 7` waits for them\n"
+    )
+    assert_ok(paused)
+    assert paused.stdout == (
+        "experiment 7 paused: 2 trials (4, 5) checkpoint and give back their slots; "
+        "`assay experiment activate 7` resumes them\n"
+    )
+
+
+def test_list_state_filters_group_transient_states_under_where_they_lead(
+    master: FakeApi,
+) -> None:
+    master.responses["ListExperiments"] = api_pb2.ListExperimentsResponse()
+
+    grouped = run_cli("e", "list", "--state", "canceled", "--state", "ERROR", master=master)
+    exact = run_cli("e", "list", "--state", "stopping_killed", master=master)
+    shown = run_cli("e", "list", "--help", master=master)
+    refused = run_cli("e", "list", "--state", "STOPPING", master=master)
+
+    assert_ok(grouped)
+    first, second = master.calls("ListExperiments")
+    assert list(first.states) == [
+        common_pb2.EXPERIMENT_STATE_STOPPING_CANCELED,
+        common_pb2.EXPERIMENT_STATE_STOPPING_KILLED,
+        common_pb2.EXPERIMENT_STATE_CANCELED,
+        common_pb2.EXPERIMENT_STATE_ERROR,
+    ]
+    assert_ok(exact)
+    assert list(second.states) == [common_pb2.EXPERIMENT_STATE_STOPPING_KILLED]
+    assert_ok(shown)
+    offered = shown.stdout.split("--state [", 1)[1].split("]", 1)[0]
+    assert offered.upper().split("|") == ["ACTIVE", "PAUSED", "COMPLETED", "CANCELED", "ERROR"]
+    assert_one_line_error(refused, "'STOPPING' is not one of")

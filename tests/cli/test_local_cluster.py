@@ -10,6 +10,7 @@ import http.server
 import json
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -491,3 +492,117 @@ def test_log_in_names_the_real_error_and_drops_a_password_made_for_nothing(
     assert "not logged in: this store's admin was made before" in made
     assert "assay user login admin" in made
     assert not kept.exists()
+
+
+# A pynvml ahead of the real one on the agents' path: two H100s (this machine has none),
+# as tests/agent/conftest.py's FakeNVML reports them, or a machine without the driver.
+FAKE_PYNVML = """
+from types import SimpleNamespace
+
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return 2
+def nvmlDeviceGetHandleByIndex(index): return index
+def nvmlDeviceGetName(handle): return "NVIDIA H100 80GB HBM3"
+def nvmlDeviceGetUUID(handle): return f"GPU-0000000{handle}-aaaa"
+def nvmlDeviceGetMemoryInfo(handle):
+    return SimpleNamespace(total=80 * 2**30, used=2**30, free=79 * 2**30)
+def nvmlDeviceGetUtilizationRates(handle): return SimpleNamespace(gpu=25, memory=10)
+"""
+BROKEN_PYNVML = "def nvmlInit():\n    raise RuntimeError('NVML Shared Library Not Found')\n"
+
+
+def _with_pynvml(shell: Shell, tmp_path: Path, source: str) -> None:
+    folder = tmp_path / "nvml"
+    folder.mkdir()
+    (folder / "pynvml.py").write_text(source)
+    shell.env["PYTHONPATH"] = os.pathsep.join([str(folder), *sys.path])
+
+
+def _up_args(shell: Shell, port: int, *extra: str) -> list[str]:
+    state = str(shell.home / "state")
+    return ["deploy", "local", "up", "--port", str(port), "--http-port", "0", "--state-dir",
+            state, *extra]  # fmt: skip
+
+
+def test_up_says_what_it_is_doing_on_stderr_as_it_goes(shell: Shell) -> None:
+    from assay.master.store._migrate import head_revision
+
+    port = free_port()
+
+    first = shell.run(*_up_args(shell, port, "--slots-per-agent", "1"))
+    _down(shell)
+    again = shell.run(*_up_args(shell, port, "--slots-per-agent", "1"))
+
+    assert first.returncode == 0, first.stderr
+    state = shell.home / "state"
+    steps = [
+        f"starting the master on 127.0.0.1:{port} (store: {state / 'master' / 'assay.db'}; "
+        f"log: {state / 'logs' / 'master.log'})",
+        "migrating the store to this release's schema ...",
+        "master up after ",
+        "waiting for agent local-0 to find slots and join the master",
+        "agent local-0 joined after ",
+    ]
+    lines = first.stderr.splitlines()
+    assert len(lines) == len(steps), first.stderr
+    for line, step in zip(lines, steps, strict=True):
+        assert line.startswith(step), (line, step)
+    assert lines[2].endswith(f" schema migrations run, now at revision {head_revision()})")
+    assert "master at 127.0.0.1" in first.stdout  # the results stay on stdout
+    assert "starting the master" not in first.stdout
+    # A store already at this release's schema: nothing to migrate, and not said.
+    assert again.returncode == 0, again.stderr
+    assert "migrating" not in again.stderr
+    assert re.search(r"^master up after \d+\.\d s$", again.stderr, re.MULTILINE), again.stderr
+
+
+def test_up_offers_the_gpus_nvml_finds_and_says_so(shell: Shell, tmp_path: Path) -> None:
+    _with_pynvml(shell, tmp_path, FAKE_PYNVML)
+    port = free_port()
+
+    started = shell.run(*_up_args(shell, port))
+    listed = shell.run("-m", f"127.0.0.1:{port}", "agent", "list", "--json")
+
+    assert started.returncode == 0, started.stderr
+    assert (
+        "agent local-0: 2 GPU slots (NVIDIA H100 80GB HBM3), by --slot-type auto (NVML found "
+        "GPUs; --slot-type cpu offers the CPUs instead)\n"
+    ) in started.stdout
+    assert listed.returncode == 0, listed.stderr
+    [agent] = json.loads(listed.stdout.splitlines()[-1])
+    assert (agent["id"], agent["slot_type"], agent["slots"]) == ("local-0", "CUDA", 2)
+
+
+def test_up_without_a_gpu_offers_the_cpus_and_says_why(shell: Shell, tmp_path: Path) -> None:
+    _with_pynvml(shell, tmp_path, BROKEN_PYNVML)
+
+    started = shell.run(*_up_args(shell, free_port(), "--slots-per-agent", "3"))
+
+    assert started.returncode == 0, started.stderr
+    assert re.search(
+        r"^agent local-0: 3 CPU slots \(.+\), by --slot-type auto \(no GPU found: NVML "
+        r"failed: NVML Shared Library Not Found\)$",
+        started.stdout,
+        re.MULTILINE,
+    ), started.stdout
+
+
+def test_up_asked_for_gpus_on_a_machine_without_stops_all_it_started(
+    shell: Shell, tmp_path: Path
+) -> None:
+    _with_pynvml(shell, tmp_path, BROKEN_PYNVML)
+    port = free_port()
+
+    refused = shell.run(*_up_args(shell, port, "--slot-type", "cuda"))
+
+    assert refused.returncode == 1
+    last = refused.stderr.splitlines()[-1]
+    assert last.startswith(
+        "error: agent local-0 exited: --slot-type cuda, but no GPU was found (NVML failed: "
+        "NVML Shared Library Not Found)"
+    ), refused.stderr
+    assert last.endswith("; stopped the master and agents this started")
+    assert not (shell.home / "state" / "pids.json").exists()
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # the master is gone

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
 
 from assay.proto import api_pb2, common_pb2
 
-from .conftest import FakeApi, assert_ok, assert_one_line_error, make_trial, run_cli
+from .conftest import TRACEBACK, FakeApi, assert_ok, assert_one_line_error, make_trial, run_cli
 
 
 def test_describe_json(master: FakeApi) -> None:
@@ -123,3 +132,91 @@ def test_experiment_logs_prints_its_first_trials_logs(master: FakeApi) -> None:
     assert "assay trial logs ID" in done.stderr
     [request] = master.calls("StreamTrialLogs")
     assert (request.trial_id, request.follow, request.tail) == (11, False, 3)
+
+
+def test_logs_filters_go_to_the_master(master: FakeApi) -> None:
+    master.responses["StreamTrialLogs"] = [common_pb2.LogLine(rank=2, message="loss nan")]
+    before = dt.datetime.now(dt.UTC)
+
+    done = run_cli(
+        "t", "logs", 11, "--rank", 1, "--rank-id", 2, "--level", "warning", "--since", "1h30m",
+        "--grep", "loss", "--head", 5, master=master,
+    )  # fmt: skip
+    absolute = run_cli(
+        "t", "logs", 11, "--timestamp-after", "2026-01-02T15:04:05+02:00", master=master
+    )
+
+    assert_ok(done)
+    assert done.stdout == "[rank 2] loss nan\n"
+    first, second = master.calls("StreamTrialLogs")
+    assert (list(first.ranks), first.min_level, first.search_text) == ([1, 2], "WARNING", "loss")
+    assert (first.head, first.tail, first.follow) == (5, 0, False)
+    since = dt.datetime.fromisoformat(first.since)
+    assert first.since.endswith("Z")
+    assert abs(since - (before - dt.timedelta(minutes=90))) < dt.timedelta(seconds=30)
+    assert_ok(absolute)
+    assert second.since == "2026-01-02T13:04:05Z"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--head", "3", "--tail", "2"), "--head cannot be combined with --tail or --follow"),
+        (("--head", "3", "-f"), "--head cannot be combined with --tail or --follow"),
+        (("--since", "last week"), "'last week' is neither a duration (90s, 10m, 1h30m, 2d)"),
+        (("--level", "LOUD"), "'LOUD' is not one of 'trace', 'debug', 'info', 'warning'"),
+        (("--rank", "-1"), "-1 is not in the range x>=0"),
+    ],
+)
+def test_bad_log_filters_are_one_line_errors(
+    master: FakeApi, args: tuple[str, ...], said: str
+) -> None:
+    done = run_cli("t", "logs", 11, *args, master=master)
+
+    assert_one_line_error(done, said)
+    assert master.calls("StreamTrialLogs") == []
+
+
+class _Endless:
+    """A follow that sends one line, then waits as a running trial's does."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+
+    def __call__(self, request: api_pb2.StreamTrialLogsRequest) -> Iterator[common_pb2.LogLine]:
+        yield common_pb2.LogLine(rank=0, message="epoch 1")
+        self.stop.wait(60)
+
+
+@pytest.mark.parametrize("command", [("trial", "logs", "11"), ("experiment", "logs", "7")])
+def test_ctrl_c_on_a_follow_says_the_trial_goes_on(
+    master: FakeApi, command: tuple[str, ...]
+) -> None:
+    endless = _Endless()
+    master.responses["StreamTrialLogs"] = endless
+    master.responses["GetExperiment"] = api_pb2.GetExperimentResponse(trials=[make_trial(11)])
+    env = {k: v for k, v in os.environ.items() if k != "ASSAY_MASTER"}
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "assay.cli.main", "-m", master.address, *command, "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert follow.stdout is not None
+        assert follow.stdout.readline() == "[rank 0] epoch 1\n"
+        follow.send_signal(signal.SIGINT)
+        _, err = follow.communicate(timeout=30)
+    finally:
+        endless.stop.set()
+        if follow.poll() is None:
+            follow.kill()
+
+    assert follow.returncode == 130
+    assert TRACEBACK not in err
+    assert err.strip().splitlines()[-1] == (
+        "stopped following trial 11's logs; the trial goes on running (`assay trial logs 11 "
+        "-f` follows it again, `assay trial kill 11` stops it)"
+    )
+    assert master.calls("KillTrial") == []

@@ -25,6 +25,7 @@ from assay.master.errors import (
 from assay.master.lifecycle import ExperimentStatus, TrialStatus
 from assay.master.store import (
     CheckpointRecord,
+    LogFilter,
     LogLine,
     MasterStore,
     MemoryStore,
@@ -594,3 +595,49 @@ def test_logs_are_read_in_order_and_kept_within_their_quota(master_store: Master
     assert master_store.delete_logs(trial_id) == 2  # 6 lines: 3, "oops", "abcde", the marker
     assert master_store.tail_logs(trial_id) == []
     assert master_store.expired_log_trials(T0 + dt.timedelta(days=1)) == []
+
+
+def test_log_filters_are_the_same_on_every_store(master_store: MasterStore) -> None:
+    """`assay trial logs --rank/--level/--since/--grep`: the master's query, the same on
+    SQLite, PostgreSQL and in memory. A line without a level counts as INFO."""
+    trial_id, run = _running(master_store)
+    stamp = [T0 + dt.timedelta(minutes=i) for i in range(6)]
+    master_store.append_logs(
+        trial_id,
+        run,
+        [
+            LogLine("plain print 50%", rank=0, timestamp=stamp[0]),
+            LogLine("DEBUG noisy", rank=1, level="DEBUG", timestamp=stamp[1]),
+            LogLine("INFO step 10 loss", rank=0, level="INFO", timestamp=stamp[2]),
+            LogLine("WARNING Loss is high", rank=1, level="WARNING", timestamp=stamp[3]),
+            LogLine("ERROR loss is nan", rank=2, level="ERROR", timestamp=stamp[4]),
+            LogLine("odd level", rank=0, level="NOTICE", timestamp=stamp[5]),
+        ],
+    )
+
+    def read(where: LogFilter, last: int = 0) -> list[str]:
+        if last:
+            found = master_store.last_logs(trial_id, last, where=where)
+        else:
+            found = master_store.tail_logs(trial_id, where=where)
+        return [line.message.split()[0] for line in found]
+
+    assert read(LogFilter()) == ["plain", "DEBUG", "INFO", "WARNING", "ERROR", "odd"]
+    assert read(LogFilter(ranks=frozenset({1, 2}))) == ["DEBUG", "WARNING", "ERROR"]
+    assert read(LogFilter(min_level="TRACE")) == read(LogFilter())
+    assert read(LogFilter(min_level="INFO")) == ["plain", "INFO", "WARNING", "ERROR", "odd"]
+    assert read(LogFilter(min_level="WARNING")) == ["WARNING", "ERROR"]
+    assert read(LogFilter(min_level="CRITICAL")) == []
+    assert read(LogFilter(since=stamp[3])) == ["WARNING", "ERROR", "odd"]
+    # Another offset, the same instant.
+    assert read(LogFilter(since=stamp[3].astimezone(dt.timezone(dt.timedelta(hours=-5))))) == [
+        "WARNING",
+        "ERROR",
+        "odd",
+    ]
+    assert read(LogFilter(text="loss")) == ["INFO", "ERROR"]  # case-sensitive
+    assert read(LogFilter(text="50%")) == ["plain"]  # no LIKE wildcards
+    assert read(LogFilter(text="_")) == []
+    both = LogFilter(ranks=frozenset({0, 1}), min_level="INFO", text="oss")
+    assert read(both) == ["INFO", "WARNING"]
+    assert read(LogFilter(min_level="INFO"), last=2) == ["ERROR", "odd"]

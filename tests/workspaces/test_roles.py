@@ -80,6 +80,8 @@ CLUSTER_ADMIN = {
     "SetAgentEnabled",
     "BindResourcePool",
     "UnbindResourcePool",
+    "GetMasterConfig",
+    "StreamMasterLogs",
 }
 
 
@@ -266,7 +268,7 @@ def _call(stub: api_pb2_grpc.ApiStub, rpc: str, request: Any, token: str = "") -
     try:
         if rpc == "CreateExperimentStream":  # the test channel adds tokens to unary calls only
             method(request, timeout=10, metadata=(("authorization", f"Bearer {token}"),))
-        elif rpc == "StreamTrialLogs":
+        elif rpc in ("StreamTrialLogs", "StreamMasterLogs"):
             list(method(request, timeout=10))
         else:
             method(request, timeout=10)
@@ -312,6 +314,8 @@ def test_cluster_admins_only(team: Team) -> None:
         "SetAgentEnabled": api_pb2.SetAgentEnabledRequest(id="a", enabled=False),
         "BindResourcePool": api_pb2.BindResourcePoolRequest(pool="default", workspace="team"),
         "UnbindResourcePool": api_pb2.UnbindResourcePoolRequest(pool="default", workspace="team"),
+        "GetMasterConfig": api_pb2.GetMasterConfigRequest(),
+        "StreamMasterLogs": api_pb2.StreamMasterLogsRequest(tail=5),
     }
     assert set(requests) == CLUSTER_ADMIN
     for rpc, request in requests.items():

@@ -66,6 +66,16 @@ def guess_address(master: str) -> str:
         return socket.gethostname()
 
 
+def closed_folder(path: Path) -> Path | None:
+    """The highest folder above `path` (or `path` itself) that users other than its owner
+    and group cannot pass through (no `o+x`), if any."""
+    for folder in [*reversed(path.parents), path]:
+        with contextlib.suppress(OSError):
+            if not folder.stat().st_mode & 0o001:
+                return folder
+    return None
+
+
 def default_work_dir(agent_id: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", agent_id)
     return Path(tempfile.gettempdir()) / f"assay-agent-{safe}"
@@ -108,6 +118,7 @@ class Agent:
             memory=memory_bytes(settings.allocation_memory, total),
             pids_per_slot=settings.pids_per_slot,
         )
+        self._check_work_dir()
         self._check_trials_can_start()
         self._events: queue.Queue[agent_pb2.MasterMessage] = queue.Queue()
         self.connection = MasterConnection(
@@ -170,6 +181,41 @@ class Agent:
         except OSError as e:
             raise ValueError(f"{e}, or set isolation_network: host") from None
 
+    def _check_work_dir(self) -> None:
+        """Isolated, a trial runs as a uid of no account and reads its trial.json in its
+        allocation's directory under the work dir: that uid must pass through every folder
+        above it. A work dir under one only its owner may enter (`mktemp -d`, many a home
+        directory: 0700) would fail every trial placed here, so the agent makes the work
+        dir as `run()` opens it and enters it as such a uid before joining. Raises
+        ValueError with what to do."""
+        if not self.isolation.enabled:
+            return
+        allocations = self.work_dir / "allocations"
+        try:
+            allocations.mkdir(parents=True, exist_ok=True)
+            # Allocations reach their own directory (0700 each) but cannot list others.
+            for folder in (self.work_dir, allocations):
+                folder.chmod(0o711)
+        except OSError as e:
+            raise ValueError(f"cannot make the work dir {self.work_dir}: {e}") from None
+        code, said = self._run_as_lent_uid(["/bin/sh", "-c", 'cd "$1"', "sh", str(allocations)])
+        if code == 0:
+            return
+        closed = closed_folder(allocations)
+        where = (
+            f"{closed} (mode {closed.stat().st_mode & 0o7777:04o}) lets no other user through"
+            if closed is not None
+            else said
+        )
+        let_through = f"`chmod o+x {closed}`, " if closed is not None else ""
+        raise ValueError(
+            f"trials run as a uid of their own (isolation: uid), and such a uid cannot reach "
+            f"the work dir {self.work_dir}: {where}, so every trial would fail to read its "
+            f"trial.json. Give the agent a work_dir that every user can pass through (e.g. "
+            f"/var/lib/assay/agent, as deploy/install-agent.sh does), let them through with "
+            f"{let_through}or set isolation: none on a machine only you use"
+        )
+
     def _check_trials_can_start(self) -> None:
         """Isolated, a trial runs as a uid of no account: check that such a uid can start
         the harness (its Python and Assay readable by every user) before joining, rather
@@ -177,7 +223,19 @@ class Agent:
         command = self.harness_command
         if not self.isolation.enabled or tuple(command[1:3]) != ("-m", "assay._cluster"):
             return
-        probe = [command[0], "-c", "import assay._cluster"]
+        code, said = self._run_as_lent_uid([command[0], "-c", "import assay._cluster"])
+        if code == 0:
+            return
+        raise ValueError(
+            f"trials run as a uid of their own (isolation: uid), and such a uid cannot run "
+            f"{command[0]} -m assay._cluster ({said}): install Assay where every user can "
+            "read and run it (e.g. a virtualenv under /opt, as deploy/install-agent.sh "
+            "does), or set isolation: none on a machine only you use"
+        )
+
+    def _run_as_lent_uid(self, probe: list[str]) -> tuple[int, str]:
+        """Run `probe` from / as a uid lent as to a trial, with a trial's environment;
+        its exit code and the last line it wrote to stderr (else what ended it)."""
         identity = self.isolation.lend("startup-check", 0)
         try:
             done = subprocess.run(
@@ -194,15 +252,7 @@ class Agent:
             code, err = -1, "it did not start within 120 s"
         finally:
             self.isolation.give_back(identity)
-        if code == 0:
-            return
-        said = (err.strip().splitlines() or [f"exit code {code}"])[-1]
-        raise ValueError(
-            f"trials run as a uid of their own (isolation: uid), and such a uid cannot run "
-            f"{command[0]} -m assay._cluster ({said}): install Assay where every user can "
-            "read and run it (e.g. a virtualenv under /opt, as deploy/install-agent.sh "
-            "does), or set isolation: none on a machine only you use"
-        )
+        return code, (err.strip().splitlines() or [f"exit code {code}"])[-1]
 
     def run(self) -> None:
         """Serve the master until `stop()`; every allocation has exited when it returns."""
@@ -432,7 +482,7 @@ class Agent:
             shutil.rmtree(leftovers, ignore_errors=True)
         leftovers.mkdir(parents=True, exist_ok=True)
         if self.isolation.enabled:
-            # Allocations reach their own directory (0700 each) but cannot list others.
+            # As _check_work_dir opened them (recreated here after the cleanup).
             self.work_dir.chmod(0o711)
             leftovers.chmod(0o711)
 

@@ -3,6 +3,8 @@ the cluster's machines."""
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from assay.client import percent
@@ -255,3 +257,34 @@ def master_info_command(as_json: bool) -> None:
     for key, value in data.items():
         shown = ", ".join(value) if isinstance(value, list) else value
         click.echo(f"{key.replace('_', ' ').capitalize() + ':':15}{shown if shown != '' else '-'}")
+
+
+@master.command("config")
+@user_errors
+def master_config_command() -> None:
+    """Print the settings the master runs with, as YAML (administrators only): every
+    setting, a secret's value as <hidden>, db_url without its password."""
+    click.echo(client().get_master_config(), nl=False)
+
+
+@master.command("logs")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C stops).")
+@click.option("--tail", type=click.IntRange(min=1), help="Only the last N lines (then follow).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line (JSON Lines).")
+@user_errors
+def master_logs_command(follow: bool, tail: int | None, as_json: bool) -> None:
+    """Print the master's own log (administrators only): the lines it keeps in memory
+    (its last 10,000), as `TIME LEVEL LOGGER: MESSAGE`."""
+    lines = client().stream_master_logs(tail=tail or 0, follow=follow)
+    try:
+        for line in lines:
+            when = line.timestamp.ToDatetime().isoformat(timespec="milliseconds") + "Z"
+            if as_json:
+                shown = {"id": line.id, "timestamp": when, "level": line.level}
+                echo_json({**shown, "logger": line.logger, "message": line.message})
+            else:
+                click.echo(f"{when} {line.level} {line.logger}: {line.message}")
+    except KeyboardInterrupt:
+        if not follow:
+            raise
+        sys.exit(130)

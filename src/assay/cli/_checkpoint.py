@@ -82,9 +82,15 @@ def describe_command(uuid: str, as_json: bool) -> None:
     ]
     for key, value in fields:
         click.echo(f"{key + ':':17}{'-' if value is None else value}")
-    click.echo("Files:")
-    for f in c["files"]:
-        click.echo(f"  {f['name']}  {format_bytes(f['size_bytes'])}  {f['sha256'] or '-'}")
+    if not c["files"]:
+        click.echo(f"{'Files:':17}-")
+        return
+    click.echo(f"Files ({len(c['files'])}):")
+    rows = [(f["name"], format_bytes(f["size_bytes"]), f["sha256"] or "-") for f in c["files"]]
+    name = max(len("NAME"), *(len(r[0]) for r in rows))
+    size = max(len("SIZE"), *(len(r[1]) for r in rows))
+    for row in [("NAME", "SIZE", "SHA256"), *rows]:
+        click.echo(f"  {row[0]:<{name}}  {row[1]:>{size}}  {row[2]}")
 
 
 @checkpoint.command("download")

@@ -15,7 +15,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -38,6 +37,15 @@ from assay.client import (
 )
 
 from ._common import user_errors
+from ._local_progress import (
+    AgentDidNotJoin,
+    LogTail,
+    port_taken,
+    progress,
+    running,
+    wait_for_agents,
+    wait_for_master,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,13 +83,15 @@ def _cluster_options(func: F) -> F:
                 "--slots-per-agent",
                 type=click.IntRange(min=1),
                 default=None,
-                help="CPU slots per agent (default: one per CPU core)",
+                help="Slots per agent (default: every GPU, or one per CPU core).",
             ),
             click.option(
                 "--slot-type",
-                type=click.Choice(["cpu", "cuda"]),
-                default="cpu",
+                type=click.Choice(["auto", "cpu", "cuda"]),
+                default="auto",
                 show_default=True,
+                help="What the agents offer. auto: the GPUs NVML finds, else the CPUs (as "
+                "assay-agent chooses); cuda: GPUs or fail; cpu: CPUs even beside GPUs.",
             ),
             click.option("--port", type=click.IntRange(1, 65535), default=8090, show_default=True),
             click.option(
@@ -113,7 +123,10 @@ def up(
 ) -> None:
     """Start a master and AGENTS agents in the background, and log in as admin.
 
-    The master listens on 127.0.0.1:PORT. While it runs, every `assay` command talks to
+    It says what it does as it goes (on stderr: the master starting, its store migrated
+    on a first start, each agent joining) and which slots each agent offers: its GPUs
+    on a machine that has them (--slot-type auto), else one CPU slot per core. The
+    master listens on 127.0.0.1:PORT. While it runs, every `assay` command talks to
     it unless --master or ASSAY_MASTER names another (for the default --state-dir; with
     another, name the master). The admin's password is made on the first start of a new
     store (SQLite or --db-url), or taken from ASSAY_INITIAL_ADMIN_PASSWORD, and kept
@@ -211,9 +224,9 @@ def _start(
     pids_file = state_dir / "pids.json"
     if pids_file.exists() and any(_alive(p) for p in json.loads(pids_file.read_text()).values()):
         raise AssayError(f"a local cluster from {state_dir} is already running; run down first")
-    if _port_taken(port):
+    if port_taken(port):
         raise AssayError(f"port {port} is in use; pick another with --port")
-    if http_port and _port_taken(http_port):
+    if http_port and port_taken(http_port):
         raise AssayError(
             f"port {http_port} is in use; pick another with --http-port (0: any free port)"
         )
@@ -241,14 +254,17 @@ def _start(
     if db_url:
         master_cmd += ["--db-url", db_url]
     password, origin = _admin_password(state_dir / PASSWORD_FILE)
+    address = f"127.0.0.1:{port}"
+    store = "the PostgreSQL database of --db-url" if db_url else state_dir / "master" / "assay.db"
+    progress(f"starting the master on {address} (store: {store}; log: {master_log})")
     pids["master"] = _spawn(master_cmd, master_log, {"ASSAY_INITIAL_ADMIN_PASSWORD": password})
     pids_file.write_text(json.dumps(pids))  # so that `down` can stop it whatever happens next
-    address = f"127.0.0.1:{port}"
-    if not _wait_for_port(port, pids["master"], timeout=60):
+    if not wait_for_master(port, pids["master"], LogTail(master_log, log_start), timeout=60):
         _stop(pids["master"])
         pids_file.unlink(missing_ok=True)
         raise AssayError(f"the master did not start; see {master_log}")
     join_token = os.environ.get("ASSAY_JOIN_TOKEN") or _read_join_token(state_dir / "master")
+    started: dict[str, tuple[int, LogTail]] = {}
     for i in range(agents):
         cmd = [
             sys.executable,
@@ -256,8 +272,6 @@ def _start(
             "assay.agent.main",
             "--master",
             address,
-            "--slot-type",
-            slot_type,
             "--agent-id",
             f"local-{i}",
             "--work-dir",
@@ -266,16 +280,30 @@ def _start(
             "--isolation",
             "none",
         ]
+        if slot_type != "auto":
+            cmd += ["--slot-type", slot_type]
         if slots_per_agent is not None:
             cmd += ["--slots", str(slots_per_agent)]
-        pids[f"agent-{i}"] = _spawn(cmd, logs / f"agent-{i}.log", {"ASSAY_JOIN_TOKEN": join_token})
+        log = logs / f"agent-{i}.log"
+        offset = log.stat().st_size if log.exists() else 0
+        pids[f"agent-{i}"] = _spawn(cmd, log, {"ASSAY_JOIN_TOKEN": join_token})
+        started[f"local-{i}"] = (pids[f"agent-{i}"], LogTail(log, offset))
     pids_file.write_text(json.dumps(pids))
+    try:
+        offered = wait_for_agents(started, timeout=120)
+    except AgentDidNotJoin as e:
+        for name in sorted(pids, key=lambda name: name == "master"):
+            _stop(pids[name])
+        pids_file.unlink(missing_ok=True)
+        raise AssayError(f"{e}; stopped the master and agents this started") from None
     cluster = LocalCluster(address, _ui_url(master_log, log_start, pids["master"]))
     # Whole or absent to the CLI reading it at the same time (see `local_master`).
     written = state_dir / f"{CLUSTER_FILE}.{os.getpid()}"
     written.write_text(json.dumps(asdict(cluster)))
     written.replace(state_dir / CLUSTER_FILE)
     click.echo(f"master at {address} (logs in {logs}); {agents} agent(s) started")
+    for slots in offered:
+        click.echo(slots.line(slot_type))
     click.echo(
         "single-tenant: trials run as you and can read this cluster's files; for a cluster "
         "other people use, run agents as root (deploy/install-agent.sh): a uid per trial"
@@ -461,11 +489,7 @@ def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> int:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+    return running(pid)
 
 
 def _stop(pid: int, grace: float = 20.0) -> None:
@@ -475,23 +499,5 @@ def _stop(pid: int, grace: float = 20.0) -> None:
     deadline = time.monotonic() + grace
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
-
-
-def _port_taken(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _wait_for_port(port: int, pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _port_taken(port):
-            return True
-        if not _alive(pid):
-            return False
-        time.sleep(0.2)
-    return False

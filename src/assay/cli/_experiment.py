@@ -3,32 +3,37 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from assay.client import experiment_state, struct
+from assay.client import EXPERIMENT_STATE_GROUPS, experiment_states_in, struct
 from assay.client import metric as metric_text
 from assay.errors import AssayError
 
 from . import _experiment_report as _report
 from . import _format as fmt
+from ._actions import run_action
 from ._common import AliasedGroup, client, echo_json, user_errors
 from ._experiment_create import continue_command, create_command, fork_command, watch
-from ._trial import log_options, print_logs
+from ._logs import log_options, log_query, print_logs
 
 if TYPE_CHECKING:
     from assay.proto import api_pb2
 
-STATES = [
-    "ACTIVE",
-    "PAUSED",
-    "STOPPING_CANCELED",
-    "STOPPING_KILLED",
-    "COMPLETED",
-    "CANCELED",
-    "ERROR",
-]
+
+class _StateChoice(click.Choice[str]):
+    """The states a user filters by (EXPERIMENT_STATE_GROUPS: CANCELED takes in the
+    experiments still stopping toward it); an exact transient state is still taken,
+    unlisted, by scripts that name one."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.upper() in TRANSIENT_STATES:
+            return value.upper()
+        return super().convert(value, param, ctx)
+
+
+TRANSIENT_STATES = ("STOPPING_CANCELED", "STOPPING_KILLED")
 ACTIONS = ["pause", "activate", "cancel", "kill", "archive", "unarchive"]
 SETTABLE = ["priority", "weight", "max-slots"]  # what `experiment set` changes
 DESCRIBING = ["name", "description", "labels"]  # ... and these, in any state
@@ -50,7 +55,10 @@ def _list_request(
     from assay.proto import api_pb2, common_pb2
 
     request = api_pb2.ListExperimentsRequest(
-        states=[common_pb2.ExperimentState.Value(f"EXPERIMENT_STATE_{s.upper()}") for s in states],
+        states=[
+            common_pb2.ExperimentState.Value(f"EXPERIMENT_STATE_{s}")
+            for s in experiment_states_in(states)
+        ],
         name=name or "",
         label=label or "",
         limit=limit,
@@ -68,8 +76,9 @@ def _list_request(
     "--state",
     "states",
     multiple=True,
-    type=click.Choice(STATES, case_sensitive=False),
-    help="Only these states (repeat for several).",
+    type=_StateChoice(list(EXPERIMENT_STATE_GROUPS), case_sensitive=False),
+    help="Only these states (repeat for several); CANCELED includes the experiments "
+    "being canceled or killed.",
 )
 @click.option("--name", help="Only names containing this (case-insensitive).")
 @click.option("--label", help="Only experiments with this label.")
@@ -152,9 +161,10 @@ def list_trials_command(experiment_id: int, as_json: bool) -> None:
 @click.argument("experiment_id", metavar="ID", type=int)
 @log_options
 @user_errors
-def logs_command(experiment_id: int, follow: bool, tail: int | None, as_json: bool) -> None:
-    """Print the logs of the experiment's first trial (as Determined's `det e logs`);
-    `assay trial logs ID` prints another's."""
+def logs_command(experiment_id: int, as_json: bool, **options: Any) -> None:
+    """Print the logs of the experiment's first trial (as Determined's `det e logs`),
+    with `assay trial logs`'s filters; `assay trial logs ID` prints another's."""
+    query = log_query(**options)
     trials = sorted(client().get_experiment(experiment_id).trials, key=lambda t: t.id)
     if not trials:
         raise click.ClickException(f"experiment {experiment_id} has no trials yet")
@@ -165,34 +175,21 @@ def logs_command(experiment_id: int, follow: bool, tail: int | None, as_json: bo
             f"{trials[0].id} (`assay trial logs ID` for the others: {others})",
             err=True,
         )
-    print_logs(trials[0].id, follow=follow, tail=tail, as_json=as_json)
+    print_logs(trials[0].id, query, as_json=as_json)
 
 
 def _action_command(action: str) -> click.Command:
-    done = {
-        "pause": "paused",
-        "activate": "activated",
-        "cancel": "canceling",
-        "kill": "killing",
-        "archive": "archived",
-        "unarchive": "unarchived",
-    }[action]
-
     @click.argument("experiment_id", metavar="ID", type=int)
     @user_errors
     def command(experiment_id: int) -> None:
-        from assay.proto import api_pb2
-
-        kind = api_pb2.ExperimentActionKind.Value(f"EXPERIMENT_ACTION_{action.upper()}")
-        result = client().experiment_action(experiment_id, kind)
-        state = experiment_state(result.state)
-        click.echo(f"experiment {experiment_id} {done} (state {state})")
+        click.echo(run_action(client(), experiment_id, action))
 
     helps = {
         "pause": "Pause an experiment: its trials checkpoint and release their slots.",
         "activate": "Resume (or start) a paused experiment.",
         "cancel": "Stop an experiment gracefully: trials checkpoint, then stop.",
-        "kill": "Stop an experiment now, without checkpointing.",
+        "kill": "Stop an experiment now, without checkpointing; says how many trials it "
+        "stopped once they have (waiting up to 30 s).",
         "archive": "Hide a finished experiment from `experiment list`.",
         "unarchive": "Show an archived experiment in `experiment list` again.",
     }

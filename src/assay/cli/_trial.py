@@ -6,9 +6,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -17,6 +16,7 @@ from assay.errors import AssayError, InvalidConfigError
 
 from . import _format as fmt
 from ._common import AliasedGroup, client, echo_json, user_errors
+from ._logs import log_options, log_query, print_logs
 
 
 @click.group("trial", cls=AliasedGroup)
@@ -196,46 +196,17 @@ def _lineage(t: dict[str, Any]) -> str | None:
     return f"trial {t['parent_trial_id']} (round {t['search_round']})"
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def log_options(command: F) -> F:
-    """`-f/--follow`, `--tail N` and `--json`, as `trial logs` and `experiment logs` take them."""
-    for option in reversed(
-        [
-            click.option(
-                "-f", "--follow", is_flag=True, help="Keep printing new lines until the trial ends."
-            ),
-            click.option(
-                "--tail", type=click.IntRange(min=1), help="Only the last N lines (then follow)."
-            ),
-            click.option(
-                "--json",
-                "as_json",
-                is_flag=True,
-                help="One JSON object per line (JSON Lines), as they come.",
-            ),
-        ]
-    ):
-        command = option(command)
-    return command
-
-
 @trial.command("logs")
 @click.argument("trial_id", metavar="ID", type=int)
 @log_options
 @user_errors
-def logs_command(trial_id: int, follow: bool, tail: int | None, as_json: bool) -> None:
-    """Print a trial's logs, every rank's, as `[rank R] message`."""
-    print_logs(trial_id, follow=follow, tail=tail, as_json=as_json)
+def logs_command(trial_id: int, as_json: bool, **options: Any) -> None:
+    """Print a trial's logs, every rank's, as `[rank R] message`.
 
-
-def print_logs(trial_id: int, *, follow: bool, tail: int | None, as_json: bool) -> None:
-    for line in client().stream_trial_logs(trial_id, follow=follow, tail=tail or 0):
-        if as_json:
-            echo_json(fmt.log_line_dict(line))
-        else:
-            click.echo(f"[rank {line.rank}] {line.message.rstrip(chr(10))}")
+    The filters (--rank, --level, --since, --grep) are applied by the master, before
+    --head or --tail counts lines. Ctrl-C stops following; the trial goes on running.
+    """
+    print_logs(trial_id, log_query(**options), as_json=as_json)
 
 
 @trial.command("metrics")

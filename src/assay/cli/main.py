@@ -23,6 +23,7 @@ from ._template import template
 from ._trial import run_local_command, trial
 from ._usage import usage_command
 from ._user import user
+from ._version import version_command
 from ._workspace import project, workspace
 
 __all__ = ["cli", "main", "run_local_command"]
@@ -63,6 +64,7 @@ cli.add_aliased(model, "m")
 cli.add_aliased(workspace, "w")
 cli.add_aliased(project, "p")
 cli.add_aliased(template)
+cli.add_aliased(version_command)
 
 
 def main() -> None:

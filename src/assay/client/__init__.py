@@ -58,11 +58,13 @@ from assay.client._fetch import download_checkpoint, storage_config
 from assay.client._load import LoadedCheckpoint, load_checkpoint
 from assay.client._model import Model, ModelVersion
 from assay.client._records import (
+    EXPERIMENT_STATE_GROUPS,
     TERMINAL_EXPERIMENT_STATES,
     TERMINAL_TRIAL_STATES,
     best_trial,
     checkpoint_state,
     experiment_state,
+    experiment_states_in,
     metric,
     metric_name,
     percent,
@@ -119,6 +121,7 @@ __all__ += [
     "CLUSTER_FILE",
     "DEFAULT_MASTER",
     "DEFAULT_STATE",
+    "EXPERIMENT_STATE_GROUPS",
     "TERMINAL_EXPERIMENT_STATES",
     "TERMINAL_TRIAL_STATES",
     "Client",
@@ -134,6 +137,7 @@ __all__ += [
     "download_checkpoint",
     "env_credentials",
     "experiment_state",
+    "experiment_states_in",
     "forget_session",
     "http_port_message",
     "load_session",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._registry_calls import RegistryCalls
@@ -26,6 +26,26 @@ class Client(RegistryCalls):
 
         info: api_pb2.MasterInfo = self._unary("GetMasterInfo", api_pb2.GetMasterInfoRequest())
         return info
+
+    def get_master_config(self) -> str:
+        """The master's settings as YAML, secrets hidden (administrators only)."""
+        from assay.proto import api_pb2
+
+        request = api_pb2.GetMasterConfigRequest()
+        response: api_pb2.GetMasterConfigResponse = self._unary("GetMasterConfig", request)
+        return response.yaml
+
+    def stream_master_logs(
+        self, *, tail: int = 0, follow: bool = False
+    ) -> Iterator[api_pb2.MasterLogLine]:
+        """The master's recent log lines, then, with `follow`, each new one (admins)."""
+        from assay.proto import api_pb2
+
+        request = api_pb2.StreamMasterLogsRequest(tail=tail, follow=follow)
+        timeout = None if follow else 10 * self.timeout
+        with self._errors(timeout):
+            metadata = self._metadata()
+            yield from self.stub.StreamMasterLogs(request, timeout=timeout, metadata=metadata)
 
     def create_experiment(
         self, config_yaml: str, model_definition: bytes, activate: bool
@@ -192,13 +212,35 @@ class Client(RegistryCalls):
         return response
 
     def stream_trial_logs(
-        self, trial_id: int, *, after_id: int = 0, follow: bool = False, tail: int = 0
+        self,
+        trial_id: int,
+        *,
+        after_id: int = 0,
+        follow: bool = False,
+        tail: int = 0,
+        head: int = 0,
+        ranks: Sequence[int] = (),
+        min_level: str = "",
+        since: str = "",
+        search_text: str = "",
     ) -> Iterator[common_pb2.LogLine]:
-        """Log lines in order. Without `follow` the whole call has a deadline (5 min)."""
+        """Log lines in order. Without `follow` the whole call has a deadline (5 min).
+
+        The master keeps only the lines of `ranks`, of `min_level` or higher (a line
+        without a level counts as INFO), stamped at or after `since` (RFC 3339) and
+        containing `search_text`, before `head` or `tail` counts them."""
         from assay.proto import api_pb2
 
         request = api_pb2.StreamTrialLogsRequest(
-            trial_id=trial_id, after_id=after_id, follow=follow, tail=tail
+            trial_id=trial_id,
+            after_id=after_id,
+            follow=follow,
+            tail=tail,
+            head=head,
+            ranks=list(ranks),
+            min_level=min_level,
+            since=since,
+            search_text=search_text,
         )
         timeout = None if follow else 10 * self.timeout
         with self._errors(timeout):

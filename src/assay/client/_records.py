@@ -8,7 +8,7 @@ Protobuf is imported inside the functions, so importing this module stays cheap.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,6 +18,26 @@ if TYPE_CHECKING:
 
 TERMINAL_EXPERIMENT_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR"})
 TERMINAL_TRIAL_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR"})
+# The experiment states a user filters by, each with the transient states that lead to it
+# (an experiment being canceled or killed ends CANCELED); the master's ListExperiments
+# takes the exact states.
+EXPERIMENT_STATE_GROUPS: dict[str, tuple[str, ...]] = {
+    "ACTIVE": ("ACTIVE",),
+    "PAUSED": ("PAUSED",),
+    "COMPLETED": ("COMPLETED",),
+    "CANCELED": ("STOPPING_CANCELED", "STOPPING_KILLED", "CANCELED"),
+    "ERROR": ("ERROR",),
+}
+
+
+def experiment_states_in(groups: Iterable[str]) -> list[str]:
+    """The exact states of the named groups (EXPERIMENT_STATE_GROUPS; an exact state
+    stands for itself), in the order named, each once."""
+    found: dict[str, None] = {}
+    for name in groups:
+        for state in EXPERIMENT_STATE_GROUPS.get(name.upper(), (name.upper(),)):
+            found[state] = None
+    return list(found)
 
 
 def _enum(enum_name: str, value: int, prefix: str) -> str:

@@ -25,7 +25,7 @@ from assay.master._store_owner import StoreTakenError, own_store
 from assay.master.api import AgentServicer, ApiServicer, HttpServer, TrialServicer
 from assay.master.auth import Authenticator, Guard, GuardInterceptor
 from assay.master.store import Store
-from assay.master.telemetry import NO_TELEMETRY, Telemetry
+from assay.master.telemetry import NO_TELEMETRY, SECRET_ARGS, MasterLogBuffer, Telemetry
 from assay.proto import agent_pb2_grpc, api_pb2_grpc, trial_pb2_grpc
 
 if TYPE_CHECKING:
@@ -68,9 +68,12 @@ class MasterServer:
             raise AssayError(f"cannot create the state directory {config.state_dir}: {e}") from None
         self.config = config
         self.owner = own_store(config.database_url)
+        # From here on (the store's migrations included), for `assay master logs`.
+        self.master_logs = MasterLogBuffer()
         try:
             self.store = _open_store(config.database_url)
         except BaseException:
+            self.master_logs.close()
             self.owner.release()
             raise
         # Blocking handlers (API, trial calls, agent registration) run here; threads
@@ -100,6 +103,7 @@ class MasterServer:
                 "created user admin with the password %s -- log in with `assay user login "
                 "admin` and change it with `assay user change-password`",
                 generated,
+                extra={SECRET_ARGS: True},  # not in `assay master logs`
             )
         if config.join_token is None:
             _write_private(config.state_dir / "join-token", self.join_token + "\n")
@@ -135,7 +139,7 @@ class MasterServer:
         self.master = Master(config, self.store, on_fatal=self._on_fatal, telemetry=self.telemetry)
         if self.prometheus is not None:
             self.prometheus.watch(self.master.cluster_view)
-        self.api_servicer = ApiServicer(self.master, self.pool, self.guard)
+        self.api_servicer = ApiServicer(self.master, self.pool, self.guard, self.master_logs)
         api = SyncAdapter(self.api_servicer, self.pool)
         self.http: HttpServer | None = None
         self.http_port = config.http_port
@@ -252,6 +256,7 @@ class MasterServer:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()
         self.owner.release()
+        self.master_logs.close()
 
     def wait(self) -> None:
         """Serve until stopped; raise if the store failed under the master."""
@@ -269,6 +274,7 @@ class MasterServer:
         self.loop.stop()
         self.store.close()
         self.owner.release()
+        self.master_logs.close()
 
     def _on_fatal(self, error: BaseException) -> None:
         # Memory is ahead of the database: serving on would act on unrecorded state.

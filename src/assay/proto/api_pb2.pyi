@@ -63,6 +63,100 @@ class GetMasterInfoRequest(_message.Message):
 Global___GetMasterInfoRequest: _TypeAlias = GetMasterInfoRequest  # noqa: Y015
 
 @_typing.final
+class GetMasterConfigRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMasterConfigRequest: _TypeAlias = GetMasterConfigRequest  # noqa: Y015
+
+@_typing.final
+class GetMasterConfigResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    YAML_FIELD_NUMBER: _builtins.int
+    yaml: _builtins.str
+    """Every setting as YAML, as `assay-master --check-config` prints it: a secret's value
+    reads "<hidden>", and db_url shows its address without its password.
+    """
+    def __init__(
+        self,
+        *,
+        yaml: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["yaml", b"yaml"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMasterConfigResponse: _TypeAlias = GetMasterConfigResponse  # noqa: Y015
+
+@_typing.final
+class StreamMasterLogsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TAIL_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    tail: _builtins.int
+    """only the last N lines (before following)"""
+    follow: _builtins.bool
+    def __init__(
+        self,
+        *,
+        tail: _builtins.int = ...,
+        follow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow", b"follow", "tail", b"tail"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamMasterLogsRequest: _TypeAlias = StreamMasterLogsRequest  # noqa: Y015
+
+@_typing.final
+class MasterLogLine(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_FIELD_NUMBER: _builtins.int
+    LEVEL_FIELD_NUMBER: _builtins.int
+    LOGGER_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    level: _builtins.str
+    """Python's level name: INFO, WARNING, ..."""
+    logger: _builtins.str
+    """assay.master, ..."""
+    message: _builtins.str
+    @_builtins.property
+    def timestamp(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        timestamp: _timestamp_pb2.Timestamp | None = ...,
+        level: _builtins.str = ...,
+        logger: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timestamp", b"timestamp"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "level", b"level", "logger", b"logger", "message", b"message", "timestamp", b"timestamp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MasterLogLine: _TypeAlias = MasterLogLine  # noqa: Y015
+
+@_typing.final
 class MasterInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1244,11 +1338,32 @@ class StreamTrialLogsRequest(_message.Message):
     AFTER_ID_FIELD_NUMBER: _builtins.int
     FOLLOW_FIELD_NUMBER: _builtins.int
     TAIL_FIELD_NUMBER: _builtins.int
+    HEAD_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    MIN_LEVEL_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    SEARCH_TEXT_FIELD_NUMBER: _builtins.int
     trial_id: _builtins.int
     after_id: _builtins.int
     follow: _builtins.bool
     tail: _builtins.int
     """only the last N lines (before following)"""
+    head: _builtins.int
+    """The filters below are applied by the master, before `head` and `tail` count lines.
+    Only the first N lines; not with `tail` or `follow`.
+    """
+    min_level: _builtins.str
+    """Only lines of this level or higher: TRACE, DEBUG, INFO, WARNING, ERROR or CRITICAL
+    (any case). A line without a level counts as INFO.
+    """
+    since: _builtins.str
+    """Only lines stamped at or after this time (RFC 3339, e.g. 2026-01-02T15:04:05Z)."""
+    search_text: _builtins.str
+    """Only lines containing this text (case-sensitive)."""
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Only the lines of these ranks (none: every rank)."""
+
     def __init__(
         self,
         *,
@@ -1256,10 +1371,15 @@ class StreamTrialLogsRequest(_message.Message):
         after_id: _builtins.int = ...,
         follow: _builtins.bool = ...,
         tail: _builtins.int = ...,
+        head: _builtins.int = ...,
+        ranks: _abc.Iterable[_builtins.int] | None = ...,
+        min_level: _builtins.str = ...,
+        since: _builtins.str = ...,
+        search_text: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "follow", b"follow", "tail", b"tail", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "follow", b"follow", "head", b"head", "min_level", b"min_level", "ranks", b"ranks", "search_text", b"search_text", "since", b"since", "tail", b"tail", "trial_id", b"trial_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

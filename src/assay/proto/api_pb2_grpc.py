@@ -40,6 +40,16 @@ class ApiStub:
                 request_serializer=assay_dot_proto_dot_api__pb2.GetMasterInfoRequest.SerializeToString,
                 response_deserializer=assay_dot_proto_dot_api__pb2.MasterInfo.FromString,
                 _registered_method=True)
+        self.GetMasterConfig = channel.unary_unary(
+                '/assay.v1.Api/GetMasterConfig',
+                request_serializer=assay_dot_proto_dot_api__pb2.GetMasterConfigRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.GetMasterConfigResponse.FromString,
+                _registered_method=True)
+        self.StreamMasterLogs = channel.unary_stream(
+                '/assay.v1.Api/StreamMasterLogs',
+                request_serializer=assay_dot_proto_dot_api__pb2.StreamMasterLogsRequest.SerializeToString,
+                response_deserializer=assay_dot_proto_dot_api__pb2.MasterLogLine.FromString,
+                _registered_method=True)
         self.CreateExperiment = channel.unary_unary(
                 '/assay.v1.Api/CreateExperiment',
                 request_serializer=assay_dot_proto_dot_api__pb2.CreateExperimentRequest.SerializeToString,
@@ -377,6 +387,21 @@ class ApiServicer:
 
     def GetMasterInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMasterConfig(self, request, context):
+        """The settings the master runs with, secrets hidden (administrators only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamMasterLogs(self, request, context):
+        """The master's own recent log (its last 10,000 lines, kept in memory), then, with
+        follow, each new line (administrators only).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -842,6 +867,16 @@ def add_ApiServicer_to_server(servicer, server):
                     request_deserializer=assay_dot_proto_dot_api__pb2.GetMasterInfoRequest.FromString,
                     response_serializer=assay_dot_proto_dot_api__pb2.MasterInfo.SerializeToString,
             ),
+            'GetMasterConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMasterConfig,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.GetMasterConfigRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.GetMasterConfigResponse.SerializeToString,
+            ),
+            'StreamMasterLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamMasterLogs,
+                    request_deserializer=assay_dot_proto_dot_api__pb2.StreamMasterLogsRequest.FromString,
+                    response_serializer=assay_dot_proto_dot_api__pb2.MasterLogLine.SerializeToString,
+            ),
             'CreateExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateExperiment,
                     request_deserializer=assay_dot_proto_dot_api__pb2.CreateExperimentRequest.FromString,
@@ -1200,6 +1235,60 @@ class Api:
             '/assay.v1.Api/GetMasterInfo',
             assay_dot_proto_dot_api__pb2.GetMasterInfoRequest.SerializeToString,
             assay_dot_proto_dot_api__pb2.MasterInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMasterConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/assay.v1.Api/GetMasterConfig',
+            assay_dot_proto_dot_api__pb2.GetMasterConfigRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.GetMasterConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamMasterLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/assay.v1.Api/StreamMasterLogs',
+            assay_dot_proto_dot_api__pb2.StreamMasterLogsRequest.SerializeToString,
+            assay_dot_proto_dot_api__pb2.MasterLogLine.FromString,
             options,
             channel_credentials,
             insecure,

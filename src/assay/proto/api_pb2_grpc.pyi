@@ -33,6 +33,12 @@ class ApiStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ApiAsyncStub: ...
     GetMasterInfo: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetMasterInfoRequest, _api_pb2.MasterInfo]
+    GetMasterConfig: _grpc.UnaryUnaryMultiCallable[_api_pb2.GetMasterConfigRequest, _api_pb2.GetMasterConfigResponse]
+    """The settings the master runs with, secrets hidden (administrators only)."""
+    StreamMasterLogs: _grpc.UnaryStreamMultiCallable[_api_pb2.StreamMasterLogsRequest, _api_pb2.MasterLogLine]
+    """The master's own recent log (its last 10,000 lines, kept in memory), then, with
+    follow, each new line (administrators only).
+    """
     CreateExperiment: _grpc.UnaryUnaryMultiCallable[_api_pb2.CreateExperimentRequest, _api_pb2.CreateExperimentResponse]
     CreateExperimentStream: _grpc.StreamUnaryMultiCallable[_api_pb2.CreateExperimentChunk, _api_pb2.CreateExperimentResponse]
     """CreateExperiment for a model directory of any size up to 96 MiB: no message to the
@@ -176,6 +182,12 @@ class ApiStub:
 class ApiAsyncStub(ApiStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetMasterInfo: _aio.UnaryUnaryMultiCallable[_api_pb2.GetMasterInfoRequest, _api_pb2.MasterInfo]  # type: ignore[assignment]
+    GetMasterConfig: _aio.UnaryUnaryMultiCallable[_api_pb2.GetMasterConfigRequest, _api_pb2.GetMasterConfigResponse]  # type: ignore[assignment]
+    """The settings the master runs with, secrets hidden (administrators only)."""
+    StreamMasterLogs: _aio.UnaryStreamMultiCallable[_api_pb2.StreamMasterLogsRequest, _api_pb2.MasterLogLine]  # type: ignore[assignment]
+    """The master's own recent log (its last 10,000 lines, kept in memory), then, with
+    follow, each new line (administrators only).
+    """
     CreateExperiment: _aio.UnaryUnaryMultiCallable[_api_pb2.CreateExperimentRequest, _api_pb2.CreateExperimentResponse]  # type: ignore[assignment]
     CreateExperimentStream: _aio.StreamUnaryMultiCallable[_api_pb2.CreateExperimentChunk, _api_pb2.CreateExperimentResponse]  # type: ignore[assignment]
     """CreateExperiment for a model directory of any size up to 96 MiB: no message to the
@@ -322,6 +334,24 @@ class ApiServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.GetMasterInfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.MasterInfo, _abc.Awaitable[_api_pb2.MasterInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def GetMasterConfig(
+        self,
+        request: _api_pb2.GetMasterConfigRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.GetMasterConfigResponse, _abc.Awaitable[_api_pb2.GetMasterConfigResponse]]:
+        """The settings the master runs with, secrets hidden (administrators only)."""
+
+    @_abc_1.abstractmethod
+    def StreamMasterLogs(
+        self,
+        request: _api_pb2.StreamMasterLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_api_pb2.MasterLogLine], _abc.AsyncIterator[_api_pb2.MasterLogLine]]:
+        """The master's own recent log (its last 10,000 lines, kept in memory), then, with
+        follow, each new line (administrators only).
+        """
 
     @_abc_1.abstractmethod
     def CreateExperiment(

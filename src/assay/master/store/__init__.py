@@ -32,10 +32,12 @@ from assay.master.store._protocols import (
     WorkspaceStore,
 )
 from assay.master.store._records import (
+    LOG_LEVELS,
     AgentRecord,
     AllocationRecord,
     CheckpointRecord,
     ExperimentRecord,
+    LogFilter,
     LogLine,
     MetricReport,
     MetricsReported,
@@ -77,6 +79,8 @@ __all__ = [
     "CheckpointStore",
     "ExperimentRecord",
     "ExperimentStore",
+    "LOG_LEVELS",
+    "LogFilter",
     "LogLine",
     "LogStore",
     "MasterStore",

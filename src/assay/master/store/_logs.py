@@ -15,15 +15,19 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import Engine, Select, and_, case, cast, delete, exists, func, insert, select
+from sqlalchemy import Engine, Select, and_, case, cast, delete, exists, func, insert, or_, select
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
-from sqlalchemy.types import LargeBinary
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import GenericFunction
+from sqlalchemy.types import Integer, LargeBinary
 
 from assay.master.errors import InvalidArgumentError, NotFoundError
 from assay.master.store._base import StoreBase, now
 from assay.master.store._models import TaskLog, Trial
-from assay.master.store._records import LogLine
+from assay.master.store._records import LOG_LEVELS, LogFilter, LogLine
 
 # The stream of the lines Assay itself writes into a trial's log (gaps, the quota).
 MARKER_STREAM = "assay"
@@ -141,18 +145,32 @@ class LogQueries(StoreBase):
         return rows
 
     def tail_logs(
-        self, trial_id: int, *, after_id: int = 0, limit: int = 1000, level: str | None = None
+        self,
+        trial_id: int,
+        *,
+        after_id: int = 0,
+        limit: int = 1000,
+        level: str | None = None,
+        where: LogFilter | None = None,
     ) -> list[LogLine]:
-        """Lines with id > `after_id`, oldest first (follow by passing the last id seen)."""
+        """Lines with id > `after_id`, oldest first (follow by passing the last id seen);
+        `where` keeps only the lines it matches."""
         _check_limit(limit)
-        query = _lines_of(trial_id, level).where(TaskLog.id > after_id)
+        query = _lines_of(trial_id, level, where).where(TaskLog.id > after_id)
         return self._read_lines(query.order_by(TaskLog.id).limit(limit))
 
-    def last_logs(self, trial_id: int, count: int, *, level: str | None = None) -> list[LogLine]:
-        """The newest `count` lines, oldest first: one backward walk of the trial's index,
-        however long its log is."""
+    def last_logs(
+        self,
+        trial_id: int,
+        count: int,
+        *,
+        level: str | None = None,
+        where: LogFilter | None = None,
+    ) -> list[LogLine]:
+        """The newest `count` lines (that `where` matches), oldest first: one backward
+        walk of the trial's index, however long its log is."""
         _check_limit(count)
-        query = _lines_of(trial_id, level).order_by(TaskLog.id.desc()).limit(count)
+        query = _lines_of(trial_id, level, where).order_by(TaskLog.id.desc()).limit(count)
         return self._read_lines(query)[::-1]
 
     def _read_lines(self, query: Select[TaskLog]) -> list[LogLine]:
@@ -199,15 +217,47 @@ class LogQueries(StoreBase):
         return int(deleted.rowcount)  # type: ignore[attr-defined]
 
 
+class _position(GenericFunction[int]):  # noqa: N801 - named as SQL functions are
+    """Where a text first occurs in another, from 1 (0: nowhere): a plain, case-sensitive
+    search, as LIKE (which reads % and _) is not; strpos on PostgreSQL, instr on SQLite."""
+
+    type = Integer()
+    name = "assay_position"
+    inherit_cache = True
+
+
+@compiles(_position)
+def _strpos(element: _position, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"strpos({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(_position, "sqlite")
+def _instr(element: _position, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"instr({compiler.process(element.clauses, **kw)})"
+
+
 def _check_limit(limit: int) -> None:
     if not 1 <= limit <= MAX_READ:
         raise InvalidArgumentError(f"limit must be 1-{MAX_READ}, got {limit}")
 
 
-def _lines_of(trial_id: int, level: str | None) -> Select[TaskLog]:
+def _lines_of(trial_id: int, level: str | None, where: LogFilter | None = None) -> Select[TaskLog]:
     query = select(TaskLog).where(TaskLog.trial_id == trial_id)
     if level is not None:
         query = query.where(TaskLog.level == level)
+    if where is None or where.everything:
+        return query
+    if where.ranks is not None:
+        query = query.where(TaskLog.rank.in_(sorted(where.ranks)))
+    below = where.levels_below()
+    if "INFO" in below:  # a line without a level (or another) counts as INFO: left out too
+        query = query.where(TaskLog.level.in_(LOG_LEVELS[len(below) :]))
+    elif below:
+        query = query.where(or_(TaskLog.level.is_(None), TaskLog.level.not_in(below)))
+    if where.since is not None:
+        query = query.where(TaskLog.timestamp >= where.since.astimezone(dt.UTC))
+    if where.text:
+        query = query.where(_position(TaskLog.message, where.text) > 0)
     return query
 
 

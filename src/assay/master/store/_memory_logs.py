@@ -20,7 +20,7 @@ from assay.master.store._logs import (
     quota_line,
 )
 from assay.master.store._memory_tables import MemoryDatabase, Row, Transaction
-from assay.master.store._records import LogLine
+from assay.master.store._records import LogFilter, LogLine
 
 
 class MemoryLogs:
@@ -54,18 +54,33 @@ class MemoryLogs:
             return last
 
     def tail_logs(
-        self, trial_id: int, *, after_id: int = 0, limit: int = 1000, level: str | None = None
+        self,
+        trial_id: int,
+        *,
+        after_id: int = 0,
+        limit: int = 1000,
+        level: str | None = None,
+        where: LogFilter | None = None,
     ) -> list[LogLine]:
-        """Lines with id > `after_id`, oldest first."""
+        """Lines with id > `after_id` (that `where` matches), oldest first."""
         _check_limit(limit)
         with self.database.read() as db:
-            return [_line(r) for r in _lines_of(db, trial_id, level) if r["id"] > after_id][:limit]
+            lines = (_line(r) for r in _lines_of(db, trial_id, level) if r["id"] > after_id)
+            return [line for line in lines if where is None or where.matches(line)][:limit]
 
-    def last_logs(self, trial_id: int, count: int, *, level: str | None = None) -> list[LogLine]:
-        """The newest `count` lines, oldest first."""
+    def last_logs(
+        self,
+        trial_id: int,
+        count: int,
+        *,
+        level: str | None = None,
+        where: LogFilter | None = None,
+    ) -> list[LogLine]:
+        """The newest `count` lines (that `where` matches), oldest first."""
         _check_limit(count)
         with self.database.read() as db:
-            return [_line(r) for r in _lines_of(db, trial_id, level)[-count:]]
+            lines = [_line(r) for r in _lines_of(db, trial_id, level)]
+            return [line for line in lines if where is None or where.matches(line)][-count:]
 
     def expired_log_trials(self, ended_before: dt.datetime, limit: int = 1000) -> list[int]:
         """Trials that ended before `ended_before` and still have log lines."""

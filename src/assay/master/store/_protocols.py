@@ -21,6 +21,7 @@ from assay.master.store._records import (
     AllocationRecord,
     CheckpointRecord,
     ExperimentRecord,
+    LogFilter,
     LogLine,
     MetricReport,
     MetricsReported,
@@ -154,11 +155,22 @@ class LogStore(Protocol):
     ) -> int: ...
 
     def tail_logs(
-        self, trial_id: int, *, after_id: int = 0, limit: int = 1000, level: str | None = None
+        self,
+        trial_id: int,
+        *,
+        after_id: int = 0,
+        limit: int = 1000,
+        level: str | None = None,
+        where: LogFilter | None = None,
     ) -> list[LogLine]: ...
 
     def last_logs(
-        self, trial_id: int, count: int, *, level: str | None = None
+        self,
+        trial_id: int,
+        count: int,
+        *,
+        level: str | None = None,
+        where: LogFilter | None = None,
     ) -> list[LogLine]: ...
 
     def expired_log_trials(self, ended_before: dt.datetime, limit: int = 1000) -> list[int]: ...

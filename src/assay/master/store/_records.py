@@ -160,6 +160,48 @@ class LogLine:
     run_id: int = 0
 
 
+# A trial log's levels, lowest first; a line without one (or with another) counts as INFO.
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def level_rank(level: str | None) -> int:
+    """A stored level's place in LOG_LEVELS (INFO's for none or an unknown one)."""
+    return LOG_LEVELS.index(level) if level in LOG_LEVELS else LOG_LEVELS.index("INFO")
+
+
+@dataclass(frozen=True)
+class LogFilter:
+    """Which of a trial's lines a read returns (every line when nothing is set): those of
+    `ranks`, of `min_level` or higher (one of LOG_LEVELS), stamped at or after `since`
+    (aware), whose message contains `text` (case-sensitive)."""
+
+    ranks: frozenset[int] | None = None
+    min_level: str | None = None
+    since: dt.datetime | None = None
+    text: str | None = None
+
+    @property
+    def everything(self) -> bool:
+        return self.ranks is None and not self.min_level and self.since is None and not self.text
+
+    def levels_below(self) -> list[str]:
+        """The levels `min_level` leaves out."""
+        return list(LOG_LEVELS[: level_rank(self.min_level)]) if self.min_level else []
+
+    def matches(self, line: LogLine) -> bool:
+        if self.ranks is not None and line.rank not in self.ranks:
+            return False
+        if self.min_level and level_rank(line.level) < level_rank(self.min_level):
+            return False
+        if self.since is not None and line.timestamp is not None:
+            stamp = line.timestamp
+            if stamp.tzinfo is None:  # read back from SQLite: UTC, as the store writes it
+                stamp = stamp.replace(tzinfo=dt.UTC)
+            if stamp < self.since:
+                return False
+        return not self.text or self.text in line.message
+
+
 @dataclass(frozen=True)
 class Page(Generic[T]):
     items: list[T]

@@ -7,6 +7,11 @@ multi-objective experiment's metric vectors. The Prometheus exporter is the publ
 
 from assay.master.telemetry import _trial_reports as reports
 from assay.master.telemetry import _usage as usage
+from assay.master.telemetry._master_logs import (
+    SECRET_ARGS,
+    MasterLogBuffer,
+    stream_master_logs,
+)
 from assay.master.telemetry._multi_objective import (
     fill_pareto,
     objectives_of,
@@ -15,7 +20,12 @@ from assay.master.telemetry._multi_objective import (
 )
 from assay.master.telemetry._rank_usage import RankUsageBoard
 from assay.master.telemetry._telemetry import NO_TELEMETRY, Telemetry
-from assay.master.telemetry._trial_logs import FollowerLimit, LogKeeper, stream_trial_logs
+from assay.master.telemetry._trial_logs import (
+    FollowerLimit,
+    LogKeeper,
+    log_filter,
+    stream_trial_logs,
+)
 from assay.master.telemetry._usage import pool_of
 
 __all__ = [
@@ -29,6 +39,10 @@ __all__ = [
     "pareto_points",
     "pool_of",
     "reports",
+    "log_filter",
+    "MasterLogBuffer",
+    "SECRET_ARGS",
+    "stream_master_logs",
     "stream_trial_logs",
     "usage",
     "validation_vector",

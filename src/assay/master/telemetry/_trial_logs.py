@@ -8,7 +8,8 @@ it (a tail, a follow) for the gRPC and HTTP APIs.
 - `FollowerLimit` bounds the log streams one user keeps open (`log_followers_per_user`):
   each polls the store while it lasts.
 - `stream_trial_logs` is StreamTrialLogs: the last `tail` lines come from one backward
-  read of the trial's index, then the lines after them, page by page.
+  read of the trial's index, then the lines after them, page by page; its filters (ranks,
+  a lowest level, a time, a text; `log_filter`) are the store's query, not a scan here.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Protocol, TypeVar
 
-from assay.master.errors import ResourceExhaustedError
+from assay.master.errors import InvalidArgumentError, ResourceExhaustedError
 from assay.master.lifecycle import TERMINAL_TRIAL
-from assay.master.store import LogLine, Store
+from assay.master.store import LOG_LEVELS, LogFilter, LogLine, Store
 
 log = logging.getLogger("assay.master")
 _T = TypeVar("_T")
@@ -35,6 +36,7 @@ RECHECK_S = 5.0
 RETENTION_INTERVAL_S = 3600.0
 RETENTION_FIRST_S = 30.0  # after start: the master's recovery goes first
 DELETE_BATCH = 5000
+MAX_SEARCH_TEXT = 1000
 
 
 class Reader(Protocol):
@@ -146,6 +148,55 @@ class FollowerLimit:
                 del self._open[user]
 
 
+def log_filter(
+    ranks: Sequence[int],
+    min_level: str,
+    since: str,
+    search_text: str,
+    *,
+    head: int,
+    tail: int,
+    follow: bool,
+) -> LogFilter | None:
+    """StreamTrialLogs's filters as the store reads them (None: every line), or
+    InvalidArgumentError saying which one is wrong and how to write it."""
+    if head < 0 or tail < 0:
+        raise InvalidArgumentError("head and tail must not be negative")
+    if head and (tail or follow):
+        raise InvalidArgumentError("head cannot be combined with tail or follow")
+    if any(rank < 0 for rank in ranks):
+        raise InvalidArgumentError(f"ranks count from 0, got {min(ranks)}")
+    level = min_level.upper() or None
+    if level is not None and level not in LOG_LEVELS:
+        raise InvalidArgumentError(
+            f"min_level must be one of {', '.join(LOG_LEVELS)}, got {min_level[:40]!r}"
+        )
+    since_time = None
+    if since:
+        try:
+            since_time = dt.datetime.fromisoformat(since)
+            if since_time.tzinfo is not None:
+                since_time = since_time.astimezone(dt.UTC)  # as the store keeps times
+        except (ValueError, OverflowError):  # not a time; a year 1 ahead of UTC
+            since_time = None
+        if since_time is None or since_time.tzinfo is None:
+            raise InvalidArgumentError(
+                "since must be an RFC 3339 time with its offset, such as "
+                f"2026-01-02T15:04:05Z, got {since[:40]!r}"
+            )
+    if len(search_text) > MAX_SEARCH_TEXT or "\x00" in search_text:
+        raise InvalidArgumentError(
+            f"search_text must be at most {MAX_SEARCH_TEXT} characters, without NUL"
+        )
+    found = LogFilter(
+        ranks=frozenset(ranks) if ranks else None,
+        min_level=level,
+        since=since_time,
+        text=search_text or None,
+    )
+    return None if found.everything else found
+
+
 async def stream_trial_logs(
     store: Store,
     read: Reader,
@@ -153,31 +204,51 @@ async def stream_trial_logs(
     *,
     after_id: int = 0,
     tail: int = 0,
+    head: int = 0,
     follow: bool = False,
+    where: LogFilter | None = None,
     still_allowed: Callable[[], Awaitable[object]] | None = None,
 ) -> AsyncGenerator[LogLine, None]:
-    """The trial's lines after `after_id` (only the last `tail` of them when `tail` > 0),
-    then, when following, each new line until the trial ends. `read` runs a store call
+    """The trial's lines after `after_id` that `where` matches (every line when None):
+    only the last `tail` of them when `tail` > 0, or the first `head` when `head` > 0;
+    then, when following, each new one until the trial ends. `read` runs a store call
     off the event loop; `still_allowed` raises when the caller's session has ended."""
     after = after_id
     if tail > 0:
-        lines = await read(partial(store.last_logs, trial_id, tail))
+        lines = await read(partial(store.last_logs, trial_id, tail, where=where))
         for line in lines:
             if line.id > after:
                 yield line
         after = max([after, *(line.id for line in lines)])
         if not follow:
             return
+    left = head if head > 0 else None
     loop = asyncio.get_running_loop()
     checked = loop.time()
     ending = False
     while True:
-        page = await read(partial(store.tail_logs, trial_id, after_id=after, limit=PAGE))
+        newest = None
+        if where is not None and follow:
+            # The lines up to the newest one now are all readable (a trial's appends
+            # commit in id order): a follower whose filter matched none of them need not
+            # read them again at its next poll.
+            last = await read(partial(store.last_logs, trial_id, 1))
+            newest = last[-1].id if last else 0
+        limit = PAGE if left is None else min(PAGE, left)
+        page = await read(
+            partial(store.tail_logs, trial_id, after_id=after, limit=limit, where=where)
+        )
         for line in page:
             yield line
             after = line.id
-        if len(page) == PAGE:
+        if left is not None:
+            left -= len(page)
+            if left <= 0:
+                return
+        if len(page) == limit:
             continue
+        if newest is not None:
+            after = max(after, newest)
         if ending or not follow:
             return
         if still_allowed is not None and loop.time() - checked > RECHECK_S:
@@ -191,4 +262,4 @@ async def stream_trial_logs(
         await asyncio.sleep(POLL_S)
 
 
-__all__ = ["FollowerLimit", "LogKeeper", "stream_trial_logs"]
+__all__ = ["FollowerLimit", "LogKeeper", "log_filter", "stream_trial_logs"]

@@ -17,7 +17,7 @@ from assay.master.auth import (
     metadata_dict,
 )
 from assay.master.errors import PermissionDeniedError
-from assay.master.telemetry import FollowerLimit, objectives_of
+from assay.master.telemetry import FollowerLimit, MasterLogBuffer, objectives_of
 from assay.proto import api_pb2_grpc, common_pb2
 
 
@@ -25,8 +25,16 @@ class ServicerBase(api_pb2_grpc.ApiServicer):
     """What every group of API handlers shares: the master, its store, the caller's
     roles, and who is calling. `ApiServicer` joins the groups into the one servicer."""
 
-    def __init__(self, master: Master, pool: futures.Executor, guard: Guard) -> None:
+    def __init__(
+        self,
+        master: Master,
+        pool: futures.Executor,
+        guard: Guard,
+        master_logs: MasterLogBuffer | None = None,
+    ) -> None:
+        """`master_logs`: the master's recent log, for StreamMasterLogs (None: not kept)."""
         self.master = master
+        self.master_logs = master_logs
         self.store = master.store
         self.pool = pool
         self.guard = guard

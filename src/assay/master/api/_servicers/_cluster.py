@@ -2,19 +2,85 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import grpc
+import yaml
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from assay import __version__
+from assay.common.settings import effective
 from assay.master import wire
+from assay.master._config import MasterConfig
 from assay.master.api._servicers._base import ServicerBase
-from assay.master.api._status import maps_errors
-from assay.master.errors import InvalidArgumentError
+from assay.master.api._status import maps_errors, maps_errors_stream
+from assay.master.auth import masked
+from assay.master.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+)
 from assay.master.store import WorkspaceRecord
+from assay.master.telemetry import stream_master_logs
 from assay.proto import api_pb2, common_pb2
+
+HIDDEN = "<hidden>"  # as `effective` writes a secret setting's value
+
+
+def shown_config(config: MasterConfig) -> str:
+    """The master's settings as YAML for an administrator: a secret setting's value reads
+    `<hidden>` (as `--check-config` prints it), a value under a secret-sounding key in a
+    nested one reads MASK, and db_url shows where the store is without its password."""
+    data = {
+        key: value if value == HIDDEN else masked({key: value})[key]
+        for key, value in yaml.safe_load(effective(config)).items()
+    }
+    if config.db_url:
+        with contextlib.suppress(ArgumentError):  # not a URL SQLAlchemy reads: hidden
+            data["db_url"] = make_url(config.db_url).render_as_string(hide_password=True)
+    return str(yaml.safe_dump(data, sort_keys=False))
 
 
 class ClusterRpcs(ServicerBase):
-    """What the cluster holds and waits for; agents are an administrator's to change."""
+    """What the cluster holds and waits for; agents are an administrator's to change.
+    The master's settings and log are its administrators'."""
+
+    @maps_errors
+    def GetMasterConfig(  # noqa: N802
+        self, request: api_pb2.GetMasterConfigRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetMasterConfigResponse:
+        self._admin(context, "read the master's settings")
+        return api_pb2.GetMasterConfigResponse(yaml=shown_config(self.master.config))
+
+    @maps_errors_stream
+    async def StreamMasterLogs(  # noqa: N802
+        self,
+        request: api_pb2.StreamMasterLogsRequest,
+        context: grpc.aio.ServicerContext[api_pb2.StreamMasterLogsRequest, api_pb2.MasterLogLine],
+    ) -> AsyncIterator[api_pb2.MasterLogLine]:
+        who = await self._who_async(context)
+        if not who.admin:
+            raise PermissionDeniedError(
+                f"only an administrator may read the master's log; {who.username} is not"
+            )
+        if request.tail < 0:
+            raise InvalidArgumentError(f"tail must not be negative, got {request.tail}")
+        if self.master_logs is None:
+            raise ConflictError("this master keeps no log in memory")
+        lines = stream_master_logs(self.master_logs, tail=request.tail, follow=request.follow)
+        slot: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if request.follow:
+            slot = self.log_followers.hold(who.username)
+        with slot:
+            async with contextlib.aclosing(lines):
+                async for line in lines:
+                    shown = api_pb2.MasterLogLine(
+                        id=line.id, level=line.level, logger=line.logger, message=line.message
+                    )
+                    shown.timestamp.FromDatetime(line.timestamp)
+                    yield shown
 
     @maps_errors
     def GetMasterInfo(  # noqa: N802 - gRPC method names

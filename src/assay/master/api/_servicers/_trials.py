@@ -14,7 +14,7 @@ from assay.master import wire
 from assay.master.api._servicers._base import ServicerBase
 from assay.master.api._status import maps_errors, maps_errors_stream
 from assay.master.auth import EDITOR, metadata_dict
-from assay.master.telemetry import stream_trial_logs
+from assay.master.telemetry import log_filter, stream_trial_logs
 from assay.proto import api_pb2, common_pb2
 
 _T = TypeVar("_T")
@@ -79,13 +79,24 @@ class TrialRpcs(ServicerBase):
 
         who = await self._who_async(context)
         await read(partial(self.roles.trial, who, request.trial_id))
+        where = log_filter(
+            request.ranks,
+            request.min_level,
+            request.since,
+            request.search_text,
+            head=request.head,
+            tail=request.tail,
+            follow=request.follow,
+        )
         lines = stream_trial_logs(
             self.store,
             read,
             request.trial_id,
             after_id=request.after_id,
             tail=request.tail,
+            head=request.head,
             follow=request.follow,
+            where=where,
             still_allowed=partial(read, partial(self.guard.principal, metadata)),
         )
         slot: contextlib.AbstractContextManager[None] = contextlib.nullcontext()

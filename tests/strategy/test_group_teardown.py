@@ -66,7 +66,7 @@ def _run(mode: str) -> list[tuple[int | None, str]]:
         )
         for rank in range(2)
     ]
-    out = []
+    out: list[tuple[int | None, str]] = []
     for proc in procs:
         try:
             text, _ = proc.communicate(timeout=60)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,6 +14,9 @@ from assay.errors import AssayError
 
 from ._common import client, echo_json, user_errors
 from ._watch import Watcher, summarize
+
+if TYPE_CHECKING:
+    from assay.proto import api_pb2
 
 
 @click.command("create")
@@ -129,7 +132,15 @@ def create_command(
         click.echo(f"Created experiment {created.id}" + (" (paused)" if paused else ""))
     if not follow:
         return
-    watch(api, created.id, logs=True, quiet=quiet, as_json=as_json, verb="following")
+    watch(
+        api,
+        created.id,
+        logs=True,
+        quiet=quiet,
+        as_json=as_json,
+        verb="following",
+        require_metric=test_mode,
+    )
 
 
 def _test_mode(data: dict[str, Any]) -> dict[str, Any]:
@@ -169,8 +180,11 @@ def watch(
     as_json: bool,
     verb: str,
     timeout: float | None = None,
+    require_metric: bool = False,
 ) -> None:
     """Watch until the experiment ends, print the summary, and fail unless it COMPLETED.
+    `require_metric` (`--test`): fail too when no trial validated the searcher's metric,
+    naming the metrics its trials did report.
 
     With --json, stdout holds only JSON (the summary last); what people read goes to stderr.
     """
@@ -194,6 +208,28 @@ def watch(
         click.echo(summary.line())
     if summary.state != "COMPLETED":
         raise AssayError(f"experiment {experiment_id} ended in state {summary.state}")
+    if require_metric and summary.best_validation is None:
+        raise AssayError(missing_metric(api, response, summary.metric))
+
+
+def missing_metric(api: Client, response: api_pb2.GetExperimentResponse, metric: str) -> str:
+    """Why a test run that completed without the searcher's metric failed: the metric it
+    expected, and the metrics its trials reported instead."""
+    seen: dict[str, set[str]] = {"validation": set(), "training": set()}
+    for t in response.trials:
+        for group, names in seen.items():
+            for report in api.get_trial_metrics(t.id, group).reports:
+                names.update(report.metrics)
+    expected = (
+        f"--test: experiment {response.experiment.id} completed, but no trial reported the "
+        f"searcher's metric {metric!r} (searcher.metric) in a validation, so a search would "
+        "have nothing to rank its trials by"
+    )
+    if seen["validation"]:
+        return f"{expected}; its validations reported {', '.join(sorted(seen['validation']))}"
+    training = sorted(seen["training"])
+    also = f" (training metrics: {', '.join(training)})" if training else ""
+    return f"{expected}; it reported no validation metrics{also}"
 
 
 # A secret as the master shows it (master/_secrets.py MASK): never a real value.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from assay.client import Client, experiment_state, struct
+from assay.client import Client, experiment_seed, experiment_state, struct
 from assay.errors import AssayError
 
 from ._common import client, echo_json, user_errors
@@ -255,11 +255,26 @@ def _masked_keys(config: Any, at: str = "") -> list[str]:
     "(dotted keys; VALUE is YAML). Repeat for several; applied in order.",
 )
 @click.option("--paused", is_flag=True, help="Create it paused (start with `experiment activate`).")
-@click.option("--json", "as_json", is_flag=True, help='Print {"id": N, "forked_from": ID}.')
+@click.option(
+    "--reproduce",
+    is_flag=True,
+    help="Keep ID's reproducibility.experiment_seed (also one the master drew), so that "
+    "the fork's trials get ID's hyperparameters and seeds in the same order; without it "
+    "a seed ID's config did not set is drawn anew.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help='Print {"id": N, "forked_from": ID, "seed": S}.'
+)
 @user_errors
-def fork_command(experiment_id: int, configs: tuple[str, ...], paused: bool, as_json: bool) -> None:
+def fork_command(
+    experiment_id: int, configs: tuple[str, ...], paused: bool, reproduce: bool, as_json: bool
+) -> None:
     """Create a new experiment from experiment ID's config and model definition, with
-    the changes --config gives. The new experiment starts from scratch (no checkpoint)."""
+    the changes --config gives. The new experiment starts from scratch (no checkpoint).
+
+    A fork is a new search: unless ID's config or --config sets
+    reproducibility.experiment_seed, the master draws a new seed, and the fork tries
+    other points than ID; --reproduce keeps ID's seed."""
     import yaml
 
     from assay.config import parse_config
@@ -268,9 +283,15 @@ def fork_command(experiment_id: int, configs: tuple[str, ...], paused: bool, as_
 
     api = client()
     source = api.get_experiment(experiment_id).experiment
-    # The config as submitted (key order kept), else its parsed form.
+    seed = experiment_seed(struct(source.config))
+    # The config as submitted (key order kept; a seed the master drew is only a comment
+    # there), else its parsed form, less the seed unless --reproduce.
     base = yaml.safe_load(source.config_yaml) if source.config_yaml else None
-    data = compose(base if isinstance(base, dict) else struct(source.config), configs)
+    if not isinstance(base, dict):
+        base = _without_seed(struct(source.config))
+    data = compose(base, configs)
+    if reproduce:
+        data = _reproduced(data, experiment_id, seed)
     masked = _masked_keys(data)
     if masked:
         raise AssayError(
@@ -285,11 +306,41 @@ def fork_command(experiment_id: int, configs: tuple[str, ...], paused: bool, as_
     for warning in response.warnings:
         click.echo(f"warning: {warning}", err=True)
     created = response.experiment.id
+    got = experiment_seed(struct(response.experiment.config))
     if as_json:
-        echo_json({"id": created, "forked_from": experiment_id})
+        echo_json({"id": created, "forked_from": experiment_id, "seed": got})
     else:
         state = " (paused)" if paused else ""
-        click.echo(f"Created experiment {created}{state}, forked from experiment {experiment_id}")
+        seeds = (
+            f"seed {got}, as experiment {experiment_id}'s"
+            if got == seed
+            else f"a new seed, {got}; experiment {experiment_id} has {seed}: --reproduce keeps it"
+        )
+        click.echo(
+            f"Created experiment {created}{state}, forked from experiment {experiment_id} ({seeds})"
+        )
+
+
+def _without_seed(config: dict[str, Any]) -> dict[str, Any]:
+    repro = config.get("reproducibility")
+    if not isinstance(repro, dict) or "experiment_seed" not in repro:
+        return config
+    rest = {k: v for k, v in repro.items() if k != "experiment_seed"}
+    kept = {k: v for k, v in config.items() if k != "reproducibility"}
+    return {**kept, "reproducibility": rest} if rest else kept
+
+
+def _reproduced(data: dict[str, Any], experiment_id: int, seed: int) -> dict[str, Any]:
+    """`data` with experiment `experiment_id`'s seed (`fork --reproduce`)."""
+    repro = data.get("reproducibility")
+    repro = repro if isinstance(repro, dict) else {}
+    given = repro.get("experiment_seed")
+    if given is not None and given != seed:
+        raise click.UsageError(
+            f"--reproduce keeps experiment {experiment_id}'s seed {seed}, but the config sets "
+            f"reproducibility.experiment_seed: {given}; drop one of them"
+        )
+    return {**data, "reproducibility": {**repro, "experiment_seed": seed}}
 
 
 @click.command("continue")

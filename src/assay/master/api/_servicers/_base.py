@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent import futures
 from typing import Any
 
+from assay.config import FILLED_BY_MASTER
 from assay.master import wire
 from assay.master._core import Master
 from assay.master.auth import (
@@ -83,5 +84,6 @@ class ServicerBase(api_pb2_grpc.ApiServicer):
         message.workspace, message.project = record.workspace, record.project
         text = self.store.get_config_text(experiment_id) if with_text else None
         if text is not None:
-            message.config_yaml = masked_config_text(text, record.config) or ""
+            shown = masked_config_text(text, record.config, filled=FILLED_BY_MASTER)
+            message.config_yaml = shown or ""
         return message

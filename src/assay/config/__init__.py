@@ -33,6 +33,8 @@ from assay.config._limits import (
     text_problems,
     value_problems,
 )
+from assay.config._log_policies import ACTIONS as LOG_ACTIONS
+from assay.config._log_policies import LogPolicy
 from assay.config._merge import merge
 from assay.config._pbt import PBTSpec, pbt_spec
 from assay.config._schema import (
@@ -97,7 +99,9 @@ __all__ = [
     "Int",
     "Length",
     "LengthUnit",
+    "LOG_ACTIONS",
     "Log",
+    "LogPolicy",
     "OptimizationsConfig",
     "PBTSpec",
     "Precision",

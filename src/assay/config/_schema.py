@@ -20,6 +20,7 @@ from assay.config._hparams import (
     parse_hparams,
 )
 from assay.config._length import UNBOUNDED_LENGTH, Length, LengthUnit
+from assay.config._log_policies import LogPolicy, parse_log_policies
 from assay.config._pbt import PBT_KEYS
 from assay.config._reader import REQUIRED, Section, type_name
 from assay.config._search import searcher_problems
@@ -128,6 +129,8 @@ class ExperimentConfig:
     records_per_epoch: int | None = None
     checkpoint_policy: Literal["best", "all", "none"] = "best"
     perform_initial_validation: bool = False
+    # Determined's `log_policies` that act: what a failed run's matching log lines do.
+    log_policies: tuple[LogPolicy, ...] = ()
     environment_variables: Mapping[str, str] = field(default_factory=dict)
     # Determined's per-device form (`{cpu: [...], cuda: [...]}`): set on slots of that kind.
     device_environment_variables: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -237,6 +240,7 @@ def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
     seed = repro.get_int("experiment_seed", 0, minimum=0, maximum=MAX_SEED)
     repro.finish()
     env = _determined.parse_environment(top.section("environment"), warnings)
+    log_policies = parse_log_policies(top, warnings)
     _determined.check_top_level(top, warnings)
     policy = top.get_choice("checkpoint_policy", ("best", "all", "none"), "best")
     name, description, labels = _parse_shown_text(top, limits=limits)
@@ -262,6 +266,7 @@ def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
         records_per_epoch=top.get_int("records_per_epoch", None, minimum=1),
         checkpoint_policy=policy,  # type: ignore[arg-type]
         perform_initial_validation=top.get_bool("perform_initial_validation", False),
+        log_policies=log_policies,
         environment_variables=env.variables,
         device_environment_variables=env.by_device,
         warnings=tuple(warnings),

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     "test_mode",
     is_flag=True,
     help="Determined's test mode: one trial (searcher single, its first hyperparameters) "
-    "of 1 batch, validated and checkpointed on the cluster, no restarts; implies --follow.",
+    "of 1 batch, validated and checkpointed on the cluster, no restarts; implies --follow. "
+    "Fails unless the trial completes and validates searcher.metric.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="With --follow: print only the final summary.")
 @click.option(

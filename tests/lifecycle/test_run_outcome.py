@@ -310,10 +310,13 @@ def test_a_failure_after_progress_is_restarted_and_compared_from_there() -> None
     outcome, effects = _ended(trial, _run(failure=ERROR))
     assert outcome is Outcome.RESTART
     assert fx.SetTrial(7, {"last_failure": Failure(ERROR, 60, None, 2)}) in effects
-    # A run that says nothing to compare (no line) is restarted, and changes no record.
+    # A run that says nothing to compare (no line) is restarted, and the failure before
+    # it is forgotten: only two failures in a row are compared.
     outcome, effects = _ended(trial, _run())
     assert outcome is Outcome.RESTART
-    assert not [e for e in effects if isinstance(e, fx.RecordSearch)]
+    assert fx.SetTrial(7, {"last_failure": None}) in effects
+    _, effects = _ended(_trial(run_id=2, restarts=1), _run())
+    assert not [e for e in effects if isinstance(e, fx.RecordSearch)]  # nothing changed
 
 
 POLICIES = (

@@ -265,7 +265,7 @@ def _failed(
     stopped = _not_restarted(end, outcome)
     error = f"run {run.run_id}{f' ({stopped})' if stopped else ''}: {why}"
     effects: list[Effect] = [SetTrial(trial.id, {"last_error": error})]
-    if end.failure is not None:  # the next failure is compared with this one
+    if end.failure != trial.last_failure:  # the next failure is compared with this one
         effects += [
             SetTrial(trial.id, {"last_failure": end.failure}),
             RecordSearch(run.experiment_id),

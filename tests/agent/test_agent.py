@@ -179,6 +179,8 @@ def test_a_failing_rank_takes_down_the_other(master: FakeMaster, run_agent: RunA
         "rank 1 exited with code 3; its last output: ERROR rank 1 is failing; "
         "the other ranks were stopped"
     )
+    # What the master compares with the run before, the rank left out.
+    assert exited.failure == "exited with code 3: ERROR rank 1 is failing"
     pids = [r["pid"] for r in _reports(master, "fail").values()]
     assert not any(_alive(pid) for pid in pids)
 
@@ -194,6 +196,7 @@ def test_graceful_kill_lets_processes_exit_cleanly(master: FakeMaster, run_agent
     exited = master.exited("trap", timeout=10)
     assert list(exited.exit_codes) == [0, 0]
     assert exited.message == "killed by the master (SIGTERM, then SIGKILL after 20s)"
+    assert exited.failure == ""  # the master's stop is no failure of the trial
     assert master.wait_line("trap", "got SIGTERM").stream == "stdout"
 
 

@@ -300,3 +300,45 @@ def test_create_test_runs_one_short_trial_of_a_search_on_the_cluster(
     assert trial["total_batches"] == 1
     assert refused.returncode == 1
     assert "--test runs the experiment at once" in refused.stderr
+
+
+SILENT_SCRIPT = """\
+import assay.core
+
+with assay.core.init() as core:
+    core.train.report_training_metrics(steps_completed=1, metrics={"loss": 0.5})
+"""
+
+
+def test_create_test_fails_when_the_searchers_metric_is_never_reported(
+    cluster: tuple[Shell, int], tmp_path: Path
+) -> None:
+    # A script that exits 0 without a validation completes its trial; a search of it
+    # would rank nothing, so the test run fails and names what was expected and seen.
+    sh, _ = cluster
+    (tmp_path / "train.py").write_text(SILENT_SCRIPT)
+    config = tmp_path / "asha.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "silent",
+                "entrypoint": "python3 train.py",
+                "hyperparameters": {"lr": {"type": "double", "minval": 0.01, "maxval": 0.1}},
+                "searcher": {
+                    "name": "asha",
+                    "metric": "val_loss",
+                    "max_length": {"batches": 100},
+                    "max_trials": 8,
+                },
+            }
+        )
+    )
+
+    done = sh.run("experiment", "create", str(config), str(tmp_path), "--test")
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "COMPLETED: no validation val_loss reported" in done.stdout
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: --test: experiment ")
+    assert "no trial reported the searcher's metric 'val_loss' (searcher.metric)" in error
+    assert error.endswith("it reported no validation metrics (training metrics: loss)")

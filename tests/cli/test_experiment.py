@@ -258,6 +258,7 @@ def test_describe_json_shape(master: FakeApi) -> None:
         "state": "ACTIVE",
         "searcher": "single",
         "progress": 0.0,
+        "seed": 0,  # an experiment stored before the master drew seeds
         "config": CONFIG,
         "best_trial": {"id": 11, "best_validation": 0.125},
         "slot_hours": 2.0,
@@ -311,6 +312,7 @@ def test_describe_human(master: FakeApi) -> None:
     assert_ok(done)
     assert "State:" in done.stdout
     assert "RUNNING" in done.stdout
+    assert "Seed:            0\n" in done.stdout
     # HPARAMS: what the search varies, with 4 significant digits; not its constants.
     assert done.stdout.strip().splitlines()[-1].endswith("lr=0.003162")
     assert "global_batch_size" not in done.stdout

@@ -180,6 +180,22 @@ def test_pause_activate_and_kill(session: client.Session) -> None:
     assert trial.state in {"CANCELED", "COMPLETED"}
     listed = client.list_experiments(name="sdk-control")
     assert [e.id for e in listed] == [experiment.id]
+    assert experiment.seed == 3  # regression_config sets it
+
+
+def test_an_experiment_without_a_seed_in_its_config_gets_one_drawn(
+    session: client.Session,
+) -> None:
+    config = _search_config(name="sdk-seeds")
+    del config["reproducibility"]
+    seeds = []
+    for _ in range(2):
+        experiment = client.create_experiment(config, REGRESSION_DIR, activate=False)
+        seeds.append(experiment.seed)
+        assert experiment.config["reproducibility"] == {"experiment_seed": experiment.seed}
+        assert client.get_experiment(experiment.id).seed == experiment.seed
+        experiment.kill()
+    assert seeds[0] != seeds[1]
 
 
 def test_bad_input_raises_one_clear_error(

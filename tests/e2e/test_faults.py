@@ -156,8 +156,10 @@ def test_an_agent_killed_mid_trial_moves_the_trial_to_the_other_agent(
 def test_user_code_that_keeps_failing_runs_max_restarts_plus_one_times(
     two_agents: Cluster, tmp_path: Path
 ) -> None:
+    # Each run fails with a line of its own (its pid): a failure that repeats the run
+    # before it exactly ends sooner (tests/e2e/test_repeated_failures.py).
     cluster = two_agents
-    config = _config(tmp_path, exit_at=3)
+    config = _config(tmp_path, exit_at=3, exit_says_pid=True)
     data = yaml.safe_load(config.read_text())
     data["max_restarts"] = 2
     config.write_text(yaml.safe_dump(data))

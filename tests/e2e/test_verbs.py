@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,66 @@ def test_fork_takes_the_config_and_model_definition(
     missing = _fails(cluster, "experiment", "fork", str(done["id"]), "--config", "no/such.yaml")
     assert "cannot read config file no/such.yaml" in missing
     assert cluster.json("experiment", "list", "--all") == before
+
+
+def _search(cluster: Cluster, tmp_path: Path) -> dict[str, Any]:
+    """A paused random search of 3 trials whose config sets no seed, described."""
+    config = regression_config(batches=8)
+    del config["reproducibility"]
+    config["hyperparameters"]["lr"] = {"type": "log", "minval": -3, "maxval": -1}
+    config["searcher"] = {
+        "name": "random",
+        "metric": "val_loss",
+        "max_trials": 3,
+        "max_concurrent_trials": 3,
+        "max_length": {"batches": 8},
+    }
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(config))
+    created = cluster.json("experiment", "create", str(path), str(REGRESSION_DIR), "--paused")
+    return dict(cluster.json("experiment", "describe", str(created["id"])))
+
+
+def _points(cluster: Cluster, described: dict[str, Any]) -> list[tuple[float, int]]:
+    """Each trial's lr and seed, in the order the search created them."""
+    ids = sorted(t["id"] for t in described["trials"])
+    trials = [cluster.json("trial", "describe", str(i)) for i in ids]
+    return [(t["hparams"]["lr"], t["seed"]) for t in trials]
+
+
+def test_fork_searches_anew_unless_it_reproduces(cluster: Cluster, tmp_path: Path) -> None:
+    # A fork is a new experiment, with a seed of its own unless --reproduce keeps the
+    # source's; three experiments of one config used to try the same points in order.
+    source = _search(cluster, tmp_path)
+    forked = cluster.json("experiment", "fork", str(source["id"]), "--paused")
+    kept = cluster.json("experiment", "fork", str(source["id"]), "--paused", "--reproduce")
+    text = cluster.cli("experiment", "fork", str(source["id"]), "--paused")
+    conflict = _fails(
+        cluster,
+        *("experiment", "fork", str(source["id"]), "--reproduce"),
+        *("--config", "reproducibility.experiment_seed=5"),
+    )
+    described = cluster.cli("experiment", "describe", str(source["id"]))
+    try:
+        seed = source["seed"]
+        assert source["config"]["reproducibility"] == {"experiment_seed": seed}
+        assert forked["seed"] != seed
+        assert kept["seed"] == seed
+        points = _points(cluster, source)
+        assert len(points) == 3
+        assert _points(cluster, cluster.json("experiment", "describe", str(kept["id"]))) == points
+        new = _points(cluster, cluster.json("experiment", "describe", str(forked["id"])))
+        assert not set(new) & set(points)
+        assert f"Seed:            {seed} (drawn by the master;" in described.stdout
+        assert text.returncode == 0, text.stderr
+        assert "a new seed, " in text.stdout
+        assert f"experiment {source['id']} has {seed}: --reproduce keeps it" in text.stdout
+        assert f"--reproduce keeps experiment {source['id']}'s seed {seed}" in conflict
+    finally:
+        for found in re.findall(r"Created experiment (\d+)", text.stdout):
+            cluster.cli("experiment", "kill", found)
+        for eid in (source["id"], forked["id"], kept["id"]):
+            cluster.cli("experiment", "kill", str(eid))
 
 
 def test_trial_download_best_and_latest(

@@ -6,9 +6,11 @@ import datetime as dt
 
 import pytest
 
+from assay.config import LogPolicy
 from assay.errors import INVALID_HP_EXIT_CODE, PERMANENT_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE
 from assay.master.lifecycle import (
     ExperimentStatus,
+    Failure,
     Outcome,
     Restore,
     Run,
@@ -20,10 +22,19 @@ from assay.master.lifecycle import (
     run_outcome,
 )
 from assay.master.lifecycle import effects as fx
+from assay.master.lifecycle.log_policy import Matched
 
 P = PREEMPTED_EXIT_CODE
 E = PERMANENT_ERROR_EXIT_CODE
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+
+ERROR = "exited with code 1: FileNotFoundError: [Errno 2] No such file: '/data/x.csv'"
+OOPS = Failure(ERROR, 0, None, run_id=2)
+OOPS_1 = Failure(ERROR, 0, None, run_id=1)
+AT_40 = Failure(ERROR, 40, None, run_id=1)
+OTHER_CKPT = Failure(ERROR, 0, "c-1", run_id=1)
+OTHER_ERROR = Failure("exited with code 1: KeyError: 'x'", 0, None, run_id=1)
+CANCEL = Matched(cancel="log_policies[0] matched a line from a0: CUDA out of memory")
 
 # (id, RunEnd, outcome): each row is the first that applies for its facts.
 ROWS = [
@@ -61,6 +72,33 @@ ROWS = [
     ("permanent-agent-lost", RunEnd((E,), lost=True, target=200), Outcome.LOST),
     ("permanent-when-canceled", RunEnd((E,), stopping="cancel"), Outcome.CANCELED),
     ("failed", RunEnd((1,), target=200, restarts=0, max_restarts=1), Outcome.RESTART),
+    # The same error at the same batch from the same checkpoint as the run before.
+    ("repeated", RunEnd((1,), target=200, failure=OOPS, last_failure=OOPS_1), Outcome.REPEATED),
+    ("repeated-last", RunEnd((1,), failure=OOPS, last_failure=OOPS_1), Outcome.REPEATED),
+    ("progress-since", RunEnd((1,), failure=OOPS, last_failure=AT_40), Outcome.RESTART),
+    ("new-checkpoint", RunEnd((1,), failure=OOPS, last_failure=OTHER_CKPT), Outcome.RESTART),
+    ("other-error", RunEnd((1,), failure=OOPS, last_failure=OTHER_ERROR), Outcome.RESTART),
+    ("first-failure", RunEnd((1,), target=200, failure=OOPS), Outcome.RESTART),
+    (
+        "repeated-but-preempted",
+        RunEnd((1,), stopping="preempt", failure=OOPS, last_failure=OOPS_1),
+        Outcome.PREEMPTED,
+    ),
+    ("repeated-permanent", RunEnd((E,), failure=OOPS, last_failure=OOPS_1), Outcome.PERMANENT),
+    # With no restarts left, that is the reason given.
+    (
+        "repeated-none-left",
+        RunEnd((1,), restarts=1, max_restarts=1, failure=OOPS, last_failure=OOPS_1),
+        Outcome.ERROR,
+    ),
+    ("log-policy", RunEnd((1,), target=200, matched=CANCEL), Outcome.LOG_POLICY),
+    ("log-policy-none-left", RunEnd((1,), max_restarts=0, matched=CANCEL), Outcome.ERROR),
+    ("log-policy-lost", RunEnd((), lost=True, matched=CANCEL), Outcome.LOST),
+    (
+        "log-policy-ok",
+        RunEnd((0,), target=200, is_script=True, matched=CANCEL),
+        Outcome.SCRIPT_DONE,
+    ),
     ("no-codes", RunEnd((), target=200), Outcome.RESTART),
     ("exit-0-short", RunEnd((0,), target=200), Outcome.RESTART),
     ("no-restarts-left", RunEnd((1,), target=200, restarts=1, max_restarts=1), Outcome.ERROR),
@@ -231,3 +269,99 @@ def test_a_script_done_says_what_the_searcher_missed(fields: dict[str, object], 
     [log] = [e for e in effects if isinstance(e, fx.Log)]
     assert says in log.message
     assert log.message.endswith(": the trial ends as completed")
+
+
+def _ended(trial: TrialState, run: Run, **kwargs: object) -> tuple[Outcome, list[fx.Effect]]:
+    end = run_end(run, trial, ExperimentStatus.ACTIVE, is_script=True, max_restarts=5, **kwargs)  # type: ignore[arg-type]
+    return finish_run(run, trial, end, NOW)
+
+
+def test_a_failure_that_repeats_the_run_before_ends_the_trial_and_says_why() -> None:
+    # A script opening a missing data file: run 1 failed, was restarted, and run 2 fails
+    # with the same line at the same batch, with no checkpoint between.
+    cause = "a0: rank 0 exited with code 1; its last output: " + ERROR.split(": ", 1)[1]
+    first, effects = _ended(_trial(run_id=1), _run(run_id=1, messages=[cause], failure=ERROR))
+    assert first is Outcome.RESTART
+    assert fx.SetTrial(7, {"last_failure": Failure(ERROR, 0, None, 1)}) in effects
+    assert fx.RecordSearch(3) in effects  # stored with the search state
+    trial = _trial(run_id=2, restarts=1, last_failure=Failure(ERROR, 0, None, 1))
+
+    second, effects = _ended(trial, _run(messages=[cause], failure=ERROR))
+
+    assert second is Outcome.REPEATED
+    assert _states(effects) == [TrialStatus.ERROR]
+    assert not [e for e in effects if isinstance(e, fx.Enqueue)]
+    reason = (
+        "not restarted: it failed as run 1 did, at batch 0, with no batch or checkpoint "
+        "gained since"
+    )
+    assert fx.SetTrial(7, {"last_error": f"run 2 ({reason}): {cause}"}) in effects
+    assert fx.Tell(3, "r7", "on_trial_exited_early", ("errored",)) in effects
+    [line] = [e for e in effects if isinstance(e, fx.Log)]
+    assert line.level == "ERROR"
+    assert line.message == (
+        f"assay: run 2 failed ({cause}); {reason}: the trial ends in ERROR "
+        "(4 of max_restarts 5 unused)"
+    )
+
+
+def test_a_failure_after_progress_is_restarted_and_compared_from_there() -> None:
+    trial = _trial(run_id=2, restarts=1, total_batches=60, last_failure=AT_40)
+    outcome, effects = _ended(trial, _run(failure=ERROR))
+    assert outcome is Outcome.RESTART
+    assert fx.SetTrial(7, {"last_failure": Failure(ERROR, 60, None, 2)}) in effects
+    # A run that says nothing to compare (no line) is restarted, and the failure before
+    # it is forgotten: only two failures in a row are compared.
+    outcome, effects = _ended(trial, _run())
+    assert outcome is Outcome.RESTART
+    assert fx.SetTrial(7, {"last_failure": None}) in effects
+    _, effects = _ended(_trial(run_id=2, restarts=1), _run())
+    assert not [e for e in effects if isinstance(e, fx.RecordSearch)]  # nothing changed
+
+
+POLICIES = (
+    LogPolicy("CUDA out of memory", frozenset({"cancel_retries"}), "oom", 0),
+    LogPolicy("ECC error", frozenset({"exclude_node"}), None, 1),
+)
+
+
+def test_a_line_matching_a_cancel_retries_policy_ends_the_trial_at_its_failure() -> None:
+    run = _run(messages=["a0: rank 0 exited with code 1"])
+    run.log_matches[(0, "a0")] = "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"
+
+    outcome, effects = _ended(_trial(), run, policies=POLICIES)
+
+    assert outcome is Outcome.LOG_POLICY
+    assert _states(effects) == [TrialStatus.ERROR]
+    said = (
+        "not restarted: log_policies[0] ('oom') matched a line from a0: RuntimeError: CUDA "
+        "out of memory. Tried to allocate 2 GiB (cancel_retries)"
+    )
+    [error] = [
+        e.fields["last_error"]
+        for e in effects
+        if isinstance(e, fx.SetTrial) and "last_error" in e.fields
+    ]
+    assert error == f"run 2 ({said}): a0: rank 0 exited with code 1"
+    [line] = [e for e in effects if isinstance(e, fx.Log)]
+    assert f"; {said}: the trial ends in ERROR (5 of max_restarts 5 unused)" in line.message
+
+
+def test_a_line_matching_an_exclude_node_policy_steers_the_next_runs_away() -> None:
+    run = _run(placement=(("a0", (0,)), ("a1", (0,))))
+    run.log_matches[(1, "a1")] = "NVRM: Xid 48: uncorrectable ECC error"
+
+    outcome, effects = _ended(_trial(excluded_agents=("a9",)), run, policies=POLICIES)
+
+    assert outcome is Outcome.RESTART
+    avoid = effects.index(fx.SetTrial(7, {"excluded_agents": ("a9", "a1")}))
+    assert avoid < effects.index(fx.Enqueue(7, to_back=True))  # its request avoids them
+    assert fx.RecordSearch(3) in effects
+    [note] = [e for e in effects if isinstance(e, fx.Log) and "exclude_node" in e.message]
+    assert note.message == (
+        "assay: run 2: log_policies[1] matched a line from a1: NVRM: Xid 48: uncorrectable "
+        "ECC error (exclude_node): the trial's runs avoid a1"
+    )
+    # A trial that ends has no next run to steer.
+    _, ended = _ended(_trial(restarts=5), run, policies=POLICIES)
+    assert not [e for e in ended if isinstance(e, fx.SetTrial) and "excluded_agents" in e.fields]

@@ -146,7 +146,9 @@ class ScriptedAgent:
             return
         raise AssertionError(f"unexpected message: {message}")
 
-    def exited(self, allocation_id: str, codes: list[int], message: str = "") -> None:
+    def exited(
+        self, allocation_id: str, codes: list[int], message: str = "", failure: str = ""
+    ) -> None:
         self.send(
             agent_pb2.AgentMessage(
                 allocation_state=agent_pb2.AllocationStateChange(
@@ -154,6 +156,7 @@ class ScriptedAgent:
                     state=agent_pb2.ALLOCATION_STATE_EXITED,
                     exit_codes=codes,
                     message=message,
+                    failure=failure,
                 )
             )
         )

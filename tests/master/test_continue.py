@@ -62,3 +62,16 @@ def test_overrides_must_be_a_mapping() -> None:
         parse_overrides(7, "- 1")
     with pytest.raises(InvalidArgumentError, match="not valid YAML"):
         parse_overrides(7, "a: [")
+
+
+def test_a_continued_trial_keeps_its_experiments_seed_and_an_older_one_keeps_none() -> None:
+    # `continue` goes on with the same experiment: the seed the master drew (stored with
+    # the config) stays, and cannot be changed; an experiment stored before seeds were
+    # drawn goes on with 0, as it ran.
+    stored = {**STORED, "reproducibility": {"experiment_seed": 918273}}
+    raw, config = continued_config(7, stored, {"searcher": {"max_length": {"batches": 8}}})
+    assert config.experiment_seed == 918273
+    assert raw["reproducibility"] == {"experiment_seed": 918273}
+    with pytest.raises(InvalidArgumentError, match="cannot change reproducibility.experiment_seed"):
+        continued_config(7, stored, {"reproducibility": {"experiment_seed": 1}})
+    assert continued_config(7, STORED, {})[1].experiment_seed == 0

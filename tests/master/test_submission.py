@@ -32,9 +32,10 @@ def _archive(**members: bytes) -> bytes:
 
 def test_a_resubmitted_config_is_the_same_config_with_a_searcher_of_its_own() -> None:
     model = _archive(**{"model_def.py": b"class T: pass\n"})
-    config_a, searcher_a = check_submission(CONFIG, model)
-    config_b, searcher_b = check_submission(CONFIG, model)
-    assert config_a == config_b
+    seeded = CONFIG + "reproducibility: {experiment_seed: 7}\n"
+    config_a, searcher_a = check_submission(seeded, model)
+    config_b, searcher_b = check_submission(seeded, model)
+    assert config_a is config_b  # remembered
     assert searcher_a is not searcher_b
     # Each searcher starts its own search: what one does is not seen by the other.
     first = searcher_a.initial_operations()
@@ -80,3 +81,41 @@ def test_only_ordinary_configs_are_remembered() -> None:
     check_submission(padded, model)
     check_submission(padded, model)
     assert _submission._parsed_config.cache_info().currsize == 1
+
+
+def test_a_config_without_a_seed_gets_one_drawn_for_each_submission() -> None:
+    # As Determined's master does: two experiments of one config search different points.
+    model = _archive(**{"model_def.py": b"class T: pass\n"})
+    configs = [check_submission(CONFIG, model)[0] for _ in range(4)]
+    seeds = {c.experiment_seed for c in configs}
+    assert len(seeds) == 4
+    for config in configs:
+        assert config.raw["reproducibility"] == {"experiment_seed": config.experiment_seed}
+        assert 0 <= config.experiment_seed < 2**31
+    # Everything else is the config as submitted.
+    assert {c.raw["searcher"]["max_trials"] for c in configs} == {3}
+
+
+def test_a_seed_the_config_sets_is_kept_and_its_search_repeats() -> None:
+    model = _archive(**{"model_def.py": b"class T: pass\n"})
+    seeded = CONFIG + "reproducibility:\n  experiment_seed: 1234\n"
+    (config_a, searcher_a), (config_b, searcher_b) = (
+        check_submission(seeded, model) for _ in range(2)
+    )
+    assert config_a.experiment_seed == config_b.experiment_seed == 1234
+    assert searcher_a.initial_operations() == searcher_b.initial_operations()
+    drawn = check_submission(CONFIG, model)[1].initial_operations()
+    assert drawn != searcher_a.initial_operations()
+
+
+def test_the_text_people_read_back_says_a_drawn_seed_and_keeps_a_given_one() -> None:
+    model = _archive(**{"model_def.py": b"class T: pass\n"})
+    config, _ = check_submission(CONFIG, model)
+    text = _submission.seeded_text(CONFIG, config)
+    assert text.startswith(CONFIG)
+    assert text.endswith(
+        f"# reproducibility.experiment_seed: {config.experiment_seed} (drawn by the master: "
+        "the config set none; set it to search the same points again)\n"
+    )
+    seeded = CONFIG + "reproducibility: {experiment_seed: 5}\n"
+    assert _submission.seeded_text(seeded, check_submission(seeded, model)[0]) == seeded

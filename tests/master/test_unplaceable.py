@@ -129,7 +129,11 @@ def test_no_agent_at_all_is_the_reason(master: MasterServer, api: api_pb2_grpc.A
 def test_the_config_text_comes_back_as_submitted_from_get_but_not_from_list(
     master: MasterServer, api: api_pb2_grpc.ApiStub
 ) -> None:
-    text = "# tuned by hand\n" + experiment_yaml(name="texted") + "# the end\n"
+    # The seed is set: one the master draws is added as a comment (tests/master/test_seeds.py).
+    seeded = {"experiment_seed": 3}
+    text = (
+        "# tuned by hand\n" + experiment_yaml(name="texted", reproducibility=seeded) + "# the end\n"
+    )
     created = api.CreateExperiment(
         api_pb2.CreateExperimentRequest(
             config_yaml=text, model_definition=model_archive(), activate=False

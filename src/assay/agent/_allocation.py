@@ -93,10 +93,15 @@ def state_change(
     state: agent_pb2.AllocationState.ValueType,
     codes: Sequence[int] = (),
     message: str = "",
+    failure: str = "",
 ) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(
         allocation_state=agent_pb2.AllocationStateChange(
-            allocation_id=allocation_id, state=state, exit_codes=list(codes), message=message
+            allocation_id=allocation_id,
+            state=state,
+            exit_codes=list(codes),
+            message=message,
+            failure=failure,
         )
     )
 
@@ -443,7 +448,9 @@ class Allocation:
             codes = report.codes
             if self._by_agent:
                 codes = [PREEMPTED_EXIT_CODE if c == 0 else c for c in codes]
-            self._send(state_change(self.id, agent_pb2.ALLOCATION_STATE_EXITED, codes, message))
+            failure = self._failure(report)
+            exited = agent_pb2.ALLOCATION_STATE_EXITED
+            self._send(state_change(self.id, exited, codes, message, failure))
         finally:
             self.isolation.give_back(self.identity)  # and whatever it left running
             self._close_network()
@@ -495,6 +502,16 @@ class Allocation:
         if any(c < 0 for i, c in enumerate(report.codes) if i != report.failed):
             message += "; the other ranks were stopped"
         return message
+
+    def _failure(self, report: ExitReport) -> str:
+        """How the first rank to fail ended and the last line it wrote, without the rank
+        (another rank may be the first to fail the same way next time); "" if none did,
+        or it wrote nothing to compare."""
+        assert self.processes is not None
+        if self._kill_reason is not None or report.failed is None:
+            return ""
+        last = self.processes.last_line(report.failed).strip()
+        return f"{describe_exit(report.codes[report.failed])}: {last}" if last else ""
 
     def _memory_reached(self) -> str:
         """What to do about an allocation the kernel killed at its memory limit."""

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from assay.client import Client, experiment_state, struct
+from assay.client import Client, experiment_seed, experiment_state, struct
 from assay.errors import AssayError
 
 from ._common import client, echo_json, user_errors
 from ._watch import Watcher, summarize
+
+if TYPE_CHECKING:
+    from assay.proto import api_pb2
 
 
 @click.command("create")
@@ -28,7 +31,8 @@ from ._watch import Watcher, summarize
     "test_mode",
     is_flag=True,
     help="Determined's test mode: one trial (searcher single, its first hyperparameters) "
-    "of 1 batch, validated and checkpointed on the cluster, no restarts; implies --follow.",
+    "of 1 batch, validated and checkpointed on the cluster, no restarts; implies --follow. "
+    "Fails unless the trial completes and validates searcher.metric.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="With --follow: print only the final summary.")
 @click.option(
@@ -129,7 +133,15 @@ def create_command(
         click.echo(f"Created experiment {created.id}" + (" (paused)" if paused else ""))
     if not follow:
         return
-    watch(api, created.id, logs=True, quiet=quiet, as_json=as_json, verb="following")
+    watch(
+        api,
+        created.id,
+        logs=True,
+        quiet=quiet,
+        as_json=as_json,
+        verb="following",
+        require_metric=test_mode,
+    )
 
 
 def _test_mode(data: dict[str, Any]) -> dict[str, Any]:
@@ -169,8 +181,11 @@ def watch(
     as_json: bool,
     verb: str,
     timeout: float | None = None,
+    require_metric: bool = False,
 ) -> None:
     """Watch until the experiment ends, print the summary, and fail unless it COMPLETED.
+    `require_metric` (`--test`): fail too when no trial validated the searcher's metric,
+    naming the metrics its trials did report.
 
     With --json, stdout holds only JSON (the summary last); what people read goes to stderr.
     """
@@ -194,6 +209,28 @@ def watch(
         click.echo(summary.line())
     if summary.state != "COMPLETED":
         raise AssayError(f"experiment {experiment_id} ended in state {summary.state}")
+    if require_metric and summary.best_validation is None:
+        raise AssayError(missing_metric(api, response, summary.metric))
+
+
+def missing_metric(api: Client, response: api_pb2.GetExperimentResponse, metric: str) -> str:
+    """Why a test run that completed without the searcher's metric failed: the metric it
+    expected, and the metrics its trials reported instead."""
+    seen: dict[str, set[str]] = {"validation": set(), "training": set()}
+    for t in response.trials:
+        for group, names in seen.items():
+            for report in api.get_trial_metrics(t.id, group).reports:
+                names.update(report.metrics)
+    expected = (
+        f"--test: experiment {response.experiment.id} completed, but no trial reported the "
+        f"searcher's metric {metric!r} (searcher.metric) in a validation, so a search would "
+        "have nothing to rank its trials by"
+    )
+    if seen["validation"]:
+        return f"{expected}; its validations reported {', '.join(sorted(seen['validation']))}"
+    training = sorted(seen["training"])
+    also = f" (training metrics: {', '.join(training)})" if training else ""
+    return f"{expected}; it reported no validation metrics{also}"
 
 
 # A secret as the master shows it (master/_secrets.py MASK): never a real value.
@@ -219,11 +256,26 @@ def _masked_keys(config: Any, at: str = "") -> list[str]:
     "(dotted keys; VALUE is YAML). Repeat for several; applied in order.",
 )
 @click.option("--paused", is_flag=True, help="Create it paused (start with `experiment activate`).")
-@click.option("--json", "as_json", is_flag=True, help='Print {"id": N, "forked_from": ID}.')
+@click.option(
+    "--reproduce",
+    is_flag=True,
+    help="Keep ID's reproducibility.experiment_seed (also one the master drew), so that "
+    "the fork's trials get ID's hyperparameters and seeds in the same order; without it "
+    "a seed ID's config did not set is drawn anew.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help='Print {"id": N, "forked_from": ID, "seed": S}.'
+)
 @user_errors
-def fork_command(experiment_id: int, configs: tuple[str, ...], paused: bool, as_json: bool) -> None:
+def fork_command(
+    experiment_id: int, configs: tuple[str, ...], paused: bool, reproduce: bool, as_json: bool
+) -> None:
     """Create a new experiment from experiment ID's config and model definition, with
-    the changes --config gives. The new experiment starts from scratch (no checkpoint)."""
+    the changes --config gives. The new experiment starts from scratch (no checkpoint).
+
+    A fork is a new search: unless ID's config or --config sets
+    reproducibility.experiment_seed, the master draws a new seed, and the fork tries
+    other points than ID; --reproduce keeps ID's seed."""
     import yaml
 
     from assay.config import parse_config
@@ -232,9 +284,15 @@ def fork_command(experiment_id: int, configs: tuple[str, ...], paused: bool, as_
 
     api = client()
     source = api.get_experiment(experiment_id).experiment
-    # The config as submitted (key order kept), else its parsed form.
+    seed = experiment_seed(struct(source.config))
+    # The config as submitted (key order kept; a seed the master drew is only a comment
+    # there), else its parsed form, less the seed unless --reproduce.
     base = yaml.safe_load(source.config_yaml) if source.config_yaml else None
-    data = compose(base if isinstance(base, dict) else struct(source.config), configs)
+    if not isinstance(base, dict):
+        base = _without_seed(struct(source.config))
+    data = compose(base, configs)
+    if reproduce:
+        data = _reproduced(data, experiment_id, seed)
     masked = _masked_keys(data)
     if masked:
         raise AssayError(
@@ -249,11 +307,41 @@ def fork_command(experiment_id: int, configs: tuple[str, ...], paused: bool, as_
     for warning in response.warnings:
         click.echo(f"warning: {warning}", err=True)
     created = response.experiment.id
+    got = experiment_seed(struct(response.experiment.config))
     if as_json:
-        echo_json({"id": created, "forked_from": experiment_id})
+        echo_json({"id": created, "forked_from": experiment_id, "seed": got})
     else:
         state = " (paused)" if paused else ""
-        click.echo(f"Created experiment {created}{state}, forked from experiment {experiment_id}")
+        seeds = (
+            f"seed {got}, as experiment {experiment_id}'s"
+            if got == seed
+            else f"a new seed, {got}; experiment {experiment_id} has {seed}: --reproduce keeps it"
+        )
+        click.echo(
+            f"Created experiment {created}{state}, forked from experiment {experiment_id} ({seeds})"
+        )
+
+
+def _without_seed(config: dict[str, Any]) -> dict[str, Any]:
+    repro = config.get("reproducibility")
+    if not isinstance(repro, dict) or "experiment_seed" not in repro:
+        return config
+    rest = {k: v for k, v in repro.items() if k != "experiment_seed"}
+    kept = {k: v for k, v in config.items() if k != "reproducibility"}
+    return {**kept, "reproducibility": rest} if rest else kept
+
+
+def _reproduced(data: dict[str, Any], experiment_id: int, seed: int) -> dict[str, Any]:
+    """`data` with experiment `experiment_id`'s seed (`fork --reproduce`)."""
+    repro = data.get("reproducibility")
+    repro = repro if isinstance(repro, dict) else {}
+    given = repro.get("experiment_seed")
+    if given is not None and given != seed:
+        raise click.UsageError(
+            f"--reproduce keeps experiment {experiment_id}'s seed {seed}, but the config sets "
+            f"reproducibility.experiment_seed: {given}; drop one of them"
+        )
+    return {**data, "reproducibility": {**repro, "experiment_seed": seed}}
 
 
 @click.command("continue")

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from assay.client import best_trial, metric, struct, trial_state
+from assay.client import best_trial, experiment_seed, metric, struct, trial_state
 
 from . import _format as fmt
 
@@ -32,6 +32,7 @@ def as_text(response: api_pb2.GetExperimentResponse) -> str:
         ("Name", e["name"]),
         ("State", e["state"] + (" (archived)" if e["archived"] else "")),
         ("Searcher", e["searcher"] or None),
+        ("Seed", seed_text(response.experiment)),
         ("Progress", fmt.progress(e["state"], e["progress"])),
         ("Best validation", metric(e["best_validation"])),
         ("Best trial", best["id"] if best else None),
@@ -55,6 +56,20 @@ def as_text(response: api_pb2.GetExperimentResponse) -> str:
     if response.objectives:
         lines += ["", _pareto_table(response)]
     return "\n".join(lines)
+
+
+def seed_text(e: common_pb2.Experiment) -> str:
+    """`reproducibility.experiment_seed`, and whether the master drew it (its config as
+    submitted sets none)."""
+    import yaml
+
+    from assay.config import seed_is_set
+
+    seed = str(experiment_seed(struct(e.config)))
+    written = yaml.safe_load(e.config_yaml) if e.config_yaml else None
+    if isinstance(written, dict) and not seed_is_set(written):
+        return f"{seed} (drawn by the master; `experiment fork --reproduce` keeps it)"
+    return seed
 
 
 def filed(found: Any) -> str | None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from assay.client import (
     best_trial,
     checkpoint_state,
+    experiment_seed,
     experiment_state,
     metric,
     percent,
@@ -121,6 +122,7 @@ def experiment_detail(response: api_pb2.GetExperimentResponse) -> dict[str, Any]
         "state": experiment_state(e.state),
         "searcher": e.searcher,
         "progress": e.progress,
+        "seed": experiment_seed(config),
         "config": config,
         "best_trial": best_trial(response.trials, config),
         "slot_hours": response.slot_seconds / 3600,

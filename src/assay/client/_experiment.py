@@ -56,6 +56,13 @@ class Experiment:
         return fmt.struct(self._record.config)
 
     @property
+    def seed(self) -> int:
+        """`reproducibility.experiment_seed`: the config's, or the one the master drew for
+        an experiment whose config set none (its trials' hyperparameters and seeds derive
+        from it; set it in a config to search the same points again)."""
+        return fmt.experiment_seed(self.config)
+
+    @property
     def state(self) -> str:
         """ACTIVE, PAUSED, STOPPING_CANCELED, STOPPING_KILLED, COMPLETED, CANCELED or ERROR."""
         self.reload()

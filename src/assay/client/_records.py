@@ -153,3 +153,11 @@ def progress_line(response: api_pb2.GetExperimentResponse) -> str:
 def metric_name(config: Mapping[str, Any]) -> str:
     """The searcher's metric, as a progress line names it."""
     return searcher_objective(config)[0] or "metric"
+
+
+def experiment_seed(config: Mapping[str, Any]) -> int:
+    """The `reproducibility.experiment_seed` a stored config holds: the config's own, or
+    the one the master drew for it; 0 for an experiment stored before seeds were drawn."""
+    repro = config.get("reproducibility")
+    seed = repro.get("experiment_seed") if isinstance(repro, Mapping) else None
+    return 0 if seed is None else int(seed)

@@ -33,13 +33,19 @@ from assay.config._limits import (
     text_problems,
     value_problems,
 )
+from assay.config._log_policies import ACTIONS as LOG_ACTIONS
+from assay.config._log_policies import LogPolicy
 from assay.config._merge import merge
 from assay.config._pbt import PBTSpec, pbt_spec
 from assay.config._schema import (
+    FILLED_BY_MASTER,
+    MAX_SEED,
     ExperimentConfig,
     load_config,
     parse_config,
     searcher_in_batches,
+    seed_is_set,
+    with_experiment_seed,
 )
 from assay.config._search import (
     BracketPreview,
@@ -67,6 +73,7 @@ from assay.config._sections import (
 from assay.config._size import format_size, parse_memory, parse_size
 
 __all__ = [
+    "FILLED_BY_MASTER",
     "MAX_CONFIG_DEPTH",
     "MAX_DESCRIPTION_CHARS",
     "MAX_GRID_POINTS",
@@ -74,6 +81,7 @@ __all__ = [
     "MAX_LABEL_CHARS",
     "MAX_METRIC_NAME_CHARS",
     "MAX_NAME_CHARS",
+    "MAX_SEED",
     "MAX_WEIGHT",
     "MIN_WEIGHT",
     "METRIC_NAMES_PER_TRIAL",
@@ -91,7 +99,9 @@ __all__ = [
     "Int",
     "Length",
     "LengthUnit",
+    "LOG_ACTIONS",
     "Log",
+    "LogPolicy",
     "OptimizationsConfig",
     "PBTSpec",
     "Precision",
@@ -126,4 +136,6 @@ __all__ = [
     "sample_hparams",
     "search_spec",
     "searcher_in_batches",
+    "seed_is_set",
+    "with_experiment_seed",
 ]

@@ -223,19 +223,8 @@ def _empty(value: Any) -> bool:
 
 
 def _check_policies(top: Section, warnings: list[str]) -> None:
-    """log_policies, retention_policy, preemption_timeout, integrations."""
-    if "log_policies" in top.data:
-        if _empty(top.raw("log_policies")):
-            warnings.append("log_policies: has no effect: Assay has no log policies")
-        else:
-            top.error(
-                "log_policies",
-                "Assay has no log policies: a failure every run would repeat (a missing "
-                "entrypoint, an import error, a wrong hyperparameter type) already ends the "
-                "trial in ERROR at its first run, other failures restart it up to "
-                "max_restarts times (set max_restarts: 0 to never retry), and no agent is "
-                "excluded; remove it",
-            )
+    """retention_policy, preemption_timeout, integrations (`log_policies` are read by
+    `_log_policies`)."""
     if "retention_policy" in top.data:
         policy = top.raw("retention_policy")
         days = policy.get("log_retention_days") if isinstance(policy, Mapping) else policy

@@ -20,6 +20,7 @@ from assay.config._hparams import (
     parse_hparams,
 )
 from assay.config._length import UNBOUNDED_LENGTH, Length, LengthUnit
+from assay.config._log_policies import LogPolicy, parse_log_policies
 from assay.config._pbt import PBT_KEYS
 from assay.config._reader import REQUIRED, Section, type_name
 from assay.config._search import searcher_problems
@@ -118,6 +119,8 @@ class ExperimentConfig:
     min_checkpoint_period: Length | None = None
     checkpoint_storage: CheckpointStorageConfig = field(default_factory=CheckpointStorageConfig)
     max_restarts: int = 5
+    # 0 when the config sets none: a master draws one for each experiment instead
+    # (`with_experiment_seed`), so that two searches of one config try different points.
     experiment_seed: int = 0
     scheduling_unit: int = 100
     data: Mapping[str, Any] = field(default_factory=dict)
@@ -126,6 +129,8 @@ class ExperimentConfig:
     records_per_epoch: int | None = None
     checkpoint_policy: Literal["best", "all", "none"] = "best"
     perform_initial_validation: bool = False
+    # Determined's `log_policies` that act: what a failed run's matching log lines do.
+    log_policies: tuple[LogPolicy, ...] = ()
     environment_variables: Mapping[str, str] = field(default_factory=dict)
     # Determined's per-device form (`{cpu: [...], cuda: [...]}`): set on slots of that kind.
     device_environment_variables: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -150,6 +155,30 @@ class ExperimentConfig:
         hp = self.hyperparameters["global_batch_size"]
         assert isinstance(hp, Const)  # guaranteed by parse_config for Trials
         return int(hp.val)
+
+
+MAX_SEED = 2**31 - 1
+# The (section, key) pairs a master fills in when a config leaves them out: its stored
+# config holds them, the text as submitted may not.
+FILLED_BY_MASTER = (("reproducibility", "experiment_seed"),)
+
+
+def seed_is_set(raw: Mapping[str, Any]) -> bool:
+    """Whether a config mapping sets `reproducibility.experiment_seed` (a master draws one
+    for a config that does not; `run-local` and an experiment stored before seeds were
+    drawn use 0)."""
+    repro = raw.get("reproducibility")
+    return isinstance(repro, Mapping) and repro.get("experiment_seed") is not None
+
+
+def with_experiment_seed(config: ExperimentConfig, seed: int) -> ExperimentConfig:
+    """`config` with `reproducibility.experiment_seed: seed`, in `raw` too (what is stored)."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"experiment_seed must be from 0 to {MAX_SEED}, got {seed}")
+    repro = config.raw.get("reproducibility")
+    kept = dict(repro) if isinstance(repro, Mapping) else {}
+    raw = {**config.raw, "reproducibility": {**kept, "experiment_seed": seed}}
+    return replace(config, experiment_seed=seed, raw=raw)
 
 
 def load_config(path: str | Path) -> ExperimentConfig:
@@ -208,9 +237,10 @@ def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
     min_ckpt = _parse_length(top, "min_checkpoint_period", required=False, units=units)
     storage = parse_storage(top.section("checkpoint_storage"), warnings)
     repro = top.section("reproducibility")
-    seed = repro.get_int("experiment_seed", 0, minimum=0, maximum=2**31 - 1)
+    seed = repro.get_int("experiment_seed", 0, minimum=0, maximum=MAX_SEED)
     repro.finish()
     env = _determined.parse_environment(top.section("environment"), warnings)
+    log_policies = parse_log_policies(top, warnings)
     _determined.check_top_level(top, warnings)
     policy = top.get_choice("checkpoint_policy", ("best", "all", "none"), "best")
     name, description, labels = _parse_shown_text(top, limits=limits)
@@ -236,6 +266,7 @@ def parse_config(data: Any, *, limits: bool = False) -> ExperimentConfig:
         records_per_epoch=top.get_int("records_per_epoch", None, minimum=1),
         checkpoint_policy=policy,  # type: ignore[arg-type]
         perform_initial_validation=top.get_bool("perform_initial_validation", False),
+        log_policies=log_policies,
         environment_variables=env.variables,
         device_environment_variables=env.by_device,
         warnings=tuple(warnings),

@@ -106,6 +106,13 @@ def _set_experiment(it: Host, change: fx.SetExperiment) -> None:
     it.ledger.set_experiment(change.experiment_id, change.fields)
 
 
+@_applies(fx.RecordSearch)
+def _record_search(it: Host, change: fx.RecordSearch) -> None:
+    experiment = it.experiments.get(change.experiment_id)
+    if experiment is not None:
+        it.ledger.set_experiment(experiment.id, {"searcher_state": experiment.search_state()})
+
+
 @_applies(fx.Enqueue)
 def _enqueue(it: Host, change: fx.Enqueue) -> None:
     it.ledger.enqueue(change.trial_id, to_back=change.to_back)
@@ -243,6 +250,8 @@ def _part_ended(it: Host, ended: fx.PartEnded) -> None:
     run.exit_codes[ended.agent_id] = list(ended.exit_codes)
     if ended.message:
         run.messages.append(mask_secrets(f"{ended.agent_id}: {ended.message}"))
+    if ended.failure and run.failure is None:
+        run.failure = mask_secrets(ended.failure)
     if ended.lost:
         run.awaiting.discard(ended.agent_id)
         run.lost = True

@@ -24,6 +24,7 @@ from assay.master._cluster_view import cluster_view
 from assay.master._commit import GroupCommit
 from assay.master._config import MasterConfig
 from assay.master._interpreter import Interpreter, Recorder
+from assay.master._log_watch import LogWatches
 from assay.master._state import trial_state
 from assay.master.errors import ConflictError, InvalidArgumentError
 from assay.master.fleet import AgentHandle, ClusterView, Load, Outbox, PoolAccess, Registration
@@ -100,6 +101,7 @@ class Master:
         )
         # Each running rank's latest utilisation, from the heartbeats (memory only).
         self.rank_usage = RankUsageBoard(self._runs_on)
+        self.log_watches = LogWatches(self.experiments)
 
     def _runs_on(self, allocation_id: str, agent_id: str) -> bool:
         """Whether a part of the allocation runs on the agent (read without the lock)."""
@@ -373,16 +375,22 @@ class Master:
                 self.commit.ticket()
 
     def allocation_exited(
-        self, agent_id: str, allocation_id: str, exit_codes: Sequence[int], message: str = ""
+        self,
+        agent_id: str,
+        allocation_id: str,
+        exit_codes: Sequence[int],
+        message: str = "",
+        failure: str = "",
     ) -> None:
         """An agent's part of an allocation ended with these exit codes, one per rank (none:
-        its processes could not start). Not waited for: the agent needs no answer."""
+        its processes could not start); `failure`: how its first rank to fail ended. Not
+        waited for: the agent needs no answer."""
         with self.lock:
             self.fleet.heard_from(agent_id)
             run = self.runs.get(allocation_id)
             if run is None:
                 return
-            effects = agent_life.part_exited(run, agent_id, exit_codes, message)
+            effects = agent_life.part_exited(run, agent_id, exit_codes, message, failure)
             self.interpreter.do(effects)
             if effects and isinstance(effects[-1], fx.FinishRun):
                 self.interpreter.schedule()
@@ -393,7 +401,9 @@ class Master:
         lines of no running allocation, or from an agent it does not run on, are dropped."""
         run = agent_life.part_on(self.runs, allocation_id, agent_id)
         if run is not None:
-            self.logs.append(run.trial_id, run.run_id, reports.masked(lines))
+            shown = reports.masked(lines)
+            self.log_watches.scan(run, agent_id, shown)  # the experiment's log_policies
+            self.logs.append(run.trial_id, run.run_id, shown)
 
     def cluster_view(self) -> ClusterView:
         """A copy of the agents and the queue for the read-only RPCs."""

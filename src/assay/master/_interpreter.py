@@ -403,6 +403,7 @@ class Interpreter:
             is_script=config.is_script,
             max_restarts=config.max_restarts,
             metric=config.searcher.metric,
+            policies=config.log_policies,
         )
         outcome, effects = finish_run(run, trial, end, now())
         self.telemetry.allocation_ended(outcome.name.lower())

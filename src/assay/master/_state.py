@@ -25,6 +25,7 @@ from assay.master.lifecycle import (
     MEMORY_ONLY,
     ExperimentState,
     ExperimentStatus,
+    Failure,
     Restore,
     Run,
     TrialState,
@@ -113,6 +114,7 @@ class Ledger:
             group=str(trial.experiment_id),
             pool=resources.resource_pool or "",
             label=resources.agent_label or "",
+            avoid=frozenset(trial.excluded_agents),
         )
 
     def add_run(self, run: Run) -> None:
@@ -274,6 +276,8 @@ def trial_state(store: Store, t: TrialRecord, mark: Mapping[str, Any]) -> TrialS
         last_error=t.last_error,
         target=mark.get("target"),
         closed=bool(mark.get("closed", False)),
+        last_failure=Failure.from_json(mark.get("failure")),
+        excluded_agents=tuple(str(a) for a in mark.get("excluded_agents") or ()),
         parent_id=t.parent_trial_id,
         search_round=t.search_round or 0,
     )

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from assay.proto import common_pb2 as assay_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61ssay/proto/agent.proto\x12\x08\x61ssay.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18\x61ssay/proto/common.proto\"\xcc\x01\n\x0c\x41gentMessage\x12&\n\x08register\x18\x01 \x01(\x0b\x32\x12.assay.v1.RegisterH\x00\x12(\n\theartbeat\x18\x02 \x01(\x0b\x32\x13.assay.v1.HeartbeatH\x00\x12;\n\x10\x61llocation_state\x18\x03 \x01(\x0b\x32\x1f.assay.v1.AllocationStateChangeH\x00\x12\"\n\x04logs\x18\x04 \x01(\x0b\x32\x12.assay.v1.LogBatchH\x00\x42\t\n\x07message\"\xe7\x01\n\x08Register\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12%\n\tslot_type\x18\x03 \x01(\x0e\x32\x12.assay.v1.SlotType\x12!\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x10.assay.v1.Device\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x1b\n\x13running_allocations\x18\x06 \x03(\t\x12\x14\n\x0cmemory_bytes\x18\x07 \x01(\x03\x12\x15\n\rresource_pool\x18\x08 \x01(\t\x12\x13\n\x0b\x61gent_label\x18\t \x01(\t\"\xc5\x01\n\tHeartbeat\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12!\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x10.assay.v1.Device\x12\x17\n\x0f\x63pu_utilization\x18\x03 \x01(\x01\x12\x1c\n\x14memory_used_fraction\x18\x04 \x01(\x01\x12\"\n\x05ranks\x18\x05 \x03(\x0b\x32\x13.assay.v1.RankUsage\x12\x10\n\x08stopping\x18\x06 \x01(\x08\"}\n\x15\x41llocationStateChange\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.assay.v1.AllocationState\x12\x12\n\nexit_codes\x18\x03 \x03(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"C\n\x08LogBatch\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12 \n\x05lines\x18\x02 \x03(\x0b\x32\x11.assay.v1.LogLine\"\x9c\x01\n\rMasterMessage\x12*\n\nregistered\x18\x01 \x01(\x0b\x32\x14.assay.v1.RegisteredH\x00\x12*\n\x05start\x18\x02 \x01(\x0b\x32\x19.assay.v1.StartAllocationH\x00\x12(\n\x04kill\x18\x03 \x01(\x0b\x32\x18.assay.v1.KillAllocationH\x00\x42\t\n\x07message\"S\n\nRegistered\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x05\x12\x12\n\ncredential\x18\x03 \x01(\t\"\x8c\x04\n\x0fStartAllocation\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\x03\x12\x0e\n\x06run_id\x18\x03 \x01(\x05\x12\x15\n\rexperiment_id\x18\x04 \x01(\x03\x12\r\n\x05slots\x18\x05 \x03(\x05\x12\r\n\x05ranks\x18\x06 \x03(\x05\x12\x12\n\nworld_size\x18\x07 \x01(\x05\x12\x13\n\x0bmaster_addr\x18\x08 \x01(\t\x12\x13\n\x0bmaster_port\x18\t \x01(\x05\x12\x18\n\x10model_definition\x18\n \x01(\x0c\x12\x13\n\x0b\x63onfig_json\x18\x0b \x01(\t\x12\x17\n\x0f\x63heckpoint_uuid\x18\x0c \x01(\t\x12\x1b\n\x13\x63heckpoint_location\x18\r \x01(\t\x12\x11\n\ttrial_api\x18\x0e \x01(\t\x12\r\n\x05token\x18\x0f \x01(\t\x12\x14\n\x0chparams_json\x18\x10 \x01(\t\x12\x12\n\ntrial_seed\x18\x11 \x01(\x03\x12\x17\n\x0f\x63heckpoint_root\x18\x12 \x01(\t\x12J\n\x11\x63heckpoint_sha256\x18\x13 \x03(\x0b\x32/.assay.v1.StartAllocation.CheckpointSha256Entry\x1a\x37\n\x15\x43heckpointSha256Entry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"P\n\x0eKillAllocation\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12\x10\n\x08graceful\x18\x02 \x01(\x08\x12\x15\n\rgrace_seconds\x18\x03 \x01(\x05*\x8d\x01\n\x0f\x41llocationState\x12 \n\x1c\x41LLOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x41LLOCATION_STATE_STARTING\x10\x01\x12\x1c\n\x18\x41LLOCATION_STATE_RUNNING\x10\x02\x12\x1b\n\x17\x41LLOCATION_STATE_EXITED\x10\x03\x32N\n\x0c\x41gentService\x12>\n\x07\x43onnect\x12\x16.assay.v1.AgentMessage\x1a\x17.assay.v1.MasterMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61ssay/proto/agent.proto\x12\x08\x61ssay.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18\x61ssay/proto/common.proto\"\xcc\x01\n\x0c\x41gentMessage\x12&\n\x08register\x18\x01 \x01(\x0b\x32\x12.assay.v1.RegisterH\x00\x12(\n\theartbeat\x18\x02 \x01(\x0b\x32\x13.assay.v1.HeartbeatH\x00\x12;\n\x10\x61llocation_state\x18\x03 \x01(\x0b\x32\x1f.assay.v1.AllocationStateChangeH\x00\x12\"\n\x04logs\x18\x04 \x01(\x0b\x32\x12.assay.v1.LogBatchH\x00\x42\t\n\x07message\"\xe7\x01\n\x08Register\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12%\n\tslot_type\x18\x03 \x01(\x0e\x32\x12.assay.v1.SlotType\x12!\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x10.assay.v1.Device\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x1b\n\x13running_allocations\x18\x06 \x03(\t\x12\x14\n\x0cmemory_bytes\x18\x07 \x01(\x03\x12\x15\n\rresource_pool\x18\x08 \x01(\t\x12\x13\n\x0b\x61gent_label\x18\t \x01(\t\"\xc5\x01\n\tHeartbeat\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12!\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x10.assay.v1.Device\x12\x17\n\x0f\x63pu_utilization\x18\x03 \x01(\x01\x12\x1c\n\x14memory_used_fraction\x18\x04 \x01(\x01\x12\"\n\x05ranks\x18\x05 \x03(\x0b\x32\x13.assay.v1.RankUsage\x12\x10\n\x08stopping\x18\x06 \x01(\x08\"\x8e\x01\n\x15\x41llocationStateChange\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.assay.v1.AllocationState\x12\x12\n\nexit_codes\x18\x03 \x03(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\x05 \x01(\t\"C\n\x08LogBatch\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12 \n\x05lines\x18\x02 \x03(\x0b\x32\x11.assay.v1.LogLine\"\x9c\x01\n\rMasterMessage\x12*\n\nregistered\x18\x01 \x01(\x0b\x32\x14.assay.v1.RegisteredH\x00\x12*\n\x05start\x18\x02 \x01(\x0b\x32\x19.assay.v1.StartAllocationH\x00\x12(\n\x04kill\x18\x03 \x01(\x0b\x32\x18.assay.v1.KillAllocationH\x00\x42\t\n\x07message\"S\n\nRegistered\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x05\x12\x12\n\ncredential\x18\x03 \x01(\t\"\x8c\x04\n\x0fStartAllocation\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12\x10\n\x08trial_id\x18\x02 \x01(\x03\x12\x0e\n\x06run_id\x18\x03 \x01(\x05\x12\x15\n\rexperiment_id\x18\x04 \x01(\x03\x12\r\n\x05slots\x18\x05 \x03(\x05\x12\r\n\x05ranks\x18\x06 \x03(\x05\x12\x12\n\nworld_size\x18\x07 \x01(\x05\x12\x13\n\x0bmaster_addr\x18\x08 \x01(\t\x12\x13\n\x0bmaster_port\x18\t \x01(\x05\x12\x18\n\x10model_definition\x18\n \x01(\x0c\x12\x13\n\x0b\x63onfig_json\x18\x0b \x01(\t\x12\x17\n\x0f\x63heckpoint_uuid\x18\x0c \x01(\t\x12\x1b\n\x13\x63heckpoint_location\x18\r \x01(\t\x12\x11\n\ttrial_api\x18\x0e \x01(\t\x12\r\n\x05token\x18\x0f \x01(\t\x12\x14\n\x0chparams_json\x18\x10 \x01(\t\x12\x12\n\ntrial_seed\x18\x11 \x01(\x03\x12\x17\n\x0f\x63heckpoint_root\x18\x12 \x01(\t\x12J\n\x11\x63heckpoint_sha256\x18\x13 \x03(\x0b\x32/.assay.v1.StartAllocation.CheckpointSha256Entry\x1a\x37\n\x15\x43heckpointSha256Entry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"P\n\x0eKillAllocation\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12\x10\n\x08graceful\x18\x02 \x01(\x08\x12\x15\n\rgrace_seconds\x18\x03 \x01(\x05*\x8d\x01\n\x0f\x41llocationState\x12 \n\x1c\x41LLOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x41LLOCATION_STATE_STARTING\x10\x01\x12\x1c\n\x18\x41LLOCATION_STATE_RUNNING\x10\x02\x12\x1b\n\x17\x41LLOCATION_STATE_EXITED\x10\x03\x32N\n\x0c\x41gentService\x12>\n\x07\x43onnect\x12\x16.assay.v1.AgentMessage\x1a\x17.assay.v1.MasterMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,28 +35,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STARTALLOCATION_CHECKPOINTSHA256ENTRY']._loaded_options = None
   _globals['_STARTALLOCATION_CHECKPOINTSHA256ENTRY']._serialized_options = b'8\001'
-  _globals['_ALLOCATIONSTATE']._serialized_start=1787
-  _globals['_ALLOCATIONSTATE']._serialized_end=1928
+  _globals['_ALLOCATIONSTATE']._serialized_start=1805
+  _globals['_ALLOCATIONSTATE']._serialized_end=1946
   _globals['_AGENTMESSAGE']._serialized_start=97
   _globals['_AGENTMESSAGE']._serialized_end=301
   _globals['_REGISTER']._serialized_start=304
   _globals['_REGISTER']._serialized_end=535
   _globals['_HEARTBEAT']._serialized_start=538
   _globals['_HEARTBEAT']._serialized_end=735
-  _globals['_ALLOCATIONSTATECHANGE']._serialized_start=737
-  _globals['_ALLOCATIONSTATECHANGE']._serialized_end=862
-  _globals['_LOGBATCH']._serialized_start=864
-  _globals['_LOGBATCH']._serialized_end=931
-  _globals['_MASTERMESSAGE']._serialized_start=934
-  _globals['_MASTERMESSAGE']._serialized_end=1090
-  _globals['_REGISTERED']._serialized_start=1092
-  _globals['_REGISTERED']._serialized_end=1175
-  _globals['_STARTALLOCATION']._serialized_start=1178
-  _globals['_STARTALLOCATION']._serialized_end=1702
-  _globals['_STARTALLOCATION_CHECKPOINTSHA256ENTRY']._serialized_start=1647
-  _globals['_STARTALLOCATION_CHECKPOINTSHA256ENTRY']._serialized_end=1702
-  _globals['_KILLALLOCATION']._serialized_start=1704
-  _globals['_KILLALLOCATION']._serialized_end=1784
-  _globals['_AGENTSERVICE']._serialized_start=1930
-  _globals['_AGENTSERVICE']._serialized_end=2008
+  _globals['_ALLOCATIONSTATECHANGE']._serialized_start=738
+  _globals['_ALLOCATIONSTATECHANGE']._serialized_end=880
+  _globals['_LOGBATCH']._serialized_start=882
+  _globals['_LOGBATCH']._serialized_end=949
+  _globals['_MASTERMESSAGE']._serialized_start=952
+  _globals['_MASTERMESSAGE']._serialized_end=1108
+  _globals['_REGISTERED']._serialized_start=1110
+  _globals['_REGISTERED']._serialized_end=1193
+  _globals['_STARTALLOCATION']._serialized_start=1196
+  _globals['_STARTALLOCATION']._serialized_end=1720
+  _globals['_STARTALLOCATION_CHECKPOINTSHA256ENTRY']._serialized_start=1665
+  _globals['_STARTALLOCATION_CHECKPOINTSHA256ENTRY']._serialized_end=1720
+  _globals['_KILLALLOCATION']._serialized_start=1722
+  _globals['_KILLALLOCATION']._serialized_end=1802
+  _globals['_AGENTSERVICE']._serialized_start=1948
+  _globals['_AGENTSERVICE']._serialized_end=2026
 # @@protoc_insertion_point(module_scope)

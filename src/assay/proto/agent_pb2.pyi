@@ -178,9 +178,16 @@ class AllocationStateChange(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     EXIT_CODES_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     state: Global___AllocationState.ValueType
     message: _builtins.str
+    failure: _builtins.str
+    """How the first rank to fail ended, and the last line it wrote ("exited with code 1:
+    FileNotFoundError: ..."): the master compares it with the run before, to stop
+    restarting a trial that fails the same way again. Empty when no rank failed on its
+    own or it wrote nothing.
+    """
     @_builtins.property
     def exit_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Per rank, once exited."""
@@ -192,10 +199,11 @@ class AllocationStateChange(_message.Message):
         state: Global___AllocationState.ValueType = ...,
         exit_codes: _abc.Iterable[_builtins.int] | None = ...,
         message: _builtins.str = ...,
+        failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "exit_codes", b"exit_codes", "message", b"message", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_id", b"allocation_id", "exit_codes", b"exit_codes", "failure", b"failure", "message", b"message", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

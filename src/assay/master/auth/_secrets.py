@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 MASK = "********"
@@ -104,11 +104,15 @@ def mask_text(text: str, mask: str = MASK, *, yaml_mask: str | None = None) -> s
     return _YAML.sub(yaml, text)
 
 
-def masked_config_text(text: str, config: Mapping[str, Any]) -> str | None:
+def masked_config_text(
+    text: str, config: Mapping[str, Any], filled: Sequence[tuple[str, str]] = ()
+) -> str | None:
     """The submitted config text with its secrets masked, or None when the masking cannot
     be shown to be complete: the masked text must parse to exactly `masked(config)`.
     (YAML has forms `mask_text` does not rewrite, such as a block scalar or a flow
-    mapping; a config written so is shown from its parsed form instead.)"""
+    mapping; a config written so is shown from its parsed form instead.) `filled`: the
+    (section, key) pairs the master may have filled in (the seed it drew), which the
+    text may lack."""
     import yaml
 
     shown = mask_text(text, yaml_mask=f'"{MASK}"')
@@ -116,7 +120,18 @@ def masked_config_text(text: str, config: Mapping[str, Any]) -> str | None:
         parsed = yaml.safe_load(shown)
     except yaml.YAMLError:
         return None
-    return shown if parsed == masked(config) else None
+    expected = masked(config)
+    for section, key in filled:
+        written = parsed.get(section) if isinstance(parsed, Mapping) else None
+        found = expected.get(section)
+        if not isinstance(found, Mapping) or (isinstance(written, Mapping) and key in written):
+            continue
+        rest = {k: v for k, v in found.items() if k != key}
+        if rest or isinstance(written, Mapping):
+            expected = {**expected, section: rest}
+        else:  # the master added the whole section
+            expected = {k: v for k, v in expected.items() if k != section}
+    return shown if parsed == expected else None
 
 
 def _is_set(value: Any) -> bool:

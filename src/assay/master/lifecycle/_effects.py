@@ -33,6 +33,14 @@ class SetExperiment:
 
 
 @dataclass(frozen=True)
+class RecordSearch:
+    """Store the experiment's search state as memory has it now (a trial's marks changed:
+    its last failure, the agents it avoids)."""
+
+    experiment_id: int
+
+
+@dataclass(frozen=True)
 class Enqueue:
     """Queue the trial for slots; `to_back`: behind every trial queued so far."""
 
@@ -122,6 +130,7 @@ class PartEnded:
     exit_codes: tuple[int, ...] = ()
     message: str = ""  # masked of secrets when recorded
     lost: bool = False
+    failure: str = ""  # how its first rank to fail ended (AllocationStateChange.failure)
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,7 @@ class KillUnknown:
 Change = (
     SetTrial
     | SetExperiment
+    | RecordSearch
     | Enqueue
     | Dequeue
     | Kill

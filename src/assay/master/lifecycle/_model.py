@@ -100,6 +100,48 @@ class Restore:
     sha256: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Failure:
+    """How a failed run ended (the agent's word for its first rank to fail: its exit and
+    last line) and where its trial stood then: a run that fails as the one before it did,
+    with no batch or checkpoint gained between, would fail so every time."""
+
+    error: str  # "exited with code 1: FileNotFoundError: [Errno 2] ... 'data.csv'"
+    total_batches: int
+    checkpoint: str | None  # the uuid of the trial's latest checkpoint
+    run_id: int = 0
+
+    def repeats(self, before: Failure | None) -> bool:
+        """Whether this is `before` again: the same error at the same batch, from the same
+        checkpoint."""
+        return before is not None and (self.error, self.total_batches, self.checkpoint) == (
+            before.error,
+            before.total_batches,
+            before.checkpoint,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "error": self.error,
+            "total_batches": self.total_batches,
+            "checkpoint": self.checkpoint,
+            "run_id": self.run_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Failure | None:
+        """The failure a search state recorded (None: none, or a shape not understood)."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("error"), str):
+            return None
+        checkpoint = data.get("checkpoint")
+        return cls(
+            data["error"],
+            int(data.get("total_batches") or 0),
+            checkpoint if isinstance(checkpoint, str) else None,
+            int(data.get("run_id") or 0),
+        )
+
+
 @dataclass
 class TrialState:
     id: int
@@ -126,12 +168,26 @@ class TrialState:
     search_round: int = 0
     # It waits for its parent's run to end, to start from the checkpoint that run leaves.
     awaiting_parent: bool = False
+    # How its last failed run failed, to tell a failure that repeats (`Failure.repeats`).
+    last_failure: Failure | None = None
+    # Agents its runs avoid: a line their ranks wrote matched an `exclude_node` log policy.
+    excluded_agents: tuple[str, ...] = ()
 
 
 # Fields of `TrialState` the store does not keep as columns: the search state holds
-# `target` and `closed`, and the queue order is rebuilt at start-up.
+# `target`, `closed`, `last_failure` and `excluded_agents`, and the queue order is
+# rebuilt at start-up.
 MEMORY_ONLY = frozenset(
-    {"target", "closed", "order", "checkpoint", "checkpointed", "awaiting_parent"}
+    {
+        "target",
+        "closed",
+        "order",
+        "checkpoint",
+        "checkpointed",
+        "awaiting_parent",
+        "last_failure",
+        "excluded_agents",
+    }
 )
 
 
@@ -165,10 +221,18 @@ class ExperimentState:
         return {
             "searcher": self.searcher.snapshot(),
             "shutdown": self.shutdown,
-            "trials": {
-                t.request_id: {"target": t.target, "closed": t.closed} for t in self.trials.values()
-            },
+            "trials": {t.request_id: _mark(t) for t in self.trials.values()},
         }
+
+
+def _mark(trial: TrialState) -> dict[str, Any]:
+    """What the search state keeps of a trial besides its columns."""
+    mark: dict[str, Any] = {"target": trial.target, "closed": trial.closed}
+    if trial.last_failure is not None:
+        mark["failure"] = trial.last_failure.to_json()
+    if trial.excluded_agents:
+        mark["excluded_agents"] = list(trial.excluded_agents)
+    return mark
 
 
 Placement = tuple[tuple[str, tuple[int, ...]], ...]
@@ -193,6 +257,10 @@ class Run:
     awaiting: set[str] = field(default_factory=set)
     deadline: float = 0.0
     released: bool = False  # the master answered "stop": its processes may exit 0
+    # How its first rank to fail ended, as the first agent to report one said it.
+    failure: str | None = None
+    # Lines that matched a log policy: (the policy's index, the agent) -> the first line.
+    log_matches: dict[tuple[int, str], str] = field(default_factory=dict)
 
     @property
     def agents(self) -> tuple[str, ...]:

@@ -68,7 +68,7 @@ def reconcile(agent_id: str, running: Set[str], runs: Iterable[Run]) -> list[Eff
 
 
 def part_exited(
-    run: Run, agent_id: str, exit_codes: Sequence[int], message: str = ""
+    run: Run, agent_id: str, exit_codes: Sequence[int], message: str = "", failure: str = ""
 ) -> list[Effect]:
     """An agent's part of `run` ended with these exit codes, one per rank (none: its
     processes could not start); the run ends when it was the last part. A report from an
@@ -76,7 +76,8 @@ def part_exited(
     holder of the join token could otherwise kill another agent's run."""
     if agent_id not in run.agents or agent_id in run.exit_codes:
         return []
-    effects: list[Effect] = [PartEnded(run.allocation_id, agent_id, tuple(exit_codes), message)]
+    ended = PartEnded(run.allocation_id, agent_id, tuple(exit_codes), message, failure=failure)
+    effects: list[Effect] = [ended]
     if (not exit_codes or any(c != 0 for c in exit_codes)) and run.stopping is None:
         # One part of the gang is gone: the other ranks cannot go on without it.
         effects.append(Kill(run.allocation_id, graceful=False))

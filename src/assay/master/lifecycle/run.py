@@ -8,10 +8,11 @@ tested row by row (tests/lifecycle/test_run_outcome.py).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 
+from assay.config import LogPolicy
 from assay.errors import INVALID_HP_EXIT_CODE, PERMANENT_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE
 from assay.master.lifecycle._effects import (
     CollectGarbage,
@@ -19,17 +20,20 @@ from assay.master.lifecycle._effects import (
     Enqueue,
     Kill,
     Log,
+    RecordSearch,
     Settle,
     SetTrial,
     Tell,
 )
 from assay.master.lifecycle._model import (
     ExperimentStatus,
+    Failure,
     Run,
     StopKind,
     TrialState,
     TrialStatus,
 )
+from assay.master.lifecycle.log_policy import Matched, matched
 
 
 class Outcome(Enum):
@@ -48,6 +52,8 @@ class Outcome(Enum):
     STOPPED = "requeued: stopped at a checkpoint when asked (SIGTERM)"
     INVALID_HP = "canceled: its hyperparameters are unusable (InvalidHP)"
     PERMANENT = "error: failed in a way every run would repeat (not restarted)"
+    LOG_POLICY = "error: failed, and a line of its log matched a cancel_retries log policy"
+    REPEATED = "error: failed as the run before it did, with no progress between"
     RESTART = "requeued: failed, with restarts left"
     ERROR = "error: failed, with no restarts left"
 
@@ -69,6 +75,16 @@ class RunEnd:
     is_script: bool = False
     max_restarts: int = 5
     metric: str | None = None  # searcher.metric, for the messages
+    # How it failed (None: it did not say, or it did not fail), and the trial's failure
+    # before it, which it may repeat.
+    failure: Failure | None = None
+    last_failure: Failure | None = None
+    # What its log lines that matched the experiment's log_policies do.
+    matched: Matched = field(default_factory=Matched)
+
+    @property
+    def repeated(self) -> bool:
+        return self.failure is not None and self.failure.repeats(self.last_failure)
 
     @property
     def ok(self) -> bool:
@@ -112,7 +128,15 @@ def run_outcome(end: RunEnd) -> Outcome:
         # The harness exits 78 only for what a restart would repeat (its entrypoint, its
         # construction, a validation without searcher.metric): restarts would be wasted.
         return Outcome.PERMANENT
-    return Outcome.RESTART if end.restarts + 1 <= end.max_restarts else Outcome.ERROR
+    if end.restarts + 1 > end.max_restarts:
+        return Outcome.ERROR
+    if end.matched.cancel is not None:
+        return Outcome.LOG_POLICY  # the user's word that such a failure would repeat
+    if end.repeated:
+        # The same error at the same batch from the same checkpoint, twice in a row: a
+        # missing file, a bad record, a wrong path. The next run would only repeat it.
+        return Outcome.REPEATED
+    return Outcome.RESTART
 
 
 def run_end(
@@ -123,7 +147,12 @@ def run_end(
     is_script: bool,
     max_restarts: int,
     metric: str | None = None,
+    policies: Sequence[LogPolicy] = (),
 ) -> RunEnd:
+    failure = None
+    if run.failure:
+        checkpoint = trial.checkpoint.uuid if trial.checkpoint is not None else None
+        failure = Failure(run.failure, trial.total_batches, checkpoint, run.run_id)
     return RunEnd(
         exit_codes=tuple(c for codes in run.exit_codes.values() for c in codes),
         stopping=run.stopping,
@@ -136,6 +165,9 @@ def run_end(
         is_script=is_script,
         max_restarts=max_restarts,
         metric=metric,
+        failure=failure,
+        last_failure=trial.last_failure,
+        matched=matched(run, policies),
     )
 
 
@@ -168,7 +200,8 @@ def finish_run(
     outcome = run_outcome(end)
     O, T = Outcome, TrialStatus  # noqa: E741, N806 - the table's row and state names
     exp, req = run.experiment_id, trial.request_id
-    effects: list[Effect] = []
+    # Before it is requeued: its request avoids the agents its log_policies exclude.
+    effects: list[Effect] = [] if outcome in _ENDS_TRIAL else _exclusions(run, trial, end)
     if outcome is O.CANCELED:
         effects += end_trial(trial, T.CANCELED, now)
     elif outcome is O.KILLED:
@@ -229,7 +262,14 @@ def _failed(
     why = "; ".join(run.messages) or f"exit codes {list(end.exit_codes)}"
     if end.ok:
         why = f"its process exited 0 before training to batch {trial.target}"
-    effects: list[Effect] = [SetTrial(trial.id, {"last_error": f"run {run.run_id}: {why}"})]
+    stopped = _not_restarted(end, outcome)
+    error = f"run {run.run_id}{f' ({stopped})' if stopped else ''}: {why}"
+    effects: list[Effect] = [SetTrial(trial.id, {"last_error": error})]
+    if end.failure != trial.last_failure:  # the next failure is compared with this one
+        effects += [
+            SetTrial(trial.id, {"last_failure": end.failure}),
+            RecordSearch(run.experiment_id),
+        ]
     if outcome is Outcome.RESTART:
         source = "its latest checkpoint" if trial.checkpoint else "the start (no checkpoint yet)"
         what = f"restart {restarts} of {limit} from {source}"
@@ -239,6 +279,9 @@ def _failed(
     else:
         if outcome is Outcome.PERMANENT:
             what = "every run would fail the same way: the trial ends in ERROR, not restarted"
+        elif stopped:
+            left = limit - trial.restarts
+            what = f"{stopped}: the trial ends in ERROR ({left} of max_restarts {limit} unused)"
         else:
             what = f"no restarts left (max_restarts: {limit}): the trial ends in ERROR"
         effects += end_trial(trial, TrialStatus.ERROR, now)
@@ -247,6 +290,53 @@ def _failed(
         )
     message = f"assay: run {run.run_id} failed ({why}); {what}"
     effects.append(Log(trial.id, run.run_id, message, level="ERROR"))
+    return effects
+
+
+# The outcomes after which the trial has no next run (for exclude_node to steer).
+_ENDS_TRIAL = frozenset(
+    {
+        Outcome.CANCELED,
+        Outcome.KILLED,
+        Outcome.COMPLETED,
+        Outcome.SCRIPT_DONE,
+        Outcome.INVALID_HP,
+        Outcome.PERMANENT,
+        Outcome.LOG_POLICY,
+        Outcome.REPEATED,
+        Outcome.ERROR,
+    }
+)
+
+
+def _not_restarted(end: RunEnd, outcome: Outcome) -> str | None:
+    """Why a failed run with restarts left is not restarted, as its trial's last_error and
+    log say it; None when that is not why it ends."""
+    if outcome is Outcome.LOG_POLICY:
+        return f"not restarted: {end.matched.cancel} (cancel_retries)"
+    if outcome is Outcome.REPEATED and end.last_failure is not None:
+        batch = f"batch {end.failure.total_batches}" if end.failure else "the same batch"
+        return (
+            f"not restarted: it failed as run {end.last_failure.run_id} did, at {batch}, "
+            "with no batch or checkpoint gained since"
+        )
+    return None
+
+
+def _exclusions(run: Run, trial: TrialState, end: RunEnd) -> list[Effect]:
+    """The agents whose lines matched an exclude_node policy: the trial's next runs avoid
+    them (when it has any), and its log says why."""
+    new = [(agent, why) for agent, why in end.matched.exclude if agent not in trial.excluded_agents]
+    if not new:
+        return []
+    avoided = (*trial.excluded_agents, *(agent for agent, _ in new))
+    effects: list[Effect] = [
+        SetTrial(trial.id, {"excluded_agents": avoided}),
+        RecordSearch(run.experiment_id),
+    ]
+    for agent, why in new:
+        message = f"assay: run {run.run_id}: {why} (exclude_node): the trial's runs avoid {agent}"
+        effects.append(Log(trial.id, run.run_id, message))
     return effects
 
 

@@ -83,6 +83,16 @@ class FreeIndex:
                     return sorted((agent, share) for agent in fitting)
         return None
 
+    def fits_idle_without(self, slots: int, avoid: frozenset[str]) -> bool:
+        """Whether `slots` could be placed on the agents but `avoid` if all were idle."""
+        capacities = [(a, c) for a, c in self._capacity.items() if a not in avoid]
+        return choose_agents(slots, capacities) is not None
+
+    def choose_without(self, slots: int, avoid: frozenset[str]) -> list[tuple[str, int]] | None:
+        """What `choose` picks from the agents but `avoid` (a scan of every agent: only
+        trials that log_policies steer away from agents ask for it)."""
+        return choose_agents(slots, [(a, f) for a, f in self._free.items() if a not in avoid])
+
     def _forget_capacities(self) -> None:
         self._largest = None
         self._possible.clear()

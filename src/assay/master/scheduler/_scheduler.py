@@ -205,7 +205,11 @@ class Scheduler:
         # full cluster they turn each round from a search per request into a lookup.
         for request in order:
             index = self._index_for(request.slot_type, request.label)
-            if not index.fits_idle(request.slots):
+            if request.avoid:
+                chosen = self._avoiding(request, index, limits, held, users, decision)
+                if chosen is None:
+                    continue
+            elif not index.fits_idle(request.slots):
                 size = (request.slots, request.slot_type, request.label)
                 if size not in why_never:
                     why_never[size] = self.why_never(*size)
@@ -213,11 +217,11 @@ class Scheduler:
                 decision.unschedulable.append((request.id, why))
                 decision.waiting[request.id] = Wait("too_large", why)
                 continue
-            wait = _over_limit(request, limits, held, users)
-            if wait is not None:
+            elif (wait := _over_limit(request, limits, held, users)) is not None:
                 decision.waiting[request.id] = wait
                 continue
-            chosen = index.choose(request.slots) if request.slots <= index.total_free else None
+            else:
+                chosen = index.choose(request.slots) if request.slots <= index.total_free else None
             if chosen is None:
                 # Outside fair share the reason depends on these alone: one per round.
                 key = (request.slots, request.slot_type, request.label, index.total_free)
@@ -241,6 +245,36 @@ class Scheduler:
                 users[user] = users.get(user, 0) + request.slots
             decision.assignments.append(Assignment(request.id, placement))
         return decision
+
+    def _avoiding(
+        self,
+        request: Request,
+        index: FreeIndex,
+        limits: Limits,
+        held: Mapping[str, int],
+        users: Mapping[str, int],
+        decision: Decision,
+    ) -> list[tuple[str, int]] | None:
+        """Where a request that avoids agents goes now; when nowhere, its wait (or why it
+        never fits the agents it may use) is in `decision`."""
+        if not index.fits_idle_without(request.slots, request.avoid):
+            why = self.why_never(request.slots, request.slot_type, request.label, request.avoid)
+            why = why or "cannot be placed"
+            decision.unschedulable.append((request.id, why))
+            decision.waiting[request.id] = Wait("too_large", why)
+            return None
+        wait = _over_limit(request, limits, held, users)
+        chosen = None if wait else index.choose_without(request.slots, request.avoid)
+        if wait is None and chosen is None:
+            avoided = ", ".join(sorted(request.avoid))
+            wait = Wait(
+                "no_free_slots",
+                f"needs {_slots(request.slots, request.slot_type)} on agents other than "
+                f"{avoided} (its log_policies exclude them); none are free",
+            )
+        if wait is not None:
+            decision.waiting[request.id] = wait
+        return chosen
 
     def held_by_group(self) -> dict[str, int]:
         """Slots held now by each group with an allocation."""
@@ -280,20 +314,36 @@ class Scheduler:
             shares[group_id] = Share(weight, fair[group_id], goal[group_id], held.get(group_id, 0))
         return _fair_share.fair_order(pending, held, goal, lambda g: wants[g][0])
 
-    def why_never(self, slots: int, slot_type: SlotType, label: str = "") -> str | None:
-        """Why a request of `slots` slots (on agents with `label`, if one is given) could
-        not be placed even if every agent were idle, or None if it could (it only waits
-        for slots to free up)."""
-        if self._index_for(slot_type, label).fits_idle(slots):
+    def why_never(
+        self,
+        slots: int,
+        slot_type: SlotType,
+        label: str = "",
+        avoid: frozenset[str] = frozenset(),
+    ) -> str | None:
+        """Why a request of `slots` slots (on agents with `label`, if one is given, and
+        not on those it must `avoid`) could not be placed even if every agent were idle,
+        or None if it could (it only waits for slots to free up)."""
+        index = self._index_for(slot_type, label)
+        if index.fits_idle(slots) if not avoid else index.fits_idle_without(slots, avoid):
             return None
         agents = [
             a
             for a in self._agents.values()
-            if a.slot_type == slot_type and (not label or a.label == label)
+            if a.slot_type == slot_type and (not label or a.label == label) and a.id not in avoid
         ]
         capacities = [a.slots for a in agents if a.enabled]
         disabled = len(agents) - len(capacities)
-        return _why(slots, slot_type, capacities, disabled, label, self._pool)
+        if not avoid:
+            return _why(slots, slot_type, capacities, disabled, label, self._pool)
+        avoided = ", ".join(sorted(avoid))
+        if not agents:
+            return (
+                f"needs {_slots(slots, slot_type)}; its log_policies exclude every agent "
+                f"that could run it ({avoided}): add an agent, or kill the trial"
+            )
+        why = _why(slots, slot_type, capacities, disabled, label, self._pool)
+        return f"{why} (besides {avoided}, which its log_policies exclude)"
 
     # -- snapshots -----------------------------------------------------------------------
 

@@ -82,7 +82,8 @@ class Request:
     submission sequence number. `group` is the experiment: its weight, max_slots and
     user come from `Limits.groups`, and fair share divides slots between groups.
     `pool` ("" the default pool) is the resource pool whose scheduler places it (`Pools`);
-    `label` ("" any agent) restricts it to agents with that `agent_label`.
+    `label` ("" any agent) restricts it to agents with that `agent_label`; `avoid` are
+    agents it must not be placed on (its trial's `exclude_node` log policies).
     """
 
     id: str
@@ -93,6 +94,7 @@ class Request:
     group: str = ""
     pool: str = ""
     label: str = ""
+    avoid: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         _check_id("request", self.id)

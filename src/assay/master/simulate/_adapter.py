@@ -165,9 +165,11 @@ class MasterAdapter:
         self.pending = True
         self.master.allocation_running(agent_id, allocation_id)
 
-    def exited(self, agent_id: str, allocation_id: str, codes: list[int], message: str) -> None:
+    def exited(
+        self, agent_id: str, allocation_id: str, codes: list[int], message: str, failure: str = ""
+    ) -> None:
         self.pending = True
-        self.master.allocation_exited(agent_id, allocation_id, codes, message)
+        self.master.allocation_exited(agent_id, allocation_id, codes, message, failure)
 
     def reap(self) -> None:
         self.pending = True

@@ -55,7 +55,8 @@ class FakeAgent:
     outbox: Outbox | None = None
     parts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # allocation -> slots
     killed: set[str] = field(default_factory=set)  # allocations the master told it to kill
-    unreported: dict[str, tuple[list[int], str]] = field(default_factory=dict)  # exits queued
+    # exits queued: codes, message, failure
+    unreported: dict[str, tuple[list[int], str, str]] = field(default_factory=dict)
 
 
 def check_start(agent: FakeAgent, start: StartRun) -> list[str]:
@@ -145,8 +146,8 @@ class Cluster:
             agent.id, agent.slot_type, agent.slots, running, outbox
         )
         agent.outbox = outbox
-        for allocation_id, (codes, message) in agent.unreported.items():
-            self.adapter.exited(agent.id, allocation_id, codes, message)
+        for allocation_id, (codes, message, failure) in agent.unreported.items():
+            self.adapter.exited(agent.id, allocation_id, codes, message, failure)
         agent.unreported.clear()
 
     def disconnect(self, agent: FakeAgent) -> None:
@@ -249,10 +250,13 @@ class Cluster:
         slots = self._drop_part(agent, allocation_id)
         codes = [code] * len(slots)
         message = "" if code in (0, PREEMPTED_EXIT_CODE) else f"exited with code {code}"
+        # A crash says the same every time: one that repeats without progress ends its
+        # trial (`Outcome.REPEATED`) before its restarts run out.
+        failure = f"{message}: RuntimeError: simulated crash" if code == 1 else ""
         if agent.handle is not None and agent.alive:
-            self.adapter.exited(agent.id, allocation_id, codes, message)
+            self.adapter.exited(agent.id, allocation_id, codes, message, failure)
         else:
-            agent.unreported[allocation_id] = (codes, message)
+            agent.unreported[allocation_id] = (codes, message, failure)
 
     def _drop_part(self, agent: FakeAgent, allocation_id: str) -> tuple[int, ...]:
         slots = agent.parts.pop(allocation_id)

@@ -29,6 +29,7 @@ from assay.master.submission._submission import (
     check_resource_pool,
     check_submission,
     new_searcher,
+    seeded_text,
 )
 
 
@@ -48,9 +49,8 @@ def prepare(
     if problem is not None:
         raise InvalidArgumentError(problem)
     owner_id = store.user_id(owner)
-    return PreparedExperiment(
-        config, model_definition, owner, owner_id, searcher, config_text=config_yaml
-    )
+    text = seeded_text(config_yaml, config)
+    return PreparedExperiment(config, model_definition, owner, owner_id, searcher, config_text=text)
 
 
 def record(

@@ -13,6 +13,7 @@ import datetime as dt
 import functools
 import hashlib
 import json
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -21,7 +22,14 @@ from dataclasses import dataclass
 import yaml
 
 from assay.common.archive import MAX_MODEL_DEF_BYTES, ModelDefinitionError, check_model_archive
-from assay.config import ExperimentConfig, parse_config, searcher_in_batches
+from assay.config import (
+    MAX_SEED,
+    ExperimentConfig,
+    parse_config,
+    searcher_in_batches,
+    seed_is_set,
+    with_experiment_seed,
+)
 from assay.errors import InvalidConfigError
 from assay.master.errors import InvalidArgumentError
 from assay.master.searcher import Searcher, make_searcher
@@ -61,15 +69,20 @@ def check_submission(
 ) -> tuple[ExperimentConfig, Searcher]:
     """The parsed config and its new searcher, or `InvalidArgumentError`.
 
+    A config that sets no `reproducibility.experiment_seed` gets one drawn at random
+    (`draw_seed`), as Determined's master does: each experiment of one config searches
+    its own points, and the seed is stored with the config, so the experiment's searcher
+    is the same after a restart.
+
     Both checks are pure functions of their input, so the master remembers recent
     answers: the last 256 config texts (of at most 64 KiB) that parsed (the config is frozen; each
     submission still gets a searcher of its own) and the SHA-256 of the last 1,024
     archives that passed. Teams resubmit the same config and model directory often;
     a changed byte is checked in full.
     """
-    # Only ordinary configs are remembered, so no user can make the master hold much.
-    parse = _parsed_config if len(config_yaml) <= _REMEMBERED_CHARS else _parsed_config.__wrapped__
-    config = parse(config_yaml)
+    config = _parse(config_yaml)
+    if not seed_is_set(config.raw):
+        config = with_experiment_seed(config, draw_seed())
     try:
         searcher = new_searcher(config)
     except ValueError as e:
@@ -79,6 +92,32 @@ def check_submission(
 
 
 _REMEMBERED_CHARS = 64 * 1024
+
+
+def _parse(config_yaml: str) -> ExperimentConfig:
+    """`_parsed_config`: only ordinary configs are remembered, so no user can make the
+    master hold much."""
+    if len(config_yaml) <= _REMEMBERED_CHARS:
+        return _parsed_config(config_yaml)
+    return _parsed_config.__wrapped__(config_yaml)
+
+
+def draw_seed() -> int:
+    """A new experiment's seed, from the system's random source (0 to 2**31 - 1)."""
+    return secrets.randbelow(MAX_SEED + 1)
+
+
+def seeded_text(config_yaml: str, config: ExperimentConfig) -> str:
+    """The submitted text as people read it back (`experiment describe`, the web UI):
+    a seed the master drew is said in a comment at its end. A comment, so that a fork
+    of the text (the web UI's, `experiment fork`) draws a seed of its own."""
+    if seed_is_set(_parse(config_yaml).raw):  # remembered: parsed once more at most
+        return config_yaml
+    end = "" if config_yaml.endswith("\n") or not config_yaml else "\n"
+    return (
+        f"{config_yaml}{end}# reproducibility.experiment_seed: {config.experiment_seed} "
+        "(drawn by the master: the config set none; set it to search the same points again)\n"
+    )
 
 
 def check_config(config_yaml: str) -> ExperimentConfig:

@@ -160,7 +160,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             self.master.allocation_running(agent_id, change.allocation_id)
         elif change.state == agent_pb2.ALLOCATION_STATE_EXITED:
             self.master.allocation_exited(
-                agent_id, change.allocation_id, change.exit_codes, change.message
+                agent_id, change.allocation_id, change.exit_codes, change.message, change.failure
             )
 
 

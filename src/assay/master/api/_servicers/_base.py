@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent import futures
 from typing import Any
 
+from assay.config import FILLED_BY_MASTER
 from assay.master import wire
 from assay.master._core import Master
 from assay.master.auth import (
@@ -96,5 +97,6 @@ class ServicerBase(api_pb2_grpc.ApiServicer):
         )
         text = self.store.get_config_text(experiment_id) if with_text else None
         if text is not None:
-            message.config_yaml = masked_config_text(text, record.config) or ""
+            shown = masked_config_text(text, record.config, filled=FILLED_BY_MASTER)
+            message.config_yaml = shown or ""
         return message

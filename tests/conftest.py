@@ -29,7 +29,7 @@ timeout of its own per test (`TIMEOUTS`; an explicit `@pytest.mark.timeout` wins
   test_bench_gpu, test_bench_scheduling_relay, test_checkpoint, test_cli,
   test_cluster_session, test_config_determined, test_config_entrypoint, test_core,
   test_example, test_fail_fast, test_launcher, test_lightning, test_packaging,
-  test_readme, test_run_local_ux, test_tls, test_trainer_api.
+  test_readme, test_run_local_ux, test_tls, test_trainer_api, test_validation_weights.
 `slow` stays as it was: a test marked so by hand, whatever its tier.
 
 `pytest` runs on every core (xdist's `-n auto --dist loadgroup`, `pytest_cmdline_main`
@@ -112,7 +112,7 @@ _FILES = {
         strategy/test_sharded test_bench_gpu test_bench_scheduling_relay test_checkpoint
         test_cli test_cluster_session test_config_determined test_config_entrypoint
         test_core test_example test_fail_fast test_launcher test_lightning test_packaging
-        test_readme test_run_local_ux test_tls test_trainer_api""",
+        test_readme test_run_local_ux test_tls test_trainer_api test_validation_weights""",
 }
 # A file's tier by its path under tests/, without ".py".
 FILE_TIERS = {name: tier for tier, names in _FILES.items() for name in names.split()}

@@ -86,6 +86,63 @@ def test_validation_is_not_padded_and_shards_are_uneven() -> None:
     assert sorted(itertools.chain(*b0, *b1)) == list(range(70))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_validation_batches_come_with_the_number_of_samples_drawn(workers: int) -> None:
+    # 50 samples in batches of 12 on 2 ranks: 12, 12, 2 on rank 0 and 12, 12 on rank 1.
+    shards = []
+    for rank in range(2):
+        loader = DataLoader(_dataset(50), batch_size=12, num_workers=workers)
+        sharded = ShardedLoader(loader, rank=rank, size=2, seed=0, training=False)
+        shards.append([(batch[0].tolist(), n) for batch, n in sharded.counted(0)])
+    assert [n for _, n in shards[0]] == [12, 12, 2]
+    assert [n for _, n in shards[1]] == [12, 12]
+    assert all(len(ids) == n for shard in shards for ids, n in shard)
+    assert sorted(i for shard in shards for ids, _ in shard for i in ids) == list(range(50))
+
+
+def test_the_samples_drawn_follow_a_custom_batch_sampler() -> None:
+    # A batch sampler of uneven batches (a bucketing sampler, say): each batch's own size.
+    sizes = [5, 1, 3, 7]
+    starts = list(itertools.accumulate([0, *sizes]))
+    batches = [list(range(a, a + n)) for a, n in zip(starts, sizes, strict=False)]
+    loader = DataLoader(_dataset(16), batch_sampler=batches)
+    sharded = ShardedLoader(loader, rank=1, size=2, seed=0, training=False)
+    assert [(b[0].tolist(), n) for b, n in sharded.counted(0)] == [
+        (batches[1], 1),
+        (batches[3], 7),
+    ]
+
+
+def test_an_iterable_datasets_batches_have_no_count_drawn() -> None:
+    loader = DataLoader(_Stream(), batch_size=5)
+    sharded = ShardedLoader(loader, rank=0, size=1, seed=0, training=False)
+    assert [(b.tolist(), n) for b, n in sharded.counted(0)] == [
+        ([0, 1, 2, 3, 4], None),
+        ([5, 6, 7, 8, 9], None),
+        ([10, 11], None),
+    ]
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_distributed_sampler_is_refused_it_would_shard_twice(training: bool) -> None:
+    from torch.utils.data import DistributedSampler
+
+    sampler: DistributedSampler[int] = DistributedSampler(
+        _dataset(10), num_replicas=2, rank=0, shuffle=False
+    )
+    loader = DataLoader(_dataset(10), batch_size=2, sampler=sampler)
+    which = "training" if training else "validation"
+    with pytest.raises(TrainingError, match=f"build_{which}_data_loader.*DistributedSampler"):
+        ShardedLoader(loader, rank=0, size=2, seed=0, training=training)
+    # One replica shards nothing: accepted.
+    alone: DistributedSampler[int] = DistributedSampler(
+        _dataset(10), num_replicas=1, rank=0, shuffle=False
+    )
+    loader = DataLoader(_dataset(10), batch_size=4, sampler=alone)
+    sharded = ShardedLoader(loader, rank=0, size=1, seed=0, training=training)
+    assert _ids(sharded.epoch(0)) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
 def test_drop_last_is_kept() -> None:
     loader = _sharded(22, 4, 0, 1, shuffle=False, drop_last=True)
     assert _ids(loader.epoch(0))[-1] == [16, 17, 18, 19]

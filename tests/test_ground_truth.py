@@ -103,7 +103,7 @@ def test_accumulation_under_ddp_syncs_only_on_boundaries(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_validation_with_uneven_shards_is_the_mean_over_all_batches(tmp_path: Path) -> None:
+def test_validation_with_uneven_shards_is_the_mean_over_all_samples(tmp_path: Path) -> None:
     # 70 validation samples in batches of 10: rank 0 gets 4 batches, rank 1 gets 3.
     result = run(tmp_path, batches=8, global_batch_size=16, slots=2)
     model = reference_train(seed=3, lr=0.05, batch_size=16, batches=8)
@@ -119,18 +119,21 @@ def test_validation_with_uneven_shards_is_the_mean_over_all_batches(tmp_path: Pa
     assert result.validation_metrics["count"] == pytest.approx(10.0)
 
 
-def _batch_losses(model: torch.nn.Module) -> list[float]:
+def _batch_losses(model: torch.nn.Module, batch_size: int = 10) -> list[float]:
     from model_def import make_data
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(make_data(70, seed=2), batch_size=10)
+    loader = DataLoader(make_data(70, seed=2), batch_size=batch_size)
     with torch.no_grad():
         return [float(torch.nn.functional.mse_loss(model(x), y)) for x, y in loader]
 
 
 def test_validation_metric_of_one_slot_matches_the_plain_computation(tmp_path: Path) -> None:
+    # 70 samples in batches of 16: the last batch holds 6, and weighs 6/70, not 1/5.
     result = run(tmp_path, batches=8, global_batch_size=16, val_batch_size=16)
     model = reference_train(seed=3, lr=0.05, batch_size=16, batches=8)
     model.load_state_dict(final_weights(result.checkpoint))
-    expected = reference_validation(model, batch_size=16)
+    expected = reference_validation(model)
     assert result.validation_metrics["val_loss"] == pytest.approx(expected, abs=TOL)
+    values = _batch_losses(model, batch_size=16)
+    assert abs(sum(values) / len(values) - expected) > 1e-4  # the batch mean differs

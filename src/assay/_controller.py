@@ -17,13 +17,19 @@ import torch
 
 from assay._context import TrialContext
 from assay._data import ShardedLoader
-from assay._metric_reduction import floats, metric_reducers, number, wrapped_metrics
+from assay._metric_reduction import (
+    BatchMetrics,
+    batch_samples,
+    floats,
+    metric_reducers,
+    number,
+    wrapped_metrics,
+)
 from assay._preempt import PreemptWatcher
 from assay._rank_metrics import GROUP as RANK_GROUP
 from assay._rank_metrics import RankMeter, rank_metrics
 from assay._session import MetricsReport, Session
 from assay._trial import (
-    MetricReducer,
     PyTorchCallback,
     Trial,
     check_callbacks,
@@ -413,53 +419,29 @@ class TrialController:
             if hasattr(model, "require_forward_param_sync"):
                 # Shards may be uneven: no rank may wait on a buffer broadcast in eval.
                 setattr(model, "require_forward_param_sync", False)  # noqa: B010
-        reducers: dict[str, MetricReducer] = {}
+        batch_metrics = BatchMetrics(self.reducers)
         full: dict[str, float] | None = None
         try:
             with torch.no_grad():
                 if self.evaluation == "full":
                     full = self._evaluate_full_dataset()
-                for batch_idx, (batch, counts) in enumerate(
-                    self._lockstep(self.val_data.epoch(0) if self.evaluation != "full" else ())
-                ):
+                batches = self.val_data.counted(0) if self.evaluation != "full" else ()
+                for batch_idx, (batch, drawn, counts) in enumerate(self._lockstep(batches)):
                     batch = context.to_device(batch)
+                    # Before evaluate_batch, which may change the batch it is given.
+                    samples = drawn if drawn is not None else batch_samples(batch)
                     with context._precision.autocast():
                         evaluate = cast(Any, self.trial).evaluate_batch
                         if self.evaluation == "batch_idx":
                             out = evaluate(batch, batch_idx)
                         else:
                             out = evaluate(batch)
-                    if not counts:
-                        continue
-                    if not isinstance(out, Mapping):
-                        raise TrainingError(
-                            "evaluate_batch must return a dict of metrics, got "
-                            f"{type(out).__name__}"
-                        )
-                    for name, value in out.items():
-                        reducer = reducers.get(name)
-                        if reducer is None:
-                            reducer = reducers[name] = self.reducers(name)
-                            reducer.reset()
-                        try:
-                            reducer.update(value)
-                        except ValueError as e:
-                            raise TrainingError(
-                                f"evaluate_batch returned metric {name!r}: {e}"
-                            ) from None
+                    if counts:
+                        batch_metrics.add(out, samples)
         finally:
             for model, mode in zip(context.models, was_training, strict=True):
                 model.train(mode)
-        metrics: dict[str, float] = {}
-        if full is not None:
-            metrics.update(full)
-        else:
-            per_slot = {name: r.per_slot_reduce() for name, r in reducers.items()}
-            everyone = self.dist.allgather(per_slot)
-            for name in sorted({name for per_rank in everyone for name in per_rank}):
-                reducer = reducers.get(name) or self.reducers(name)
-                value = reducer.cross_slot_reduce([r[name] for r in everyone if name in r])
-                metrics[name] = float(value.item() if isinstance(value, torch.Tensor) else value)
+        metrics = dict(full) if full is not None else batch_metrics.reduce(self.dist)
         metrics.update(wrapped_metrics(self.context, training=False))
         if not metrics:
             raise TrainingError("the validation data loader yielded no batches on any slot")
@@ -489,27 +471,29 @@ class TrialController:
         self._call("on_validation_end", dict(metrics))
         return improved
 
-    def _lockstep(self, batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
-        """Validation batches with whether each counts. Under a strategy whose forward is
-        a collective (FSDP), ranks agree before each batch whether any has one left; a
-        rank out of batches evaluates its last one again, not counted, so that every rank
-        runs as many forwards."""
+    def _lockstep(
+        self, batches: Iterable[tuple[Any, int | None]]
+    ) -> Iterator[tuple[Any, int | None, bool]]:
+        """Validation batches, their numbers of samples, and whether each counts. Under a
+        strategy whose forward is a collective (FSDP), ranks agree before each batch
+        whether any has one left; a rank out of batches evaluates its last one again, not
+        counted, so that every rank runs as many forwards."""
         if not (self.context._strategy.forward_is_collective and self.dist.is_distributed):
-            yield from ((batch, True) for batch in batches)
+            yield from ((batch, samples, True) for batch, samples in batches)
             return
         last: Any = None
         iterator = iter(batches)
         while True:
-            batch = next(iterator, _END)
-            if not self.dist.any(batch is not _END):
+            item = next(iterator, None)
+            if not self.dist.any(item is not None):
                 return
-            if batch is not _END:
-                last = batch
-                yield batch, True
+            if item is not None:
+                last = item[0]
+                yield item[0], item[1], True
                 continue
             if last is None:
                 last = next(iter(self.val_loader))
-            yield last, False
+            yield last, None, False
 
     def _evaluate_full_dataset(self) -> dict[str, float]:
         """`evaluate_full_dataset` on rank 0 with the whole validation loader; its metrics
@@ -555,9 +539,6 @@ class TrialController:
         self._checkpointed = True
         self._restored_uuid = restored.uuid
         self.context._initial_batch = self.state.total_batches
-
-
-_END = object()
 
 
 def _period(length: Any, batches_per_epoch: int | None) -> int:

@@ -6,8 +6,9 @@ samplers are re-seeded from the trial seed and the epoch, so no rank and no rest
 draws from the global RNG). Consecutive groups of `size` index batches form one global
 batch, and rank r takes member r of each group: 2 ranks x batch B see exactly the samples
 of 1 rank x batch 2B. Training pads the last group from the epoch's start so every rank
-runs the same number of steps; validation does not pad (ranks may get uneven shards,
-and metrics are reduced weighted by batch count).
+runs the same number of steps; validation does not pad: ranks may get uneven shards, and
+every sample is validated once (`counted` gives each batch's number of samples, the
+weight of Reducer.AVG).
 
 A position is (epoch, batch in epoch); resuming skips index batches without loading data.
 """
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import torch
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
+    DistributedSampler,
     IterableDataset,
     Sampler,
 )
@@ -62,6 +64,9 @@ class _ShardBatchSampler(Sampler[list[int]]):
         self.pad = pad
         self.epoch = 0
         self.start = 0
+        # The number of indices in each batch of the current iteration (None where an
+        # index batch has no length), set before its first batch is yielded.
+        self.sizes: list[int | None] = []
 
     def steps_per_epoch(self) -> int:
         """Batches this rank runs in a full epoch (every rank the same when padded)."""
@@ -81,8 +86,23 @@ class _ShardBatchSampler(Sampler[list[int]]):
         if self.pad and batches:
             total = self.steps_per_epoch() * self.size
             batches.extend(itertools.islice(itertools.cycle(batches), total - len(batches)))
-        mine = batches[self.rank :: self.size]
-        yield from mine[self.start :]
+        mine = batches[self.rank :: self.size][self.start :]
+        self.sizes = [len(b) if isinstance(b, Sized) else None for b in mine]
+        yield from mine
+
+
+def _refuse_distributed_sampler(loader: DataLoader[Any], training: bool) -> None:
+    """A DistributedSampler (from a plain DDP script) would shard the data a second time:
+    each rank would see a 1/size of its own shard, padded with repeats."""
+    samplers = [loader.sampler, getattr(loader.batch_sampler, "sampler", None)]
+    if any(isinstance(s, DistributedSampler) and s.num_replicas > 1 for s in samplers):
+        which = "training" if training else "validation"
+        raise TrainingError(
+            f"build_{which}_data_loader() returned a DataLoader with a DistributedSampler: "
+            "the harness shards a plain DataLoader across slots itself, so the data would be "
+            "sharded twice; give the DataLoader shuffle=True/False (or the sampler the "
+            "DistributedSampler would wrap) instead"
+        )
 
 
 class ShardedLoader:
@@ -96,6 +116,7 @@ class ShardedLoader:
                 "build_*_data_loader() must return a torch.utils.data.DataLoader, got "
                 f"{type(loader).__name__}"
             )
+        _refuse_distributed_sampler(loader, training)
         self.user_loader = loader
         self.rank, self.size, self.training = rank, size, training
         self.seed = seed
@@ -161,6 +182,17 @@ class ShardedLoader:
         self._shard.start = start
         self._generator.manual_seed(_epoch_seed(self.seed, epoch) ^ 0x5DEECE66D)
         return iter(self._loader)
+
+    def counted(self, epoch: int) -> Iterator[tuple[Any, int | None]]:
+        """This rank's batches of `epoch`, each with the number of samples its sampler
+        drew for it (None for an iterable dataset, whose batches are not drawn by index).
+        The DataLoader yields batches in its sampler's order: batch i is index batch i."""
+        batches = self.epoch(epoch)
+        if self._shard is None:
+            yield from ((batch, None) for batch in batches)
+            return
+        for i, batch in enumerate(batches):
+            yield batch, self._shard.sizes[i]
 
     def _iterable_epoch(self, start: int) -> Iterator[Any]:
         return itertools.islice(self._iterable_shard(), start, None)

@@ -17,13 +17,18 @@ if TYPE_CHECKING:
 
 
 class Reducer(enum.Enum):
-    """How one validation metric's per-batch values combine into one number.
+    """How one validation metric's per-batch values combine into one number, over every
+    batch of every rank (exactly: each rank sends sums, not its own mean).
 
-    Across ranks the combination is exact: AVG is the mean over every batch of every rank
-    (so ranks with more batches weigh more), SUM/MIN/MAX over all batches.
+    AVG (the default) is the mean weighted by each batch's number of samples: for a
+    metric that is a mean over the batch's samples (a loss, an accuracy) it is the metric
+    over the whole validation set, whatever the batch size, a short last batch or the
+    number of slots. BATCH_AVG is the plain mean of the per-batch values, each batch
+    counting once (Determined's AVG). SUM, MIN and MAX take every batch's value.
     """
 
     AVG = "avg"
+    BATCH_AVG = "batch_avg"
     SUM = "sum"
     MIN = "min"
     MAX = "max"
@@ -51,49 +56,82 @@ class MetricReducer(abc.ABC):
 
 
 class BuiltinReducer(MetricReducer):
-    """AVG / SUM / MIN / MAX over batch values, exact across ranks."""
+    """The `Reducer`s, exact across ranks. `update(value, weight)` takes the batch's value
+    and its number of samples (AVG's weight; the others ignore it); tensors stay on their
+    device until `per_slot_reduce`, which copies them once per device."""
 
     def __init__(self, kind: Reducer) -> None:
         self.kind = kind
         self.values: list[torch.Tensor] = []
+        self.weights: list[torch.Tensor] = []
+
+    @property
+    def weighted(self) -> bool:
+        """Whether this reducer needs each batch's number of samples."""
+        return self.kind is Reducer.AVG
 
     def reset(self) -> None:
         self.values = []
+        self.weights = []
 
-    def update(self, value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ValueError(
-                    f"expected a scalar, got a tensor of shape {tuple(value.shape)}; reduce it "
-                    "in evaluate_batch or give this metric a custom MetricReducer"
-                )
-            self.values.append(value.detach().reshape(()).double())
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            self.values.append(torch.tensor(float(value), dtype=torch.float64))
-        else:
-            raise ValueError(f"expected a number or a scalar tensor, got {type(value).__name__}")
+    def update(self, value: Any, weight: torch.Tensor | float = 1.0) -> None:
+        self.values.append(scalar(value))
+        self.weights.append(scalar(weight))
 
-    def per_slot_reduce(self) -> tuple[float, int, float, float]:
+    def per_slot_reduce(self) -> tuple[float, float, int, float, float, float]:
+        """(sum, weighted sum, batches, weights, min, max) of this rank's values."""
         if not self.values:
-            return (0.0, 0, float("inf"), float("-inf"))
-        stacked = torch.stack([v.cpu() for v in self.values])
+            return (0.0, 0.0, 0, 0.0, float("inf"), float("-inf"))
+        values, weights = on_cpu(self.values), on_cpu(self.weights)
+        bad = weights[~(weights >= 0) | weights.isinf()]
+        if len(bad):
+            raise ValueError(
+                f"a batch's number of samples must be finite and >= 0, got {float(bad[0])}"
+            )
         return (
-            float(stacked.sum()),
-            len(self.values),
-            float(stacked.min()),
-            float(stacked.max()),
+            float(values.sum()),
+            float((values * weights).sum()),
+            len(values),
+            float(weights.sum()),
+            float(values.min()),
+            float(values.max()),
         )
 
     def cross_slot_reduce(self, per_slot: Sequence[Any]) -> float:
-        total = sum(p[0] for p in per_slot)
-        count = sum(p[1] for p in per_slot)
         if self.kind is Reducer.SUM:
-            return float(total)
+            return float(sum(p[0] for p in per_slot))
         if self.kind is Reducer.MIN:
-            return float(min(p[2] for p in per_slot))
+            return float(min(p[4] for p in per_slot))
         if self.kind is Reducer.MAX:
-            return float(max(p[3] for p in per_slot))
+            return float(max(p[5] for p in per_slot))
+        if self.kind is Reducer.BATCH_AVG:
+            total, count = sum(p[0] for p in per_slot), sum(p[2] for p in per_slot)
+        else:
+            total, count = sum(p[1] for p in per_slot), sum(p[3] for p in per_slot)
         return float(total / count) if count else float("nan")
+
+
+def scalar(value: Any) -> torch.Tensor:
+    """`value` as a detached 0-dim tensor (on its device); ValueError for anything else."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"expected a scalar, got a tensor of shape {tuple(value.shape)}; reduce it "
+                "in evaluate_batch or give this metric a custom MetricReducer"
+            )
+        return value.detach().reshape(())
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return torch.tensor(float(value), dtype=torch.float64)
+    raise ValueError(f"expected a number or a scalar tensor, got {type(value).__name__}")
+
+
+def on_cpu(items: Sequence[torch.Tensor]) -> torch.Tensor:
+    """0-dim tensors as one float64 CPU tensor, copied once from each device."""
+    out = torch.empty(len(items), dtype=torch.float64)
+    for device in {t.device for t in items}:
+        where = [i for i, t in enumerate(items) if t.device == device]
+        out[where] = torch.stack([items[i].double() for i in where]).cpu()
+    return out
 
 
 class CallableReducer(MetricReducer):
@@ -234,9 +272,12 @@ class Trial(abc.ABC):
 
     if not TYPE_CHECKING:  # subclasses define it as (batch) or (batch, batch_idx)
 
-        def evaluate_batch(self, batch: Any, batch_idx: int = 0) -> dict[str, Any]:
-            """Return this validation batch's metrics (`batch_idx`, optional, counts the
-            batches of this validation on this slot)."""
+        def evaluate_batch(self, batch: Any, batch_idx: int = 0) -> Any:
+            """Return this validation batch's metrics, a dict (`batch_idx`, optional,
+            counts the batches of this validation on this slot). AVG weighs the batch by
+            its number of samples: those the loader drew for it (for an iterable dataset,
+            the length of the batch's first tensor); return `(metrics, num_samples)` to
+            weigh it by another count, such as its tokens."""
             raise NotImplementedError
 
     def evaluate_full_dataset(self, data_loader: DataLoader[Any]) -> dict[str, Any]:
@@ -245,7 +286,9 @@ class Trial(abc.ABC):
         raise NotImplementedError
 
     def evaluation_reducer(self) -> Reducer | dict[str, Reducer | MetricReducer]:
-        """How each validation metric is reduced over batches and ranks (default AVG)."""
+        """How each validation metric is reduced over batches and ranks: AVG (the
+        default, weighted by each batch's samples), BATCH_AVG, SUM, MIN, MAX, or a
+        MetricReducer of your own."""
         return Reducer.AVG
 
     def build_callbacks(self) -> dict[str, PyTorchCallback]:

@@ -257,3 +257,61 @@ def test_without_lightning_the_import_says_what_to_install() -> None:
     assert last.startswith("ModuleNotFoundError: assay.lightning needs Lightning"), last
     assert "pip install 'lightning>=2.4'" in last
     assert "examples" in last
+
+
+VALIDATION = Path(__file__).resolve().parent / "fixtures" / "validation"
+
+
+def _validate(tmp_path: Path, slots: int, n_val: int) -> dict[str, float]:
+    """The metrics reported by `lightning_fit.py` (weights that stay as drawn: lr 0)."""
+    import assay
+
+    project = tmp_path / f"{n_val}-on-{slots}"
+    shutil.copytree(VALIDATION, project, ignore=shutil.ignore_patterns("__pycache__"))
+    config = {
+        "name": "lightning-validation",
+        "entrypoint": "python3 lightning_fit.py",
+        "hyperparameters": {"n_val": n_val},
+        "searcher": {"name": "single", "metric": "val_acc", "max_length": 2},
+        "resources": {"slots_per_trial": slots},
+        "max_restarts": 0,
+    }
+    result = assay.run_local(config=config, model_dir=project, checkpoint_dir=project / "c")
+    assert result.total_batches == 2
+    return result.validation_metrics
+
+
+def test_validation_metrics_are_the_whole_sets_on_1_2_and_3_ddp_slots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same weights validated on 1, 2 and 3 DDP slots, in batches of 12, 6 and 4 over
+    47 samples: rank 0's own mean (`val_loss`, logged without `sync_dist`) and
+    Lightning's DistributedSampler, which pads 47 samples to 48 on 2 and 3 ranks (both
+    metrics), made the reported metrics depend on the slots."""
+    sys.path.insert(0, str(VALIDATION))
+    from validation_trial import reference
+
+    runs = {slots: _validate(tmp_path, slots, n_val=47) for slots in (1, 2, 3)}
+
+    for name, value in reference(n_val=47).items():
+        got = {slots: metrics[name] for slots, metrics in runs.items()}
+        assert all(abs(v - value) <= 1e-6 for v in got.values()), (name, value, got)
+    assert "count twice" not in capsys.readouterr().err
+    # 50 samples on 3 ranks in batches of 4: unpadded shares of 17, 17 and 16 samples
+    # would give the third rank a batch less, so Lightning's padding stays (sample 0
+    # counted twice) and rank 0 says so; the reduction is still over all three ranks.
+    padded = _validate(tmp_path, 3, n_val=50)
+    for name, value in reference(n_val=50, repeat=1).items():
+        assert padded[name] == pytest.approx(value, abs=1e-6), name
+    err = capsys.readouterr().err
+    assert "repeats 1 of the 50 samples so that the 3 ranks run as many batches" in err
+
+
+def test_shares_go_unpadded_only_where_every_rank_gets_as_many_batches() -> None:
+    from assay.lightning import _as_many_batches
+
+    assert _as_many_batches(47, 3, 4, drop_last=False)  # 16, 16, 15 samples: 4 batches each
+    assert not _as_many_batches(50, 3, 4, drop_last=False)  # 17, 17, 16: 5, 5, 4
+    assert _as_many_batches(50, 3, 4, drop_last=True)  # 4 full batches each
+    assert not _as_many_batches(2, 3, 1, drop_last=False)  # a rank without a sample
+    assert not _as_many_batches(47, 3, None, drop_last=False)  # a batch sampler's own sizes

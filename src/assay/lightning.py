@@ -11,7 +11,13 @@
 The searcher's lengths count Lightning's `global_step` (optimizer steps). The callback:
 - reports what the LightningModule logs (`self.log`): the values logged in training every
   `log_every_n_steps`, and those logged in validation after each validation, at the
-  step it ran at (rank 0; the searcher reads `searcher.metric` among them);
+  step it ran at (rank 0; the searcher reads `searcher.metric` among them). On several
+  ranks a validation value is reduced over every rank's batches as `sync_dist=True`
+  would (a mean weighted by batch size, as Lightning weighs a rank's own batches),
+  whether or not the module asked for it, and the ranks share the validation samples
+  without the repeats Lightning's DistributedSampler pads them with, wherever every rank
+  still gets as many batches (else rank 0 warns how many samples count twice): the
+  reported metrics are those of the whole validation set, on any number of slots;
 - stores a checkpoint (`trainer.save_checkpoint`, every rank taking part as Lightning's
   strategies need) at the end of every epoch (after every other callback), when the
   cluster asks the trial to stop (a pause, a preemption, an ASHA rung), and at the end of
@@ -34,9 +40,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sized
 from pathlib import Path
 from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 try:
     from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
@@ -85,6 +95,9 @@ class AssayCallback(Callback):
         self._last_saved = -1
         self._asked_at = -1
         self._before_validation: dict[str, Any] = {}
+        # This rank's sums of what validation logged, read before Lightning reduces them
+        # (on several ranks; None if Lightning's results were not as expected).
+        self._sums: dict[str, tuple[str, torch.Tensor, torch.Tensor]] | None = {}
         self._seen: dict[str, Any] = {}  # the metrics as of the last report
         self._trained_reported = -1  # the step of the last training report
         self.preempted = False
@@ -248,8 +261,14 @@ class AssayCallback(Callback):
         if not self._stop_if_asked(trainer):
             self._save(trainer)
 
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.world_size > 1:
+            _validate_unpadded(trainer)
+            _read_before_reducing(trainer, self)
+
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._before_validation = dict(trainer.callback_metrics)
+        self._sums = {}
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking:
@@ -260,7 +279,9 @@ class AssayCallback(Callback):
         self._last_metrics = dict(after)
         step = trainer.global_step
         self._last_validated = step
+        exact = _across_ranks(self._sums)  # a collective, on every rank
         if trainer.is_global_zero and (numbers := _numbers(logged)):
+            numbers.update({k: v for k, v in exact.items() if k in numbers})
             self.core.train.report_validation_metrics(steps_completed=step, metrics=numbers)
         # A validation at the searcher's target ends the target: ask now (every rank
         # validates), so the trial stops at this step, checkpointed with these metrics,
@@ -315,6 +336,164 @@ def _validates(
     if datamodule is not None:
         return is_overridden("val_dataloader", datamodule)
     return is_overridden("val_dataloader", model)
+
+
+def _validate_unpadded(trainer: Trainer) -> None:
+    """Have the Trainer shard validation data without repeats where that keeps every rank
+    to as many batches: Lightning's DistributedSampler pads each rank's share to the same
+    length with samples from the start, which a validation then counts twice. Lightning's
+    UnrepeatedDistributedSampler (what it uses to predict) leaves the shares a sample
+    apart; where that would give one rank a batch more (a per-step `sync_dist` or any
+    other collective in `validation_step` would then wait forever), the padding stays
+    and rank 0 says how many samples count twice."""
+    from lightning.pytorch.overrides.distributed import (
+        UnrepeatedDistributedSampler,
+        UnrepeatedDistributedSamplerWrapper,
+    )
+    from lightning.pytorch.trainer.states import RunningStage
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    connector = trainer._data_connector
+    prepare = connector._prepare_dataloader
+    if getattr(prepare, "assay", False):
+        return
+
+    def prepare_unpadded(dataloader: object, shuffle: bool, mode: RunningStage) -> object:
+        if not (
+            mode == RunningStage.VALIDATING
+            and isinstance(dataloader, DataLoader)
+            and connector._requires_distributed_sampler(dataloader)
+            and isinstance(dataloader.sampler, Sized)
+            and len(dataloader.sampler) % trainer.world_size
+        ):
+            return prepare(dataloader, shuffle, mode)
+        samples, world = len(dataloader.sampler), trainer.world_size
+        if not _as_many_batches(samples, world, dataloader.batch_size, dataloader.drop_last):
+            if trainer.is_global_zero:
+                log.warning(
+                    "validation: Lightning's DistributedSampler repeats %d of the %d samples "
+                    "so that the %d ranks run as many batches; they count twice in the "
+                    "validation metrics (a set whose size %d divides, or whose shares make "
+                    "as many batches on every rank, counts each sample once)",
+                    -samples % world,
+                    samples,
+                    world,
+                    world,
+                )
+            return prepare(dataloader, shuffle, mode)
+        kwargs = dict(trainer.distributed_sampler_kwargs or {})
+        kwargs["shuffle"] = shuffle and not getattr(trainer, "overfit_batches", 0)
+        kwargs.setdefault("seed", int(os.getenv("PL_GLOBAL_SEED", "0")))
+        sampler = dataloader.sampler
+        if isinstance(sampler, RandomSampler | SequentialSampler):  # as Lightning does
+            unpadded: Any = UnrepeatedDistributedSampler(dataloader.dataset, **kwargs)
+        else:
+            unpadded = UnrepeatedDistributedSamplerWrapper(sampler, **kwargs)
+        return _update_dataloader(dataloader, unpadded, mode=mode)
+
+    prepare_unpadded.assay = True  # type: ignore[attr-defined]
+    connector._prepare_dataloader = prepare_unpadded  # type: ignore[method-assign]
+
+
+def _as_many_batches(samples: int, world: int, batch_size: int | None, drop_last: bool) -> bool:
+    """Whether unpadded shares of `samples` (`samples // world` or one more) make as
+    many batches on every rank; False when the batch size is not known."""
+    small, large = samples // world, -(-samples // world)
+    if batch_size is None or small == 0:
+        return False
+    if drop_last:
+        return small // batch_size == large // batch_size
+    return -(-small // batch_size) == -(-large // batch_size)
+
+
+def _read_before_reducing(trainer: Trainer, callback: AssayCallback) -> None:
+    """Before Lightning reduces a validation's logged values (after each dataloader's
+    last batch, and after `on_validation_epoch_end`), copy this rank's sums of those not
+    reduced yet into `callback._sums`: a `sync_dist` mean overwrites its batch-size sum
+    with the ranks' mean, in place. That mean is an integer tensor, truncated (50
+    samples on 3 ranks: 16), so the sums become floats first, for Lightning's own
+    `sync_dist` means (what its callbacks see) to be exact on the uneven shards too."""
+    connector = trainer._logger_connector
+    update = connector.update_eval_epoch_metrics
+    if getattr(update, "assay", False):
+        return
+
+    def read_then_update() -> Any:
+        if callback._sums is not None:
+            sums = _rank_sums(trainer)
+            callback._sums = None if sums is None else {**sums, **callback._sums}
+        return update()
+
+    read_then_update.assay = True  # type: ignore[attr-defined]
+    connector.update_eval_epoch_metrics = read_then_update  # type: ignore[method-assign]
+
+
+def _rank_sums(trainer: Trainer) -> dict[str, tuple[str, torch.Tensor, torch.Tensor]] | None:
+    """This rank's (reduction, sum or extreme, batch-size sum) of each tensor value logged
+    with `on_epoch` and not reduced yet, by the names Lightning gives it (the batch-size
+    sums made floats); None if Lightning's result collection is not as expected."""
+    try:
+        results = trainer._results
+        assert results is not None
+        sums: dict[str, tuple[str, torch.Tensor, torch.Tensor]] = {}
+        for metric in results.values():
+            meta = metric.meta
+            if metric.has_reset or not metric.is_tensor or not meta.on_epoch:
+                continue
+            if metric._computed is not None:
+                continue
+            zero = torch.zeros((), dtype=metric.value.dtype)
+            if meta.is_mean_reduction:
+                count = metric.cumulated_batch_size.to(metric.value.dtype)
+                metric.cumulated_batch_size = count
+                entry = ("mean", metric.value.detach().clone(), count.detach().clone())
+            elif meta.is_sum_reduction:
+                entry = ("sum", metric.value.detach().clone(), zero)
+            elif meta.is_max_reduction or meta.is_min_reduction:
+                kind = "max" if meta.is_max_reduction else "min"
+                entry = (kind, metric.value.detach().clone(), zero)
+            else:
+                continue
+            for name in set(results._forked_name(metric, on_step=False)):
+                sums[name] = entry
+        return sums
+    except (AttributeError, AssertionError, TypeError):
+        return None
+
+
+def _distributed() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _across_ranks(
+    sums: dict[str, tuple[str, torch.Tensor, torch.Tensor]] | None,
+) -> dict[str, float]:
+    """Each value a validation logged, reduced over every rank's batches as `sync_dist`
+    means to (mean: the sum of value x batch size over the sum of batch sizes; sum, min,
+    max) from every rank's `sums`. Every rank calls it (a collective); one process:
+    nothing (Lightning's values are exact there)."""
+    if not _distributed():
+        return {}
+    mine = None if sums is None else {k: (t, float(v), float(n)) for k, (t, v, n) in sums.items()}
+    everyone: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(everyone, mine)
+    if any(rank is None for rank in everyone):
+        log.warning("validation metrics are rank 0's: this Lightning keeps no sums to reduce")
+        return {}
+    exact: dict[str, float] = {}
+    for name in {name for rank in everyone for name in rank}:
+        parts = [rank[name] for rank in everyone if name in rank]
+        kind = parts[0][0]
+        if kind == "mean":
+            count = sum(p[2] for p in parts)
+            if count:
+                exact[name] = sum(p[1] for p in parts) / count
+        elif kind == "sum":
+            exact[name] = sum(p[1] for p in parts)
+        else:
+            exact[name] = (max if kind == "max" else min)(p[1] for p in parts)
+    return exact
 
 
 __all__ = ["CHECKPOINT_FILE", "AssayCallback"]

@@ -98,6 +98,7 @@ class AssayCallback(Callback):
         # This rank's sums of what validation logged, read before Lightning reduces them
         # (on several ranks; None if Lightning's results were not as expected).
         self._sums: dict[str, tuple[str, torch.Tensor, torch.Tensor]] | None = {}
+        self._reading = False  # whether Lightning's reductions are watched for them
         self._seen: dict[str, Any] = {}  # the metrics as of the last report
         self._trained_reported = -1  # the step of the last training report
         self.preempted = False
@@ -268,7 +269,7 @@ class AssayCallback(Callback):
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._before_validation = dict(trainer.callback_metrics)
-        self._sums = {}
+        self._sums = {} if self._reading else None
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking:
@@ -353,9 +354,11 @@ def _validate_unpadded(trainer: Trainer) -> None:
     from lightning.pytorch.trainer.states import RunningStage
     from lightning.pytorch.utilities.data import _update_dataloader
 
-    connector = trainer._data_connector
-    prepare = connector._prepare_dataloader
-    if getattr(prepare, "assay", False):
+    connector: Any = getattr(trainer, "_data_connector", None)
+    prepare = getattr(connector, "_prepare_dataloader", None)
+    if prepare is None or getattr(prepare, "assay", False):
+        if prepare is None:
+            log.warning("this Lightning's validation shares are its own (padded with repeats)")
         return
 
     def prepare_unpadded(dataloader: object, shuffle: bool, mode: RunningStage) -> object:
@@ -392,7 +395,7 @@ def _validate_unpadded(trainer: Trainer) -> None:
         return _update_dataloader(dataloader, unpadded, mode=mode)
 
     prepare_unpadded.assay = True  # type: ignore[attr-defined]
-    connector._prepare_dataloader = prepare_unpadded  # type: ignore[method-assign]
+    connector._prepare_dataloader = prepare_unpadded
 
 
 def _as_many_batches(samples: int, world: int, batch_size: int | None, drop_last: bool) -> bool:
@@ -413,8 +416,11 @@ def _read_before_reducing(trainer: Trainer, callback: AssayCallback) -> None:
     with the ranks' mean, in place. That mean is an integer tensor, truncated (50
     samples on 3 ranks: 16), so the sums become floats first, for Lightning's own
     `sync_dist` means (what its callbacks see) to be exact on the uneven shards too."""
-    connector = trainer._logger_connector
-    update = connector.update_eval_epoch_metrics
+    connector: Any = getattr(trainer, "_logger_connector", None)
+    update = getattr(connector, "update_eval_epoch_metrics", None)
+    if update is None:
+        return  # callback._sums stays None: the reports warn the metrics are rank 0's
+    callback._reading = True
     if getattr(update, "assay", False):
         return
 
@@ -425,7 +431,7 @@ def _read_before_reducing(trainer: Trainer, callback: AssayCallback) -> None:
         return update()
 
     read_then_update.assay = True  # type: ignore[attr-defined]
-    connector.update_eval_epoch_metrics = read_then_update  # type: ignore[method-assign]
+    connector.update_eval_epoch_metrics = read_then_update
 
 
 def _rank_sums(trainer: Trainer) -> dict[str, tuple[str, torch.Tensor, torch.Tensor]] | None:

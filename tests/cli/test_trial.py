@@ -188,6 +188,10 @@ class _Endless:
         self.stop.wait(60)
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("command", [("trial", "logs", "11"), ("experiment", "logs", "7")])
 def test_ctrl_c_on_a_follow_says_the_trial_goes_on(
     master: FakeApi, command: tuple[str, ...]
@@ -202,10 +206,14 @@ def test_ctrl_c_on_a_follow_says_the_trial_goes_on(
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # As a terminal starts it: xdist's workers ignore SIGINT, and a Python started
+        # with SIGINT ignored never raises KeyboardInterrupt.
+        preexec_fn=_sigint_default,
     )
     try:
         assert follow.stdout is not None
-        assert follow.stdout.readline() == "[rank 0] epoch 1\n"
+        first = follow.stdout.readline()
+        assert first == "[rank 0] epoch 1\n", follow.communicate(timeout=30)[1]
         follow.send_signal(signal.SIGINT)
         _, err = follow.communicate(timeout=30)
     finally:

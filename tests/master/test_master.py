@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
+from assay.master._interpreter import RENDEZVOUS_PORTS
 from assay.master._server import MasterServer
 from assay.proto import agent_pb2, api_pb2, api_pb2_grpc, common_pb2, trial_pb2, trial_pb2_grpc
 from tests.credentials import authed_channel, master_config
@@ -164,6 +165,7 @@ def test_trials_span_agents_with_equal_slots(
     assert (list(s1.ranks), list(s2.ranks)) == ([0, 1], [2, 3])
     assert s1.world_size == s2.world_size == 4
     assert s1.master_port == s2.master_port
+    assert s1.master_port in RENDEZVOUS_PORTS  # below the ephemeral ports
     assert s1.allocation_id == s2.allocation_id
     agents = api.ListAgents(api_pb2.ListAgentsRequest()).agents
     assert [sum(1 for s in a.slots if s.trial_id) for a in agents] == [2, 2]

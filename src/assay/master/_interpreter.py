@@ -52,6 +52,12 @@ from assay.master.sharing import preemption as preempt
 from assay.master.store import AllocationRecord, Store, WriteBatch
 from assay.master.telemetry import NO_TELEMETRY, Telemetry
 
+# The chief's rendezvous port for a trial that spans agents (every rank must know it before
+# any starts). Below Linux's ephemeral ports (32768-60999 by default), where every socket
+# bound to port 0 on the agent's machine gets its port: a port drawn there had been taken
+# by one now and then, and the trial's run failed (EADDRINUSE).
+RENDEZVOUS_PORTS = range(20000, 32768)
+
 log = logging.getLogger("assay.master")
 E, T = ExperimentStatus, TrialStatus
 
@@ -363,7 +369,7 @@ class Interpreter:
             allocation_id=allocation_id,
             token=self.token(allocation_id),
             addresses=self.fleet.addresses(a for a, _ in placement),
-            port=20000 + random.randrange(20000),
+            port=random.choice(RENDEZVOUS_PORTS),
             model=self.models.get(trial.experiment_id),
             trial_api=self.trial_api,
             checkpoint_root=root,

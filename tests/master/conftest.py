@@ -20,6 +20,7 @@ from assay.master._server import MasterServer
 from assay.proto import (
     agent_pb2,
     agent_pb2_grpc,
+    api_pb2,
     api_pb2_grpc,
     common_pb2,
     trial_pb2,
@@ -255,3 +256,15 @@ class Process:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def create_experiment(api: api_pb2_grpc.ApiStub, **overrides: Any) -> int:
+    """Create and activate an experiment of `experiment_yaml(**overrides)`; its id."""
+    response = api.CreateExperiment(
+        api_pb2.CreateExperimentRequest(
+            config_yaml=experiment_yaml(**overrides),
+            model_definition=model_archive(),
+            activate=True,
+        )
+    )
+    return int(response.experiment.id)

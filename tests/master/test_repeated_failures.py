@@ -11,21 +11,10 @@ from pathlib import Path
 from assay.master._server import MasterServer
 from assay.proto import agent_pb2, api_pb2, api_pb2_grpc, common_pb2
 from tests.credentials import authed_channel, master_config
-from tests.master.conftest import ScriptedAgent, eventually, experiment_yaml, model_archive
+from tests.master.conftest import ScriptedAgent, create_experiment, eventually
 from tests.store.conftest import seeded
 
 MISSING = "exited with code 1: FileNotFoundError: [Errno 2] No such file: '/data/train.csv'"
-
-
-def _create(api: api_pb2_grpc.ApiStub, **overrides: object) -> int:
-    response = api.CreateExperiment(
-        api_pb2.CreateExperimentRequest(
-            config_yaml=experiment_yaml(**overrides),
-            model_definition=model_archive(),
-            activate=True,
-        )
-    )
-    return int(response.experiment.id)
 
 
 def _trial(api: api_pb2_grpc.ApiStub, eid: int) -> common_pb2.Trial:
@@ -48,7 +37,7 @@ def test_the_failure_before_a_master_restart_is_remembered(tmp_path: Path) -> No
     channel = authed_channel(f"127.0.0.1:{server.port}")
     api = api_pb2_grpc.ApiStub(channel)
     agent = ScriptedAgent(server.port, "a1", slots=1)
-    eid = _create(api, max_restarts=5)
+    eid = create_experiment(api, max_restarts=5)
     first = agent.next("start").start
     agent.exited(first.allocation_id, [1], "rank 0 exited with code 1", MISSING)
     agent.next("start")  # run 2, which the master will not see end
@@ -82,7 +71,7 @@ def test_a_failure_unlike_the_one_before_is_restarted(
     master: MasterServer, api: api_pb2_grpc.ApiStub
 ) -> None:
     agent = ScriptedAgent(master.port, "a1", slots=1)
-    eid = _create(api, max_restarts=2)
+    eid = create_experiment(api, max_restarts=2)
     for error in (MISSING, "exited with code 1: KeyError: 'label'", ""):
         start = agent.next("start").start
         agent.exited(start.allocation_id, [1], "rank 0 exited with code 1", error)
@@ -98,7 +87,7 @@ def test_exclude_node_steers_the_next_run_off_the_agent_that_wrote_the_line(
 ) -> None:
     first_agent = ScriptedAgent(master.port, "a1", slots=1)
     policies = [{"name": "ecc", "pattern": "uncorrectable ECC", "action": "exclude_node"}]
-    eid = _create(api, max_restarts=3, log_policies=policies)
+    eid = create_experiment(api, max_restarts=3, log_policies=policies)
     start = first_agent.next("start").start
     second_agent = ScriptedAgent(master.port, "a2", slots=1)
 
